@@ -1,0 +1,40 @@
+//! `kubevirt.io/v1` API types shared by every kubevirt-rs component, plus the pure
+//! functions that belong to the API itself: defaulting, validation, quantity parsing.
+//!
+//! This crate does no I/O. The apiserver, the controllers, the node agents and the
+//! `kubectl virt` plugin all depend on it, so the wire format is defined exactly once.
+//! Field names and shapes follow KubeVirt's `kubevirt.io/v1` schema so that existing
+//! VM YAML applies unchanged.
+
+pub mod common;
+pub mod defaults;
+pub mod kubevirt;
+pub mod migration;
+pub mod quantity;
+pub mod validation;
+pub mod vm;
+pub mod vmi;
+
+pub use common::{Condition, ConditionStatus};
+pub use kubevirt::{KubeVirt, KubeVirtSpec, KubeVirtStatus};
+pub use migration::{
+    VirtualMachineInstanceMigration, VirtualMachineInstanceMigrationPhase,
+    VirtualMachineInstanceMigrationSpec, VirtualMachineInstanceMigrationStatus,
+};
+pub use vm::{
+    PrintableStatus, RunStrategy, StateChangeRequest, StateChangeRequestAction, VirtualMachine,
+    VirtualMachineSpec, VirtualMachineStatus,
+};
+pub use vmi::{
+    VirtualMachineInstance, VirtualMachineInstancePhase, VirtualMachineInstanceSpec,
+    VirtualMachineInstanceStatus,
+};
+
+/// API group of the kinds in this crate.
+pub const GROUP: &str = "kubevirt.io";
+/// API version of the kinds in this crate.
+pub const VERSION: &str = "v1";
+/// `apiVersion` value of every object in this crate.
+pub const API_VERSION: &str = "kubevirt.io/v1";
+/// API group of the action and streaming subresources (start, stop, console, …).
+pub const SUBRESOURCES_GROUP: &str = "subresources.kubevirt.io";
