@@ -1,1 +1,36 @@
-fn main() {}
+//! `cargo xtask …`: developer and CI tooling. Each subcommand lives in its own module.
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod cluster;
+mod dev_apiserver;
+mod guest;
+
+#[derive(Parser, Debug)]
+#[command(name = "cargo xtask", about = "kubevirt-rs developer tooling")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Start etcd and virt-apiserver on loopback with a kubeconfig for kubectl.
+    DevApiserver(dev_apiserver::Args),
+    /// Build the tiny test guest (kernel, busybox initramfs, disk) into target/guest.
+    Guest(guest::Args),
+    /// Manage the local single-node Kubernetes cluster.
+    Cluster(cluster::Args),
+    /// Run a benchmark and write the figures to docs/benchmarks.md.
+    Bench(bench::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::DevApiserver(a) => dev_apiserver::run(a),
+        Command::Guest(a) => guest::run(a),
+        Command::Cluster(a) => cluster::run(a),
+        Command::Bench(a) => bench::run(a),
+    }
+}
