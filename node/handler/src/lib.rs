@@ -1,0 +1,1 @@
+//! virt-handler: the per-node agent that drives virt-launchers (skeleton).

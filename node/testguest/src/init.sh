@@ -1,0 +1,45 @@
+#!/bin/busybox sh
+# PID 1 of the kubevirt-rs test guest. Kept tiny: the guest must reach a shell in ~2 s
+# under TCG, and tests read its console output line by line.
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for m in $(cat /etc/modules-order); do insmod "/lib/modules/$m" 2>/dev/null; done
+echo "kubevirt-rs guest ready"
+
+# The ACPI power button is how the launcher asks for a graceful shutdown; there is no
+# acpid, so block on the button's event device and power off when it fires.
+for d in /sys/class/input/input*; do
+    if grep -q "Power Button" "$d/name" 2>/dev/null; then
+        ev=$(ls "$d" | grep '^event' | head -n 1)
+        if [ -n "$ev" ]; then
+            ( head -c 24 "/dev/input/$ev" >/dev/null
+              echo "kubevirt-rs guest: power button, shutting down"
+              sync; poweroff -f ) &
+        fi
+    fi
+done
+
+# cloud-init NoCloud: print what the config drive carries so tests can see it arrive.
+dev=$(findfs LABEL=cidata 2>/dev/null)
+if [ -z "$dev" ]; then
+    for d in /dev/vd? /dev/sd? /dev/sr?; do
+        [ -b "$d" ] || continue
+        if mount -t iso9660 -o ro "$d" /mnt 2>/dev/null; then
+            if [ -f /mnt/meta-data ]; then dev=$d; umount /mnt; break; fi
+            umount /mnt
+        fi
+    done
+fi
+if [ -n "$dev" ] && mount -t iso9660 -o ro "$dev" /mnt 2>/dev/null; then
+    echo "kubevirt-rs cidata: $dev"
+    [ -f /mnt/user-data ] && { echo "--- user-data"; cat /mnt/user-data; echo; echo "--- end user-data"; }
+    umount /mnt
+fi
+
+export PS1='guest# '
+while true; do
+    setsid cttyhack sh -i </dev/ttyS0 >/dev/ttyS0 2>&1
+done

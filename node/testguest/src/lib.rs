@@ -1,0 +1,388 @@
+//! Builds the tiny test guest used by the node tests and benchmarks, from Debian packages
+//! only: the cloud kernel (`linux-image-cloud-amd64`), a busybox-static initramfs and a
+//! small qcow2 data disk (`qemu-utils`).
+//!
+//! It lives in its own crate so that both `cargo xtask guest` and the launcher's
+//! integration tests can build it without linking libvirt into xtask.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The guest's PID 1.
+const INIT: &str = include_str!("init.sh");
+
+/// The line the guest prints on its serial console once it is up.
+pub const BANNER: &str = "kubevirt-rs guest ready";
+
+/// The guest's shell prompt.
+pub const PROMPT: &str = "guest# ";
+
+/// Kernel command line for the guest; quiet keeps TCG boot fast and the console readable.
+pub const KERNEL_ARGS: &str = "console=ttyS0 quiet panic=-1";
+
+/// Marker written at the start of `disk.qcow2`, so a guest can prove it sees the disk.
+pub const DISK_MARKER: &str = "kubevirt-rs-test-disk";
+
+/// Kernel modules the guest needs (virtio disks, the NoCloud ISO, the ACPI power button);
+/// the cloud kernel builds them as modules. Dependencies are added from `modules.dep`.
+const MODULES: &[&str] = &[
+    "kernel/drivers/virtio/virtio_pci.ko",
+    "kernel/drivers/block/virtio_blk.ko",
+    "kernel/drivers/scsi/virtio_scsi.ko",
+    "kernel/drivers/scsi/sd_mod.ko",
+    "kernel/drivers/scsi/sr_mod.ko",
+    "kernel/fs/isofs/isofs.ko",
+    "kernel/drivers/acpi/button.ko",
+    "kernel/drivers/input/evdev.ko",
+];
+
+/// Errors while building the guest.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestError {
+    /// A Debian package the build needs is not installed.
+    #[error("{what} not found ({hint})")]
+    Missing {
+        /// What is missing.
+        what: String,
+        /// How to get it.
+        hint: &'static str,
+    },
+    /// A file operation failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A tool exited with an error.
+    #[error("{tool} failed: {stderr}")]
+    Tool {
+        /// The tool.
+        tool: String,
+        /// Its error output.
+        stderr: String,
+    },
+}
+
+fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T, GuestError> {
+    r.map_err(|source| GuestError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Files of a built guest.
+#[derive(Clone, Debug)]
+pub struct Guest {
+    /// Directory holding the files (an "image" for `--image-dir`).
+    pub dir: PathBuf,
+    /// The kernel.
+    pub kernel: PathBuf,
+    /// The initramfs.
+    pub initrd: PathBuf,
+    /// The qcow2 data disk.
+    pub disk: PathBuf,
+}
+
+impl Guest {
+    /// The guest files under `dir`, whether built or not.
+    pub fn at(dir: &Path) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            kernel: dir.join("vmlinuz"),
+            initrd: dir.join("initramfs.gz"),
+            disk: dir.join("disk.qcow2"),
+        }
+    }
+
+    /// Whether every file exists.
+    pub fn is_built(&self) -> bool {
+        [&self.kernel, &self.initrd, &self.disk]
+            .iter()
+            .all(|p| p.is_file())
+    }
+}
+
+/// `target/guest` of the workspace that contains this crate.
+pub fn default_dir() -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"));
+    target.join("guest")
+}
+
+/// Builds the guest into `dir` unless it is already there.
+pub fn ensure(dir: &Path) -> Result<Guest, GuestError> {
+    let g = Guest::at(dir);
+    if g.is_built() { Ok(g) } else { build(dir) }
+}
+
+/// Builds the guest into `dir`, replacing what is there.
+pub fn build(dir: &Path) -> Result<Guest, GuestError> {
+    let g = Guest::at(dir);
+    io(dir, fs::create_dir_all(dir))?;
+    let (kernel, version) = find_kernel()?;
+    // Copy to a temporary name and rename, so a concurrent reader never sees half a file.
+    let tmp = dir.join(".vmlinuz.tmp");
+    io(&tmp, fs::copy(&kernel, &tmp))?;
+    io(&g.kernel, fs::rename(&tmp, &g.kernel))?;
+    build_initramfs(dir, &version, &g.initrd)?;
+    build_disk(dir, &g.disk)?;
+    Ok(g)
+}
+
+/// Debian's cloud kernel and its version (`6.1.0-…-cloud-amd64`).
+fn find_kernel() -> Result<(PathBuf, String), GuestError> {
+    let boot = Path::new("/boot");
+    let mut found: Vec<String> = io(boot, fs::read_dir(boot))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with("vmlinuz-") && n.ends_with("-cloud-amd64"))
+        .collect();
+    found.sort();
+    let name = found.pop().ok_or(GuestError::Missing {
+        what: "/boot/vmlinuz-*-cloud-amd64".into(),
+        hint: "apt-get install linux-image-cloud-amd64",
+    })?;
+    let version = name.trim_start_matches("vmlinuz-").to_string();
+    Ok((boot.join(name), version))
+}
+
+fn busybox() -> Result<PathBuf, GuestError> {
+    let p = PathBuf::from("/bin/busybox");
+    let out = Command::new(&p).arg("--list").output();
+    match out {
+        Ok(o) if o.status.success() && String::from_utf8_lossy(&o.stdout).contains("cttyhack") => {
+            Ok(p)
+        }
+        _ => Err(GuestError::Missing {
+            what: "/bin/busybox with cttyhack".into(),
+            hint: "apt-get install busybox-static",
+        }),
+    }
+}
+
+/// Modules in load order (dependencies first), as paths relative to the modules dir.
+fn module_closure(modules_dir: &Path) -> Result<Vec<String>, GuestError> {
+    let dep_file = modules_dir.join("modules.dep");
+    let deps = io(&dep_file, fs::read_to_string(&dep_file))?;
+    let lookup = |m: &str| -> Vec<String> {
+        deps.lines()
+            .find_map(|l| l.strip_prefix(m).and_then(|r| r.strip_prefix(':')))
+            .map(|r| r.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default()
+    };
+    let mut order: Vec<String> = Vec::new();
+    fn visit(m: &str, lookup: &dyn Fn(&str) -> Vec<String>, order: &mut Vec<String>) {
+        if order.iter().any(|o| o == m) {
+            return;
+        }
+        // modules.dep lists the full transitive set, deepest last, so load it reversed.
+        for d in lookup(m).iter().rev() {
+            visit(d, lookup, order);
+        }
+        order.push(m.to_string());
+    }
+    for m in MODULES {
+        if modules_dir.join(m).is_file() {
+            visit(m, &lookup, &mut order);
+        }
+    }
+    Ok(order)
+}
+
+fn build_initramfs(dir: &Path, kernel_version: &str, out: &Path) -> Result<(), GuestError> {
+    let bb = busybox()?;
+    let root = dir.join(".initramfs-root");
+    if root.exists() {
+        io(&root, fs::remove_dir_all(&root))?;
+    }
+    for d in [
+        "bin",
+        "dev",
+        "proc",
+        "sys",
+        "mnt",
+        "etc",
+        "lib/modules",
+        "tmp",
+    ] {
+        let p = root.join(d);
+        io(&p, fs::create_dir_all(&p))?;
+    }
+    let bin = root.join("bin/busybox");
+    io(&bin, fs::copy(&bb, &bin))?;
+    let sh = root.join("bin/sh");
+    io(&sh, std::os::unix::fs::symlink("busybox", &sh))?;
+    let init = root.join("init");
+    io(&init, fs::write(&init, INIT))?;
+    io(
+        &init,
+        fs::set_permissions(&init, std::os::unix::fs::PermissionsExt::from_mode(0o755)),
+    )?;
+
+    let modules_dir = Path::new("/lib/modules").join(kernel_version);
+    let order = module_closure(&modules_dir)?;
+    for m in &order {
+        let dst = root.join("lib/modules").join(m);
+        if let Some(parent) = dst.parent() {
+            io(parent, fs::create_dir_all(parent))?;
+        }
+        io(&dst, fs::copy(modules_dir.join(m), &dst))?;
+    }
+    let order_file = root.join("etc/modules-order");
+    io(&order_file, fs::write(&order_file, order.join("\n") + "\n"))?;
+
+    // busybox cpio takes the file list on stdin, relative to the current directory.
+    let mut files = Vec::new();
+    collect(&root, &root, &mut files)?;
+    let cpio_path = dir.join(".initramfs.cpio");
+    let cpio_file = io(&cpio_path, fs::File::create(&cpio_path))?;
+    let mut child = io(
+        &bb,
+        Command::new(&bb)
+            .args(["cpio", "-o", "-H", "newc", "-R", "0:0"])
+            .current_dir(&root)
+            .stdin(Stdio::piped())
+            .stdout(cpio_file)
+            .stderr(Stdio::piped())
+            .spawn(),
+    )?;
+    if let Some(mut stdin) = child.stdin.take() {
+        io(&bb, stdin.write_all((files.join("\n") + "\n").as_bytes()))?;
+    }
+    let o = io(&bb, child.wait_with_output())?;
+    if !o.status.success() {
+        return Err(GuestError::Tool {
+            tool: "busybox cpio".into(),
+            stderr: String::from_utf8_lossy(&o.stderr).into(),
+        });
+    }
+    let gz = io(
+        &bb,
+        Command::new(&bb)
+            .args(["gzip", "-9", "-f"])
+            .arg(&cpio_path)
+            .output(),
+    )?;
+    if !gz.status.success() {
+        return Err(GuestError::Tool {
+            tool: "busybox gzip".into(),
+            stderr: String::from_utf8_lossy(&gz.stderr).into(),
+        });
+    }
+    let gz_path = dir.join(".initramfs.cpio.gz");
+    io(out, fs::rename(&gz_path, out))?;
+    io(&root, fs::remove_dir_all(&root))?;
+    Ok(())
+}
+
+fn collect(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<(), GuestError> {
+    let mut entries: Vec<_> = io(dir, fs::read_dir(dir))?.filter_map(|e| e.ok()).collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let p = e.path();
+        let rel = p
+            .strip_prefix(root)
+            .unwrap_or(&p)
+            .to_string_lossy()
+            .into_owned();
+        out.push(rel);
+        let ft = io(&p, e.file_type())?;
+        if ft.is_dir() {
+            collect(root, &p, out)?;
+        }
+    }
+    Ok(())
+}
+
+fn build_disk(dir: &Path, out: &Path) -> Result<(), GuestError> {
+    let raw = dir.join(".disk.raw");
+    let mut data = DISK_MARKER.as_bytes().to_vec();
+    data.push(b'\n');
+    data.resize(16 * 1024 * 1024, 0);
+    io(&raw, fs::write(&raw, &data))?;
+    let tmp = dir.join(".disk.qcow2.tmp");
+    let o = Command::new("qemu-img")
+        .args(["convert", "-q", "-f", "raw", "-O", "qcow2"])
+        .arg(&raw)
+        .arg(&tmp)
+        .output()
+        .map_err(|_| GuestError::Missing {
+            what: "qemu-img".into(),
+            hint: "apt-get install qemu-utils",
+        })?;
+    io(&raw, fs::remove_file(&raw))?;
+    if !o.status.success() {
+        return Err(GuestError::Tool {
+            tool: "qemu-img convert".into(),
+            stderr: String::from_utf8_lossy(&o.stderr).into(),
+        });
+    }
+    io(out, fs::rename(&tmp, out))?;
+    Ok(())
+}
+
+/// Boots the guest with bare QEMU (TCG, no libvirt) and returns the time from spawning
+/// QEMU to the banner on the serial console: the physical floor for the launcher.
+pub fn bare_qemu_boot_time(g: &Guest, timeout: Duration) -> Result<Duration, GuestError> {
+    use std::io::Read;
+    let start = Instant::now();
+    let mut child = Command::new("qemu-system-x86_64")
+        .args([
+            "-accel",
+            "tcg",
+            "-M",
+            "q35",
+            "-m",
+            "256",
+            "-nographic",
+            "-nodefaults",
+            "-no-user-config",
+        ])
+        .args(["-serial", "stdio", "-monitor", "none"])
+        .arg("-kernel")
+        .arg(&g.kernel)
+        .arg("-initrd")
+        .arg(&g.initrd)
+        .args(["-append", KERNEL_ARGS])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|_| GuestError::Missing {
+            what: "qemu-system-x86_64".into(),
+            hint: "apt-get install qemu-system-x86",
+        })?;
+    let mut stdout = child.stdout.take().ok_or(GuestError::Tool {
+        tool: "qemu".into(),
+        stderr: "no stdout".into(),
+    })?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buf[..n]);
+            if String::from_utf8_lossy(&seen).contains(BANNER) {
+                let _ = tx.send(start.elapsed());
+                return;
+            }
+        }
+    });
+    let r = rx.recv_timeout(timeout);
+    let _ = child.kill();
+    let _ = child.wait();
+    r.map_err(|_| GuestError::Tool {
+        tool: "qemu-system-x86_64".into(),
+        stderr: format!("no banner within {timeout:?}"),
+    })
+}
