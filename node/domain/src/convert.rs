@@ -1,0 +1,514 @@
+//! VMI → libvirt domain, as pure functions: one per facet, applied in a fixed order
+//! (KubeVirt's "Configurator" idea without the side effects).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use kubevirt_api::VirtualMachineInstance;
+use kubevirt_api::quantity;
+use kubevirt_api::vmi::{self, DomainSpec};
+
+use crate::host::{Accel, HostFacts, NetworkMode};
+use crate::schema::*;
+
+/// Why a VMI cannot be turned into a domain.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConvertError {
+    /// No guest memory size was given.
+    #[error(
+        "no guest memory: set spec.domain.memory.guest or spec.domain.resources.requests.memory"
+    )]
+    MissingMemory,
+    /// A memory quantity does not parse.
+    #[error("invalid memory quantity {value:?} at {field}")]
+    InvalidMemory {
+        /// Field path.
+        field: String,
+        /// The bad value.
+        value: String,
+    },
+    /// A disk names a volume that does not exist.
+    #[error("disk {disk:?} references volume {disk:?}, which is not in spec.volumes")]
+    VolumeNotFound {
+        /// The disk.
+        disk: String,
+    },
+    /// A volume was not prepared on the host.
+    #[error("volume {volume:?} has no prepared source on the host")]
+    VolumeNotPrepared {
+        /// The volume.
+        volume: String,
+    },
+    /// kernelBoot is set but no kernel was resolved.
+    #[error("firmware.kernelBoot is set but its kernel and initrd were not resolved on the host")]
+    KernelBootNotPrepared,
+    /// A field value this implementation does not support.
+    #[error("unsupported value {value:?} for {field}")]
+    Unsupported {
+        /// Field path.
+        field: String,
+        /// The value.
+        value: String,
+    },
+}
+
+/// Domain name for a VMI: `<namespace>_<name>`, as KubeVirt names them.
+pub fn domain_name(vmi: &VirtualMachineInstance) -> String {
+    let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
+    let name = vmi.metadata.name.as_deref().unwrap_or("vmi");
+    format!("{ns}_{name}")
+}
+
+/// Converts a (defaulted) VMI into a libvirt domain for this host.
+pub fn domain_for(vmi: &VirtualMachineInstance, host: &HostFacts) -> Result<Domain, ConvertError> {
+    let spec = &vmi.spec.domain;
+    let mut d = Domain {
+        type_: match host.accel {
+            Accel::Kvm => DomainType::Kvm,
+            Accel::Tcg => DomainType::Qemu,
+        },
+        name: domain_name(vmi),
+        uuid: spec.firmware.as_ref().and_then(|f| f.uuid.clone()),
+        memory: SizedValue::kib(0),
+        current_memory: None,
+        vcpu: Vcpu {
+            placement: Some("static".into()),
+            count: 1,
+        },
+        os: Os::default(),
+        features: None,
+        cpu: None,
+        clock: None,
+        // A guest power-off ends the VMI; the launcher decides what happens next.
+        on_poweroff: Some(LifecycleAction::Destroy),
+        on_reboot: Some(LifecycleAction::Restart),
+        on_crash: Some(LifecycleAction::Destroy),
+        devices: Devices {
+            emulator: host.emulator.as_deref().map(path_str),
+            ..Devices::default()
+        },
+    };
+    memory(spec, &mut d)?;
+    cpu(spec, host, &mut d)?;
+    firmware(spec, host, &mut d)?;
+    features(spec, &mut d);
+    clock(spec, &mut d);
+    disks(&vmi.spec, host, &mut d)?;
+    interfaces(spec, host, &mut d)?;
+    console(spec, host, &mut d);
+    graphics(spec, host, &mut d);
+    misc_devices(spec, &mut d);
+    Ok(d)
+}
+
+fn path_str(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+fn memory(spec: &DomainSpec, d: &mut Domain) -> Result<(), ConvertError> {
+    let res = spec.resources.as_ref();
+    let (field, q) = if let Some(q) = spec.memory.as_ref().and_then(|m| m.guest.as_ref()) {
+        ("spec.domain.memory.guest", q)
+    } else if let Some(q) = res
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("memory"))
+    {
+        ("spec.domain.resources.requests.memory", q)
+    } else if let Some(q) = res
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|r| r.get("memory"))
+    {
+        ("spec.domain.resources.limits.memory", q)
+    } else {
+        return Err(ConvertError::MissingMemory);
+    };
+    let bytes = quantity::parse_bytes(&q.0)
+        .ok()
+        .filter(|b| *b > 0)
+        .ok_or_else(|| ConvertError::InvalidMemory {
+            field: field.into(),
+            value: q.0.clone(),
+        })?;
+    // libvirt stores KiB; round up so the guest never gets less than it asked for.
+    d.memory = SizedValue::kib(bytes.div_ceil(1024));
+    Ok(())
+}
+
+fn cpu(spec: &DomainSpec, host: &HostFacts, d: &mut Domain) -> Result<(), ConvertError> {
+    let c = spec.cpu.clone().unwrap_or_default();
+    let sockets = c.sockets.unwrap_or(1).max(1);
+    let cores = c.cores.unwrap_or(1).max(1);
+    let threads = c.threads.unwrap_or(1).max(1);
+    d.vcpu.count = sockets * cores * threads;
+    let topology = Some(Topology {
+        sockets,
+        dies: None,
+        cores,
+        threads,
+    });
+    let model = c.model.as_deref().filter(|m| !m.is_empty());
+    d.cpu = Some(match (host.accel, model) {
+        // TCG cannot provide the host's CPU: fall back to QEMU's default model, as
+        // KubeVirt does under useEmulation.
+        (Accel::Tcg, None | Some("host-model" | "host-passthrough")) => Cpu {
+            mode: None,
+            model: None,
+            topology,
+        },
+        (Accel::Kvm, None | Some("host-model")) => Cpu {
+            mode: Some(CpuMode::HostModel),
+            model: None,
+            topology,
+        },
+        (Accel::Kvm, Some("host-passthrough")) => Cpu {
+            mode: Some(CpuMode::HostPassthrough),
+            model: None,
+            topology,
+        },
+        (_, Some(name)) => Cpu {
+            mode: Some(CpuMode::Custom),
+            model: Some(CpuModel {
+                fallback: Some("allow".into()),
+                name: name.to_string(),
+            }),
+            topology,
+        },
+    });
+    Ok(())
+}
+
+fn firmware(spec: &DomainSpec, host: &HostFacts, d: &mut Domain) -> Result<(), ConvertError> {
+    let machine = spec
+        .machine
+        .as_ref()
+        .and_then(|m| m.type_.clone())
+        .unwrap_or_else(|| "q35".into());
+    d.os.type_ = OsType {
+        arch: (!host.arch.is_empty()).then(|| host.arch.clone()),
+        machine: Some(machine),
+        value: "hvm".into(),
+    };
+    let Some(fw) = spec.firmware.as_ref() else {
+        return Ok(());
+    };
+    if let Some(bl) = &fw.bootloader {
+        if let Some(efi) = &bl.efi {
+            if efi.secure_boot == Some(true) {
+                return Err(ConvertError::Unsupported {
+                    field: "spec.domain.firmware.bootloader.efi.secureBoot".into(),
+                    value: "true".into(),
+                });
+            }
+            d.os.firmware = Some("efi".into());
+        } else if bl.bios.as_ref().and_then(|b| b.use_serial) == Some(true) {
+            d.os.bios = Some(Bios {
+                useserial: Some("yes".into()),
+            });
+        }
+    }
+    if let Some(kb) = &fw.kernel_boot {
+        let wants_files = kb
+            .container
+            .as_ref()
+            .is_some_and(|c| c.kernel_path.is_some() || c.initrd_path.is_some());
+        let files = host.kernel_boot.as_ref();
+        if wants_files && files.is_none_or(|f| f.kernel.is_none() && f.initrd.is_none()) {
+            return Err(ConvertError::KernelBootNotPrepared);
+        }
+        if let Some(f) = files {
+            d.os.kernel = f.kernel.as_deref().map(path_str);
+            d.os.initrd = f.initrd.as_deref().map(path_str);
+        }
+        d.os.cmdline = kb.kernel_args.clone().filter(|a| !a.is_empty());
+    }
+    Ok(())
+}
+
+fn features(spec: &DomainSpec, d: &mut Domain) {
+    let f = spec.features.as_ref();
+    let on = |s: Option<&vmi::FeatureState>, default: bool| {
+        s.map_or(default, |s| s.enabled.unwrap_or(true))
+    };
+    // ACPI is on unless switched off: graceful shutdown depends on the power button.
+    d.features = Some(Features {
+        acpi: on(f.and_then(|f| f.acpi.as_ref()), true).then(Empty::default),
+        apic: on(f.and_then(|f| f.apic.as_ref()), true).then(Empty::default),
+        smm: on(f.and_then(|f| f.smm.as_ref()), false).then(|| Smm { state: "on".into() }),
+    });
+}
+
+fn clock(spec: &DomainSpec, d: &mut Domain) {
+    let c = spec.clock.as_ref();
+    d.clock = Some(
+        match (
+            c.and_then(|c| c.utc.as_ref()),
+            c.and_then(|c| c.timezone.as_ref()),
+        ) {
+            (_, Some(tz)) => Clock {
+                offset: "timezone".into(),
+                adjustment: None,
+                basis: None,
+                timezone: Some(tz.clone()),
+            },
+            (Some(utc), None) if utc.offset_seconds.unwrap_or(0) != 0 => Clock {
+                offset: "variable".into(),
+                adjustment: utc.offset_seconds,
+                basis: Some("utc".into()),
+                timezone: None,
+            },
+            _ => Clock {
+                offset: "utc".into(),
+                adjustment: None,
+                basis: None,
+                timezone: None,
+            },
+        },
+    );
+}
+
+fn bus_of(b: Option<vmi::DiskBus>, default: Bus) -> Bus {
+    match b {
+        None => default,
+        Some(vmi::DiskBus::Virtio) => Bus::Virtio,
+        Some(vmi::DiskBus::Sata) => Bus::Sata,
+        Some(vmi::DiskBus::Scsi) => Bus::Scsi,
+        Some(vmi::DiskBus::Usb) => Bus::Usb,
+    }
+}
+
+/// `vda`, …, `vdz`, `vdaa`, … like the kernel names them.
+fn device_name(prefix: &str, mut index: usize) -> String {
+    let mut suffix = Vec::new();
+    loop {
+        suffix.push(b'a' + (index % 26) as u8);
+        if index < 26 {
+            break;
+        }
+        index = index / 26 - 1;
+    }
+    suffix.reverse();
+    format!("{prefix}{}", String::from_utf8_lossy(&suffix))
+}
+
+fn disks(
+    vmi_spec: &vmi::VirtualMachineInstanceSpec,
+    host: &HostFacts,
+    d: &mut Domain,
+) -> Result<(), ConvertError> {
+    let volumes: BTreeMap<&str, &vmi::Volume> = vmi_spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| (v.name.as_str(), v))
+        .collect();
+    let mut per_prefix: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut needs_scsi = false;
+    for (i, disk) in vmi_spec.domain.devices.disks.iter().flatten().enumerate() {
+        if !volumes.contains_key(disk.name.as_str()) {
+            return Err(ConvertError::VolumeNotFound {
+                disk: disk.name.clone(),
+            });
+        }
+        let prepared =
+            host.volumes
+                .get(&disk.name)
+                .ok_or_else(|| ConvertError::VolumeNotPrepared {
+                    volume: disk.name.clone(),
+                })?;
+        let (device, bus, readonly) = if let Some(c) = &disk.cdrom {
+            (DiskDevice::Cdrom, bus_of(c.bus, Bus::Sata), true)
+        } else if disk.lun.is_some() {
+            return Err(ConvertError::Unsupported {
+                field: format!("spec.domain.devices.disks[{i}].lun"),
+                value: disk.name.clone(),
+            });
+        } else {
+            let t = disk.disk.clone().unwrap_or_default();
+            (
+                DiskDevice::Disk,
+                bus_of(t.bus, Bus::Virtio),
+                t.readonly.unwrap_or(false),
+            )
+        };
+        let prefix = match bus {
+            Bus::Virtio => "vd",
+            Bus::Sata | Bus::Scsi | Bus::Usb => "sd",
+        };
+        needs_scsi |= bus == Bus::Scsi;
+        let idx = per_prefix.entry(prefix).or_insert(0);
+        let dev = device_name(prefix, *idx);
+        *idx += 1;
+        let io = match disk.io.as_deref() {
+            None => None,
+            Some("native") => Some(IoMode::Native),
+            Some("threads") => Some(IoMode::Threads),
+            Some(other) => {
+                return Err(ConvertError::Unsupported {
+                    field: format!("spec.domain.devices.disks[{i}].io"),
+                    value: other.into(),
+                });
+            }
+        };
+        let path = path_str(&prepared.path);
+        d.devices.disk.push(Disk {
+            type_: prepared.kind,
+            device,
+            driver: DiskDriver {
+                name: "qemu".into(),
+                format: prepared.format,
+                cache: disk.cache.map(|c| match c {
+                    vmi::DiskCache::None => CacheMode::None,
+                    vmi::DiskCache::Writethrough => CacheMode::Writethrough,
+                    vmi::DiskCache::Writeback => CacheMode::Writeback,
+                }),
+                io,
+                error_policy: disk.error_policy.clone(),
+            },
+            source: match prepared.kind {
+                DiskType::File => DiskSource {
+                    file: Some(path),
+                    dev: None,
+                },
+                DiskType::Block => DiskSource {
+                    file: None,
+                    dev: Some(path),
+                },
+            },
+            target: DiskTarget { dev, bus },
+            boot: disk.boot_order.map(|order| Boot { order }),
+            readonly: readonly.then(Empty::default),
+            shareable: disk.shareable.unwrap_or(false).then(Empty::default),
+            serial: disk.serial.clone(),
+            alias: Some(Alias {
+                name: format!("ua-{}", disk.name),
+            }),
+        });
+    }
+    if needs_scsi {
+        d.devices.controller.push(Controller {
+            type_: "scsi".into(),
+            index: Some(0),
+            model: Some("virtio-scsi".into()),
+        });
+    }
+    Ok(())
+}
+
+fn interfaces(spec: &DomainSpec, host: &HostFacts, d: &mut Domain) -> Result<(), ConvertError> {
+    if host.network == NetworkMode::None {
+        return Ok(());
+    }
+    for (i, iface) in spec.devices.interfaces.iter().flatten().enumerate() {
+        if iface.sriov.is_some() || iface.binding.is_some() {
+            return Err(ConvertError::Unsupported {
+                field: format!("spec.domain.devices.interfaces[{i}]"),
+                value: "sriov/binding plugin".into(),
+            });
+        }
+        let model = match iface.model.as_deref() {
+            None | Some("virtio") => NetModel::Virtio,
+            Some("e1000") => NetModel::E1000,
+            Some("e1000e") => NetModel::E1000e,
+            Some("rtl8139") => NetModel::Rtl8139,
+            Some(other) => {
+                return Err(ConvertError::Unsupported {
+                    field: format!("spec.domain.devices.interfaces[{i}].model"),
+                    value: other.into(),
+                });
+            }
+        };
+        d.devices.interface.push(Interface {
+            type_: InterfaceType::User,
+            mac: iface.mac_address.as_ref().map(|m| Mac {
+                address: m.to_lowercase().replace('-', ":"),
+            }),
+            model: Some(Model { type_: model }),
+            boot: iface.boot_order.map(|order| Boot { order }),
+            alias: Some(Alias {
+                name: format!("ua-{}", iface.name),
+            }),
+        });
+    }
+    Ok(())
+}
+
+fn console(spec: &DomainSpec, host: &HostFacts, d: &mut Domain) {
+    if spec.devices.autoattach_serial_console == Some(false) {
+        return;
+    }
+    let (type_, source) = match &host.console_socket {
+        Some(p) => (
+            CharType::Unix,
+            Some(CharSource {
+                mode: Some("bind".into()),
+                path: Some(path_str(p)),
+            }),
+        ),
+        None => (CharType::Pty, None),
+    };
+    d.devices.serial.push(Serial {
+        type_,
+        source,
+        target: Some(CharTarget {
+            type_: Some("isa-serial".into()),
+            port: Some(0),
+        }),
+        log: host.console_log.as_deref().map(|p| CharLog {
+            file: path_str(p),
+            append: Some("on".into()),
+        }),
+        alias: Some(Alias {
+            name: "serial0".into(),
+        }),
+    });
+}
+
+fn graphics(spec: &DomainSpec, host: &HostFacts, d: &mut Domain) {
+    let Some(sock) = &host.vnc_socket else { return };
+    if spec.devices.autoattach_graphics_device == Some(false) {
+        return;
+    }
+    d.devices.graphics.push(Graphics {
+        type_: GraphicsType::Vnc,
+        listen: Some(GraphicsListen {
+            type_: "socket".into(),
+            socket: Some(path_str(sock)),
+        }),
+    });
+    d.devices.video.push(Video {
+        model: VideoModel {
+            type_: "vga".into(),
+            heads: Some(1),
+        },
+    });
+}
+
+fn misc_devices(spec: &DomainSpec, d: &mut Domain) {
+    let balloon = spec.devices.autoattach_mem_balloon != Some(false);
+    // Without an explicit element libvirt adds a balloon on x86; say "none" to really omit it.
+    d.devices.memballoon = Some(MemBalloon {
+        model: if balloon { "virtio" } else { "none" }.into(),
+    });
+    if spec.devices.rng.is_some() {
+        d.devices.rng.push(Rng {
+            model: "virtio".into(),
+            backend: RngBackend {
+                model: "random".into(),
+                path: "/dev/urandom".into(),
+            },
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names_follow_the_kernel() {
+        assert_eq!(device_name("vd", 0), "vda");
+        assert_eq!(device_name("vd", 25), "vdz");
+        assert_eq!(device_name("vd", 26), "vdaa");
+        assert_eq!(device_name("sd", 27), "sdab");
+    }
+}

@@ -1,0 +1,87 @@
+//! Facts about the host and the prepared volumes, gathered before conversion so that
+//! [`crate::domain_for`] does no I/O and is deterministic.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::schema::{DiskFormat, DiskType};
+
+/// How the guest's CPU is executed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    /// KVM hardware virtualisation (`/dev/kvm` probed and working).
+    Kvm,
+    /// TCG software emulation (KubeVirt's `useEmulation`).
+    #[default]
+    Tcg,
+}
+
+/// How VMI interfaces are realised on this host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    /// Drop all interfaces; the guest has no NIC.
+    None,
+    /// Every interface becomes QEMU user-mode networking (slirp): needs no host
+    /// privileges, bridge or tap, and is what the standalone launcher uses for the pod
+    /// network's masquerade binding.
+    #[default]
+    User,
+}
+
+/// A volume made ready on the host (overlay created, ISO written, …).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedVolume {
+    /// Path of the file or block device QEMU opens.
+    pub path: PathBuf,
+    /// Its format.
+    pub format: DiskFormat,
+    /// File or block device.
+    pub kind: DiskType,
+}
+
+/// Kernel and initrd of `firmware.kernelBoot`, resolved to host paths.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelBootFiles {
+    /// Kernel image.
+    pub kernel: Option<PathBuf>,
+    /// Initrd.
+    pub initrd: Option<PathBuf>,
+}
+
+/// Everything the conversion needs to know about the host.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostFacts {
+    /// Guest architecture (`x86_64`).
+    pub arch: String,
+    /// KVM or TCG.
+    pub accel: Accel,
+    /// QEMU binary; libvirt picks one when unset.
+    pub emulator: Option<PathBuf>,
+    /// Prepared volumes by VMI volume name.
+    pub volumes: BTreeMap<String, PreparedVolume>,
+    /// Resolved kernel boot files.
+    pub kernel_boot: Option<KernelBootFiles>,
+    /// Unix socket QEMU binds for the serial console; a pty when unset.
+    pub console_socket: Option<PathBuf>,
+    /// File the serial console output is also logged to.
+    pub console_log: Option<PathBuf>,
+    /// Unix socket QEMU binds for VNC; no graphics when unset.
+    pub vnc_socket: Option<PathBuf>,
+    /// How interfaces are realised.
+    pub network: NetworkMode,
+}
+
+impl HostFacts {
+    /// Facts for an x86_64 host with the given accelerator and nothing prepared.
+    pub fn x86_64(accel: Accel) -> Self {
+        Self {
+            arch: "x86_64".into(),
+            accel,
+            ..Self::default()
+        }
+    }
+}

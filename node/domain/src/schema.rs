@@ -1,0 +1,687 @@
+//! Typed subset of libvirt's domain XML (`https://libvirt.org/formatdomain.html`).
+//!
+//! Attributes are `@name`, text is `$text` (quick-xml's serde conventions). Closed sets
+//! are enums so an invalid bus or cache mode cannot be built. Unknown elements are
+//! ignored when parsing, because libvirt's live XML grows with every release.
+
+use serde::{Deserialize, Serialize};
+
+/// An element that carries nothing but its presence (`<acpi/>`, `<readonly/>`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Empty {}
+
+/// A libvirt domain.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename = "domain")]
+pub struct Domain {
+    /// Hypervisor: `qemu` (TCG) or `kvm`.
+    #[serde(rename = "@type")]
+    pub type_: DomainType,
+    /// Unique name on the host.
+    pub name: String,
+    /// SMBIOS/libvirt UUID.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// Maximum guest memory.
+    pub memory: SizedValue,
+    /// Memory at boot.
+    #[serde(rename = "currentMemory", skip_serializing_if = "Option::is_none")]
+    pub current_memory: Option<SizedValue>,
+    /// Number of vCPUs.
+    pub vcpu: Vcpu,
+    /// Boot configuration.
+    pub os: Os,
+    /// Hypervisor features.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub features: Option<Features>,
+    /// CPU model and topology.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Cpu>,
+    /// Guest clock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock: Option<Clock>,
+    /// What a guest power-off does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_poweroff: Option<LifecycleAction>,
+    /// What a guest reboot does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_reboot: Option<LifecycleAction>,
+    /// What a guest crash does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_crash: Option<LifecycleAction>,
+    /// Devices.
+    pub devices: Devices,
+}
+
+/// Domain (hypervisor) type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DomainType {
+    /// QEMU with TCG software emulation.
+    Qemu,
+    /// QEMU with KVM.
+    Kvm,
+}
+
+/// A number with a unit attribute (`<memory unit='KiB'>65536</memory>`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SizedValue {
+    /// Unit, e.g. `KiB`.
+    #[serde(rename = "@unit")]
+    pub unit: String,
+    /// The number.
+    #[serde(rename = "$text")]
+    pub value: u64,
+}
+
+impl SizedValue {
+    /// A size in KiB.
+    pub fn kib(value: u64) -> Self {
+        Self {
+            unit: "KiB".into(),
+            value,
+        }
+    }
+}
+
+/// vCPU count.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Vcpu {
+    /// `static` or `auto`.
+    #[serde(rename = "@placement", skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
+    /// Count.
+    #[serde(rename = "$text")]
+    pub count: u32,
+}
+
+/// Boot configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Os {
+    /// `efi` for automatic UEFI firmware selection.
+    #[serde(rename = "@firmware", skip_serializing_if = "Option::is_none")]
+    pub firmware: Option<String>,
+    /// Guest type, arch and machine.
+    #[serde(rename = "type")]
+    pub type_: OsType,
+    /// Direct-boot kernel.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    /// Direct-boot initrd.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<String>,
+    /// Kernel command line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cmdline: Option<String>,
+    /// BIOS options.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bios: Option<Bios>,
+}
+
+/// `<type arch='x86_64' machine='q35'>hvm</type>`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsType {
+    /// Guest architecture.
+    #[serde(rename = "@arch", skip_serializing_if = "Option::is_none")]
+    pub arch: Option<String>,
+    /// Machine type.
+    #[serde(rename = "@machine", skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
+    /// Always `hvm` for QEMU guests.
+    #[serde(rename = "$text")]
+    pub value: String,
+}
+
+/// BIOS options.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bios {
+    /// `yes` to mirror BIOS output on the serial port.
+    #[serde(rename = "@useserial", skip_serializing_if = "Option::is_none")]
+    pub useserial: Option<String>,
+}
+
+/// Hypervisor features.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Features {
+    /// ACPI (power button).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acpi: Option<Empty>,
+    /// APIC.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub apic: Option<Empty>,
+    /// System management mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub smm: Option<Smm>,
+}
+
+/// `<smm state='on'/>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Smm {
+    /// `on` or `off`.
+    #[serde(rename = "@state")]
+    pub state: String,
+}
+
+/// CPU mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CpuMode {
+    /// The host CPU model, as close as libvirt can express it (KVM only).
+    #[serde(rename = "host-model")]
+    HostModel,
+    /// The host CPU passed through (KVM only).
+    #[serde(rename = "host-passthrough")]
+    HostPassthrough,
+    /// A named model.
+    #[serde(rename = "custom")]
+    Custom,
+}
+
+/// CPU model and topology.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cpu {
+    /// Mode.
+    #[serde(rename = "@mode", skip_serializing_if = "Option::is_none")]
+    pub mode: Option<CpuMode>,
+    /// Named model (custom mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<CpuModel>,
+    /// Topology.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topology: Option<Topology>,
+}
+
+/// A named CPU model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuModel {
+    /// `allow` or `forbid`.
+    #[serde(rename = "@fallback", skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
+    /// Model name.
+    #[serde(rename = "$text")]
+    pub name: String,
+}
+
+/// Guest CPU topology.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topology {
+    /// Sockets.
+    #[serde(rename = "@sockets")]
+    pub sockets: u32,
+    /// Dies per socket (libvirt adds it on parse-back).
+    #[serde(rename = "@dies", skip_serializing_if = "Option::is_none")]
+    pub dies: Option<u32>,
+    /// Cores per die.
+    #[serde(rename = "@cores")]
+    pub cores: u32,
+    /// Threads per core.
+    #[serde(rename = "@threads")]
+    pub threads: u32,
+}
+
+/// Guest clock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Clock {
+    /// `utc`, `variable` or `timezone`.
+    #[serde(rename = "@offset")]
+    pub offset: String,
+    /// Seconds added to `basis` (variable offset).
+    #[serde(rename = "@adjustment", skip_serializing_if = "Option::is_none")]
+    pub adjustment: Option<i64>,
+    /// `utc` (variable offset).
+    #[serde(rename = "@basis", skip_serializing_if = "Option::is_none")]
+    pub basis: Option<String>,
+    /// Time zone (timezone offset).
+    #[serde(rename = "@timezone", skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+}
+
+/// Lifecycle action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LifecycleAction {
+    /// Stop the domain.
+    Destroy,
+    /// Restart the domain.
+    Restart,
+    /// Keep the domain, paused.
+    Preserve,
+}
+
+/// Devices.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Devices {
+    /// QEMU binary.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub emulator: Option<String>,
+    /// Disks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disk: Vec<Disk>,
+    /// Controllers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub controller: Vec<Controller>,
+    /// NICs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interface: Vec<Interface>,
+    /// Serial ports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub serial: Vec<Serial>,
+    /// Consoles (libvirt adds one mirroring serial0 on parse-back).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub console: Vec<Serial>,
+    /// Graphics.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub graphics: Vec<Graphics>,
+    /// Video adapters.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub video: Vec<Video>,
+    /// Memory balloon.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memballoon: Option<MemBalloon>,
+    /// Random number generators.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rng: Vec<Rng>,
+}
+
+/// Where a disk's data lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskType {
+    /// A file.
+    File,
+    /// A block device.
+    Block,
+}
+
+/// What the guest sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskDevice {
+    /// A disk.
+    Disk,
+    /// A CD-ROM.
+    Cdrom,
+    /// A SCSI LUN.
+    Lun,
+}
+
+/// Image format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskFormat {
+    /// Raw image or ISO.
+    Raw,
+    /// qcow2 (overlays, empty disks).
+    Qcow2,
+}
+
+/// Host cache mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheMode {
+    /// O_DIRECT.
+    None,
+    /// Host page cache, synchronous writes.
+    Writethrough,
+    /// Host page cache.
+    Writeback,
+}
+
+/// I/O mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoMode {
+    /// Linux AIO.
+    Native,
+    /// A thread pool.
+    Threads,
+}
+
+/// Disk bus.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Bus {
+    /// virtio-blk.
+    Virtio,
+    /// SATA (AHCI).
+    Sata,
+    /// virtio-scsi.
+    Scsi,
+    /// USB storage.
+    Usb,
+}
+
+/// A disk.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Disk {
+    /// Source kind.
+    #[serde(rename = "@type")]
+    pub type_: DiskType,
+    /// Guest device kind.
+    #[serde(rename = "@device")]
+    pub device: DiskDevice,
+    /// Driver options.
+    pub driver: DiskDriver,
+    /// Source.
+    pub source: DiskSource,
+    /// Guest target.
+    pub target: DiskTarget,
+    /// Boot order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot: Option<Boot>,
+    /// Read-only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub readonly: Option<Empty>,
+    /// Shareable between domains.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shareable: Option<Empty>,
+    /// Serial number.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    /// Device alias.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alias: Option<Alias>,
+}
+
+/// Disk driver.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskDriver {
+    /// Always `qemu`.
+    #[serde(rename = "@name")]
+    pub name: String,
+    /// Image format.
+    #[serde(rename = "@type")]
+    pub format: DiskFormat,
+    /// Cache mode.
+    #[serde(rename = "@cache", skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheMode>,
+    /// I/O mode.
+    #[serde(rename = "@io", skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoMode>,
+    /// I/O error policy.
+    #[serde(rename = "@error_policy", skip_serializing_if = "Option::is_none")]
+    pub error_policy: Option<String>,
+}
+
+/// Disk source.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskSource {
+    /// File path.
+    #[serde(rename = "@file", skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// Block device path.
+    #[serde(rename = "@dev", skip_serializing_if = "Option::is_none")]
+    pub dev: Option<String>,
+}
+
+/// Disk target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskTarget {
+    /// Device name hint (`vda`, `sda`).
+    #[serde(rename = "@dev")]
+    pub dev: String,
+    /// Bus.
+    #[serde(rename = "@bus")]
+    pub bus: Bus,
+}
+
+/// Boot order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Boot {
+    /// Order; lower first.
+    #[serde(rename = "@order")]
+    pub order: u32,
+}
+
+/// Device alias; `ua-` prefixed aliases are user-chosen and stable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Alias {
+    /// Alias.
+    #[serde(rename = "@name")]
+    pub name: String,
+}
+
+/// A controller.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Controller {
+    /// Controller type (`scsi`, `pci`, `usb`, …).
+    #[serde(rename = "@type")]
+    pub type_: String,
+    /// Index.
+    #[serde(rename = "@index", skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    /// Model.
+    #[serde(rename = "@model", skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// Interface kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InterfaceType {
+    /// QEMU user-mode networking (slirp), no host privileges or devices.
+    User,
+    /// An existing host tap device.
+    Ethernet,
+    /// A host bridge.
+    Bridge,
+}
+
+/// NIC model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetModel {
+    /// virtio-net.
+    Virtio,
+    /// Intel e1000.
+    E1000,
+    /// Intel e1000e.
+    E1000e,
+    /// Realtek 8139.
+    Rtl8139,
+}
+
+/// A NIC.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Interface {
+    /// Kind.
+    #[serde(rename = "@type")]
+    pub type_: InterfaceType,
+    /// MAC address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mac: Option<Mac>,
+    /// Model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<Model<NetModel>>,
+    /// Boot order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot: Option<Boot>,
+    /// Alias.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alias: Option<Alias>,
+}
+
+/// `<mac address='…'/>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mac {
+    /// Address.
+    #[serde(rename = "@address")]
+    pub address: String,
+}
+
+/// `<model type='…'/>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Model<T> {
+    /// Model.
+    #[serde(rename = "@type")]
+    pub type_: T,
+}
+
+/// Character device kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CharType {
+    /// A unix socket.
+    Unix,
+    /// A pseudo terminal.
+    Pty,
+    /// Discarded.
+    Null,
+}
+
+/// A serial port or console.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Serial {
+    /// Backend kind.
+    #[serde(rename = "@type")]
+    pub type_: CharType,
+    /// Backend source.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<CharSource>,
+    /// Guest side.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<CharTarget>,
+    /// Also write the output to this file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log: Option<CharLog>,
+    /// Alias.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alias: Option<Alias>,
+}
+
+/// Socket of a character device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CharSource {
+    /// `bind` (QEMU listens) or `connect`.
+    #[serde(rename = "@mode", skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Socket path.
+    #[serde(rename = "@path", skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+/// Guest side of a character device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CharTarget {
+    /// `isa-serial` or `serial`.
+    #[serde(rename = "@type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<String>,
+    /// Port.
+    #[serde(rename = "@port", skip_serializing_if = "Option::is_none")]
+    pub port: Option<u32>,
+}
+
+/// Log file of a character device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CharLog {
+    /// Path.
+    #[serde(rename = "@file")]
+    pub file: String,
+    /// `on` to append.
+    #[serde(rename = "@append", skip_serializing_if = "Option::is_none")]
+    pub append: Option<String>,
+}
+
+/// Graphics kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GraphicsType {
+    /// VNC.
+    Vnc,
+}
+
+/// A graphics device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Graphics {
+    /// Kind.
+    #[serde(rename = "@type")]
+    pub type_: GraphicsType,
+    /// Where it listens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<GraphicsListen>,
+}
+
+/// `<listen type='socket' socket='…'/>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphicsListen {
+    /// `socket`, `address` or `none`.
+    #[serde(rename = "@type")]
+    pub type_: String,
+    /// Socket path.
+    #[serde(rename = "@socket", skip_serializing_if = "Option::is_none")]
+    pub socket: Option<String>,
+}
+
+/// A video adapter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Video {
+    /// Model.
+    pub model: VideoModel,
+}
+
+/// `<model type='vga' heads='1'/>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VideoModel {
+    /// `vga`, `virtio`, `bochs`, `none`.
+    #[serde(rename = "@type")]
+    pub type_: String,
+    /// Heads.
+    #[serde(rename = "@heads", skip_serializing_if = "Option::is_none")]
+    pub heads: Option<u32>,
+}
+
+/// Memory balloon.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemBalloon {
+    /// `virtio` or `none`.
+    #[serde(rename = "@model")]
+    pub model: String,
+}
+
+/// Random number generator.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rng {
+    /// `virtio`.
+    #[serde(rename = "@model")]
+    pub model: String,
+    /// Entropy source.
+    pub backend: RngBackend,
+}
+
+/// `<backend model='random'>/dev/urandom</backend>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RngBackend {
+    /// `random`.
+    #[serde(rename = "@model")]
+    pub model: String,
+    /// Device.
+    #[serde(rename = "$text")]
+    pub path: String,
+}
+
+/// Errors serialising or parsing domain XML.
+#[derive(Debug, thiserror::Error)]
+pub enum XmlError {
+    /// Serialisation failed.
+    #[error("serialising domain XML: {0}")]
+    Serialize(#[from] quick_xml::SeError),
+    /// Parsing failed.
+    #[error("parsing domain XML: {0}")]
+    Parse(#[from] quick_xml::DeError),
+}
+
+impl Domain {
+    /// The domain as libvirt XML, indented for humans and golden files.
+    pub fn to_xml(&self) -> Result<String, XmlError> {
+        let mut out = String::new();
+        let mut ser = quick_xml::se::Serializer::new(&mut out);
+        ser.indent(' ', 2);
+        self.serialize(ser)?;
+        out.push('\n');
+        Ok(out)
+    }
+
+    /// Parses libvirt domain XML (ours or libvirt's live description).
+    pub fn from_xml(xml: &str) -> Result<Self, XmlError> {
+        Ok(quick_xml::de::from_str(xml)?)
+    }
+}

@@ -1,0 +1,261 @@
+//! Golden-file and round-trip tests of the VMI → domain conversion.
+//! Regenerate the golden files with `UPDATE_GOLDEN=1 cargo test -p virt-domain`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+use kubevirt_api::VirtualMachineInstance;
+use kubevirt_api::defaults::default_vmi;
+use virt_domain::schema::{DiskFormat, DiskType};
+use virt_domain::{
+    Accel, ConvertError, Domain, HostFacts, KernelBootFiles, NetworkMode, PreparedVolume,
+    domain_for,
+};
+
+fn testdata(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/testdata")
+        .join(name)
+}
+
+fn load(name: &str) -> VirtualMachineInstance {
+    let text = std::fs::read_to_string(testdata(name)).unwrap();
+    let mut vmi: VirtualMachineInstance = serde_json::from_str(&text).unwrap();
+    default_vmi(&mut vmi);
+    assert!(
+        kubevirt_api::validation::validate_vmi(&vmi).is_empty(),
+        "{name} must be a valid VMI"
+    );
+    vmi
+}
+
+fn vol(path: &str, format: DiskFormat) -> PreparedVolume {
+    PreparedVolume {
+        path: path.into(),
+        format,
+        kind: DiskType::File,
+    }
+}
+
+fn kernelboot_host() -> HostFacts {
+    let mut h = HostFacts::x86_64(Accel::Tcg);
+    h.emulator = Some("/usr/bin/qemu-system-x86_64".into());
+    h.volumes.insert(
+        "cloudinit".into(),
+        vol("/run/vmi/cloudinit.iso", DiskFormat::Raw),
+    );
+    h.kernel_boot = Some(KernelBootFiles {
+        kernel: Some("/images/guest/vmlinuz".into()),
+        initrd: Some("/images/guest/initramfs.gz".into()),
+    });
+    h.console_socket = Some("/run/vmi/console.sock".into());
+    h.vnc_socket = Some("/run/vmi/vnc.sock".into());
+    h.network = NetworkMode::User;
+    h
+}
+
+fn disks_host() -> HostFacts {
+    let mut h = HostFacts::x86_64(Accel::Kvm);
+    h.volumes
+        .insert("root".into(), vol("/run/vmi/root.qcow2", DiskFormat::Qcow2));
+    h.volumes.insert(
+        "scratch".into(),
+        vol("/run/vmi/scratch.qcow2", DiskFormat::Qcow2),
+    );
+    h.volumes
+        .insert("iso".into(), vol("/run/vmi/iso.qcow2", DiskFormat::Qcow2));
+    h.volumes.insert(
+        "data".into(),
+        PreparedVolume {
+            path: "/dev/sdz".into(),
+            format: DiskFormat::Raw,
+            kind: DiskType::Block,
+        },
+    );
+    h.console_socket = Some("/run/vmi/console.sock".into());
+    h
+}
+
+fn cases() -> Vec<(&'static str, HostFacts)> {
+    vec![
+        ("kernelboot", kernelboot_host()),
+        ("disks", disks_host()),
+        ("minimal", HostFacts::x86_64(Accel::Tcg)),
+    ]
+}
+
+#[test]
+fn golden_files() {
+    for (name, host) in cases() {
+        let vmi = load(&format!("{name}.json"));
+        let xml = domain_for(&vmi, &host).unwrap().to_xml().unwrap();
+        let golden = testdata(&format!("{name}.xml"));
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&golden, &xml).unwrap();
+        }
+        let want = std::fs::read_to_string(&golden).unwrap_or_default();
+        assert_eq!(
+            xml,
+            want,
+            "{name}: domain XML differs from {}",
+            golden.display()
+        );
+    }
+}
+
+#[test]
+fn round_trip() {
+    for (name, host) in cases() {
+        let d = domain_for(&load(&format!("{name}.json")), &host).unwrap();
+        let back = Domain::from_xml(&d.to_xml().unwrap()).unwrap();
+        assert_eq!(
+            back, d,
+            "{name}: XML does not parse back to the same domain"
+        );
+    }
+}
+
+/// libvirt's own description interleaves device kinds and carries elements we do not
+/// model; both must parse.
+#[test]
+fn parses_libvirt_live_xml() {
+    let xml = r#"<domain type='qemu' id='1'>
+  <name>default_guest</name>
+  <uuid>5d307ca9-b3ef-428c-8861-06e72d69f223</uuid>
+  <memory unit='KiB'>131072</memory>
+  <currentMemory unit='KiB'>131072</currentMemory>
+  <vcpu placement='static'>1</vcpu>
+  <resource><partition>/machine</partition></resource>
+  <os><type arch='x86_64' machine='pc-q35-7.2'>hvm</type><kernel>/k</kernel><boot dev='hd'/></os>
+  <cpu mode='custom' match='exact' check='none'><model fallback='forbid'>qemu64</model></cpu>
+  <clock offset='utc'/>
+  <on_poweroff>destroy</on_poweroff>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='/a.iso' index='1'/><target dev='vda' bus='virtio'/><alias name='ua-cloudinit'/></disk>
+    <controller type='usb' index='0' model='qemu-xhci'/>
+    <controller type='pci' index='0' model='pcie-root'/>
+    <interface type='user'><mac address='52:54:00:12:34:56'/><model type='virtio'/></interface>
+    <serial type='unix'><source mode='bind' path='/c.sock'/><target type='isa-serial' port='0'><model name='isa-serial'/></target><alias name='serial0'/></serial>
+    <console type='unix'><source mode='bind' path='/c.sock'/><target type='serial' port='0'/></console>
+    <input type='mouse' bus='ps2'/>
+    <controller type='sata' index='0'/>
+    <memballoon model='virtio'/>
+  </devices>
+  <seclabel type='none' model='none'/>
+</domain>"#;
+    let d = Domain::from_xml(xml).unwrap();
+    assert_eq!(d.name, "default_guest");
+    assert_eq!(d.memory.value, 131072);
+    assert_eq!(d.devices.controller.len(), 3);
+    assert_eq!(
+        d.devices.serial[0].source.as_ref().unwrap().path.as_deref(),
+        Some("/c.sock")
+    );
+}
+
+#[test]
+fn memory_is_rounded_up_to_kib() {
+    let mut vmi = load("minimal.json");
+    let d = domain_for(&vmi, &HostFacts::x86_64(Accel::Tcg)).unwrap();
+    assert_eq!(d.memory.value, 62500, "64M = 64_000_000 bytes = 62500 KiB");
+    vmi.spec.domain.memory.as_mut().unwrap().guest = Some(
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity("1001".into()),
+    );
+    assert_eq!(
+        domain_for(&vmi, &HostFacts::x86_64(Accel::Tcg))
+            .unwrap()
+            .memory
+            .value,
+        1
+    );
+}
+
+#[test]
+fn errors_name_the_culprit() {
+    let mut vmi = load("minimal.json");
+    vmi.spec.domain.memory = None;
+    vmi.spec.domain.resources.as_mut().unwrap().requests = Some(
+        [(
+            "memory".to_string(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("12XB".into()),
+        )]
+        .into(),
+    );
+    let e = domain_for(&vmi, &HostFacts::x86_64(Accel::Tcg)).unwrap_err();
+    assert_eq!(
+        e,
+        ConvertError::InvalidMemory {
+            field: "spec.domain.resources.requests.memory".into(),
+            value: "12XB".into()
+        }
+    );
+
+    let vmi = load("disks.json");
+    let mut host = disks_host();
+    host.volumes.remove("scratch");
+    assert_eq!(
+        domain_for(&vmi, &host).unwrap_err(),
+        ConvertError::VolumeNotPrepared {
+            volume: "scratch".into()
+        }
+    );
+
+    let mut vmi = load("disks.json");
+    vmi.spec
+        .volumes
+        .as_mut()
+        .unwrap()
+        .retain(|v| v.name != "iso");
+    let e = domain_for(&vmi, &disks_host()).unwrap_err();
+    assert_eq!(e, ConvertError::VolumeNotFound { disk: "iso".into() });
+    assert!(e.to_string().contains("\"iso\""));
+
+    let vmi = load("kernelboot.json");
+    let mut host = kernelboot_host();
+    host.kernel_boot = None;
+    assert_eq!(
+        domain_for(&vmi, &host).unwrap_err(),
+        ConvertError::KernelBootNotPrepared
+    );
+}
+
+#[test]
+fn tcg_never_asks_for_the_host_cpu() {
+    let vmi = load("disks.json");
+    let mut host = disks_host();
+    host.accel = Accel::Tcg;
+    let d = domain_for(&vmi, &host).unwrap();
+    assert_eq!(d.type_, virt_domain::schema::DomainType::Qemu);
+    let cpu = d.cpu.unwrap();
+    assert_eq!(cpu.mode, None);
+    assert_eq!(cpu.topology.unwrap().sockets, 2);
+    assert_eq!(d.vcpu.count, 4);
+}
+
+/// libvirt's RNG schema is the authority on what it accepts; use it when installed
+/// (libvirt-clients).
+#[test]
+fn golden_files_validate_against_libvirt_schema() {
+    let Ok(out) = std::process::Command::new("virt-xml-validate")
+        .arg("--version")
+        .output()
+    else {
+        eprintln!("virt-xml-validate not installed; skipping schema validation");
+        return;
+    };
+    assert!(out.status.success());
+    for (name, _) in cases() {
+        let o = std::process::Command::new("virt-xml-validate")
+            .arg(testdata(&format!("{name}.xml")))
+            .arg("domain")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{name}.xml: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
