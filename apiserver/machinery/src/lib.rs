@@ -4,4 +4,5 @@
 //! Nothing here does I/O, so every rule the apiserver must follow can be unit-tested
 //! without a cluster.
 
+pub mod openapi;
 pub mod selector;
