@@ -34,3 +34,19 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(a) => bench::run(a),
     }
 }
+
+/// The workspace's target directory (honours CARGO_TARGET_DIR).
+pub fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// The workspace root (xtask lives one level below it).
+pub fn workspace_root() -> std::path::PathBuf {
+    let manifest = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or(manifest)
+}

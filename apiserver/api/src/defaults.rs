@@ -44,8 +44,15 @@ pub fn default_vmi_spec(spec: &mut VirtualMachineInstanceSpec, name: &str) {
         spec.termination_grace_period_seconds = Some(DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS);
     }
     let domain = &mut spec.domain;
-    if domain.machine.as_ref().and_then(|m| m.type_.as_ref()).is_none() {
-        domain.machine = Some(Machine { type_: Some(DEFAULT_MACHINE_TYPE.to_string()) });
+    if domain
+        .machine
+        .as_ref()
+        .and_then(|m| m.type_.as_ref())
+        .is_none()
+    {
+        domain.machine = Some(Machine {
+            type_: Some(DEFAULT_MACHINE_TYPE.to_string()),
+        });
     }
     let cpu = domain.cpu.get_or_insert_with(Cpu::default);
     cpu.cores.get_or_insert(1);
@@ -59,7 +66,10 @@ pub fn default_vmi_spec(spec: &mut VirtualMachineInstanceSpec, name: &str) {
         let from = res
             .and_then(|r| r.requests.as_ref())
             .and_then(|r| r.get("memory"))
-            .or_else(|| res.and_then(|r| r.limits.as_ref()).and_then(|l| l.get("memory")))
+            .or_else(|| {
+                res.and_then(|r| r.limits.as_ref())
+                    .and_then(|l| l.get("memory"))
+            })
             .cloned();
         if let Some(q) = from {
             domain.memory.get_or_insert_with(Memory::default).guest = Some(Quantity(q.0));
@@ -68,7 +78,8 @@ pub fn default_vmi_spec(spec: &mut VirtualMachineInstanceSpec, name: &str) {
 
     let firmware = domain.firmware.get_or_insert_with(Firmware::default);
     if firmware.uuid.is_none() {
-        firmware.uuid = Some(uuid::Uuid::new_v5(&FIRMWARE_UUID_NAMESPACE, name.as_bytes()).to_string());
+        firmware.uuid =
+            Some(uuid::Uuid::new_v5(&FIRMWARE_UUID_NAMESPACE, name.as_bytes()).to_string());
     }
 
     for disk in domain.devices.disks.iter_mut().flatten() {
@@ -87,7 +98,11 @@ pub fn default_vmi_spec(spec: &mut VirtualMachineInstanceSpec, name: &str) {
         }
     }
 
-    let no_interfaces = domain.devices.interfaces.as_ref().is_none_or(|i| i.is_empty());
+    let no_interfaces = domain
+        .devices
+        .interfaces
+        .as_ref()
+        .is_none_or(|i| i.is_empty());
     let no_networks = spec.networks.as_ref().is_none_or(|n| n.is_empty());
     if no_interfaces && no_networks && domain.devices.autoattach_pod_interface != Some(false) {
         spec.networks = Some(vec![Network {
@@ -126,7 +141,10 @@ mod tests {
         let mut running = VirtualMachine::new("b", Default::default());
         running.spec.running = Some(true);
         default_vm(&mut running);
-        assert_eq!(running.spec.run_strategy, None, "the deprecated field is kept as written");
+        assert_eq!(
+            running.spec.run_strategy, None,
+            "the deprecated field is kept as written"
+        );
     }
 
     #[test]
@@ -136,18 +154,32 @@ mod tests {
             requests: Some([("memory".to_string(), Quantity("64Mi".into()))].into()),
             ..Default::default()
         });
-        spec.domain.devices.disks = Some(vec![Disk { name: "root".into(), ..Default::default() }]);
+        spec.domain.devices.disks = Some(vec![Disk {
+            name: "root".into(),
+            ..Default::default()
+        }]);
         default_vmi_spec(&mut spec, "vmi1");
-        assert_eq!(spec.domain.memory.as_ref().unwrap().guest, Some(Quantity("64Mi".into())));
+        assert_eq!(
+            spec.domain.memory.as_ref().unwrap().guest,
+            Some(Quantity("64Mi".into()))
+        );
         assert_eq!(spec.domain.cpu.as_ref().unwrap().cores, Some(1));
         let disk = &spec.domain.devices.disks.as_ref().unwrap()[0];
         assert_eq!(disk.disk.as_ref().unwrap().bus, Some(DiskBus::Virtio));
         assert_eq!(spec.networks.as_ref().unwrap()[0].name, "default");
-        assert!(spec.domain.devices.interfaces.as_ref().unwrap()[0].masquerade.is_some());
+        assert!(
+            spec.domain.devices.interfaces.as_ref().unwrap()[0]
+                .masquerade
+                .is_some()
+        );
         assert_eq!(spec.termination_grace_period_seconds, Some(180));
         let uuid1 = spec.domain.firmware.as_ref().unwrap().uuid.clone();
         let mut again = VirtualMachineInstanceSpec::default();
         default_vmi_spec(&mut again, "vmi1");
-        assert_eq!(again.domain.firmware.unwrap().uuid, uuid1, "UUID is stable for a name");
+        assert_eq!(
+            again.domain.firmware.unwrap().uuid,
+            uuid1,
+            "UUID is stable for a name"
+        );
     }
 }

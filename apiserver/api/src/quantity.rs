@@ -7,7 +7,9 @@ use thiserror::Error;
 
 /// A quantity string that does not follow the Kubernetes grammar.
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")]
+#[error(
+    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+)]
 pub struct QuantityError;
 
 /// Parses a quantity into its numeric value (`"1Ki"` → 1024.0, `"500m"` → 0.5).

@@ -67,7 +67,11 @@ impl FieldError {
         } else {
             format!("Required value: {detail}")
         };
-        Self { kind: ErrorType::Required, field: field.into(), message }
+        Self {
+            kind: ErrorType::Required,
+            field: field.into(),
+            message,
+        }
     }
 
     /// `Invalid value: "v": detail`.
@@ -85,7 +89,10 @@ impl FieldError {
         Self {
             kind: ErrorType::NotSupported,
             field: field.into(),
-            message: format!("Unsupported value: {value:?}: supported values: {}", list.join(", ")),
+            message: format!(
+                "Unsupported value: {value:?}: supported values: {}",
+                list.join(", ")
+            ),
         }
     }
 
@@ -100,7 +107,11 @@ impl FieldError {
 
     /// `Forbidden: detail`.
     pub fn forbidden(field: impl Into<String>, detail: &str) -> Self {
-        Self { kind: ErrorType::Forbidden, field: field.into(), message: format!("Forbidden: {detail}") }
+        Self {
+            kind: ErrorType::Forbidden,
+            field: field.into(),
+            message: format!("Forbidden: {detail}"),
+        }
     }
 
     /// `Too long: may not be more than N bytes`.
@@ -123,7 +134,11 @@ impl FieldError {
 
     /// `Invalid value: "type": detail` for a value of the wrong JSON type.
     pub fn type_invalid(field: impl Into<String>, detail: &str) -> Self {
-        Self { kind: ErrorType::TypeInvalid, field: field.into(), message: format!("Invalid value: {detail}") }
+        Self {
+            kind: ErrorType::TypeInvalid,
+            field: field.into(),
+            message: format!("Invalid value: {detail}"),
+        }
     }
 }
 
@@ -139,7 +154,8 @@ const DNS1123_SUBDOMAIN_MAX: usize = 253;
 fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= DNS1123_LABEL_MAX
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -148,7 +164,9 @@ fn is_dns1123_label(s: &str) -> bool {
 pub fn dns1123_subdomain_errors(s: &str) -> Vec<String> {
     let mut errs = Vec::new();
     if s.len() > DNS1123_SUBDOMAIN_MAX {
-        errs.push(format!("must be no more than {DNS1123_SUBDOMAIN_MAX} characters"));
+        errs.push(format!(
+            "must be no more than {DNS1123_SUBDOMAIN_MAX} characters"
+        ));
     }
     if s.is_empty() || !s.split('.').all(is_dns1123_label) {
         errs.push(
@@ -177,7 +195,8 @@ fn is_qualified_name(key: &str) -> bool {
 fn is_label_value(v: &str) -> bool {
     v.is_empty()
         || (v.len() <= 63
-            && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
             && v.as_bytes()[0].is_ascii_alphanumeric()
             && v.as_bytes()[v.len() - 1].is_ascii_alphanumeric())
 }
@@ -189,7 +208,10 @@ pub fn validate_object_meta(meta: &ObjectMeta, path: &str) -> Vec<FieldError> {
     match meta.name.as_deref() {
         None | Some("") => {
             if meta.generate_name.as_deref().unwrap_or("").is_empty() {
-                errs.push(FieldError::required(format!("{path}.name"), "name or generateName is required"));
+                errs.push(FieldError::required(
+                    format!("{path}.name"),
+                    "name or generateName is required",
+                ));
             }
         }
         Some(name) => {
@@ -229,7 +251,10 @@ pub fn validate_object_meta(meta: &ObjectMeta, path: &str) -> Vec<FieldError> {
             }
         }
         if total > 256 * 1024 {
-            errs.push(FieldError::too_long(format!("{path}.annotations"), 256 * 1024));
+            errs.push(FieldError::too_long(
+                format!("{path}.annotations"),
+                256 * 1024,
+            ));
         }
     }
     if let Some(refs) = &meta.owner_references {
@@ -244,16 +269,32 @@ pub fn validate_object_meta(meta: &ObjectMeta, path: &str) -> Vec<FieldError> {
         for (i, r) in refs.iter().enumerate() {
             let p = format!("{path}.ownerReferences[{i}]");
             if r.api_version.is_empty() {
-                errs.push(FieldError::invalid(format!("{p}.apiVersion"), "", "version must not be empty"));
+                errs.push(FieldError::invalid(
+                    format!("{p}.apiVersion"),
+                    "",
+                    "version must not be empty",
+                ));
             }
             if r.kind.is_empty() {
-                errs.push(FieldError::invalid(format!("{p}.kind"), "", "kind must not be empty"));
+                errs.push(FieldError::invalid(
+                    format!("{p}.kind"),
+                    "",
+                    "kind must not be empty",
+                ));
             }
             if r.name.is_empty() {
-                errs.push(FieldError::invalid(format!("{p}.name"), "", "name must not be empty"));
+                errs.push(FieldError::invalid(
+                    format!("{p}.name"),
+                    "",
+                    "name must not be empty",
+                ));
             }
             if r.uid.is_empty() {
-                errs.push(FieldError::invalid(format!("{p}.uid"), "", "uid must not be empty"));
+                errs.push(FieldError::invalid(
+                    format!("{p}.uid"),
+                    "",
+                    "uid must not be empty",
+                ));
             }
         }
     }
@@ -285,12 +326,24 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
 
     // Memory: the guest needs a size from somewhere, and every quantity must parse.
     let guest = spec.domain.memory.as_ref().and_then(|m| m.guest.as_ref());
-    let requests = spec.domain.resources.as_ref().and_then(|r| r.requests.as_ref());
-    let limits = spec.domain.resources.as_ref().and_then(|r| r.limits.as_ref());
+    let requests = spec
+        .domain
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref());
+    let limits = spec
+        .domain
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref());
     if let Some(q) = guest
         && let Err(e) = quantity::parse_bytes(&q.0)
     {
-        errs.push(FieldError::invalid(format!("{domain}.memory.guest"), &q.0, &e.to_string()));
+        errs.push(FieldError::invalid(
+            format!("{domain}.memory.guest"),
+            &q.0,
+            &e.to_string(),
+        ));
     }
     for (which, map) in [("requests", requests), ("limits", limits)] {
         if let Some(map) = map {
@@ -325,9 +378,17 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
         ));
     }
     if let Some(cpu) = &spec.domain.cpu {
-        for (f, v) in [("cores", cpu.cores), ("sockets", cpu.sockets), ("threads", cpu.threads)] {
+        for (f, v) in [
+            ("cores", cpu.cores),
+            ("sockets", cpu.sockets),
+            ("threads", cpu.threads),
+        ] {
             if v == Some(0) {
-                errs.push(FieldError::invalid(format!("{domain}.cpu.{f}"), "0", "must be greater than 0"));
+                errs.push(FieldError::invalid(
+                    format!("{domain}.cpu.{f}"),
+                    "0",
+                    "must be greater than 0",
+                ));
             }
         }
     }
@@ -353,11 +414,17 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
         }
         let sources = v.source_names();
         match sources.len() {
-            0 => errs.push(FieldError::required(p.clone(), "must specify exactly 1 volume type")),
+            0 => errs.push(FieldError::required(
+                p.clone(),
+                "must specify exactly 1 volume type",
+            )),
             1 => {}
             _ => errs.push(FieldError::forbidden(
                 p.clone(),
-                &format!("may not specify more than 1 volume type, found {}", sources.join(", ")),
+                &format!(
+                    "may not specify more than 1 volume type, found {}",
+                    sources.join(", ")
+                ),
             )),
         }
         if let Some(cd) = &v.container_disk
@@ -366,7 +433,9 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
             errs.push(FieldError::required(format!("{p}.containerDisk.image"), ""));
         }
         if let Some(ed) = &v.empty_disk
-            && quantity::parse_bytes(&ed.capacity.0).map(|b| b == 0).unwrap_or(true)
+            && quantity::parse_bytes(&ed.capacity.0)
+                .map(|b| b == 0)
+                .unwrap_or(true)
         {
             errs.push(FieldError::invalid(
                 format!("{p}.emptyDisk.capacity"),
@@ -377,11 +446,22 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
         if let Some(pvc) = &v.persistent_volume_claim
             && pvc.claim_name.is_empty()
         {
-            errs.push(FieldError::required(format!("{p}.persistentVolumeClaim.claimName"), ""));
+            errs.push(FieldError::required(
+                format!("{p}.persistentVolumeClaim.claimName"),
+                "",
+            ));
         }
         if let Some(ci) = &v.cloud_init_no_cloud {
-            let sources = [ci.user_data.is_some(), ci.user_data_base64.is_some(), ci.secret_ref.is_some()];
-            let nets = [ci.network_data.is_some(), ci.network_data_base64.is_some(), ci.network_data_secret_ref.is_some()];
+            let sources = [
+                ci.user_data.is_some(),
+                ci.user_data_base64.is_some(),
+                ci.secret_ref.is_some(),
+            ];
+            let nets = [
+                ci.network_data.is_some(),
+                ci.network_data_base64.is_some(),
+                ci.network_data_secret_ref.is_some(),
+            ];
             if sources.iter().filter(|b| **b).count() > 1 {
                 errs.push(FieldError::forbidden(
                     format!("{p}.cloudInitNoCloud"),
@@ -419,15 +499,28 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
         if !volume_names.contains(d.name.as_str()) {
             errs.push(FieldError::not_found(format!("{p}.name"), &d.name));
         }
-        let targets = [d.disk.is_some(), d.cdrom.is_some(), d.lun.is_some()].iter().filter(|b| **b).count();
+        let targets = [d.disk.is_some(), d.cdrom.is_some(), d.lun.is_some()]
+            .iter()
+            .filter(|b| **b)
+            .count();
         if targets > 1 {
-            errs.push(FieldError::forbidden(p.clone(), "may not specify more than one of disk, cdrom or lun"));
+            errs.push(FieldError::forbidden(
+                p.clone(),
+                "may not specify more than one of disk, cdrom or lun",
+            ));
         }
         if let Some(order) = d.boot_order {
             if order == 0 {
-                errs.push(FieldError::invalid(format!("{p}.bootOrder"), "0", "must be greater than 0"));
+                errs.push(FieldError::invalid(
+                    format!("{p}.bootOrder"),
+                    "0",
+                    "must be greater than 0",
+                ));
             } else if !boot_orders.insert(order) {
-                errs.push(FieldError::duplicate(format!("{p}.bootOrder"), &order.to_string()));
+                errs.push(FieldError::duplicate(
+                    format!("{p}.bootOrder"),
+                    &order.to_string(),
+                ));
             }
         }
     }
@@ -442,9 +535,15 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
         } else if !network_names.insert(n.name.as_str()) {
             errs.push(FieldError::duplicate(format!("{p}.name"), &n.name));
         }
-        let kinds = [n.pod.is_some(), n.multus.is_some()].iter().filter(|b| **b).count();
+        let kinds = [n.pod.is_some(), n.multus.is_some()]
+            .iter()
+            .filter(|b| **b)
+            .count();
         if kinds != 1 {
-            errs.push(FieldError::required(p.clone(), "should have exactly one network type (pod or multus)"));
+            errs.push(FieldError::required(
+                p.clone(),
+                "should have exactly one network type (pod or multus)",
+            ));
         }
     }
     let interfaces = spec.domain.devices.interfaces.as_deref().unwrap_or(&[]);
@@ -468,16 +567,27 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
         .filter(|b| **b)
         .count();
         if bindings > 1 {
-            errs.push(FieldError::forbidden(p.clone(), "must have only one binding method"));
+            errs.push(FieldError::forbidden(
+                p.clone(),
+                "must have only one binding method",
+            ));
         }
         if let Some(mac) = &iface.mac_address
             && !is_mac(mac)
         {
-            errs.push(FieldError::invalid(format!("{p}.macAddress"), mac, "must be a valid MAC address"));
+            errs.push(FieldError::invalid(
+                format!("{p}.macAddress"),
+                mac,
+                "must be a valid MAC address",
+            ));
         }
     }
 
-    if let Some(kb) = spec.domain.firmware.as_ref().and_then(|f| f.kernel_boot.as_ref())
+    if let Some(kb) = spec
+        .domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.kernel_boot.as_ref())
         && let Some(c) = &kb.container
     {
         let p = format!("{domain}.firmware.kernelBoot.container");
@@ -485,7 +595,10 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
             errs.push(FieldError::required(format!("{p}.image"), ""));
         }
         if c.kernel_path.is_none() && c.initrd_path.is_none() {
-            errs.push(FieldError::required(p.clone(), "must specify at least one of kernelPath or initrdPath"));
+            errs.push(FieldError::required(
+                p.clone(),
+                "must specify at least one of kernelPath or initrdPath",
+            ));
         }
     }
     errs
@@ -493,7 +606,10 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
 
 fn is_mac(s: &str) -> bool {
     let parts: Vec<&str> = s.split([':', '-']).collect();
-    parts.len() == 6 && parts.iter().all(|p| p.len() == 2 && u8::from_str_radix(p, 16).is_ok())
+    parts.len() == 6
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && u8::from_str_radix(p, 16).is_ok())
 }
 
 /// Validates a VirtualMachine (metadata excluded).
@@ -539,7 +655,10 @@ mod tests {
 
     fn spec_with_memory(mem: &str) -> VirtualMachineInstanceSpec {
         let mut s = VirtualMachineInstanceSpec::default();
-        s.domain.memory = Some(crate::vmi::Memory { guest: Some(Quantity(mem.into())), ..Default::default() });
+        s.domain.memory = Some(crate::vmi::Memory {
+            guest: Some(Quantity(mem.into())),
+            ..Default::default()
+        });
         s
     }
 
@@ -566,15 +685,27 @@ mod tests {
     #[test]
     fn disk_without_volume_is_not_found() {
         let mut s = spec_with_memory("64Mi");
-        s.domain.devices.disks = Some(vec![Disk { name: "root".into(), ..Default::default() }]);
+        s.domain.devices.disks = Some(vec![Disk {
+            name: "root".into(),
+            ..Default::default()
+        }]);
         let errs = validate_vmi_spec(&s, "spec");
-        assert_eq!(errs, vec![FieldError::not_found("spec.domain.devices.disks[0].name", "root")]);
+        assert_eq!(
+            errs,
+            vec![FieldError::not_found(
+                "spec.domain.devices.disks[0].name",
+                "root"
+            )]
+        );
     }
 
     #[test]
     fn volume_needs_exactly_one_source() {
         let mut s = spec_with_memory("64Mi");
-        s.volumes = Some(vec![Volume { name: "v".into(), ..Default::default() }]);
+        s.volumes = Some(vec![Volume {
+            name: "v".into(),
+            ..Default::default()
+        }]);
         let errs = validate_vmi_spec(&s, "spec");
         assert_eq!(errs[0].field, "spec.volumes[0]");
         assert_eq!(errs[0].kind, ErrorType::Required);
@@ -582,12 +713,21 @@ mod tests {
 
     #[test]
     fn names_must_be_dns1123() {
-        let meta = ObjectMeta { name: Some("Bad_Name".into()), ..Default::default() };
+        let meta = ObjectMeta {
+            name: Some("Bad_Name".into()),
+            ..Default::default()
+        };
         let errs = validate_object_meta(&meta, "metadata");
         assert_eq!(errs[0].field, "metadata.name");
-        let long = ObjectMeta { name: Some("a".repeat(254)), ..Default::default() };
+        let long = ObjectMeta {
+            name: Some("a".repeat(254)),
+            ..Default::default()
+        };
         assert!(!validate_object_meta(&long, "metadata").is_empty());
         let missing = ObjectMeta::default();
-        assert_eq!(validate_object_meta(&missing, "metadata")[0].kind, ErrorType::Required);
+        assert_eq!(
+            validate_object_meta(&missing, "metadata")[0].kind,
+            ErrorType::Required
+        );
     }
 }

@@ -902,6 +902,8 @@ pub mod condition_types {
 impl VirtualMachineInstanceStatus {
     /// The condition of `type_`, if present.
     pub fn condition(&self, type_: &str) -> Option<&Condition> {
-        self.conditions.as_deref().and_then(|c| crate::common::find_condition(c, type_))
+        self.conditions
+            .as_deref()
+            .and_then(|c| crate::common::find_condition(c, type_))
     }
 }

@@ -1,1 +1,24 @@
-//! placeholder
+//! virt-apiserver: the aggregated API server for `kubevirt.io/v1` and
+//! `subresources.kubevirt.io/v1`, storing VirtualMachine, VirtualMachineInstance and
+//! VirtualMachineInstanceMigration in its own etcd with Kubernetes API semantics.
+
+pub mod auth;
+pub mod config;
+pub mod convert;
+pub mod devenv;
+pub mod discovery;
+pub mod error;
+pub mod http;
+pub mod kinds;
+pub mod managed;
+pub mod metrics;
+pub mod objects;
+pub mod openapi;
+pub mod request;
+pub mod rest;
+pub mod server;
+pub mod storage;
+pub mod subresources;
+pub mod watch;
+
+pub use virt_apimachinery::selector;

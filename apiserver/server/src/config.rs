@@ -1,0 +1,89 @@
+//! Command line and validated configuration of virt-apiserver.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// virt-apiserver command line.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "virt-apiserver",
+    about = "Aggregated API server for kubevirt.io/v1",
+    version
+)]
+pub struct Args {
+    /// Address to serve HTTPS on.
+    #[arg(long, env = "VIRT_APISERVER_BIND", default_value = "127.0.0.1:8443")]
+    pub bind: SocketAddr,
+    /// etcd endpoints, comma separated.
+    #[arg(
+        long,
+        env = "VIRT_APISERVER_ETCD_SERVERS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
+    pub etcd_servers: Vec<String>,
+    /// Key prefix in etcd.
+    #[arg(long, env = "VIRT_APISERVER_ETCD_PREFIX", default_value = "/registry")]
+    pub etcd_prefix: String,
+    /// Serving certificate (PEM).
+    #[arg(long, env = "VIRT_APISERVER_TLS_CERT_FILE")]
+    pub tls_cert_file: PathBuf,
+    /// Serving key (PEM).
+    #[arg(long, env = "VIRT_APISERVER_TLS_PRIVATE_KEY_FILE")]
+    pub tls_private_key_file: PathBuf,
+    /// CA bundle for x509 client-certificate users.
+    #[arg(long, env = "VIRT_APISERVER_CLIENT_CA_FILE")]
+    pub client_ca_file: Option<PathBuf>,
+    /// CA bundle of the front proxy (kube-apiserver's aggregator).
+    #[arg(long, env = "VIRT_APISERVER_REQUESTHEADER_CLIENT_CA_FILE")]
+    pub requestheader_client_ca_file: Option<PathBuf>,
+    /// Allowed CNs of the front-proxy certificate (empty = any signed by its CA).
+    #[arg(
+        long,
+        env = "VIRT_APISERVER_REQUESTHEADER_ALLOWED_NAMES",
+        value_delimiter = ',',
+        default_value = "front-proxy-client"
+    )]
+    pub requestheader_allowed_names: Vec<String>,
+    /// Username headers.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-User")]
+    pub requestheader_username_headers: Vec<String>,
+    /// Group headers.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-Group")]
+    pub requestheader_group_headers: Vec<String>,
+    /// Extra header prefixes.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-Extra-")]
+    pub requestheader_extra_headers_prefix: Vec<String>,
+    /// Kubeconfig for kube-apiserver (TokenReview, SubjectAccessReview). In a pod the
+    /// in-cluster configuration is used when this is not given.
+    #[arg(long, env = "VIRT_APISERVER_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Do not talk to kube-apiserver at all (local development without a cluster).
+    #[arg(long, env = "VIRT_APISERVER_STANDALONE")]
+    pub standalone: bool,
+    /// Grant full access to users authenticated by --client-ca-file (development only).
+    #[arg(long, env = "VIRT_APISERVER_ALLOW_CLIENT_CA_USERS")]
+    pub allow_client_ca_users: bool,
+    /// Largest request body in bytes.
+    #[arg(long, default_value_t = 3 * 1024 * 1024)]
+    pub max_request_body_bytes: usize,
+    /// Seconds between watch bookmarks.
+    #[arg(long, default_value_t = 60)]
+    pub bookmark_interval_seconds: u64,
+    /// Seconds /readyz fails before the listener closes on SIGTERM.
+    #[arg(long, default_value_t = 0)]
+    pub shutdown_delay_seconds: u64,
+    /// Log format: text or json.
+    #[arg(long, env = "VIRT_APISERVER_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+}
+
+impl Args {
+    /// Interval between bookmarks.
+    pub fn bookmark_interval(&self) -> Duration {
+        Duration::from_secs(self.bookmark_interval_seconds.max(1))
+    }
+}

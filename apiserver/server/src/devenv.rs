@@ -1,0 +1,367 @@
+//! A disposable development environment: a real etcd (Debian's etcd binary) and a
+//! virt-apiserver process on free loopback ports, with generated certificates and a
+//! kubeconfig for kubectl. Used by `cargo xtask dev-apiserver` and the integration tests.
+//! This is tooling, not daemon code: it blocks and spawns processes.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use virt_certs::Ca;
+
+/// Errors starting the environment.
+#[derive(Debug, thiserror::Error)]
+pub enum DevEnvError {
+    /// A file or process operation failed.
+    #[error("{what}")]
+    Io {
+        /// What was attempted.
+        what: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Certificate generation failed.
+    #[error("generating certificates")]
+    Certs(#[from] virt_certs::CertError),
+    /// A process did not become ready.
+    #[error("{0}")]
+    NotReady(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DevEnvError {
+    let what = what.into();
+    move |source| DevEnvError::Io { what, source }
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> Result<u16, DevEnvError> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(io("binding a free port"))?;
+    Ok(l.local_addr().map_err(io("reading the free port"))?.port())
+}
+
+/// Options of the environment.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The virt-apiserver binary.
+    pub apiserver_bin: PathBuf,
+    /// The etcd binary.
+    pub etcd_bin: PathBuf,
+    /// Where to write the kubeconfig (inside the temp dir when None).
+    pub kubeconfig: Option<PathBuf>,
+    /// Port for the API server (0 = any free port).
+    pub port: u16,
+    /// Extra virt-apiserver arguments.
+    pub extra_args: Vec<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            apiserver_bin: PathBuf::from("virt-apiserver"),
+            etcd_bin: PathBuf::from("/usr/bin/etcd"),
+            kubeconfig: None,
+            port: 0,
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// Files of a client identity.
+#[derive(Debug, Clone)]
+pub struct ClientFiles {
+    /// Certificate PEM path.
+    pub cert: PathBuf,
+    /// Key PEM path.
+    pub key: PathBuf,
+}
+
+/// A running environment; dropping it stops both processes and removes the data.
+#[derive(Debug)]
+pub struct DevEnv {
+    etcd: Child,
+    apiserver: Option<Child>,
+    dir: tempfile::TempDir,
+    /// etcd client URL.
+    pub etcd_url: String,
+    /// API server URL.
+    pub server_url: String,
+    /// Kubeconfig for the dev user (full access).
+    pub kubeconfig: PathBuf,
+    /// CA that signed the serving certificate.
+    pub server_ca: PathBuf,
+    /// The dev user's client certificate (client CA).
+    pub admin: ClientFiles,
+    /// A valid front-proxy client certificate (CN front-proxy-client).
+    pub front_proxy: ClientFiles,
+    /// A client certificate from a CA the server does not trust.
+    pub untrusted: ClientFiles,
+    /// A client-CA user without special rights (CN alice, O team-a).
+    pub plain_user: ClientFiles,
+    /// Log of the API server.
+    pub apiserver_log: PathBuf,
+    opts: Options,
+}
+
+fn wait_tcp(port: u16, timeout: Duration, what: &str) -> Result<(), DevEnvError> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(DevEnvError::NotReady(format!(
+        "{what} did not listen on 127.0.0.1:{port} within {timeout:?}"
+    )))
+}
+
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+impl DevEnv {
+    /// Starts etcd and virt-apiserver and waits until both serve.
+    pub fn start(opts: Options) -> Result<Self, DevEnvError> {
+        let dir = tempfile::Builder::new()
+            .prefix("kubevirt-rs-dev-")
+            .tempdir()
+            .map_err(io("creating a temp dir"))?;
+        let d = dir.path();
+        let certs = d.join("certs");
+        std::fs::create_dir_all(&certs).map_err(io("creating the certs dir"))?;
+
+        let validity = time::Duration::days(7);
+        let server_ca = Ca::generate("kubevirt-rs-dev-serving-ca", validity)?;
+        let client_ca = Ca::generate("kubevirt-rs-dev-client-ca", validity)?;
+        let proxy_ca = Ca::generate("kubevirt-rs-dev-front-proxy-ca", validity)?;
+        let other_ca = Ca::generate("some-other-ca", validity)?;
+        server_ca.write_pair(&certs, "serving-ca")?;
+        client_ca.write_pair(&certs, "client-ca")?;
+        proxy_ca.write_pair(&certs, "front-proxy-ca")?;
+        let serving = server_ca.issue_server(
+            "virt-apiserver",
+            &["127.0.0.1", "localhost", "kubevirt-apiserver.kubevirt.svc"],
+            validity,
+        )?;
+        let (cert, key) = serving.write_pair(&certs, "serving")?;
+        let admin = client_ca.issue_client("kubevirt-dev", &["kubevirt-dev"], validity)?;
+        let (admin_cert, admin_key) = admin.write_pair(&certs, "admin")?;
+        let plain = client_ca.issue_client("alice", &["team-a"], validity)?;
+        let (plain_cert, plain_key) = plain.write_pair(&certs, "alice")?;
+        let proxy = proxy_ca.issue_client("front-proxy-client", &[] as &[&str], validity)?;
+        let (proxy_cert, proxy_key) = proxy.write_pair(&certs, "front-proxy-client")?;
+        let other = other_ca.issue_client("kubevirt-dev", &["system:masters"], validity)?;
+        let (other_cert, other_key) = other.write_pair(&certs, "untrusted")?;
+
+        let client_port = free_port()?;
+        let peer_port = free_port()?;
+        let etcd_url = format!("http://127.0.0.1:{client_port}");
+        let etcd_log =
+            std::fs::File::create(d.join("etcd.log")).map_err(io("creating etcd.log"))?;
+        let etcd = Command::new(&opts.etcd_bin)
+            .args(["--name", "dev", "--data-dir"])
+            .arg(d.join("etcd"))
+            .args([
+                "--listen-client-urls",
+                &etcd_url,
+                "--advertise-client-urls",
+                &etcd_url,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{peer_port}"),
+            ])
+            .args([
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer_port}"),
+            ])
+            .args([
+                "--initial-cluster",
+                &format!("dev=http://127.0.0.1:{peer_port}"),
+            ])
+            .args([
+                "--listen-metrics-urls",
+                &format!("http://127.0.0.1:{}", free_port()?),
+            ])
+            .stdout(Stdio::null())
+            .stderr(etcd_log)
+            .spawn()
+            .map_err(io(format!(
+                "starting {} (install Debian's etcd-server package)",
+                opts.etcd_bin.display()
+            )))?;
+        let mut env = Self {
+            etcd,
+            apiserver: None,
+            etcd_url,
+            server_url: String::new(),
+            kubeconfig: opts
+                .kubeconfig
+                .clone()
+                .unwrap_or_else(|| d.join("kubeconfig")),
+            server_ca: certs.join("serving-ca.crt"),
+            admin: ClientFiles {
+                cert: admin_cert,
+                key: admin_key,
+            },
+            front_proxy: ClientFiles {
+                cert: proxy_cert,
+                key: proxy_key,
+            },
+            untrusted: ClientFiles {
+                cert: other_cert,
+                key: other_key,
+            },
+            plain_user: ClientFiles {
+                cert: plain_cert,
+                key: plain_key,
+            },
+            apiserver_log: d.join("apiserver.log"),
+            dir,
+            opts,
+        };
+        wait_tcp(client_port, Duration::from_secs(20), "etcd")?;
+        env.start_apiserver(&cert, &key)?;
+        env.write_kubeconfig(&server_ca, &admin)?;
+        Ok(env)
+    }
+
+    fn start_apiserver(&mut self, cert: &Path, key: &Path) -> Result<(), DevEnvError> {
+        let port = if self.opts.port == 0 {
+            free_port()?
+        } else {
+            self.opts.port
+        };
+        let certs = self.dir.path().join("certs");
+        let log =
+            std::fs::File::create(&self.apiserver_log).map_err(io("creating apiserver.log"))?;
+        let mut cmd = Command::new(&self.opts.apiserver_bin);
+        cmd.arg("--bind")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--etcd-servers")
+            .arg(&self.etcd_url)
+            .arg("--tls-cert-file")
+            .arg(cert)
+            .arg("--tls-private-key-file")
+            .arg(key)
+            .arg("--client-ca-file")
+            .arg(certs.join("client-ca.crt"))
+            .arg("--requestheader-client-ca-file")
+            .arg(certs.join("front-proxy-ca.crt"))
+            .args([
+                "--standalone",
+                "--allow-client-ca-users",
+                "--bookmark-interval-seconds",
+                "1",
+            ])
+            .args(&self.opts.extra_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().map_err(io(format!(
+            "starting {}",
+            self.opts.apiserver_bin.display()
+        )))?;
+        // Copy stderr to the log file and notice the "Serving" line.
+        let stderr = child.stderr.take();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut log = log;
+            if let Some(stderr) = stderr {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    let _ = writeln!(log, "{line}");
+                    if line.contains("Serving") {
+                        let _ = tx.send(());
+                    }
+                }
+            }
+        });
+        self.apiserver = Some(child);
+        self.server_url = format!("https://127.0.0.1:{port}");
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(()) => Ok(()),
+            Err(_) => Err(DevEnvError::NotReady(format!(
+                "virt-apiserver did not start; see {}",
+                self.apiserver_log.display()
+            ))),
+        }
+    }
+
+    fn write_kubeconfig(&self, ca: &Ca, admin: &virt_certs::IssuedCert) -> Result<(), DevEnvError> {
+        let kc = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: kubevirt-rs-dev\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: kubevirt-dev\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\ncontexts:\n- name: kubevirt-rs-dev\n  context:\n    cluster: kubevirt-rs-dev\n    user: kubevirt-dev\n    namespace: default\ncurrent-context: kubevirt-rs-dev\n",
+            self.server_url,
+            b64(ca.cert_pem()),
+            b64(&admin.cert_pem),
+            b64(&admin.key_pem)
+        );
+        if let Some(parent) = self.kubeconfig.parent() {
+            std::fs::create_dir_all(parent).map_err(io("creating the kubeconfig dir"))?;
+        }
+        std::fs::write(&self.kubeconfig, kc)
+            .map_err(io(format!("writing {}", self.kubeconfig.display())))
+    }
+
+    /// The temp dir holding data, certs and logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// PID of the API server process.
+    pub fn apiserver_pid(&self) -> Option<u32> {
+        self.apiserver.as_ref().map(Child::id)
+    }
+
+    /// Whether both processes still run.
+    pub fn alive(&mut self) -> bool {
+        let etcd = matches!(self.etcd.try_wait(), Ok(None));
+        let api = self
+            .apiserver
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+        etcd && api
+    }
+
+    /// Stops both processes (SIGTERM, then SIGKILL) and removes the data.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(mut c) = self.apiserver.take() {
+            terminate(&mut c);
+        }
+        terminate(&mut self.etcd);
+        if self.opts.kubeconfig.is_some() {
+            let _ = std::fs::remove_file(&self.kubeconfig);
+        }
+    }
+}
+
+fn terminate(c: &mut Child) {
+    if let Ok(Some(_)) = c.try_wait() {
+        return;
+    }
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(c.id().to_string())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = c.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+impl Drop for DevEnv {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

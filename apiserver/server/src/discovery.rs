@@ -1,0 +1,189 @@
+//! Discovery documents, built once at start-up and served from memory (the aggregator's
+//! availability probe must never wait on etcd).
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha512};
+
+use crate::kinds::ResourceDef;
+use crate::rest::GROUP;
+use kubevirt_api::SUBRESOURCES_GROUP;
+
+const VERBS: [&str; 8] = [
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
+/// A served document with its strong ETag.
+#[derive(Debug, Clone)]
+pub struct Doc {
+    /// Serialized JSON.
+    pub body: bytes::Bytes,
+    /// Quoted ETag.
+    pub etag: String,
+}
+
+impl Doc {
+    /// Serializes `v` and hashes it.
+    pub fn new(v: &Value) -> Self {
+        let body = serde_json::to_vec(v).unwrap_or_default();
+        let etag = format!("\"{}\"", hex::encode_upper(Sha512::digest(&body)));
+        Self {
+            body: body.into(),
+            etag,
+        }
+    }
+}
+
+/// All discovery documents.
+#[derive(Debug, Clone)]
+pub struct Discovery {
+    /// `/apis` legacy APIGroupList.
+    pub group_list: Doc,
+    /// `/apis` APIGroupDiscoveryList v2.
+    pub aggregated_v2: Doc,
+    /// `/apis` APIGroupDiscoveryList v2beta1.
+    pub aggregated_v2beta1: Doc,
+    /// `/apis/kubevirt.io`.
+    pub group: Doc,
+    /// `/apis/kubevirt.io/v1`.
+    pub resources: Doc,
+    /// `/apis/subresources.kubevirt.io`.
+    pub sub_group: Doc,
+    /// `/apis/subresources.kubevirt.io/v1`.
+    pub sub_resources: Doc,
+    /// `/api`.
+    pub core_versions: Doc,
+}
+
+fn group_doc(name: &str) -> Value {
+    json!({"kind":"APIGroup","apiVersion":"v1","name":name,
+        "versions":[{"groupVersion":format!("{name}/v1"),"version":"v1"}],
+        "preferredVersion":{"groupVersion":format!("{name}/v1"),"version":"v1"}})
+}
+
+fn resource_list() -> Value {
+    let mut resources = Vec::new();
+    for r in ResourceDef::all() {
+        resources.push(
+            json!({"name":r.plural,"singularName":r.singular,"namespaced":true,"kind":r.kind,
+            "verbs":VERBS,"shortNames":r.short_names,"categories":["all"]}),
+        );
+        resources.push(
+            json!({"name":format!("{}/status",r.plural),"singularName":"","namespaced":true,
+            "kind":r.kind,"verbs":["get","patch","update"]}),
+        );
+    }
+    json!({"kind":"APIResourceList","apiVersion":"v1","groupVersion":format!("{GROUP}/v1"),"resources":resources})
+}
+
+/// Subresource name → verbs, for subresources.kubevirt.io.
+fn subresource_verbs(r: &ResourceDef) -> Vec<(String, Vec<&'static str>)> {
+    let mut v: Vec<(String, Vec<&'static str>)> = r
+        .actions
+        .iter()
+        .map(|a| (a.to_string(), vec!["update"]))
+        .collect();
+    v.extend(r.streams.iter().map(|s| (s.to_string(), vec!["get"])));
+    v
+}
+
+fn sub_resource_list() -> Value {
+    let mut resources = Vec::new();
+    for r in ResourceDef::all() {
+        for (sub, verbs) in subresource_verbs(r) {
+            resources.push(
+                json!({"name":format!("{}/{sub}",r.plural),"singularName":"","namespaced":true,
+                "kind":r.kind,"verbs":verbs}),
+            );
+        }
+    }
+    json!({"kind":"APIResourceList","apiVersion":"v1","groupVersion":format!("{SUBRESOURCES_GROUP}/v1"),"resources":resources})
+}
+
+fn aggregated(version: &str) -> Value {
+    let kv: Vec<Value> = ResourceDef::all()
+        .iter()
+        .map(|r| {
+            let gvk = json!({"group":GROUP,"version":"v1","kind":r.kind});
+            json!({"resource":r.plural,"responseKind":gvk,"scope":"Namespaced","singularResource":r.singular,
+                "verbs":VERBS,"shortNames":r.short_names,"categories":["all"],
+                "subresources":[{"subresource":"status","responseKind":gvk,"verbs":["get","patch","update"]}]})
+        })
+        .collect();
+    let sub: Vec<Value> = ResourceDef::all()
+        .iter()
+        .filter(|r| !subresource_verbs(r).is_empty())
+        .map(|r| {
+            let subs: Vec<Value> = subresource_verbs(r)
+                .into_iter()
+                .map(|(s, verbs)| json!({"subresource":s,"responseKind":{"group":"","version":"","kind":""},"verbs":verbs}))
+                .collect();
+            json!({"resource":r.plural,"responseKind":{"group":GROUP,"version":"v1","kind":r.kind},"scope":"Namespaced",
+                "singularResource":r.singular,"verbs":[],"subresources":subs})
+        })
+        .collect();
+    json!({"kind":"APIGroupDiscoveryList","apiVersion":format!("apidiscovery.k8s.io/{version}"),"metadata":{},
+    "items":[
+        {"metadata":{"name":GROUP},"versions":[{"version":"v1","freshness":"Current","resources":kv}]},
+        {"metadata":{"name":SUBRESOURCES_GROUP},"versions":[{"version":"v1","freshness":"Current","resources":sub}]}
+    ]})
+}
+
+impl Discovery {
+    /// Builds every document.
+    pub fn build() -> Self {
+        let groups = json!({"kind":"APIGroupList","apiVersion":"v1","groups":[group_doc(GROUP), group_doc(SUBRESOURCES_GROUP)]});
+        Self {
+            group_list: Doc::new(&groups),
+            aggregated_v2: Doc::new(&aggregated("v2")),
+            aggregated_v2beta1: Doc::new(&aggregated("v2beta1")),
+            group: Doc::new(&group_doc(GROUP)),
+            resources: Doc::new(&resource_list()),
+            sub_group: Doc::new(&group_doc(SUBRESOURCES_GROUP)),
+            sub_resources: Doc::new(&sub_resource_list()),
+            core_versions: Doc::new(
+                &json!({"kind":"APIVersions","versions":[],"serverAddressByClientCIDRs":[]}),
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_list_has_short_names_and_status() {
+        let v = resource_list();
+        let names: Vec<&str> = v["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        assert!(names.contains(&"virtualmachines/status"));
+        let vm = &v["resources"][0];
+        assert_eq!(vm["shortNames"], json!(["vm", "vms"]));
+        assert_eq!(vm["categories"], json!(["all"]));
+    }
+
+    #[test]
+    fn aggregated_lists_subresource_group() {
+        let v = aggregated("v2");
+        assert_eq!(v["items"][1]["metadata"]["name"], json!(SUBRESOURCES_GROUP));
+        let vm = &v["items"][1]["versions"][0]["resources"][0];
+        let subs: Vec<&str> = vm["subresources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["subresource"].as_str().unwrap())
+            .collect();
+        assert!(subs.contains(&"start") && subs.contains(&"migrate"));
+    }
+}

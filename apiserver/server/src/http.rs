@@ -1,0 +1,846 @@
+//! The HTTP layer: one fallback handler that parses the Kubernetes URL grammar,
+//! authenticates, authorizes, and hands off to discovery, OpenAPI, the registry or
+//! watch. Handlers only translate between HTTP and the registry.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::StreamExt;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{AuthConfig, PeerIdentity};
+use crate::convert::{self, IncludeObject};
+use crate::discovery::{Discovery, Doc};
+use crate::error::{ApiError, ApiResult};
+use crate::kinds::ResourceDef;
+use crate::metrics::{Metrics, RequestLabels, VerbLabels};
+use crate::request::{self, Output, Query, RequestInfo};
+use crate::rest::{
+    DeleteOptions, DeleteOutcome, FieldValidation, ListOptions, Patch, Registry, WriteOptions,
+};
+use crate::selector::{FieldSelector, LabelSelector};
+use crate::watch::{self, WatchParams};
+
+/// JSON patch content type.
+const JSON_PATCH: &str = "application/json-patch+json";
+/// Merge patch content type.
+const MERGE_PATCH: &str = "application/merge-patch+json";
+/// Server-side apply content type.
+const APPLY_PATCH: &str = "application/apply-patch+yaml";
+/// Patch types we accept, in the order kube-apiserver lists them for CRDs.
+const PATCH_TYPES: [&str; 3] = [JSON_PATCH, MERGE_PATCH, APPLY_PATCH];
+/// Most operations a JSON patch may carry.
+const MAX_PATCH_OPS: usize = 10_000;
+
+/// OpenAPI documents served by the server.
+#[derive(Debug, Clone, Default)]
+pub struct OpenApiDocs {
+    /// `/openapi/v2`.
+    pub v2: Option<Doc>,
+    /// `/openapi/v3`.
+    pub v3_root: Option<Doc>,
+    /// `/openapi/v3/apis/<group>/v1` by group.
+    pub v3: Vec<(String, Doc)>,
+}
+
+/// Shared state of all requests.
+pub struct AppState {
+    /// REST registry.
+    pub registry: Registry,
+    /// Discovery documents.
+    pub discovery: Discovery,
+    /// OpenAPI documents.
+    pub openapi: OpenApiDocs,
+    /// Authn/authz.
+    pub auth: AuthConfig,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Cancelled on shutdown; ends watches.
+    pub shutdown: CancellationToken,
+    /// Set once termination begins, so /readyz fails first.
+    pub terminating: AtomicBool,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// Interval between watch bookmarks.
+    pub bookmark_interval: Duration,
+    /// Action and streaming subresources.
+    pub subresources: crate::subresources::Subresources,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState").finish_non_exhaustive()
+    }
+}
+
+/// The router: everything goes through [`handle`].
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new().fallback(handle).with_state(state)
+}
+
+fn respond(code: StatusCode, content_type: &'static str, body: impl Into<Body>) -> Response {
+    let mut r = Response::new(body.into());
+    *r.status_mut() = code;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn serve_doc(doc: &Doc, headers: &HeaderMap, content_type: &'static str) -> Response {
+    if headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        == Some(doc.etag.as_str())
+    {
+        let mut r = respond(StatusCode::NOT_MODIFIED, content_type, Body::empty());
+        r.headers_mut().insert(
+            header::ETAG,
+            HeaderValue::from_str(&doc.etag).unwrap_or(HeaderValue::from_static("")),
+        );
+        return r;
+    }
+    let mut r = respond(StatusCode::OK, content_type, doc.body.clone());
+    let h = r.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&doc.etag) {
+        h.insert(header::ETAG, v);
+    }
+    h.insert(header::VARY, HeaderValue::from_static("Accept"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("public"));
+    r
+}
+
+fn encode(output: Output, value: &Value, code: StatusCode, warnings: &[String]) -> Response {
+    let mut r = if output.yaml() {
+        match serde_saphyr::to_string(value) {
+            Ok(y) => respond(code, "application/yaml", y),
+            Err(e) => return ApiError::internal(format!("encoding YAML: {e}")).into_response(),
+        }
+    } else {
+        respond(
+            code,
+            "application/json",
+            serde_json::to_vec(value).unwrap_or_default(),
+        )
+    };
+    for w in warnings {
+        let text = format!("299 - {}", serde_json::to_string(w).unwrap_or_default());
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            r.headers_mut().append(header::WARNING, v);
+        }
+    }
+    r
+}
+
+/// Every request enters here.
+pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let start = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let query = Query::parse(req.uri().query());
+    if let Some(r) = health(&st, &path, &query).await {
+        return r;
+    }
+    let info = request::request_info(method.as_str(), &path, &query);
+    let peer = req
+        .extensions()
+        .get::<PeerIdentity>()
+        .cloned()
+        .unwrap_or_default();
+    let response = match st.auth.authenticate(req.headers(), &peer).await {
+        Err(e) => e.into_response(),
+        Ok(user) => match st.auth.authorize(&user, &info).await {
+            Err(e) => e.into_response(),
+            Ok(()) => {
+                let agent = req
+                    .headers()
+                    .get(header::USER_AGENT)
+                    .and_then(|v| v.to_str().ok())
+                    .map(|ua| ua.split('/').next().unwrap_or(ua).to_string())
+                    .unwrap_or_default();
+                tracing::debug!(user = %user.name, verb = %info.verb, path = %path, "Request");
+                route(&st, &info, &query, req, &agent)
+                    .await
+                    .unwrap_or_else(IntoResponse::into_response)
+            }
+        },
+    };
+    let labels = VerbLabels {
+        verb: info.verb.clone(),
+        resource: info.resource.clone(),
+        subresource: info.subresource.clone(),
+    };
+    st.metrics
+        .duration
+        .get_or_create(&labels)
+        .observe(start.elapsed().as_secs_f64());
+    st.metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            verb: info.verb,
+            resource: info.resource,
+            subresource: info.subresource,
+            code: response.status().as_u16().to_string(),
+        })
+        .inc();
+    response
+}
+
+async fn health(st: &AppState, path: &str, query: &Query) -> Option<Response> {
+    let (endpoint, single) = match path.trim_end_matches('/') {
+        p @ ("/healthz" | "/livez" | "/readyz") => (p.trim_start_matches('/'), None),
+        p if p.starts_with("/healthz/")
+            || p.starts_with("/livez/")
+            || p.starts_with("/readyz/") =>
+        {
+            let (e, c) = p.trim_start_matches('/').split_once('/')?;
+            (e, Some(c.to_string()))
+        }
+        _ => return None,
+    };
+    let mut checks: Vec<(&str, bool)> = vec![("ping", true)];
+    if endpoint != "livez" {
+        checks.push(("etcd", st.registry.storage().ping().await));
+    }
+    if endpoint == "readyz" {
+        checks.push(("shutdown", !st.terminating.load(Ordering::Relaxed)));
+    }
+    if let Some(c) = single {
+        return Some(match checks.iter().find(|(n, _)| *n == c) {
+            Some((_, true)) => respond(StatusCode::OK, "text/plain; charset=utf-8", "ok"),
+            Some((_, false)) => respond(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain; charset=utf-8",
+                "internal server error",
+            ),
+            None => ApiError::path_not_found().into_response(),
+        });
+    }
+    let excluded: Vec<&str> = query
+        .get("exclude")
+        .map(|e| e.split(',').collect())
+        .unwrap_or_default();
+    let ok = checks.iter().all(|(n, pass)| *pass || excluded.contains(n));
+    let verbose = query.get("verbose").is_some();
+    let body = if verbose || !ok {
+        let mut s = String::new();
+        for (n, pass) in &checks {
+            if excluded.contains(n) {
+                s.push_str(&format!("[+]{n} excluded: ok\n"));
+            } else if *pass {
+                s.push_str(&format!("[+]{n} ok\n"));
+            } else {
+                s.push_str(&format!("[-]{n} failed: reason withheld\n"));
+            }
+        }
+        s.push_str(&format!(
+            "{endpoint} check {}\n",
+            if ok { "passed" } else { "failed" }
+        ));
+        s
+    } else {
+        "ok".to_string()
+    };
+    let code = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    let mut r = respond(code, "text/plain; charset=utf-8", body);
+    r.headers_mut().insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    Some(r)
+}
+
+fn version_info() -> Value {
+    let v = env!("CARGO_PKG_VERSION");
+    let mut parts = v.split('.');
+    json!({"major": parts.next().unwrap_or("0"), "minor": parts.next().unwrap_or("0"),
+        "gitVersion": format!("v{v}"), "gitCommit": option_env!("KUBEVIRT_RS_GIT_COMMIT").unwrap_or(""),
+        "gitTreeState": "", "buildDate": "", "goVersion": "", "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, if std::env::consts::ARCH == "x86_64" { "amd64" } else { std::env::consts::ARCH })})
+}
+
+async fn route(
+    st: &Arc<AppState>,
+    info: &RequestInfo,
+    query: &Query,
+    req: Request,
+    agent: &str,
+) -> ApiResult<Response> {
+    let headers = req.headers().clone();
+    if !info.is_resource {
+        return non_resource(st, info, &headers);
+    }
+    if info.group == kubevirt_api::SUBRESOURCES_GROUP && info.version == "v1" {
+        return st.subresources.handle(st, info, query, req).await;
+    }
+    if info.group != crate::rest::GROUP || info.version != "v1" {
+        return Err(ApiError::path_not_found());
+    }
+    let def = ResourceDef::by_plural(&info.resource).ok_or_else(ApiError::path_not_found)?;
+    let accept = request::parse_accept(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
+    let ns = info.namespace.as_str();
+    let method = req.method().clone();
+    match (info.name.is_empty(), info.subresource.as_str()) {
+        (true, _) => match method {
+            Method::GET if info.verb == "watch" => {
+                watch_collection(st, def, info, query, &accept).await
+            }
+            Method::GET => list(st, def, info, query, &accept).await,
+            Method::POST if !ns.is_empty() => {
+                let body = read_object_body(st, def, req).await?;
+                let opts = write_options(query, agent, false)?;
+                let w = st.registry.create(def, ns, body, &opts).await?;
+                written(def, w, &accept)
+            }
+            Method::DELETE if !ns.is_empty() => {
+                let opts = delete_options(st, query, req).await?;
+                let list = list_options(def, query)?;
+                let listed = st.registry.delete_collection(def, ns, &list, &opts).await?;
+                let out = request::negotiate(&accept, true).map_err(ApiError::not_acceptable)?;
+                Ok(encode(
+                    out,
+                    &list_body(
+                        def,
+                        out,
+                        &listed.items,
+                        json!({"resourceVersion": listed.revision.to_string()}),
+                        query,
+                    )?,
+                    StatusCode::OK,
+                    &[],
+                ))
+            }
+            _ => Err(ApiError::method_not_allowed()),
+        },
+        (false, sub @ ("" | "status")) => {
+            let status_only = sub == "status";
+            match method {
+                Method::GET => {
+                    let obj = st.registry.get(def, ns, &info.name).await?;
+                    let out =
+                        request::negotiate(&accept, false).map_err(ApiError::not_acceptable)?;
+                    Ok(encode(
+                        out,
+                        &object_body(def, out, &obj, query)?,
+                        StatusCode::OK,
+                        &[],
+                    ))
+                }
+                Method::PUT => {
+                    let body = read_object_body(st, def, req).await?;
+                    let opts = write_options(query, agent, false)?;
+                    let w = st
+                        .registry
+                        .update(def, ns, &info.name, body, status_only, &opts)
+                        .await?;
+                    written(def, w, &accept)
+                }
+                Method::PATCH => {
+                    patch(st, def, info, query, req, agent, status_only, &accept).await
+                }
+                Method::DELETE if !status_only => {
+                    let opts = delete_options(st, query, req).await?;
+                    match st.registry.delete(def, ns, &info.name, &opts).await? {
+                        DeleteOutcome::Deleted(status) => Ok(encode(
+                            Output::Object { yaml: false },
+                            &serde_json::to_value(status).unwrap_or_default(),
+                            StatusCode::OK,
+                            &[],
+                        )),
+                        DeleteOutcome::Pending(obj) => {
+                            let out = request::negotiate(&accept, false)
+                                .map_err(ApiError::not_acceptable)?;
+                            Ok(encode(
+                                out,
+                                &object_body(def, out, &obj, query)?,
+                                StatusCode::OK,
+                                &[],
+                            ))
+                        }
+                    }
+                }
+                _ => Err(ApiError::method_not_allowed()),
+            }
+        }
+        _ => Err(ApiError::path_not_found()),
+    }
+}
+
+fn non_resource(st: &AppState, info: &RequestInfo, headers: &HeaderMap) -> ApiResult<Response> {
+    if info.verb != "get" {
+        return Err(ApiError::method_not_allowed());
+    }
+    let path = info.path.trim_end_matches('/');
+    let d = &st.discovery;
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    match path {
+        "/apis" => {
+            let ranges = request::parse_accept(accept);
+            for m in &ranges {
+                if m.param("as") == Some("APIGroupDiscoveryList") && m.param("g") == Some("apidiscovery.k8s.io") && m.accepts("json") {
+                    match m.param("v") {
+                        Some("v2") => return Ok(serve_doc(&d.aggregated_v2, headers, "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList")),
+                        Some("v2beta1") => return Ok(serve_doc(&d.aggregated_v2beta1, headers, "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList")),
+                        _ => continue,
+                    }
+                }
+                if m.param("as").is_none() && m.accepts("json") {
+                    return Ok(serve_doc(&d.group_list, headers, "application/json"));
+                }
+            }
+            Err(ApiError::not_acceptable("only the following media types are accepted: application/json, application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"))
+        }
+        "/api" => Ok(serve_doc(&d.core_versions, headers, "application/json")),
+        "/apis/kubevirt.io" => Ok(serve_doc(&d.group, headers, "application/json")),
+        "/apis/kubevirt.io/v1" => Ok(serve_doc(&d.resources, headers, "application/json")),
+        "/apis/subresources.kubevirt.io" => Ok(serve_doc(&d.sub_group, headers, "application/json")),
+        "/apis/subresources.kubevirt.io/v1" => Ok(serve_doc(&d.sub_resources, headers, "application/json")),
+        "/version" => Ok(respond(StatusCode::OK, "application/json", serde_json::to_vec(&version_info()).unwrap_or_default())),
+        "/metrics" => Ok(respond(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", st.metrics.encode())),
+        "/openapi/v2" => st.openapi.v2.as_ref().map(|d| serve_doc(d, headers, "application/json")).ok_or_else(ApiError::path_not_found),
+        "/openapi/v3" => st.openapi.v3_root.as_ref().map(|d| serve_doc(d, headers, "application/json")).ok_or_else(ApiError::path_not_found),
+        "" => Ok(respond(StatusCode::OK, "application/json", serde_json::to_vec(&json!({"paths":[
+            "/apis","/apis/kubevirt.io","/apis/kubevirt.io/v1","/apis/subresources.kubevirt.io","/apis/subresources.kubevirt.io/v1",
+            "/healthz","/livez","/metrics","/openapi/v2","/openapi/v3","/readyz","/version"]})).unwrap_or_default())),
+        p if p.starts_with("/openapi/v3/") => {
+            let gv = &p["/openapi/v3/".len()..];
+            st.openapi
+                .v3
+                .iter()
+                .find(|(k, _)| k == gv)
+                .map(|(_, d)| serve_doc(d, headers, "application/json"))
+                .ok_or_else(ApiError::path_not_found)
+        }
+        _ => Err(ApiError::path_not_found()),
+    }
+}
+
+fn object_body(def: &ResourceDef, out: Output, obj: &Value, query: &Query) -> ApiResult<Value> {
+    Ok(match out {
+        Output::Object { .. } => obj.clone(),
+        Output::Metadata { .. } => convert::partial(obj),
+        Output::Table { .. } => {
+            let include =
+                IncludeObject::parse(query.get("includeObject")).map_err(ApiError::bad_request)?;
+            let rv = obj
+                .pointer("/metadata/resourceVersion")
+                .cloned()
+                .unwrap_or(Value::Null);
+            convert::table(
+                def,
+                std::slice::from_ref(obj),
+                json!({"resourceVersion": rv}),
+                include,
+                true,
+            )
+        }
+    })
+}
+
+fn list_body(
+    def: &ResourceDef,
+    out: Output,
+    items: &[Value],
+    meta: Value,
+    query: &Query,
+) -> ApiResult<Value> {
+    Ok(match out {
+        Output::Object { .. } => {
+            json!({"apiVersion": crate::rest::API_VERSION, "kind": def.list_kind, "metadata": meta, "items": items})
+        }
+        Output::Metadata { .. } => convert::partial_list(items, meta),
+        Output::Table { .. } => {
+            let include =
+                IncludeObject::parse(query.get("includeObject")).map_err(ApiError::bad_request)?;
+            convert::table(def, items, meta, include, true)
+        }
+    })
+}
+
+fn written(
+    def: &ResourceDef,
+    w: crate::rest::Written,
+    accept: &[request::MediaRange],
+) -> ApiResult<Response> {
+    let out = request::negotiate(accept, false).map_err(ApiError::not_acceptable)?;
+    let body = object_body(def, out, &w.object, &Query::default())?;
+    let code = if w.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(encode(out, &body, code, &w.warnings))
+}
+
+fn list_options(def: &ResourceDef, query: &Query) -> ApiResult<ListOptions> {
+    let label_selector = match query.get("labelSelector").filter(|s| !s.trim().is_empty()) {
+        Some(s) => Some(
+            LabelSelector::parse(s).map_err(|e| ApiError::bad_request(e.message().to_string()))?,
+        ),
+        None => None,
+    };
+    let field_selector = match query.get("fieldSelector").filter(|s| !s.trim().is_empty()) {
+        Some(s) => {
+            let fs = FieldSelector::parse(s)
+                .map_err(|e| ApiError::bad_request(e.message().to_string()))?;
+            let mut supported = vec!["metadata.name", "metadata.namespace"];
+            supported.extend(def.selectable.iter().map(|(f, _)| *f));
+            fs.check_supported(&supported)
+                .map_err(|e| ApiError::bad_request(e.message().to_string()))?;
+            Some(fs)
+        }
+        None => None,
+    };
+    let limit = query
+        .int("limit")
+        .map_err(ApiError::bad_request)?
+        .unwrap_or(0)
+        .max(0);
+    Ok(ListOptions {
+        label_selector,
+        field_selector,
+        limit,
+        continue_token: query
+            .get("continue")
+            .filter(|s| !s.is_empty())
+            .map(str::to_string),
+        resource_version: query.get("resourceVersion").map(str::to_string),
+        resource_version_match: query.get("resourceVersionMatch").map(str::to_string),
+    })
+}
+
+async fn list(
+    st: &AppState,
+    def: &'static ResourceDef,
+    info: &RequestInfo,
+    query: &Query,
+    accept: &[request::MediaRange],
+) -> ApiResult<Response> {
+    let out = request::negotiate(accept, true).map_err(ApiError::not_acceptable)?;
+    if query.get("sendInitialEvents").is_some() {
+        return Err(ApiError::invalid(
+            "ListOptions",
+            "meta.k8s.io",
+            "",
+            &[kubevirt_api::validation::FieldError::forbidden(
+                "sendInitialEvents",
+                "sendInitialEvents is forbidden for list",
+            )],
+        ));
+    }
+    let opts = list_options(def, query)?;
+    let ns = (!info.namespace.is_empty()).then_some(info.namespace.as_str());
+    let listed = st.registry.list(def, ns, &opts).await?;
+    let mut meta = json!({"resourceVersion": listed.revision.to_string()});
+    if let Some(c) = &listed.continue_token {
+        meta["continue"] = json!(c);
+    }
+    if let Some(r) = listed.remaining {
+        meta["remainingItemCount"] = json!(r);
+    }
+    Ok(encode(
+        out,
+        &list_body(def, out, &listed.items, meta, query)?,
+        StatusCode::OK,
+        &[],
+    ))
+}
+
+async fn watch_collection(
+    st: &Arc<AppState>,
+    def: &'static ResourceDef,
+    info: &RequestInfo,
+    query: &Query,
+    accept: &[request::MediaRange],
+) -> ApiResult<Response> {
+    let out = request::negotiate(accept, false).map_err(ApiError::not_acceptable)?;
+    let include =
+        IncludeObject::parse(query.get("includeObject")).map_err(ApiError::bad_request)?;
+    let params = WatchParams {
+        list: list_options(def, query)?,
+        send_initial_events: query
+            .bool("sendInitialEvents")
+            .map_err(ApiError::bad_request)?,
+        allow_bookmarks: query.flag("allowWatchBookmarks"),
+        timeout: query
+            .int("timeoutSeconds")
+            .map_err(ApiError::bad_request)?
+            .filter(|t| *t > 0)
+            .map(|t| Duration::from_secs(t as u64)),
+        bookmark_interval: st.bookmark_interval,
+    };
+    let ns = (!info.namespace.is_empty()).then(|| info.namespace.clone());
+    let events = watch::watch(st.registry.clone(), def, ns, params, st.shutdown.clone()).await?;
+    let metrics = st.metrics.clone();
+    metrics.longrunning.inc();
+    let guard = LongRunning(metrics);
+    let mut first = true;
+    let yaml = out.yaml();
+    let body = events.map(move |ev| {
+        let _keep = &guard;
+        let object = match (out, ev.type_) {
+            (_, "ERROR") | (Output::Object { .. }, _) => ev.object,
+            (Output::Metadata { .. }, _) => convert::partial(&ev.object),
+            (Output::Table { .. }, "BOOKMARK") => convert::partial(&ev.object),
+            (Output::Table { .. }, _) => {
+                let rv = ev
+                    .object
+                    .pointer("/metadata/resourceVersion")
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                let t = convert::table(
+                    def,
+                    std::slice::from_ref(&ev.object),
+                    json!({"resourceVersion": rv}),
+                    include,
+                    first,
+                );
+                first = false;
+                t
+            }
+        };
+        let line = json!({"type": ev.type_, "object": object});
+        let mut bytes = if yaml {
+            format!(
+                "---\n{}",
+                serde_saphyr::to_string(&line).unwrap_or_default()
+            )
+            .into_bytes()
+        } else {
+            serde_json::to_vec(&line).unwrap_or_default()
+        };
+        bytes.push(b'\n');
+        Ok::<Bytes, std::convert::Infallible>(Bytes::from(bytes))
+    });
+    let mut r = Response::new(Body::from_stream(body));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(if yaml {
+            "application/yaml"
+        } else {
+            "application/json"
+        }),
+    );
+    Ok(r)
+}
+
+/// Decrements the open-stream gauge when a watch body is dropped.
+struct LongRunning(Arc<Metrics>);
+
+impl Drop for LongRunning {
+    fn drop(&mut self) {
+        self.0.longrunning.dec();
+    }
+}
+
+async fn read_body(st: &AppState, req: Request) -> ApiResult<(HeaderMap, Bytes)> {
+    let headers = req.headers().clone();
+    let bytes = axum::body::to_bytes(req.into_body(), st.max_body_bytes)
+        .await
+        .map_err(|_| ApiError::too_large(format!("limit is {} bytes", st.max_body_bytes)))?;
+    Ok((headers, bytes))
+}
+
+fn content_type(headers: &HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|c| {
+            c.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default()
+}
+
+fn parse_yaml(bytes: &[u8]) -> Result<Value, String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| e.to_string())?;
+    serde_saphyr::from_str::<Value>(text).map_err(|e| e.to_string())
+}
+
+async fn read_object_body(st: &AppState, def: &ResourceDef, req: Request) -> ApiResult<Value> {
+    let (headers, bytes) = read_body(st, req).await?;
+    let ct = content_type(&headers);
+    let cannot = |e: String| {
+        ApiError::bad_request(format!(
+            "{} in version \"v1\" cannot be handled as a {}: {e}",
+            def.kind, def.kind
+        ))
+    };
+    match ct.as_str() {
+        "" | "application/json" => {
+            serde_json::from_slice(&bytes).map_err(|e| cannot(e.to_string()))
+        }
+        "application/yaml" => parse_yaml(&bytes).map_err(cannot),
+        _ => Err(ApiError::unsupported_media_type(&[
+            "application/json",
+            "application/yaml",
+        ])),
+    }
+}
+
+fn write_options(query: &Query, agent: &str, apply: bool) -> ApiResult<WriteOptions> {
+    let dry_run = match query.get("dryRun") {
+        None | Some("") => false,
+        Some("All") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "CreateOptions",
+                "meta.k8s.io",
+                "",
+                &[kubevirt_api::validation::FieldError::not_supported(
+                    "dryRun",
+                    other,
+                    &["All"],
+                )],
+            ));
+        }
+    };
+    let field_validation = match query.get("fieldValidation") {
+        None | Some("") | Some("Warn") => FieldValidation::Warn,
+        Some("Strict") => FieldValidation::Strict,
+        Some("Ignore") => FieldValidation::Ignore,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "fieldValidation must be one of \"Ignore\", \"Warn\", or \"Strict\", got {other:?}"
+            )));
+        }
+    };
+    let field_manager = match query.get("fieldManager") {
+        Some(m) if m.len() > 128 || m.chars().any(|c| c.is_control()) => {
+            return Err(ApiError::invalid(
+                "PatchOptions",
+                "meta.k8s.io",
+                "",
+                &[kubevirt_api::validation::FieldError::too_long(
+                    "fieldManager",
+                    128,
+                )],
+            ));
+        }
+        Some(m) if !m.is_empty() => m.to_string(),
+        _ if apply => {
+            return Err(ApiError::invalid(
+                "PatchOptions",
+                "meta.k8s.io",
+                "",
+                &[kubevirt_api::validation::FieldError::required(
+                    "fieldManager",
+                    "is required for apply patch",
+                )],
+            ));
+        }
+        _ => agent.to_string(),
+    };
+    Ok(WriteOptions {
+        dry_run,
+        field_validation,
+        field_manager,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn patch(
+    st: &AppState,
+    def: &'static ResourceDef,
+    info: &RequestInfo,
+    query: &Query,
+    req: Request,
+    agent: &str,
+    status_only: bool,
+    accept: &[request::MediaRange],
+) -> ApiResult<Response> {
+    let (headers, bytes) = read_body(st, req).await?;
+    let ct = content_type(&headers);
+    let ns = info.namespace.as_str();
+    let force = query.bool("force").map_err(ApiError::bad_request)?;
+    if ct != APPLY_PATCH && force.is_some() {
+        return Err(ApiError::invalid(
+            "PatchOptions",
+            "meta.k8s.io",
+            "",
+            &[kubevirt_api::validation::FieldError::forbidden(
+                "force",
+                "may not be specified for non-apply patch",
+            )],
+        ));
+    }
+    let bad = |e: String| ApiError::bad_request(format!("error decoding patch: {e}"));
+    let w = match ct.as_str() {
+        JSON_PATCH => {
+            let ops: Value = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+            if ops.as_array().is_some_and(|a| a.len() > MAX_PATCH_OPS) {
+                return Err(ApiError::too_large(format!(
+                    "The allowed maximum operations in a JSON patch is {MAX_PATCH_OPS}"
+                )));
+            }
+            let p: json_patch::Patch =
+                serde_json::from_value(ops).map_err(|e| bad(e.to_string()))?;
+            let opts = write_options(query, agent, false)?;
+            st.registry
+                .patch(def, ns, &info.name, &Patch::Json(p), status_only, &opts)
+                .await?
+        }
+        MERGE_PATCH => {
+            let p: Value = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+            if !p.is_object() {
+                return Err(bad("a merge patch must be a JSON object".into()));
+            }
+            let opts = write_options(query, agent, false)?;
+            st.registry
+                .patch(def, ns, &info.name, &Patch::Merge(p), status_only, &opts)
+                .await?
+        }
+        APPLY_PATCH => {
+            let applied = parse_yaml(&bytes).map_err(bad)?;
+            let opts = write_options(query, agent, true)?;
+            st.registry
+                .apply(
+                    def,
+                    ns,
+                    &info.name,
+                    applied,
+                    force.unwrap_or(false),
+                    status_only,
+                    &opts,
+                )
+                .await?
+        }
+        _ => return Err(ApiError::unsupported_media_type(&PATCH_TYPES)),
+    };
+    written(def, w, accept)
+}
+
+async fn delete_options(st: &AppState, query: &Query, req: Request) -> ApiResult<DeleteOptions> {
+    let (_, bytes) = read_body(st, req).await?;
+    if !bytes.iter().all(u8::is_ascii_whitespace) {
+        let v: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
+        return serde_json::from_value(v)
+            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")));
+    }
+    Ok(DeleteOptions {
+        grace_period_seconds: query
+            .int("gracePeriodSeconds")
+            .map_err(ApiError::bad_request)?,
+        propagation_policy: query.get("propagationPolicy").map(str::to_string),
+        orphan_dependents: query
+            .bool("orphanDependents")
+            .map_err(ApiError::bad_request)?,
+        dry_run: query.get("dryRun").map(|d| vec![d.to_string()]),
+        preconditions: None,
+    })
+}

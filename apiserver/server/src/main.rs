@@ -1,0 +1,124 @@
+//! virt-apiserver binary: configuration, wiring, signals.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context;
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+use virt_apiserver::auth::{AuthConfig, CaPool, RequestHeaderConfig};
+use virt_apiserver::config::Args;
+use virt_apiserver::http::AppState;
+use virt_apiserver::{discovery, http, metrics, openapi, rest, server, storage};
+
+fn init_tracing(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn read(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_tracing(&args.log_format);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+
+    let request_header = match &args.requestheader_client_ca_file {
+        Some(p) => Some(RequestHeaderConfig {
+            ca: CaPool::from_pem(&read(p)?).context("requestheader client CA")?,
+            allowed_names: args
+                .requestheader_allowed_names
+                .iter()
+                .filter(|s| !s.is_empty())
+                .cloned()
+                .collect(),
+            username_headers: args.requestheader_username_headers.clone(),
+            group_headers: args.requestheader_group_headers.clone(),
+            extra_prefixes: args.requestheader_extra_headers_prefix.clone(),
+        }),
+        None => None,
+    };
+    let client_ca = match &args.client_ca_file {
+        Some(p) => Some(CaPool::from_pem(&read(p)?).context("client CA")?),
+        None => None,
+    };
+    let kube = if args.standalone {
+        None
+    } else {
+        let config = match &args.kubeconfig {
+            Some(p) => {
+                let kc = kube::config::Kubeconfig::read_from(p).context("reading kubeconfig")?;
+                kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                    .await
+                    .context("kubeconfig")?
+            }
+            None => kube::Config::infer().await.context(
+                "no kube-apiserver configuration (use --standalone for local development)",
+            )?,
+        };
+        Some(kube::Client::try_from(config).context("kube client")?)
+    };
+    let auth = AuthConfig::new(request_header, client_ca, kube, args.allow_client_ca_users);
+
+    let storage = storage::Storage::connect(&args.etcd_servers)
+        .await
+        .context("connecting to etcd")?;
+    let shutdown = CancellationToken::new();
+    let state = Arc::new(AppState {
+        registry: rest::Registry::new(storage, &args.etcd_prefix),
+        discovery: discovery::Discovery::build(),
+        openapi: openapi::build(),
+        auth: auth.clone(),
+        metrics: Arc::new(metrics::Metrics::default()),
+        shutdown: shutdown.clone(),
+        terminating: AtomicBool::new(false),
+        max_body_bytes: args.max_request_body_bytes,
+        bookmark_interval: args.bookmark_interval(),
+        subresources: Default::default(),
+    });
+    let tls = server::tls_config(
+        &read(&args.tls_cert_file)?,
+        &read(&args.tls_private_key_file)?,
+        &auth,
+    )?;
+    let listener = tokio::net::TcpListener::bind(args.bind)
+        .await
+        .with_context(|| format!("binding {}", args.bind))?;
+    tracing::info!(addr = %listener.local_addr()?, "Serving");
+
+    let signal_state = state.clone();
+    let delay = std::time::Duration::from_secs(args.shutdown_delay_seconds);
+    let sd = shutdown.clone();
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::error!(error = %e, "Cannot install SIGTERM handler");
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("Terminating: readiness off, then draining");
+        signal_state.terminating.store(true, Ordering::Relaxed);
+        tokio::time::sleep(delay).await;
+        sd.cancel();
+    });
+    server::serve(listener, tls, http::router(state), auth, shutdown).await?;
+    tracing::info!("Stopped");
+    Ok(())
+}

@@ -1,0 +1,1223 @@
+//! REST semantics over etcd, shared by every kind: the registry/strategy split of
+//! kube-apiserver with CRD semantics (status subresource, generation, finalizers,
+//! deletion, dryRun, field validation, optimistic concurrency with CAS retries).
+
+use std::time::Duration;
+
+use base64::Engine;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Status, StatusDetails};
+use kubevirt_api::validation::{FieldError, validate_object_meta};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::error::{ApiError, ApiResult, Gr};
+use crate::kinds::ResourceDef;
+use crate::objects::{self, meta_str, set_meta};
+use crate::storage::{Storage, StorageError, Stored};
+
+/// API group of the stored kinds.
+pub const GROUP: &str = "kubevirt.io";
+/// apiVersion of the stored kinds.
+pub const API_VERSION: &str = "kubevirt.io/v1";
+/// Attempts of a read-modify-write before giving up on a contended key.
+const MAX_RETRIES: usize = 64;
+/// Generated name suffix alphabet (no vowels, no confusable characters), as Kubernetes.
+const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+/// What to do with unknown fields in a request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FieldValidation {
+    /// Drop them silently.
+    Ignore,
+    /// Drop them and return a warning for each.
+    #[default]
+    Warn,
+    /// Reject the request.
+    Strict,
+}
+
+/// Options common to writes.
+#[derive(Debug, Clone, Default)]
+pub struct WriteOptions {
+    /// `dryRun=All`: validate, do not persist.
+    pub dry_run: bool,
+    /// Unknown field handling.
+    pub field_validation: FieldValidation,
+    /// Field manager recorded in managedFields.
+    pub field_manager: String,
+}
+
+/// Result of a write: the object and warnings for the client.
+#[derive(Debug)]
+pub struct Written {
+    /// Object to return.
+    pub object: Value,
+    /// `Warning` headers.
+    pub warnings: Vec<String>,
+    /// 201 instead of 200.
+    pub created: bool,
+}
+
+/// Delete propagation policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum Propagation {
+    /// Owner goes first, GC deletes dependents in the background.
+    Background,
+    /// Dependents with blockOwnerDeletion go first.
+    Foreground,
+    /// Dependents are kept and lose their owner reference.
+    Orphan,
+}
+
+/// DeleteOptions as received (body or query).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeleteOptions {
+    /// Ignored for our kinds beyond validation (no graceful deletion, CRD semantics).
+    pub grace_period_seconds: Option<i64>,
+    /// Preconditions.
+    pub preconditions: Option<Preconditions>,
+    /// Deprecated orphan flag.
+    pub orphan_dependents: Option<bool>,
+    /// Propagation policy.
+    pub propagation_policy: Option<String>,
+    /// `["All"]` for a dry run.
+    pub dry_run: Option<Vec<String>>,
+}
+
+/// Delete preconditions.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Preconditions {
+    /// Required UID.
+    pub uid: Option<String>,
+    /// Required resourceVersion.
+    pub resource_version: Option<String>,
+}
+
+/// Parameters of a list.
+#[derive(Debug, Clone, Default)]
+pub struct ListOptions {
+    /// Parsed label selector.
+    pub label_selector: Option<crate::selector::LabelSelector>,
+    /// Parsed field selector.
+    pub field_selector: Option<crate::selector::FieldSelector>,
+    /// Page size (0 = everything).
+    pub limit: i64,
+    /// Continue token.
+    pub continue_token: Option<String>,
+    /// resourceVersion parameter.
+    pub resource_version: Option<String>,
+    /// resourceVersionMatch parameter.
+    pub resource_version_match: Option<String>,
+}
+
+/// A listed page.
+#[derive(Debug)]
+pub struct Listed {
+    /// Items, with resourceVersion.
+    pub items: Vec<Value>,
+    /// Snapshot revision.
+    pub revision: i64,
+    /// Token for the next page.
+    pub continue_token: Option<String>,
+    /// Items left after this page when known.
+    pub remaining: Option<i64>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ContinueToken {
+    v: String,
+    rv: i64,
+    start: String,
+}
+
+/// The registry: REST operations for every kind over one etcd.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    storage: Storage,
+    prefix: String,
+}
+
+fn gr(def: &ResourceDef) -> Gr<'static> {
+    Gr {
+        resource: def.plural,
+        group: GROUP,
+    }
+}
+
+fn storage_error(e: StorageError) -> ApiError {
+    tracing::warn!(error = %e, "Storage request failed");
+    match e {
+        StorageError::Compacted(_) => {
+            ApiError::expired("The resourceVersion for the provided list is too old.")
+        }
+        StorageError::FutureRevision(_) => ApiError::timeout("Too large resource version", true),
+        StorageError::Etcd(_) => {
+            ApiError::unavailable("the server is currently unable to handle the request")
+        }
+        StorageError::Corrupt { key, .. } => {
+            ApiError::internal(format!("stored object at {key} is corrupt"))
+        }
+    }
+}
+
+fn parse_rv(s: &str) -> ApiResult<i64> {
+    s.parse::<i64>()
+        .ok()
+        .filter(|v| *v >= 0)
+        .ok_or_else(|| ApiError::bad_request(format!("invalid resource version: {s:?}")))
+}
+
+fn list_options_invalid(msg: &str) -> ApiError {
+    ApiError::invalid(
+        "ListOptions",
+        "meta.k8s.io",
+        "",
+        &[FieldError {
+            kind: kubevirt_api::validation::ErrorType::Forbidden,
+            field: msg.split(':').next().unwrap_or("").to_string(),
+            message: msg.split_once(": ").map(|x| x.1).unwrap_or(msg).to_string(),
+        }],
+    )
+}
+
+fn generate_name(prefix: &str) -> String {
+    let mut rng = rand::rng();
+    let base: String = prefix.chars().take(58).collect();
+    let suffix: String = (0..5)
+        .map(|_| NAME_ALPHABET[rng.random_range(0..NAME_ALPHABET.len())] as char)
+        .collect();
+    format!("{base}{suffix}")
+}
+
+impl Registry {
+    /// A registry storing under `prefix` (e.g. `/registry`).
+    pub fn new(storage: Storage, prefix: &str) -> Self {
+        Self {
+            storage,
+            prefix: prefix.trim_end_matches('/').to_string(),
+        }
+    }
+
+    /// The underlying storage.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    fn key(&self, def: &ResourceDef, ns: &str, name: &str) -> String {
+        format!("{}/{GROUP}/{}/{ns}/{name}", self.prefix, def.plural)
+    }
+
+    /// Key prefix of a collection (one namespace, or all when `ns` is None).
+    pub fn collection_prefix(&self, def: &ResourceDef, ns: Option<&str>) -> String {
+        match ns {
+            Some(ns) => format!("{}/{GROUP}/{}/{ns}/", self.prefix, def.plural),
+            None => format!("{}/{GROUP}/{}/", self.prefix, def.plural),
+        }
+    }
+
+    /// GET one object.
+    pub async fn get(&self, def: &ResourceDef, ns: &str, name: &str) -> ApiResult<Value> {
+        let stored = self
+            .storage
+            .get(&self.key(def, ns, name))
+            .await
+            .map_err(storage_error)?;
+        match stored {
+            Some(s) => Ok(objects::with_rv(s.value, s.revision)),
+            None => Err(ApiError::not_found(gr(def), name)),
+        }
+    }
+
+    /// Decodes a request body into the kind, applying field validation. Returns the
+    /// pruned object and warnings.
+    pub fn decode_body(
+        &self,
+        def: &ResourceDef,
+        body: Value,
+        validation: FieldValidation,
+    ) -> ApiResult<(Value, Vec<String>)> {
+        let mut body = body;
+        if !body.is_object() {
+            return Err(ApiError::bad_request(format!(
+                "{} in version \"v1\" cannot be handled as a {}: body must be a JSON object",
+                def.kind, def.kind
+            )));
+        }
+        match body.get("apiVersion").and_then(Value::as_str) {
+            None | Some("") => {
+                body["apiVersion"] = json!(API_VERSION);
+            }
+            Some(API_VERSION) => {}
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "the API version in the data ({other}) does not match the expected API version ({API_VERSION})"
+                )));
+            }
+        }
+        match body.get("kind").and_then(Value::as_str) {
+            None | Some("") => {
+                body["kind"] = json!(def.kind);
+            }
+            Some(k) if k == def.kind => {}
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "{other} in version \"v1\" cannot be handled as a {}: the kind does not match the endpoint",
+                    def.kind
+                )));
+            }
+        }
+        let name = meta_str(&body, "name").unwrap_or("").to_string();
+        let (pruned, unknown) =
+            (def.decode)(&body).map_err(|errs| ApiError::invalid(def.kind, GROUP, &name, &errs))?;
+        let mut warnings = Vec::new();
+        if !unknown.is_empty() {
+            match validation {
+                FieldValidation::Strict => {
+                    let list: Vec<String> = unknown
+                        .iter()
+                        .map(|f| format!("unknown field {f:?}"))
+                        .collect();
+                    return Err(ApiError::bad_request(format!(
+                        "{} in version \"v1\" cannot be handled as a {}: strict decoding error: {}",
+                        def.kind,
+                        def.kind,
+                        list.join(", ")
+                    )));
+                }
+                FieldValidation::Warn => {
+                    warnings.extend(unknown.iter().map(|f| format!("unknown field {f:?}")))
+                }
+                FieldValidation::Ignore => {}
+            }
+        }
+        Ok((pruned, warnings))
+    }
+
+    fn validate(&self, def: &ResourceDef, obj: &Value) -> ApiResult<()> {
+        let name = meta_str(obj, "name").unwrap_or("").to_string();
+        let meta: ObjectMeta =
+            serde_json::from_value(obj.get("metadata").cloned().unwrap_or(json!({})))
+                .map_err(|e| ApiError::bad_request(format!("invalid metadata: {e}")))?;
+        let mut errs = validate_object_meta(&meta, "metadata");
+        errs.extend((def.validate)(obj));
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(def.kind, GROUP, &name, &errs))
+        }
+    }
+
+    /// POST: create an object from an already decoded body.
+    pub async fn create(
+        &self,
+        def: &ResourceDef,
+        ns: &str,
+        body: Value,
+        opts: &WriteOptions,
+    ) -> ApiResult<Written> {
+        let (mut obj, warnings) = self.decode_body(def, body, opts.field_validation)?;
+        match meta_str(&obj, "namespace") {
+            None | Some("") => set_meta(&mut obj, "namespace", Some(json!(ns))),
+            Some(n) if n == ns => {}
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
+            }
+        }
+        if meta_str(&obj, "resourceVersion").is_some_and(|rv| !rv.is_empty()) {
+            return Err(ApiError::bad_request(
+                "resourceVersion should not be set on objects to be created",
+            ));
+        }
+        for f in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+            "generation",
+        ] {
+            set_meta(&mut obj, f, None);
+        }
+        if def.has_status
+            && let Some(m) = obj.as_object_mut()
+        {
+            m.remove("status");
+        }
+        (def.default)(&mut obj);
+        let generate = meta_str(&obj, "name")
+            .is_none_or(str::is_empty)
+            .then(|| meta_str(&obj, "generateName").unwrap_or("").to_string())
+            .filter(|g| !g.is_empty());
+        if let Some(prefix) = &generate {
+            set_meta(&mut obj, "name", Some(json!(generate_name(prefix))));
+        }
+        self.validate(def, &obj)?;
+        set_meta(
+            &mut obj,
+            "uid",
+            Some(json!(uuid::Uuid::new_v4().to_string())),
+        );
+        set_meta(
+            &mut obj,
+            "creationTimestamp",
+            Some(json!(objects::now_rfc3339())),
+        );
+        set_meta(&mut obj, "generation", Some(json!(1)));
+        crate::managed::record_update(None, &mut obj, &opts.field_manager, None);
+
+        if opts.dry_run {
+            return Ok(Written {
+                object: obj,
+                warnings,
+                created: true,
+            });
+        }
+        let attempts = if generate.is_some() { 8 } else { 1 };
+        for attempt in 0..attempts {
+            let name = meta_str(&obj, "name").unwrap_or("").to_string();
+            let key = self.key(def, ns, &name);
+            match self
+                .storage
+                .create(&key, &obj)
+                .await
+                .map_err(storage_error)?
+            {
+                Some(rev) => {
+                    return Ok(Written {
+                        object: objects::with_rv(obj, rev),
+                        warnings,
+                        created: true,
+                    });
+                }
+                None => {
+                    if let Some(prefix) = &generate
+                        && attempt + 1 < attempts
+                    {
+                        set_meta(&mut obj, "name", Some(json!(generate_name(prefix))));
+                        continue;
+                    }
+                    let mut err = ApiError::already_exists(gr(def), &name);
+                    if generate.is_some() {
+                        err.message.push_str(
+                            ", the server was not able to generate a unique name for the object",
+                        );
+                        if let Some(d) = err.details.as_mut() {
+                            d.retry_after_seconds = Some(1);
+                        }
+                    } else if let Ok(Some(existing)) = self.storage.get(&key).await
+                        && existing
+                            .value
+                            .pointer("/metadata/deletionTimestamp")
+                            .is_some()
+                    {
+                        err.message = format!("object is being deleted: {}", err.message);
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Err(ApiError::already_exists(
+            gr(def),
+            meta_str(&obj, "name").unwrap_or(""),
+        ))
+    }
+
+    /// Read-modify-write with CAS retries. `mutate` gets the current object (with its
+    /// resourceVersion) and returns the desired one, or an error to abort.
+    async fn guaranteed_update<F>(
+        &self,
+        def: &ResourceDef,
+        ns: &str,
+        name: &str,
+        dry_run: bool,
+        mut mutate: F,
+    ) -> ApiResult<Value>
+    where
+        F: FnMut(&Value) -> ApiResult<Value>,
+    {
+        let key = self.key(def, ns, name);
+        for _ in 0..MAX_RETRIES {
+            let Some(current) = self.storage.get(&key).await.map_err(storage_error)? else {
+                return Err(ApiError::not_found(gr(def), name));
+            };
+            let Stored {
+                value, revision, ..
+            } = current;
+            let current_obj = objects::with_rv(value.clone(), revision);
+            let desired = objects::without_rv(mutate(&current_obj)?);
+            if objects::comparable(&desired) == objects::comparable(&value) {
+                // Nothing changed: no write, no event, same resourceVersion.
+                return Ok(current_obj);
+            }
+            let finalizing = desired.pointer("/metadata/deletionTimestamp").is_some()
+                && objects::finalizers(&desired).is_empty();
+            if dry_run {
+                return Ok(objects::with_rv(desired, revision));
+            }
+            if finalizing {
+                if let Some(rev) = self
+                    .storage
+                    .delete(&key, revision)
+                    .await
+                    .map_err(storage_error)?
+                {
+                    return Ok(objects::with_rv(desired, rev));
+                }
+                continue;
+            }
+            if let Some(rev) = self
+                .storage
+                .update(&key, &desired, revision)
+                .await
+                .map_err(storage_error)?
+            {
+                return Ok(objects::with_rv(desired, rev));
+            }
+        }
+        Err(ApiError::conflict(
+            gr(def),
+            name,
+            "too many concurrent writers, please try again",
+        ))
+    }
+
+    /// Merges an incoming full object (PUT or patched result) onto the current one,
+    /// applying every update rule. `status_only` is the /status subresource.
+    fn prepare_update(
+        &self,
+        def: &ResourceDef,
+        ns: &str,
+        name: &str,
+        current: &Value,
+        incoming: &Value,
+        status_only: bool,
+        manager: &str,
+    ) -> ApiResult<Value> {
+        let gr = gr(def);
+        match meta_str(incoming, "name") {
+            Some(n) if n != name => {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                )));
+            }
+            _ => {}
+        }
+        match meta_str(incoming, "namespace") {
+            Some(n) if !n.is_empty() && n != ns => {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
+            }
+            _ => {}
+        }
+        let current_rv = meta_str(current, "resourceVersion").unwrap_or("");
+        match meta_str(incoming, "resourceVersion") {
+            Some(rv) if !rv.is_empty() && rv != current_rv => {
+                return Err(ApiError::stale(gr, name));
+            }
+            _ => {}
+        }
+        if let Some(uid) = meta_str(incoming, "uid")
+            && !uid.is_empty()
+            && Some(uid) != meta_str(current, "uid")
+        {
+            return Err(ApiError::conflict(
+                gr,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta_str(current, "uid").unwrap_or("")
+                ),
+            ));
+        }
+
+        let mut new = if status_only {
+            // CRD semantics: only .status (and managedFields) come from the request.
+            let mut n = current.clone();
+            match incoming.get("status") {
+                Some(s) => n["status"] = s.clone(),
+                None => {
+                    if let Some(m) = n.as_object_mut() {
+                        m.remove("status");
+                    }
+                }
+            }
+            n
+        } else {
+            let mut n = incoming.clone();
+            if def.has_status {
+                match current.get("status") {
+                    Some(s) => n["status"] = s.clone(),
+                    None => {
+                        if let Some(m) = n.as_object_mut() {
+                            m.remove("status");
+                        }
+                    }
+                }
+            }
+            n
+        };
+        // Server-owned metadata always comes from storage.
+        for f in [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+        ] {
+            set_meta(
+                &mut new,
+                f,
+                current.pointer(&format!("/metadata/{f}")).cloned(),
+            );
+        }
+        set_meta(&mut new, "selfLink", None);
+        new["apiVersion"] = json!(API_VERSION);
+        new["kind"] = json!(def.kind);
+
+        let deleting = current.pointer("/metadata/deletionTimestamp").is_some();
+        if deleting && !status_only {
+            let old: std::collections::HashSet<String> =
+                objects::finalizers(current).into_iter().collect();
+            let added: Vec<String> = objects::finalizers(&new)
+                .into_iter()
+                .filter(|f| !old.contains(f))
+                .collect();
+            if !added.is_empty() {
+                return Err(ApiError::invalid(
+                    def.kind,
+                    GROUP,
+                    name,
+                    &[FieldError::forbidden(
+                        "metadata.finalizers",
+                        &format!(
+                            "no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+                        ),
+                    )],
+                ));
+            }
+        }
+        if !status_only {
+            self.validate(def, &new)?;
+        }
+        if objects::spec_part(&new, def.has_status) != objects::spec_part(current, def.has_status) {
+            let g = current
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
+            set_meta(&mut new, "generation", Some(json!(g + 1)));
+        }
+        crate::managed::record_update(
+            Some(current),
+            &mut new,
+            manager,
+            status_only.then_some("status"),
+        );
+        Ok(new)
+    }
+
+    /// PUT on the main resource or `/status`.
+    pub async fn update(
+        &self,
+        def: &ResourceDef,
+        ns: &str,
+        name: &str,
+        body: Value,
+        status_only: bool,
+        opts: &WriteOptions,
+    ) -> ApiResult<Written> {
+        let (incoming, warnings) = self.decode_body(def, body, opts.field_validation)?;
+        if meta_str(&incoming, "resourceVersion").is_none_or(str::is_empty) {
+            return Err(ApiError::invalid(
+                def.kind,
+                GROUP,
+                name,
+                &[FieldError::invalid(
+                    "metadata.resourceVersion",
+                    "0x0",
+                    "must be specified for an update",
+                )],
+            ));
+        }
+        let object = self
+            .guaranteed_update(def, ns, name, opts.dry_run, |cur| {
+                self.prepare_update(
+                    def,
+                    ns,
+                    name,
+                    cur,
+                    &incoming,
+                    status_only,
+                    &opts.field_manager,
+                )
+            })
+            .await?;
+        Ok(Written {
+            object,
+            warnings,
+            created: false,
+        })
+    }
+
+    /// PATCH with JSON patch or merge patch (server-side apply is in [`Self::apply`]).
+    pub async fn patch(
+        &self,
+        def: &ResourceDef,
+        ns: &str,
+        name: &str,
+        patch: &Patch,
+        status_only: bool,
+        opts: &WriteOptions,
+    ) -> ApiResult<Written> {
+        let mut warnings = Vec::new();
+        let object = self
+            .guaranteed_update(def, ns, name, opts.dry_run, |cur| {
+                let mut doc = cur.clone();
+                match patch {
+                    Patch::Json(p) => json_patch::patch(&mut doc, p).map_err(|e| {
+                        ApiError::invalid(def.kind, GROUP, name, &[FieldError::invalid("", "", &format!("the server rejected our request due to an error in our request: {e}"))])
+                    })?,
+                    Patch::Merge(p) => json_patch::merge(&mut doc, p),
+                }
+                let (decoded, w) = self.decode_body(def, doc, opts.field_validation)?;
+                warnings = w;
+                self.prepare_update(def, ns, name, cur, &decoded, status_only, &opts.field_manager)
+            })
+            .await?;
+        Ok(Written {
+            object,
+            warnings,
+            created: false,
+        })
+    }
+
+    /// Server-side apply (`application/apply-patch+yaml`): creates the object when absent.
+    pub async fn apply(
+        &self,
+        def: &ResourceDef,
+        ns: &str,
+        name: &str,
+        applied: Value,
+        force: bool,
+        status_only: bool,
+        opts: &WriteOptions,
+    ) -> ApiResult<Written> {
+        let (applied, warnings) = self.decode_body(def, applied, opts.field_validation)?;
+        if meta_str(&applied, "name").is_none_or(str::is_empty) {
+            return Err(ApiError::invalid(
+                def.kind,
+                GROUP,
+                name,
+                &[FieldError::required("metadata.name", "")],
+            ));
+        }
+        let key = self.key(def, ns, name);
+        if !status_only
+            && self
+                .storage
+                .get(&key)
+                .await
+                .map_err(storage_error)?
+                .is_none()
+        {
+            let mut obj = crate::managed::apply_to(None, &applied, &opts.field_manager, force, def)
+                .map_err(|e| e.into_api_error(def, name))?;
+            // The apply entry replaces the Update entry create would record.
+            let created = self.create_applied(def, ns, &mut obj, opts).await;
+            match created {
+                Err(e) if e.reason == "AlreadyExists" => {} // raced with a creator: apply onto it
+                other => {
+                    return other.map(|mut w| {
+                        w.warnings.extend(warnings.clone());
+                        w
+                    });
+                }
+            }
+        }
+        let object = self
+            .guaranteed_update(def, ns, name, opts.dry_run, |cur| {
+                let merged =
+                    crate::managed::apply_to(Some(cur), &applied, &opts.field_manager, force, def)
+                        .map_err(|e| e.into_api_error(def, name))?;
+                let mut next = self.prepare_update(def, ns, name, cur, &merged, status_only, "")?;
+                // prepare_update must not record an Update entry for an apply.
+                crate::managed::copy_managed_fields(&merged, &mut next);
+                Ok(next)
+            })
+            .await?;
+        Ok(Written {
+            object,
+            warnings,
+            created: false,
+        })
+    }
+
+    async fn create_applied(
+        &self,
+        def: &ResourceDef,
+        ns: &str,
+        obj: &mut Value,
+        opts: &WriteOptions,
+    ) -> ApiResult<Written> {
+        let managed = obj.pointer("/metadata/managedFields").cloned();
+        let mut create_opts = opts.clone();
+        create_opts.field_validation = FieldValidation::Ignore;
+        create_opts.field_manager = String::new();
+        let mut body = obj.clone();
+        set_meta(&mut body, "managedFields", None);
+        let mut w = self
+            .create_with_managed(def, ns, body, &create_opts, managed)
+            .await?;
+        w.created = true;
+        Ok(w)
+    }
+
+    async fn create_with_managed(
+        &self,
+        def: &ResourceDef,
+        ns: &str,
+        body: Value,
+        opts: &WriteOptions,
+        managed: Option<Value>,
+    ) -> ApiResult<Written> {
+        let mut body = body;
+        set_meta(&mut body, "managedFields", managed);
+        let mut opts = opts.clone();
+        opts.field_manager = crate::managed::KEEP_MANAGED.to_string();
+        self.create(def, ns, body, &opts).await
+    }
+
+    /// DELETE one object.
+    pub async fn delete(
+        &self,
+        def: &ResourceDef,
+        ns: &str,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> ApiResult<DeleteOutcome> {
+        validate_delete_options(opts)?;
+        let dry_run = opts
+            .dry_run
+            .as_ref()
+            .is_some_and(|d| d.iter().any(|x| x == "All"));
+        let key = self.key(def, ns, name);
+        let gr = gr(def);
+        for _ in 0..MAX_RETRIES {
+            let Some(cur) = self.storage.get(&key).await.map_err(storage_error)? else {
+                return Err(ApiError::not_found(gr, name));
+            };
+            let uid = meta_str(&cur.value, "uid").unwrap_or("").to_string();
+            if let Some(p) = &opts.preconditions {
+                if let Some(want) = &p.uid
+                    && *want != uid
+                {
+                    return Err(ApiError::conflict(
+                        gr,
+                        name,
+                        &format!(
+                            "the UID in the precondition ({want}) does not match the UID in record ({uid}). The object might have been deleted and then recreated"
+                        ),
+                    ));
+                }
+                if let Some(want) = &p.resource_version
+                    && *want != cur.revision.to_string()
+                {
+                    return Err(ApiError::conflict(
+                        gr,
+                        name,
+                        &format!(
+                            "the ResourceVersion in the precondition ({want}) does not match the ResourceVersion in record ({}). The object might have been modified",
+                            cur.revision
+                        ),
+                    ));
+                }
+            }
+            let mut fins = objects::finalizers(&cur.value);
+            let policy = match (opts.propagation_policy.as_deref(), opts.orphan_dependents) {
+                (Some("Orphan"), _) | (None, Some(true)) => Some(Propagation::Orphan),
+                (Some("Foreground"), _) => Some(Propagation::Foreground),
+                (Some("Background"), _) | (None, Some(false)) => Some(Propagation::Background),
+                _ => None,
+            };
+            let ensure = |fins: &mut Vec<String>, f: &str, on: bool| {
+                fins.retain(|x| x != f);
+                if on {
+                    fins.push(f.to_string());
+                }
+            };
+            match policy {
+                Some(Propagation::Orphan) => {
+                    ensure(&mut fins, "foregroundDeletion", false);
+                    ensure(&mut fins, "orphan", true);
+                }
+                Some(Propagation::Foreground) => {
+                    ensure(&mut fins, "orphan", false);
+                    ensure(&mut fins, "foregroundDeletion", true);
+                }
+                Some(Propagation::Background) => {
+                    ensure(&mut fins, "orphan", false);
+                    ensure(&mut fins, "foregroundDeletion", false);
+                }
+                None => {}
+            }
+            if fins.is_empty() {
+                if dry_run {
+                    return Ok(DeleteOutcome::Deleted(success_status(def, name, &uid)));
+                }
+                if self
+                    .storage
+                    .delete(&key, cur.revision)
+                    .await
+                    .map_err(storage_error)?
+                    .is_some()
+                {
+                    return Ok(DeleteOutcome::Deleted(success_status(def, name, &uid)));
+                }
+                continue;
+            }
+            let mut next = cur.value.clone();
+            objects::set_finalizers(&mut next, &fins);
+            if next.pointer("/metadata/deletionTimestamp").is_none() {
+                set_meta(
+                    &mut next,
+                    "deletionTimestamp",
+                    Some(json!(objects::now_rfc3339())),
+                );
+                set_meta(&mut next, "deletionGracePeriodSeconds", Some(json!(0)));
+                let g = next
+                    .pointer("/metadata/generation")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(1);
+                set_meta(&mut next, "generation", Some(json!(g + 1)));
+            }
+            if next == cur.value || dry_run {
+                return Ok(DeleteOutcome::Pending(objects::with_rv(next, cur.revision)));
+            }
+            if let Some(rev) = self
+                .storage
+                .update(&key, &next, cur.revision)
+                .await
+                .map_err(storage_error)?
+            {
+                return Ok(DeleteOutcome::Pending(objects::with_rv(next, rev)));
+            }
+        }
+        Err(ApiError::conflict(
+            gr,
+            name,
+            "too many concurrent writers, please try again",
+        ))
+    }
+
+    /// DELETE a collection: every object matching the list options, one by one.
+    pub async fn delete_collection(
+        &self,
+        def: &ResourceDef,
+        ns: &str,
+        list: &ListOptions,
+        opts: &DeleteOptions,
+    ) -> ApiResult<Listed> {
+        validate_delete_options(opts)?;
+        let listed = self.list(def, Some(ns), list).await?;
+        for item in &listed.items {
+            let name = meta_str(item, "name").unwrap_or("");
+            match self.delete(def, ns, name, opts).await {
+                Ok(_) => {}
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(listed)
+    }
+
+    /// Resolves list resourceVersion parameters into the revision to read (0 = latest).
+    pub async fn list_revision(&self, opts: &ListOptions) -> ApiResult<i64> {
+        let rv = opts.resource_version.as_deref().filter(|s| !s.is_empty());
+        let m = opts
+            .resource_version_match
+            .as_deref()
+            .filter(|s| !s.is_empty());
+        if opts.continue_token.is_some() {
+            if rv.is_some_and(|r| r != "0") {
+                return Err(ApiError::bad_request(
+                    "specifying resource version is not allowed when using continue",
+                ));
+            }
+            if m.is_some() {
+                return Err(list_options_invalid(
+                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue is provided",
+                ));
+            }
+            return Ok(0);
+        }
+        match (rv, m) {
+            (None, Some(_)) => Err(list_options_invalid(
+                "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+            )),
+            (_, Some(other)) if other != "Exact" && other != "NotOlderThan" => {
+                Err(ApiError::invalid(
+                    "ListOptions",
+                    "meta.k8s.io",
+                    "",
+                    &[FieldError::not_supported(
+                        "resourceVersionMatch",
+                        other,
+                        &["Exact", "NotOlderThan", ""],
+                    )],
+                ))
+            }
+            (Some("0"), Some("Exact")) => Err(list_options_invalid(
+                "resourceVersionMatch: Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+            )),
+            (None, None) | (Some("0"), _) => Ok(0),
+            (Some(r), Some("Exact")) => parse_rv(r),
+            (Some(r), None) if opts.limit > 0 => parse_rv(r),
+            (Some(r), _) => {
+                let want = parse_rv(r)?;
+                self.wait_for_revision(want).await?;
+                Ok(0)
+            }
+        }
+    }
+
+    /// Waits (up to 3 s) until the store has reached `want`, else 504 as kube-apiserver.
+    pub async fn wait_for_revision(&self, want: i64) -> ApiResult<()> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        loop {
+            let cur = self
+                .storage
+                .current_revision()
+                .await
+                .map_err(storage_error)?;
+            if cur >= want {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ApiError::timeout("Too large resource version", true));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Whether `obj` matches the selectors of `opts`.
+    pub fn matches(def: &ResourceDef, opts: &ListOptions, obj: &Value) -> bool {
+        if let Some(ls) = &opts.label_selector
+            && !ls.matches(&objects::labels(obj))
+        {
+            return false;
+        }
+        if let Some(fs) = &opts.field_selector
+            && !fs.matches(&|f: &str| def.field_value(obj, f).flatten())
+        {
+            return false;
+        }
+        true
+    }
+
+    /// LIST with selectors, paging and resourceVersion semantics.
+    pub async fn list(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        opts: &ListOptions,
+    ) -> ApiResult<Listed> {
+        let prefix = self.collection_prefix(def, ns);
+        let mut revision = self.list_revision(opts).await?;
+        let mut start = prefix.clone();
+        if let Some(tok) = &opts.continue_token {
+            let t = decode_continue(tok)?;
+            if t.rv > 0 {
+                revision = t.rv;
+            }
+            start = format!("{prefix}{}", t.start);
+        }
+        let chunk = if opts.limit > 0 {
+            opts.limit.max(50)
+        } else {
+            0
+        };
+        let mut items = Vec::new();
+        loop {
+            let page = match self.storage.list(&prefix, &start, revision, chunk).await {
+                Ok(p) => p,
+                Err(StorageError::Compacted(_)) if opts.continue_token.is_some() => {
+                    let mut e = ApiError::expired(
+                        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.",
+                    );
+                    e.continue_token = Some(encode_continue(
+                        -1,
+                        start.strip_prefix(&prefix).unwrap_or(""),
+                    ));
+                    return Err(e);
+                }
+                Err(e) => return Err(storage_error(e)),
+            };
+            revision = page.revision;
+            let n = page.items.len();
+            for (i, s) in page.items.into_iter().enumerate() {
+                let key = s.key.clone();
+                let obj = objects::with_rv(s.value, s.revision);
+                if Self::matches(def, opts, &obj) {
+                    items.push(obj);
+                }
+                if opts.limit > 0 && items.len() as i64 >= opts.limit {
+                    let more = i + 1 < n || page.more;
+                    let token = more.then(|| {
+                        encode_continue(
+                            revision,
+                            &format!("{}\0", key.strip_prefix(&prefix).unwrap_or("")),
+                        )
+                    });
+                    let remaining =
+                        (more && opts.label_selector.is_none() && opts.field_selector.is_none())
+                            .then_some(page.remaining + (n - i - 1) as i64);
+                    return Ok(Listed {
+                        items,
+                        revision,
+                        continue_token: token,
+                        remaining,
+                    });
+                }
+                start = format!("{key}\0");
+            }
+            if !page.more || chunk == 0 {
+                return Ok(Listed {
+                    items,
+                    revision,
+                    continue_token: None,
+                    remaining: None,
+                });
+            }
+        }
+    }
+}
+
+/// Outcome of a DELETE.
+#[derive(Debug)]
+pub enum DeleteOutcome {
+    /// Removed from storage: return the Success Status.
+    Deleted(Status),
+    /// Finalizers remain: return the object with deletionTimestamp.
+    Pending(Value),
+}
+
+fn success_status(def: &ResourceDef, name: &str, uid: &str) -> Status {
+    Status {
+        status: Some("Success".into()),
+        details: Some(StatusDetails {
+            name: Some(name.into()),
+            group: Some(GROUP.into()),
+            kind: Some(def.plural.into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn validate_delete_options(opts: &DeleteOptions) -> ApiResult<()> {
+    let mut errs = Vec::new();
+    if opts.orphan_dependents.is_some() && opts.propagation_policy.is_some() {
+        errs.push(FieldError::invalid(
+            "propagationPolicy",
+            opts.propagation_policy.as_deref().unwrap_or(""),
+            "orphanDependents and deletionPropagation cannot be both set",
+        ));
+    }
+    if let Some(p) = &opts.propagation_policy
+        && !matches!(p.as_str(), "Foreground" | "Background" | "Orphan")
+    {
+        errs.push(FieldError::not_supported(
+            "propagationPolicy",
+            p,
+            &["Foreground", "Background", "Orphan", "nil"],
+        ));
+    }
+    for d in opts.dry_run.iter().flatten() {
+        if d != "All" {
+            errs.push(FieldError::not_supported("dryRun", d, &["All"]));
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid("DeleteOptions", "meta.k8s.io", "", &errs))
+    }
+}
+
+/// A parsed patch body.
+#[derive(Debug)]
+pub enum Patch {
+    /// RFC 6902.
+    Json(json_patch::Patch),
+    /// RFC 7386.
+    Merge(Value),
+}
+
+fn encode_continue(rv: i64, start: &str) -> String {
+    let t = ContinueToken {
+        v: "meta.k8s.io/v1".into(),
+        rv,
+        start: start.to_string(),
+    };
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(serde_json::to_vec(&t).unwrap_or_default())
+}
+
+fn decode_continue(tok: &str) -> ApiResult<ContinueToken> {
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(tok.trim_end_matches('='))
+        .or_else(|_| base64::engine::general_purpose::URL_SAFE.decode(tok))
+        .map_err(|e| ApiError::bad_request(format!("invalid continue token: {e}")))?;
+    let t: ContinueToken = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("invalid continue token: {e}")))?;
+    if t.v != "meta.k8s.io/v1" || t.start.contains("..") || t.start.starts_with('/') {
+        return Err(ApiError::bad_request(
+            "invalid continue token: unsupported version or key",
+        ));
+    }
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continue_token_roundtrip() {
+        let t = encode_continue(42, "ns/vm-7\0");
+        let d = decode_continue(&t).unwrap();
+        assert_eq!((d.rv, d.start.as_str()), (42, "ns/vm-7\0"));
+        assert_eq!(decode_continue("!!").unwrap_err().code, 400);
+    }
+
+    #[test]
+    fn generated_names_have_five_char_suffix() {
+        let n = generate_name("vm-");
+        assert_eq!(n.len(), 8);
+        assert!(n[3..].bytes().all(|b| NAME_ALPHABET.contains(&b)));
+        assert_eq!(generate_name(&"a".repeat(100)).len(), 63);
+    }
+
+    #[test]
+    fn delete_options_validation() {
+        let bad = DeleteOptions {
+            propagation_policy: Some("Later".into()),
+            ..Default::default()
+        };
+        assert_eq!(validate_delete_options(&bad).unwrap_err().code, 422);
+        let both = DeleteOptions {
+            propagation_policy: Some("Orphan".into()),
+            orphan_dependents: Some(true),
+            ..Default::default()
+        };
+        assert_eq!(validate_delete_options(&both).unwrap_err().code, 422);
+    }
+}

@@ -1,0 +1,133 @@
+//! The TLS listener: rustls with deferred client-certificate verification, HTTP/1.1
+//! and HTTP/2 on one port (upgrades allowed), the peer identity attached to requests,
+//! and graceful shutdown that ends watches cleanly.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use rustls::ServerConfig;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use crate::auth::{AuthConfig, DeferredClientVerifier};
+
+/// A TLS setup failure.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// PEM could not be parsed.
+    #[error("reading {what}: invalid PEM")]
+    Pem {
+        /// Which file.
+        what: &'static str,
+    },
+    /// rustls rejected the configuration.
+    #[error("building TLS configuration")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// Builds the rustls server configuration.
+pub fn tls_config(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    auth: &AuthConfig,
+) -> Result<ServerConfig, TlsError> {
+    use rustls_pki_types::pem::PemObject;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|_| TlsError::Pem {
+            what: "serving certificate",
+        })?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|_| TlsError::Pem {
+        what: "serving key",
+    })?;
+    let mut pools = Vec::new();
+    if let Some(rh) = &auth.request_header {
+        pools.push(&rh.ca);
+    }
+    if let Some(ca) = &auth.client_ca {
+        pools.push(ca);
+    }
+    let verifier = Arc::new(DeferredClientVerifier::new(&pools, provider.clone()));
+    let mut cfg = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// Accepts connections until `shutdown` is cancelled, then waits for open connections.
+pub async fn serve(
+    listener: TcpListener,
+    tls: ServerConfig,
+    router: axum::Router,
+    auth: AuthConfig,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let tracker = tokio_util::task::TaskTracker::new();
+    loop {
+        let (tcp, remote): (_, SocketAddr) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "Accept failed");
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let router = router.clone();
+        let auth = auth.clone();
+        let shutdown = shutdown.clone();
+        tracker.spawn(async move {
+            let tls = match tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                acceptor.accept(tcp),
+            )
+            .await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%remote, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let peer = auth.identify(tls.get_ref().1.peer_certificates());
+            let svc = hyper::service::service_fn(
+                move |mut req: hyper::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(peer.clone());
+                    let router = router.clone();
+                    async move { router.oneshot(req.map(axum::body::Body::new)).await }
+                },
+            );
+            let mut builder = Builder::new(TokioExecutor::new());
+            builder.http2().max_concurrent_streams(1000);
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                res = conn.as_mut() => {
+                    if let Err(e) = res {
+                        tracing::debug!(%remote, error = %e, "Connection ended with error");
+                    }
+                }
+                _ = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), conn).await;
+                }
+            }
+        });
+    }
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}

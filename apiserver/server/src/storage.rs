@@ -1,0 +1,349 @@
+//! etcd storage. Objects are stored as JSON without `metadata.resourceVersion`; an
+//! object's resourceVersion is its key's `mod_revision`, a list's is the etcd header
+//! revision, so versions are monotonic across objects, lists and watch events.
+//! Every write is a compare-and-swap transaction.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp, WatchOptions,
+};
+use futures::Stream;
+use serde_json::Value;
+use thiserror::Error;
+
+/// A storage failure.
+#[derive(Debug, Error)]
+pub enum StorageError {
+    /// etcd could not be reached or answered with an error.
+    #[error("etcd request failed")]
+    Etcd(#[from] etcd_client::Error),
+    /// The requested revision was compacted away.
+    #[error("required revision {0} has been compacted")]
+    Compacted(i64),
+    /// The requested revision is ahead of the store.
+    #[error("required revision {0} is a future revision")]
+    FutureRevision(i64),
+    /// A stored value is not valid JSON.
+    #[error("stored object at {key} is corrupt")]
+    Corrupt {
+        /// The etcd key.
+        key: String,
+        /// Decode error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// An object read from etcd.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    /// Full etcd key.
+    pub key: String,
+    /// The object, without resourceVersion.
+    pub value: Value,
+    /// `mod_revision` of the key: the object's resourceVersion.
+    pub revision: i64,
+}
+
+/// One page of a range read.
+#[derive(Debug)]
+pub struct Page {
+    /// Items in key order.
+    pub items: Vec<Stored>,
+    /// The revision the page was read at.
+    pub revision: i64,
+    /// More keys follow in the range.
+    pub more: bool,
+    /// Number of keys after this page (only meaningful without filtering).
+    pub remaining: i64,
+}
+
+/// A change seen by a watch.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// A key was created or updated; `prev` is the old value, if any.
+    Put {
+        /// The new state.
+        new: Stored,
+        /// The previous state.
+        prev: Option<Stored>,
+    },
+    /// A key was deleted; `prev` is the last state and `revision` the deletion's.
+    Delete {
+        /// The last state.
+        prev: Stored,
+        /// Revision of the deletion.
+        revision: i64,
+    },
+    /// No change, but the store has reached `revision` (bookmark source).
+    Progress(i64),
+}
+
+/// Handle to etcd. Cheap to clone.
+#[derive(Clone)]
+pub struct Storage {
+    client: Client,
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage").finish_non_exhaustive()
+    }
+}
+
+fn classify(err: etcd_client::Error, revision: i64) -> StorageError {
+    let text = err.to_string();
+    if text.contains("required revision has been compacted") {
+        StorageError::Compacted(revision)
+    } else if text.contains("required revision is a future revision") {
+        StorageError::FutureRevision(revision)
+    } else {
+        StorageError::Etcd(err)
+    }
+}
+
+fn decode(key: &[u8], value: &[u8], revision: i64) -> Result<Stored, StorageError> {
+    let key = String::from_utf8_lossy(key).into_owned();
+    let value = serde_json::from_slice(value).map_err(|source| StorageError::Corrupt {
+        key: key.clone(),
+        source,
+    })?;
+    Ok(Stored {
+        key,
+        value,
+        revision,
+    })
+}
+
+/// End of the key range covering every key that starts with `prefix`.
+pub fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+impl Storage {
+    /// Connects to etcd at `endpoints`.
+    pub async fn connect(endpoints: &[String]) -> Result<Self, StorageError> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(10))
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+        let client = Client::connect(endpoints, Some(opts)).await?;
+        Ok(Self { client })
+    }
+
+    /// Current revision of the store (a cheap read of a key that never exists).
+    pub async fn current_revision(&self) -> Result<i64, StorageError> {
+        let resp = self
+            .client
+            .kv_client()
+            .get("\0kubevirt-rs-revision-probe", None)
+            .await?;
+        Ok(resp.header().map(|h| h.revision()).unwrap_or_default())
+    }
+
+    /// Reads one key, at the latest revision.
+    pub async fn get(&self, key: &str) -> Result<Option<Stored>, StorageError> {
+        let resp = self.client.kv_client().get(key, None).await?;
+        resp.kvs()
+            .first()
+            .map(|kv| decode(kv.key(), kv.value(), kv.mod_revision()))
+            .transpose()
+    }
+
+    /// Reads up to `limit` keys in `[start, end of prefix)` at `revision` (0 = latest).
+    pub async fn list(
+        &self,
+        prefix: &str,
+        start: &str,
+        revision: i64,
+        limit: i64,
+    ) -> Result<Page, StorageError> {
+        let mut opts = GetOptions::new().with_range(prefix_end(prefix));
+        if revision > 0 {
+            opts = opts.with_revision(revision);
+        }
+        if limit > 0 {
+            opts = opts.with_limit(limit);
+        }
+        let from = if start.is_empty() { prefix } else { start };
+        let resp = self
+            .client
+            .kv_client()
+            .get(from, Some(opts))
+            .await
+            .map_err(|e| classify(e, revision))?;
+        let items = resp
+            .kvs()
+            .iter()
+            .map(|kv| decode(kv.key(), kv.value(), kv.mod_revision()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rev = resp.header().map(|h| h.revision()).unwrap_or(revision);
+        let remaining = resp.count() - items.len() as i64;
+        Ok(Page {
+            items,
+            revision: if revision > 0 { revision } else { rev },
+            more: resp.more(),
+            remaining,
+        })
+    }
+
+    /// Creates `key` if it does not exist. Returns the new revision, or `None` if it exists.
+    pub async fn create(&self, key: &str, value: &Value) -> Result<Option<i64>, StorageError> {
+        let bytes = serde_json::to_vec(value).map_err(|source| StorageError::Corrupt {
+            key: key.into(),
+            source,
+        })?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, bytes, None)]);
+        let resp = self.client.kv_client().txn(txn).await?;
+        Ok(resp
+            .succeeded()
+            .then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))
+    }
+
+    /// Replaces `key` if its mod_revision is still `expected`. `None` on a lost race.
+    pub async fn update(
+        &self,
+        key: &str,
+        value: &Value,
+        expected: i64,
+    ) -> Result<Option<i64>, StorageError> {
+        let bytes = serde_json::to_vec(value).map_err(|source| StorageError::Corrupt {
+            key: key.into(),
+            source,
+        })?;
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key, CompareOp::Equal, expected)])
+            .and_then([TxnOp::put(key, bytes, None)]);
+        let resp = self.client.kv_client().txn(txn).await?;
+        Ok(resp
+            .succeeded()
+            .then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))
+    }
+
+    /// Deletes `key` if its mod_revision is still `expected`. `None` on a lost race.
+    pub async fn delete(&self, key: &str, expected: i64) -> Result<Option<i64>, StorageError> {
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key, CompareOp::Equal, expected)])
+            .and_then([TxnOp::delete(key, None)]);
+        let resp = self.client.kv_client().txn(txn).await?;
+        Ok(resp
+            .succeeded()
+            .then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))
+    }
+
+    /// Compacts history up to `revision` (used by tests and maintenance).
+    pub async fn compact(&self, revision: i64) -> Result<(), StorageError> {
+        self.client
+            .kv_client()
+            .compact(
+                revision,
+                Some(etcd_client::CompactionOptions::new().with_physical()),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Checks etcd is reachable (for /readyz).
+    pub async fn ping(&self) -> bool {
+        tokio::time::timeout(Duration::from_secs(2), self.current_revision())
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Watches every key under `prefix` from `start_revision` (inclusive). The stream
+    /// ends with `Err(Compacted)` if that revision is gone. `progress` asks etcd for a
+    /// progress notification whenever it ticks, which yields `Change::Progress`.
+    pub fn watch(
+        &self,
+        prefix: String,
+        start_revision: i64,
+        mut progress: tokio::sync::mpsc::Receiver<()>,
+    ) -> impl Stream<Item = Result<Change, StorageError>> + Send + 'static + use<> {
+        let mut client = self.client.watch_client();
+        async_stream::stream! {
+            let opts = WatchOptions::new()
+                .with_range(prefix_end(&prefix))
+                .with_start_revision(start_revision)
+                .with_prev_key()
+                .with_progress_notify();
+            let (mut watcher, mut stream) = match client.watch(prefix.as_bytes().to_vec(), Some(opts)).await {
+                Ok(w) => w.split(),
+                Err(e) => { yield Err(StorageError::Etcd(e)); return; }
+            };
+            loop {
+                tokio::select! {
+                    tick = progress.recv() => {
+                        if tick.is_none() { break; }
+                        if let Err(e) = watcher.request_progress().await {
+                            yield Err(StorageError::Etcd(e));
+                            break;
+                        }
+                    }
+                    msg = stream.message() => {
+                        let resp = match msg {
+                            Ok(Some(r)) => r,
+                            Ok(None) => break,
+                            Err(e) => { yield Err(StorageError::Etcd(e)); break; }
+                        };
+                        if resp.compact_revision() > 0 {
+                            yield Err(StorageError::Compacted(resp.compact_revision()));
+                            break;
+                        }
+                        if resp.canceled() {
+                            break;
+                        }
+                        if resp.events().is_empty() {
+                            if let Some(h) = resp.header() && !resp.created() {
+                                yield Ok(Change::Progress(h.revision()));
+                            }
+                            continue;
+                        }
+                        for ev in resp.events() {
+                            let Some(kv) = ev.kv() else { continue };
+                            let prev = match ev.prev_kv() {
+                                Some(p) => match decode(p.key(), p.value(), p.mod_revision()) {
+                                    Ok(s) => Some(s),
+                                    Err(e) => { yield Err(e); continue; }
+                                },
+                                None => None,
+                            };
+                            match ev.event_type() {
+                                EventType::Put => match decode(kv.key(), kv.value(), kv.mod_revision()) {
+                                    Ok(new) => yield Ok(Change::Put { new, prev }),
+                                    Err(e) => yield Err(e),
+                                },
+                                EventType::Delete => {
+                                    if let Some(prev) = prev {
+                                        yield Ok(Change::Delete { prev, revision: kv.mod_revision() });
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            drop(watcher);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn prefix_end_increments_last_byte() {
+        assert_eq!(prefix_end("/a/b/"), b"/a/b0".to_vec());
+        assert_eq!(prefix_end("a\u{7f}"), b"a\x80".to_vec());
+    }
+}

@@ -1,0 +1,243 @@
+//! WATCH: one etcd watch per request, converted to Kubernetes watch events with
+//! selector transitions, bookmarks, WatchList initial events, timeouts and 410s.
+
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{ApiError, ApiResult};
+use crate::kinds::ResourceDef;
+use crate::objects;
+use crate::rest::{ListOptions, Registry};
+use crate::storage::{Change, StorageError};
+
+/// Parameters of a watch.
+#[derive(Debug, Clone, Default)]
+pub struct WatchParams {
+    /// Selectors (limit/continue unused).
+    pub list: ListOptions,
+    /// `sendInitialEvents`.
+    pub send_initial_events: Option<bool>,
+    /// `allowWatchBookmarks`.
+    pub allow_bookmarks: bool,
+    /// `timeoutSeconds`.
+    pub timeout: Option<Duration>,
+    /// How often to send bookmarks.
+    pub bookmark_interval: Duration,
+}
+
+/// A watch event ready for encoding: type and object (already with resourceVersion).
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// ADDED, MODIFIED, DELETED, BOOKMARK, ERROR.
+    pub type_: &'static str,
+    /// The object (a Status for ERROR).
+    pub object: Value,
+}
+
+fn invalid(msg: &str) -> ApiError {
+    ApiError::invalid(
+        "ListOptions",
+        "meta.k8s.io",
+        "",
+        &[kubevirt_api::validation::FieldError {
+            kind: kubevirt_api::validation::ErrorType::Forbidden,
+            field: msg.split(':').next().unwrap_or("").to_string(),
+            message: msg.split_once(": ").map(|x| x.1).unwrap_or(msg).to_string(),
+        }],
+    )
+}
+
+/// Validates watch parameters (R8.7.3).
+pub fn validate(p: &WatchParams) -> ApiResult<()> {
+    let m = p
+        .list
+        .resource_version_match
+        .as_deref()
+        .filter(|s| !s.is_empty());
+    match (p.send_initial_events, m) {
+        (Some(_), None) => Err(invalid(
+            "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+        )),
+        (None, Some(_)) => Err(invalid(
+            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+        )),
+        (Some(_), Some(other)) if other != "NotOlderThan" => Err(ApiError::invalid(
+            "ListOptions",
+            "meta.k8s.io",
+            "",
+            &[kubevirt_api::validation::FieldError::not_supported(
+                "resourceVersionMatch",
+                other,
+                &["NotOlderThan"],
+            )],
+        )),
+        _ if p.list.continue_token.is_some() => Err(invalid(
+            "continue: Forbidden: continue is forbidden for watch",
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn bookmark(def: &ResourceDef, rv: i64, initial_end: bool) -> Event {
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if initial_end {
+        meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    Event {
+        type_: "BOOKMARK",
+        object: json!({"apiVersion": crate::rest::API_VERSION, "kind": def.kind, "metadata": meta}),
+    }
+}
+
+fn error_event(e: &ApiError) -> Event {
+    Event {
+        type_: "ERROR",
+        object: serde_json::to_value(e.to_status()).unwrap_or_default(),
+    }
+}
+
+/// Starts a watch. Errors detected before streaming are returned as `Err`.
+pub async fn watch(
+    registry: Registry,
+    def: &'static ResourceDef,
+    ns: Option<String>,
+    params: WatchParams,
+    shutdown: CancellationToken,
+) -> ApiResult<impl Stream<Item = Event> + Send + 'static> {
+    validate(&params)?;
+    let rv = params
+        .list
+        .resource_version
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .map(str::to_string);
+    let initial = match params.send_initial_events {
+        Some(b) => b,
+        None => rv.is_none() || rv.as_deref() == Some("0"),
+    };
+    let start_rv: i64 = match rv.as_deref() {
+        None | Some("0") => 0,
+        Some(r) => r
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid resource version: {r:?}")))?,
+    };
+    let mut initial_items = Vec::new();
+    let mut from = start_rv;
+    if initial {
+        // A consistent snapshot at or after `start_rv`, then changes after it.
+        if start_rv > 0 {
+            registry.wait_for_revision(start_rv).await?;
+        }
+        let mut opts = params.list.clone();
+        opts.resource_version = None;
+        opts.resource_version_match = None;
+        opts.limit = 0;
+        let listed = registry.list(def, ns.as_deref(), &opts).await?;
+        from = listed.revision;
+        initial_items = listed.items;
+    }
+    let prefix = registry.collection_prefix(def, ns.as_deref());
+    let (tick_tx, tick_rx) = tokio::sync::mpsc::channel(1);
+    let changes = registry.storage().watch(prefix, from + 1, tick_rx);
+    let timeout = params
+        .timeout
+        .unwrap_or_else(|| Duration::from_secs(1800 + rand::random::<u64>() % 1800));
+    let send_end_bookmark = params.send_initial_events == Some(true) && params.allow_bookmarks;
+    let allow_bookmarks = params.allow_bookmarks;
+    let interval = params.bookmark_interval;
+    let list_opts = params.list;
+
+    Ok(async_stream::stream! {
+        for obj in initial_items {
+            yield Event { type_: "ADDED", object: obj };
+        }
+        if send_end_bookmark {
+            yield bookmark(def, from, true);
+        }
+        let mut last_rv = from;
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let mut ticker = tokio::time::interval(interval);
+        ticker.tick().await;
+        let mut changes = Box::pin(changes);
+        loop {
+            tokio::select! {
+                _ = &mut deadline => break,
+                _ = shutdown.cancelled() => break,
+                _ = ticker.tick(), if allow_bookmarks => {
+                    let _ = tick_tx.try_send(());
+                }
+                next = changes.next() => {
+                    let Some(next) = next else { break };
+                    match next {
+                        Ok(Change::Progress(rev)) => {
+                            if allow_bookmarks && rev > last_rv {
+                                last_rv = rev;
+                                yield bookmark(def, rev, false);
+                            }
+                        }
+                        Ok(Change::Put { new, prev }) => {
+                            last_rv = new.revision;
+                            let new_obj = objects::with_rv(new.value, new.revision);
+                            let new_match = Registry::matches(def, &list_opts, &new_obj);
+                            let prev_match = prev.map(|p| {
+                                let o = objects::with_rv(p.value, p.revision);
+                                Registry::matches(def, &list_opts, &o)
+                            });
+                            match (prev_match, new_match) {
+                                (None | Some(false), true) => yield Event { type_: "ADDED", object: new_obj },
+                                (Some(true), true) => yield Event { type_: "MODIFIED", object: new_obj },
+                                (Some(true), false) => {
+                                    yield Event { type_: "DELETED", object: new_obj };
+                                }
+                                _ => {}
+                            }
+                        }
+                        Ok(Change::Delete { prev, revision }) => {
+                            last_rv = revision;
+                            let obj = objects::with_rv(prev.value, revision);
+                            if Registry::matches(def, &list_opts, &obj) {
+                                yield Event { type_: "DELETED", object: obj };
+                            }
+                        }
+                        Err(StorageError::Compacted(_)) => {
+                            yield error_event(&ApiError::expired(format!("too old resource version: {start_rv}")));
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "Watch ended by storage error");
+                            yield error_event(&ApiError::internal("watch ended: storage unavailable"));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_initial_events_requires_not_older_than() {
+        let p = WatchParams {
+            send_initial_events: Some(true),
+            ..Default::default()
+        };
+        assert_eq!(validate(&p).unwrap_err().code, 422);
+        let mut p = WatchParams {
+            send_initial_events: Some(true),
+            ..Default::default()
+        };
+        p.list.resource_version_match = Some("NotOlderThan".into());
+        assert!(validate(&p).is_ok());
+        let mut p = WatchParams::default();
+        p.list.resource_version_match = Some("Exact".into());
+        assert_eq!(validate(&p).unwrap_err().code, 422);
+    }
+}
