@@ -1,0 +1,147 @@
+//! Images without a registry: built FROM scratch with buildah (vfs storage, no daemon), written
+//! as OCI archives and imported into the cluster's containerd.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+use super::Layout;
+
+/// The sandbox image containerd uses for every pod; fully qualified, since a bare name would be
+/// normalised to docker.io and containerd would try to pull it.
+pub const PAUSE_IMAGE: &str = "localhost/kubevirt-rs/pause:1";
+
+fn run(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {:?}", cmd.get_program()))?;
+    if !out.status.success() {
+        bail!(
+            "{:?} failed: {}",
+            cmd,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// A file to put into an image: host path and path inside the image.
+#[derive(Debug, Clone)]
+pub struct ImageFile {
+    pub host: PathBuf,
+    pub image: String,
+}
+
+/// Builds an image FROM scratch holding `files`, with `entrypoint`, and writes it as an OCI
+/// archive to `archive`. `name` must be fully qualified (`localhost/…:tag`).
+pub fn build_scratch_image(
+    layout: &Layout,
+    name: &str,
+    files: &[ImageFile],
+    entrypoint: &[&str],
+    archive: &Path,
+) -> anyhow::Result<()> {
+    // A throw-away buildah store per build: nothing to clean up in the host's default store and
+    // no interference with other people's buildah use.
+    let store = layout.cache.join(format!("buildah-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&store);
+    fs::create_dir_all(&store)?;
+    let result = (|| -> anyhow::Result<()> {
+        let buildah = || {
+            let mut c = Command::new("buildah");
+            c.arg("--storage-driver")
+                .arg("vfs")
+                .arg("--root")
+                .arg(store.join("root"))
+                .arg("--runroot")
+                .arg(store.join("run"));
+            c
+        };
+        let ctr = run(buildah().args(["from", "scratch"]))?;
+        for f in files {
+            run(buildah().arg("copy").arg(&ctr).arg(&f.host).arg(&f.image))?;
+        }
+        let ep = serde_json::to_string(entrypoint)?;
+        run(buildah().args(["config", "--entrypoint", &ep, &ctr]))?;
+        run(buildah().args(["commit", "--quiet", &ctr, name]))?;
+        if let Some(parent) = archive.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        let _ = fs::remove_file(archive);
+        run(buildah()
+            .arg("push")
+            .arg("--quiet")
+            .arg(name)
+            .arg(format!("oci-archive:{}:{name}", archive.display())))?;
+        Ok(())
+    })();
+    let _ = fs::remove_dir_all(&store);
+    result
+}
+
+/// Builds the pause image archive unless a current one is cached. Returns its path.
+pub fn pause_archive(layout: &Layout) -> anyhow::Result<PathBuf> {
+    let source = layout.root.join("e2e/pause/pause.c");
+    let archive = layout.cache.join("pause.oci.tar");
+    let newer = |a: &Path, b: &Path| -> bool {
+        match (
+            fs::metadata(a).and_then(|m| m.modified()),
+            fs::metadata(b).and_then(|m| m.modified()),
+        ) {
+            (Ok(a), Ok(b)) => a >= b,
+            _ => false,
+        }
+    };
+    if newer(&archive, &source) {
+        return Ok(archive);
+    }
+    fs::create_dir_all(&layout.cache)?;
+    let binary = layout.cache.join("pause");
+    run(Command::new("gcc")
+        .args(["-static", "-O2", "-Wall", "-o"])
+        .arg(&binary)
+        .arg(&source))
+    .context("compiling e2e/pause/pause.c (needs gcc and libc6-dev)")?;
+    build_scratch_image(
+        layout,
+        PAUSE_IMAGE,
+        &[ImageFile {
+            host: binary,
+            image: "/pause".into(),
+        }],
+        &["/pause"],
+        &archive,
+    )?;
+    Ok(archive)
+}
+
+/// Imports an OCI archive into the cluster's containerd (CRI namespace `k8s.io`).
+pub fn import(layout: &Layout, archive: &Path) -> anyhow::Result<()> {
+    if super::daemon::running_pid(layout, "containerd").is_none() {
+        bail!("the cluster's containerd is not running (run `cargo xtask cluster up` first)");
+    }
+    run(Command::new("ctr")
+        .arg("--address")
+        .arg(&layout.containerd_socket)
+        .args(["--namespace", "k8s.io", "images", "import"])
+        .arg(archive))
+    .with_context(|| format!("importing {}", archive.display()))?;
+    Ok(())
+}
+
+/// Whether the cluster's containerd already has image `name`.
+pub fn has_image(layout: &Layout, name: &str) -> bool {
+    Command::new("ctr")
+        .arg("--address")
+        .arg(&layout.containerd_socket)
+        .args(["--namespace", "k8s.io", "images", "ls", "--quiet"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|l| l == name)
+        })
+        .unwrap_or(false)
+}

@@ -1,0 +1,171 @@
+//! Builds the pinned Kubernetes release from the `k8s.io/kubernetes` Go module (GitHub is not
+//! reachable from our machines, the Go module proxy is) and caches the binaries per version.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use sha2::{Digest, Sha256};
+
+use super::{Layout, Progress};
+
+/// The binaries we build; kubectl too, so that the client matches the server's version.
+pub const BINARIES: &[&str] = &[
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kube-proxy",
+    "kubectl",
+];
+
+/// The release pinned in e2e/k8s/go.mod, e.g. `v1.34.4`.
+pub fn pinned_version(layout: &Layout) -> anyhow::Result<String> {
+    let go_mod = layout.k8s_module.join("go.mod");
+    let text =
+        fs::read_to_string(&go_mod).with_context(|| format!("reading {}", go_mod.display()))?;
+    text.lines()
+        .find_map(|l| {
+            let l = l.trim().strip_prefix("require").unwrap_or(l.trim()).trim();
+            l.strip_prefix("k8s.io/kubernetes ")
+                .map(|v| v.split_whitespace().next().unwrap_or_default().to_string())
+        })
+        .filter(|v| v.starts_with('v'))
+        .with_context(|| {
+            format!(
+                "no `require k8s.io/kubernetes vX.Y.Z` in {}",
+                go_mod.display()
+            )
+        })
+}
+
+/// Directory holding the binaries of the pinned version.
+pub fn bin_dir(layout: &Layout, version: &str) -> PathBuf {
+    layout.target.join("k8s").join(version).join("bin")
+}
+
+/// Hash of the inputs (go.mod, go.sum, the binary list): a change means a rebuild.
+fn fingerprint(layout: &Layout) -> anyhow::Result<String> {
+    let mut h = Sha256::new();
+    for f in ["go.mod", "go.sum"] {
+        h.update(fs::read(layout.k8s_module.join(f))?);
+    }
+    h.update(BINARIES.join(",").as_bytes());
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Finds the Go toolchain: PATH first, then the official tarball's location.
+pub fn go_binary() -> Option<PathBuf> {
+    super::which("go").or_else(|| {
+        let p = PathBuf::from("/usr/local/go/bin/go");
+        p.exists().then_some(p)
+    })
+}
+
+/// Makes sure the binaries for the pinned version exist, building them if needed. Returns the
+/// directory holding them.
+pub fn ensure(layout: &Layout, progress: &Progress) -> anyhow::Result<PathBuf> {
+    let version = pinned_version(layout)?;
+    let dir = bin_dir(layout, &version);
+    let stamp = dir.join(".fingerprint");
+    let want = fingerprint(layout)?;
+    let complete = BINARIES.iter().all(|b| dir.join(b).exists());
+    if complete && fs::read_to_string(&stamp).ok().as_deref() == Some(want.as_str()) {
+        progress.step(&format!(
+            "Kubernetes {version} binaries cached in {}",
+            dir.display()
+        ));
+        return Ok(dir);
+    }
+    let go = go_binary().context(
+        "Go is not installed: install Go >= 1.24 (https://go.dev/dl/, unpacked to /usr/local/go)",
+    )?;
+    let fresh = !layout.go_cache_warm();
+    progress.step(&format!(
+        "building Kubernetes {version}{}…",
+        if fresh {
+            " (first time, ~5 min on 2 cores)"
+        } else {
+            ""
+        }
+    ));
+    let started = Instant::now();
+    let tmp = dir.with_file_name("bin.partial");
+    let _ = fs::remove_dir_all(&tmp);
+    fs::create_dir_all(&tmp)?;
+    let log_path = dir.with_file_name("build.log");
+    let log = fs::File::create(&log_path)?;
+    let (major, minor) = major_minor(&version)?;
+    let ldflags = format!(
+        "-s -w -X k8s.io/component-base/version.gitVersion={version} \
+         -X k8s.io/component-base/version.gitMajor={major} \
+         -X k8s.io/component-base/version.gitMinor={minor} \
+         -X k8s.io/component-base/version.gitTreeState=clean"
+    );
+    let mut cmd = Command::new("nice");
+    cmd.arg("-n")
+        .arg("10")
+        .arg(&go)
+        .args(["build", "-trimpath", "-ldflags", &ldflags, "-o"])
+        .arg(format!("{}/", tmp.display()))
+        .args(
+            BINARIES
+                .iter()
+                .map(|b| format!("k8s.io/kubernetes/cmd/{b}")),
+        )
+        .current_dir(&layout.k8s_module)
+        // Static binaries: they must not depend on the host's libc, and no C compiler is needed.
+        .env("CGO_ENABLED", "0")
+        // The go.mod pins the toolchain floor; never let Go try to download another one.
+        .env("GOTOOLCHAIN", "local")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    let mut child = cmd.spawn().context("starting go build")?;
+    let mut last_note = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if last_note.elapsed() > Duration::from_secs(30) {
+            progress.note(&format!(
+                "still building Kubernetes {version} ({:.0} s so far; log: {})",
+                started.elapsed().as_secs_f64(),
+                log_path.display()
+            ));
+            last_note = Instant::now();
+        }
+        sleep(Duration::from_millis(500));
+    };
+    if !status.success() {
+        bail!(
+            "building Kubernetes {version} failed; see {}\n{}",
+            log_path.display(),
+            super::daemon::tail(&log_path, 20)
+        );
+    }
+    fs::write(tmp.join(".fingerprint"), &want)?;
+    let _ = fs::remove_dir_all(&dir);
+    fs::rename(&tmp, &dir)?;
+    progress.step(&format!(
+        "built Kubernetes {version} in {:.0} s",
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(dir)
+}
+
+fn major_minor(version: &str) -> anyhow::Result<(String, String)> {
+    let mut parts = version.trim_start_matches('v').split('.');
+    match (parts.next(), parts.next()) {
+        (Some(a), Some(b)) => Ok((a.to_string(), b.to_string())),
+        _ => bail!("cannot parse Kubernetes version {version}"),
+    }
+}
+
+/// Whether a binary of `dir` exists (used by `status`).
+pub fn has_binaries(dir: &Path) -> bool {
+    BINARIES.iter().all(|b| dir.join(b).exists())
+}

@@ -1,0 +1,818 @@
+//! `cargo xtask cluster up|down|status`: a real single-node Kubernetes on this machine, built from
+//! parts (no Docker, no registry). See docs/local-cluster.md.
+//!
+//! Everything lives under `target/cluster/` (state, logs, cache); the processes are tracked by PID
+//! files there, which makes `up` idempotent and lets `down` remove exactly what `up` made.
+
+use std::cell::Cell;
+use std::fs;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+
+mod config;
+mod daemon;
+mod host;
+mod images;
+mod kube_build;
+mod net;
+mod pki;
+
+pub use images::{ImageFile, PAUSE_IMAGE};
+
+use daemon::Daemon;
+
+/// Our bridge: pod network and node IP.
+const BRIDGE: &str = "k8slab0";
+const BRIDGE_IP: &str = "10.213.0.1";
+const BRIDGE_CIDR_LEN: u8 = 24;
+const BRIDGE_SUBNET: &str = "10.213.0.0/24";
+const POD_RANGE: (&str, &str) = ("10.213.0.10", "10.213.0.250");
+/// Service range, blackholed on the host; its first IP is DNATed to the apiserver.
+const SERVICE_CIDR: &str = "10.213.128.0/20";
+const FIRST_SERVICE_IP: &str = "10.213.128.1";
+const APISERVER_PORT: u16 = 6443;
+/// Not etcd's default ports: `cargo xtask dev-apiserver` runs its own etcd on those.
+const ETCD_CLIENT_PORT: u16 = 12379;
+const ETCD_PEER_PORT: u16 = 12380;
+const CONTROLLER_MANAGER_PORT: u16 = 10257;
+const SCHEDULER_PORT: u16 = 10259;
+const KUBELET_PORT: u16 = 10250;
+const KUBELET_HEALTHZ_PORT: u16 = 10248;
+
+/// Arguments of `cargo xtask cluster`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Build (first time) and start the cluster; reuses a running one.
+    Up {
+        /// Where to write the admin kubeconfig [default: target/cluster/kubeconfig].
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// Number of nodes (only 1 is supported).
+        #[arg(long, default_value_t = 1)]
+        nodes: u32,
+    },
+    /// Stop the cluster and remove everything it created on this machine.
+    Down,
+    /// Show what is running and what is left on the machine.
+    Status,
+    /// Import an OCI archive (`buildah push IMG oci-archive:FILE:IMG`) into the cluster's containerd.
+    Import {
+        /// The archive.
+        archive: PathBuf,
+    },
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let layout = Layout::discover()?;
+    match args.command {
+        Cmd::Up { kubeconfig, nodes } => {
+            if nodes != 1 {
+                bail!("only single-node clusters are supported for now (--nodes 1)");
+            }
+            up(&layout, kubeconfig).map(|_| ())
+        }
+        Cmd::Down => down(&layout),
+        Cmd::Status => status(&layout),
+        Cmd::Import { archive } => {
+            import_image(&archive)?;
+            println!("imported {}", archive.display());
+            Ok(())
+        }
+    }
+}
+
+/// Imports an OCI archive (e.g. from `buildah push IMG oci-archive:FILE:IMG`) into the running
+/// cluster's containerd, so that pods can use the image with `imagePullPolicy: Never` or
+/// `IfNotPresent`. Name images fully (`localhost/…:tag`).
+pub fn import_image(archive: &Path) -> anyhow::Result<()> {
+    images::import(&Layout::discover()?, archive)
+}
+
+// Library API for other xtask commands (images, e2e helpers); not every one is called yet.
+#[allow(dead_code)]
+/// Builds an image FROM scratch (static binaries and files only) and writes it as an OCI archive,
+/// ready for [`import_image`].
+pub fn build_scratch_image(
+    name: &str,
+    files: &[ImageFile],
+    entrypoint: &[&str],
+    archive: &Path,
+) -> anyhow::Result<()> {
+    images::build_scratch_image(&Layout::discover()?, name, files, entrypoint, archive)
+}
+
+#[allow(dead_code)]
+/// Brings the cluster up (or reuses it) and returns the path of the admin kubeconfig.
+pub fn ensure_up(kubeconfig: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    up(&Layout::discover()?, kubeconfig)
+}
+
+/// Paths of everything we own.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// Workspace root.
+    root: PathBuf,
+    /// Cargo target dir.
+    target: PathBuf,
+    /// `target/cluster`.
+    cluster: PathBuf,
+    /// Removed by `down`.
+    state: PathBuf,
+    /// Kept by `down` for post-mortems; truncated by the next cold `up`.
+    logs: PathBuf,
+    /// PID files and sockets.
+    run: PathBuf,
+    /// Survives `down`: the pause image.
+    cache: PathBuf,
+    /// e2e/k8s, the Go module pinning Kubernetes.
+    k8s_module: PathBuf,
+    containerd_socket: PathBuf,
+    /// Kubeconfigs of the components.
+    kubeconfigs: PathBuf,
+}
+
+impl Layout {
+    fn discover() -> anyhow::Result<Self> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .context("xtask has no parent directory")?
+            .to_path_buf();
+        let target = match std::env::var_os("CARGO_TARGET_DIR") {
+            Some(t) => root.join(t),
+            None => root.join("target"),
+        };
+        let cluster = target.join("cluster");
+        let state = cluster.join("state");
+        let run = state.join("run");
+        Ok(Self {
+            k8s_module: root.join("e2e/k8s"),
+            logs: cluster.join("logs"),
+            cache: cluster.join("cache"),
+            containerd_socket: run.join("containerd.sock"),
+            kubeconfigs: state.join("kubeconfigs"),
+            run,
+            state,
+            cluster,
+            target,
+            root,
+        })
+    }
+
+    fn admin_kubeconfig(&self) -> PathBuf {
+        self.kubeconfigs.join("admin.kubeconfig")
+    }
+
+    fn default_kubeconfig(&self) -> PathBuf {
+        self.cluster.join("kubeconfig")
+    }
+
+    /// Whether the Go module cache already holds the pinned release (then the build is minutes
+    /// shorter, which is worth telling the user).
+    fn go_cache_warm(&self) -> bool {
+        let Ok(version) = kube_build::pinned_version(self) else {
+            return false;
+        };
+        let Some(go) = kube_build::go_binary() else {
+            return false;
+        };
+        Command::new(go)
+            .args(["env", "GOMODCACHE"])
+            .output()
+            .ok()
+            .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+            .is_some_and(|m| m.join(format!("k8s.io/kubernetes@{version}")).exists())
+    }
+}
+
+/// One line per step with the time it took.
+#[derive(Debug)]
+pub struct Progress {
+    start: Instant,
+    last: Cell<Instant>,
+}
+
+impl Progress {
+    fn new() -> Self {
+        let now = Instant::now();
+        Self {
+            start: now,
+            last: Cell::new(now),
+        }
+    }
+
+    /// Reports a finished step with its duration.
+    fn step(&self, msg: &str) {
+        let now = Instant::now();
+        println!(
+            "[{:6.1} s] {msg} ({:.1} s)",
+            now.duration_since(self.start).as_secs_f64(),
+            now.duration_since(self.last.get()).as_secs_f64()
+        );
+        self.last.set(now);
+    }
+
+    /// Reports something without closing a step.
+    fn note(&self, msg: &str) {
+        println!("[{:6.1} s] {msg}", self.start.elapsed().as_secs_f64());
+    }
+}
+
+/// Finds a program in PATH.
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Everything `up` needs from the machine, with the Debian package that provides it.
+fn check_prerequisites() -> anyhow::Result<()> {
+    let mut missing: Vec<String> = Vec::new();
+    if !nix::unistd::geteuid().is_root() {
+        bail!(
+            "`cargo xtask cluster` must run as root (it starts kubelet and containerd and creates a bridge)"
+        );
+    }
+    for (program, package) in [
+        ("etcd", "etcd-server"),
+        ("containerd", "containerd"),
+        ("ctr", "containerd"),
+        ("runc", "runc"),
+        ("buildah", "buildah"),
+        ("iptables", "iptables"),
+        ("ip6tables", "iptables"),
+        ("ip", "iproute2"),
+        ("umount", "mount"),
+        ("gcc", "gcc"),
+        ("nice", "coreutils"),
+    ] {
+        if which(program).is_none() && !Path::new("/usr/sbin").join(program).exists() {
+            missing.push(format!("`{program}` (apt-get install {package})"));
+        }
+    }
+    if !Path::new("/usr/sbin/runc").exists() && which("runc").is_some() {
+        missing.push(
+            "runc at /usr/sbin/runc (the containerd config names it there; apt-get install runc)"
+                .into(),
+        );
+    }
+    for plugin in ["bridge", "host-local", "portmap"] {
+        if !Path::new("/usr/lib/cni").join(plugin).exists() {
+            missing.push(format!(
+                "CNI plugin /usr/lib/cni/{plugin} (apt-get install containernetworking-plugins)"
+            ));
+        }
+    }
+    if !Path::new("/usr/lib/x86_64-linux-gnu/libc.a").exists()
+        && !Path::new("/usr/lib/libc.a").exists()
+    {
+        missing.push("static libc for the pause image (apt-get install libc6-dev)".into());
+    }
+    if kube_build::go_binary().is_none() {
+        missing.push("Go >= 1.24 (https://go.dev/dl/ unpacked to /usr/local/go)".into());
+    }
+    let filesystems = fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    if !filesystems.contains("overlay") {
+        missing.push("the overlay filesystem (modprobe overlay)".into());
+    }
+    if !Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables").exists() {
+        missing.push("bridge netfilter (modprobe br_netfilter)".into());
+    }
+    if !Path::new("/sys/fs/cgroup/memory").exists()
+        && !Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+    {
+        missing.push("a memory cgroup (cgroup v1 memory controller or cgroup v2)".into());
+    }
+    if !missing.is_empty() {
+        bail!(
+            "cannot bring the cluster up, missing:\n  - {}",
+            missing.join("\n  - ")
+        );
+    }
+    Ok(())
+}
+
+fn node_name() -> anyhow::Result<String> {
+    Ok(fs::read_to_string("/proc/sys/kernel/hostname")?
+        .trim()
+        .to_lowercase())
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// Fails if a port we are about to bind is taken by someone else.
+fn ensure_port_free(port: u16, who: &str) -> anyhow::Result<()> {
+    if daemon::port_open(loopback(port)) {
+        bail!("port 127.0.0.1:{port} needed by {who} is in use by another process (not ours)");
+    }
+    Ok(())
+}
+
+/// Runs our kubectl (same version as the cluster) with the admin kubeconfig.
+fn kubectl(layout: &Layout, bin: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(bin.join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(layout.admin_kubeconfig())
+        .arg("--request-timeout=5s")
+        .args(args)
+        .output()
+        .context("running kubectl")?;
+    if !out.status.success() {
+        bail!(
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Starts (or finds running) one daemon and waits until `ready` says so.
+fn start(
+    layout: &Layout,
+    progress: &Progress,
+    d: Daemon,
+    ports: &[u16],
+    what: &str,
+    timeout: Duration,
+    ready: impl FnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let name = d.name;
+    if daemon::running_pid(layout, name).is_none() {
+        for port in ports {
+            ensure_port_free(*port, name)?;
+        }
+    }
+    let (pid, reused) = d.ensure(layout)?;
+    daemon::wait_for(layout, name, what, timeout, ready)?;
+    if reused {
+        progress.step(&format!("{name} already running (pid {pid})"));
+    } else {
+        progress.step(&format!("{name} {what} (pid {pid})"));
+    }
+    Ok(())
+}
+
+fn up(layout: &Layout, kubeconfig: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let progress = Progress::new();
+    check_prerequisites()?;
+    let bin = kube_build::ensure(layout, &progress)?;
+    let result = start_all(layout, &progress, &bin, kubeconfig);
+    if result.is_err() {
+        eprintln!(
+            "cluster up failed; logs are in {}. `cargo xtask cluster down` removes what was started.",
+            layout.logs.display()
+        );
+    }
+    result
+}
+
+fn start_all(
+    layout: &Layout,
+    progress: &Progress,
+    bin: &Path,
+    kubeconfig: Option<PathBuf>,
+) -> anyhow::Result<PathBuf> {
+    let node = node_name()?;
+    let bridge_ip: IpAddr = BRIDGE_IP.parse()?;
+    let first_service_ip: IpAddr = FIRST_SERVICE_IP.parse()?;
+    let cold = daemon::running_pid(layout, "kube-apiserver").is_none();
+    if cold && daemon::running_pid(layout, "etcd").is_none() {
+        // A fresh start: old logs would only confuse.
+        let _ = fs::remove_dir_all(&layout.logs);
+    }
+    for d in [
+        &layout.state,
+        &layout.logs,
+        &layout.run,
+        &layout.kubeconfigs,
+        &layout.cache,
+    ] {
+        fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    host::record(layout)?;
+
+    let pki = pki::Pki::new(layout);
+    if pki.exists() {
+        progress.step("certificates reused");
+    } else {
+        pki.generate(&node, bridge_ip, first_service_ip)?;
+        progress.step("certificates generated (cluster CA, front-proxy CA, service-account key)");
+    }
+    let server = format!("https://127.0.0.1:{APISERVER_PORT}");
+    for name in [
+        "admin",
+        "controller-manager",
+        "scheduler",
+        "kube-proxy",
+        "kubelet-client",
+    ] {
+        pki.write_kubeconfig(
+            name,
+            &server,
+            &layout.kubeconfigs.join(format!("{name}.kubeconfig")),
+        )?;
+    }
+    let user_kubeconfig = kubeconfig.unwrap_or_else(|| layout.default_kubeconfig());
+    let user_kubeconfig = std::path::absolute(&user_kubeconfig)?;
+    pki.write_kubeconfig("admin", &server, &user_kubeconfig)?;
+    fs::write(
+        layout.state.join("user-kubeconfig-path"),
+        user_kubeconfig.as_os_str().as_encoded_bytes(),
+    )?;
+
+    net::up()?;
+    progress.step(&format!(
+        "network ready (bridge {BRIDGE} {BRIDGE_IP}/{BRIDGE_CIDR_LEN}, services {SERVICE_CIDR})"
+    ));
+
+    let etcd_addr = loopback(ETCD_CLIENT_PORT);
+    start(
+        layout,
+        progress,
+        Daemon::new("etcd", "etcd")
+            .arg("--name=kubevirt-rs")
+            .arg(format!(
+                "--data-dir={}",
+                layout.state.join("etcd").display()
+            ))
+            .arg(format!(
+                "--listen-client-urls=http://127.0.0.1:{ETCD_CLIENT_PORT}"
+            ))
+            .arg(format!(
+                "--advertise-client-urls=http://127.0.0.1:{ETCD_CLIENT_PORT}"
+            ))
+            .arg(format!(
+                "--listen-peer-urls=http://127.0.0.1:{ETCD_PEER_PORT}"
+            ))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{ETCD_PEER_PORT}"
+            ))
+            .arg(format!(
+                "--initial-cluster=kubevirt-rs=http://127.0.0.1:{ETCD_PEER_PORT}"
+            )),
+        &[ETCD_CLIENT_PORT, ETCD_PEER_PORT],
+        "healthy",
+        Duration::from_secs(30),
+        || Ok(daemon::http_status(etcd_addr, "/health")? == 200),
+    )?;
+
+    let p = |f: &str| layout.state.join("pki").join(f).display().to_string();
+    let k = |f: &str| {
+        layout
+            .kubeconfigs
+            .join(format!("{f}.kubeconfig"))
+            .display()
+            .to_string()
+    };
+    let apiserver = Daemon::new("kube-apiserver", bin.join("kube-apiserver"))
+        .arg("--bind-address=127.0.0.1")
+        .arg(format!("--secure-port={APISERVER_PORT}"))
+        .arg(format!("--advertise-address={BRIDGE_IP}"))
+        .arg(format!(
+            "--etcd-servers=http://127.0.0.1:{ETCD_CLIENT_PORT}"
+        ))
+        .arg(format!("--service-cluster-ip-range={SERVICE_CIDR}"))
+        .arg(format!("--client-ca-file={}", p("ca.crt")))
+        .arg(format!("--tls-cert-file={}", p("apiserver.crt")))
+        .arg(format!("--tls-private-key-file={}", p("apiserver.key")))
+        .arg(format!(
+            "--kubelet-client-certificate={}",
+            p("apiserver-kubelet-client.crt")
+        ))
+        .arg(format!(
+            "--kubelet-client-key={}",
+            p("apiserver-kubelet-client.key")
+        ))
+        .arg(format!("--kubelet-certificate-authority={}", p("ca.crt")))
+        // The node's hostname resolves to 127.0.0.1 here, so logs/exec/port-forward stay on
+        // loopback where kubelet listens.
+        .arg("--kubelet-preferred-address-types=Hostname")
+        .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
+        .arg(format!("--service-account-key-file={}", p("sa.pub")))
+        .arg(format!(
+            "--service-account-signing-key-file={}",
+            p("sa.key")
+        ))
+        .arg("--authorization-mode=Node,RBAC")
+        .arg("--enable-admission-plugins=NodeRestriction")
+        .arg("--allow-privileged=true")
+        .arg(format!(
+            "--requestheader-client-ca-file={}",
+            p("front-proxy-ca.crt")
+        ))
+        .arg("--requestheader-allowed-names=front-proxy-client")
+        .arg("--requestheader-username-headers=X-Remote-User")
+        .arg("--requestheader-group-headers=X-Remote-Group")
+        .arg("--requestheader-extra-headers-prefix=X-Remote-Extra-")
+        .arg(format!(
+            "--proxy-client-cert-file={}",
+            p("front-proxy-client.crt")
+        ))
+        .arg(format!(
+            "--proxy-client-key-file={}",
+            p("front-proxy-client.key")
+        ))
+        // APIService and webhook traffic goes to endpoint (pod) IPs: no kube-proxy needed.
+        .arg("--enable-aggregator-routing=true");
+    start(
+        layout,
+        progress,
+        apiserver,
+        &[APISERVER_PORT],
+        "ready",
+        Duration::from_secs(90),
+        || Ok(kubectl(layout, bin, &["get", "--raw", "/readyz"])?.trim() == "ok"),
+    )?;
+
+    let cm = Daemon::new(
+        "kube-controller-manager",
+        bin.join("kube-controller-manager"),
+    )
+    .arg(format!("--kubeconfig={}", k("controller-manager")))
+    .arg(format!(
+        "--authentication-kubeconfig={}",
+        k("controller-manager")
+    ))
+    .arg(format!(
+        "--authorization-kubeconfig={}",
+        k("controller-manager")
+    ))
+    .arg("--bind-address=127.0.0.1")
+    .arg(format!("--secure-port={CONTROLLER_MANAGER_PORT}"))
+    .arg(format!("--client-ca-file={}", p("ca.crt")))
+    .arg(format!(
+        "--requestheader-client-ca-file={}",
+        p("front-proxy-ca.crt")
+    ))
+    .arg(format!("--cluster-signing-cert-file={}", p("ca.crt")))
+    .arg(format!("--cluster-signing-key-file={}", p("ca.key")))
+    .arg(format!("--root-ca-file={}", p("ca.crt")))
+    .arg(format!(
+        "--service-account-private-key-file={}",
+        p("sa.key")
+    ))
+    .arg("--use-service-account-credentials=true")
+    .arg(format!("--service-cluster-ip-range={SERVICE_CIDR}"))
+    .arg("--allocate-node-cidrs=false")
+    .arg("--controllers=*,bootstrapsigner,tokencleaner")
+    // A single instance: leader election only adds a wait after restarts.
+    .arg("--leader-elect=false");
+    start(
+        layout,
+        progress,
+        cm,
+        &[CONTROLLER_MANAGER_PORT],
+        "serving",
+        Duration::from_secs(60),
+        || Ok(daemon::port_open(loopback(CONTROLLER_MANAGER_PORT))),
+    )?;
+    let scheduler = Daemon::new("kube-scheduler", bin.join("kube-scheduler"))
+        .arg(format!("--kubeconfig={}", k("scheduler")))
+        .arg(format!("--authentication-kubeconfig={}", k("scheduler")))
+        .arg(format!("--authorization-kubeconfig={}", k("scheduler")))
+        .arg("--bind-address=127.0.0.1")
+        .arg(format!("--secure-port={SCHEDULER_PORT}"))
+        .arg("--leader-elect=false");
+    start(
+        layout,
+        progress,
+        scheduler,
+        &[SCHEDULER_PORT],
+        "serving",
+        Duration::from_secs(60),
+        || Ok(daemon::port_open(loopback(SCHEDULER_PORT))),
+    )?;
+
+    let containerd_config = layout.state.join("containerd.toml");
+    fs::write(&containerd_config, config::containerd(layout))?;
+    fs::create_dir_all(layout.state.join("cni/net.d"))?;
+    fs::write(
+        layout.state.join("cni/net.d/10-kubevirt-rs.conflist"),
+        config::cni(layout),
+    )?;
+    let sock = layout.containerd_socket.clone();
+    start(
+        layout,
+        progress,
+        Daemon::new("containerd", "containerd")
+            .arg(format!("--config={}", containerd_config.display())),
+        &[],
+        "serving",
+        Duration::from_secs(30),
+        || {
+            Ok(Command::new("ctr")
+                .arg("--address")
+                .arg(&sock)
+                .arg("version")
+                .output()?
+                .status
+                .success())
+        },
+    )?;
+
+    if !images::has_image(layout, PAUSE_IMAGE) {
+        let archive = images::pause_archive(layout)?;
+        images::import(layout, &archive)?;
+        progress.step(&format!("pause image {PAUSE_IMAGE} built and imported"));
+    }
+
+    let kubelet_config = layout.state.join("kubelet.yaml");
+    fs::write(&kubelet_config, config::kubelet(layout))?;
+    // No cluster DNS here: pods get a resolver that answers nothing rather than the host's.
+    fs::write(layout.state.join("resolv.conf"), "nameserver 127.0.0.1\n")?;
+    start(
+        layout,
+        progress,
+        Daemon::new("kubelet", bin.join("kubelet"))
+            .arg(format!("--config={}", kubelet_config.display()))
+            .arg(format!("--kubeconfig={}", k("kubelet-client")))
+            .arg(format!(
+                "--root-dir={}",
+                layout.state.join("kubelet").display()
+            ))
+            .arg(format!("--node-ip={BRIDGE_IP}")),
+        &[KUBELET_PORT, KUBELET_HEALTHZ_PORT],
+        "healthy",
+        Duration::from_secs(60),
+        || Ok(daemon::http_status(loopback(KUBELET_HEALTHZ_PORT), "/healthz")? == 200),
+    )?;
+    let jsonpath = r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#;
+    daemon::wait_for(
+        layout,
+        "kubelet",
+        "node Ready",
+        Duration::from_secs(90),
+        || Ok(kubectl(layout, bin, &["get", "node", &node, "-o", jsonpath])?.trim() == "True"),
+    )?;
+    progress.step(&format!("node {node} Ready"));
+    daemon::wait_for(
+        layout,
+        "kube-controller-manager",
+        "default service account",
+        Duration::from_secs(60),
+        || {
+            Ok(kubectl(
+                layout,
+                bin,
+                &["get", "serviceaccount", "default", "-o", "name"],
+            )
+            .is_ok()
+                && kubectl(
+                    layout,
+                    bin,
+                    &["get", "configmap", "kube-root-ca.crt", "-o", "name"],
+                )
+                .is_ok())
+        },
+    )?;
+    progress.step("default service account and root CA published");
+    println!(
+        "cluster up in {:.1} s. kubeconfig: {}\n  export KUBECONFIG={}\n  kubectl get nodes   (a matching kubectl: {})",
+        progress.start.elapsed().as_secs_f64(),
+        user_kubeconfig.display(),
+        user_kubeconfig.display(),
+        bin.join("kubectl").display()
+    );
+    Ok(user_kubeconfig)
+}
+
+/// Names of our daemons in stop order.
+const STOP_ORDER: &[&str] = &[
+    "kube-proxy",
+    "kubelet",
+    "containerd",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "kube-apiserver",
+    "etcd",
+];
+
+fn down(layout: &Layout) -> anyhow::Result<()> {
+    let progress = Progress::new();
+    if !nix::unistd::geteuid().is_root() {
+        bail!("`cargo xtask cluster down` must run as root");
+    }
+    let bin = kube_build::pinned_version(layout)
+        .map(|v| kube_build::bin_dir(layout, &v))
+        .ok();
+    let apiserver_up = daemon::running_pid(layout, "kube-apiserver").is_some();
+    let kubelet_up = daemon::running_pid(layout, "kubelet").is_some();
+    if let (Some(bin), true, true) = (&bin, apiserver_up, kubelet_up) {
+        // Let kubelet tear the pods down itself (CNI DEL, volume unmounts); stop the controllers
+        // first so that nothing recreates them.
+        for name in ["kube-controller-manager", "kube-scheduler"] {
+            daemon::stop(layout, name, Duration::from_secs(10))?;
+        }
+        let _ = kubectl(
+            layout,
+            bin,
+            &[
+                "delete",
+                "pods",
+                "--all",
+                "--all-namespaces",
+                "--grace-period=0",
+                "--force",
+                "--wait=false",
+            ],
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline && !host::containerd_tasks(layout).is_empty() {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        progress.step("pods deleted");
+    }
+    for name in ["kube-proxy", "kubelet"] {
+        if daemon::stop(layout, name, Duration::from_secs(15))? {
+            progress.step(&format!("{name} stopped"));
+        }
+    }
+    if daemon::running_pid(layout, "containerd").is_some() {
+        host::remove_containerd_workloads(layout);
+        progress.step("containerd tasks and containers removed");
+    }
+    for name in STOP_ORDER {
+        if daemon::stop(layout, name, Duration::from_secs(15))? {
+            progress.step(&format!("{name} stopped"));
+        }
+    }
+    let before = host::load(layout);
+    host::unmount_all(layout)?;
+    progress.step("mounts and network namespaces removed");
+    net::down()?;
+    progress.step("bridge, firewall rules and routes removed");
+    host::restore(layout)?;
+    progress.step("sysctls, cgroups and host paths restored");
+    if let Ok(p) = fs::read_to_string(layout.state.join("user-kubeconfig-path")) {
+        let _ = fs::remove_file(p.trim());
+    }
+    let _ = fs::remove_file(layout.default_kubeconfig());
+    if layout.state.exists() {
+        fs::remove_dir_all(&layout.state)
+            .with_context(|| format!("removing {}", layout.state.display()))?;
+    }
+    let left = host::leftovers(layout, &before);
+    if left.is_empty() {
+        progress.step("cluster removed; nothing left on the machine");
+    } else {
+        bail!("cluster down left:\n  - {}", left.join("\n  - "));
+    }
+    Ok(())
+}
+
+fn status(layout: &Layout) -> anyhow::Result<()> {
+    let mut any = false;
+    for name in STOP_ORDER.iter().rev() {
+        match daemon::running_pid(layout, name) {
+            Some(pid) => {
+                any = true;
+                println!("{name:<24} running (pid {pid})");
+            }
+            None => println!("{name:<24} stopped"),
+        }
+    }
+    println!("{}", net::describe());
+    let version = kube_build::pinned_version(layout)?;
+    let bin = kube_build::bin_dir(layout, &version);
+    println!(
+        "Kubernetes {version} binaries: {}",
+        if kube_build::has_binaries(&bin) {
+            "built"
+        } else {
+            "not built yet"
+        }
+    );
+    if daemon::running_pid(layout, "kube-apiserver").is_some() {
+        match kubectl(layout, &bin, &["get", "nodes", "-o", "wide"]) {
+            Ok(out) => print!("{out}"),
+            Err(e) => println!("kube-apiserver not answering: {e:#}"),
+        }
+        println!("kubeconfig: {}", layout.default_kubeconfig().display());
+    }
+    if !any {
+        let left = host::leftovers(layout, &host::load(layout));
+        if !left.is_empty() {
+            println!(
+                "left on the machine (run `cargo xtask cluster down`):\n  - {}",
+                left.join("\n  - ")
+            );
+        }
+    }
+    Ok(())
+}
