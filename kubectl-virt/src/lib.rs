@@ -1,1 +1,143 @@
-//! placeholder
+//! `kubectl virt`: the kubevirt-rs kubectl plugin.
+//!
+//! Lifecycle commands call KubeVirt's `subresources.kubevirt.io` API, so the
+//! plugin works against kubevirt-rs and, for the same commands, against
+//! upstream KubeVirt. Everything that can be decided without a server
+//! (request paths and bodies, manifests, error wording) is pure and
+//! unit-tested.
+
+pub mod cli;
+pub mod connect;
+pub mod console;
+pub mod create;
+pub mod error;
+pub mod ops;
+pub mod request;
+pub mod vnc;
+pub mod ws;
+
+use std::io::Write;
+use std::time::Duration;
+
+use clap::CommandFactory;
+
+use crate::cli::{Cli, Command, CreateCommand};
+pub use crate::error::CliError;
+use crate::ops::ObjectKind;
+use crate::request::{Action, parse_node_selector, restart_action, stop_action};
+
+/// Runs a parsed command line. Output goes to stdout, diagnostics to stderr.
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    let mut stdout = std::io::stdout();
+    match cli.command {
+        Command::Completion { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "kubectl-virt", &mut stdout);
+            Ok(())
+        }
+        Command::Create(CreateCommand::Vm(a)) => {
+            let create = create::CreateVm {
+                name: a.name.clone(),
+                namespace: cli.global.namespace.clone(),
+                memory: a.memory,
+                run_strategy: a.run_strategy,
+                termination_grace_period: a.termination_grace_period,
+                container_disks: a.volume_containerdisk,
+                cloud_init_user_data_base64: a.cloud_init_user_data,
+            };
+            let name = a.name.unwrap_or_else(create::random_vm_name);
+            let yaml = create.to_yaml(&name)?;
+            stdout
+                .write_all(yaml.as_bytes())
+                .map_err(|e| CliError::io("writing output", e))
+        }
+        Command::Version { client: true } => {
+            ops::version(None, &mut stdout, &mut std::io::stderr()).await
+        }
+        Command::Version { client: false } => {
+            // The client version is printed even when no cluster is configured.
+            let session = cli.global.session().await;
+            match &session {
+                Ok(s) => ops::version(Some(s), &mut stdout, &mut std::io::stderr()).await,
+                Err(e) => {
+                    ops::version(None, &mut stdout, &mut std::io::stderr()).await?;
+                    eprintln!("Server Version: unavailable: {e}");
+                    Ok(())
+                }
+            }
+        }
+        command => {
+            let session = cli.global.session().await?;
+            run_with_session(&session, command, &mut stdout).await
+        }
+    }
+}
+
+async fn run_with_session(
+    session: &connect::Session,
+    command: Command,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let vm = ObjectKind::Vm;
+    match command {
+        Command::Start {
+            name,
+            paused,
+            dry_run,
+        } => ops::run_action(session, &Action::Start { paused, dry_run }, vm, &name, out).await,
+        Command::Stop {
+            name,
+            grace_period,
+            force,
+            dry_run,
+        } => {
+            let action = stop_action(grace_period, force, dry_run)?;
+            ops::run_action(session, &action, vm, &name, out).await
+        }
+        Command::Restart {
+            name,
+            grace_period,
+            force,
+            dry_run,
+        } => {
+            let action = restart_action(grace_period, force, dry_run)?;
+            ops::run_action(session, &action, vm, &name, out).await
+        }
+        Command::Pause {
+            kind,
+            name,
+            dry_run,
+        } => ops::run_action(session, &Action::Pause { dry_run }, kind, &name, out).await,
+        Command::Unpause {
+            kind,
+            name,
+            dry_run,
+        } => ops::run_action(session, &Action::Unpause { dry_run }, kind, &name, out).await,
+        Command::SoftReboot { name } => {
+            ops::run_action(session, &Action::SoftReboot, ObjectKind::Vmi, &name, out).await
+        }
+        Command::Migrate {
+            name,
+            added_node_selector,
+            dry_run,
+        } => {
+            let action = Action::Migrate {
+                added_node_selector: parse_node_selector(&added_node_selector)?,
+                dry_run,
+            };
+            ops::run_action(session, &action, vm, &name, out).await
+        }
+        Command::MigrateCancel { name, dry_run } => {
+            ops::migrate_cancel(session, &name, dry_run, out).await
+        }
+        Command::Console { name, timeout } => {
+            let timeout = Duration::from_secs(timeout.saturating_mul(60));
+            console::run(session, &name, timeout).await.map(drop)
+        }
+        Command::Vnc {
+            name,
+            proxy_only,
+            port,
+        } => vnc::run(session, &name, port, proxy_only, out).await,
+        Command::Create(_) | Command::Version { .. } | Command::Completion { .. } => Ok(()),
+    }
+}

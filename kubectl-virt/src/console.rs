@@ -1,0 +1,310 @@
+//! `console`: the guest's serial console over KubeVirt's websocket, with the
+//! local terminal in raw mode and Ctrl+] to leave.
+
+use std::io::{IsTerminal, Read};
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+use crate::connect::Session;
+use crate::error::{CliError, Target};
+use crate::request::{subresource_path, validate_name};
+use crate::ws::{self, UpgradeError};
+
+/// Ctrl+] (also what Ctrl+5 sends on most terminals), virtctl's escape.
+pub const ESCAPE_BYTE: u8 = 0x1d;
+/// Keeps NATs and load balancers from dropping an idle console.
+const PING_INTERVAL: Duration = Duration::from_secs(10);
+/// A peer that has answered nothing (not even a pong) for this long is gone.
+const DEAD_PEER_AFTER: Duration = Duration::from_secs(90);
+/// How often to retry while the VMI is not running yet (virtctl: 1 s).
+const RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Splits input at the escape byte: the bytes to forward, and whether the
+/// user asked to leave.
+pub fn split_escape(chunk: &[u8]) -> (&[u8], bool) {
+    match chunk.iter().position(|b| *b == ESCAPE_BYTE) {
+        Some(i) => (&chunk[..i], true),
+        None => (chunk, false),
+    }
+}
+
+pub fn console_target(namespace: &str, name: &str, sub: &'static str) -> Target {
+    Target {
+        kind: "VMI",
+        group: crate::request::SUBRESOURCES_GROUP,
+        resource: "virtualmachineinstances",
+        subresource: Some(sub),
+        verb: "get",
+        action: if sub == "vnc" {
+            "open VNC of"
+        } else {
+            "connect to the console of"
+        },
+        name: name.to_owned(),
+        namespace: namespace.to_owned(),
+    }
+}
+
+/// Connects to a streaming subresource of a VMI, waiting up to `timeout`
+/// while the server answers 400 (VMI not running) or the VMI does not
+/// exist yet although its VM is meant to run.
+pub async fn connect_when_running(
+    session: &Session,
+    name: &str,
+    sub: &'static str,
+    timeout: Duration,
+) -> Result<ws::Stream, CliError> {
+    validate_name("name", name)?;
+    let path = subresource_path(&session.namespace, "virtualmachineinstances", name, sub);
+    let target = console_target(&session.namespace, name, sub);
+    let deadline = Instant::now() + timeout;
+    let mut announced = false;
+    loop {
+        let last = match ws::connect(session, &path, &target).await {
+            Ok(s) => return Ok(s),
+            Err(UpgradeError::Other(e)) => return Err(e),
+            Err(UpgradeError::NotRunning(st)) => st.message,
+            Err(UpgradeError::NotFound) => {
+                // No VMI: only worth waiting for when a VM will create one.
+                let vm = match crate::ops::get_vm(session, name).await {
+                    Ok(vm) => vm,
+                    Err(CliError::NotFound { .. }) => {
+                        return Err(CliError::NotFound {
+                            kind: "VMI",
+                            name: name.to_owned(),
+                            namespace: session.namespace.clone(),
+                        });
+                    }
+                    Err(e) => return Err(e),
+                };
+                if vm.spec.effective_run_strategy() == kubevirt_api::RunStrategy::Halted {
+                    return Err(CliError::NotRunning {
+                        kind: "VM",
+                        name: name.to_owned(),
+                        namespace: session.namespace.clone(),
+                        message: format!(
+                            "it is stopped; start it with `kubectl virt start {name} -n {}`",
+                            session.namespace
+                        ),
+                    });
+                }
+                "the VM's instance does not exist yet".to_owned()
+            }
+        };
+        if Instant::now() + RETRY_INTERVAL > deadline {
+            return Err(CliError::Timeout {
+                minutes: timeout.as_secs() / 60,
+                name: name.to_owned(),
+                namespace: session.namespace.clone(),
+                last,
+            });
+        }
+        if !announced {
+            eprintln!(
+                "VMI {name} is not running yet ({}); waiting up to {} minute(s)...",
+                last.trim(),
+                timeout.as_secs().div_ceil(60)
+            );
+            announced = true;
+        }
+        tokio::time::sleep(RETRY_INTERVAL).await;
+    }
+}
+
+/// Puts the terminal in raw mode for its lifetime. Dropping it restores the
+/// terminal, so every return path (errors included) restores it.
+#[derive(Debug)]
+pub struct RawModeGuard {
+    active: bool,
+}
+
+impl RawModeGuard {
+    pub fn enable() -> Result<Self, CliError> {
+        if !std::io::stdin().is_terminal() {
+            return Ok(Self { active: false });
+        }
+        crossterm::terminal::enable_raw_mode()
+            .map_err(|e| CliError::io("switching the terminal to raw mode", e))?;
+        Ok(Self { active: true })
+    }
+}
+
+impl Drop for RawModeGuard {
+    fn drop(&mut self) {
+        if self.active {
+            let _ = crossterm::terminal::disable_raw_mode();
+        }
+    }
+}
+
+/// Restores the terminal before a panic message is printed; the release
+/// profile aborts on panic, so Drop guards would not run.
+pub fn install_panic_hook() {
+    let prev = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let _ = crossterm::terminal::disable_raw_mode();
+        prev(info);
+    }));
+}
+
+/// Reads stdin on a plain thread: a blocking read cannot be cancelled, and
+/// a thread (unlike a tokio blocking task) does not keep the process alive.
+fn spawn_stdin_reader() -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(16);
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = [0u8; 4096];
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if tx.blocking_send(buf[..n].to_vec()).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Why an interactive session ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    Escape,
+    StdinClosed,
+    ServerClosed,
+    Signal,
+}
+
+/// `kubectl virt console NAME`.
+pub async fn run(session: &Session, name: &str, timeout: Duration) -> Result<Ended, CliError> {
+    let stream = connect_when_running(session, name, "console", timeout).await?;
+    // The banner goes to stderr so that stdout carries guest output only
+    // and can be piped or checksummed.
+    eprintln!("Successfully connected to {name} console. The escape sequence is ^]");
+    let guard = RawModeGuard::enable()?;
+    let result = pump(stream, name).await;
+    drop(guard);
+    eprintln!();
+    result
+}
+
+async fn pump(stream: ws::Stream, name: &str) -> Result<Ended, CliError> {
+    let (mut sink, mut source) = stream.split();
+    let mut input = spawn_stdin_reader();
+    let mut stdout = tokio::io::stdout();
+    let mut ping = tokio::time::interval(PING_INTERVAL);
+    ping.tick().await;
+    let mut last_heard = Instant::now();
+    let ws_err = |e: tokio_tungstenite::tungstenite::Error| CliError::WebSocket {
+        what: format!("the console of {name}"),
+        detail: e.to_string(),
+    };
+    let out_err = |e| CliError::io("writing to stdout", e);
+    let mut signals = Signals::new()?;
+
+    let ended = loop {
+        tokio::select! {
+            msg = source.next() => {
+                last_heard = Instant::now();
+                match msg {
+                    Some(Ok(Message::Binary(b))) => {
+                        stdout.write_all(&b).await.map_err(out_err)?;
+                        stdout.flush().await.map_err(out_err)?;
+                    }
+                    Some(Ok(Message::Close(_))) | None => break Ended::ServerClosed,
+                    // Text frames carry nothing in KubeVirt's protocol;
+                    // pings are answered by tungstenite itself.
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(ws_err(e)),
+                }
+            }
+            chunk = input.recv() => {
+                let Some(chunk) = chunk else { break Ended::StdinClosed };
+                let (data, escape) = split_escape(&chunk);
+                if !data.is_empty() {
+                    sink.send(Message::Binary(data.to_vec().into())).await.map_err(ws_err)?;
+                }
+                if escape {
+                    break Ended::Escape;
+                }
+            }
+            _ = ping.tick() => {
+                if last_heard.elapsed() > DEAD_PEER_AFTER {
+                    return Err(CliError::WebSocket {
+                        what: format!("the console of {name}"),
+                        detail: format!("no answer from the server for {}s; connection lost", DEAD_PEER_AFTER.as_secs()),
+                    });
+                }
+                sink.send(Message::Ping(Vec::new().into())).await.map_err(ws_err)?;
+            }
+            _ = signals.recv() => break Ended::Signal,
+        }
+    };
+    // Best effort: the server learns the session ended cleanly.
+    let _ = sink
+        .send(Message::Close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "".into(),
+        })))
+        .await;
+    Ok(ended)
+}
+
+/// SIGTERM/SIGHUP/SIGINT as one future, so the terminal is restored when
+/// the plugin is killed or its terminal goes away.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self, CliError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let reg = |k| signal(k).map_err(|e| CliError::io("installing signal handlers", e));
+        Ok(Self {
+            term: reg(SignalKind::terminate())?,
+            hup: reg(SignalKind::hangup())?,
+            int: reg(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.hup.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_splits_input() {
+        assert_eq!(split_escape(b"ls\r"), (&b"ls\r"[..], false));
+        assert_eq!(split_escape(b"ab\x1dcd"), (&b"ab"[..], true));
+        assert_eq!(split_escape(b"\x1d"), (&b""[..], true));
+    }
+
+    #[test]
+    fn console_path() {
+        assert_eq!(
+            subresource_path("ns", "virtualmachineinstances", "vm1", "console"),
+            "/apis/subresources.kubevirt.io/v1/namespaces/ns/virtualmachineinstances/vm1/console"
+        );
+        let t = console_target("ns", "vm1", "console");
+        assert_eq!((t.verb, t.subresource), ("get", Some("console")));
+    }
+}

@@ -1,0 +1,34 @@
+use std::process::ExitCode;
+
+use clap::Parser;
+use kubectl_virt::cli::Cli;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    kubectl_virt::console::install_panic_hook();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!(
+                "error: {:#}",
+                anyhow::Error::new(e).context("starting the runtime")
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(kubectl_virt::run(cli));
+    // A console's stdin reader may still be blocked in read(); do not wait
+    // for it.
+    rt.shutdown_background();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
