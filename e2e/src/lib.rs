@@ -1,0 +1,206 @@
+//! Helpers for the end-to-end tests: a cluster (the one named by `KUBECONFIG`, or our local one,
+//! brought up on demand with `cargo xtask cluster up`), kubectl, and images from local files.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(t) => workspace_root().join(t),
+        None => workspace_root().join("target"),
+    }
+}
+
+/// Runs `cargo xtask ARGS` in the workspace.
+pub fn xtask(args: &[&str]) -> anyhow::Result<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .arg("xtask")
+        .args(args)
+        .current_dir(workspace_root())
+        .status()
+        .context("running cargo xtask")?;
+    if !status.success() {
+        bail!("cargo xtask {} failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+/// A cluster to test against.
+#[derive(Debug)]
+pub struct Cluster {
+    pub kubeconfig: PathBuf,
+    kubectl: PathBuf,
+    /// Whether it is our local cluster (then images are imported with `cargo xtask cluster import`).
+    pub local: bool,
+}
+
+static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+
+impl Cluster {
+    /// The cluster named by `KUBECONFIG`, or the local one (brought up if needed). Shared by all
+    /// tests of a binary.
+    pub fn get() -> anyhow::Result<&'static Cluster> {
+        CLUSTER
+            .get_or_init(|| Self::connect().map_err(|e| format!("{e:#}")))
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    fn connect() -> anyhow::Result<Cluster> {
+        let kubectl = kubectl_binary();
+        if let Some(kc) = std::env::var_os("KUBECONFIG").filter(|k| !k.is_empty()) {
+            let kubeconfig = PathBuf::from(kc);
+            let local = kubeconfig == target_dir().join("cluster/kubeconfig");
+            return Ok(Cluster {
+                kubeconfig,
+                kubectl,
+                local,
+            });
+        }
+        xtask(&["cluster", "up"])?;
+        Ok(Cluster {
+            kubeconfig: target_dir().join("cluster/kubeconfig"),
+            kubectl: kubectl_binary(),
+            local: true,
+        })
+    }
+
+    /// Runs kubectl against the cluster and returns its stdout.
+    pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
+        self.kubectl_stdin(args, None)
+    }
+
+    /// Runs kubectl with `stdin` as its input (e.g. `apply -f -`).
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: Option<&str>) -> anyhow::Result<String> {
+        let mut child = Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running {}", self.kubectl.display()))?;
+        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(input.as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Polls `f` until it returns true or `timeout` passes.
+    pub fn eventually(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut f: impl FnMut() -> anyhow::Result<bool>,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            match f() {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => last = format!("{e:#}"),
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        bail!("{what} not reached within {timeout:?} {last}")
+    }
+
+    /// Loads an OCI archive into the cluster's container runtime. For a cluster that is not our
+    /// local one, `E2E_IMAGE_LOAD` names the command (the archive is appended), e.g.
+    /// `kind load image-archive --name kubevirt-rs`.
+    pub fn load_image(&self, archive: &Path) -> anyhow::Result<()> {
+        if let Ok(cmd) = std::env::var("E2E_IMAGE_LOAD") {
+            let mut parts = cmd.split_whitespace();
+            let program = parts.next().context("E2E_IMAGE_LOAD is empty")?;
+            let status = Command::new(program).args(parts).arg(archive).status()?;
+            if !status.success() {
+                bail!("{cmd} {} failed", archive.display());
+            }
+            return Ok(());
+        }
+        if !self.local {
+            bail!("KUBECONFIG names another cluster: set E2E_IMAGE_LOAD to load images into it");
+        }
+        let archive = archive.to_string_lossy();
+        xtask(&["cluster", "import", &archive])
+    }
+}
+
+/// kubectl matching the local cluster's version if it was built, else the one in PATH.
+fn kubectl_binary() -> PathBuf {
+    let k8s = target_dir().join("k8s");
+    std::fs::read_dir(&k8s)
+        .ok()
+        .and_then(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin/kubectl"))
+                .find(|p| p.exists())
+        })
+        .unwrap_or_else(|| PathBuf::from("kubectl"))
+}
+
+/// Builds an image FROM scratch holding busybox-static (as /bin/busybox, the entrypoint) and
+/// writes it as an OCI archive into `dir`. Returns the archive's path.
+pub fn busybox_image(name: &str, dir: &Path) -> anyhow::Result<PathBuf> {
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.exists() {
+        bail!("/bin/busybox missing (apt-get install busybox-static)");
+    }
+    let store = dir.join("buildah");
+    let archive = dir.join("busybox.oci.tar");
+    let buildah = |args: &[&str]| -> anyhow::Result<String> {
+        let out = Command::new("buildah")
+            .arg("--storage-driver=vfs")
+            .arg("--root")
+            .arg(store.join("root"))
+            .arg("--runroot")
+            .arg(store.join("run"))
+            .args(args)
+            .output()
+            .context("running buildah")?;
+        if !out.status.success() {
+            bail!(
+                "buildah {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let ctr = buildah(&["from", "scratch"])?;
+    buildah(&["copy", &ctr, "/bin/busybox", "/bin/busybox"])?;
+    buildah(&["config", "--entrypoint", r#"["/bin/busybox"]"#, &ctr])?;
+    buildah(&["commit", "--quiet", &ctr, name])?;
+    let dest = format!("oci-archive:{}:{name}", archive.display());
+    buildah(&["push", "--quiet", name, &dest])?;
+    let _ = std::fs::remove_dir_all(&store);
+    Ok(archive)
+}
