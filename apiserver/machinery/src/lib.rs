@@ -4,5 +4,6 @@
 //! Nothing here does I/O, so every rule the apiserver must follow can be unit-tested
 //! without a cluster.
 
+pub mod fieldmanager;
 pub mod openapi;
 pub mod selector;
