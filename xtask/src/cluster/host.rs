@@ -21,6 +21,8 @@ const SYSCTLS: &[&str] = &[
     "/proc/sys/vm/overcommit_memory",
     "/proc/sys/kernel/panic",
     "/proc/sys/kernel/panic_on_oops",
+    "/proc/sys/net/ipv4/conf/all/route_localnet",
+    "/proc/sys/net/bridge/bridge-nf-call-iptables",
 ];
 
 /// Fixed paths kubelet, containerd's runc shim and CNI create regardless of our settings.

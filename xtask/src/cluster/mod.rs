@@ -43,6 +43,8 @@ const CONTROLLER_MANAGER_PORT: u16 = 10257;
 const SCHEDULER_PORT: u16 = 10259;
 const KUBELET_PORT: u16 = 10250;
 const KUBELET_HEALTHZ_PORT: u16 = 10248;
+const KUBE_PROXY_HEALTHZ_PORT: u16 = 10256;
+const KUBE_PROXY_METRICS_PORT: u16 = 10249;
 
 /// Arguments of `cargo xtask cluster`.
 #[derive(clap::Args, Debug)]
@@ -682,6 +684,48 @@ fn start_all(
         },
     )?;
     progress.step("default service account and root CA published");
+
+    // kube-proxy would DNAT the kubernetes Service to the apiserver's advertised (bridge) address,
+    // where nothing listens: our own DNAT to loopback must keep that Service.
+    kubectl(
+        layout,
+        bin,
+        &[
+            "label",
+            "service",
+            "kubernetes",
+            "service.kubernetes.io/service-proxy-name=none",
+            "--overwrite",
+        ],
+    )?;
+    start(
+        layout,
+        progress,
+        Daemon::new("kube-proxy", bin.join("kube-proxy"))
+            .arg(format!("--kubeconfig={}", k("kube-proxy")))
+            .arg(format!("--hostname-override={node}"))
+            .arg("--proxy-mode=iptables")
+            .arg(format!("--cluster-cidr={BRIDGE_SUBNET}"))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!(
+                "--healthz-bind-address=127.0.0.1:{KUBE_PROXY_HEALTHZ_PORT}"
+            ))
+            .arg(format!(
+                "--metrics-bind-address=127.0.0.1:{KUBE_PROXY_METRICS_PORT}"
+            ))
+            // NodePorts only on the bridge, never on the host's real interfaces or loopback (which
+            // would make kube-proxy set route_localnet on every interface).
+            .arg(format!("--nodeport-addresses={BRIDGE_IP}/32"))
+            .arg("--iptables-localhost-nodeports=false")
+            // Zero: leave the host's conntrack sysctls alone.
+            .arg("--conntrack-max-per-core=0")
+            .arg("--conntrack-tcp-timeout-established=0")
+            .arg("--conntrack-tcp-timeout-close-wait=0"),
+        &[KUBE_PROXY_HEALTHZ_PORT, KUBE_PROXY_METRICS_PORT],
+        "healthy",
+        Duration::from_secs(60),
+        || Ok(daemon::http_status(loopback(KUBE_PROXY_HEALTHZ_PORT), "/healthz")? == 200),
+    )?;
     println!(
         "cluster up in {:.1} s. kubeconfig: {}\n  export KUBECONFIG={}\n  kubectl get nodes   (a matching kubectl: {})",
         progress.start.elapsed().as_secs_f64(),
@@ -742,6 +786,12 @@ fn down(layout: &Layout) -> anyhow::Result<()> {
         if daemon::stop(layout, name, Duration::from_secs(15))? {
             progress.step(&format!("{name} stopped"));
         }
+    }
+    if let Some(bin) = &bin {
+        // Its own cleanup first (it knows its rules); net::down removes what is left.
+        let _ = Command::new(bin.join("kube-proxy"))
+            .arg("--cleanup")
+            .output();
     }
     if daemon::running_pid(layout, "containerd").is_some() {
         host::remove_containerd_workloads(layout);

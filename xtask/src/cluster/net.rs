@@ -130,6 +130,7 @@ pub fn down() -> anyhow::Result<()> {
             run(r.program, &rule_args(&r, "-D"))?;
         }
     }
+    remove_kube_chains()?;
     let routes = run("ip", &["route", "show", "type", "blackhole"])?;
     if routes.lines().any(|l| l.contains(SERVICE_CIDR)) {
         run("ip", &["route", "del", "blackhole", SERVICE_CIDR])?;
@@ -138,6 +139,88 @@ pub fn down() -> anyhow::Result<()> {
         run("ip", &["link", "del", BRIDGE])?;
     }
     Ok(())
+}
+
+const KUBE_TABLES: &[&str] = &["filter", "nat", "mangle"];
+
+/// `KUBE-*` chains (kube-proxy's) per program and table.
+fn kube_chains() -> Vec<(&'static str, &'static str, String)> {
+    let mut found = Vec::new();
+    for program in ["iptables", "ip6tables"] {
+        for table in KUBE_TABLES {
+            let Ok(rules) = run(program, &["-w", "-t", table, "-S"]) else {
+                continue;
+            };
+            for l in rules.lines() {
+                if let Some(chain) = l.strip_prefix("-N KUBE-") {
+                    found.push((program, *table, format!("KUBE-{chain}")));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Removes what `kube-proxy --cleanup` leaves: jumps into `KUBE-*` chains, then the chains.
+fn remove_kube_chains() -> anyhow::Result<()> {
+    for program in ["iptables", "ip6tables"] {
+        for table in KUBE_TABLES {
+            let Ok(rules) = run(program, &["-w", "-t", table, "-S"]) else {
+                continue;
+            };
+            for l in rules.lines() {
+                let Some(rest) = l.strip_prefix("-A ") else {
+                    continue;
+                };
+                let Some((chain, spec)) = rest.split_once(' ') else {
+                    continue;
+                };
+                if !chain.starts_with("KUBE-") && spec.contains("-j KUBE-") {
+                    // iptables -S quotes comments; re-splitting on quotes keeps them one argument.
+                    let mut args = vec![
+                        "-w".to_string(),
+                        "-t".into(),
+                        (*table).into(),
+                        "-D".into(),
+                        chain.into(),
+                    ];
+                    args.extend(split_rule(spec));
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    run(program, &args)?;
+                }
+            }
+        }
+    }
+    let chains = kube_chains();
+    for (program, table, chain) in &chains {
+        run(program, &["-w", "-t", table, "-F", chain])?;
+    }
+    for (program, table, chain) in &chains {
+        run(program, &["-w", "-t", table, "-X", chain])?;
+    }
+    Ok(())
+}
+
+/// Splits an `iptables -S` rule into arguments, honouring double quotes.
+fn split_rule(spec: &str) -> Vec<String> {
+    let mut args = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    for ch in spec.chars() {
+        match ch {
+            '"' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !cur.is_empty() {
+                    args.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        args.push(cur);
+    }
+    args
 }
 
 /// What of ours is still there, for `down` to verify.
@@ -156,6 +239,9 @@ pub fn leftovers() -> Vec<String> {
                 r.spec.join(" ")
             ));
         }
+    }
+    for (program, table, chain) in kube_chains() {
+        left.push(format!("{program} -t {table} chain {chain}"));
     }
     if run("ip", &["route", "show", "type", "blackhole"]).is_ok_and(|r| r.contains(SERVICE_CIDR)) {
         left.push(format!("blackhole route {SERVICE_CIDR}"));
