@@ -9,9 +9,36 @@
 //! Model: an object is flattened into "owned paths": scalar leaves, atomic lists, empty
 //! objects, set items and associative-list items (the item itself *and* its fields).
 //! Each managedFields entry owns a set of such paths, encoded as the FieldsV1 trie.
+//!
+//! Use from the REST layer:
+//!
+//! ```
+//! use serde_json::json;
+//! use virt_apimachinery::fieldmanager::{apply, update, ListTypes};
+//!
+//! let lists = ListTypes::cached("VirtualMachine").expect("served kind");
+//! let keys = |p: &[_]| lists.get(p);
+//! let now = "2026-01-01T00:00:00Z";
+//! // POST (create) by kubectl: record an Update entry.
+//! let vm = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+//!                 "metadata": {"name": "vm1"}, "spec": {"runStrategy": "Always"}});
+//! let stored = update(None, &vm, "kubectl-create", None, now, &keys);
+//! // PATCH application/apply-patch+yaml?fieldManager=kubectl: a different value conflicts.
+//! let intent = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+//!                     "metadata": {"name": "vm1"}, "spec": {"runStrategy": "Halted"}});
+//! let err = apply(Some(&stored), &intent, "kubectl", false, now, &keys).unwrap_err();
+//! assert!(err.to_string().starts_with("Apply failed with 1 conflict"));
+//! // With force=true the applier takes the field over.
+//! let merged = apply(Some(&stored), &intent, "kubectl", true, now, &keys).unwrap();
+//! assert_eq!(merged["spec"]["runStrategy"], "Halted");
+//! ```
+//!
+//! Call [`apply`]/[`update`] before defaulting: fields the server adds afterwards are owned
+//! by nobody, as in kube-apiserver.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::OnceLock;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::StatusCause;
 use serde_json::{Map, Value, json};
@@ -518,8 +545,22 @@ impl ListTypes {
     }
 
     /// The list semantics of one of our kinds, from its published OpenAPI schema.
+    /// Generating the schema takes a few milliseconds; [`ListTypes::cached`] keeps them.
     pub fn for_kind(kind: &str) -> Option<Self> {
         crate::openapi::kind_schema(kind).map(|s| Self::from_schema(&s))
+    }
+
+    /// [`ListTypes::for_kind`], computed once per process for every kind we serve.
+    pub fn cached(kind: &str) -> Option<&'static Self> {
+        static CACHE: OnceLock<BTreeMap<&'static str, ListTypes>> = OnceLock::new();
+        CACHE
+            .get_or_init(|| {
+                crate::openapi::KIND_NAMES
+                    .into_iter()
+                    .filter_map(|k| Some((k, Self::for_kind(k)?)))
+                    .collect()
+            })
+            .get(kind)
     }
 
     fn node(schema: &Value, depth: usize) -> SchemaNode {

@@ -201,6 +201,13 @@ pub fn kind_schema(kind: &str) -> Option<Value> {
 // Kinds
 // ---------------------------------------------------------------------------------------
 
+/// The kinds of `kubevirt.io/v1` with published schemas.
+pub const KIND_NAMES: [&str; 3] = [
+    "VirtualMachine",
+    "VirtualMachineInstance",
+    "VirtualMachineInstanceMigration",
+];
+
 struct KindDef {
     kind: &'static str,
     plural: &'static str,
@@ -1330,6 +1337,11 @@ mod tests {
         all.iter()
             .filter_map(|v| v.get("$ref").and_then(Value::as_str).map(str::to_string))
             .collect()
+    }
+
+    #[test]
+    fn kind_names_match_kind_table() {
+        assert_eq!(KINDS.map(|k| k.kind), KIND_NAMES);
     }
 
     #[test]
