@@ -46,6 +46,7 @@ pub enum Command {
         /// Stop immediately with the given --grace-period, overriding the VM's.
         #[arg(long)]
         force: bool,
+        /// Ask the server to validate the request without changing anything.
         #[arg(long)]
         dry_run: bool,
     },
@@ -59,6 +60,7 @@ pub enum Command {
         /// Restart immediately, without a graceful guest shutdown.
         #[arg(long)]
         force: bool,
+        /// Ask the server to validate the request without changing anything.
         #[arg(long)]
         dry_run: bool,
     },
@@ -67,6 +69,7 @@ pub enum Command {
         /// `vm` or `vmi`.
         kind: ObjectKind,
         name: String,
+        /// Ask the server to validate the request without changing anything.
         #[arg(long)]
         dry_run: bool,
     },
@@ -75,6 +78,7 @@ pub enum Command {
         /// `vm` or `vmi`.
         kind: ObjectKind,
         name: String,
+        /// Ask the server to validate the request without changing anything.
         #[arg(long)]
         dry_run: bool,
     },
@@ -94,6 +98,7 @@ pub enum Command {
             value_name = "K=V,…"
         )]
         added_node_selector: Vec<String>,
+        /// Ask the server to validate the request without changing anything.
         #[arg(long)]
         dry_run: bool,
     },
@@ -101,6 +106,7 @@ pub enum Command {
     MigrateCancel {
         /// Name of the VM.
         name: String,
+        /// Ask the server to validate the request without changing anything.
         #[arg(long)]
         dry_run: bool,
     },

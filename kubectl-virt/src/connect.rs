@@ -11,6 +11,7 @@ use crate::error::{CliError, error_chain};
 
 /// kubectl's connection flags.
 #[derive(Clone, Debug, Default, clap::Args)]
+#[command(next_help_heading = "Global options")]
 pub struct GlobalArgs {
     /// Path to the kubeconfig file to use (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
     #[arg(long, global = true, value_name = "PATH")]
@@ -47,6 +48,28 @@ impl std::fmt::Debug for Session {
     }
 }
 
+/// $KUBECONFIG read as kubectl reads it: a path list whose missing entries
+/// are skipped (kube-rs fails on them), merged first-wins. `None` when the
+/// variable is unset or names no existing file.
+fn kubeconfig_from_env_list() -> Result<Option<Kubeconfig>, CliError> {
+    let Some(value) = std::env::var_os("KUBECONFIG") else {
+        return Ok(None);
+    };
+    let mut merged: Option<Kubeconfig> = None;
+    for path in std::env::split_paths(&value).filter(|p| p.exists()) {
+        let kc = Kubeconfig::read_from(&path).map_err(|e| {
+            CliError::Config(format!("reading {}: {}", path.display(), error_chain(&e)))
+        })?;
+        merged = Some(match merged {
+            None => kc,
+            Some(m) => m.merge(kc).map_err(|e| {
+                CliError::Config(format!("merging {}: {}", path.display(), error_chain(&e)))
+            })?,
+        });
+    }
+    Ok(merged)
+}
+
 impl GlobalArgs {
     fn options(&self) -> KubeConfigOptions {
         KubeConfigOptions {
@@ -70,6 +93,11 @@ impl GlobalArgs {
             return Config::from_custom_kubeconfig(kc, &opts)
                 .await
                 .map_err(|e| CliError::Config(format!("{}: {}", path.display(), error_chain(&e))));
+        }
+        if let Some(kc) = kubeconfig_from_env_list()? {
+            return Config::from_custom_kubeconfig(kc, &opts)
+                .await
+                .map_err(|e| CliError::Config(format!("$KUBECONFIG: {}", error_chain(&e))));
         }
         match Config::from_kubeconfig(&opts).await {
             Ok(c) => Ok(c),

@@ -26,13 +26,24 @@ pub use crate::error::CliError;
 use crate::ops::ObjectKind;
 use crate::request::{Action, parse_node_selector, restart_action, stop_action};
 
+/// Executable name kubectl discovers plugins by.
+pub const BIN_NAME: &str = "kubectl-virt";
+
 /// Runs a parsed command line. Output goes to stdout, diagnostics to stderr.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     let mut stdout = std::io::stdout();
     match cli.command {
         Command::Completion { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "kubectl-virt", &mut stdout);
-            Ok(())
+            // Completion scripts are keyed to the executable's name; the
+            // display name "kubectl virt" would produce unusable functions.
+            let mut cmd = Cli::command().name(BIN_NAME).bin_name(BIN_NAME);
+            // Buffered: clap_complete panics on write errors such as a
+            // closed pipe (`| head`).
+            let mut buf = Vec::new();
+            clap_complete::generate(shell, &mut cmd, BIN_NAME, &mut buf);
+            stdout
+                .write_all(&buf)
+                .map_err(|e| CliError::io("writing output", e))
         }
         Command::Create(CreateCommand::Vm(a)) => {
             let create = create::CreateVm {
