@@ -1947,6 +1947,60 @@ mod tests {
     }
 
     #[test]
+    fn multi_key_lists_and_caller_supplied_sets() {
+        // A caller-supplied lookup: `ports` keyed by (port, protocol), `tags` a set.
+        let lists = |p: &[PathElement]| match p {
+            [PathElement::Field(f)] if f == "ports" => {
+                Some(vec!["protocol".to_string(), "port".to_string()])
+            }
+            [PathElement::Field(f)] if f == "tags" => Some(vec![]),
+            _ => None,
+        };
+        let live = ok(apply(
+            None,
+            &json!({"ports": [{"port": 80, "protocol": "TCP", "name": "http"}], "tags": ["a"]}),
+            "one",
+            false,
+            T1,
+            &lists,
+        ));
+        assert_eq!(
+            entry(&live, "one")["fieldsV1"],
+            json!({
+                "f:ports": {"k:{\"port\":80,\"protocol\":\"TCP\"}": {
+                    ".": {}, "f:name": {}, "f:port": {}, "f:protocol": {}
+                }},
+                "f:tags": {"v:\"a\"": {}}
+            })
+        );
+        let err = apply(
+            Some(&live),
+            &json!({"ports": [{"port": 80, "protocol": "TCP", "name": "web"}]}),
+            "two",
+            false,
+            T2,
+            &lists,
+        )
+        .expect_err("conflict");
+        assert!(
+            err.to_string()
+                .ends_with(": .ports[port=80,protocol=\"TCP\"].name"),
+            "{err}"
+        );
+        // Same port, other protocol: a different item, no conflict.
+        let out = ok(apply(
+            Some(&live),
+            &json!({"ports": [{"port": 80, "protocol": "UDP"}], "tags": ["b"]}),
+            "two",
+            false,
+            T2,
+            &lists,
+        ));
+        assert_eq!(out["ports"].as_array().map(Vec::len), Some(2));
+        assert_eq!(out["tags"], json!(["b", "a"]));
+    }
+
+    #[test]
     fn list_types_from_schema() {
         let vm = ListTypes::for_kind("VirtualMachine").expect("vm");
         let f = |s: &str| PathElement::Field(s.into());

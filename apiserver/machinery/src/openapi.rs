@@ -1339,6 +1339,45 @@ mod tests {
             .collect()
     }
 
+    /// What `kubectl explain vm.spec.runStrategy` does with the v3 document: GVR → path →
+    /// operation GVK → the schema whose GVK array contains it → field walk.
+    #[test]
+    fn explain_lookup_finds_run_strategy() {
+        let doc = v3();
+        let op =
+            &doc["paths"]["/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines"]["get"];
+        let wanted = &op["x-kubernetes-group-version-kind"];
+        let schemas = doc["components"]["schemas"].as_object().expect("schemas");
+        let (_, schema) = schemas
+            .iter()
+            .find(|(_, s)| {
+                s["x-kubernetes-group-version-kind"]
+                    .as_array()
+                    .is_some_and(|a| a.contains(wanted))
+            })
+            .expect("schema with the operation's GVK");
+        let resolve = |s: &Value| -> Value {
+            let target = s
+                .get("allOf")
+                .and_then(|a| a.get(0))
+                .unwrap_or(s)
+                .get("$ref")
+                .and_then(Value::as_str)
+                .and_then(|r| r.strip_prefix("#/components/schemas/"))
+                .and_then(|n| schemas.get(n));
+            target.cloned().unwrap_or_else(|| s.clone())
+        };
+        let mut node = schema.clone();
+        for field in ["spec", "runStrategy"] {
+            node = resolve(&node["properties"][field]);
+        }
+        assert_eq!(node["type"], "string");
+        assert!(node["enum"].as_array().is_some_and(|e| e.len() == 6));
+        // metadata resolves to the shared ObjectMeta.
+        let meta = resolve(&schema["properties"]["metadata"]);
+        assert!(meta["properties"].get("managedFields").is_some());
+    }
+
     #[test]
     fn kind_names_match_kind_table() {
         assert_eq!(KINDS.map(|k| k.kind), KIND_NAMES);
