@@ -44,6 +44,50 @@ fn record_path(layout: &Layout) -> PathBuf {
 pub struct Before {
     sysctls: Vec<(String, String)>,
     absent_paths: Vec<String>,
+    /// `family name` of each nftables table; `None` without the `nft` tool.
+    nft_tables: Option<Vec<String>>,
+}
+
+/// nftables tables (`ip nat`, `ip6 mangle`, …): iptables-nft creates them on first use and never
+/// removes them.
+fn nft_tables() -> Option<Vec<String>> {
+    let out = Command::new("nft").args(["list", "tables"]).output().ok()?;
+    out.status.success().then(|| {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("table "))
+            .map(str::to_string)
+            .collect()
+    })
+}
+
+/// Tables that appeared since the record and that hold nothing but empty built-in chains.
+fn new_empty_tables(before: &Before) -> Vec<String> {
+    let (Some(old), Some(now)) = (&before.nft_tables, nft_tables()) else {
+        return Vec::new();
+    };
+    now.into_iter()
+        .filter(|t| !old.contains(t))
+        .filter(|t| {
+            let Some((family, name)) = t.split_once(' ') else {
+                return false;
+            };
+            let program = match family {
+                "ip" => "iptables",
+                "ip6" => "ip6tables",
+                _ => return false,
+            };
+            Command::new(program)
+                .args(["-w", "-t", name, "-S"])
+                .output()
+                .is_ok_and(|o| {
+                    o.status.success()
+                        && String::from_utf8_lossy(&o.stdout)
+                            .lines()
+                            .all(|l| l.starts_with("-P ") && l.ends_with(" ACCEPT"))
+                })
+        })
+        .collect()
 }
 
 /// Records the host's state, once per cluster lifetime (a reused cluster has changed it already).
@@ -67,7 +111,11 @@ pub fn record(layout: &Layout) -> anyhow::Result<()> {
         .collect();
     fs::write(
         &path,
-        serde_json::to_string_pretty(&json!({ "sysctls": sysctls, "absent_paths": absent }))?,
+        serde_json::to_string_pretty(&json!({
+            "sysctls": sysctls,
+            "absent_paths": absent,
+            "nft_tables": nft_tables(),
+        }))?,
     )?;
     Ok(())
 }
@@ -97,6 +145,11 @@ pub fn load(layout: &Layout) -> Before {
                     .collect()
             })
             .unwrap_or_default(),
+        nft_tables: v["nft_tables"].as_array().map(|a| {
+            a.iter()
+                .filter_map(|p| p.as_str().map(String::from))
+                .collect()
+        }),
     }
 }
 
@@ -271,6 +324,11 @@ pub fn restore(layout: &Layout) -> anyhow::Result<()> {
     for cg in kubepods_cgroups() {
         remove_cgroup_tree(&cg);
     }
+    for t in new_empty_tables(&before) {
+        let mut args = vec!["delete", "table"];
+        args.extend(t.split(' '));
+        let _ = Command::new("nft").args(&args).output();
+    }
     for p in &before.absent_paths {
         if Path::new(p).exists() {
             fs::remove_dir_all(p).with_context(|| format!("removing {p}"))?;
@@ -303,6 +361,9 @@ pub fn leftovers(layout: &Layout, before: &Before) -> Vec<String> {
         if fs::read_to_string(path).is_ok_and(|v| v.trim() != value) {
             left.push(format!("sysctl {path} != {value}"));
         }
+    }
+    for t in new_empty_tables(before) {
+        left.push(format!("nftables table {t}"));
     }
     if layout.state.exists() {
         left.push(format!("work dir {}", layout.state.display()));

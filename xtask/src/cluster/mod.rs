@@ -283,9 +283,6 @@ fn check_prerequisites() -> anyhow::Result<()> {
     {
         missing.push("static libc for the pause image (apt-get install libc6-dev)".into());
     }
-    if kube_build::go_binary().is_none() {
-        missing.push("Go >= 1.24 (https://go.dev/dl/ unpacked to /usr/local/go)".into());
-    }
     let filesystems = fs::read_to_string("/proc/filesystems").unwrap_or_default();
     if !filesystems.contains("overlay") {
         missing.push("the overlay filesystem (modprobe overlay)".into());
