@@ -1043,6 +1043,16 @@ pub fn apply_subresource(
             "the applied configuration must be an object".into(),
         ));
     }
+    // Ownership is the server's bookkeeping; an applier cannot state it (kube-apiserver
+    // answers 400 with this message).
+    if applied
+        .pointer("/metadata/managedFields")
+        .is_some_and(|m| !m.is_null())
+    {
+        return Err(ApplyError::Invalid(
+            "metadata.managedFields must be nil".into(),
+        ));
+    }
     let scope = Scope::of(subresource);
     let empty = Value::Object(Map::new());
     let live_obj = live.unwrap_or(&empty);
@@ -1923,6 +1933,14 @@ mod tests {
             apply(None, &json!([1]), "m", false, T1, &vmi_lists),
             Err(ApplyError::Invalid(_))
         ));
+        let mut with_mf = vm(json!({}));
+        with_mf["metadata"]["managedFields"] = json!([]);
+        assert_eq!(
+            apply(None, &with_mf, "m", false, T1, &vmi_lists),
+            Err(ApplyError::Invalid(
+                "metadata.managedFields must be nil".into()
+            ))
+        );
     }
 
     #[test]
