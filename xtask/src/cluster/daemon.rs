@@ -80,7 +80,15 @@ pub fn running_pid(layout: &Layout, name: &str) -> Option<i32> {
         .trim()
         .parse()
         .ok()?;
-    alive(pid).then_some(pid)
+    (alive(pid) && ours(layout, pid)).then_some(pid)
+}
+
+/// After a reboot or crash a stale PID file may name an unrelated process: every daemon we start
+/// has our work dir in its arguments, anything else is not ours to reuse or to signal.
+fn ours(layout: &Layout, pid: i32) -> bool {
+    let needle = layout.cluster.display().to_string();
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
 }
 
 /// Alive and not a zombie: our children that die before `up` exits linger as zombies.

@@ -863,3 +863,97 @@ fn status(layout: &Layout) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A layout rooted in a scratch directory, the Go module taken from the real workspace.
+    pub(super) fn scratch_layout(name: &str) -> Layout {
+        let real = Layout::discover().expect("layout");
+        let dir = std::env::temp_dir().join(format!("xtask-cluster-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let state = dir.join("state");
+        Layout {
+            cluster: dir.clone(),
+            logs: dir.join("logs"),
+            cache: dir.join("cache"),
+            run: state.join("run"),
+            containerd_socket: state.join("run/containerd.sock"),
+            kubeconfigs: state.join("kubeconfigs"),
+            state,
+            ..real
+        }
+    }
+
+    #[test]
+    fn pinned_version_is_read_from_go_mod() {
+        let layout = Layout::discover().expect("layout");
+        let v = kube_build::pinned_version(&layout).expect("version");
+        assert!(v.starts_with("v1."), "{v}");
+    }
+
+    #[test]
+    fn certificates_carry_the_addresses_clients_use() {
+        let layout = scratch_layout("pki");
+        let pki = pki::Pki::new(&layout);
+        assert!(!pki.exists());
+        pki.generate(
+            "node-a",
+            BRIDGE_IP.parse().expect("ip"),
+            FIRST_SERVICE_IP.parse().expect("ip"),
+        )
+        .expect("generate");
+        assert!(pki.exists());
+        let pem = fs::read_to_string(pki.path("apiserver.crt")).expect("read");
+        let params = rcgen::CertificateParams::from_ca_cert_pem(&pem).expect("parse");
+        let sans: Vec<String> = params
+            .subject_alt_names
+            .iter()
+            .map(|s| match s {
+                rcgen::SanType::IpAddress(ip) => ip.to_string(),
+                rcgen::SanType::DnsName(n) => n.to_string(),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        for want in [
+            "127.0.0.1",
+            FIRST_SERVICE_IP,
+            BRIDGE_IP,
+            "kubernetes.default.svc",
+            "node-a",
+        ] {
+            assert!(
+                sans.iter().any(|s| s == want),
+                "{want} missing from {sans:?}"
+            );
+        }
+        let kc = layout.kubeconfigs.join("admin.kubeconfig");
+        pki.write_kubeconfig("admin", "https://127.0.0.1:6443", &kc)
+            .expect("kubeconfig");
+        let text = fs::read_to_string(&kc).expect("read kubeconfig");
+        assert!(
+            text.contains("client-certificate-data: ")
+                && text.contains("server: https://127.0.0.1:6443")
+        );
+        let _ = fs::remove_dir_all(&layout.cluster);
+    }
+
+    #[test]
+    fn configs_carry_the_settings_this_machine_needs() {
+        let layout = scratch_layout("config");
+        let containerd = config::containerd(&layout);
+        assert!(containerd.contains("restrict_oom_score_adj = true"));
+        assert!(containerd.contains(&format!("sandbox_image = \"{PAUSE_IMAGE}\"")));
+        let kubelet = config::kubelet(&layout);
+        assert!(
+            kubelet.contains("cgroupDriver: cgroupfs") && kubelet.contains("failCgroupV1: false")
+        );
+        let cni: serde_json::Value = serde_json::from_str(&config::cni(&layout)).expect("json");
+        let bridge = &cni["plugins"][0];
+        assert_eq!(bridge["bridge"], BRIDGE);
+        assert_eq!(bridge["isDefaultGateway"], false);
+        assert_eq!(bridge["ipMasq"], false);
+        assert_eq!(bridge["ipam"]["routes"][0]["dst"], SERVICE_CIDR);
+    }
+}

@@ -262,3 +262,25 @@ pub fn describe() -> String {
         rules.len()
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::split_rule;
+
+    #[test]
+    fn quoted_comments_stay_one_argument() {
+        let args =
+            split_rule(r#"-m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#);
+        assert_eq!(
+            args,
+            [
+                "-m",
+                "comment",
+                "--comment",
+                "kubernetes service portals",
+                "-j",
+                "KUBE-SERVICES"
+            ]
+        );
+    }
+}
