@@ -1,1 +1,12 @@
-//! placeholder
+//! virt-launcher: one per VMI. Prepares the VMI's volumes, runs a private libvirt daemon,
+//! defines and starts the QEMU domain through the `virt` crate on a dedicated thread,
+//! serves the serial console on a unix socket and shuts the guest down gracefully.
+
+pub mod actor;
+pub mod cmd_server;
+pub mod daemon;
+pub mod launcher;
+pub mod probe;
+pub mod volumes;
+
+pub use launcher::{Config, LauncherError, Outcome, run};

@@ -7,8 +7,6 @@ mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 for m in $(cat /etc/modules-order); do insmod "/lib/modules/$m" 2>/dev/null; done
-echo "kubevirt-rs guest ready"
-
 # The ACPI power button is how the launcher asks for a graceful shutdown; there is no
 # acpid, so block on the button's event device and power off when it fires.
 for d in /sys/class/input/input*; do
@@ -21,6 +19,8 @@ for d in /sys/class/input/input*; do
         fi
     fi
 done
+
+echo "kubevirt-rs guest ready"
 
 # cloud-init NoCloud: print what the config drive carries so tests can see it arrive.
 dev=$(findfs LABEL=cidata 2>/dev/null)

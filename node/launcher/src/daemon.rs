@@ -1,0 +1,226 @@
+//! A private libvirt daemon for one VM, as KubeVirt runs one inside each launcher pod.
+//!
+//! Debian 12 ships only the monolithic `libvirtd`, whose privileged (root) mode has fixed
+//! state paths (/run/libvirt, /var/lib/libvirt, /etc/libvirt). So it runs in its own
+//! mount namespace with tmpfs over the state directories and our own config bound over
+//! /etc/libvirt, and in its own PID namespace so that its QEMU dies with it. Only the
+//! QEMU driver module is loaded (`LIBVIRT_DRIVER_DIR`), which keeps startup and memory
+//! small. The QEMU capabilities cache is shared between launchers, because probing
+//! QEMU takes seconds.
+//!
+//! Lifetime: `setpriv --pdeathsig KILL` ties the daemon to the thread that spawned it
+//! (the libvirt actor thread), and `unshare --kill-child` tears down the PID namespace
+//! — daemon and QEMU — when that dies, so even `kill -9` of the launcher leaves nothing.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Errors starting the private daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Writing its configuration failed.
+    #[error("preparing libvirt daemon directory {path}: {source}")]
+    Io {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// It could not be spawned.
+    #[error("spawning libvirtd (needs util-linux setpriv/unshare and libvirt-daemon): {0}")]
+    Spawn(std::io::Error),
+    /// It exited or did not create its socket in time.
+    #[error("libvirtd did not come up: {0}")]
+    NotReady(String),
+}
+
+const SCRIPT: &str = r#"set -e
+mkdir -p /run/libvirt /var/lib/libvirt /var/cache/libvirt /var/log/libvirt
+mount -t tmpfs tmpfs /run/libvirt
+mount -t tmpfs tmpfs /var/lib/libvirt
+mount -t tmpfs tmpfs /var/log/libvirt
+mount --bind "$2" /var/cache/libvirt
+mount --bind "$1/etc" /etc/libvirt
+if [ "$3" = hide-kvm ]; then
+    # A /dev without kvm: libvirt then neither probes KVM (which may hang) nor
+    # invalidates its capabilities cache on every start (/dev/null as kvm would).
+    mkdir -p "$1/dev/pts" "$1/dev/shm"
+    for n in null zero full random urandom tty ptmx; do
+        [ -e "/dev/$n" ] || continue
+        : > "$1/dev/$n"
+        mount --bind "/dev/$n" "$1/dev/$n"
+    done
+    mount --bind /dev/pts "$1/dev/pts"
+    mount -t tmpfs tmpfs "$1/dev/shm"
+    mount --bind "$1/dev" /dev
+fi
+set +e
+# Not exec: as PID 1 of the namespace the shell reaps QEMU's daemonised processes,
+# which libvirtd (not written to be an init) would leave as zombies.
+libvirtd -f "$1/etc/libvirtd.conf" -p "$1/libvirtd.pid"
+exit $?
+"#;
+
+const QEMU_CONF: &str = r#"# Written by virt-launcher: QEMU runs as root inside the launcher's namespaces.
+user = "root"
+group = "root"
+dynamic_ownership = 0
+remember_owner = 0
+security_driver = "none"
+stdio_handler = "file"
+cgroup_controllers = [ ]
+namespaces = [ ]
+"#;
+
+const DRIVER_DIRS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu/libvirt/connection-driver",
+    "/usr/lib/aarch64-linux-gnu/libvirt/connection-driver",
+    "/usr/lib64/libvirt/connection-driver",
+    "/usr/lib/libvirt/connection-driver",
+];
+
+/// A running private libvirtd.
+#[derive(Debug)]
+pub struct PrivateDaemon {
+    child: Child,
+    dir: PathBuf,
+    /// URI to connect to it.
+    pub uri: String,
+}
+
+impl PrivateDaemon {
+    /// Starts a daemon whose files live in `dir`; `cache` holds QEMU capabilities.
+    /// With `hide_kvm`, /dev/kvm is invisible to it, so libvirt never touches a KVM that
+    /// may hang (its capability probe would otherwise block for minutes).
+    pub fn start(
+        dir: &Path,
+        cache: &Path,
+        hide_kvm: bool,
+        timeout: Duration,
+    ) -> Result<Self, DaemonError> {
+        let io = |path: &Path, r: std::io::Result<()>| {
+            r.map_err(|source| DaemonError::Io {
+                path: path.into(),
+                source,
+            })
+        };
+        let etc = dir.join("etc");
+        let sock = dir.join("sock");
+        let drivers = dir.join("drivers");
+        for d in [&etc, &sock, &drivers, &cache.to_path_buf()] {
+            io(d, fs::create_dir_all(d))?;
+        }
+        let conf = format!(
+            "unix_sock_dir = \"{}\"\nunix_sock_rw_perms = \"0700\"\nauth_unix_rw = \"none\"\nauth_unix_ro = \"none\"\nlog_outputs = \"3:stderr\"\n",
+            sock.display()
+        );
+        io(&etc, fs::write(etc.join("libvirtd.conf"), conf))?;
+        io(&etc, fs::write(etc.join("qemu.conf"), QEMU_CONF))?;
+        let mut cmd = Command::new("setpriv");
+        if let Some(d) = DRIVER_DIRS
+            .iter()
+            .map(Path::new)
+            .find(|d| d.join("libvirt_driver_qemu.so").is_file())
+        {
+            let link = drivers.join("libvirt_driver_qemu.so");
+            if !link.exists() {
+                io(
+                    &link,
+                    std::os::unix::fs::symlink(d.join("libvirt_driver_qemu.so"), &link),
+                )?;
+            }
+            cmd.env("LIBVIRT_DRIVER_DIR", &drivers);
+        }
+        let log = dir.join("libvirtd.log");
+        let log_file = fs::File::create(&log).map_err(|source| DaemonError::Io {
+            path: log.clone(),
+            source,
+        })?;
+        let log_err = log_file.try_clone().map_err(|source| DaemonError::Io {
+            path: log.clone(),
+            source,
+        })?;
+        cmd.args([
+            "--pdeathsig",
+            "KILL",
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+        ])
+        .args([
+            "--pid",
+            "--fork",
+            "--kill-child=SIGKILL",
+            "--mount-proc",
+            "sh",
+            "-c",
+            SCRIPT,
+            "sh",
+        ])
+        .arg(dir)
+        .arg(cache)
+        .arg(if hide_kvm { "hide-kvm" } else { "keep-kvm" })
+        .stdin(Stdio::null())
+        .stdout(log_file)
+        .stderr(log_err);
+        let child = cmd.spawn().map_err(DaemonError::Spawn)?;
+        let uri = format!(
+            "qemu:///system?socket={}",
+            sock.join("libvirt-sock").display()
+        );
+        let mut d = Self {
+            child,
+            dir: dir.to_path_buf(),
+            uri,
+        };
+        let start = Instant::now();
+        while !sock.join("libvirt-sock").exists() {
+            if let Ok(Some(status)) = d.child.try_wait() {
+                return Err(DaemonError::NotReady(format!(
+                    "exited with {status}: {}",
+                    d.log_tail()
+                )));
+            }
+            if start.elapsed() > timeout {
+                let tail = d.log_tail();
+                d.stop();
+                return Err(DaemonError::NotReady(format!(
+                    "no socket after {timeout:?}: {tail}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(d)
+    }
+
+    /// PID of the namespace holder (`unshare`); the daemon is its child.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Last lines of the daemon's log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let s = fs::read_to_string(self.dir.join("libvirtd.log")).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().rev().take(5).collect();
+        lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
+    /// Stops the daemon and everything in its PID namespace.
+    pub fn stop(&mut self) {
+        // unshare ignores SIGTERM while it waits for its child; SIGKILL makes the kernel
+        // deliver the child's parent-death SIGKILL, which ends the whole PID namespace.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for PrivateDaemon {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.stop();
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! The launcher's lifecycle: load → prepare → probe → convert → define/start → watch →
+//! shut down → clean up. Host facts are gathered first, then the pure conversion runs,
+//! then the side effects happen on the libvirt thread.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kubevirt_api::VirtualMachineInstance;
+use kubevirt_api::defaults::{DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS, default_vmi};
+use kubevirt_api::validation::validate_vmi;
+use tokio_util::sync::CancellationToken;
+use virt_domain::protocol::{DomainState, LauncherStatus};
+use virt_domain::{Accel, ConvertError, HostFacts, NetworkMode, XmlError, domain_for, domain_name};
+
+use crate::actor::{DomainHandle, LibvirtError, Target};
+use crate::probe::{self, AccelChoice};
+use crate::volumes::{self, ImageDirs, VolumeError};
+
+/// Validated launcher configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// VMI JSON file.
+    pub vmi: PathBuf,
+    /// Unix socket QEMU binds for the serial console.
+    pub console_socket: PathBuf,
+    /// Unix socket QEMU binds for VNC.
+    pub vnc_socket: Option<PathBuf>,
+    /// Image reference → directory.
+    pub images: ImageDirs,
+    /// Existing libvirt to use instead of a private daemon.
+    pub libvirt_uri: Option<String>,
+    /// QEMU capabilities cache shared by private daemons.
+    pub libvirt_cache: PathBuf,
+    /// KVM, TCG or probe.
+    pub accel: AccelChoice,
+    /// Fall back to TCG when KVM does not work (KubeVirt's useEmulation).
+    pub allow_emulation: bool,
+    /// How interfaces are realised.
+    pub network: NetworkMode,
+    /// handler↔launcher command socket.
+    pub cmd_socket: Option<PathBuf>,
+    /// Where the per-VMI work directory is created.
+    pub work_parent: PathBuf,
+    /// How long a KVM boot may take before KVM counts as broken.
+    pub kvm_probe_timeout: Duration,
+    /// Per-boot cache of the KVM probe.
+    pub kvm_probe_cache: Option<PathBuf>,
+}
+
+impl Config {
+    /// Defaults for everything but the VMI and console socket.
+    pub fn new(vmi: PathBuf, console_socket: PathBuf) -> Self {
+        Self {
+            vmi,
+            console_socket,
+            vnc_socket: None,
+            images: ImageDirs::default(),
+            libvirt_uri: None,
+            libvirt_cache: PathBuf::from("/var/cache/kubevirt-rs/libvirt"),
+            accel: AccelChoice::Auto,
+            allow_emulation: true,
+            network: NetworkMode::User,
+            cmd_socket: None,
+            work_parent: std::env::temp_dir(),
+            kvm_probe_timeout: Duration::from_secs(3),
+            kvm_probe_cache: Some(PathBuf::from(probe::CACHE_FILE)),
+        }
+    }
+}
+
+/// Why the launcher could not run its VMI.
+#[derive(Debug, thiserror::Error)]
+pub enum LauncherError {
+    /// The VMI file cannot be read.
+    #[error("reading VMI {path}: {source}")]
+    ReadVmi {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The VMI file is not a VMI.
+    #[error("parsing VMI {path}: {message}")]
+    ParseVmi {
+        /// File.
+        path: PathBuf,
+        /// Details.
+        message: String,
+    },
+    /// The VMI fails validation.
+    #[error("invalid VMI: {0}")]
+    InvalidVmi(String),
+    /// A volume cannot be prepared.
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+    /// The VMI cannot be converted.
+    #[error("converting VMI to a libvirt domain: {0}")]
+    Convert(#[from] ConvertError),
+    /// Domain XML failed.
+    #[error(transparent)]
+    Xml(#[from] XmlError),
+    /// No usable accelerator.
+    #[error("{0}")]
+    Accel(String),
+    /// libvirt failed.
+    #[error(transparent)]
+    Libvirt(#[from] LibvirtError),
+    /// Work directory trouble.
+    #[error("{path}: {source}")]
+    Io {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A blocking task panicked or was cancelled.
+    #[error("internal task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// How the VM ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The guest powered off (by itself or after the ACPI button).
+    ShutDown,
+    /// The grace period ran out and the domain was destroyed.
+    ForcedStop,
+    /// The guest or QEMU crashed.
+    Crashed(String),
+}
+
+/// Loads, defaults and validates a VMI file.
+pub fn load_vmi(path: &Path) -> Result<VirtualMachineInstance, LauncherError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LauncherError::ReadVmi {
+        path: path.into(),
+        source,
+    })?;
+    let mut vmi: VirtualMachineInstance =
+        serde_json::from_str(&text).map_err(|e| LauncherError::ParseVmi {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
+    default_vmi(&mut vmi);
+    let errs = validate_vmi(&vmi);
+    if !errs.is_empty() {
+        let msg: Vec<String> = errs
+            .iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect();
+        return Err(LauncherError::InvalidVmi(msg.join("; ")));
+    }
+    Ok(vmi)
+}
+
+/// Everything the launcher knows about its running VM, for status reports.
+#[derive(Clone, Debug)]
+pub struct Running {
+    /// Libvirt handle.
+    pub handle: DomainHandle,
+    /// Static part of the status.
+    pub status: LauncherStatus,
+}
+
+impl Running {
+    /// Status with the current state.
+    pub fn status(&self) -> LauncherStatus {
+        let mut s = self.status.clone();
+        s.state = self.handle.state().borrow().state;
+        s
+    }
+}
+
+/// Runs the VMI until it stops or `shutdown` fires, then cleans up. `on_running` is
+/// called once the domain is started (used for the command socket and tests).
+pub async fn run(
+    cfg: Config,
+    shutdown: CancellationToken,
+    on_running: impl FnOnce(Running),
+) -> Result<Outcome, LauncherError> {
+    let t0 = Instant::now();
+    let vmi = load_vmi(&cfg.vmi)?;
+    let name = domain_name(&vmi);
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| LauncherError::Io { path, source }
+    };
+    std::fs::create_dir_all(&cfg.work_parent).map_err(io(&cfg.work_parent))?;
+    let work = tempfile::Builder::new()
+        .prefix("virt-launcher-")
+        .tempdir_in(&cfg.work_parent)
+        .map_err(io(&cfg.work_parent))?;
+    let work_dir = work.path().to_path_buf();
+
+    let prepared = {
+        let (vmi, images, dir) = (vmi.clone(), cfg.images.clone(), work_dir.clone());
+        tokio::task::spawn_blocking(move || volumes::prepare(&vmi, &images, &dir)).await??
+    };
+
+    let (accel, why) = {
+        let kernel = prepared.kernel_boot.as_ref().and_then(|k| k.kernel.clone());
+        let (choice, allow, timeout, cache) = (
+            cfg.accel,
+            cfg.allow_emulation,
+            cfg.kvm_probe_timeout,
+            cfg.kvm_probe_cache.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            probe::choose(choice, allow, || {
+                probe::probe_kvm(kernel.as_deref(), timeout, cache.as_deref())
+            })
+        })
+        .await?
+        .map_err(LauncherError::Accel)?
+    };
+    tracing::info!(?accel, reason = %why, "accelerator chosen");
+
+    let host = HostFacts {
+        volumes: prepared.volumes,
+        kernel_boot: prepared.kernel_boot,
+        console_socket: Some(
+            std::path::absolute(&cfg.console_socket).map_err(io(&cfg.console_socket))?,
+        ),
+        vnc_socket: cfg
+            .vnc_socket
+            .as_deref()
+            .map(std::path::absolute)
+            .transpose()
+            .map_err(io(&work_dir))?,
+        network: cfg.network,
+        ..HostFacts::x86_64(accel)
+    };
+    let xml = domain_for(&vmi, &host)?.to_xml()?;
+    std::fs::write(work_dir.join("domain.xml"), &xml).map_err(io(&work_dir))?;
+    for s in [Some(&cfg.console_socket), cfg.vnc_socket.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        remove_stale_socket(s);
+    }
+
+    let target = match &cfg.libvirt_uri {
+        Some(uri) => Target::Uri(uri.clone()),
+        None => Target::Private {
+            dir: work_dir.join("libvirt"),
+            cache: cfg.libvirt_cache.join(match accel {
+                Accel::Kvm => "kvm",
+                Accel::Tcg => "tcg",
+            }),
+            hide_kvm: accel == Accel::Tcg,
+        },
+    };
+    let handle = DomainHandle::spawn(target).await?;
+    let grace = Duration::from_secs(
+        vmi.spec
+            .termination_grace_period_seconds
+            .unwrap_or(DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS)
+            .max(0) as u64,
+    );
+    let status = LauncherStatus {
+        domain: name.clone(),
+        state: DomainState::Pending,
+        accel,
+        launcher_version: env!("CARGO_PKG_VERSION").into(),
+        libvirt_version: Some(handle.versions().libvirt.clone()),
+        qemu_version: Some(handle.versions().qemu.clone()),
+        qemu_pid: None,
+    };
+    let result = drive(&handle, xml, grace, &shutdown, || {
+        tracing::info!(domain = %name, elapsed_ms = t0.elapsed().as_millis() as u64, "domain started");
+        on_running(Running { handle: handle.clone(), status });
+    })
+    .await;
+    if let Err(e) = handle.close().await {
+        tracing::warn!(error = %e, "closing libvirt");
+    }
+    for s in [Some(&cfg.console_socket), cfg.vnc_socket.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        let _ = std::fs::remove_file(s);
+    }
+    drop(work);
+    result
+}
+
+fn remove_stale_socket(path: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+async fn drive(
+    handle: &DomainHandle,
+    xml: String,
+    grace: Duration,
+    shutdown: &CancellationToken,
+    started: impl FnOnce(),
+) -> Result<Outcome, LauncherError> {
+    handle.define(xml).await?;
+    let mut state = handle.state();
+    handle.start().await?;
+    started();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            changed = state.changed() => {
+                if changed.is_err() {
+                    return Ok(Outcome::Crashed("libvirt thread ended".into()));
+                }
+                if let Some(end) = ended(&state.borrow()) {
+                    return Ok(end);
+                }
+            }
+        }
+    }
+    tracing::info!(
+        grace_s = grace.as_secs(),
+        "shutting down: ACPI power button"
+    );
+    if let Err(e) = handle.shutdown().await {
+        tracing::warn!(error = %e, "ACPI shutdown failed");
+    }
+    let waited = tokio::time::timeout(grace, async {
+        loop {
+            if let Some(end) = ended(&state.borrow_and_update()) {
+                return end;
+            }
+            if state.changed().await.is_err() {
+                return Outcome::Crashed("libvirt thread ended".into());
+            }
+        }
+    })
+    .await;
+    match waited {
+        Ok(end) => Ok(end),
+        Err(_) => {
+            tracing::warn!("grace period over; destroying the domain");
+            handle.destroy().await?;
+            Ok(Outcome::ForcedStop)
+        }
+    }
+}
+
+fn ended(o: &crate::actor::Observed) -> Option<Outcome> {
+    match o.state {
+        DomainState::Shutoff => Some(Outcome::ShutDown),
+        DomainState::Crashed => Some(Outcome::Crashed(
+            o.reason.clone().unwrap_or_else(|| "crashed".into()),
+        )),
+        _ => None,
+    }
+}

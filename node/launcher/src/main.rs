@@ -1,0 +1,81 @@
+//! `virt-launcher` binary.
+
+mod cli;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+use virt_launcher::Outcome;
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cfg = cli::Args::parse().into_config()?;
+    // The launcher is mostly waiting; a small runtime keeps its memory low.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let code = rt.block_on(async_main(cfg))?;
+    std::process::exit(code)
+}
+
+async fn async_main(cfg: virt_launcher::Config) -> anyhow::Result<i32> {
+    let shutdown = CancellationToken::new();
+    let signals = shutdown.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM"),
+            _ = int.recv() => tracing::info!("SIGINT"),
+        }
+        signals.cancel();
+    });
+    let stop_server = CancellationToken::new();
+    let cmd_socket = cfg.cmd_socket.clone();
+    let (server_shutdown, server_stop) = (shutdown.clone(), stop_server.clone());
+    let outcome = virt_launcher::run(cfg, shutdown, move |running| {
+        tracing::info!(status = ?running.status(), "running");
+        if let Some(path) = cmd_socket {
+            tokio::spawn(async move {
+                if let Err(e) =
+                    virt_launcher::cmd_server::serve(path, running, server_shutdown, server_stop)
+                        .await
+                {
+                    tracing::error!(error = %e, "command socket failed");
+                }
+            });
+        }
+    })
+    .await;
+    stop_server.cancel();
+    match outcome {
+        Ok(Outcome::ShutDown) => {
+            tracing::info!("guest shut down");
+            Ok(0)
+        }
+        Ok(Outcome::ForcedStop) => {
+            tracing::warn!("guest did not shut down within its grace period; destroyed");
+            Ok(0)
+        }
+        Ok(Outcome::Crashed(reason)) => {
+            tracing::error!(%reason, "guest crashed");
+            Ok(2)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "launcher failed");
+            eprintln!("virt-launcher: {e}");
+            Ok(1)
+        }
+    }
+}

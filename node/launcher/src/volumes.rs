@@ -1,0 +1,442 @@
+//! Volume preparation: turns the VMI's volumes into files QEMU can open. Runs before
+//! the domain exists; everything it creates lives in the launcher's work directory.
+//!
+//! Blocking (file I/O and `qemu-img`/`xorriso`); call it from `spawn_blocking`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use base64::Engine;
+use kubevirt_api::VirtualMachineInstance;
+use kubevirt_api::quantity;
+use kubevirt_api::vmi::{CloudInitSource, Volume};
+use virt_domain::schema::{DiskFormat, DiskType};
+use virt_domain::{KernelBootFiles, PreparedVolume};
+
+/// Why a volume could not be prepared. Every variant names the volume.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    /// The image reference has no `--image-dir` mapping.
+    #[error(
+        "volume {volume:?}: image {image:?} is not available (map it with --image-dir {image}=DIR)"
+    )]
+    UnknownImage {
+        /// Volume.
+        volume: String,
+        /// Image reference.
+        image: String,
+    },
+    /// A file in an image is missing or unreadable.
+    #[error("volume {volume:?}: cannot read {path}: {source}")]
+    Unreadable {
+        /// Volume.
+        volume: String,
+        /// The file.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// No unique disk file in the image.
+    #[error(
+        "volume {volume:?}: image directory {dir} must hold exactly one disk image under disk/ or at its top level, found {found}"
+    )]
+    NoDiskFile {
+        /// Volume.
+        volume: String,
+        /// Image directory.
+        dir: PathBuf,
+        /// How many were found.
+        found: usize,
+    },
+    /// A helper tool failed.
+    #[error("volume {volume:?}: {tool} failed: {stderr}")]
+    Tool {
+        /// Volume.
+        volume: String,
+        /// Tool.
+        tool: &'static str,
+        /// Its error output.
+        stderr: String,
+    },
+    /// The volume source is not supported by this launcher.
+    #[error("volume {volume:?}: {kind} volumes are not supported by the standalone launcher")]
+    Unsupported {
+        /// Volume.
+        volume: String,
+        /// Source kind.
+        kind: String,
+    },
+    /// Bad inline data.
+    #[error("volume {volume:?}: {detail}")]
+    Invalid {
+        /// Volume.
+        volume: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Writing into the work directory failed.
+    #[error("volume {volume:?}: {path}: {source}")]
+    Io {
+        /// Volume.
+        volume: String,
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// `--image-dir IMAGE=DIR` mappings: container image references → local directories.
+#[derive(Clone, Debug, Default)]
+pub struct ImageDirs(pub BTreeMap<String, PathBuf>);
+
+impl ImageDirs {
+    fn dir(&self, volume: &str, image: &str) -> Result<&Path, VolumeError> {
+        let tagged = format!("{image}:latest");
+        self.0
+            .get(image)
+            .or_else(|| {
+                (!image.contains(':'))
+                    .then(|| self.0.get(&tagged))
+                    .flatten()
+            })
+            .map(PathBuf::as_path)
+            .ok_or_else(|| VolumeError::UnknownImage {
+                volume: volume.into(),
+                image: image.into(),
+            })
+    }
+
+    /// A file inside an image, checked to be readable.
+    pub fn file(
+        &self,
+        volume: &str,
+        image: &str,
+        path_in_image: &str,
+    ) -> Result<PathBuf, VolumeError> {
+        let dir = self.dir(volume, image)?;
+        let path = dir.join(path_in_image.trim_start_matches('/'));
+        check_readable(volume, &path)?;
+        Ok(absolute(&path))
+    }
+
+    /// The disk image of a containerDisk: `path` when given, else the only file under
+    /// `disk/` (KubeVirt's layout), else the only disk-looking file at the top level.
+    pub fn disk_file(
+        &self,
+        volume: &str,
+        image: &str,
+        path: Option<&str>,
+    ) -> Result<PathBuf, VolumeError> {
+        if let Some(p) = path {
+            return self.file(volume, image, p);
+        }
+        let dir = self.dir(volume, image)?;
+        let list = |d: &Path, filter: &dyn Fn(&Path) -> bool| -> Vec<PathBuf> {
+            fs::read_dir(d)
+                .map(|it| {
+                    it.filter_map(|e| e.ok())
+                        .map(|e| e.path())
+                        .filter(|p| p.is_file() && filter(p))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut found = list(&dir.join("disk"), &|_| true);
+        if found.is_empty() {
+            found = list(dir, &|p| {
+                matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("qcow2" | "img" | "raw" | "iso")
+                )
+            });
+        }
+        match found.as_slice() {
+            [one] => {
+                check_readable(volume, one)?;
+                Ok(absolute(one))
+            }
+            _ => Err(VolumeError::NoDiskFile {
+                volume: volume.into(),
+                dir: dir.to_path_buf(),
+                found: found.len(),
+            }),
+        }
+    }
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+fn check_readable(volume: &str, path: &Path) -> Result<(), VolumeError> {
+    let unreadable = |source| VolumeError::Unreadable {
+        volume: volume.into(),
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = fs::File::open(path).map_err(unreadable)?;
+    let mut b = [0u8; 1];
+    f.read(&mut b).map_err(unreadable)?;
+    Ok(())
+}
+
+/// What preparation produced: the inputs of [`virt_domain::HostFacts`].
+#[derive(Clone, Debug, Default)]
+pub struct Prepared {
+    /// Prepared volumes by name.
+    pub volumes: BTreeMap<String, PreparedVolume>,
+    /// Resolved kernel boot files.
+    pub kernel_boot: Option<KernelBootFiles>,
+}
+
+/// Prepares every volume of `vmi` in `work` (which must exist and is owned by the caller).
+pub fn prepare(
+    vmi: &VirtualMachineInstance,
+    images: &ImageDirs,
+    work: &Path,
+) -> Result<Prepared, VolumeError> {
+    let mut out = Prepared::default();
+    if let Some(kb) = vmi
+        .spec
+        .domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.kernel_boot.as_ref())
+        && let Some(c) = &kb.container
+    {
+        let kernel = c
+            .kernel_path
+            .as_deref()
+            .map(|p| images.file("kernelBoot", &c.image, p))
+            .transpose()?;
+        let initrd = c
+            .initrd_path
+            .as_deref()
+            .map(|p| images.file("kernelBoot", &c.image, p))
+            .transpose()?;
+        out.kernel_boot = Some(KernelBootFiles { kernel, initrd });
+    }
+    for v in vmi.spec.volumes.iter().flatten() {
+        let prepared = prepare_volume(vmi, v, images, work)?;
+        out.volumes.insert(v.name.clone(), prepared);
+    }
+    Ok(out)
+}
+
+fn file_volume(path: PathBuf, format: DiskFormat) -> PreparedVolume {
+    PreparedVolume {
+        path,
+        format,
+        kind: DiskType::File,
+    }
+}
+
+fn prepare_volume(
+    vmi: &VirtualMachineInstance,
+    v: &Volume,
+    images: &ImageDirs,
+    work: &Path,
+) -> Result<PreparedVolume, VolumeError> {
+    let name = v.name.as_str();
+    if let Some(cd) = &v.container_disk {
+        let base = images.disk_file(name, &cd.image, cd.path.as_deref())?;
+        let format = detect_format(name, &base)?;
+        // A qcow2 overlay takes all writes, so the image is only ever read.
+        let overlay = work.join(format!("{name}.qcow2"));
+        let fmt = match format {
+            DiskFormat::Qcow2 => "qcow2",
+            DiskFormat::Raw => "raw",
+        };
+        run(
+            name,
+            "qemu-img create",
+            Command::new("qemu-img")
+                .args(["create", "-q", "-f", "qcow2", "-F", fmt, "-b"])
+                .arg(&base)
+                .arg(&overlay),
+        )?;
+        return Ok(file_volume(overlay, DiskFormat::Qcow2));
+    }
+    if let Some(ed) = &v.empty_disk {
+        let bytes = quantity::parse_bytes(&ed.capacity.0).map_err(|e| VolumeError::Invalid {
+            volume: name.into(),
+            detail: format!("emptyDisk.capacity {:?}: {e}", ed.capacity.0),
+        })?;
+        let path = work.join(format!("{name}.qcow2"));
+        run(
+            name,
+            "qemu-img create",
+            Command::new("qemu-img")
+                .args(["create", "-q", "-f", "qcow2"])
+                .arg(&path)
+                .arg(bytes.to_string()),
+        )?;
+        return Ok(file_volume(path, DiskFormat::Qcow2));
+    }
+    if let Some(ci) = &v.cloud_init_no_cloud {
+        return nocloud_iso(vmi, name, ci, work).map(|p| file_volume(p, DiskFormat::Raw));
+    }
+    if let Some(hd) = &v.host_disk {
+        let path = PathBuf::from(&hd.path);
+        if !path.exists() && hd.type_ == "DiskOrCreate" {
+            let cap = hd.capacity.as_ref().map(|q| q.0.as_str()).unwrap_or("0");
+            let bytes = quantity::parse_bytes(cap).map_err(|e| VolumeError::Invalid {
+                volume: name.into(),
+                detail: format!("hostDisk.capacity {cap:?}: {e}"),
+            })?;
+            let f = fs::File::create(&path).map_err(|source| VolumeError::Io {
+                volume: name.into(),
+                path: path.clone(),
+                source,
+            })?;
+            f.set_len(bytes).map_err(|source| VolumeError::Io {
+                volume: name.into(),
+                path: path.clone(),
+                source,
+            })?;
+        }
+        check_readable(name, &path)?;
+        let kind = if fs::metadata(&path).map(|m| m.is_file()).unwrap_or(true) {
+            DiskType::File
+        } else {
+            DiskType::Block
+        };
+        return Ok(PreparedVolume {
+            path,
+            format: DiskFormat::Raw,
+            kind,
+        });
+    }
+    Err(VolumeError::Unsupported {
+        volume: name.into(),
+        kind: v.source_names().join(","),
+    })
+}
+
+fn detect_format(volume: &str, path: &Path) -> Result<DiskFormat, VolumeError> {
+    let mut magic = [0u8; 4];
+    let mut f = fs::File::open(path).map_err(|source| VolumeError::Unreadable {
+        volume: volume.into(),
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let n = f
+        .read(&mut magic)
+        .map_err(|source| VolumeError::Unreadable {
+            volume: volume.into(),
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(if n == 4 && magic == *b"QFI\xfb" {
+        DiskFormat::Qcow2
+    } else {
+        DiskFormat::Raw
+    })
+}
+
+fn decode(
+    volume: &str,
+    inline: Option<&String>,
+    b64: Option<&String>,
+    what: &str,
+) -> Result<Option<Vec<u8>>, VolumeError> {
+    if let Some(s) = inline {
+        return Ok(Some(s.clone().into_bytes()));
+    }
+    if let Some(s) = b64 {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(s.trim())
+            .map_err(|e| VolumeError::Invalid {
+                volume: volume.into(),
+                detail: format!("{what}Base64 is not valid base64: {e}"),
+            })?;
+        return Ok(Some(bytes));
+    }
+    Ok(None)
+}
+
+/// Writes a NoCloud seed ISO (volume label `cidata`) with xorriso.
+fn nocloud_iso(
+    vmi: &VirtualMachineInstance,
+    volume: &str,
+    ci: &CloudInitSource,
+    work: &Path,
+) -> Result<PathBuf, VolumeError> {
+    if ci.secret_ref.is_some() || ci.network_data_secret_ref.is_some() {
+        return Err(VolumeError::Unsupported {
+            volume: volume.into(),
+            kind: "cloudInitNoCloud secretRef".into(),
+        });
+    }
+    let dir = work.join(format!("{volume}-cidata"));
+    let io = |path: &Path, r: std::io::Result<()>| {
+        r.map_err(|source| VolumeError::Io {
+            volume: volume.into(),
+            path: path.to_path_buf(),
+            source,
+        })
+    };
+    io(&dir, fs::create_dir_all(&dir))?;
+    let user = decode(
+        volume,
+        ci.user_data.as_ref(),
+        ci.user_data_base64.as_ref(),
+        "userData",
+    )?;
+    let net = decode(
+        volume,
+        ci.network_data.as_ref(),
+        ci.network_data_base64.as_ref(),
+        "networkData",
+    )?;
+    let name = vmi.metadata.name.as_deref().unwrap_or("vmi");
+    let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
+    let instance = vmi
+        .metadata
+        .uid
+        .clone()
+        .unwrap_or_else(|| format!("{ns}.{name}"));
+    let host = vmi.spec.hostname.as_deref().unwrap_or(name);
+    let meta = format!("instance-id: {instance}\nlocal-hostname: {host}\n");
+    let p = dir.join("meta-data");
+    io(&p, fs::write(&p, meta))?;
+    let p = dir.join("user-data");
+    io(&p, fs::write(&p, user.unwrap_or_default()))?;
+    if let Some(n) = net {
+        let p = dir.join("network-config");
+        io(&p, fs::write(&p, n))?;
+    }
+    let iso = work.join(format!("{volume}.iso"));
+    run(
+        volume,
+        "xorriso",
+        Command::new("xorriso")
+            .args([
+                "-as", "mkisofs", "-quiet", "-volid", "cidata", "-joliet", "-rock", "-output",
+            ])
+            .arg(&iso)
+            .arg(&dir),
+    )?;
+    Ok(iso)
+}
+
+fn run(volume: &str, tool: &'static str, cmd: &mut Command) -> Result<(), VolumeError> {
+    let out = cmd.output().map_err(|e| VolumeError::Tool {
+        volume: volume.into(),
+        tool,
+        stderr: e.to_string(),
+    })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(VolumeError::Tool {
+            volume: volume.into(),
+            tool,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().into(),
+        })
+    }
+}
