@@ -64,7 +64,8 @@ impl Cluster {
         let kubectl = kubectl_binary();
         if let Some(kc) = std::env::var_os("KUBECONFIG").filter(|k| !k.is_empty()) {
             let kubeconfig = PathBuf::from(kc);
-            let local = kubeconfig == target_dir().join("cluster/kubeconfig");
+            let ours = target_dir().join("cluster/kubeconfig");
+            let local = kubeconfig.canonicalize().ok() == ours.canonicalize().ok() && ours.exists();
             return Ok(Cluster {
                 kubeconfig,
                 kubectl,
