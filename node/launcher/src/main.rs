@@ -43,6 +43,7 @@ async fn async_main(cfg: virt_launcher::Config) -> anyhow::Result<i32> {
     });
     let stop_server = CancellationToken::new();
     let cmd_socket = cfg.cmd_socket.clone();
+    let cmd_socket_file = cfg.cmd_socket.clone();
     let (server_shutdown, server_stop) = (shutdown.clone(), stop_server.clone());
     let outcome = virt_launcher::run(cfg, shutdown, move |running| {
         tracing::info!(status = ?running.status(), "running");
@@ -59,6 +60,10 @@ async fn async_main(cfg: virt_launcher::Config) -> anyhow::Result<i32> {
     })
     .await;
     stop_server.cancel();
+    // The server task may not get to run its cleanup before the process exits.
+    if let Some(p) = cmd_socket_file {
+        let _ = std::fs::remove_file(p);
+    }
     match outcome {
         Ok(Outcome::ShutDown) => {
             tracing::info!("guest shut down");

@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 /// The guest's PID 1.
 const INIT: &str = include_str!("init.sh");
 
+/// Copy of the init script the initramfs was built with, to rebuild when it changes.
+const STAMP: &str = ".init-stamp";
+
 /// The line the guest prints on its serial console once it is up.
 pub const BANNER: &str = "kubevirt-rs guest ready";
 
@@ -99,17 +102,22 @@ impl Guest {
         }
     }
 
-    /// Whether every file exists.
+    /// Whether every file exists and the initramfs carries the current init script.
     pub fn is_built(&self) -> bool {
         [&self.kernel, &self.initrd, &self.disk]
             .iter()
             .all(|p| p.is_file())
+            && fs::read_to_string(self.dir.join(STAMP)).is_ok_and(|s| s == INIT)
     }
 }
 
 /// `target/guest` of the workspace that contains this crate.
 pub fn default_dir() -> PathBuf {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let workspace = manifest
+        .join("../..")
+        .canonicalize()
+        .unwrap_or_else(|_| manifest.join("../.."));
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace.join("target"));
@@ -133,6 +141,8 @@ pub fn build(dir: &Path) -> Result<Guest, GuestError> {
     io(&g.kernel, fs::rename(&tmp, &g.kernel))?;
     build_initramfs(dir, &version, &g.initrd)?;
     build_disk(dir, &g.disk)?;
+    let stamp = dir.join(STAMP);
+    io(&stamp, fs::write(&stamp, INIT))?;
     Ok(g)
 }
 

@@ -1,0 +1,539 @@
+//! Integration tests of the standalone launcher against real libvirt and QEMU (TCG).
+//! Each test starts `virt-launcher` (which starts its own private libvirtd) and checks
+//! afterwards that no QEMU, libvirtd or file of its own is left behind.
+//!
+//! Needs root and the Debian packages listed in docs/node.md. The test guest is built
+//! into target/guest on first use (what `cargo xtask guest` does).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use virt_testguest::{KERNEL_ARGS, PROMPT};
+
+/// Two TCG guests at once on a 2-core machine make every timeout flaky; one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn guest_dir() -> PathBuf {
+    let dir = virt_testguest::default_dir();
+    match virt_testguest::ensure(&dir) {
+        Ok(g) => g.dir,
+        Err(e) => panic!(
+            "cannot build the test guest into {} (cargo xtask guest): {e}",
+            dir.display()
+        ),
+    }
+}
+
+fn vmi(name: &str, grace: i64, kernel_args: &str, disks: Value, volumes: Value) -> Value {
+    json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": name, "namespace": "test"},
+        "spec": {
+            "terminationGracePeriodSeconds": grace,
+            "domain": {
+                "resources": {"requests": {"memory": "256Mi"}},
+                "firmware": {"kernelBoot": {
+                    "kernelArgs": kernel_args,
+                    "container": {"image": "guest:latest", "kernelPath": "/vmlinuz", "initrdPath": "/initramfs.gz"}
+                }},
+                "devices": {"disks": disks}
+            },
+            "volumes": volumes
+        }
+    })
+}
+
+fn simple_vmi(name: &str) -> Value {
+    vmi(name, 30, KERNEL_ARGS, json!([]), json!([]))
+}
+
+struct Launcher {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    domain: String,
+}
+
+impl Launcher {
+    fn console(&self) -> PathBuf {
+        self.dir.path().join("console.sock")
+    }
+    fn cmd_socket(&self) -> PathBuf {
+        self.dir.path().join("cmd.sock")
+    }
+    fn work(&self) -> PathBuf {
+        self.dir.path().join("work")
+    }
+
+    fn start(vmi: &Value, image_dir: &Path) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("vl-test-")
+            .tempdir()
+            .unwrap();
+        let file = dir.path().join("vmi.json");
+        std::fs::write(&file, serde_json::to_vec_pretty(vmi).unwrap()).unwrap();
+        let work = dir.path().join("work");
+        std::fs::create_dir(&work).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_virt-launcher"))
+            .arg("--vmi")
+            .arg(&file)
+            .arg("--console-socket")
+            .arg(dir.path().join("console.sock"))
+            .arg("--cmd-socket")
+            .arg(dir.path().join("cmd.sock"))
+            .arg("--image-dir")
+            .arg(format!("guest:latest={}", image_dir.display()))
+            .arg("--work-dir")
+            .arg(&work)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let domain = format!(
+            "{}_{}",
+            vmi["metadata"]["namespace"].as_str().unwrap_or("default"),
+            vmi["metadata"]["name"].as_str().unwrap()
+        );
+        Self {
+            child: Some(child),
+            dir,
+            domain,
+        }
+    }
+
+    fn connect_console(&mut self, timeout: Duration) -> Console {
+        let start = Instant::now();
+        loop {
+            if let Ok(s) = UnixStream::connect(self.console()) {
+                return Console {
+                    s,
+                    seen: String::new(),
+                };
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "launcher exited with {status} before the console came up: {}",
+                    self.stderr()
+                );
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "no console socket after {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.as_ref().unwrap().id() as i32);
+        nix::sys::signal::kill(pid, sig).unwrap();
+    }
+
+    /// Waits for exit; returns (exit code, stderr, how long it took).
+    fn wait(&mut self, timeout: Duration) -> (i32, String, Duration) {
+        let start = Instant::now();
+        let child = self.child.as_mut().unwrap();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                let took = start.elapsed();
+                let err = self.stderr();
+                self.child = None;
+                return (status.code().unwrap_or(-1), err, took);
+            }
+            if start.elapsed() > timeout {
+                let _ = child.kill();
+                panic!(
+                    "launcher did not exit within {timeout:?}: {}",
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stderr(&mut self) -> String {
+        let mut s = String::new();
+        if let Some(e) = self.child.as_mut().and_then(|c| c.stderr.as_mut()) {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    }
+
+    /// Nothing of this launcher may survive it: no QEMU for its domain, no libvirtd
+    /// from its work directory, no files, no sockets.
+    fn assert_clean(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let work = self.work().display().to_string();
+        loop {
+            let left = leftover_processes(&self.domain, &work);
+            if left.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "processes left behind: {left:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let files: Vec<_> = std::fs::read_dir(self.work()).unwrap().collect();
+        assert!(files.is_empty(), "work directory not cleaned: {files:?}");
+        assert!(!self.console().exists(), "console socket left behind");
+        assert!(!self.cmd_socket().exists(), "command socket left behind");
+    }
+}
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Live (non-zombie) processes that belong to this test's VM.
+fn leftover_processes(domain: &str, work: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let p = e.path();
+        let Ok(cmdline) = std::fs::read(p.join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let stat = std::fs::read_to_string(p.join("stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+        let ours = (cmd.contains("qemu-system") && cmd.contains(&format!("guest={domain},")))
+            || (cmd.contains("libvirtd") && cmd.contains(work));
+        if ours && !zombie {
+            out.push(cmd);
+        }
+    }
+    out
+}
+
+struct Console {
+    s: UnixStream,
+    seen: String,
+}
+
+impl Console {
+    /// Reads until `pat` appears in the output after the current position.
+    fn expect(&mut self, pat: &str, timeout: Duration) -> String {
+        let start = Instant::now();
+        let mut buf = [0u8; 4096];
+        let from = self.seen.len();
+        loop {
+            if let Some(i) = self.seen[from..].find(pat) {
+                let upto = from + i + pat.len();
+                let chunk = self.seen[from..upto].to_string();
+                self.seen.drain(..upto);
+                return chunk;
+            }
+            let left = timeout.checked_sub(start.elapsed()).unwrap_or_else(|| {
+                panic!(
+                    "{pat:?} not seen on the console within {timeout:?}; got: {:?}",
+                    &self.seen[from..]
+                )
+            });
+            self.s
+                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .unwrap();
+            match self.s.read(&mut buf) {
+                Ok(0) => panic!(
+                    "console closed before {pat:?}; got: {:?}",
+                    &self.seen[from..]
+                ),
+                Ok(n) => self.seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e) => panic!("console read: {e}"),
+            }
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        self.s.write_all(format!("{line}\n").as_bytes()).unwrap();
+    }
+
+    /// Waits for the shell; pokes it with a newline in case the prompt was printed
+    /// before we connected.
+    fn prompt(&mut self) {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(60) {
+            let from = self.seen.len();
+            let mut buf = [0u8; 4096];
+            self.s
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            match self.s.read(&mut buf) {
+                Ok(0) => panic!("console closed before the prompt"),
+                Ok(n) => self.seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+                Err(_) => self.send(""),
+            }
+            if self.seen[from.saturating_sub(PROMPT.len())..].contains(PROMPT)
+                || self.seen.contains(PROMPT)
+            {
+                let i = self.seen.rfind(PROMPT).unwrap() + PROMPT.len();
+                self.seen.drain(..i);
+                return;
+            }
+        }
+        panic!("no shell prompt within 60 s; got: {:?}", self.seen);
+    }
+
+    /// Runs a command in the guest shell and returns its output up to a marker.
+    fn run(&mut self, cmd: &str) -> String {
+        self.send(&format!("{cmd}; echo __done__$((1+1))"));
+        let out = self.expect("__done__2", Duration::from_secs(30));
+        out.replace('\r', "")
+    }
+}
+
+fn cmd(path: &Path, req: &str) -> Value {
+    let mut s = UnixStream::connect(path).unwrap();
+    s.write_all(format!("{req}\n").as_bytes()).unwrap();
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while s.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+        line.push(b[0]);
+    }
+    serde_json::from_slice(&line).unwrap()
+}
+
+#[test]
+fn boots_guest_and_runs_a_shell_command() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let images = guest_dir();
+    let mut l = Launcher::start(&simple_vmi("answer"), &images);
+    let mut c = l.connect_console(Duration::from_secs(60));
+    c.prompt();
+    c.send("echo $((6*7))");
+    c.expect("42", Duration::from_secs(20));
+    let status = cmd(&l.cmd_socket(), r#"{"op":"getStatus"}"#);
+    assert_eq!(status["state"], "running");
+    assert_eq!(
+        status["accel"], "tcg",
+        "KVM hangs on this machine; the probe must fall back to TCG"
+    );
+    l.signal(nix::sys::signal::Signal::SIGTERM);
+    let (code, err, _) = l.wait(Duration::from_secs(40));
+    assert_eq!(code, 0, "{err}");
+    l.assert_clean();
+}
+
+#[test]
+fn volumes_reach_the_guest() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let images = guest_dir();
+    let image_disk = images.join("disk.qcow2");
+    let before = std::fs::read(&image_disk).unwrap();
+    let v = vmi(
+        "volumes",
+        30,
+        KERNEL_ARGS,
+        json!([
+            {"name": "cloudinit", "disk": {"bus": "virtio"}},
+            {"name": "root", "disk": {"bus": "virtio"}},
+            {"name": "scratch", "disk": {"bus": "virtio"}}
+        ]),
+        json!([
+            {"name": "cloudinit", "cloudInitNoCloud": {
+                "userData": "#cloud-config\nkubevirt_rs_marker: user-data-arrived\n",
+                "networkData": "version: 2\n"
+            }},
+            {"name": "root", "containerDisk": {"image": "guest:latest"}},
+            {"name": "scratch", "emptyDisk": {"capacity": "64Mi"}}
+        ]),
+    );
+    let mut l = Launcher::start(&v, &images);
+    let mut c = l.connect_console(Duration::from_secs(60));
+    c.prompt();
+    let out = c.run("mount -t iso9660 -o ro $(findfs LABEL=cidata) /mnt && cat /mnt/user-data && ls /mnt; umount /mnt");
+    assert!(
+        out.contains("kubevirt_rs_marker: user-data-arrived"),
+        "user-data not in the guest: {out}"
+    );
+    assert!(
+        out.contains("meta-data") && out.contains("network-config"),
+        "NoCloud files missing: {out}"
+    );
+    // The container disk is seen through an overlay: writes go to the overlay only.
+    let out = c
+        .run("head -c 21 /dev/vdb; echo; echo overwritten | dd of=/dev/vdb conv=fsync 2>/dev/null");
+    assert!(
+        out.contains(virt_testguest::DISK_MARKER),
+        "containerDisk content not visible: {out}"
+    );
+    let out = c.run("cat /sys/block/vdc/size");
+    assert!(
+        out.contains("131072"),
+        "emptyDisk should be 64 MiB (131072 sectors): {out}"
+    );
+    l.signal(nix::sys::signal::Signal::SIGTERM);
+    let (code, err, _) = l.wait(Duration::from_secs(40));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        std::fs::read(&image_disk).unwrap() == before,
+        "the container image was written to"
+    );
+    l.assert_clean();
+}
+
+#[test]
+fn sigterm_shuts_the_guest_down_gracefully() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let images = guest_dir();
+    let mut l = Launcher::start(&simple_vmi("graceful"), &images);
+    let mut c = l.connect_console(Duration::from_secs(60));
+    c.prompt();
+    l.signal(nix::sys::signal::Signal::SIGTERM);
+    c.expect("power button, shutting down", Duration::from_secs(20));
+    let (code, err, took) = l.wait(Duration::from_secs(40));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("guest shut down"),
+        "expected a clean ACPI shutdown: {err}"
+    );
+    assert!(
+        took < Duration::from_secs(30),
+        "graceful shutdown took {took:?}"
+    );
+    l.assert_clean();
+}
+
+#[test]
+fn guest_ignoring_acpi_is_destroyed_after_the_grace_period() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let images = guest_dir();
+    let v = vmi(
+        "stubborn",
+        3,
+        &format!("{KERNEL_ARGS} kubevirt-rs.ignore-acpi"),
+        json!([]),
+        json!([]),
+    );
+    let mut l = Launcher::start(&v, &images);
+    let mut c = l.connect_console(Duration::from_secs(60));
+    c.prompt();
+    l.signal(nix::sys::signal::Signal::SIGTERM);
+    let (code, err, took) = l.wait(Duration::from_secs(40));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("destroyed"), "expected a forced stop: {err}");
+    assert!(
+        took >= Duration::from_secs(3),
+        "destroyed before the grace period ended ({took:?})"
+    );
+    l.assert_clean();
+}
+
+#[test]
+fn pause_and_unpause_over_the_command_socket() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let images = guest_dir();
+    let mut l = Launcher::start(&simple_vmi("pausable"), &images);
+    let mut c = l.connect_console(Duration::from_secs(60));
+    c.prompt();
+    assert_eq!(cmd(&l.cmd_socket(), r#"{"op":"ping"}"#)["kind"], "pong");
+    assert_eq!(cmd(&l.cmd_socket(), r#"{"op":"pause"}"#)["kind"], "ok");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cmd(&l.cmd_socket(), r#"{"op":"getStatus"}"#)["state"] != "paused" {
+        assert!(Instant::now() < deadline, "state never became paused");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A paused guest does not answer.
+    c.send("echo $((20+22))");
+    c.s.set_read_timeout(Some(Duration::from_millis(1500)))
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = c.s.read(&mut buf).unwrap_or(0);
+    assert!(
+        !String::from_utf8_lossy(&buf[..n]).contains("42"),
+        "paused guest answered"
+    );
+    assert_eq!(cmd(&l.cmd_socket(), r#"{"op":"unpause"}"#)["kind"], "ok");
+    c.expect("42", Duration::from_secs(20));
+    assert_eq!(cmd(&l.cmd_socket(), r#"{"op":"shutdown"}"#)["kind"], "ok");
+    let (code, err, _) = l.wait(Duration::from_secs(40));
+    assert_eq!(code, 0, "{err}");
+    l.assert_clean();
+}
+
+fn assert_fails_cleanly(v: &Value, image_dir: &Path, expect: &[&str]) {
+    let mut l = Launcher::start(v, image_dir);
+    let (code, err, _) = l.wait(Duration::from_secs(30));
+    assert_eq!(code, 1, "launcher should fail: {err}");
+    let last = err
+        .lines()
+        .filter(|l| l.starts_with("virt-launcher:"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for e in expect {
+        assert!(last.contains(e), "error should mention {e:?}: {last}");
+    }
+    l.assert_clean();
+}
+
+#[test]
+fn invalid_memory_quantity_is_a_clear_error() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut v = simple_vmi("badmem");
+    v["spec"]["domain"]["resources"]["requests"]["memory"] = json!("12XB");
+    assert_fails_cleanly(
+        &v,
+        &guest_dir(),
+        &[
+            "invalid VMI",
+            "spec.domain.resources.requests.memory",
+            "12XB",
+        ],
+    );
+}
+
+#[test]
+fn disk_without_volume_is_a_clear_error() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let v = vmi(
+        "nodisk",
+        30,
+        KERNEL_ARGS,
+        json!([{"name": "data", "disk": {"bus": "virtio"}}]),
+        json!([]),
+    );
+    assert_fails_cleanly(
+        &v,
+        &guest_dir(),
+        &["invalid VMI", "spec.domain.devices.disks[0].name", "data"],
+    );
+}
+
+#[test]
+fn missing_image_file_is_a_clear_error() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let empty = tempfile::tempdir().unwrap();
+    let v = vmi(
+        "noimage",
+        30,
+        KERNEL_ARGS,
+        json!([{"name": "root", "disk": {}}]),
+        json!([{"name": "root", "containerDisk": {"image": "guest:latest", "path": "/disk/missing.qcow2"}}]),
+    );
+    // The kernel comes from the same (empty) image, so it is the first thing missing.
+    let missing = empty.path().join("vmlinuz").display().to_string();
+    assert_fails_cleanly(&v, empty.path(), &["kernelBoot", &missing]);
+    let v2 = vmi(
+        "noimage2",
+        30,
+        KERNEL_ARGS,
+        json!([{"name": "root", "disk": {}}]),
+        json!([{"name": "root", "containerDisk": {"image": "guest:latest", "path": "/disk/missing.qcow2"}}]),
+    );
+    let missing = guest_dir().join("disk/missing.qcow2").display().to_string();
+    assert_fails_cleanly(&v2, &guest_dir(), &["volume \"root\"", &missing]);
+}
