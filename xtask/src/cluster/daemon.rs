@@ -85,10 +85,18 @@ pub fn running_pid(layout: &Layout, name: &str) -> Option<i32> {
 
 /// After a reboot or crash a stale PID file may name an unrelated process: every daemon we start
 /// has our work dir in its arguments, anything else is not ours to reuse or to signal.
+/// Our own children count too: between fork and exec a child's command line is still ours.
 fn ours(layout: &Layout, pid: i32) -> bool {
     let needle = layout.cluster.display().to_string();
-    fs::read(format!("/proc/{pid}/cmdline"))
-        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
+    let ppid = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let (_, rest) = stat.rsplit_once(')')?;
+            rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+        });
+    ppid == Some(std::process::id())
+        || fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
 }
 
 /// Alive and not a zombie: our children that die before `up` exits linger as zombies.

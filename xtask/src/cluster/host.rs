@@ -195,7 +195,20 @@ pub fn remove_containerd_workloads(layout: &Layout) {
     }
 }
 
-/// Processes whose command line mentions our work dir: every daemon and the containerd shims.
+/// Programs the cluster runs; any other process mentioning our work dir (say, a `tail -f` of a
+/// log) is the user's business.
+const OUR_PROGRAMS: &[&str] = &[
+    "etcd",
+    "containerd",
+    "containerd-shim-runc-v2",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kube-proxy",
+];
+
+/// Cluster programs whose command line mentions our work dir: daemons and containerd shims.
 fn our_processes(layout: &Layout) -> Vec<(i32, String)> {
     let needle = layout.cluster.display().to_string();
     let me = std::process::id();
@@ -205,6 +218,12 @@ fn our_processes(layout: &Layout) -> Vec<(i32, String)> {
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| u32::try_from(*pid).ok() != Some(me))
+        .filter(|pid| {
+            fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| {
+                exe.file_name()
+                    .is_some_and(|n| OUR_PROGRAMS.iter().any(|p| n.to_string_lossy() == *p))
+            })
+        })
         .filter_map(|pid| {
             let cmd = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");

@@ -83,9 +83,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if nodes != 1 {
                 bail!("only single-node clusters are supported for now (--nodes 1)");
             }
+            let _lock = layout.lock()?;
             up(&layout, kubeconfig).map(|_| ())
         }
-        Cmd::Down => down(&layout),
+        Cmd::Down => {
+            let _lock = layout.lock()?;
+            down(&layout)
+        }
         Cmd::Status => status(&layout),
         Cmd::Import { archive } => {
             import_image(&archive)?;
@@ -118,7 +122,9 @@ pub fn build_scratch_image(
 #[allow(dead_code)]
 /// Brings the cluster up (or reuses it) and returns the path of the admin kubeconfig.
 pub fn ensure_up(kubeconfig: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    up(&Layout::discover()?, kubeconfig)
+    let layout = Layout::discover()?;
+    let _lock = layout.lock()?;
+    up(&layout, kubeconfig)
 }
 
 /// Paths of everything we own.
@@ -170,6 +176,23 @@ impl Layout {
             target,
             root,
         })
+    }
+
+    /// Serialises `up` and `down` (e.g. two test binaries bringing the cluster up at once).
+    fn lock(&self) -> anyhow::Result<nix::fcntl::Flock<fs::File>> {
+        use nix::fcntl::{Flock, FlockArg};
+        fs::create_dir_all(&self.cluster)?;
+        let path = self.cluster.join(".lock");
+        let open =
+            || fs::File::create(&path).with_context(|| format!("opening {}", path.display()));
+        match Flock::lock(open()?, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(lock),
+            Err(_) => {
+                println!("waiting for another `cargo xtask cluster up/down` to finish…");
+                Flock::lock(open()?, FlockArg::LockExclusive)
+                    .map_err(|(_, e)| anyhow::anyhow!("locking {}: {e}", path.display()))
+            }
+        }
     }
 
     fn admin_kubeconfig(&self) -> PathBuf {
@@ -391,9 +414,11 @@ fn start_all(
     let bridge_ip: IpAddr = BRIDGE_IP.parse()?;
     let first_service_ip: IpAddr = FIRST_SERVICE_IP.parse()?;
     let cold = daemon::running_pid(layout, "kube-apiserver").is_none();
-    if cold && daemon::running_pid(layout, "etcd").is_none() {
-        // A fresh start: old logs would only confuse.
-        let _ = fs::remove_dir_all(&layout.logs);
+    if cold && daemon::running_pid(layout, "etcd").is_none() && layout.logs.exists() {
+        // A fresh start: keep the previous run's logs apart rather than mixing them in.
+        let previous = layout.cluster.join("logs.previous");
+        let _ = fs::remove_dir_all(&previous);
+        let _ = fs::rename(&layout.logs, &previous);
     }
     for d in [
         &layout.state,
