@@ -404,6 +404,8 @@ fn set_managed_fields(obj: &mut Value, mut entries: Vec<ManagedFieldsEntry>) {
 pub struct Conflict {
     /// The other manager.
     pub manager: String,
+    /// Its operation: the applier's own `Update` entry is another manager too.
+    pub operation: Operation,
     /// Its apiVersion.
     pub api_version: String,
     /// Its subresource, if it wrote through one.
@@ -1126,6 +1128,7 @@ pub fn apply_subresource(
         for p in e.fields.iter().filter(|p| changed(p)) {
             conflicts.push(Conflict {
                 manager: e.manager.clone(),
+                operation: e.operation,
                 api_version: e.api_version.clone(),
                 subresource: e.subresource.clone(),
                 field: path_string(p),
@@ -1143,6 +1146,13 @@ pub fn apply_subresource(
     }
 
     let content_changed = merged != without_managed_fields(live_obj);
+    // Compare what will be recorded: paths that do not exist (an applied `spec: {}` on a
+    // non-empty spec) are pruned below and must not count as a change of ownership.
+    let applied_set: FieldSet = applied_set
+        .iter()
+        .filter(|p| merged_flat.contains_key(*p))
+        .cloned()
+        .collect();
     match me {
         Some(i) => {
             if entries[i].fields != applied_set || content_changed {
@@ -2016,6 +2026,181 @@ mod tests {
         ));
         assert_eq!(out["ports"].as_array().map(Vec::len), Some(2));
         assert_eq!(out["tags"], json!(["b", "a"]));
+    }
+
+    /// Deterministic pseudo-random sequences of applies and updates by three managers;
+    /// checks the invariants every sequence must keep.
+    #[test]
+    fn random_sequences_keep_invariants() {
+        struct Lcg(u64);
+        impl Lcg {
+            fn next(&mut self, n: usize) -> usize {
+                self.0 = self
+                    .0
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((self.0 >> 33) as usize) % n
+            }
+        }
+        fn config(r: &mut Lcg) -> Value {
+            let mut spec = Map::new();
+            if r.next(2) == 0 {
+                spec.insert("runStrategy".into(), json!(["Always", "Halted"][r.next(2)]));
+            }
+            if r.next(3) == 0 {
+                spec.insert("running".into(), json!(r.next(2) == 0));
+            }
+            let mut tspec = Map::new();
+            let mut vols = Vec::new();
+            for n in ["v1", "v2", "v3"] {
+                if r.next(2) == 0 {
+                    continue;
+                }
+                let mut cd = json!({"image": (["i1", "i2"][r.next(2)])});
+                if r.next(3) == 0 {
+                    cd["imagePullPolicy"] = json!("Always");
+                }
+                vols.push(json!({"name": n, "containerDisk": cd}));
+            }
+            if !vols.is_empty() {
+                tspec.insert("volumes".into(), Value::Array(vols));
+            }
+            if r.next(3) == 0 {
+                tspec.insert(
+                    "tolerations".into(),
+                    json!([{"key": (["a", "b"][r.next(2)])}]),
+                );
+            }
+            if !tspec.is_empty() {
+                spec.insert("template".into(), json!({"spec": tspec}));
+            }
+            let mut obj = vm(Value::Object(spec));
+            let mut labels = Map::new();
+            for k in ["a", "b"] {
+                if r.next(2) == 0 {
+                    labels.insert(k.to_string(), json!(["x", "y"][r.next(2)]));
+                }
+            }
+            if !labels.is_empty() {
+                obj["metadata"]["labels"] = Value::Object(labels);
+            }
+            let fins: Vec<Value> = ["f/1", "f/2"]
+                .iter()
+                .filter(|_| r.next(2) == 0)
+                .map(|f| json!(f))
+                .collect();
+            if !fins.is_empty() {
+                obj["metadata"]["finalizers"] = Value::Array(fins);
+            }
+            obj
+        }
+        fn check_owned_paths_exist(obj: &Value) {
+            let present = flat_of(obj, Scope::All, &vmi_lists);
+            for e in managed_fields(obj) {
+                assert!(!e.fields.is_empty(), "empty entry kept: {obj}");
+                for p in e.fields.iter() {
+                    assert!(
+                        present.contains_key(p),
+                        "{} owns missing {}",
+                        e.manager,
+                        path_string(p)
+                    );
+                }
+            }
+        }
+        let managers = ["m1", "m2", "m3"];
+        for seed in 0..300u64 {
+            let mut r = Lcg(seed);
+            let mut live: Option<Value> = None;
+            for step in 0..8 {
+                let manager = managers[r.next(3)];
+                let now = format!("2026-01-01T00:00:{step:02}Z");
+                let cfg = config(&mut r);
+                if r.next(3) == 0 {
+                    let new = match &live {
+                        // A JSON-merge-patch-like write of the whole config.
+                        Some(l) => {
+                            let mut n = l.clone();
+                            merge(&mut n, &cfg, &mut Vec::new(), &vmi_lists);
+                            n
+                        }
+                        None => cfg.clone(),
+                    };
+                    let out = update(live.as_ref(), &new, manager, None, &now, &vmi_lists);
+                    check_owned_paths_exist(&out);
+                    live = Some(out);
+                    continue;
+                }
+                let force = r.next(2) == 0;
+                match apply(live.as_ref(), &cfg, manager, force, &now, &vmi_lists) {
+                    Ok(out) => {
+                        check_owned_paths_exist(&out);
+                        // Omitted fields survive only if someone else holds them (or
+                        // something inside them, or they key a surviving item).
+                        let before = live.as_ref().map(managed_fields).unwrap_or_default();
+                        let after = managed_fields(&out);
+                        let present = flat_of(&out, Scope::All, &vmi_lists);
+                        let wanted_now = flat_of(&cfg, Scope::Main, &vmi_lists);
+                        let held = |p: &Path| {
+                            after
+                                .iter()
+                                .filter(|e| e.manager != manager || e.operation != Operation::Apply)
+                                .any(|e| e.fields.iter().any(|q| q.starts_with(p)))
+                                || is_key_field(p)
+                        };
+                        for e in before
+                            .iter()
+                            .filter(|e| e.manager == manager && e.operation == Operation::Apply)
+                        {
+                            for p in e.fields.iter() {
+                                if present.contains_key(p) && !wanted_now.contains_key(p) {
+                                    assert!(
+                                        held(p),
+                                        "seed {seed} step {step}: {} kept unowned",
+                                        path_string(p)
+                                    );
+                                }
+                            }
+                        }
+                        // The applied intent holds: every owned leaf has the applied value.
+                        let wanted = flat_of(&cfg, Scope::Main, &vmi_lists);
+                        let got = flat_of(&out, Scope::Main, &vmi_lists);
+                        for (p, v) in &wanted {
+                            if matches!(v, Leaf::Scalar(Value::Object(o)) if o.is_empty()) {
+                                continue;
+                            }
+                            assert_eq!(
+                                got.get(p),
+                                Some(v),
+                                "seed {seed} step {step}: {}",
+                                path_string(p)
+                            );
+                        }
+                        // Re-applying the same intent changes nothing.
+                        let again = apply(
+                            Some(&out),
+                            &cfg,
+                            manager,
+                            false,
+                            "2027-01-01T00:00:00Z",
+                            &vmi_lists,
+                        )
+                        .unwrap_or_else(|e| panic!("seed {seed} step {step}: re-apply: {e}"));
+                        assert_eq!(again, out, "seed {seed} step {step}");
+                        live = Some(out);
+                    }
+                    Err(ApplyError::Conflicts(cs)) => {
+                        assert!(!force && !cs.is_empty());
+                        assert!(
+                            cs.iter()
+                                .all(|c| c.manager != manager || c.operation != Operation::Apply),
+                            "self-conflict: {cs:?}"
+                        );
+                    }
+                    Err(e) => panic!("seed {seed} step {step}: {e}"),
+                }
+            }
+        }
     }
 
     #[test]
