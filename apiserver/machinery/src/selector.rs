@@ -1031,6 +1031,28 @@ mod tests {
     }
 
     #[test]
+    fn display_round_trips() {
+        for s in [
+            "a",
+            "!a",
+            "a=b",
+            "a==b",
+            "a!=b",
+            "a in (x, y,)",
+            "a notin ()",
+            "kubevirt.io/domain=vm1,!kubevirt.io/paused,gen>2,gen<9",
+            "a=,b in (in)",
+        ] {
+            let sel = ls(s);
+            assert_eq!(ls(&sel.to_string()), sel, "{s}");
+        }
+        for s in [r"a=x\,y", "a!=b,c==d", r"x=\=\\"] {
+            let sel = fs(s);
+            assert_eq!(fs(&sel.to_string()), sel, "{s}");
+        }
+    }
+
+    #[test]
     fn numeric_comparisons() {
         let sel = ls("gen>3");
         assert!(sel.matches(&labels(&[("gen", "4")])));
