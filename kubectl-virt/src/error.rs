@@ -44,6 +44,11 @@ pub enum CliError {
     #[error("cannot reach the API server at {server}: {detail}")]
     Unreachable { server: String, detail: String },
 
+    #[error(
+        "TLS connection to the API server at {server} failed: {detail}; check certificate-authority(-data) and the server address in your kubeconfig"
+    )]
+    Tls { server: String, detail: String },
+
     #[error("cannot {action} {kind} \"{name}\" in namespace \"{namespace}\": {message}")]
     Conflict {
         action: &'static str,
@@ -187,6 +192,15 @@ fn is_unknown_path_404(status: &Status, target: &Target) -> bool {
         || status.reason != "NotFound"
 }
 
+/// Drops apimachinery's `Operation cannot be fulfilled on R "name": `
+/// preamble, which would repeat what our own message already says.
+fn strip_conflict_prefix(message: &str) -> &str {
+    message
+        .strip_prefix("Operation cannot be fulfilled on ")
+        .and_then(|rest| rest.split_once("\": "))
+        .map_or(message, |(_, why)| why)
+}
+
 /// Turns a failed request's Status into an actionable error.
 pub fn from_status(target: &Target, status: &Status) -> CliError {
     let message = status.message.trim().to_owned();
@@ -215,7 +229,7 @@ pub fn from_status(target: &Target, status: &Status) -> CliError {
             kind: target.kind,
             name: target.name.clone(),
             namespace: target.namespace.clone(),
-            message,
+            message: strip_conflict_prefix(&message).to_owned(),
         },
         code => CliError::Server {
             action: target.action,
@@ -233,18 +247,37 @@ pub fn from_status(target: &Target, status: &Status) -> CliError {
 pub fn from_kube(target: &Target, server: &str, err: kube::Error) -> CliError {
     match err {
         kube::Error::Api(status) => from_status(target, &status),
-        kube::Error::HyperError(e) => CliError::Unreachable {
-            server: server.to_owned(),
-            detail: error_chain(&e),
-        },
-        kube::Error::Service(e) => CliError::Unreachable {
-            server: server.to_owned(),
-            detail: error_chain(e.as_ref()),
-        },
+        kube::Error::HyperError(e) => connection_error(server, error_chain(&e)),
+        kube::Error::Service(e) => connection_error(server, error_chain(e.as_ref())),
         kube::Error::Auth(e) => CliError::Unauthorized {
             message: error_chain(&e),
         },
         other => CliError::Protocol(error_chain(&other)),
+    }
+}
+
+fn connection_error(server: &str, detail: String) -> CliError {
+    // rustls' errors arrive flattened into io::Error text ("invalid peer
+    // certificate", "received corrupt message" for a plain-HTTP port);
+    // telling them apart from a refused connection points at the fix.
+    let lower = detail.to_ascii_lowercase();
+    const TLS_HINTS: &[&str] = &[
+        "certificate",
+        "tls",
+        "handshake",
+        "corrupt message",
+        "alert",
+    ];
+    if TLS_HINTS.iter().any(|h| lower.contains(h)) {
+        CliError::Tls {
+            server: server.to_owned(),
+            detail,
+        }
+    } else {
+        CliError::Unreachable {
+            server: server.to_owned(),
+            detail,
+        }
     }
 }
 
@@ -351,6 +384,32 @@ mod tests {
             from_status(&target(), &s).to_string(),
             "cannot start VM \"vm1\" in namespace \"prod\": VM is already running"
         );
+    }
+
+    #[test]
+    fn conflict_preamble_is_dropped() {
+        let s = status(
+            r#"{"kind":"Status","status":"Failure","message":"Operation cannot be fulfilled on virtualmachines.kubevirt.io \"vm1\": VM is not running","reason":"Conflict","code":409}"#,
+        );
+        assert_eq!(
+            from_status(&target(), &s).to_string(),
+            "cannot start VM \"vm1\" in namespace \"prod\": VM is not running"
+        );
+    }
+
+    #[test]
+    fn tls_failures_are_told_apart() {
+        assert!(matches!(
+            connection_error(
+                "https://x/",
+                "invalid peer certificate: UnknownIssuer".into()
+            ),
+            CliError::Tls { .. }
+        ));
+        assert!(matches!(
+            connection_error("https://x/", "tcp connect error: Connection refused".into()),
+            CliError::Unreachable { .. }
+        ));
     }
 
     #[test]

@@ -4,7 +4,19 @@ use clap::Parser;
 use kubectl_virt::cli::Cli;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // kubectl's convention (and the plugin's contract) is exit 1 for every
+    // error, usage errors included; clap would use 2.
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     kubectl_virt::console::install_panic_hook();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -457,6 +457,11 @@ async fn errors_are_actionable_and_exit_1() {
         o.stderr
     );
 
+    let o = plugin(&cfg, &["pause", "pod", "vm1"], b"").await;
+    assert_eq!(o.code, 1, "usage errors exit 1 like kubectl");
+    let o = plugin(&cfg, &["help"], b"").await;
+    assert_eq!(o.code, 0);
+
     let o = plugin(&cfg, &["stop", "vm1", "--force"], b"").await;
     assert_eq!(o.code, 1);
     assert!(
