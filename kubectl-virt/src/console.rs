@@ -220,7 +220,14 @@ async fn pump(stream: ws::Stream, name: &str) -> Result<Ended, CliError> {
                         stdout.write_all(&b).await.map_err(out_err)?;
                         stdout.flush().await.map_err(out_err)?;
                     }
-                    Some(Ok(Message::Close(_))) | None => break Ended::ServerClosed,
+                    Some(Ok(Message::Close(frame))) => {
+                        close_outcome(frame.as_ref()).map_err(|detail| CliError::WebSocket {
+                            what: format!("the console of {name}"),
+                            detail,
+                        })?;
+                        break Ended::ServerClosed;
+                    }
+                    None => break Ended::ServerClosed,
                     // Text frames carry nothing in KubeVirt's protocol;
                     // pings are answered by tungstenite itself.
                     Some(Ok(_)) => {}
@@ -259,6 +266,31 @@ async fn pump(stream: ws::Stream, name: &str) -> Result<Ended, CliError> {
     Ok(ended)
 }
 
+/// How a server's close frame ends the session: a normal close is a clean
+/// end (its reason, e.g. another client taking the console over, is shown);
+/// any other code is an error.
+pub fn close_outcome(frame: Option<&CloseFrame>) -> Result<(), String> {
+    let Some(frame) = frame else { return Ok(()) };
+    let reason = frame.reason.as_str().trim();
+    match frame.code {
+        CloseCode::Normal | CloseCode::Away => {
+            if !reason.is_empty() {
+                eprintln!("\r\nconsole closed by the server: {reason}\r");
+            }
+            Ok(())
+        }
+        code => Err(format!(
+            "closed by the server with code {}{}",
+            u16::from(code),
+            if reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {reason}")
+            }
+        )),
+    }
+}
+
 /// SIGTERM/SIGHUP/SIGINT as one future, so the terminal is restored when
 /// the plugin is killed or its terminal goes away.
 struct Signals {
@@ -289,6 +321,8 @@ impl Signals {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
     use super::*;
 
     #[test]
@@ -296,6 +330,24 @@ mod tests {
         assert_eq!(split_escape(b"ls\r"), (&b"ls\r"[..], false));
         assert_eq!(split_escape(b"ab\x1dcd"), (&b"ab"[..], true));
         assert_eq!(split_escape(b"\x1d"), (&b""[..], true));
+    }
+
+    #[test]
+    fn close_frames() {
+        assert!(close_outcome(None).is_ok());
+        let normal = CloseFrame {
+            code: CloseCode::Normal,
+            reason: "".into(),
+        };
+        assert!(close_outcome(Some(&normal)).is_ok());
+        let err = CloseFrame {
+            code: CloseCode::Error,
+            reason: "serial socket gone".into(),
+        };
+        assert_eq!(
+            close_outcome(Some(&err)).unwrap_err(),
+            "closed by the server with code 1011: serial socket gone"
+        );
     }
 
     #[test]
