@@ -223,6 +223,32 @@ impl Ca {
         self.sign(params, validity, now)
     }
 
+    /// Issues a certificate valid for both server and client auth, for
+    /// components that talk mTLS in both directions (virt-handler ⇄
+    /// virt-apiserver) with one identity.
+    pub fn issue_peer<S: AsRef<str>>(
+        &self,
+        common_name: &str,
+        sans: &[S],
+        validity: Duration,
+    ) -> Result<IssuedCert> {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = dn(common_name, &[])?;
+        params.subject_alt_names = sans
+            .iter()
+            .map(|s| parse_san(s.as_ref()))
+            .collect::<Result<_>>()?;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        self.sign(params, validity, OffsetDateTime::now_utc())
+    }
+
     /// Issues a TLS client certificate. Kubernetes maps the CN to the user
     /// name and each O to a group, which is how RBAC sees the client. At
     /// most [`MAX_ORGANISATIONS`] organisations are supported.
@@ -627,6 +653,36 @@ mod tests {
             .issue_client("u", &["a", "b", "c"], DEFAULT_LEAF_VALIDITY)
             .unwrap_err();
         assert!(matches!(err, CertError::TooManyOrganisations(3)), "{err:?}");
+    }
+
+    #[test]
+    fn peer_cert_serves_and_authenticates() {
+        let ca = Ca::generate("ca", DEFAULT_CA_VALIDITY).unwrap();
+        let leaf = ca
+            .issue_peer(
+                "virt-handler",
+                &["node-1", "10.0.0.7"],
+                DEFAULT_LEAF_VALIDITY,
+            )
+            .unwrap();
+        verify(
+            ca.cert_pem(),
+            &leaf.cert_pem,
+            KeyUsage::server_auth(),
+            now(),
+        )
+        .unwrap();
+        verify(
+            ca.cert_pem(),
+            &leaf.cert_pem,
+            KeyUsage::client_auth(),
+            now(),
+        )
+        .unwrap();
+        let d = der(&leaf.cert_pem);
+        let ee = EndEntityCert::try_from(&d).unwrap();
+        ee.verify_is_valid_for_subject_name(&ServerName::try_from("10.0.0.7").unwrap())
+            .unwrap();
     }
 
     #[test]
