@@ -8,6 +8,7 @@ use futures::{SinkExt, StreamExt};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -197,11 +198,52 @@ pub async fn run(session: &Session, name: &str, timeout: Duration) -> Result<End
     result
 }
 
+/// Timing of the keep-alive, separate so tests can shorten it.
+#[derive(Clone, Copy, Debug)]
+pub struct Keepalive {
+    pub ping_interval: Duration,
+    pub dead_after: Duration,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Self {
+            ping_interval: PING_INTERVAL,
+            dead_after: DEAD_PEER_AFTER,
+        }
+    }
+}
+
 async fn pump(stream: ws::Stream, name: &str) -> Result<Ended, CliError> {
-    let (mut sink, mut source) = stream.split();
-    let mut input = spawn_stdin_reader();
+    let mut signals = Signals::new()?;
     let mut stdout = tokio::io::stdout();
-    let mut ping = tokio::time::interval(PING_INTERVAL);
+    bridge(
+        stream,
+        spawn_stdin_reader(),
+        &mut stdout,
+        Keepalive::default(),
+        name,
+        signals.recv(),
+    )
+    .await
+}
+
+/// Copies `input` to the websocket and binary messages to `out` until the
+/// escape byte, end of input, a close from the server, or `stop`.
+pub async fn bridge<S, W>(
+    stream: WebSocketStream<S>,
+    mut input: mpsc::Receiver<Vec<u8>>,
+    out: &mut W,
+    keepalive: Keepalive,
+    name: &str,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<Ended, CliError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let (mut sink, mut source) = stream.split();
+    let mut ping = tokio::time::interval(keepalive.ping_interval);
     ping.tick().await;
     let mut last_heard = Instant::now();
     let ws_err = |e: tokio_tungstenite::tungstenite::Error| CliError::WebSocket {
@@ -209,7 +251,7 @@ async fn pump(stream: ws::Stream, name: &str) -> Result<Ended, CliError> {
         detail: e.to_string(),
     };
     let out_err = |e| CliError::io("writing to stdout", e);
-    let mut signals = Signals::new()?;
+    tokio::pin!(stop);
 
     let ended = loop {
         tokio::select! {
@@ -217,8 +259,8 @@ async fn pump(stream: ws::Stream, name: &str) -> Result<Ended, CliError> {
                 last_heard = Instant::now();
                 match msg {
                     Some(Ok(Message::Binary(b))) => {
-                        stdout.write_all(&b).await.map_err(out_err)?;
-                        stdout.flush().await.map_err(out_err)?;
+                        out.write_all(&b).await.map_err(out_err)?;
+                        out.flush().await.map_err(out_err)?;
                     }
                     Some(Ok(Message::Close(frame))) => {
                         close_outcome(frame.as_ref()).map_err(|detail| CliError::WebSocket {
@@ -245,15 +287,15 @@ async fn pump(stream: ws::Stream, name: &str) -> Result<Ended, CliError> {
                 }
             }
             _ = ping.tick() => {
-                if last_heard.elapsed() > DEAD_PEER_AFTER {
+                if last_heard.elapsed() > keepalive.dead_after {
                     return Err(CliError::WebSocket {
                         what: format!("the console of {name}"),
-                        detail: format!("no answer from the server for {}s; connection lost", DEAD_PEER_AFTER.as_secs()),
+                        detail: format!("no answer from the server for {}s; connection lost", keepalive.dead_after.as_secs()),
                     });
                 }
                 sink.send(Message::Ping(Vec::new().into())).await.map_err(ws_err)?;
             }
-            _ = signals.recv() => break Ended::Signal,
+            () = &mut stop => break Ended::Signal,
         }
     };
     // Best effort: the server learns the session ended cleanly.
@@ -330,6 +372,94 @@ mod tests {
         assert_eq!(split_escape(b"ls\r"), (&b"ls\r"[..], false));
         assert_eq!(split_escape(b"ab\x1dcd"), (&b"ab"[..], true));
         assert_eq!(split_escape(b"\x1d"), (&b""[..], true));
+    }
+
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    async fn pair() -> (
+        WebSocketStream<tokio::io::DuplexStream>,
+        WebSocketStream<tokio::io::DuplexStream>,
+    ) {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let client = WebSocketStream::from_raw_socket(a, Role::Client, None).await;
+        let server = WebSocketStream::from_raw_socket(b, Role::Server, None).await;
+        (client, server)
+    }
+
+    fn fast() -> Keepalive {
+        Keepalive {
+            ping_interval: Duration::from_millis(50),
+            dead_after: Duration::from_millis(400),
+        }
+    }
+
+    #[tokio::test]
+    async fn idle_session_is_kept_alive_by_pings() {
+        let (client, mut server) = pair().await;
+        let (tx, rx) = mpsc::channel(4);
+        let srv = tokio::spawn(async move {
+            // Reading drives tungstenite's automatic pong replies.
+            let mut pings = 0;
+            while let Some(Ok(m)) = server.next().await {
+                match m {
+                    Message::Ping(_) => pings += 1,
+                    Message::Binary(b) if b.as_ref() == b"bye" => break,
+                    _ => {}
+                }
+            }
+            pings
+        });
+        let mut out = Vec::new();
+        let session = bridge(client, rx, &mut out, fast(), "t", std::future::pending());
+        let driver = async {
+            // Idle for several dead-peer periods: pongs must keep it open.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            tx.send(b"bye\x1d".to_vec()).await.unwrap();
+        };
+        let (ended, ()) = tokio::join!(session, driver);
+        assert_eq!(ended.unwrap(), Ended::Escape);
+        assert!(srv.await.unwrap() >= 10);
+    }
+
+    #[tokio::test]
+    async fn silent_peer_is_detected() {
+        let (client, server) = pair().await;
+        // The server never reads, so it never answers pings.
+        let _hold = server;
+        let (_tx, rx) = mpsc::channel(4);
+        let mut out = Vec::new();
+        let err = bridge(client, rx, &mut out, fast(), "t", std::future::pending())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("connection lost"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn output_text_frames_and_stop() {
+        let (client, mut server) = pair().await;
+        let (_tx, rx) = mpsc::channel(4);
+        server
+            .send(Message::Binary(b"abc"[..].into()))
+            .await
+            .unwrap();
+        server.send(Message::Text("ignored".into())).await.unwrap();
+        server
+            .send(Message::Binary(b"\x00\x1d\xff"[..].into()))
+            .await
+            .unwrap();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let mut out = Vec::new();
+        let stop = async {
+            let _ = stop_rx.await;
+        };
+        let session = bridge(client, rx, &mut out, Keepalive::default(), "t", stop);
+        let driver = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            stop_tx.send(()).unwrap();
+        };
+        let (ended, ()) = tokio::join!(session, driver);
+        assert_eq!(ended.unwrap(), Ended::Signal);
+        assert_eq!(out, b"abc\x00\x1d\xff");
     }
 
     #[test]
