@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::connect::GlobalArgs;
-use crate::create::ContainerDiskArg;
+use crate::create::VolumeArg;
 use crate::ops::ObjectKind;
 
 #[derive(Debug, Parser)]
@@ -167,10 +167,28 @@ pub struct CreateVmArgs {
         long = "volume-containerdisk",
         value_name = "src:IMAGE[,name:NAME][,bootorder:N]"
     )]
-    pub volume_containerdisk: Vec<ContainerDiskArg>,
+    pub volume_containerdisk: Vec<VolumeArg>,
+    /// A PersistentVolumeClaim volume: src:CLAIM[,name:NAME][,bootorder:N]. Repeatable.
+    #[arg(
+        long = "volume-pvc",
+        value_name = "src:CLAIM[,name:NAME][,bootorder:N]"
+    )]
+    pub volume_pvc: Vec<VolumeArg>,
     /// Base64-encoded cloud-init user data (NoCloud).
     #[arg(long, value_name = "BASE64")]
     pub cloud_init_user_data: Option<String>,
+    /// Base64-encoded cloud-init network data (NoCloud).
+    #[arg(long, value_name = "BASE64")]
+    pub cloud_init_network_data: Option<String>,
+    /// Guest user created by a generated cloud-config.
+    #[arg(long)]
+    pub user: Option<String>,
+    /// File holding the guest user's password (generated cloud-config).
+    #[arg(long, value_name = "PATH")]
+    pub password_file: Option<std::path::PathBuf>,
+    /// SSH public key authorised for the guest user. Repeatable.
+    #[arg(long, value_name = "KEY")]
+    pub ssh_key: Vec<String>,
 }
 
 fn parse_run_strategy(s: &str) -> Result<kubevirt_api::RunStrategy, String> {
@@ -282,7 +300,7 @@ mod tests {
             panic!("not create vm");
         };
         assert_eq!(a.run_strategy, kubevirt_api::RunStrategy::Manual);
-        assert_eq!(a.volume_containerdisk[0].image, "img:1");
+        assert_eq!(a.volume_containerdisk[0].source, "img:1");
         assert_eq!(a.volume_containerdisk[0].name.as_deref(), Some("root"));
         assert!(
             Cli::try_parse_from([

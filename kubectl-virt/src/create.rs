@@ -8,7 +8,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kubevirt_api::vm::VirtualMachineInstanceTemplateSpec;
 use kubevirt_api::vmi::{
-    CloudInitSource, ContainerDiskSource, Disk, DiskTarget, DomainSpec, Memory, Volume,
+    CloudInitSource, ContainerDiskSource, Disk, DiskTarget, DomainSpec, Memory,
+    PersistentVolumeClaimVolumeSource, Volume,
 };
 use kubevirt_api::{RunStrategy, VirtualMachine, VirtualMachineInstanceSpec, VirtualMachineSpec};
 
@@ -21,15 +22,17 @@ pub const DEFAULT_MEMORY: &str = "512Mi";
 /// Volume name virtctl gives cloud-init data.
 pub const CLOUD_INIT_VOLUME: &str = "cloudinitdisk";
 
-/// One `--volume-containerdisk src:IMAGE[,name:NAME][,bootorder:N]`.
+/// One `--volume-containerdisk src:IMAGE[,name:NAME][,bootorder:N]` or
+/// `--volume-pvc src:CLAIM[,name:NAME][,bootorder:N]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ContainerDiskArg {
-    pub image: String,
+pub struct VolumeArg {
+    /// Image reference or claim name.
+    pub source: String,
     pub name: Option<String>,
     pub boot_order: Option<u32>,
 }
 
-impl std::str::FromStr for ContainerDiskArg {
+impl std::str::FromStr for VolumeArg {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -39,7 +42,7 @@ impl std::str::FromStr for ContainerDiskArg {
         for part in s.split(',') {
             let Some((k, v)) = part.split_once(':') else {
                 return Err(format!(
-                    "{part:?} is not key:value (expected src:IMAGE[,name:NAME][,bootorder:N])"
+                    "{part:?} is not key:value (expected src:SOURCE[,name:NAME][,bootorder:N])"
                 ));
             };
             match k {
@@ -60,11 +63,11 @@ impl std::str::FromStr for ContainerDiskArg {
                 }
             }
         }
-        let image = image
+        let source = image
             .filter(|i| !i.is_empty())
-            .ok_or_else(|| "src:IMAGE is required".to_owned())?;
+            .ok_or_else(|| "src:SOURCE is required".to_owned())?;
         Ok(Self {
-            image,
+            source,
             name,
             boot_order,
         })
@@ -79,9 +82,90 @@ pub struct CreateVm {
     pub memory: Option<String>,
     pub run_strategy: RunStrategy,
     pub termination_grace_period: Option<i64>,
-    pub container_disks: Vec<ContainerDiskArg>,
+    pub container_disks: Vec<VolumeArg>,
+    pub pvcs: Vec<VolumeArg>,
+    pub cloud_init: CloudInit,
+}
+
+/// cloud-init inputs: either raw user data, or the user/password/keys that
+/// virtctl turns into a generated `#cloud-config`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CloudInit {
     /// Base64, as virtctl's --cloud-init-user-data.
-    pub cloud_init_user_data_base64: Option<String>,
+    pub user_data_base64: Option<String>,
+    /// Base64, as virtctl's --cloud-init-network-data.
+    pub network_data_base64: Option<String>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub ssh_authorized_keys: Vec<String>,
+}
+
+#[derive(serde::Serialize)]
+struct GeneratedCloudConfig<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    password: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    chpasswd: Option<ChPasswd>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    ssh_authorized_keys: &'a [String],
+}
+
+#[derive(serde::Serialize)]
+struct ChPasswd {
+    expire: bool,
+}
+
+fn check_base64(flag: &str, data: &str) -> Result<String, CliError> {
+    let data = data.trim();
+    base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .map(|_| data.to_owned())
+        .map_err(|_| {
+            CliError::Usage(format!(
+                "{flag} must be base64-encoded (e.g. $(base64 -w0 FILE))"
+            ))
+        })
+}
+
+impl CloudInit {
+    fn generates(&self) -> bool {
+        self.user.is_some() || self.password.is_some() || !self.ssh_authorized_keys.is_empty()
+    }
+
+    /// The NoCloud source, if any cloud-init input was given.
+    pub fn source(&self) -> Result<Option<CloudInitSource>, CliError> {
+        let mut src = CloudInitSource::default();
+        if let Some(d) = &self.network_data_base64 {
+            src.network_data_base64 = Some(check_base64("--cloud-init-network-data", d)?);
+        }
+        match (&self.user_data_base64, self.generates()) {
+            (Some(_), true) => {
+                return Err(CliError::Usage(
+                    "--cloud-init-user-data cannot be combined with --user, --password-file or --ssh-key".into(),
+                ));
+            }
+            (Some(d), false) => {
+                src.user_data_base64 = Some(check_base64("--cloud-init-user-data", d)?);
+            }
+            (None, true) => {
+                // Serialised rather than templated so that any password or
+                // key text stays valid YAML.
+                let cfg = GeneratedCloudConfig {
+                    user: self.user.as_deref(),
+                    password: self.password.as_deref(),
+                    chpasswd: self.password.as_ref().map(|_| ChPasswd { expire: false }),
+                    ssh_authorized_keys: &self.ssh_authorized_keys,
+                };
+                let body =
+                    serde_saphyr::to_string(&cfg).map_err(|e| CliError::Yaml(e.to_string()))?;
+                src.user_data = Some(format!("#cloud-config\n{body}"));
+            }
+            (None, false) => {}
+        }
+        Ok((src != CloudInitSource::default()).then_some(src))
+    }
 }
 
 /// `vm-` and five random lowercase characters, like virtctl.
@@ -130,29 +214,34 @@ impl CreateVm {
             volumes.push(Volume {
                 name: vol_name.clone(),
                 container_disk: Some(ContainerDiskSource {
-                    image: cd.image.clone(),
+                    image: cd.source.clone(),
                     ..ContainerDiskSource::default()
                 }),
                 ..Volume::default()
             });
             disks.push(disk(&vol_name, cd.boot_order));
         }
-        if let Some(data) = &self.cloud_init_user_data_base64 {
-            if base64::engine::general_purpose::STANDARD
-                .decode(data.trim())
-                .is_err()
-            {
-                return Err(CliError::Usage(
-                    "--cloud-init-user-data must be base64-encoded (e.g. $(base64 -w0 user-data.yaml))"
-                        .into(),
-                ));
-            }
+        for (i, pvc) in self.pvcs.iter().enumerate() {
+            let vol_name = pvc
+                .name
+                .clone()
+                .unwrap_or_else(|| format!("{name}-pvc-{i}"));
+            validate_name("volume name", &vol_name)?;
+            validate_name("claim name", &pvc.source)?;
+            volumes.push(Volume {
+                name: vol_name.clone(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: pvc.source.clone(),
+                    ..PersistentVolumeClaimVolumeSource::default()
+                }),
+                ..Volume::default()
+            });
+            disks.push(disk(&vol_name, pvc.boot_order));
+        }
+        if let Some(src) = self.cloud_init.source()? {
             volumes.push(Volume {
                 name: CLOUD_INIT_VOLUME.to_owned(),
-                cloud_init_no_cloud: Some(CloudInitSource {
-                    user_data_base64: Some(data.trim().to_owned()),
-                    ..CloudInitSource::default()
-                }),
+                cloud_init_no_cloud: Some(src),
                 ..Volume::default()
             });
             disks.push(disk(CLOUD_INIT_VOLUME, None));
@@ -237,7 +326,8 @@ mod tests {
             run_strategy: RunStrategy::Always,
             termination_grace_period: None,
             container_disks: vec![],
-            cloud_init_user_data_base64: None,
+            pvcs: vec![],
+            cloud_init: CloudInit::default(),
         }
     }
 
@@ -276,7 +366,11 @@ spec:
                     .unwrap(),
                 "src:registry:5000/tools:latest,name:tools".parse().unwrap(),
             ],
-            cloud_init_user_data_base64: Some("I2Nsb3VkLWNvbmZpZwo=".into()),
+            pvcs: vec![],
+            cloud_init: CloudInit {
+                user_data_base64: Some("I2Nsb3VkLWNvbmZpZwo=".into()),
+                ..CloudInit::default()
+            },
         };
         let yaml = args.to_yaml("fedora").unwrap();
         let expected = "\
@@ -317,6 +411,70 @@ spec:
     }
 
     #[test]
+    fn generated_cloud_config_and_pvc_golden() {
+        let args = CreateVm {
+            pvcs: vec!["src:data-claim,bootorder:2".parse().unwrap()],
+            cloud_init: CloudInit {
+                network_data_base64: Some("dmVyc2lvbjogMgo=".into()),
+                user: Some("fedora".into()),
+                password: Some("p: #w'd\"".into()),
+                ssh_authorized_keys: vec!["ssh-ed25519 AAAAC3Nza me@host".into()],
+                ..CloudInit::default()
+            },
+            ..base()
+        };
+        let yaml = args.to_yaml("vm1").unwrap();
+        let expected = "\
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: vm1
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory:
+          guest: 512Mi
+        devices:
+          disks:
+          - name: vm1-pvc-0
+            disk: {}
+            bootOrder: 2
+          - name: cloudinitdisk
+            disk: {}
+      terminationGracePeriodSeconds: 180
+      volumes:
+      - name: vm1-pvc-0
+        persistentVolumeClaim:
+          claimName: data-claim
+      - name: cloudinitdisk
+        cloudInitNoCloud:
+          userData: |
+            #cloud-config
+            user: fedora
+            password: \"p: #w'd\\\"\"
+            chpasswd:
+              expire: false
+            ssh_authorized_keys:
+            - ssh-ed25519 AAAAC3Nza me@host
+          networkDataBase64: dmVyc2lvbjogMgo=
+";
+        assert_eq!(yaml, expected, "got:\n{yaml}");
+        // The generated cloud-config parses back to the same values.
+        let vm = args.build("vm1").unwrap();
+        let ud = vm.spec.template.spec.unwrap().volumes.unwrap()[1]
+            .cloud_init_no_cloud
+            .clone()
+            .unwrap()
+            .user_data
+            .unwrap();
+        let v: serde_json::Value = serde_saphyr::from_str(&ud).unwrap();
+        assert_eq!(v["password"], "p: #w'd\"");
+        assert_eq!(v["ssh_authorized_keys"][0], "ssh-ed25519 AAAAC3Nza me@host");
+    }
+
+    #[test]
     fn yaml_parses_back_into_the_api_type() {
         let args = CreateVm {
             container_disks: vec!["src:img:1".parse().unwrap()],
@@ -338,9 +496,27 @@ spec:
         };
         assert!(matches!(bad_mem.build("a"), Err(CliError::Usage(_))));
         let bad_b64 = CreateVm {
-            cloud_init_user_data_base64: Some("#cloud-config".into()),
+            cloud_init: CloudInit {
+                user_data_base64: Some("#cloud-config".into()),
+                ..CloudInit::default()
+            },
             ..base()
         };
+        assert!(matches!(bad_b64.build("a"), Err(CliError::Usage(_))));
+        let both = CreateVm {
+            cloud_init: CloudInit {
+                user_data_base64: Some("I2Nsb3VkLWNvbmZpZwo=".into()),
+                user: Some("fedora".into()),
+                ..CloudInit::default()
+            },
+            ..base()
+        };
+        assert!(matches!(both.build("a"), Err(CliError::Usage(_))));
+        let bad_claim = CreateVm {
+            pvcs: vec!["src:Bad_Claim".parse().unwrap()],
+            ..base()
+        };
+        assert!(matches!(bad_claim.build("a"), Err(CliError::Usage(_))));
         assert!(matches!(bad_b64.build("a"), Err(CliError::Usage(_))));
         assert!(matches!(base().build("Bad_Name"), Err(CliError::Usage(_))));
         let dup = CreateVm {
@@ -351,9 +527,9 @@ spec:
             ..base()
         };
         assert!(matches!(dup.build("a"), Err(CliError::Usage(_))));
-        assert!("name:x".parse::<ContainerDiskArg>().is_err());
-        assert!("src:a,size:1".parse::<ContainerDiskArg>().is_err());
-        assert!("src:a,bootorder:0".parse::<ContainerDiskArg>().is_err());
+        assert!("name:x".parse::<VolumeArg>().is_err());
+        assert!("src:a,size:1".parse::<VolumeArg>().is_err());
+        assert!("src:a,bootorder:0".parse::<VolumeArg>().is_err());
     }
 
     #[test]

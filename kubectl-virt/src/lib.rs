@@ -53,7 +53,18 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                 run_strategy: a.run_strategy,
                 termination_grace_period: a.termination_grace_period,
                 container_disks: a.volume_containerdisk,
-                cloud_init_user_data_base64: a.cloud_init_user_data,
+                pvcs: a.volume_pvc,
+                cloud_init: create::CloudInit {
+                    user_data_base64: a.cloud_init_user_data,
+                    network_data_base64: a.cloud_init_network_data,
+                    user: a.user,
+                    password: a
+                        .password_file
+                        .as_deref()
+                        .map(read_password_file)
+                        .transpose()?,
+                    ssh_authorized_keys: a.ssh_key,
+                },
             };
             let name = a.name.unwrap_or_else(create::random_vm_name);
             let yaml = create.to_yaml(&name)?;
@@ -81,6 +92,21 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             run_with_session(&session, command, &mut stdout).await
         }
     }
+}
+
+/// The first line of a password file: editors and `echo` add a trailing
+/// newline that must not become part of the password.
+fn read_password_file(path: &std::path::Path) -> Result<String, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::io(format!("reading {}", path.display()), e))?;
+    let pw = text.lines().next().unwrap_or_default().to_owned();
+    if pw.is_empty() {
+        return Err(CliError::Usage(format!(
+            "{} holds no password",
+            path.display()
+        )));
+    }
+    Ok(pw)
 }
 
 async fn run_with_session(
