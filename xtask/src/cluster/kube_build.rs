@@ -87,7 +87,7 @@ pub fn ensure(layout: &Layout, progress: &Progress) -> anyhow::Result<PathBuf> {
     progress.step(&format!(
         "building Kubernetes {version}{}…",
         if fresh {
-            " (first time, ~5 min on 2 cores)"
+            " (first time: 5–12 min on 2 cores)"
         } else {
             ""
         }
