@@ -1,7 +1,14 @@
-//! `cargo xtask guest`: builds the tiny test guest into target/guest (see `virt-testguest`).
+//! `cargo xtask guest`: builds the tiny test guest into target/guest (see `virt-testguest`),
+//! and `--bench`: the launcher benchmark (time to the guest's banner through
+//! virt-launcher versus bare QEMU, and the launcher's per-VM memory beside QEMU).
 
-use std::path::PathBuf;
-use std::time::Duration;
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
 
 /// Arguments.
 #[derive(clap::Args, Debug)]
@@ -12,6 +19,12 @@ pub struct Args {
     /// After building, boot it with bare QEMU (TCG) and print the time to the banner.
     #[arg(long)]
     measure: bool,
+    /// Run the launcher benchmark (builds virt-launcher in release mode).
+    #[arg(long)]
+    bench: bool,
+    /// Runs per variant for --bench.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
 }
 
 /// Runs the command.
@@ -29,5 +42,220 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             t.as_secs_f64()
         );
     }
+    if args.bench {
+        print!("{}", bench_launcher(args.runs)?.markdown());
+    }
     Ok(())
+}
+
+/// Figures of one benchmark run.
+#[derive(Debug, Default)]
+pub struct LauncherBench {
+    /// Bare QEMU: spawn → banner, per run.
+    pub bare: Vec<Duration>,
+    /// virt-launcher: spawn → banner on the console socket, per run.
+    pub launcher: Vec<Duration>,
+    /// (RSS, PSS) in KiB of virt-launcher.
+    pub launcher_mem: (u64, u64),
+    /// (RSS, PSS) in KiB of the private libvirtd plus its namespace helpers.
+    pub libvirtd_mem: (u64, u64),
+}
+
+fn median(v: &[Duration]) -> Duration {
+    let mut v = v.to_vec();
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+impl LauncherBench {
+    /// The figures as a markdown section.
+    pub fn markdown(&self) -> String {
+        let fmt = |v: &[Duration]| {
+            v.iter()
+                .map(|d| format!("{:.2}", d.as_secs_f64()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (bare, launcher) = (median(&self.bare), median(&self.launcher));
+        let mib = |k: u64| k as f64 / 1024.0;
+        format!(
+            "## Launcher (TCG, busybox guest, same run)\n\n\
+             | what | median | runs (s) |\n|---|---|---|\n\
+             | bare qemu-system-x86_64 → banner | {:.2} s | {} |\n\
+             | virt-launcher start → banner on console socket | {:.2} s | {} |\n\
+             | launcher overhead | {:.2} s | |\n\n\
+             | per-VM memory beside QEMU | RSS | PSS |\n|---|---|---|\n\
+             | virt-launcher | {:.1} MiB | {:.1} MiB |\n\
+             | private libvirtd (+ unshare, sh) | {:.1} MiB | {:.1} MiB |\n\
+             | total | {:.1} MiB | {:.1} MiB |\n",
+            bare.as_secs_f64(),
+            fmt(&self.bare),
+            launcher.as_secs_f64(),
+            fmt(&self.launcher),
+            launcher.as_secs_f64() - bare.as_secs_f64(),
+            mib(self.launcher_mem.0),
+            mib(self.launcher_mem.1),
+            mib(self.libvirtd_mem.0),
+            mib(self.libvirtd_mem.1),
+            mib(self.launcher_mem.0 + self.libvirtd_mem.0),
+            mib(self.launcher_mem.1 + self.libvirtd_mem.1),
+        )
+    }
+}
+
+/// Builds virt-launcher (release) and the guest, then alternates bare-QEMU and launcher
+/// boots `runs` times each.
+pub fn bench_launcher(runs: usize) -> anyhow::Result<LauncherBench> {
+    let guest = virt_testguest::ensure(&virt_testguest::default_dir())?;
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args([
+            "build",
+            "--release",
+            "-q",
+            "-p",
+            "virt-launcher",
+            "--bin",
+            "virt-launcher",
+        ])
+        .status()
+        .context("cargo build virt-launcher")?;
+    if !status.success() {
+        bail!("building virt-launcher failed");
+    }
+    let bin = virt_testguest::default_dir().join("../release/virt-launcher");
+    let work = std::env::temp_dir().join(format!("kubevirt-rs-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let vmi = serde_json::json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "bench", "namespace": "bench"},
+        "spec": {"terminationGracePeriodSeconds": 5, "domain": {
+            "resources": {"requests": {"memory": "256Mi"}},
+            "firmware": {"kernelBoot": {"kernelArgs": virt_testguest::KERNEL_ARGS,
+                "container": {"image": "guest:latest", "kernelPath": "/vmlinuz", "initrdPath": "/initramfs.gz"}}}}}
+    });
+    let vmi_file = work.join("vmi.json");
+    std::fs::write(&vmi_file, serde_json::to_vec(&vmi)?)?;
+    let mut out = LauncherBench::default();
+    // One unmeasured launcher run warms the shared QEMU capabilities cache and KVM probe.
+    for i in 0..=runs {
+        if i > 0 {
+            out.bare.push(virt_testguest::bare_qemu_boot_time(
+                &guest,
+                Duration::from_secs(60),
+            )?);
+        }
+        let (t, lmem, dmem) = launcher_once(&bin, &vmi_file, &guest.dir, &work)?;
+        if i > 0 {
+            out.launcher.push(t);
+            out.launcher_mem = lmem;
+            out.libvirtd_mem = dmem;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(out)
+}
+
+type Mem = (u64, u64);
+
+fn launcher_once(
+    bin: &Path,
+    vmi: &Path,
+    images: &Path,
+    work: &Path,
+) -> anyhow::Result<(Duration, Mem, Mem)> {
+    let sock = work.join("console.sock");
+    let start = Instant::now();
+    let mut child = Command::new(bin)
+        .arg("--vmi")
+        .arg(vmi)
+        .arg("--console-socket")
+        .arg(&sock)
+        .arg("--image-dir")
+        .arg(format!("guest:latest={}", images.display()))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("spawning virt-launcher")?;
+    let result = (|| -> anyhow::Result<(Duration, Mem, Mem)> {
+        let mut s = loop {
+            if let Ok(s) = UnixStream::connect(&sock) {
+                break s;
+            }
+            if child.try_wait()?.is_some() || start.elapsed() > Duration::from_secs(60) {
+                bail!("virt-launcher exited or its console never appeared");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        s.set_read_timeout(Some(Duration::from_secs(60)))?;
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&seen).contains(virt_testguest::BANNER) {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                bail!("console closed before the banner");
+            }
+            seen.extend_from_slice(&buf[..n]);
+        }
+        let took = start.elapsed();
+        let launcher = mem_of(child.id());
+        let mut daemon = (0, 0);
+        for pid in descendants(child.id()) {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if !comm.starts_with("qemu") {
+                let m = mem_of(pid);
+                daemon = (daemon.0 + m.0, daemon.1 + m.1);
+            }
+        }
+        Ok((took, launcher, daemon))
+    })();
+    let _ = nix_kill_term(child.id());
+    let _ = child.wait();
+    result
+}
+
+fn nix_kill_term(pid: u32) -> std::io::Result<()> {
+    Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status()
+        .map(|_| ())
+}
+
+/// (VmRSS, Pss) in KiB.
+fn mem_of(pid: u32) -> Mem {
+    let field = |file: &str, key: &str| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|r| r.split_whitespace().next().and_then(|n| n.parse().ok()))
+            .unwrap_or(0)
+    };
+    (field("status", "VmRSS:"), field("smaps_rollup", "Pss:"))
+}
+
+fn descendants(root: u32) -> Vec<u32> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        parents.push((pid, ppid));
+    }
+    let mut out = vec![];
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for (c, _) in parents.iter().filter(|(_, pp)| *pp == p) {
+            out.push(*c);
+            frontier.push(*c);
+        }
+    }
+    out
 }

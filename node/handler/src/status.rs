@@ -1,0 +1,170 @@
+//! Pure mapping from what a launcher reports to the VMI's status.
+
+use kubevirt_api::VirtualMachineInstancePhase as Phase;
+use kubevirt_api::common::{Condition, ConditionStatus, set_condition};
+use kubevirt_api::vmi::{RuntimeVersions, VirtualMachineInstanceStatus, condition_types};
+use virt_domain::Accel;
+use virt_domain::protocol::{DomainState, LauncherStatus};
+
+/// What the handler knows about one VMI's launcher.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Observation {
+    /// The launcher was started; its socket is not up yet.
+    Starting,
+    /// The launcher answered.
+    Launcher(LauncherStatus),
+    /// The domain ended cleanly.
+    ShutDown,
+    /// The domain crashed.
+    Crashed(String),
+    /// The launcher process is gone without the domain having ended.
+    LauncherDied(String),
+}
+
+/// The VMI status for `obs`, keeping what `prev` already had (node name, …).
+pub fn vmi_status(
+    prev: &VirtualMachineInstanceStatus,
+    obs: &Observation,
+) -> VirtualMachineInstanceStatus {
+    let mut s = prev.clone();
+    let mut conds = s.conditions.take().unwrap_or_default();
+    let cond = |t: &str, on: bool, reason: &str, msg: &str| {
+        Condition::new(t, ConditionStatus::from_bool(on), reason, msg)
+    };
+    match obs {
+        Observation::Starting => {
+            s.phase = Phase::Scheduled;
+            set_condition(
+                &mut conds,
+                cond(condition_types::READY, false, "Starting", ""),
+            );
+        }
+        Observation::Launcher(l) => {
+            s.phase = match l.state {
+                DomainState::Pending => Phase::Scheduled,
+                DomainState::Running | DomainState::Paused | DomainState::ShuttingDown => {
+                    Phase::Running
+                }
+                DomainState::Shutoff => Phase::Succeeded,
+                DomainState::Crashed => Phase::Failed,
+            };
+            let running = l.state == DomainState::Running;
+            set_condition(&mut conds, cond(condition_types::READY, running, "", ""));
+            if l.state == DomainState::Paused {
+                set_condition(
+                    &mut conds,
+                    cond(
+                        condition_types::PAUSED,
+                        true,
+                        "PausedByUser",
+                        "VMI was paused by user",
+                    ),
+                );
+            } else {
+                kubevirt_api::common::remove_condition(&mut conds, condition_types::PAUSED);
+            }
+            if l.accel == Accel::Tcg {
+                set_condition(
+                    &mut conds,
+                    cond(
+                        condition_types::SOFTWARE_EMULATION,
+                        true,
+                        "",
+                        "Running under software emulation (TCG)",
+                    ),
+                );
+            }
+            s.runtime_versions = Some(RuntimeVersions {
+                launcher: Some(l.launcher_version.clone()),
+                libvirt: l.libvirt_version.clone(),
+                qemu: l.qemu_version.clone(),
+            });
+            s.launcher_container_image_version = Some(l.launcher_version.clone());
+        }
+        Observation::ShutDown => {
+            s.phase = Phase::Succeeded;
+            set_condition(
+                &mut conds,
+                cond(condition_types::READY, false, "Stopped", ""),
+            );
+        }
+        Observation::Crashed(reason) => {
+            s.phase = Phase::Failed;
+            s.reason = Some(format!("GuestCrashed: {reason}"));
+            set_condition(
+                &mut conds,
+                cond(condition_types::READY, false, "Crashed", reason),
+            );
+        }
+        Observation::LauncherDied(reason) => {
+            // A final phase stays final: a launcher exiting after the guest ended is normal.
+            if !s.phase.is_final() {
+                s.phase = Phase::Failed;
+                s.reason = Some(format!("LauncherDied: {reason}"));
+                set_condition(
+                    &mut conds,
+                    cond(condition_types::READY, false, "LauncherDied", reason),
+                );
+            }
+        }
+    }
+    s.conditions = (!conds.is_empty()).then_some(conds);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launcher(state: DomainState) -> Observation {
+        Observation::Launcher(LauncherStatus {
+            domain: "ns_a".into(),
+            state,
+            accel: Accel::Tcg,
+            launcher_version: "0.1.0".into(),
+            ..LauncherStatus::default()
+        })
+    }
+
+    #[test]
+    fn phases_and_conditions_follow_the_launcher() {
+        let s = vmi_status(&Default::default(), &Observation::Starting);
+        assert_eq!(s.phase, Phase::Scheduled);
+        let s = vmi_status(&s, &launcher(DomainState::Running));
+        assert_eq!(s.phase, Phase::Running);
+        assert_eq!(
+            s.condition("Ready").map(|c| c.status),
+            Some(ConditionStatus::True)
+        );
+        assert_eq!(
+            s.condition("SoftwareEmulation").map(|c| c.status),
+            Some(ConditionStatus::True)
+        );
+        let s = vmi_status(&s, &launcher(DomainState::Paused));
+        assert_eq!(
+            s.condition("Paused").map(|c| c.status),
+            Some(ConditionStatus::True)
+        );
+        assert_eq!(
+            s.condition("Ready").map(|c| c.status),
+            Some(ConditionStatus::False)
+        );
+        let s = vmi_status(&s, &launcher(DomainState::Running));
+        assert!(s.condition("Paused").is_none());
+        let failed = vmi_status(&s, &Observation::LauncherDied("killed by SIGKILL".into()));
+        assert_eq!(failed.phase, Phase::Failed);
+        assert!(
+            failed
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.contains("SIGKILL"))
+        );
+        let done = vmi_status(&s, &Observation::ShutDown);
+        let after = vmi_status(&done, &Observation::LauncherDied("exited".into()));
+        assert_eq!(
+            after.phase,
+            Phase::Succeeded,
+            "a launcher exiting after shutdown is not a failure"
+        );
+    }
+}
