@@ -175,8 +175,19 @@ pub fn busybox_image(name: &str, dir: &Path) -> anyhow::Result<PathBuf> {
     if !busybox.exists() {
         bail!("/bin/busybox missing (apt-get install busybox-static)");
     }
+    scratch_image(name, &[(busybox, "/bin/busybox")], &["/bin/busybox"], dir)
+}
+
+/// Builds an image FROM scratch holding `files` (host path, image path) with `entrypoint`, and
+/// writes it as an OCI archive into `dir`. Returns the archive's path.
+pub fn scratch_image(
+    name: &str,
+    files: &[(&Path, &str)],
+    entrypoint: &[&str],
+    dir: &Path,
+) -> anyhow::Result<PathBuf> {
     let store = dir.join("buildah");
-    let archive = dir.join("busybox.oci.tar");
+    let archive = dir.join("image.oci.tar");
     let buildah = |args: &[&str]| -> anyhow::Result<String> {
         let out = Command::new("buildah")
             .arg("--storage-driver=vfs")
@@ -197,11 +208,44 @@ pub fn busybox_image(name: &str, dir: &Path) -> anyhow::Result<PathBuf> {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
     let ctr = buildah(&["from", "scratch"])?;
-    buildah(&["copy", &ctr, "/bin/busybox", "/bin/busybox"])?;
-    buildah(&["config", "--entrypoint", r#"["/bin/busybox"]"#, &ctr])?;
+    for (host, image) in files {
+        let host = host.to_string_lossy();
+        buildah(&["copy", &ctr, &host, image])?;
+    }
+    let entrypoint = serde_json::to_string(entrypoint)?;
+    buildah(&["config", "--entrypoint", &entrypoint, &ctr])?;
     buildah(&["commit", "--quiet", &ctr, name])?;
     let dest = format!("oci-archive:{}:{name}", archive.display());
     buildah(&["push", "--quiet", name, &dest])?;
     let _ = std::fs::remove_dir_all(&store);
     Ok(archive)
+}
+
+/// Builds a static Go program of the `e2e/k8s` module (e.g. `./cmd/aggregation-probe`) into
+/// `dir` and returns the binary's path.
+pub fn go_program(package: &str, dir: &Path) -> anyhow::Result<PathBuf> {
+    let go = ["go", "/usr/local/go/bin/go"]
+        .into_iter()
+        .find(|g| {
+            Command::new(g)
+                .arg("version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .context("Go is not installed (https://go.dev/dl/, unpacked to /usr/local/go)")?;
+    let name = package.rsplit('/').next().unwrap_or("program");
+    let out = dir.join(name);
+    let status = Command::new(go)
+        .args(["build", "-trimpath", "-ldflags=-s -w", "-o"])
+        .arg(&out)
+        .arg(package)
+        .current_dir(workspace_root().join("e2e/k8s"))
+        .env("CGO_ENABLED", "0")
+        .env("GOTOOLCHAIN", "local")
+        .status()
+        .context("running go build")?;
+    if !status.success() {
+        bail!("go build {package} failed");
+    }
+    Ok(out)
 }
