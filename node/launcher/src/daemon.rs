@@ -113,7 +113,8 @@ impl PrivateDaemon {
             io(d, fs::create_dir_all(d))?;
         }
         let conf = format!(
-            "unix_sock_dir = \"{}\"\nunix_sock_rw_perms = \"0700\"\nauth_unix_rw = \"none\"\nauth_unix_ro = \"none\"\nlog_outputs = \"3:stderr\"\n",
+            "unix_sock_dir = \"{}\"\nunix_sock_rw_perms = \"0700\"\nauth_unix_rw = \"none\"\nauth_unix_ro = \"none\"\nlog_outputs = \"3:stderr\"\n\
+             min_workers = 1\nmax_workers = 4\nprio_workers = 1\nadmin_min_workers = 1\nadmin_max_workers = 1\n",
             sock.display()
         );
         io(&etc, fs::write(etc.join("libvirtd.conf"), conf))?;

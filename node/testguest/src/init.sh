@@ -16,9 +16,13 @@ for d in /sys/class/input/input*; do
     if grep -q "Power Button" "$d/name" 2>/dev/null; then
         ev=$(ls "$d" | grep '^event' | head -n 1)
         if [ -n "$ev" ]; then
-            ( head -c 24 "/dev/input/$ev" >/dev/null
+            # Open the device before the banner, so a press right after it is queued
+            # rather than lost while the watcher starts.
+            exec 3<"/dev/input/$ev"
+            ( head -c 24 <&3 >/dev/null
               echo "kubevirt-rs guest: power button, shutting down"
               sync; poweroff -f ) &
+            exec 3<&-
         fi
     fi
 done
