@@ -7,6 +7,7 @@
 //! unit-tested.
 
 pub mod cli;
+pub mod complete;
 pub mod connect;
 pub mod console;
 pub mod create;

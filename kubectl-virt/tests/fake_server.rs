@@ -226,6 +226,25 @@ async fn list_migrations(Path(ns): Path<String>) -> Response {
     .into_response()
 }
 
+async fn list_vms(Path(ns): Path<String>, headers: HeaderMap) -> Response {
+    // Completion asks for metadata only, as kubectl does.
+    let accept = headers
+        .get("accept")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    assert!(accept.contains("as=PartialObjectMetadataList"), "{accept}");
+    let item = |n: &str| {
+        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+               "metadata": {"name": n, "namespace": ns}})
+    };
+    axum::Json(json!({
+        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+        "metadata": {"resourceVersion": "7"},
+        "items": [item("fedora"), item("fedora-2"), item("ubuntu")]
+    }))
+    .into_response()
+}
+
 async fn delete_migration(
     State(f): State<Fake>,
     Path((_ns, name)): Path<(String, String)>,
@@ -246,6 +265,10 @@ async fn start_fake(with_subresources: bool) -> (SocketAddr, Fake) {
         .route(
             "/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstancemigrations",
             get(list_migrations),
+        )
+        .route(
+            "/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachines",
+            get(list_vms),
         )
         .route(
             "/apis/kubevirt.io/v1/namespaces/{ns}/virtualmachineinstancemigrations/{name}",
@@ -718,4 +741,55 @@ async fn client_version_needs_no_cluster() {
         stdout.starts_with("Client Version: {\"gitVersion\":\"v0.1.0\""),
         "{stdout}"
     );
+}
+
+#[tokio::test]
+async fn plugin_completion_protocol() {
+    let (addr, _fake) = start_fake(true).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = kubeconfig(&dir, &format!("http://{addr}"));
+    let run = |args: Vec<String>| async move {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_kubectl-virt"))
+            .arg("__complete")
+            .args(args)
+            .output()
+            .await
+            .unwrap()
+    };
+    let cfg_s = cfg.display().to_string();
+    let o = run(vec![
+        "--kubeconfig".into(),
+        cfg_s.clone(),
+        "start".into(),
+        "fed".into(),
+    ])
+    .await;
+    assert!(o.status.success());
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "fedora\nfedora-2\n:4\n");
+    let o = run(vec!["sto".into()]).await;
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "stop\n:4\n");
+
+    // As kubectl runs it: a symlink named kubectl_complete-virt, no marker.
+    let link = dir.path().join("kubectl_complete-virt");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_kubectl-virt"), &link).unwrap();
+    let o = tokio::process::Command::new(&link)
+        .args(["--kubeconfig", &cfg_s, "migrate", ""])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "fedora\nfedora-2\nubuntu\n:4\n"
+    );
+    // No cluster: still a well-formed answer, no error text.
+    let o = run(vec![
+        "--kubeconfig".into(),
+        "/nonexistent".into(),
+        "start".into(),
+        "".into(),
+    ])
+    .await;
+    assert!(o.status.success());
+    assert_eq!(String::from_utf8_lossy(&o.stdout), ":4\n");
+    assert!(o.stderr.is_empty());
 }
