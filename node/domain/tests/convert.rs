@@ -259,3 +259,19 @@ fn golden_files_validate_against_libvirt_schema() {
         );
     }
 }
+
+/// Kernel arguments are user input: they must be escaped, not interpreted.
+#[test]
+fn xml_special_characters_are_escaped() {
+    let mut vmi = load("kernelboot.json");
+    let args = r#"console=ttyS0 x="a<b>&c" y='d'"#;
+    let fw = vmi.spec.domain.firmware.as_mut().unwrap();
+    fw.kernel_boot.as_mut().unwrap().kernel_args = Some(args.into());
+    let xml = domain_for(&vmi, &kernelboot_host())
+        .unwrap()
+        .to_xml()
+        .unwrap();
+    assert!(xml.contains("&lt;b&gt;&amp;c"), "{xml}");
+    let back = Domain::from_xml(&xml).unwrap();
+    assert_eq!(back.os.cmdline.as_deref(), Some(args));
+}

@@ -71,6 +71,10 @@ impl Launcher {
         self.dir.path().join("work")
     }
 
+    fn vnc(&self) -> PathBuf {
+        self.dir.path().join("vnc.sock")
+    }
+
     fn start(vmi: &Value, image_dir: &Path) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("vl-test-")
@@ -87,6 +91,8 @@ impl Launcher {
             .arg(dir.path().join("console.sock"))
             .arg("--cmd-socket")
             .arg(dir.path().join("cmd.sock"))
+            .arg("--vnc-socket")
+            .arg(dir.path().join("vnc.sock"))
             .arg("--image-dir")
             .arg(format!("guest:latest={}", image_dir.display()))
             .arg("--work-dir")
@@ -183,6 +189,7 @@ impl Launcher {
         assert!(files.is_empty(), "work directory not cleaned: {files:?}");
         assert!(!self.console().exists(), "console socket left behind");
         assert!(!self.cmd_socket().exists(), "command socket left behind");
+        assert!(!self.vnc().exists(), "VNC socket left behind");
     }
 }
 
@@ -322,6 +329,16 @@ fn boots_guest_and_runs_a_shell_command() {
         status["accel"], "tcg",
         "KVM hangs on this machine; the probe must fall back to TCG"
     );
+    // VNC is served by QEMU on its unix socket: an RFB greeting proves it.
+    let mut vnc = UnixStream::connect(l.vnc()).unwrap();
+    vnc.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut greeting = [0u8; 12];
+    vnc.read_exact(&mut greeting).unwrap();
+    assert!(
+        greeting.starts_with(b"RFB 003."),
+        "not a VNC server: {greeting:?}"
+    );
+    drop(vnc);
     l.signal(nix::sys::signal::Signal::SIGTERM);
     let (code, err, _) = l.wait(Duration::from_secs(40));
     assert_eq!(code, 0, "{err}");
