@@ -384,6 +384,20 @@ fn disks(
             }),
         });
     }
+    // libvirt adds a USB controller on x86 unless told otherwise; without USB disks it only
+    // costs boot time and memory (KubeVirt disables it the same way).
+    if !d
+        .devices
+        .disk
+        .iter()
+        .any(|disk| disk.target.bus == Bus::Usb)
+    {
+        d.devices.controller.push(Controller {
+            type_: "usb".into(),
+            index: Some(0),
+            model: Some("none".into()),
+        });
+    }
     if needs_scsi {
         d.devices.controller.push(Controller {
             type_: "scsi".into(),
