@@ -57,7 +57,7 @@ impl CaPool {
                 .map_err(|_| AuthConfigError::BadCa)?
                 .to_owned();
             pool.subjects
-                .push(DistinguishedName::from(anchor.subject.as_ref().to_vec()));
+                .push(DistinguishedName::in_sequence(anchor.subject.as_ref()));
             pool.anchors.push(anchor);
         }
         if pool.anchors.is_empty() {

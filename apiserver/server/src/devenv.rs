@@ -56,6 +56,8 @@ pub struct Options {
     pub port: u16,
     /// Extra virt-apiserver arguments.
     pub extra_args: Vec<String>,
+    /// Grant full access to client-CA users (no kube-apiserver to ask).
+    pub allow_client_ca_users: bool,
 }
 
 impl Default for Options {
@@ -66,6 +68,7 @@ impl Default for Options {
             kubeconfig: None,
             port: 0,
             extra_args: Vec::new(),
+            allow_client_ca_users: true,
         }
     }
 }
@@ -252,12 +255,12 @@ impl DevEnv {
             .arg(certs.join("client-ca.crt"))
             .arg("--requestheader-client-ca-file")
             .arg(certs.join("front-proxy-ca.crt"))
-            .args([
-                "--standalone",
-                "--allow-client-ca-users",
-                "--bookmark-interval-seconds",
-                "1",
-            ])
+            .args(["--standalone", "--bookmark-interval-seconds", "1"])
+            .args(
+                self.opts
+                    .allow_client_ca_users
+                    .then_some("--allow-client-ca-users"),
+            )
             .args(&self.opts.extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

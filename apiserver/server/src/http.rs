@@ -291,7 +291,7 @@ async fn route(
     let accept = request::parse_accept(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let ns = info.namespace.as_str();
     let method = req.method().clone();
-    match (info.name.is_empty(), info.subresource.as_str()) {
+    match (info.is_collection, info.subresource.as_str()) {
         (true, _) => match method {
             Method::GET if info.verb == "watch" => {
                 watch_collection(st, def, info, query, &accept).await
@@ -645,11 +645,32 @@ impl Drop for LongRunning {
 }
 
 async fn read_body(st: &AppState, req: Request) -> ApiResult<(HeaderMap, Bytes)> {
+    use http_body_util::BodyExt;
     let headers = req.headers().clone();
-    let bytes = axum::body::to_bytes(req.into_body(), st.max_body_bytes)
-        .await
-        .map_err(|_| ApiError::too_large(format!("limit is {} bytes", st.max_body_bytes)))?;
-    Ok((headers, bytes))
+    let mut body = req.into_body();
+    let mut buf = bytes::BytesMut::new();
+    let mut seen = 0usize;
+    // Past the limit keep reading (bounded) without storing, so an HTTP/1.1 client
+    // that is still sending gets the 413 instead of a reset connection.
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| ApiError::bad_request(format!("reading request body: {e}")))?;
+        if let Some(data) = frame.data_ref() {
+            seen += data.len();
+            if seen <= st.max_body_bytes {
+                buf.extend_from_slice(data);
+            } else if seen > st.max_body_bytes.saturating_mul(8) {
+                break;
+            }
+        }
+    }
+    if seen > st.max_body_bytes {
+        return Err(ApiError::too_large(format!(
+            "limit is {} bytes",
+            st.max_body_bytes
+        )));
+    }
+    Ok((headers, buf.freeze()))
 }
 
 fn content_type(headers: &HeaderMap) -> String {
@@ -813,8 +834,10 @@ async fn patch(
                     ns,
                     &info.name,
                     applied,
-                    force.unwrap_or(false),
-                    status_only,
+                    crate::rest::ApplyHow {
+                        force: force.unwrap_or(false),
+                        status_only,
+                    },
                     &opts,
                 )
                 .await?

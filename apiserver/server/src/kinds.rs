@@ -26,6 +26,9 @@ pub struct Column {
     pub priority: i32,
 }
 
+/// Decodes a JSON object through the typed struct: pruned JSON and unknown-field paths.
+pub type DecodeFn = fn(&Value) -> Result<(Value, Vec<String>), Vec<FieldError>>;
+
 /// Everything the server needs to know about one resource.
 #[derive(Debug)]
 pub struct ResourceDef {
@@ -47,7 +50,7 @@ pub struct ResourceDef {
     pub streams: &'static [&'static str],
     /// Decodes into the typed object and back: returns the pruned JSON and the paths of
     /// unknown fields, or field errors for values of the wrong type.
-    pub decode: fn(&Value) -> Result<(Value, Vec<String>), Vec<FieldError>>,
+    pub decode: DecodeFn,
     /// Applies defaults to a pruned object.
     pub default: fn(&mut Value),
     /// Validates spec and status (metadata is validated generically).

@@ -99,7 +99,7 @@ pub fn spec_part(obj: &Value, has_status: bool) -> Map<String, Value> {
             m.iter()
                 .filter(|(k, _)| {
                     !matches!(k.as_str(), "metadata" | "apiVersion" | "kind")
-                        && !(has_status && k.as_str() == "status")
+                        && (!has_status || k.as_str() != "status")
                 })
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect()

@@ -26,6 +26,9 @@ pub struct RequestInfo {
     pub name: String,
     /// Segments after the subresource (e.g. portforward port).
     pub rest: Vec<String>,
+    /// The path names a collection. `name` may still be set for authorization, from a
+    /// `metadata.name` field selector, as kube-apiserver does.
+    pub is_collection: bool,
 }
 
 /// Parses method, path and query into a RequestInfo.
@@ -68,6 +71,7 @@ pub fn request_info(method: &str, path: &str, query: &Query) -> RequestInfo {
     if let Some(n) = rest.get(1) {
         info.name = n.to_string();
     }
+    info.is_collection = info.name.is_empty();
     if let Some(s) = rest.get(2) {
         info.subresource = s.to_string();
     }
@@ -371,6 +375,7 @@ mod tests {
             "/apis/kubevirt.io/v1/namespaces/d/virtualmachines?watch=true&fieldSelector=metadata.name%3Dvm1",
         );
         assert_eq!((i.verb.as_str(), i.name.as_str()), ("watch", "vm1"));
+        assert!(i.is_collection);
         let i = info(
             "PUT",
             "/apis/kubevirt.io/v1/namespaces/d/virtualmachines/vm1/status",

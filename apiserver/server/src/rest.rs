@@ -154,7 +154,7 @@ fn storage_error(e: StorageError) -> ApiError {
             ApiError::expired("The resourceVersion for the provided list is too old.")
         }
         StorageError::FutureRevision(_) => ApiError::timeout("Too large resource version", true),
-        StorageError::Etcd(_) => {
+        StorageError::Etcd(_) | StorageError::Cancelled(_) => {
             ApiError::unavailable("the server is currently unable to handle the request")
         }
         StorageError::Corrupt { key, .. } => {
@@ -368,7 +368,7 @@ impl Registry {
             Some(json!(objects::now_rfc3339())),
         );
         set_meta(&mut obj, "generation", Some(json!(1)));
-        crate::managed::record_update(None, &mut obj, &opts.field_manager, None);
+        crate::managed::record_update(def, None, &mut obj, &opts.field_manager, None);
 
         if opts.dry_run {
             return Ok(Written {
@@ -495,9 +495,12 @@ impl Registry {
         name: &str,
         current: &Value,
         incoming: &Value,
-        status_only: bool,
-        manager: &str,
+        via: Via<'_>,
     ) -> ApiResult<Value> {
+        let Via {
+            status_only,
+            manager,
+        } = via;
         let gr = gr(def);
         match meta_str(incoming, "name") {
             Some(n) if n != name => {
@@ -615,6 +618,7 @@ impl Registry {
             set_meta(&mut new, "generation", Some(json!(g + 1)));
         }
         crate::managed::record_update(
+            def,
             Some(current),
             &mut new,
             manager,
@@ -654,8 +658,10 @@ impl Registry {
                     name,
                     cur,
                     &incoming,
-                    status_only,
-                    &opts.field_manager,
+                    Via {
+                        status_only,
+                        manager: &opts.field_manager,
+                    },
                 )
             })
             .await?;
@@ -688,7 +694,7 @@ impl Registry {
                 }
                 let (decoded, w) = self.decode_body(def, doc, opts.field_validation)?;
                 warnings = w;
-                self.prepare_update(def, ns, name, cur, &decoded, status_only, &opts.field_manager)
+                self.prepare_update(def, ns, name, cur, &decoded, Via { status_only, manager: &opts.field_manager })
             })
             .await?;
         Ok(Written {
@@ -705,10 +711,10 @@ impl Registry {
         ns: &str,
         name: &str,
         applied: Value,
-        force: bool,
-        status_only: bool,
+        how: ApplyHow,
         opts: &WriteOptions,
     ) -> ApiResult<Written> {
+        let ApplyHow { force, status_only } = how;
         let (applied, warnings) = self.decode_body(def, applied, opts.field_validation)?;
         if meta_str(&applied, "name").is_none_or(str::is_empty) {
             return Err(ApiError::invalid(
@@ -727,8 +733,9 @@ impl Registry {
                 .map_err(storage_error)?
                 .is_none()
         {
-            let mut obj = crate::managed::apply_to(None, &applied, &opts.field_manager, force, def)
-                .map_err(|e| e.into_api_error(def, name))?;
+            let mut obj =
+                crate::managed::apply_to(None, &applied, &opts.field_manager, force, def, None)
+                    .map_err(|e| e.into_api_error(def, name))?;
             // The apply entry replaces the Update entry create would record.
             let created = self.create_applied(def, ns, &mut obj, opts).await;
             match created {
@@ -743,10 +750,26 @@ impl Registry {
         }
         let object = self
             .guaranteed_update(def, ns, name, opts.dry_run, |cur| {
-                let merged =
-                    crate::managed::apply_to(Some(cur), &applied, &opts.field_manager, force, def)
-                        .map_err(|e| e.into_api_error(def, name))?;
-                let mut next = self.prepare_update(def, ns, name, cur, &merged, status_only, "")?;
+                let merged = crate::managed::apply_to(
+                    Some(cur),
+                    &applied,
+                    &opts.field_manager,
+                    force,
+                    def,
+                    status_only.then_some("status"),
+                )
+                .map_err(|e| e.into_api_error(def, name))?;
+                let mut next = self.prepare_update(
+                    def,
+                    ns,
+                    name,
+                    cur,
+                    &merged,
+                    Via {
+                        status_only,
+                        manager: "",
+                    },
+                )?;
                 // prepare_update must not record an Update entry for an apply.
                 crate::managed::copy_managed_fields(&merged, &mut next);
                 Ok(next)
@@ -869,7 +892,9 @@ impl Registry {
             }
             if fins.is_empty() {
                 if dry_run {
-                    return Ok(DeleteOutcome::Deleted(success_status(def, name, &uid)));
+                    return Ok(DeleteOutcome::Deleted(Box::new(success_status(
+                        def, name, &uid,
+                    ))));
                 }
                 if self
                     .storage
@@ -878,7 +903,9 @@ impl Registry {
                     .map_err(storage_error)?
                     .is_some()
                 {
-                    return Ok(DeleteOutcome::Deleted(success_status(def, name, &uid)));
+                    return Ok(DeleteOutcome::Deleted(Box::new(success_status(
+                        def, name, &uid,
+                    ))));
                 }
                 continue;
             }
@@ -1099,11 +1126,29 @@ impl Registry {
     }
 }
 
+/// How an update is made: through `/status` or not, and by which field manager.
+#[derive(Debug, Clone, Copy)]
+pub struct Via<'a> {
+    /// The /status subresource.
+    pub status_only: bool,
+    /// Field manager recorded for the write ("" keeps managedFields as they are).
+    pub manager: &'a str,
+}
+
+/// Options of a server-side apply.
+#[derive(Debug, Clone, Copy)]
+pub struct ApplyHow {
+    /// Take ownership of conflicting fields.
+    pub force: bool,
+    /// Apply to /status.
+    pub status_only: bool,
+}
+
 /// Outcome of a DELETE.
 #[derive(Debug)]
 pub enum DeleteOutcome {
     /// Removed from storage: return the Success Status.
-    Deleted(Status),
+    Deleted(Box<Status>),
     /// Finalizers remain: return the object with deletionTimestamp.
     Pending(Value),
 }

@@ -24,6 +24,9 @@ pub enum StorageError {
     /// The requested revision is ahead of the store.
     #[error("required revision {0} is a future revision")]
     FutureRevision(i64),
+    /// etcd ended a watch.
+    #[error("etcd ended the watch: {0}")]
+    Cancelled(String),
     /// A stored value is not valid JSON.
     #[error("stored object at {key} is corrupt")]
     Corrupt {
@@ -292,7 +295,11 @@ impl Storage {
                     msg = stream.message() => {
                         let resp = match msg {
                             Ok(Some(r)) => r,
-                            Ok(None) => break,
+                            Ok(None) => {
+                                tracing::warn!("etcd closed the watch stream");
+                                yield Err(StorageError::Cancelled("stream closed".into()));
+                                break;
+                            }
                             Err(e) => { yield Err(StorageError::Etcd(e)); break; }
                         };
                         if resp.compact_revision() > 0 {
@@ -300,6 +307,8 @@ impl Storage {
                             break;
                         }
                         if resp.canceled() {
+                            tracing::warn!(reason = %resp.cancel_reason(), "etcd cancelled the watch");
+                            yield Err(StorageError::Cancelled(resp.cancel_reason().to_string()));
                             break;
                         }
                         if resp.events().is_empty() {

@@ -168,7 +168,11 @@ pub async fn watch(
                 _ = &mut deadline => break,
                 _ = shutdown.cancelled() => break,
                 _ = ticker.tick(), if allow_bookmarks => {
+                    // etcd 3.4 has no progress requests; every event up to last_rv has
+                    // been delivered, so a bookmark there is always safe. Newer etcds
+                    // also answer the progress request with a later revision.
                     let _ = tick_tx.try_send(());
+                    yield bookmark(def, last_rv, false);
                 }
                 next = changes.next() => {
                     let Some(next) = next else { break };

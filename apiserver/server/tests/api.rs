@@ -1,0 +1,670 @@
+//! HTTP-level API contract tests against a real virt-apiserver and etcd.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{VMS, admin, client, vm};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+async fn json_of(r: reqwest::Response) -> (u16, Value) {
+    let code = r.status().as_u16();
+    let v = r.json().await.unwrap_or(Value::Null);
+    (code, v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_input_gets_exact_status_and_nothing_is_stored() {
+    let env = common::start(true);
+    let c = admin(&env);
+    let url = format!("{}{VMS}", env.server_url);
+    let post =
+        |body: String, ct: &'static str| c.post(&url).header("Content-Type", ct).body(body).send();
+
+    let (code, s) = json_of(post("{not json".into(), "application/json").await.unwrap()).await;
+    assert_eq!((code, s["reason"].as_str()), (400, Some("BadRequest")));
+    let (code, _) = json_of(post("a: [b".into(), "application/yaml").await.unwrap()).await;
+    assert_eq!(code, 400);
+
+    let mut unknown = vm("u");
+    unknown["spec"]["foo"] = json!(1);
+    let r = c
+        .post(format!("{url}?fieldValidation=Strict"))
+        .json(&unknown)
+        .send()
+        .await
+        .unwrap();
+    let (code, s) = json_of(r).await;
+    assert_eq!(code, 400);
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field \"spec.foo\""),
+        "{s}"
+    );
+
+    let mut strategy = vm("s");
+    strategy["spec"]["runStrategy"] = json!("Sometimes");
+    let (code, s) = json_of(c.post(&url).json(&strategy).send().await.unwrap()).await;
+    assert_eq!((code, s["reason"].as_str()), (422, Some("Invalid")));
+    assert_eq!(s["details"]["causes"][0]["field"], "spec.runStrategy");
+    assert_eq!(
+        s["details"]["causes"][0]["reason"],
+        "FieldValueNotSupported"
+    );
+
+    let mut memory = vm("m");
+    memory["spec"]["template"]["spec"]["domain"]["resources"]["requests"]["memory"] = json!("lots");
+    let (code, s) = json_of(c.post(&url).json(&memory).send().await.unwrap()).await;
+    assert_eq!(code, 422);
+    assert_eq!(
+        s["details"]["causes"][0]["field"],
+        "spec.template.spec.domain.resources.requests.memory"
+    );
+
+    let mut missing_volume = vm("mv");
+    missing_volume["spec"]["template"]["spec"]["volumes"] = json!([]);
+    let (code, s) = json_of(c.post(&url).json(&missing_volume).send().await.unwrap()).await;
+    assert_eq!(code, 422);
+    assert_eq!(
+        s["details"]["causes"][0]["field"],
+        "spec.template.spec.domain.devices.disks[0].name"
+    );
+
+    let mut version = vm("v");
+    version["apiVersion"] = json!("kubevirt.io/v2");
+    assert_eq!(
+        c.post(&url).json(&version).send().await.unwrap().status(),
+        400
+    );
+    let mut kind = vm("k");
+    kind["kind"] = json!("VirtualMachineInstance");
+    assert_eq!(c.post(&url).json(&kind).send().await.unwrap().status(), 400);
+
+    let (code, s) = json_of(
+        c.post(&url)
+            .json(&vm(&"a".repeat(254)))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code, 422);
+    assert_eq!(s["details"]["causes"][0]["field"], "metadata.name");
+    assert_eq!(
+        c.post(&url)
+            .json(&vm("Not_DNS"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        422
+    );
+
+    let mut ns = vm("n");
+    ns["metadata"]["namespace"] = json!("other");
+    assert_eq!(c.post(&url).json(&ns).send().await.unwrap().status(), 400);
+
+    let mut huge = vm("h");
+    huge["metadata"]["annotations"] = json!({"big": "x".repeat(4 * 1024 * 1024)});
+    let (code, s) = json_of(c.post(&url).json(&huge).send().await.unwrap()).await;
+    assert_eq!(
+        (code, s["reason"].as_str()),
+        (413, Some("RequestEntityTooLarge"))
+    );
+
+    let r = c
+        .post(&url)
+        .header("Content-Type", "text/plain")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+
+    let (code, list) = json_of(c.get(&url).send().await.unwrap()).await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        list["items"],
+        json!([]),
+        "nothing may be stored by failed requests"
+    );
+    assert_eq!(list["kind"], "VirtualMachineList");
+
+    let (code, s) = json_of(c.get(format!("{url}/nope")).send().await.unwrap()).await;
+    assert_eq!(
+        (code, s["message"].as_str()),
+        (404, Some("virtualmachines.kubevirt.io \"nope\" not found"))
+    );
+    assert_eq!(
+        c.post(format!("{url}/x"))
+            .json(&vm("x"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        405
+    );
+    let (code, _) = json_of(c.get(format!("{url}?limit=abc")).send().await.unwrap()).await;
+    assert_eq!(code, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn security_is_on_by_default() {
+    let env = common::start(false);
+    let url = format!("{}{VMS}", env.server_url);
+
+    // No certificate: 401, but probes stay open.
+    let anon = client(&env, None);
+    let (code, s) = json_of(anon.get(&url).send().await.unwrap()).await;
+    assert_eq!((code, s["reason"].as_str()), (401, Some("Unauthorized")));
+    assert_eq!(
+        anon.get(format!("{}/readyz", env.server_url))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        anon.get(format!("{}/healthz?verbose", env.server_url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+            .lines()
+            .last(),
+        Some("healthz check passed")
+    );
+
+    // A certificate from a CA the server does not trust: 401 (even claiming system:masters).
+    let other = client(&env, Some(&env.untrusted));
+    assert_eq!(other.get(&url).send().await.unwrap().status(), 401);
+    let spoof = other
+        .get(&url)
+        .header("X-Remote-User", "admin")
+        .header("X-Remote-Group", "system:masters");
+    assert_eq!(spoof.send().await.unwrap().status(), 401);
+
+    // A client-CA user cannot become someone else with X-Remote-* headers.
+    let alice = client(&env, Some(&env.plain_user));
+    let r = alice
+        .get(&url)
+        .header("X-Remote-User", "admin")
+        .header("X-Remote-Group", "system:masters")
+        .send()
+        .await
+        .unwrap();
+    let (code, s) = json_of(r).await;
+    assert_eq!(code, 403, "{s}");
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap()
+            .contains("User \"alice\" cannot list resource \"virtualmachines\""),
+        "{s}"
+    );
+
+    // The front proxy's certificate makes the headers trusted.
+    let proxy = client(&env, Some(&env.front_proxy));
+    let r = proxy
+        .get(&url)
+        .header("X-Remote-User", "bob")
+        .header("X-Remote-Group", "system:masters")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = proxy
+        .get(&url)
+        .header("X-Remote-User", "bob")
+        .send()
+        .await
+        .unwrap();
+    let (code, s) = json_of(r).await;
+    assert_eq!(code, 403);
+    assert!(
+        s["message"].as_str().unwrap().contains("User \"bob\""),
+        "{s}"
+    );
+    // Discovery is open to every authenticated user (the aggregator's probe path).
+    assert_eq!(
+        alice
+            .get(format!("{}/apis/kubevirt.io/v1", env.server_url))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_read_modify_write_loses_nothing_and_watch_sees_every_revision() {
+    let env = common::start(true);
+    let c = admin(&env);
+    let url = format!("{}{VMS}", env.server_url);
+    let (code, created) = json_of(c.post(&url).json(&vm("counter")).send().await.unwrap()).await;
+    assert_eq!(code, 201);
+    let start_rv = created["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    const WRITERS: usize = 32;
+    const UPDATES: usize = 50;
+    let watch_url =
+        format!("{url}?watch=1&resourceVersion={start_rv}&fieldSelector=metadata.name%3Dcounter");
+    let watcher = tokio::spawn({
+        let c = c.clone();
+        async move {
+            let resp = c.get(watch_url).send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+            let mut body = resp.bytes_stream();
+            let mut buf = Vec::new();
+            let mut seen: Vec<(i64, i64)> = Vec::new();
+            while seen.len() < WRITERS * UPDATES {
+                let chunk = match tokio::time::timeout(Duration::from_secs(60), body.next()).await {
+                    Ok(Some(Ok(c))) => c,
+                    other => {
+                        eprintln!("watch ended after {} events: {other:?}", seen.len());
+                        return seen;
+                    }
+                };
+                buf.extend_from_slice(&chunk);
+                while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=pos).collect();
+                    let ev: Value = serde_json::from_slice(&line).unwrap();
+                    let rv: i64 = ev["object"]["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap()
+                        .parse()
+                        .unwrap();
+                    let n: i64 = ev["object"]["metadata"]["annotations"]["count"]
+                        .as_str()
+                        .unwrap()
+                        .parse()
+                        .unwrap();
+                    seen.push((rv, n));
+                }
+            }
+            seen
+        }
+    });
+    let obj_url = format!("{url}/counter");
+    let mut tasks = Vec::new();
+    for _ in 0..WRITERS {
+        let c = c.clone();
+        let obj_url = obj_url.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conflicts = 0;
+            for _ in 0..UPDATES {
+                loop {
+                    let mut cur: Value =
+                        c.get(&obj_url).send().await.unwrap().json().await.unwrap();
+                    let n: i64 = cur["metadata"]["annotations"]["count"]
+                        .as_str()
+                        .unwrap_or("0")
+                        .parse()
+                        .unwrap();
+                    cur["metadata"]["annotations"] = json!({"count": (n + 1).to_string()});
+                    let r = c.put(&obj_url).json(&cur).send().await.unwrap();
+                    match r.status().as_u16() {
+                        200 => break,
+                        409 => conflicts += 1,
+                        other => panic!("unexpected {other}: {}", r.text().await.unwrap()),
+                    }
+                }
+            }
+            conflicts
+        }));
+    }
+    let mut conflicts = 0;
+    for t in tasks {
+        conflicts += t.await.unwrap();
+    }
+    let fin: Value = c.get(&obj_url).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        fin["metadata"]["annotations"]["count"],
+        json!((WRITERS * UPDATES).to_string())
+    );
+    assert!(
+        conflicts > 0,
+        "32 concurrent writers must have collided at least once"
+    );
+    let seen = tokio::time::timeout(Duration::from_secs(60), watcher)
+        .await
+        .unwrap()
+        .unwrap();
+    if seen.len() != WRITERS * UPDATES {
+        let log = std::fs::read_to_string(&env.apiserver_log).unwrap_or_default();
+        eprintln!(
+            "server log tail:\n{}",
+            log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
+        );
+    }
+    assert_eq!(seen.len(), WRITERS * UPDATES);
+    for (i, w) in seen.windows(2).enumerate() {
+        assert!(w[1].0 > w[0].0, "revisions out of order at {i}");
+        assert_eq!(w[1].1, w[0].1 + 1, "watch skipped a revision at {i}");
+    }
+    assert_eq!(seen[0].1, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_generation_finalizers_and_dry_run() {
+    let env = common::start(true);
+    let c = admin(&env);
+    let url = format!("{}{VMS}", env.server_url);
+    let mut body = vm("s1");
+    body["status"] = json!({"printableStatus": "Running"});
+    let (code, created) = json_of(c.post(&url).json(&body).send().await.unwrap()).await;
+    assert_eq!(code, 201);
+    assert!(
+        created.get("status").is_none(),
+        "status is dropped on create"
+    );
+    assert_eq!(created["metadata"]["generation"], 1);
+
+    // PUT /status changes only status, keeps generation.
+    let mut st = created.clone();
+    st["spec"]["runStrategy"] = json!("Always");
+    st["status"] = json!({"printableStatus": "Stopped"});
+    let (code, after) = json_of(
+        c.put(format!("{url}/s1/status"))
+            .json(&st)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(after["spec"]["runStrategy"], "Halted");
+    assert_eq!(after["status"]["printableStatus"], "Stopped");
+    assert_eq!(after["metadata"]["generation"], 1);
+
+    // PUT main resource changes spec only, bumps generation.
+    let mut main = after.clone();
+    main["spec"]["runStrategy"] = json!("Always");
+    main["status"] = json!({"printableStatus": "Running"});
+    let (code, after) = json_of(c.put(format!("{url}/s1")).json(&main).send().await.unwrap()).await;
+    assert_eq!(code, 200);
+    assert_eq!(after["spec"]["runStrategy"], "Always");
+    assert_eq!(after["status"]["printableStatus"], "Stopped");
+    assert_eq!(after["metadata"]["generation"], 2);
+
+    // A no-op write keeps the resourceVersion.
+    let (_, same) = json_of(
+        c.put(format!("{url}/s1"))
+            .json(&after)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        same["metadata"]["resourceVersion"],
+        after["metadata"]["resourceVersion"]
+    );
+
+    // dryRun stores nothing.
+    let (code, dry) = json_of(
+        c.post(format!("{url}?dryRun=All"))
+            .json(&vm("dry"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code, 201);
+    assert!(dry["metadata"]["uid"].is_string());
+    assert_eq!(
+        c.get(format!("{url}/dry")).send().await.unwrap().status(),
+        404
+    );
+
+    // generateName.
+    let mut gen_vm = vm("");
+    gen_vm["metadata"] = json!({"generateName": "gen-"});
+    let (code, g) = json_of(c.post(&url).json(&gen_vm).send().await.unwrap()).await;
+    assert_eq!(code, 201);
+    assert!(g["metadata"]["name"].as_str().unwrap().starts_with("gen-"));
+    // AlreadyExists.
+    let (code, s) = json_of(c.post(&url).json(&vm("s1")).send().await.unwrap()).await;
+    assert_eq!((code, s["reason"].as_str()), (409, Some("AlreadyExists")));
+
+    // Finalizers: delete marks, removing the finalizer removes the object.
+    let mut f = vm("fin");
+    f["metadata"]["finalizers"] = json!(["example.com/x"]);
+    c.post(&url).json(&f).send().await.unwrap();
+    let (code, pending) = json_of(c.delete(format!("{url}/fin")).send().await.unwrap()).await;
+    assert_eq!(code, 200);
+    assert!(pending["metadata"]["deletionTimestamp"].is_string());
+    let add = c
+        .patch(format!("{url}/fin"))
+        .header("Content-Type", "application/merge-patch+json")
+        .body(r#"{"metadata":{"finalizers":["example.com/x","example.com/y"]}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(add.status(), 422, "no new finalizers while deleting");
+    let rm = c
+        .patch(format!("{url}/fin"))
+        .header("Content-Type", "application/merge-patch+json")
+        .body(r#"{"metadata":{"finalizers":null}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rm.status(), 200);
+    assert_eq!(
+        c.get(format!("{url}/fin")).send().await.unwrap().status(),
+        404
+    );
+
+    // Preconditions.
+    let del = c
+        .delete(format!("{url}/s1"))
+        .json(&json!({"preconditions": {"uid": "wrong"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 409);
+    let (code, s) = json_of(c.delete(format!("{url}/s1")).send().await.unwrap()).await;
+    assert_eq!((code, s["status"].as_str()), (200, Some("Success")));
+
+    // deletecollection with a selector.
+    for n in ["a1", "a2", "b1"] {
+        let mut v = vm(n);
+        v["metadata"]["labels"] = json!({"grp": &n[..1]});
+        c.post(&url).json(&v).send().await.unwrap();
+    }
+    assert_eq!(
+        c.delete(format!("{url}?labelSelector=grp%3Da"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let (_, list) = json_of(
+        c.get(format!("{url}?labelSelector=grp"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let names: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["b1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn paging_watch_resume_bookmarks_and_compaction() {
+    let env = common::start(true);
+    let c = admin(&env);
+    let url = format!("{}{VMS}", env.server_url);
+    for i in 0..7 {
+        c.post(&url)
+            .json(&vm(&format!("p{i}")))
+            .send()
+            .await
+            .unwrap();
+    }
+    let (_, page1) = json_of(c.get(format!("{url}?limit=3")).send().await.unwrap()).await;
+    assert_eq!(page1["items"].as_array().unwrap().len(), 3);
+    let token = page1["metadata"]["continue"].as_str().unwrap().to_string();
+    assert_eq!(page1["metadata"]["remainingItemCount"], 4);
+    c.post(&url).json(&vm("p9")).send().await.unwrap();
+    let (_, page2) = json_of(
+        c.get(format!("{url}?limit=10&continue={token}"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let names: Vec<&str> = page2["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["p3", "p4", "p5", "p6"],
+        "continue reads the first page's snapshot"
+    );
+
+    // Table and metadata-only lists.
+    let t: Value = c
+        .get(&url)
+        .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(t["kind"], "Table");
+    assert_eq!(t["rows"].as_array().unwrap().len(), 8);
+    let m: Value = c
+        .get(&url)
+        .header(
+            "Accept",
+            "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(m["kind"], "PartialObjectMetadataList");
+    assert!(m["items"][0].get("spec").is_none());
+
+    // WatchList: initial events, then the annotated bookmark.
+    let r = c
+        .get(format!("{url}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=5"))
+        .send()
+        .await
+        .unwrap();
+    let text = r.text().await.unwrap();
+    let events: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.iter().filter(|e| e["type"] == "ADDED").count(), 8);
+    let end = events
+        .iter()
+        .find(|e| e["type"] == "BOOKMARK")
+        .expect("initial-events-end bookmark");
+    assert_eq!(
+        end["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+
+    // sendInitialEvents without resourceVersionMatch is refused before streaming.
+    assert_eq!(
+        c.get(format!("{url}?watch=1&sendInitialEvents=true"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        422
+    );
+
+    // Compaction: an old continue token and an old watch start are 410.
+    let rv: i64 = page2["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    for i in 0..3 {
+        c.post(&url)
+            .json(&vm(&format!("q{i}")))
+            .send()
+            .await
+            .unwrap();
+    }
+    let storage = virt_apiserver::storage::Storage::connect(std::slice::from_ref(&env.etcd_url))
+        .await
+        .unwrap();
+    let now = storage.current_revision().await.unwrap();
+    storage.compact(now).await.unwrap();
+    let (code, s) = json_of(
+        c.get(format!("{url}?limit=10&continue={token}"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((code, s["reason"].as_str()), (410, Some("Expired")));
+    assert!(
+        s["metadata"]["continue"].is_string(),
+        "a fresh token comes with the 410"
+    );
+    let text = c
+        .get(format!("{url}?watch=1&resourceVersion={rv}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let ev: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(ev["type"], "ERROR");
+    assert_eq!(ev["object"]["code"], 410);
+
+    // Resume from the current revision: only later changes, and bookmarks when asked.
+    let mut stream = c
+        .get(format!(
+            "{url}?watch=1&resourceVersion={now}&allowWatchBookmarks=true&timeoutSeconds=4"
+        ))
+        .send()
+        .await
+        .unwrap()
+        .bytes_stream();
+    c.post(&url).json(&vm("late")).send().await.unwrap();
+    let mut text = String::new();
+    while let Some(Ok(chunk)) = stream.next().await {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let events: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let added: Vec<&Value> = events.iter().filter(|e| e["type"] == "ADDED").collect();
+    assert_eq!(added.len(), 1);
+    assert_eq!(added[0]["object"]["metadata"]["name"], "late");
+    assert!(
+        events.iter().any(|e| e["type"] == "BOOKMARK"),
+        "periodic bookmark expected: {text}"
+    );
+}

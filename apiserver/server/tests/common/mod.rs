@@ -1,0 +1,93 @@
+//! Test harness: a real etcd and the real virt-apiserver binary per test.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+use virt_apiserver::devenv::{ClientFiles, DevEnv, Options};
+
+pub fn start(allow_client_ca_users: bool) -> DevEnv {
+    DevEnv::start(Options {
+        apiserver_bin: env!("CARGO_BIN_EXE_virt-apiserver").into(),
+        allow_client_ca_users,
+        ..Default::default()
+    })
+    .expect("start etcd and virt-apiserver (is Debian's etcd-server installed?)")
+}
+
+pub fn client(env: &DevEnv, id: Option<&ClientFiles>) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&env.server_ca).unwrap()).unwrap();
+    let mut b = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .use_rustls_tls();
+    if let Some(id) = id {
+        let mut pem = std::fs::read(&id.cert).unwrap();
+        pem.extend(std::fs::read(&id.key).unwrap());
+        b = b.identity(reqwest::Identity::from_pem(&pem).unwrap());
+    }
+    b.build().unwrap()
+}
+
+pub fn admin(env: &DevEnv) -> reqwest::Client {
+    client(env, Some(&env.admin))
+}
+
+pub const VMS: &str = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines";
+
+pub fn vm(name: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": name, "labels": {"app": "demo"}},
+        "spec": {"runStrategy": "Halted", "template": {"spec": {
+            "domain": {"devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]},
+                       "resources": {"requests": {"memory": "64Mi"}}},
+            "volumes": [{"name": "root", "containerDisk": {"image": "localhost/kubevirt-rs/test-guest:latest"}}]}}}
+    })
+}
+
+pub struct Kubectl<'a> {
+    pub kubeconfig: &'a Path,
+}
+
+pub struct Out {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Kubectl<'_> {
+    pub fn run(&self, args: &[&str]) -> Out {
+        self.run_stdin(args, None)
+    }
+
+    pub fn run_stdin(&self, args: &[&str], stdin: Option<&str>) -> Out {
+        use std::io::Write;
+        let mut child = Command::new("kubectl")
+            .env("KUBECONFIG", self.kubeconfig)
+            .env("HOME", std::env::temp_dir())
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("kubectl on PATH");
+        if let Some(s) = stdin {
+            child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+        }
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        Out {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    pub fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(o.ok, "kubectl {args:?} failed: {}", o.stderr);
+        o.stdout
+    }
+}
