@@ -237,3 +237,108 @@ async fn restarted_handler_readopts_the_running_guest() {
     }
     assert_no_qemu(&key).await;
 }
+
+/// Not a test on its own: when `HANDLER_CHILD_STATE` is set, this test binary acts as a
+/// virt-handler process (so a test can `kill -9` a real handler process and start another).
+#[test]
+fn handler_process_main() {
+    let Ok(state) = std::env::var("HANDLER_CHILD_STATE") else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async move {
+        let h = handler(std::path::Path::new(&state));
+        h.adopt().await.unwrap();
+        if let Ok(file) = std::env::var("HANDLER_CHILD_VMI") {
+            let vmi: VirtualMachineInstance =
+                serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
+            h.start(&vmi).await.unwrap();
+        }
+        std::future::pending::<()>().await;
+    });
+}
+
+fn spawn_handler_process(
+    state: &std::path::Path,
+    vmi: Option<&std::path::Path>,
+) -> std::process::Child {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "handler_process_main",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("HANDLER_CHILD_STATE", state)
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null());
+    if let Some(v) = vmi {
+        cmd.env("HANDLER_CHILD_VMI", v);
+    }
+    cmd.spawn().unwrap()
+}
+
+async fn wait_for_file_status(
+    file: &std::path::Path,
+    what: &str,
+    pred: impl Fn(&VirtualMachineInstanceStatus) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Ok(b) = std::fs::read(file)
+            && let Ok(s) = serde_json::from_slice::<VirtualMachineInstanceStatus>(&b)
+            && pred(&s)
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} never written to {}",
+            file.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_handler_process_loses_no_vm() {
+    let _g = SERIAL.lock().await;
+    let state = tempfile::tempdir().unwrap();
+    let vmi_file = state.path().join("input.json");
+    std::fs::write(&vmi_file, serde_json::to_vec(&vmi("orphan")).unwrap()).unwrap();
+    let key = "handler_orphan";
+    let status_file = state.path().join(key).join("status.json");
+
+    let mut first = spawn_handler_process(state.path(), Some(&vmi_file));
+    wait_for_file_status(&status_file, "Running", |s| s.phase == Phase::Running).await;
+    let qemu = qemu_pids(key);
+    assert_eq!(qemu.len(), 1);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(qemu_pids(key), qemu, "the guest must survive its handler");
+
+    // A new handler process re-adopts the launcher: proven by it noticing the launcher's death.
+    let mut second = spawn_handler_process(state.path(), None);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let launcher: i32 = std::fs::read_to_string(state.path().join(key).join("launcher.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(launcher),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_for_file_status(&status_file, "Failed", |s| {
+        s.phase == Phase::Failed
+            && s.reason
+                .as_deref()
+                .is_some_and(|r| r.contains("LauncherDied"))
+    })
+    .await;
+    second.kill().unwrap();
+    second.wait().unwrap();
+    assert_no_qemu(key).await;
+}
