@@ -554,3 +554,23 @@ fn missing_image_file_is_a_clear_error() {
     let missing = guest_dir().join("disk/missing.qcow2").display().to_string();
     assert_fails_cleanly(&v2, &guest_dir(), &["volume \"root\"", &missing]);
 }
+
+#[test]
+fn soft_reboot_restarts_the_guest() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let images = guest_dir();
+    let mut l = Launcher::start(&simple_vmi("rebooter"), &images);
+    let mut c = l.connect_console(Duration::from_secs(60));
+    c.prompt();
+    assert_eq!(cmd(&l.cmd_socket(), r#"{"op":"softReboot"}"#)["kind"], "ok");
+    c.expect("power button, shutting down", Duration::from_secs(20));
+    c.expect(virt_testguest::BANNER, Duration::from_secs(60));
+    assert_eq!(
+        cmd(&l.cmd_socket(), r#"{"op":"getStatus"}"#)["state"],
+        "running"
+    );
+    l.signal(nix::sys::signal::Signal::SIGTERM);
+    let (code, err, _) = l.wait(Duration::from_secs(40));
+    assert_eq!(code, 0, "{err}");
+    l.assert_clean();
+}
