@@ -261,7 +261,8 @@ async fn health(st: &AppState, path: &str, query: &Query) -> Option<Response> {
     Some(r)
 }
 
-fn version_info() -> Value {
+/// `/version` document.
+pub fn version_info() -> Value {
     let v = env!("CARGO_PKG_VERSION");
     let mut parts = v.split('.');
     json!({"major": parts.next().unwrap_or("0"), "minor": parts.next().unwrap_or("0"),

@@ -672,6 +672,28 @@ impl Registry {
         })
     }
 
+    /// Read-modify-write by server code (action subresources): `f` edits a copy of
+    /// the current object; the result goes through every update rule and CAS retries.
+    pub async fn mutate<F>(
+        &self,
+        def: &ResourceDef,
+        ns: &str,
+        name: &str,
+        via: Via<'_>,
+        dry_run: bool,
+        mut f: F,
+    ) -> ApiResult<Value>
+    where
+        F: FnMut(&mut Value) -> ApiResult<()>,
+    {
+        self.guaranteed_update(def, ns, name, dry_run, |cur| {
+            let mut next = cur.clone();
+            f(&mut next)?;
+            self.prepare_update(def, ns, name, cur, &next, via)
+        })
+        .await
+    }
+
     /// PATCH with JSON patch or merge patch (server-side apply is in [`Self::apply`]).
     pub async fn patch(
         &self,

@@ -1,35 +1,536 @@
-//! subresources.kubevirt.io/v1: action subresources (start, stop, restart, migrate,
-//! pause, unpause, softreboot) and streams (console, vnc).
+//! subresources.kubevirt.io/v1: action subresources with KubeVirt's semantics and
+//! status codes (202 on success, 409 when the run strategy or state forbids it), and
+//! the pre-upgrade checks of the streaming subresources (console, vnc).
+//!
+//! VM actions only edit objects (runStrategy or status.stateChangeRequests; a
+//! migration object); the controllers act on them. VMI actions and streams are
+//! executed by the virt-handler of the VMI's node.
 
 use std::sync::Arc;
 
 use axum::extract::Request;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use serde::Deserialize;
+use serde_json::{Value, json};
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, Gr};
 use crate::http::AppState;
+use crate::kinds::ResourceDef;
 use crate::request::{Query, RequestInfo};
+use crate::rest::{Via, WriteOptions};
+
+/// Field manager of writes made by action subresources.
+const MANAGER: &str = "kubevirt-subresources";
 
 /// Subresource handlers.
 #[derive(Debug, Default, Clone)]
 pub struct Subresources {}
 
+/// Body of start.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StartOptions {
+    paused: Option<bool>,
+    dry_run: Option<Vec<String>>,
+}
+
+/// Body of stop.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StopOptions {
+    grace_period: Option<i64>,
+    dry_run: Option<Vec<String>>,
+}
+
+/// Body of restart.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RestartOptions {
+    grace_period_seconds: Option<i64>,
+    dry_run: Option<Vec<String>>,
+}
+
+/// Body of migrate.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MigrateOptions {
+    added_node_selector: Option<std::collections::BTreeMap<String, String>>,
+    dry_run: Option<Vec<String>>,
+}
+
+/// Body of pause/unpause/softreboot.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DryRunOnly {
+    dry_run: Option<Vec<String>>,
+}
+
+fn dry(d: &Option<Vec<String>>) -> ApiResult<bool> {
+    match d.as_deref() {
+        None | Some([]) => Ok(false),
+        Some([x]) if x == "All" => Ok(true),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "invalid dryRun value {other:?}: supported value is [\"All\"]"
+        ))),
+    }
+}
+
+fn vm_def() -> &'static ResourceDef {
+    &ResourceDef::all()[0]
+}
+
+fn vmi_def() -> &'static ResourceDef {
+    &ResourceDef::all()[1]
+}
+
+fn vmim_def() -> &'static ResourceDef {
+    &ResourceDef::all()[2]
+}
+
+/// KubeVirt words state conflicts with the singular resource name.
+fn state_conflict(resource: &'static str, name: &str, why: &str) -> ApiError {
+    ApiError::conflict(
+        Gr {
+            resource,
+            group: crate::rest::GROUP,
+        },
+        name,
+        why,
+    )
+}
+
+fn accepted() -> Response {
+    StatusCode::ACCEPTED.into_response()
+}
+
+fn parse_body<T: Default + for<'de> Deserialize<'de>>(bytes: &[u8]) -> ApiResult<T> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::bad_request(format!(
+            "Can not unmarshal Request body to struct, error: {e}"
+        ))
+    })
+}
+
+/// Effective run strategy of a stored VM (runStrategy, else deprecated `running`).
+fn run_strategy(vm: &Value) -> &str {
+    match vm.pointer("/spec/runStrategy").and_then(Value::as_str) {
+        Some(s) => s,
+        None => match vm.pointer("/spec/running").and_then(Value::as_bool) {
+            Some(true) => "Always",
+            _ => "Halted",
+        },
+    }
+}
+
+fn vmi_running(vmi: Option<&Value>) -> bool {
+    vmi.is_some_and(|v| {
+        v.pointer("/metadata/deletionTimestamp").is_none()
+            && !matches!(
+                v.pointer("/status/phase").and_then(Value::as_str),
+                Some("Succeeded" | "Failed")
+            )
+    })
+}
+
+fn push_request(vm: &mut Value, req: Value) {
+    if !vm.get("status").is_some_and(Value::is_object) {
+        vm["status"] = json!({});
+    }
+    let list = vm["status"]
+        .as_object_mut()
+        .map(|s| s.entry("stateChangeRequests").or_insert_with(|| json!([])));
+    if let Some(Value::Array(a)) = list {
+        a.push(req);
+    }
+}
+
 impl Subresources {
     /// Dispatches a request under subresources.kubevirt.io/v1.
     pub async fn handle(
         &self,
-        _st: &Arc<AppState>,
+        st: &Arc<AppState>,
         info: &RequestInfo,
-        _query: &Query,
-        _req: Request,
+        query: &Query,
+        req: Request,
     ) -> ApiResult<Response> {
-        let known = crate::kinds::ResourceDef::by_plural(&info.resource).is_some_and(|d| {
-            d.actions.contains(&info.subresource.as_str())
-                || d.streams.contains(&info.subresource.as_str())
-        });
-        if !known || info.name.is_empty() {
+        if info.resource == "version" && info.is_collection && info.namespace.is_empty() {
+            return Ok(axum::Json(crate::http::version_info()).into_response());
+        }
+        let def = ResourceDef::by_plural(&info.resource).ok_or_else(ApiError::path_not_found)?;
+        let sub = info.subresource.as_str();
+        let is_action = def.actions.contains(&sub);
+        let is_stream = def.streams.contains(&sub);
+        if info.is_collection || info.namespace.is_empty() || !(is_action || is_stream) {
             return Err(ApiError::path_not_found());
         }
-        Err(ApiError::path_not_found())
+        let method = req.method().clone();
+        if is_action && method != http::Method::PUT {
+            return Err(ApiError::method_not_allowed());
+        }
+        if is_stream && method != http::Method::GET {
+            return Err(ApiError::method_not_allowed());
+        }
+        let _ = query;
+        let bytes = axum::body::to_bytes(req.into_body(), 64 * 1024)
+            .await
+            .map_err(|_| ApiError::too_large("limit is 65536 bytes"))?;
+        let (ns, name) = (info.namespace.as_str(), info.name.as_str());
+        match (def.plural, sub) {
+            ("virtualmachines", "start") => self.start(st, ns, name, parse_body(&bytes)?).await,
+            ("virtualmachines", "stop") => self.stop(st, ns, name, parse_body(&bytes)?).await,
+            ("virtualmachines", "restart") => self.restart(st, ns, name, parse_body(&bytes)?).await,
+            ("virtualmachines", "migrate") => self.migrate(st, ns, name, parse_body(&bytes)?).await,
+            ("virtualmachineinstances", action @ ("pause" | "unpause" | "softreboot")) => {
+                let opts: DryRunOnly = parse_body(&bytes)?;
+                let _ = dry(&opts.dry_run)?;
+                let vmi = st.registry.get(vmi_def(), ns, name).await?;
+                self.vmi_must_run(&vmi, name)?;
+                let paused = vmi
+                    .pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c["type"] == "Paused" && c["status"] == "True")
+                    });
+                match (action, paused) {
+                    ("pause", true) => {
+                        return Err(state_conflict(
+                            "virtualmachineinstance",
+                            name,
+                            "VMI is already paused",
+                        ));
+                    }
+                    ("unpause", false) => {
+                        return Err(state_conflict(
+                            "virtualmachineinstance",
+                            name,
+                            "VMI is not paused",
+                        ));
+                    }
+                    _ => {}
+                }
+                Err(self.handler_unreachable(&vmi))
+            }
+            ("virtualmachineinstances", "console" | "vnc") => {
+                let vmi = st.registry.get(vmi_def(), ns, name).await?;
+                self.vmi_must_run(&vmi, name)?;
+                Err(self.handler_unreachable(&vmi))
+            }
+            _ => Err(ApiError::path_not_found()),
+        }
+    }
+
+    fn vmi_must_run(&self, vmi: &Value, name: &str) -> ApiResult<()> {
+        match vmi.pointer("/status/phase").and_then(Value::as_str) {
+            Some("Running") => Ok(()),
+            Some("Failed") => Err(state_conflict(
+                "virtualmachineinstance",
+                name,
+                "VMI is in failed state",
+            )),
+            // virtctl retries on 400 until the VMI runs.
+            _ => Err(ApiError::bad_request(format!(
+                "Unable to connect to VirtualMachineInstance because phase is {} instead of Running",
+                vmi.pointer("/status/phase")
+                    .and_then(Value::as_str)
+                    .unwrap_or("Pending")
+            ))),
+        }
+    }
+
+    fn handler_unreachable(&self, vmi: &Value) -> ApiError {
+        let node = vmi
+            .pointer("/status/nodeName")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        ApiError::unavailable(format!(
+            "virt-handler on node {node:?} is not reachable from virt-apiserver"
+        ))
+    }
+
+    async fn current_vmi(&self, st: &AppState, ns: &str, name: &str) -> ApiResult<Option<Value>> {
+        match st.registry.get(vmi_def(), ns, name).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.code == 404 => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn set_vmi_grace(
+        &self,
+        st: &AppState,
+        ns: &str,
+        name: &str,
+        grace: i64,
+        dry_run: bool,
+    ) -> ApiResult<()> {
+        let via = Via {
+            status_only: false,
+            manager: MANAGER,
+        };
+        st.registry
+            .mutate(vmi_def(), ns, name, via, dry_run, |v| {
+                v["spec"]["terminationGracePeriodSeconds"] = json!(grace);
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    async fn start(
+        &self,
+        st: &AppState,
+        ns: &str,
+        name: &str,
+        opts: StartOptions,
+    ) -> ApiResult<Response> {
+        let dry_run = dry(&opts.dry_run)?;
+        let vm = st.registry.get(vm_def(), ns, name).await?;
+        let vmi = self.current_vmi(st, ns, name).await?;
+        let paused = opts.paused.unwrap_or(false);
+        let start_req = if paused {
+            json!({"action": "Start", "data": {"startPaused": "true"}})
+        } else {
+            json!({"action": "Start"})
+        };
+        let strategy = run_strategy(&vm).to_string();
+        let uses_running =
+            vm.pointer("/spec/runStrategy").is_none() && vm.pointer("/spec/running").is_some();
+        match strategy.as_str() {
+            "Halted" => {
+                let via = Via {
+                    status_only: false,
+                    manager: MANAGER,
+                };
+                st.registry
+                    .mutate(vm_def(), ns, name, via, dry_run, |v| {
+                        if uses_running {
+                            v["spec"]["running"] = json!(true);
+                        } else {
+                            v["spec"]["runStrategy"] = json!("Always");
+                        }
+                        Ok(())
+                    })
+                    .await?;
+                if paused {
+                    let via = Via {
+                        status_only: true,
+                        manager: MANAGER,
+                    };
+                    st.registry
+                        .mutate(vm_def(), ns, name, via, dry_run, |v| {
+                            push_request(v, start_req.clone());
+                            Ok(())
+                        })
+                        .await?;
+                }
+            }
+            "Manual" | "RerunOnFailure" => {
+                if vmi_running(vmi.as_ref()) {
+                    return Err(state_conflict(
+                        "virtualmachine",
+                        name,
+                        "VM is already running",
+                    ));
+                }
+                let via = Via {
+                    status_only: true,
+                    manager: MANAGER,
+                };
+                st.registry
+                    .mutate(vm_def(), ns, name, via, dry_run, |v| {
+                        push_request(v, start_req.clone());
+                        Ok(())
+                    })
+                    .await?;
+            }
+            "Always" | "Once" if vmi_running(vmi.as_ref()) => {
+                return Err(state_conflict(
+                    "virtualmachine",
+                    name,
+                    "VM is already running",
+                ));
+            }
+            other => {
+                return Err(state_conflict(
+                    "virtualmachine",
+                    name,
+                    &format!("{other} does not support manual start requests"),
+                ));
+            }
+        }
+        Ok(accepted())
+    }
+
+    async fn stop(
+        &self,
+        st: &AppState,
+        ns: &str,
+        name: &str,
+        opts: StopOptions,
+    ) -> ApiResult<Response> {
+        let dry_run = dry(&opts.dry_run)?;
+        let vm = st.registry.get(vm_def(), ns, name).await?;
+        let vmi = self.current_vmi(st, ns, name).await?;
+        if let Some(g) = opts.grace_period
+            && g < 0
+        {
+            return Err(ApiError::invalid(
+                "StopOptions",
+                "subresources.kubevirt.io",
+                name,
+                &[kubevirt_api::validation::FieldError::invalid(
+                    "gracePeriod",
+                    &g.to_string(),
+                    "must be greater than or equal to 0",
+                )],
+            ));
+        }
+        let strategy = run_strategy(&vm).to_string();
+        let uses_running =
+            vm.pointer("/spec/runStrategy").is_none() && vm.pointer("/spec/running").is_some();
+        if let (Some(g), true) = (opts.grace_period, vmi.is_some()) {
+            // A shorter grace period takes effect on the running instance first.
+            self.set_vmi_grace(st, ns, name, g, dry_run).await?;
+        }
+        match strategy.as_str() {
+            "Halted" => {
+                if !vmi_running(vmi.as_ref()) || opts.grace_period.is_none() {
+                    return Err(state_conflict("virtualmachine", name, "VM is not running"));
+                }
+            }
+            "Always" | "Once" => {
+                let via = Via {
+                    status_only: false,
+                    manager: MANAGER,
+                };
+                st.registry
+                    .mutate(vm_def(), ns, name, via, dry_run, |v| {
+                        if uses_running {
+                            v["spec"]["running"] = json!(false);
+                        } else {
+                            v["spec"]["runStrategy"] = json!("Halted");
+                        }
+                        Ok(())
+                    })
+                    .await?;
+            }
+            _ => {
+                let Some(vmi) = vmi.filter(|v| vmi_running(Some(v))) else {
+                    return Err(state_conflict("virtualmachine", name, "VM is not running"));
+                };
+                let uid = vmi.pointer("/metadata/uid").cloned().unwrap_or(Value::Null);
+                let via = Via {
+                    status_only: true,
+                    manager: MANAGER,
+                };
+                st.registry
+                    .mutate(vm_def(), ns, name, via, dry_run, |v| {
+                        push_request(v, json!({"action": "Stop", "uid": uid}));
+                        Ok(())
+                    })
+                    .await?;
+            }
+        }
+        Ok(accepted())
+    }
+
+    async fn restart(
+        &self,
+        st: &AppState,
+        ns: &str,
+        name: &str,
+        opts: RestartOptions,
+    ) -> ApiResult<Response> {
+        let dry_run = dry(&opts.dry_run)?;
+        if let Some(g) = opts.grace_period_seconds
+            && g != 0
+        {
+            return Err(ApiError::bad_request(
+                "For force restart, only gracePeriod=0 is supported for now",
+            ));
+        }
+        let vm = st.registry.get(vm_def(), ns, name).await?;
+        let strategy = run_strategy(&vm).to_string();
+        if matches!(strategy.as_str(), "Halted" | "Once") {
+            return Err(state_conflict(
+                "virtualmachine",
+                name,
+                &format!("{strategy} does not support manual restart requests"),
+            ));
+        }
+        let Some(vmi) = self
+            .current_vmi(st, ns, name)
+            .await?
+            .filter(|v| vmi_running(Some(v)))
+        else {
+            return Err(state_conflict("virtualmachine", name, "VM is not running"));
+        };
+        if opts.grace_period_seconds == Some(0) {
+            // Forced restart: the instance gets (almost) no time to shut down.
+            self.set_vmi_grace(st, ns, name, 1, dry_run).await?;
+        }
+        let uid = vmi.pointer("/metadata/uid").cloned().unwrap_or(Value::Null);
+        let via = Via {
+            status_only: true,
+            manager: MANAGER,
+        };
+        st.registry
+            .mutate(vm_def(), ns, name, via, dry_run, |v| {
+                push_request(v, json!({"action": "Stop", "uid": uid}));
+                push_request(v, json!({"action": "Start"}));
+                Ok(())
+            })
+            .await?;
+        Ok(accepted())
+    }
+
+    async fn migrate(
+        &self,
+        st: &AppState,
+        ns: &str,
+        name: &str,
+        opts: MigrateOptions,
+    ) -> ApiResult<Response> {
+        let dry_run = dry(&opts.dry_run)?;
+        st.registry.get(vm_def(), ns, name).await?;
+        let vmi = self.current_vmi(st, ns, name).await?;
+        let Some(vmi) =
+            vmi.filter(|v| v.pointer("/status/phase").and_then(Value::as_str) == Some("Running"))
+        else {
+            return Err(state_conflict("virtualmachine", name, "VM is not running"));
+        };
+        let migratable = vmi
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .and_then(|c| c.iter().find(|c| c["type"] == "LiveMigratable"));
+        if let Some(c) = migratable.filter(|c| c["status"] == "False") {
+            let why = c
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("the VMI is not live-migratable");
+            return Err(state_conflict(
+                "virtualmachine",
+                name,
+                &format!("VMI is not migratable: {why}"),
+            ));
+        }
+        let mut spec = json!({"vmiName": name});
+        if let Some(sel) = opts.added_node_selector {
+            spec["addedNodeSelector"] = json!(sel);
+        }
+        let body = json!({"apiVersion": crate::rest::API_VERSION, "kind": "VirtualMachineInstanceMigration",
+            "metadata": {"generateName": "kubevirt-migrate-vm-", "labels": {"kubevirt.io/vmi-name": name}}, "spec": spec});
+        let wopts = WriteOptions {
+            dry_run,
+            field_manager: MANAGER.into(),
+            ..Default::default()
+        };
+        st.registry.create(vmim_def(), ns, body, &wopts).await?;
+        Ok(accepted())
     }
 }

@@ -668,3 +668,208 @@ async fn paging_watch_resume_bookmarks_and_compaction() {
         "periodic bookmark expected: {text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn vm_action_subresources_follow_kubevirt_semantics() {
+    let env = common::start(true);
+    let c = admin(&env);
+    let url = format!("{}{VMS}", env.server_url);
+    let sub = format!(
+        "{}/apis/subresources.kubevirt.io/v1/namespaces/default",
+        env.server_url
+    );
+    c.post(&url).json(&vm("a")).send().await.unwrap();
+    let put = |path: String, body: Value| c.put(path).json(&body).send();
+
+    // dryRun validates and changes nothing.
+    assert_eq!(
+        put(
+            format!("{sub}/virtualmachines/a/start"),
+            json!({"dryRun": ["All"]})
+        )
+        .await
+        .unwrap()
+        .status(),
+        202
+    );
+    let got: Value = c
+        .get(format!("{url}/a"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["spec"]["runStrategy"], "Halted");
+
+    // Halted → start flips runStrategy to Always; start again is a conflict.
+    assert_eq!(
+        put(format!("{sub}/virtualmachines/a/start"), json!({}))
+            .await
+            .unwrap()
+            .status(),
+        202
+    );
+    let got: Value = c
+        .get(format!("{url}/a"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["spec"]["runStrategy"], "Always");
+    let (code, s) = json_of(
+        put(format!("{sub}/virtualmachines/a/start"), json!({}))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((code, s["reason"].as_str()), (409, Some("Conflict")));
+    // stop flips it back; restart of a Halted VM is refused.
+    assert_eq!(
+        put(format!("{sub}/virtualmachines/a/stop"), json!({}))
+            .await
+            .unwrap()
+            .status(),
+        202
+    );
+    let got: Value = c
+        .get(format!("{url}/a"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["spec"]["runStrategy"], "Halted");
+    let (code, s) = json_of(
+        put(format!("{sub}/virtualmachines/a/restart"), json!({}))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code, 409);
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap()
+            .contains("Halted does not support manual restart requests"),
+        "{s}"
+    );
+    assert_eq!(
+        put(format!("{sub}/virtualmachines/a/stop"), json!({}))
+            .await
+            .unwrap()
+            .status(),
+        409
+    );
+
+    // Manual: start is a state change request in status; spec is untouched.
+    let mut manual = vm("m");
+    manual["spec"]["runStrategy"] = json!("Manual");
+    c.post(&url).json(&manual).send().await.unwrap();
+    assert_eq!(
+        put(
+            format!("{sub}/virtualmachines/m/start"),
+            json!({"paused": true})
+        )
+        .await
+        .unwrap()
+        .status(),
+        202
+    );
+    let got: Value = c
+        .get(format!("{url}/m"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        got["status"]["stateChangeRequests"],
+        json!([{"action": "Start", "data": {"startPaused": "true"}}])
+    );
+    assert_eq!(
+        got["metadata"]["generation"], 1,
+        "status changes do not bump generation"
+    );
+
+    // Migrate needs a running instance; missing VM is 404 with the object named.
+    assert_eq!(
+        put(format!("{sub}/virtualmachines/m/migrate"), json!({}))
+            .await
+            .unwrap()
+            .status(),
+        409
+    );
+    let (code, s) = json_of(
+        put(format!("{sub}/virtualmachines/nope/start"), json!({}))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code, 404);
+    assert_eq!(s["details"]["name"], "nope");
+    assert_eq!(
+        put(
+            format!("{sub}/virtualmachines/a/start"),
+            json!({"paused": "yes"})
+        )
+        .await
+        .unwrap()
+        .status(),
+        400
+    );
+
+    // Console of a VMI that is not running yet: 400 (virtctl retries), missing: 404.
+    let vmi = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "i"},
+        "spec": {"domain": {"resources": {"requests": {"memory": "64Mi"}}}}});
+    let r = c
+        .post(format!(
+            "{}/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances",
+            env.server_url
+        ))
+        .json(&vmi)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(
+        c.get(format!("{sub}/virtualmachineinstances/i/console"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        400
+    );
+    assert_eq!(
+        c.get(format!("{sub}/virtualmachineinstances/x/console"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    assert_eq!(
+        put(format!("{sub}/virtualmachineinstances/i/pause"), json!({}))
+            .await
+            .unwrap()
+            .status(),
+        400
+    );
+
+    let v: Value = c
+        .get(format!(
+            "{}/apis/subresources.kubevirt.io/v1/version",
+            env.server_url
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(v["gitVersion"].as_str().unwrap().starts_with('v'));
+}
