@@ -4,8 +4,10 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod cluster;
+mod deps;
 mod dev_apiserver;
 mod guest;
+mod test;
 
 #[derive(Parser, Debug)]
 #[command(name = "cargo xtask", about = "kubevirt-rs developer tooling")]
@@ -24,6 +26,10 @@ enum Command {
     Cluster(cluster::Args),
     /// Run a benchmark and write the figures to docs/benchmarks.md.
     Bench(bench::Args),
+    /// Run every check and test (the README's test command; what CI runs).
+    Test(test::Args),
+    /// Install the Debian packages the project needs.
+    Deps,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -32,6 +38,8 @@ fn main() -> anyhow::Result<()> {
         Command::Guest(a) => guest::run(a),
         Command::Cluster(a) => cluster::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Test(a) => test::run(a),
+        Command::Deps => deps::ensure(),
     }
 }
 
