@@ -112,12 +112,22 @@ impl std::fmt::Debug for Cmd {
 impl DomainHandle {
     /// Starts the thread, the daemon (for [`Target::Private`]) and connects.
     pub async fn spawn(target: Target) -> Result<Self, LibvirtError> {
+        Self::spawn_with(move || {
+            LibvirtBackend::connect(target).map(|b| Box::new(b) as Box<dyn Backend>)
+        })
+        .await
+    }
+
+    /// Starts the thread with the backend `make` builds on it (tests pass a fake).
+    pub async fn spawn_with(
+        make: impl FnOnce() -> Result<Box<dyn Backend>, LibvirtError> + Send + 'static,
+    ) -> Result<Self, LibvirtError> {
         let (tx, rx) = mpsc::channel();
         let (state_tx, state) = watch::channel(Observed::default());
         let (ready_tx, ready_rx) = oneshot::channel();
         std::thread::Builder::new()
             .name("libvirt".into())
-            .spawn(move || thread_main(target, rx, state_tx, ready_tx))
+            .spawn(move || thread_main(make, rx, state_tx, ready_tx))
             .map_err(|e| LibvirtError::Call {
                 op: "spawn thread",
                 message: e.to_string(),
@@ -182,58 +192,130 @@ fn version_string(v: u32) -> String {
     format!("{}.{}.{}", v / 1_000_000, (v / 1000) % 1000, v % 1000)
 }
 
-struct Thread {
-    daemon: Option<PrivateDaemon>,
-    conn: Option<Connect>,
-    domain: Option<Domain>,
-    started: bool,
-    state: watch::Sender<Observed>,
+/// What the libvirt thread drives. Every method blocks and runs only on that thread.
+pub trait Backend: Send {
+    /// Versions and process facts.
+    fn versions(&self) -> Versions;
+    /// Defines the domain.
+    fn define(&mut self, xml: &str) -> Result<(), LibvirtError>;
+    /// Starts it.
+    fn start(&mut self) -> Result<(), LibvirtError>;
+    /// ACPI power button.
+    fn shutdown(&mut self) -> Result<(), LibvirtError>;
+    /// ACPI reboot.
+    fn reboot(&mut self) -> Result<(), LibvirtError>;
+    /// Stops it now (no-op when not running).
+    fn destroy(&mut self) -> Result<(), LibvirtError>;
+    /// Pauses the vCPUs.
+    fn suspend(&mut self) -> Result<(), LibvirtError>;
+    /// Resumes the vCPUs.
+    fn resume(&mut self) -> Result<(), LibvirtError>;
+    /// Current state, once started; `None` when there is nothing to report.
+    fn observe(&mut self) -> Option<Observed>;
+    /// Destroys and undefines the domain and releases the daemon.
+    fn cleanup(&mut self);
 }
 
 fn thread_main(
-    target: Target,
+    make: impl FnOnce() -> Result<Box<dyn Backend>, LibvirtError>,
     rx: mpsc::Receiver<Cmd>,
     state: watch::Sender<Observed>,
     ready: oneshot::Sender<Result<Versions, LibvirtError>>,
 ) {
-    let mut t = Thread {
-        daemon: None,
-        conn: None,
-        domain: None,
-        started: false,
-        state,
-    };
-    match t.connect(target) {
-        Ok(v) => {
-            let _ = ready.send(Ok(v));
+    let mut b = match make() {
+        Ok(b) => {
+            let _ = ready.send(Ok(b.versions()));
+            b
         }
         Err(e) => {
-            t.cleanup();
             let _ = ready.send(Err(e));
             return;
         }
-    }
+    };
+    let publish = |o: Observed| {
+        state.send_if_modified(|cur| {
+            if cur.state == o.state {
+                return false;
+            }
+            *cur = o;
+            true
+        });
+    };
+    let mut started = false;
     loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(Cmd::Close(reply)) => {
-                t.cleanup();
+                b.cleanup();
+                if started {
+                    publish(Observed {
+                        state: DomainState::Shutoff,
+                        reason: None,
+                    });
+                }
                 let _ = reply.send(Ok(()));
                 return;
             }
-            Ok(cmd) => t.handle(cmd),
+            Ok(Cmd::Define(xml, r)) => {
+                let _ = r.send(b.define(&xml));
+            }
+            Ok(Cmd::Start(r)) => {
+                let res = b.start();
+                started |= res.is_ok();
+                let _ = r.send(res);
+            }
+            Ok(Cmd::Shutdown(r)) => {
+                let _ = r.send(b.shutdown());
+            }
+            Ok(Cmd::Reboot(r)) => {
+                let _ = r.send(b.reboot());
+            }
+            Ok(Cmd::Destroy(r)) => {
+                let _ = r.send(b.destroy());
+            }
+            Ok(Cmd::Pause(r)) => {
+                let _ = r.send(b.suspend());
+            }
+            Ok(Cmd::Resume(r)) => {
+                let _ = r.send(b.resume());
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 tracing::warn!("launcher dropped the libvirt handle; cleaning up");
-                t.cleanup();
+                b.cleanup();
                 return;
             }
         }
-        t.poll();
+        if started && let Some(o) = b.observe() {
+            publish(o);
+        }
     }
 }
 
-impl Thread {
-    fn connect(&mut self, target: Target) -> Result<Versions, LibvirtError> {
+/// The real backend: a `virt` connection to a private or given libvirt daemon.
+pub struct LibvirtBackend {
+    daemon: Option<PrivateDaemon>,
+    conn: Option<Connect>,
+    domain: Option<Domain>,
+    versions: Versions,
+}
+
+impl std::fmt::Debug for LibvirtBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LibvirtBackend")
+            .field("versions", &self.versions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LibvirtBackend {
+    /// Starts the daemon if asked to and connects.
+    pub fn connect(target: Target) -> Result<Self, LibvirtError> {
+        let mut b = Self {
+            daemon: None,
+            conn: None,
+            domain: None,
+            versions: Versions::default(),
+        };
         let uri = match target {
             Target::Uri(u) => u,
             Target::Private {
@@ -243,86 +325,82 @@ impl Thread {
             } => {
                 let d = PrivateDaemon::start(&dir, &cache, hide_kvm, Duration::from_secs(30))?;
                 let uri = d.uri.clone();
-                self.daemon = Some(d);
+                b.daemon = Some(d);
                 uri
             }
         };
+        // On error `b` drops here and its daemon with it.
         let conn = call("connect", Connect::open(Some(&uri)))?;
-        let versions = Versions {
+        b.versions = Versions {
             libvirt: conn.lib_version().map(version_string).unwrap_or_default(),
             qemu: conn.hyp_version().map(version_string).unwrap_or_default(),
-            daemon_pid: self.daemon.as_ref().map(PrivateDaemon::pid),
+            daemon_pid: b.daemon.as_ref().map(PrivateDaemon::pid),
         };
-        self.conn = Some(conn);
-        Ok(versions)
+        b.conn = Some(conn);
+        Ok(b)
     }
 
     fn dom(&self) -> Result<&Domain, LibvirtError> {
         self.domain.as_ref().ok_or(LibvirtError::NoDomain)
     }
+}
 
-    fn handle(&mut self, cmd: Cmd) {
-        match cmd {
-            Cmd::Define(xml, r) => {
-                let res = match &self.conn {
-                    Some(c) => call("define", c.define_domain_xml(&xml)).map(|d| {
-                        self.domain = Some(d);
-                    }),
-                    None => Err(LibvirtError::Gone),
-                };
-                let _ = r.send(res);
-            }
-            Cmd::Start(r) => {
-                let res = self.dom().and_then(|d| call("start", d.create()));
-                if res.is_ok() {
-                    self.started = true;
-                }
-                let _ = r.send(res);
-            }
-            Cmd::Shutdown(r) => {
-                let res = self.dom().and_then(|d| {
-                    call(
-                        "shutdown",
-                        d.shutdown_flags(virt::sys::VIR_DOMAIN_SHUTDOWN_ACPI_POWER_BTN),
-                    )
-                });
-                let _ = r.send(res);
-            }
-            Cmd::Reboot(r) => {
-                let res = self.dom().and_then(|d| {
-                    call(
-                        "reboot",
-                        d.reboot(virt::sys::VIR_DOMAIN_REBOOT_ACPI_POWER_BTN),
-                    )
-                });
-                let _ = r.send(res);
-            }
-            Cmd::Destroy(r) => {
-                let res = self.dom().and_then(|d| match d.is_active() {
-                    Ok(false) => Ok(()),
-                    _ => call("destroy", d.destroy()),
-                });
-                let _ = r.send(res);
-            }
-            Cmd::Pause(r) => {
-                let _ = r.send(self.dom().and_then(|d| call("suspend", d.suspend())));
-            }
-            Cmd::Resume(r) => {
-                let _ = r.send(self.dom().and_then(|d| call("resume", d.resume())));
-            }
-            Cmd::Close(r) => {
-                self.cleanup();
-                let _ = r.send(Ok(()));
-            }
+impl Backend for LibvirtBackend {
+    fn versions(&self) -> Versions {
+        self.versions.clone()
+    }
+
+    fn define(&mut self, xml: &str) -> Result<(), LibvirtError> {
+        let conn = self.conn.as_ref().ok_or(LibvirtError::Gone)?;
+        self.domain = Some(call("define", conn.define_domain_xml(xml))?);
+        Ok(())
+    }
+
+    fn start(&mut self) -> Result<(), LibvirtError> {
+        call("start", self.dom()?.create())
+    }
+
+    fn shutdown(&mut self) -> Result<(), LibvirtError> {
+        call(
+            "shutdown",
+            self.dom()?
+                .shutdown_flags(virt::sys::VIR_DOMAIN_SHUTDOWN_ACPI_POWER_BTN),
+        )
+    }
+
+    fn reboot(&mut self) -> Result<(), LibvirtError> {
+        call(
+            "reboot",
+            self.dom()?
+                .reboot(virt::sys::VIR_DOMAIN_REBOOT_ACPI_POWER_BTN),
+        )
+    }
+
+    fn destroy(&mut self) -> Result<(), LibvirtError> {
+        let d = self.dom()?;
+        match d.is_active() {
+            Ok(false) => Ok(()),
+            _ => call("destroy", d.destroy()),
         }
     }
 
-    fn poll(&mut self) {
-        if !self.started {
-            return;
-        }
-        let Some(d) = &self.domain else { return };
-        let observed = match d.state() {
+    fn suspend(&mut self) -> Result<(), LibvirtError> {
+        call("suspend", self.dom()?.suspend())
+    }
+
+    fn resume(&mut self) -> Result<(), LibvirtError> {
+        call("resume", self.dom()?.resume())
+    }
+
+    fn observe(&mut self) -> Option<Observed> {
+        let d = self.domain.as_ref()?;
+        let crashed = |reason: String| {
+            Some(Observed {
+                state: DomainState::Crashed,
+                reason: Some(reason),
+            })
+        };
+        match d.state() {
             Ok((Enum::Known(s), reason)) => {
                 let state = match s {
                     VirState::Running | VirState::Blocked => DomainState::Running,
@@ -331,38 +409,22 @@ impl Thread {
                     VirState::Shutoff => {
                         let r = format!("{reason:?}");
                         if r.contains("Crashed") || r.contains("Failed") {
-                            return self.publish(DomainState::Crashed, Some(r));
+                            return crashed(r);
                         }
                         DomainState::Shutoff
                     }
-                    VirState::Crashed => {
-                        return self.publish(DomainState::Crashed, Some(format!("{reason:?}")));
-                    }
+                    VirState::Crashed => return crashed(format!("{reason:?}")),
                     VirState::NoState => DomainState::Pending,
                 };
-                Observed {
+                Some(Observed {
                     state,
                     reason: None,
-                }
+                })
             }
-            Ok((Enum::Unknown(_), _)) => return,
+            Ok((Enum::Unknown(_), _)) => None,
             // The daemon or QEMU went away under us.
-            Err(e) => Observed {
-                state: DomainState::Crashed,
-                reason: Some(e.message().to_string()),
-            },
-        };
-        self.publish(observed.state, observed.reason);
-    }
-
-    fn publish(&self, state: DomainState, reason: Option<String>) {
-        self.state.send_if_modified(|o| {
-            if o.state == state {
-                return false;
-            }
-            *o = Observed { state, reason };
-            true
-        });
+            Err(e) => crashed(e.message().to_string()),
+        }
     }
 
     fn cleanup(&mut self) {
@@ -376,9 +438,6 @@ impl Thread {
                 virt::sys::VIR_DOMAIN_UNDEFINE_NVRAM | virt::sys::VIR_DOMAIN_UNDEFINE_MANAGED_SAVE;
             if let Err(e) = d.undefine_flags(flags) {
                 tracing::warn!(error = %e.message(), "undefining domain");
-            }
-            if self.started {
-                self.publish(DomainState::Shutoff, None);
             }
         }
         drop(self.conn.take());

@@ -351,3 +351,103 @@ fn ended(o: &crate::actor::Observed) -> Option<Outcome> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::FakeBackend;
+
+    async fn fake(f: &FakeBackend) -> DomainHandle {
+        let b = f.clone();
+        DomainHandle::spawn_with(move || Ok(Box::new(b) as Box<dyn crate::actor::Backend>))
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn shutdown_presses_the_power_button_and_waits() {
+        let f = FakeBackend::default();
+        let h = fake(&f).await;
+        let token = CancellationToken::new();
+        token.cancel();
+        let out = drive(
+            &h,
+            "<domain/>".into(),
+            Duration::from_secs(5),
+            &token,
+            || {},
+        )
+        .await
+        .unwrap();
+        assert_eq!(out, Outcome::ShutDown);
+        assert_eq!(f.calls(), ["define", "start", "shutdown"]);
+        h.close().await.unwrap();
+        assert_eq!(f.calls().last(), Some(&"cleanup"));
+    }
+
+    #[tokio::test]
+    async fn a_guest_ignoring_acpi_is_destroyed_after_the_grace_period() {
+        let f = FakeBackend::default();
+        f.0.lock().unwrap().ignore_acpi = true;
+        let h = fake(&f).await;
+        let token = CancellationToken::new();
+        token.cancel();
+        let t = Instant::now();
+        let out = drive(
+            &h,
+            "<domain/>".into(),
+            Duration::from_millis(300),
+            &token,
+            || {},
+        )
+        .await
+        .unwrap();
+        assert_eq!(out, Outcome::ForcedStop);
+        assert!(t.elapsed() >= Duration::from_millis(300));
+        assert_eq!(f.calls(), ["define", "start", "shutdown", "destroy"]);
+    }
+
+    #[tokio::test]
+    async fn a_crash_ends_the_run_with_its_reason() {
+        let f = FakeBackend::default();
+        let h = fake(&f).await;
+        let token = CancellationToken::new();
+        let crash = f.clone();
+        let out = drive(
+            &h,
+            "<domain/>".into(),
+            Duration::from_secs(5),
+            &token,
+            move || {
+                crash.0.lock().unwrap().crash = Some("qemu died".into());
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(out, Outcome::Crashed("qemu died".into()));
+    }
+
+    #[tokio::test]
+    async fn dropping_every_handle_cleans_up() {
+        let f = FakeBackend::default();
+        drop(fake(&f).await);
+        let t = Instant::now();
+        while f.calls().last() != Some(&"cleanup") {
+            assert!(
+                t.elapsed() < Duration::from_secs(2),
+                "no cleanup: {:?}",
+                f.calls()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[test]
+    fn invalid_vmis_are_rejected_before_anything_happens() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("vmi.json");
+        std::fs::write(&p, r#"{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachineInstance","metadata":{"name":"x"},"spec":{"domain":{"resources":{"requests":{"memory":"lots"}}}}}"#).unwrap();
+        let e = load_vmi(&p).unwrap_err().to_string();
+        assert!(e.contains("spec.domain.resources.requests.memory"), "{e}");
+    }
+}

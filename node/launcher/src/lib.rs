@@ -5,6 +5,7 @@
 pub mod actor;
 pub mod cmd_server;
 pub mod daemon;
+pub mod fake;
 pub mod launcher;
 pub mod probe;
 pub mod volumes;
