@@ -6,7 +6,9 @@
 // rare path, and boxing every handler result would only add noise.
 #![allow(clippy::result_large_err)]
 
+pub mod admission;
 pub mod auth;
+pub mod authconfig;
 pub mod config;
 pub mod convert;
 pub mod devenv;

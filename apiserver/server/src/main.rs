@@ -34,25 +34,6 @@ async fn main() -> anyhow::Result<()> {
     init_tracing(&args.log_format);
     let _ = rustls::crypto::ring::default_provider().install_default();
 
-    let request_header = match &args.requestheader_client_ca_file {
-        Some(p) => Some(RequestHeaderConfig {
-            ca: CaPool::from_pem(&read(p)?).context("requestheader client CA")?,
-            allowed_names: args
-                .requestheader_allowed_names
-                .iter()
-                .filter(|s| !s.is_empty())
-                .cloned()
-                .collect(),
-            username_headers: args.requestheader_username_headers.clone(),
-            group_headers: args.requestheader_group_headers.clone(),
-            extra_prefixes: args.requestheader_extra_headers_prefix.clone(),
-        }),
-        None => None,
-    };
-    let client_ca = match &args.client_ca_file {
-        Some(p) => Some(CaPool::from_pem(&read(p)?).context("client CA")?),
-        None => None,
-    };
     let kube = if args.standalone {
         None
     } else {
@@ -69,6 +50,32 @@ async fn main() -> anyhow::Result<()> {
         };
         Some(kube::Client::try_from(config).context("kube client")?)
     };
+    // Without explicit flags, trust what kube-apiserver publishes for extension servers.
+    let published = match &kube {
+        Some(k) if args.requestheader_client_ca_file.is_none() || args.client_ca_file.is_none() => {
+            virt_apiserver::authconfig::read_published(k.clone()).await
+        }
+        _ => None,
+    };
+    let request_header = match &args.requestheader_client_ca_file {
+        Some(p) => Some(RequestHeaderConfig {
+            ca: CaPool::from_pem(&read(p)?).context("requestheader client CA")?,
+            allowed_names: args
+                .requestheader_allowed_names
+                .iter()
+                .filter(|s| !s.is_empty())
+                .cloned()
+                .collect(),
+            username_headers: args.requestheader_username_headers.clone(),
+            group_headers: args.requestheader_group_headers.clone(),
+            extra_prefixes: args.requestheader_extra_headers_prefix.clone(),
+        }),
+        None => published.as_ref().and_then(|p| p.request_header.clone()),
+    };
+    let client_ca = match &args.client_ca_file {
+        Some(p) => Some(CaPool::from_pem(&read(p)?).context("client CA")?),
+        None => published.as_ref().and_then(|p| p.client_ca.clone()),
+    };
     let auth = AuthConfig::new(request_header, client_ca, kube, args.allow_client_ca_users);
 
     let storage = storage::Storage::connect(&args.etcd_servers)
@@ -76,7 +83,12 @@ async fn main() -> anyhow::Result<()> {
         .context("connecting to etcd")?;
     let shutdown = CancellationToken::new();
     let state = Arc::new(AppState {
-        registry: rest::Registry::new(storage, &args.etcd_prefix),
+        registry: match &auth.kube {
+            Some(k) => rest::Registry::new(storage, &args.etcd_prefix).with_namespace_lifecycle(
+                virt_apiserver::admission::NamespaceLifecycle::new(k.clone()),
+            ),
+            None => rest::Registry::new(storage, &args.etcd_prefix),
+        },
         discovery: discovery::Discovery::build(),
         openapi: openapi::build(),
         auth: auth.clone(),

@@ -138,6 +138,7 @@ struct ContinueToken {
 pub struct Registry {
     storage: Storage,
     prefix: String,
+    namespaces: Option<crate::admission::NamespaceLifecycle>,
 }
 
 fn gr(def: &ResourceDef) -> Gr<'static> {
@@ -198,7 +199,15 @@ impl Registry {
         Self {
             storage,
             prefix: prefix.trim_end_matches('/').to_string(),
+            namespaces: None,
         }
+    }
+
+    /// Enforces namespace lifecycle on create (needs kube-apiserver).
+    #[must_use]
+    pub fn with_namespace_lifecycle(mut self, n: crate::admission::NamespaceLifecycle) -> Self {
+        self.namespaces = Some(n);
+        self
     }
 
     /// The underlying storage.
@@ -357,6 +366,10 @@ impl Registry {
             set_meta(&mut obj, "name", Some(json!(generate_name(prefix))));
         }
         self.validate(def, &obj)?;
+        if let Some(n) = &self.namespaces {
+            n.admit_create(ns, def.plural, meta_str(&obj, "name").unwrap_or(""))
+                .await?;
+        }
         set_meta(
             &mut obj,
             "uid",

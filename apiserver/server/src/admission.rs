@@ -1,0 +1,94 @@
+//! Admission that kube-apiserver does not run for aggregated resources and that we must
+//! do ourselves: namespace lifecycle (no creation in missing or terminating namespaces).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{StatusCause, StatusDetails};
+
+use crate::error::{ApiError, ApiResult};
+
+/// Namespace phase lookups against kube-apiserver, cached briefly.
+#[derive(Clone)]
+pub struct NamespaceLifecycle {
+    client: kube::Client,
+    cache: moka::future::Cache<String, Option<String>>,
+}
+
+impl std::fmt::Debug for NamespaceLifecycle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamespaceLifecycle").finish_non_exhaustive()
+    }
+}
+
+impl NamespaceLifecycle {
+    /// Uses `client` for lookups.
+    pub fn new(client: kube::Client) -> Self {
+        let cache = moka::future::Cache::builder()
+            .max_capacity(10_000)
+            .time_to_live(Duration::from_secs(2))
+            .build();
+        Self { client, cache }
+    }
+
+    async fn phase(&self, ns: &str) -> ApiResult<Option<String>> {
+        if let Some(hit) = self.cache.get(ns).await {
+            return Ok(hit);
+        }
+        let api: kube::Api<Namespace> = kube::Api::all(self.client.clone());
+        let found = api.get_opt(ns).await.map_err(|e| {
+            tracing::warn!(error = %e, namespace = %ns, "Namespace lookup failed");
+            ApiError::internal("namespace lookup failed")
+        })?;
+        // A missing namespace is answered from the cache only briefly: it may be created now.
+        let phase = found.map(|n| {
+            n.status
+                .and_then(|s| s.phase)
+                .unwrap_or_else(|| "Active".into())
+        });
+        self.cache.insert(ns.to_string(), phase.clone()).await;
+        Ok(phase)
+    }
+
+    /// Checks that objects may be created in `ns`.
+    pub async fn admit_create(&self, ns: &str, resource: &str, name: &str) -> ApiResult<()> {
+        match self.phase(ns).await?.as_deref() {
+            None => {
+                let mut e = ApiError::not_found(
+                    crate::error::Gr {
+                        resource: "namespaces",
+                        group: "",
+                    },
+                    ns,
+                );
+                e.message = format!("namespaces {ns:?} not found");
+                Err(e)
+            }
+            Some("Terminating") => {
+                let mut e = ApiError::forbidden(
+                    crate::error::Gr {
+                        resource: "",
+                        group: "",
+                    },
+                    name,
+                    format!(
+                        "{resource}.kubevirt.io {name:?} is forbidden: unable to create new content in namespace {ns} because it is being terminated"
+                    ),
+                );
+                e.details = Some(StatusDetails {
+                    name: Some(name.to_string()),
+                    group: Some("kubevirt.io".into()),
+                    kind: Some(resource.to_string()),
+                    causes: Some(vec![StatusCause {
+                        reason: Some("NamespaceTerminating".into()),
+                        message: Some(format!("namespace {ns} is being terminated")),
+                        field: Some("metadata.namespace".into()),
+                    }]),
+                    ..Default::default()
+                });
+                Err(e)
+            }
+            Some(_) => Ok(()),
+        }
+    }
+}
