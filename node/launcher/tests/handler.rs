@@ -16,6 +16,10 @@ use virt_handler::{Handler, HandlerConfig};
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn guest_dir() -> PathBuf {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "these tests start a private libvirtd in mount and PID namespaces and need root"
+    );
     let dir = virt_testguest::default_dir();
     virt_testguest::ensure(&dir)
         .unwrap_or_else(|e| {

@@ -20,6 +20,10 @@ use virt_testguest::{KERNEL_ARGS, PROMPT};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn guest_dir() -> PathBuf {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "these tests start a private libvirtd in mount and PID namespaces and need root"
+    );
     let dir = virt_testguest::default_dir();
     match virt_testguest::ensure(&dir) {
         Ok(g) => g.dir,
