@@ -1,0 +1,99 @@
+//! Shared state of the controllers: client, event recorder, configuration, back-off.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder};
+
+use crate::backoff::BackoffTable;
+use crate::vm::decide::BackoffConfig;
+
+/// Field manager of every write the controllers make.
+pub const FIELD_MANAGER: &str = "virt-controller";
+
+/// Validated controller configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Concurrent reconciles (0 = unbounded).
+    pub workers: u16,
+    /// Crash-loop back-off of VM restarts.
+    pub crash_loop: BackoffConfig,
+    /// First retry delay after a failed reconcile.
+    pub error_backoff_base: Duration,
+    /// Longest retry delay after failed reconciles.
+    pub error_backoff_max: Duration,
+    /// Periodic resync of every VM.
+    pub resync: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            workers: 4,
+            crash_loop: BackoffConfig::default(),
+            error_backoff_base: Duration::from_millis(500),
+            error_backoff_max: Duration::from_secs(300),
+            resync: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Everything a reconcile needs.
+pub struct Context {
+    /// Client for our API (kubevirt.io) and, in a cluster, the core API.
+    pub client: Client,
+    /// Publishes Kubernetes Events; None where no core API exists (the dev apiserver).
+    pub recorder: Option<Recorder>,
+    /// Configuration.
+    pub config: Config,
+    /// Per-object back-off of failed reconciles.
+    pub backoff: BackoffTable,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("recorder", &self.recorder.is_some())
+            .field("config", &self.config)
+            .field("backoff", &self.backoff)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// A context with the given client, recorder and configuration.
+    pub fn new(client: Client, recorder: Option<Recorder>, config: Config) -> Self {
+        let backoff = BackoffTable::new(config.error_backoff_base, config.error_backoff_max);
+        Self {
+            client,
+            recorder,
+            config,
+            backoff,
+        }
+    }
+
+    /// Publishes an Event, best effort: an Event that cannot be written is logged and
+    /// never fails the reconcile that produced it.
+    pub async fn event(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let Some(recorder) = &self.recorder else {
+            return;
+        };
+        let ev = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: reason.to_string(),
+            secondary: None,
+        };
+        if let Err(err) = recorder.publish(&ev, regarding).await {
+            tracing::debug!(error = %err, reason, "could not publish event");
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! virt-controller: the cluster-wide controllers of kubevirt-rs.
+//!
+//! The VirtualMachine controller ([`vm`]) creates and deletes each VM's
+//! VirtualMachineInstance according to its runStrategy and stateChangeRequests and
+//! reports the result in the VM status. Decisions are pure functions
+//! ([`vm::decide`], [`vm::render`]); the reconcilers only execute them.
+//! [`leader`] keeps a single active replica with a coordination.k8s.io Lease.
+
+pub mod backoff;
+pub mod context;
+pub mod leader;
+pub mod vm;
+
+pub use context::{Config, Context, FIELD_MANAGER};

@@ -1,0 +1,137 @@
+//! virt-controller: runs the VirtualMachine controller, behind leader election.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use kube::runtime::events::{Recorder, Reporter};
+use tokio_util::sync::CancellationToken;
+use virt_controllers::leader::{Elector, LeaseConfig};
+use virt_controllers::vm::decide::BackoffConfig;
+use virt_controllers::{Config, Context};
+
+/// Command line, each flag also readable from the environment.
+#[derive(Debug, Parser)]
+#[command(name = "virt-controller", version, about)]
+struct Args {
+    /// Kubeconfig to use; in-cluster configuration when absent.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// Only one replica acts, chosen with a coordination.k8s.io Lease.
+    #[arg(long, env = "VIRT_CONTROLLER_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Namespace of the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kubevirt")]
+    lease_namespace: String,
+    /// Name of the leader Lease.
+    #[arg(
+        long,
+        env = "VIRT_CONTROLLER_LEASE_NAME",
+        default_value = "virt-controller"
+    )]
+    lease_name: String,
+    /// This replica's identity; the pod name in a cluster.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Publish Kubernetes Events (needs the core API of kube-apiserver).
+    #[arg(long, env = "VIRT_CONTROLLER_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    events: bool,
+    /// Concurrent VM reconciles.
+    #[arg(long, env = "VIRT_CONTROLLER_WORKERS", default_value_t = 4)]
+    workers: u16,
+    /// Restart delay after the first failed start (grows with failures²).
+    #[arg(
+        long,
+        env = "VIRT_CONTROLLER_CRASHLOOP_BASE_SECONDS",
+        default_value_t = 10
+    )]
+    crashloop_base_seconds: u64,
+    /// Longest restart delay of a crash-looping VM.
+    #[arg(
+        long,
+        env = "VIRT_CONTROLLER_CRASHLOOP_MAX_SECONDS",
+        default_value_t = 300
+    )]
+    crashloop_max_seconds: u64,
+    /// Log as JSON.
+    #[arg(long, env = "VIRT_CONTROLLER_LOG_JSON")]
+    log_json: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if args.log_json {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+    // kube and reqwest agree on ring; installing it up front avoids a panic on the
+    // first handshake if another provider is ever linked in.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+
+    let client = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .context("loading kubeconfig")?;
+            kube::Client::try_from(cfg).context("building client")?
+        }
+        None => kube::Client::try_default()
+            .await
+            .context("building client")?,
+    };
+    let identity = match args.identity.clone() {
+        Some(id) => id,
+        None => format!("virt-controller-{}", std::process::id()),
+    };
+    let recorder = args.events.then(|| {
+        Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "virt-controller".into(),
+                instance: Some(identity.clone()),
+            },
+        )
+    });
+    let config = Config {
+        workers: args.workers,
+        crash_loop: BackoffConfig {
+            min_interval: Duration::from_secs(args.crashloop_base_seconds),
+            max_delay: Duration::from_secs(args.crashloop_max_seconds),
+        },
+        ..Config::default()
+    };
+    let ctx = Arc::new(Context::new(client.clone(), recorder, config));
+
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down");
+        on_signal.cancel();
+    });
+
+    if args.leader_elect {
+        let elector = Elector::new(
+            client,
+            LeaseConfig::new(&args.lease_namespace, &args.lease_name, &identity),
+        );
+        elector
+            .run(shutdown, move |leading| {
+                virt_controllers::vm::run(ctx, leading)
+            })
+            .await?;
+    } else {
+        virt_controllers::vm::run(ctx, shutdown).await;
+    }
+    Ok(())
+}

@@ -1,0 +1,38 @@
+//! VirtualMachine controller: keeps exactly the instance a VM's runStrategy and
+//! stateChangeRequests ask for, and reports it in the VM status.
+
+pub mod decide;
+pub mod reconcile;
+pub mod render;
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::Api;
+use kube::runtime::{Controller, controller, watcher};
+use kubevirt_api::{VirtualMachine, VirtualMachineInstance};
+use tokio_util::sync::CancellationToken;
+
+use crate::context::Context;
+
+/// Runs the VM controller until `shutdown` is cancelled.
+pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
+    let vms = Api::<VirtualMachine>::all(ctx.client.clone());
+    let vmis = Api::<VirtualMachineInstance>::all(ctx.client.clone());
+    tracing::info!(
+        workers = ctx.config.workers,
+        "starting VirtualMachine controller"
+    );
+    Controller::new(vms, watcher::Config::default())
+        .owns(vmis, watcher::Config::default())
+        .with_config(controller::Config::default().concurrency(ctx.config.workers))
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(err) = res {
+                tracing::debug!(error = %err, "reconcile result");
+            }
+        })
+        .await;
+    tracing::info!("VirtualMachine controller stopped");
+}

@@ -1,0 +1,298 @@
+//! Orchestration of one VM reconcile; the decisions live in [`super::decide`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Api, Resource, ResourceExt};
+use kubevirt_api::{VirtualMachine, VirtualMachineInstance, VirtualMachineStatus};
+use serde_json::{Value, json};
+
+use super::decide::{self, ObservedVmi, Outcome, StatusInputs, VmiAction};
+use super::render::{self, RenderError};
+use crate::context::{Context, FIELD_MANAGER};
+
+/// Why a reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// The VM object is malformed.
+    #[error("VirtualMachine has no namespace")]
+    MissingNamespace,
+    /// Reading an object failed.
+    #[error("reading {what}: {source}")]
+    Read {
+        /// What was read.
+        what: &'static str,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Creating the VMI failed.
+    #[error("creating the VMI: {0}")]
+    Create(#[source] kube::Error),
+    /// The VMI cannot be rendered from the template.
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    /// Deleting the VMI failed.
+    #[error("deleting the VMI: {0}")]
+    Delete(#[source] kube::Error),
+    /// Writing the VM status failed.
+    #[error("writing the VM status: {0}")]
+    Status(#[source] kube::Error),
+    /// Creating or deleting the VMI failed; the Failure condition says so too.
+    #[error("{reason}: {message}")]
+    Action {
+        /// FailedCreate or FailedDelete.
+        reason: String,
+        /// The error.
+        message: String,
+    },
+    /// Serialising the status failed (a bug).
+    #[error("serialising the VM status: {0}")]
+    Serialize(#[from] serde_json::Error),
+}
+
+impl ReconcileError {
+    /// Short reason for logs and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::MissingNamespace => "MissingNamespace",
+            Self::Read { .. } => "ReadFailed",
+            Self::Create(_) | Self::Render(_) => "FailedCreate",
+            Self::Delete(_) => "FailedDelete",
+            Self::Status(_) => "FailedStatusUpdate",
+            Self::Action { .. } => "ActionFailed",
+            Self::Serialize(_) => "SerializeFailed",
+        }
+    }
+
+    /// An optimistic-concurrency conflict: someone else wrote in between; retry at once.
+    fn is_conflict(&self) -> bool {
+        matches!(self, Self::Status(kube::Error::Api(s)) if s.is_conflict())
+    }
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.is_not_found())
+}
+
+fn is_already_exists(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.is_already_exists() || s.code == 409)
+}
+
+/// Reconciles one VM: reads it and its VMI fresh, executes the decision, writes status.
+///
+/// Both objects are read from the apiserver rather than the watch cache: the start
+/// failure back-off and the stateChangeRequests this controller wrote a moment ago must
+/// be seen, or a stale cache could start an instance twice or lose a request.
+#[tracing::instrument(skip_all, fields(vm = %vm.name_any(), ns = vm.namespace().unwrap_or_default()))]
+pub async fn reconcile(
+    vm: Arc<VirtualMachine>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    let ns = vm.namespace().ok_or(ReconcileError::MissingNamespace)?;
+    let name = vm.name_any();
+    let key = vm
+        .metadata
+        .uid
+        .clone()
+        .unwrap_or_else(|| format!("{ns}/{name}"));
+    let vms = Api::<VirtualMachine>::namespaced(ctx.client.clone(), &ns);
+    let vmis = Api::<VirtualMachineInstance>::namespaced(ctx.client.clone(), &ns);
+
+    let Some(vm) = vms
+        .get_opt(&name)
+        .await
+        .map_err(|source| ReconcileError::Read {
+            what: "VirtualMachine",
+            source,
+        })?
+    else {
+        ctx.backoff.reset(&key);
+        return Ok(Action::await_change());
+    };
+    let vmi = vmis
+        .get_opt(&name)
+        .await
+        .map_err(|source| ReconcileError::Read {
+            what: "VirtualMachineInstance",
+            source,
+        })?;
+    // A VMI of the same name that another controller owns is not ours to touch.
+    let vmi = vmi.filter(|v| render::controlled_by(v, &vm));
+    let observed = vmi.as_ref().map(ObservedVmi::from_vmi);
+
+    let now = Timestamp::now();
+    let decision = decide::decide(&vm, observed.as_ref(), now);
+    tracing::debug!(action = ?decision.action, "decided");
+    let regarding = vm.object_ref(&());
+
+    let outcome = match &decision.action {
+        VmiAction::Nothing => Outcome::Done,
+        VmiAction::Create { start_paused } => {
+            let result = match render::render_vmi(&vm, *start_paused) {
+                Ok(desired) => vmis
+                    .create(
+                        &PostParams {
+                            field_manager: Some(FIELD_MANAGER.to_string()),
+                            ..PostParams::default()
+                        },
+                        &desired,
+                    )
+                    .await
+                    .map(|created| created.metadata.uid.unwrap_or_default())
+                    .map_err(ReconcileError::Create),
+                Err(e) => Err(e.into()),
+            };
+            match result {
+                Ok(uid) => {
+                    tracing::info!(vmi_uid = %uid, strategy = ?decide::run_strategy(&vm), "created VMI");
+                    ctx.event(
+                        &regarding,
+                        EventType::Normal,
+                        "SuccessfulCreate",
+                        format!("Started the virtual machine by creating the new virtual machine instance {name}"),
+                    )
+                    .await;
+                    Outcome::Done
+                }
+                // The previous instance is still terminating, or a watch was behind: the
+                // VMI's events will bring us back.
+                Err(ReconcileError::Create(e)) if is_already_exists(&e) => {
+                    tracing::debug!("VMI already exists");
+                    return Ok(Action::requeue(Duration::from_secs(1)));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "creating VMI failed");
+                    ctx.event(
+                        &regarding,
+                        EventType::Warning,
+                        "FailedCreate",
+                        format!("Error creating virtual machine instance: {e}"),
+                    )
+                    .await;
+                    Outcome::Failed {
+                        reason: "FailedCreate".to_string(),
+                        message: e.to_string(),
+                    }
+                }
+            }
+        }
+        VmiAction::Delete { uid, .. } => {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match vmis.delete(&name, &params).await {
+                Ok(_) => {
+                    tracing::info!(vmi_uid = %uid, strategy = ?decide::run_strategy(&vm), "deleted VMI");
+                    ctx.event(
+                        &regarding,
+                        EventType::Normal,
+                        "SuccessfulDelete",
+                        format!("Stopped the virtual machine by deleting the virtual machine instance {uid}"),
+                    )
+                    .await;
+                    Outcome::Done
+                }
+                Err(e) if is_not_found(&e) => Outcome::Done,
+                Err(e) => {
+                    tracing::warn!(error = %e, "deleting VMI failed");
+                    ctx.event(
+                        &regarding,
+                        EventType::Warning,
+                        "FailedDelete",
+                        format!("Error deleting virtual machine instance {uid}: {e}"),
+                    )
+                    .await;
+                    Outcome::Failed {
+                        reason: "FailedDelete".to_string(),
+                        message: e.to_string(),
+                    }
+                }
+            }
+        }
+    };
+
+    let status = decide::derive_status(
+        &vm,
+        observed.as_ref(),
+        &StatusInputs {
+            decision: &decision,
+            outcome: &outcome,
+            backoff: &ctx.config.crash_loop,
+            now,
+            jitter: rand::random::<f64>(),
+        },
+    );
+    let old = vm.status.clone().unwrap_or_default();
+    if status != old {
+        write_status(&vms, &vm, &old, &status).await?;
+    }
+
+    if let Outcome::Failed { message, reason } = outcome {
+        // The Failure condition is written; the retry goes through error_policy's back-off.
+        return Err(ReconcileError::Action { reason, message });
+    }
+    ctx.backoff.reset(&key);
+    Ok(match decision.wait {
+        Some(wait) => Action::requeue(wait),
+        None => Action::requeue(ctx.config.resync),
+    })
+}
+
+/// A merge patch of /status that turns `old` into `new`, guarded by the resourceVersion
+/// the decision was made on so that a stateChangeRequest appended meanwhile is not lost.
+pub fn status_patch(
+    resource_version: Option<&str>,
+    old: &VirtualMachineStatus,
+    new: &VirtualMachineStatus,
+) -> Result<Value, serde_json::Error> {
+    let mut status = serde_json::to_value(new)?;
+    if let (Value::Object(old), Value::Object(new)) = (serde_json::to_value(old)?, &mut status) {
+        for k in old.keys() {
+            if !new.contains_key(k) {
+                new.insert(k.clone(), Value::Null);
+            }
+        }
+    }
+    Ok(json!({
+        "metadata": {"resourceVersion": resource_version},
+        "status": status,
+    }))
+}
+
+async fn write_status(
+    vms: &Api<VirtualMachine>,
+    vm: &VirtualMachine,
+    old: &VirtualMachineStatus,
+    new: &VirtualMachineStatus,
+) -> Result<(), ReconcileError> {
+    let patch = status_patch(vm.metadata.resource_version.as_deref(), old, new)?;
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    vms.patch_status(&vm.name_any(), &params, &Patch::Merge(&patch))
+        .await
+        .map_err(ReconcileError::Status)?;
+    tracing::debug!(printable = ?new.printable_status, "status written");
+    Ok(())
+}
+
+/// Retry policy: conflicts retry at once, other errors back off per object.
+pub fn error_policy(vm: Arc<VirtualMachine>, err: &ReconcileError, ctx: Arc<Context>) -> Action {
+    if err.is_conflict() {
+        return Action::requeue(Duration::from_millis(50));
+    }
+    let key = vm.metadata.uid.clone().unwrap_or_else(|| vm.name_any());
+    let delay = ctx.backoff.next_delay(&key);
+    tracing::warn!(vm = %vm.name_any(), error = %err, reason = err.reason(), retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}

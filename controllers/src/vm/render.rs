@@ -1,0 +1,92 @@
+//! The VMI a VM asks for, rendered from its template (pure).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::ResourceExt;
+use kubevirt_api::vmi::StartStrategy;
+use kubevirt_api::{API_VERSION, VirtualMachine, VirtualMachineInstance};
+
+use super::decide::VM_GENERATION_ANNOTATION;
+
+/// Why a VMI cannot be rendered.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RenderError {
+    /// The VM has no namespace (it is namespaced, so the object is malformed).
+    #[error("VirtualMachine {0} has no namespace")]
+    MissingNamespace(String),
+    /// The VM has no uid yet, so no owner reference can point at it.
+    #[error("VirtualMachine {0} has no uid")]
+    MissingUid(String),
+    /// spec.template.spec is absent.
+    #[error("VirtualMachine {0} has no spec.template.spec")]
+    MissingTemplateSpec(String),
+}
+
+/// The controller owner reference from a VMI to its VM; blockOwnerDeletion makes a
+/// foreground delete of the VM wait for the VMI.
+pub fn owner_reference(vm: &VirtualMachine) -> Result<OwnerReference, RenderError> {
+    Ok(OwnerReference {
+        api_version: API_VERSION.to_string(),
+        kind: "VirtualMachine".to_string(),
+        name: vm.name_any(),
+        uid: vm
+            .metadata
+            .uid
+            .clone()
+            .ok_or_else(|| RenderError::MissingUid(vm.name_any()))?,
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    })
+}
+
+/// Renders the VMI for `vm`: same name and namespace, the template's labels and
+/// annotations, the generation it came from, and the template spec.
+pub fn render_vmi(
+    vm: &VirtualMachine,
+    start_paused: bool,
+) -> Result<VirtualMachineInstance, RenderError> {
+    let name = vm.name_any();
+    let namespace = vm
+        .namespace()
+        .ok_or_else(|| RenderError::MissingNamespace(name.clone()))?;
+    let template = &vm.spec.template;
+    let mut spec = template
+        .spec
+        .clone()
+        .ok_or_else(|| RenderError::MissingTemplateSpec(name.clone()))?;
+    if start_paused {
+        spec.start_strategy = Some(StartStrategy::Paused);
+    }
+    let tmeta = template.metadata.clone().unwrap_or_default();
+    let mut annotations = tmeta.annotations.unwrap_or_default();
+    if let Some(g) = vm.metadata.generation {
+        annotations.insert(VM_GENERATION_ANNOTATION.to_string(), g.to_string());
+    }
+    let mut vmi = VirtualMachineInstance::new(&name, spec);
+    vmi.metadata = ObjectMeta {
+        name: Some(name),
+        namespace: Some(namespace),
+        labels: tmeta
+            .labels
+            .filter(|l: &BTreeMap<String, String>| !l.is_empty()),
+        annotations: (!annotations.is_empty()).then_some(annotations),
+        owner_references: Some(vec![owner_reference(vm)?]),
+        ..ObjectMeta::default()
+    };
+    Ok(vmi)
+}
+
+/// `vmi` is controlled by `vm` (or by nothing, which a VM adopts by name as KubeVirt does).
+pub fn controlled_by(vmi: &VirtualMachineInstance, vm: &VirtualMachine) -> bool {
+    match vmi
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+    {
+        None => true,
+        Some(o) => Some(&o.uid) == vm.metadata.uid.as_ref(),
+    }
+}
