@@ -81,6 +81,8 @@ async fn main() -> anyhow::Result<()> {
     let storage = storage::Storage::connect(&args.etcd_servers)
         .await
         .context("connecting to etcd")?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let storage = storage.with_metrics(metrics.storage.clone());
     let shutdown = CancellationToken::new();
     let state = Arc::new(AppState {
         registry: match &auth.kube {
@@ -92,7 +94,7 @@ async fn main() -> anyhow::Result<()> {
         discovery: discovery::Discovery::build(),
         openapi: openapi::build(),
         auth: auth.clone(),
-        metrics: Arc::new(metrics::Metrics::default()),
+        metrics,
         shutdown: shutdown.clone(),
         terminating: AtomicBool::new(false),
         max_body_bytes: args.max_request_body_bytes,

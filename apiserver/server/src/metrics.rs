@@ -31,6 +31,33 @@ pub struct VerbLabels {
     pub subresource: String,
 }
 
+/// Labels of a storage metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StorageLabels {
+    /// get, list, create, update, delete.
+    pub operation: String,
+}
+
+/// Metrics the storage layer records.
+#[derive(Debug, Clone)]
+pub struct StorageMetrics {
+    /// etcd request latency by operation.
+    pub latency: Family<StorageLabels, Histogram>,
+    /// Writes that reached etcd and succeeded.
+    pub writes: Counter,
+}
+
+impl StorageMetrics {
+    /// Records one etcd request.
+    pub fn observe(&self, operation: &str, seconds: f64) {
+        self.latency
+            .get_or_create(&StorageLabels {
+                operation: operation.to_string(),
+            })
+            .observe(seconds);
+    }
+}
+
 /// All metrics of the server.
 #[derive(Debug)]
 pub struct Metrics {
@@ -41,8 +68,8 @@ pub struct Metrics {
     pub duration: Family<VerbLabels, Histogram>,
     /// Open watches and streams.
     pub longrunning: Gauge,
-    /// Writes that reached etcd.
-    pub etcd_writes: Counter,
+    /// Storage metrics (shared with [`crate::storage::Storage`]).
+    pub storage: StorageMetrics,
 }
 
 impl Default for Metrics {
@@ -53,7 +80,12 @@ impl Default for Metrics {
             Histogram::new(exponential_buckets(0.0005, 2.0, 16))
         });
         let longrunning = Gauge::default();
-        let etcd_writes = Counter::default();
+        let storage = StorageMetrics {
+            latency: Family::<StorageLabels, Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0002, 2.0, 16))
+            }),
+            writes: Counter::default(),
+        };
         registry.register(
             "apiserver_request",
             "Requests by verb, resource, subresource and code",
@@ -71,15 +103,20 @@ impl Default for Metrics {
         );
         registry.register(
             "apiserver_storage_writes",
-            "Writes sent to etcd",
-            etcd_writes.clone(),
+            "Successful writes to etcd",
+            storage.writes.clone(),
+        );
+        registry.register(
+            "etcd_request_duration_seconds",
+            "etcd request latency by operation",
+            storage.latency.clone(),
         );
         Self {
             registry,
             requests,
             duration,
             longrunning,
-            etcd_writes,
+            storage,
         }
     }
 }

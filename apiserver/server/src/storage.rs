@@ -87,6 +87,7 @@ pub enum Change {
 #[derive(Clone)]
 pub struct Storage {
     client: Client,
+    metrics: Option<crate::metrics::StorageMetrics>,
 }
 
 impl std::fmt::Debug for Storage {
@@ -139,7 +140,26 @@ impl Storage {
             .with_timeout(Duration::from_secs(10))
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
         let client = Client::connect(endpoints, Some(opts)).await?;
-        Ok(Self { client })
+        Ok(Self {
+            client,
+            metrics: None,
+        })
+    }
+
+    /// Records etcd latency and writes into `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: crate::metrics::StorageMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn observe(&self, op: &str, start: std::time::Instant, wrote: bool) {
+        if let Some(m) = &self.metrics {
+            m.observe(op, start.elapsed().as_secs_f64());
+            if wrote {
+                m.writes.inc();
+            }
+        }
     }
 
     /// Current revision of the store (a cheap read of a key that never exists).
@@ -154,7 +174,9 @@ impl Storage {
 
     /// Reads one key, at the latest revision.
     pub async fn get(&self, key: &str) -> Result<Option<Stored>, StorageError> {
+        let start = std::time::Instant::now();
         let resp = self.client.kv_client().get(key, None).await?;
+        self.observe("get", start, false);
         resp.kvs()
             .first()
             .map(|kv| decode(kv.key(), kv.value(), kv.mod_revision()))
@@ -177,12 +199,14 @@ impl Storage {
             opts = opts.with_limit(limit);
         }
         let from = if start.is_empty() { prefix } else { start };
+        let start = std::time::Instant::now();
         let resp = self
             .client
             .kv_client()
             .get(from, Some(opts))
             .await
             .map_err(|e| classify(e, revision))?;
+        self.observe("list", start, false);
         let items = resp
             .kvs()
             .iter()
@@ -207,7 +231,9 @@ impl Storage {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key, bytes, None)]);
+        let start = std::time::Instant::now();
         let resp = self.client.kv_client().txn(txn).await?;
+        self.observe("create", start, resp.succeeded());
         Ok(resp
             .succeeded()
             .then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))
@@ -227,7 +253,9 @@ impl Storage {
         let txn = Txn::new()
             .when([Compare::mod_revision(key, CompareOp::Equal, expected)])
             .and_then([TxnOp::put(key, bytes, None)]);
+        let start = std::time::Instant::now();
         let resp = self.client.kv_client().txn(txn).await?;
+        self.observe("update", start, resp.succeeded());
         Ok(resp
             .succeeded()
             .then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))
@@ -238,7 +266,9 @@ impl Storage {
         let txn = Txn::new()
             .when([Compare::mod_revision(key, CompareOp::Equal, expected)])
             .and_then([TxnOp::delete(key, None)]);
+        let start = std::time::Instant::now();
         let resp = self.client.kv_client().txn(txn).await?;
+        self.observe("delete", start, resp.succeeded());
         Ok(resp
             .succeeded()
             .then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))

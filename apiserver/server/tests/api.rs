@@ -872,4 +872,27 @@ async fn vm_action_subresources_follow_kubevirt_semantics() {
         .await
         .unwrap();
     assert!(v["gitVersion"].as_str().unwrap().starts_with('v'));
+
+    // Metrics: requests by verb/resource/code, etcd latency and write counts.
+    let m = c
+        .get(format!("{}/metrics", env.server_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(m.contains("apiserver_request_total{verb=\"update\",resource=\"virtualmachines\",subresource=\"start\",code=\"202\"}"), "{m}");
+    assert!(
+        m.contains("etcd_request_duration_seconds_count{operation=\"update\"}"),
+        "{m}"
+    );
+    let writes: f64 = m
+        .lines()
+        .find(|l| l.starts_with("apiserver_storage_writes_total"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(writes >= 5.0, "{writes}");
 }
