@@ -58,6 +58,9 @@ pub struct Options {
     pub extra_args: Vec<String>,
     /// Grant full access to client-CA users (no kube-apiserver to ask).
     pub allow_client_ca_users: bool,
+    /// Talk to this kube-apiserver (SubjectAccessReview, TokenReview, namespaces)
+    /// instead of running standalone.
+    pub kube_kubeconfig: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -69,6 +72,7 @@ impl Default for Options {
             port: 0,
             extra_args: Vec::new(),
             allow_client_ca_users: true,
+            kube_kubeconfig: None,
         }
     }
 }
@@ -255,13 +259,17 @@ impl DevEnv {
             .arg(certs.join("client-ca.crt"))
             .arg("--requestheader-client-ca-file")
             .arg(certs.join("front-proxy-ca.crt"))
-            .args(["--standalone", "--bookmark-interval-seconds", "1"])
+            .args(["--bookmark-interval-seconds", "1"])
             .args(
                 self.opts
                     .allow_client_ca_users
                     .then_some("--allow-client-ca-users"),
             )
             .args(&self.opts.extra_args)
+            .args(match &self.opts.kube_kubeconfig {
+                Some(k) => vec![std::ffi::OsString::from("--kubeconfig"), k.clone().into_os_string()],
+                None => vec![std::ffi::OsString::from("--standalone")],
+            })
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().map_err(io(format!(
