@@ -49,6 +49,7 @@ pub struct Cluster {
 }
 
 static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+static KUBEVIRT: OnceLock<Result<(), String>> = OnceLock::new();
 
 impl Cluster {
     /// The cluster named by `KUBECONFIG`, or the local one (brought up if needed). Shared by all
@@ -78,6 +79,67 @@ impl Cluster {
             kubectl: kubectl_binary(),
             local: true,
         })
+    }
+
+    /// The cluster with kubevirt-rs deployed (`cargo xtask deploy`: idempotent, so a deployment
+    /// that is current is only checked). For a cluster that is not our local one, the images are
+    /// loaded with `E2E_IMAGE_LOAD`.
+    pub fn with_kubevirt() -> anyhow::Result<&'static Cluster> {
+        let c = Self::get()?;
+        KUBEVIRT
+            .get_or_init(|| c.deploy_kubevirt().map_err(|e| format!("{e:#}")))
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(c)
+    }
+
+    fn deploy_kubevirt(&self) -> anyhow::Result<()> {
+        let kubeconfig = self.kubeconfig.to_string_lossy().into_owned();
+        let mut args = vec!["deploy", "--kubeconfig", &kubeconfig];
+        let load = std::env::var("E2E_IMAGE_LOAD").ok();
+        if let Some(cmd) = &load {
+            args.extend(["--load-cmd", cmd]);
+        }
+        xtask(&args)
+    }
+
+    /// Runs kubectl and returns whether it succeeded, its stdout and its stderr: for the tests
+    /// that expect a refusal.
+    pub fn kubectl_result(&self, args: &[&str]) -> anyhow::Result<(bool, String, String)> {
+        self.kubectl_stdin_result(args, "")
+    }
+
+    /// [`Self::kubectl_result`] with `stdin` as input.
+    pub fn kubectl_stdin_result(
+        &self,
+        args: &[&str],
+        stdin: &str,
+    ) -> anyhow::Result<(bool, String, String)> {
+        let mut child = Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running {}", self.kubectl.display()))?;
+        if let Some(mut pipe) = child.stdin.take() {
+            pipe.write_all(stdin.as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
+    }
+
+    /// The local cluster's PKI directory (front-proxy client certificate etc.), if this is it.
+    pub fn local_pki(&self) -> Option<PathBuf> {
+        self.local
+            .then(|| target_dir().join("cluster/state/pki"))
+            .filter(|p| p.exists())
     }
 
     /// Runs kubectl against the cluster and returns its stdout.

@@ -4,10 +4,13 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod cluster;
+mod deploy;
 mod deps;
 mod dev_apiserver;
 mod guest;
+mod images;
 mod test;
+mod up;
 
 #[derive(Parser, Debug)]
 #[command(name = "cargo xtask", about = "kubevirt-rs developer tooling")]
@@ -30,6 +33,12 @@ enum Command {
     Test(test::Args),
     /// Install the Debian packages the project needs.
     Deps,
+    /// Build the container images (virt-apiserver, etcd) and import them into the local cluster.
+    Images(images::Args),
+    /// Deploy kubevirt-rs into the cluster of the current KUBECONFIG.
+    Deploy(deploy::Args),
+    /// Cluster up, images, deploy and a demo VM: everything to try kubevirt-rs locally.
+    Up(up::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,6 +49,9 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::Test(a) => test::run(a),
         Command::Deps => deps::ensure(),
+        Command::Images(a) => images::run(a),
+        Command::Deploy(a) => deploy::run(a),
+        Command::Up(a) => up::run(a),
     }
 }
 
