@@ -332,7 +332,7 @@ pub fn printable_status(
         .is_some_and(|n| n > 0)
         && matches!(
             run_strategy(vm),
-            RunStrategy::Always | RunStrategy::RerunOnFailure | RunStrategy::Once
+            RunStrategy::Always | RunStrategy::RerunOnFailure
         );
     if vm.metadata.deletion_timestamp.is_some() {
         PrintableStatus::Terminating
@@ -439,13 +439,21 @@ pub fn derive_status(
         _ => {}
     }
 
-    let start_failure = start_failure(
-        old.start_failure.as_ref(),
-        vmi,
-        inp.backoff,
-        inp.now,
-        inp.jitter,
-    );
+    // Only strategies that restart an instance have anything to back off.
+    let start_failure = if matches!(
+        run_strategy(vm),
+        RunStrategy::Always | RunStrategy::RerunOnFailure
+    ) {
+        start_failure(
+            old.start_failure.as_ref(),
+            vmi,
+            inp.backoff,
+            inp.now,
+            inp.jitter,
+        )
+    } else {
+        None
+    };
 
     let mut conditions = old.conditions.clone().unwrap_or_default();
     let stamp = |mut c: Condition| {
@@ -512,3 +520,7 @@ pub fn derive_status(
         start_failure,
     }
 }
+
+#[cfg(test)]
+#[path = "decide_tests.rs"]
+mod tests;

@@ -90,3 +90,100 @@ pub fn controlled_by(vmi: &VirtualMachineInstance, vm: &VirtualMachine) -> bool 
         Some(o) => Some(&o.uid) == vm.metadata.uid.as_ref(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use kubevirt_api::vm::VirtualMachineInstanceTemplateSpec;
+    use kubevirt_api::{VirtualMachineInstanceSpec, VirtualMachineSpec};
+    use serde_json::json;
+
+    use super::*;
+
+    fn vm() -> VirtualMachine {
+        let template: VirtualMachineInstanceTemplateSpec = serde_json::from_value(json!({
+            "metadata": {"labels": {"app": "demo"}, "annotations": {"note": "x"}},
+            "spec": {"domain": {"devices": {}}, "terminationGracePeriodSeconds": 5}
+        }))
+        .unwrap();
+        let mut vm = VirtualMachine::new(
+            "demo",
+            VirtualMachineSpec {
+                template,
+                ..VirtualMachineSpec::default()
+            },
+        );
+        vm.metadata.namespace = Some("ns1".into());
+        vm.metadata.uid = Some("vm-uid".into());
+        vm.metadata.generation = Some(4);
+        vm
+    }
+
+    #[test]
+    fn renders_name_metadata_owner_and_spec() {
+        let vmi = render_vmi(&vm(), false).unwrap();
+        let v = serde_json::to_value(&vmi).unwrap();
+        assert_eq!(
+            v,
+            json!({
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstance",
+                "metadata": {
+                    "name": "demo",
+                    "namespace": "ns1",
+                    "labels": {"app": "demo"},
+                    "annotations": {"note": "x", "kubevirt.io/vm-generation": "4"},
+                    "ownerReferences": [{
+                        "apiVersion": "kubevirt.io/v1",
+                        "kind": "VirtualMachine",
+                        "name": "demo",
+                        "uid": "vm-uid",
+                        "controller": true,
+                        "blockOwnerDeletion": true
+                    }]
+                },
+                "spec": {"domain": {"devices": {}}, "terminationGracePeriodSeconds": 5}
+            })
+        );
+        assert!(controlled_by(&vmi, &vm()));
+    }
+
+    #[test]
+    fn start_paused_sets_start_strategy() {
+        let vmi = render_vmi(&vm(), true).unwrap();
+        assert_eq!(vmi.spec.start_strategy, Some(StartStrategy::Paused));
+    }
+
+    #[test]
+    fn missing_pieces_are_errors() {
+        let mut v = vm();
+        v.spec.template.spec = None;
+        assert_eq!(
+            render_vmi(&v, false).unwrap_err(),
+            RenderError::MissingTemplateSpec("demo".into())
+        );
+        let mut v = vm();
+        v.metadata.uid = None;
+        assert_eq!(
+            render_vmi(&v, false).unwrap_err(),
+            RenderError::MissingUid("demo".into())
+        );
+        let mut v = vm();
+        v.metadata.namespace = None;
+        assert!(matches!(
+            render_vmi(&v, false).unwrap_err(),
+            RenderError::MissingNamespace(_)
+        ));
+    }
+
+    #[test]
+    fn foreign_controller_is_not_ours_orphans_are() {
+        let mut vmi = VirtualMachineInstance::new("demo", VirtualMachineInstanceSpec::default());
+        assert!(controlled_by(&vmi, &vm()));
+        let mut other = owner_reference(&vm()).unwrap();
+        other.uid = "someone-else".into();
+        vmi.metadata.owner_references = Some(vec![other]);
+        assert!(!controlled_by(&vmi, &vm()));
+    }
+}
