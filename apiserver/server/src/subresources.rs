@@ -281,6 +281,60 @@ impl Subresources {
             .map(|_| ())
     }
 
+    /// Sets the VM's run strategy, through the deprecated `running` field when the VM
+    /// uses it (KubeVirt keeps the user's choice of field).
+    async fn set_run_strategy(
+        &self,
+        st: &AppState,
+        ns: &str,
+        name: &str,
+        dry_run: bool,
+        vm: &Value,
+        strategy: &str,
+    ) -> ApiResult<()> {
+        let uses_running =
+            vm.pointer("/spec/runStrategy").is_none() && vm.pointer("/spec/running").is_some();
+        let via = Via {
+            status_only: false,
+            manager: MANAGER,
+        };
+        st.registry
+            .mutate(vm_def(), ns, name, via, dry_run, |v| {
+                if uses_running {
+                    v["spec"]["running"] = json!(strategy != "Halted");
+                } else {
+                    v["spec"]["runStrategy"] = json!(strategy);
+                }
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Appends state change requests to the VM's status.
+    async fn push_requests(
+        &self,
+        st: &AppState,
+        ns: &str,
+        name: &str,
+        dry_run: bool,
+        reqs: Vec<Value>,
+    ) -> ApiResult<()> {
+        let via = Via {
+            status_only: true,
+            manager: MANAGER,
+        };
+        st.registry
+            .mutate(vm_def(), ns, name, via, dry_run, |v| {
+                for r in &reqs {
+                    push_request(v, r.clone());
+                }
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+
     async fn start(
         &self,
         st: &AppState,
@@ -298,34 +352,12 @@ impl Subresources {
             json!({"action": "Start"})
         };
         let strategy = run_strategy(&vm).to_string();
-        let uses_running =
-            vm.pointer("/spec/runStrategy").is_none() && vm.pointer("/spec/running").is_some();
         match strategy.as_str() {
             "Halted" => {
-                let via = Via {
-                    status_only: false,
-                    manager: MANAGER,
-                };
-                st.registry
-                    .mutate(vm_def(), ns, name, via, dry_run, |v| {
-                        if uses_running {
-                            v["spec"]["running"] = json!(true);
-                        } else {
-                            v["spec"]["runStrategy"] = json!("Always");
-                        }
-                        Ok(())
-                    })
+                self.set_run_strategy(st, ns, name, dry_run, &vm, "Always")
                     .await?;
                 if paused {
-                    let via = Via {
-                        status_only: true,
-                        manager: MANAGER,
-                    };
-                    st.registry
-                        .mutate(vm_def(), ns, name, via, dry_run, |v| {
-                            push_request(v, start_req.clone());
-                            Ok(())
-                        })
+                    self.push_requests(st, ns, name, dry_run, vec![start_req.clone()])
                         .await?;
                 }
             }
@@ -337,15 +369,7 @@ impl Subresources {
                         "VM is already running",
                     ));
                 }
-                let via = Via {
-                    status_only: true,
-                    manager: MANAGER,
-                };
-                st.registry
-                    .mutate(vm_def(), ns, name, via, dry_run, |v| {
-                        push_request(v, start_req.clone());
-                        Ok(())
-                    })
+                self.push_requests(st, ns, name, dry_run, vec![start_req.clone()])
                     .await?;
             }
             "Always" | "Once" if vmi_running(vmi.as_ref()) => {
@@ -391,8 +415,6 @@ impl Subresources {
             ));
         }
         let strategy = run_strategy(&vm).to_string();
-        let uses_running =
-            vm.pointer("/spec/runStrategy").is_none() && vm.pointer("/spec/running").is_some();
         if let (Some(g), true) = (opts.grace_period, vmi.is_some()) {
             // A shorter grace period takes effect on the running instance first.
             self.set_vmi_grace(st, ns, name, g, dry_run).await?;
@@ -404,19 +426,7 @@ impl Subresources {
                 }
             }
             "Always" | "Once" => {
-                let via = Via {
-                    status_only: false,
-                    manager: MANAGER,
-                };
-                st.registry
-                    .mutate(vm_def(), ns, name, via, dry_run, |v| {
-                        if uses_running {
-                            v["spec"]["running"] = json!(false);
-                        } else {
-                            v["spec"]["runStrategy"] = json!("Halted");
-                        }
-                        Ok(())
-                    })
+                self.set_run_strategy(st, ns, name, dry_run, &vm, "Halted")
                     .await?;
             }
             _ => {
@@ -424,16 +434,14 @@ impl Subresources {
                     return Err(state_conflict("virtualmachine", name, "VM is not running"));
                 };
                 let uid = vmi.pointer("/metadata/uid").cloned().unwrap_or(Value::Null);
-                let via = Via {
-                    status_only: true,
-                    manager: MANAGER,
-                };
-                st.registry
-                    .mutate(vm_def(), ns, name, via, dry_run, |v| {
-                        push_request(v, json!({"action": "Stop", "uid": uid}));
-                        Ok(())
-                    })
-                    .await?;
+                self.push_requests(
+                    st,
+                    ns,
+                    name,
+                    dry_run,
+                    vec![json!({"action": "Stop", "uid": uid})],
+                )
+                .await?;
             }
         }
         Ok(accepted())
@@ -475,17 +483,17 @@ impl Subresources {
             self.set_vmi_grace(st, ns, name, 1, dry_run).await?;
         }
         let uid = vmi.pointer("/metadata/uid").cloned().unwrap_or(Value::Null);
-        let via = Via {
-            status_only: true,
-            manager: MANAGER,
-        };
-        st.registry
-            .mutate(vm_def(), ns, name, via, dry_run, |v| {
-                push_request(v, json!({"action": "Stop", "uid": uid}));
-                push_request(v, json!({"action": "Start"}));
-                Ok(())
-            })
-            .await?;
+        self.push_requests(
+            st,
+            ns,
+            name,
+            dry_run,
+            vec![
+                json!({"action": "Stop", "uid": uid}),
+                json!({"action": "Start"}),
+            ],
+        )
+        .await?;
         Ok(accepted())
     }
 
