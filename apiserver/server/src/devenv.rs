@@ -267,7 +267,10 @@ impl DevEnv {
             )
             .args(&self.opts.extra_args)
             .args(match &self.opts.kube_kubeconfig {
-                Some(k) => vec![std::ffi::OsString::from("--kubeconfig"), k.clone().into_os_string()],
+                Some(k) => vec![
+                    std::ffi::OsString::from("--kubeconfig"),
+                    k.clone().into_os_string(),
+                ],
                 None => vec![std::ffi::OsString::from("--standalone")],
             })
             .stdout(Stdio::null())
@@ -324,6 +327,12 @@ impl DevEnv {
     /// PID of the API server process.
     pub fn apiserver_pid(&self) -> Option<u32> {
         self.apiserver.as_ref().map(Child::id)
+    }
+
+    /// Stops etcd (SIGKILL), to test behaviour while storage is unreachable.
+    pub fn kill_etcd(&mut self) {
+        let _ = self.etcd.kill();
+        let _ = self.etcd.wait();
     }
 
     /// Whether both processes still run.

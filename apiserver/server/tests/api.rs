@@ -896,3 +896,105 @@ async fn vm_action_subresources_follow_kubevirt_semantics() {
         .unwrap();
     assert!(writes >= 5.0, "{writes}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_side_apply_conflicts_and_force() {
+    let env = common::start(true);
+    let c = admin(&env);
+    let url = format!("{}{VMS}", env.server_url);
+    let apply = |manager: &str, force: bool, strategy: &str| {
+        let mut body = vm("ssa");
+        body["spec"]["runStrategy"] = json!(strategy);
+        c.patch(format!("{url}/ssa?fieldManager={manager}&force={force}"))
+            .header("Content-Type", "application/apply-patch+yaml")
+            .body(body.to_string())
+            .send()
+    };
+    assert_eq!(
+        apply("alice", false, "Halted").await.unwrap().status(),
+        201,
+        "apply creates"
+    );
+    assert_eq!(
+        apply("alice", false, "Halted").await.unwrap().status(),
+        200,
+        "re-apply is fine"
+    );
+    let (code, s) = json_of(apply("bob", false, "Always").await.unwrap()).await;
+    assert_eq!((code, s["reason"].as_str()), (409, Some("Conflict")));
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap()
+            .contains("conflict with \"alice\""),
+        "{s}"
+    );
+    assert_eq!(s["details"]["causes"][0]["reason"], "FieldManagerConflict");
+    assert_eq!(s["details"]["causes"][0]["field"], ".spec.runStrategy");
+    let (code, obj) = json_of(apply("bob", true, "Always").await.unwrap()).await;
+    assert_eq!(code, 200);
+    assert_eq!(obj["spec"]["runStrategy"], "Always");
+    let managers: Vec<&str> = obj["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["manager"].as_str().unwrap())
+        .collect();
+    assert!(managers.contains(&"bob"), "{managers:?}");
+    // Apply needs a field manager.
+    let r = c
+        .patch(format!("{url}/ssa"))
+        .header("Content-Type", "application/apply-patch+yaml")
+        .body(vm("ssa").to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readyz_fails_while_etcd_is_down() {
+    let mut env = common::start(true);
+    let anon = client(&env, None);
+    assert_eq!(
+        anon.get(format!("{}/readyz", env.server_url))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    env.kill_etcd();
+    let r = anon
+        .get(format!("{}/readyz?verbose", env.server_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 500);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("[-]etcd failed") && text.ends_with("readyz check failed\n"),
+        "{text}"
+    );
+    // Liveness does not depend on storage: restarting the pod would not help.
+    assert_eq!(
+        anon.get(format!("{}/livez", env.server_url))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    // Writes fail cleanly with a Status instead of hanging.
+    let (code, s) = json_of(
+        admin(&env)
+            .post(format!("{}{VMS}", env.server_url))
+            .json(&vm("x"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(code >= 500, "{code} {s}");
+    assert_eq!(s["kind"], "Status");
+}
