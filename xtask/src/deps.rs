@@ -7,7 +7,10 @@ use anyhow::Context;
 
 /// Packages for building and testing everything, with why each is needed.
 pub const PACKAGES: &[(&str, &str)] = &[
-    ("etcd-server", "etcd for virt-apiserver and the local cluster"),
+    (
+        "etcd-server",
+        "etcd for virt-apiserver and the local cluster",
+    ),
     ("protobuf-compiler", "etcd-client build"),
     ("pkg-config", "virt crate build"),
     ("libvirt-dev", "virt crate build"),
@@ -40,14 +43,28 @@ fn installed(pkg: &str) -> bool {
 
 /// Installs every missing package with apt-get (needs root).
 pub fn ensure() -> anyhow::Result<()> {
-    let missing: Vec<&str> = PACKAGES.iter().map(|(p, _)| *p).filter(|p| !installed(p)).collect();
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .map(|(p, _)| *p)
+        .filter(|p| !installed(p))
+        .collect();
     if missing.is_empty() {
         return Ok(());
     }
     eprintln!("==> installing Debian packages: {}", missing.join(" "));
-    let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    anyhow::ensure!(is_root, "missing Debian packages {missing:?}; run as root or install them with apt-get");
-    let status = Command::new("apt-get").arg("update").arg("-qq").status().context("running apt-get update")?;
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    anyhow::ensure!(
+        is_root,
+        "missing Debian packages {missing:?}; run as root or install them with apt-get"
+    );
+    let status = Command::new("apt-get")
+        .arg("update")
+        .arg("-qq")
+        .status()
+        .context("running apt-get update")?;
     anyhow::ensure!(status.success(), "apt-get update failed");
     let status = Command::new("apt-get")
         .args(["install", "-y", "-qq", "--no-install-recommends"])

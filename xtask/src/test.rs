@@ -29,10 +29,16 @@ struct Tally {
 impl Tally {
     /// Reads one `test result: ok. 3 passed; 0 failed; 1 ignored; …` line.
     fn add_line(&mut self, line: &str) {
-        let Some(rest) = line.trim().strip_prefix("test result: ") else { return };
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            return;
+        };
         for part in rest.split(';') {
             let words: Vec<&str> = part.split_whitespace().collect();
-            let n = words.iter().rev().nth(1).and_then(|w| w.parse::<u64>().ok());
+            let n = words
+                .iter()
+                .rev()
+                .nth(1)
+                .and_then(|w| w.parse::<u64>().ok());
             match (n, words.last()) {
                 (Some(n), Some(&"passed")) => self.passed += n,
                 (Some(n), Some(&"failed")) => self.failed += n,
@@ -57,7 +63,10 @@ fn step(name: &str, cmd: &mut Command) -> anyhow::Result<()> {
 /// Runs a `cargo test` command, echoing its output and counting results.
 fn run_tests(name: &str, cmd: &mut Command, tally: &mut Tally) -> anyhow::Result<bool> {
     eprintln!("==> {name}");
-    let mut child = cmd.stdout(Stdio::piped()).spawn().with_context(|| format!("running {name}"))?;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {name}"))?;
     if let Some(out) = child.stdout.take() {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             println!("{line}");
@@ -73,18 +82,40 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let root = crate::workspace_root();
     std::env::set_current_dir(&root).context("entering the workspace")?;
     if !args.no_lint {
-        step("cargo fmt --check", cargo().args(["fmt", "--all", "--", "--check"]))?;
-        step("cargo clippy", cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+        step(
+            "cargo fmt --check",
+            cargo().args(["fmt", "--all", "--", "--check"]),
+        )?;
+        step(
+            "cargo clippy",
+            cargo().args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]),
+        )?;
     }
     let mut tally = Tally::default();
-    let mut ok = run_tests("cargo test --workspace", cargo().args(["test", "--workspace", "--no-fail-fast"]), &mut tally)?;
+    let mut ok = run_tests(
+        "cargo test --workspace",
+        cargo().args(["test", "--workspace", "--no-fail-fast"]),
+        &mut tally,
+    )?;
     if !args.no_e2e {
         let xtask = std::env::current_exe().context("locating xtask")?;
-        let up = Command::new(&xtask).args(["cluster", "up"]).status().context("cluster up")?;
+        let up = Command::new(&xtask)
+            .args(["cluster", "up"])
+            .status()
+            .context("cluster up")?;
         if up.success() {
             ok &= run_tests(
                 "e2e tests on the local cluster",
-                cargo().args(["test", "-p", "e2e", "--", "--ignored", "--test-threads=1"]).env("KUBECONFIG", root.join("target/cluster/kubeconfig")),
+                cargo()
+                    .args(["test", "-p", "e2e", "--", "--ignored", "--test-threads=1"])
+                    .env("KUBECONFIG", root.join("target/cluster/kubeconfig")),
                 &mut tally,
             )?;
         } else {
@@ -92,11 +123,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             tally.failed += 1;
             ok = false;
         }
-        let down = Command::new(&xtask).args(["cluster", "down"]).status().context("cluster down")?;
+        let down = Command::new(&xtask)
+            .args(["cluster", "down"])
+            .status()
+            .context("cluster down")?;
         ok &= down.success();
     }
-    println!("{} passed, {} failed, {} skipped", tally.passed, tally.failed, tally.ignored);
-    anyhow::ensure!(tally.passed > 0, "no test ran: treating an empty run as a failure");
+    println!(
+        "{} passed, {} failed, {} skipped",
+        tally.passed, tally.failed, tally.ignored
+    );
+    anyhow::ensure!(
+        tally.passed > 0,
+        "no test ran: treating an empty run as a failure"
+    );
     anyhow::ensure!(ok && tally.failed == 0, "tests failed");
     Ok(())
 }
@@ -109,7 +149,9 @@ mod tests {
     fn tally_reads_cargo_result_lines() {
         let mut t = Tally::default();
         t.add_line("test result: ok. 21 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.00s");
-        t.add_line("test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out");
+        t.add_line(
+            "test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out",
+        );
         t.add_line("running 5 tests");
         assert_eq!((t.passed, t.failed, t.ignored), (24, 1, 2));
     }
