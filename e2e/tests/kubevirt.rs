@@ -409,3 +409,40 @@ fn object_owned_by_a_vm_is_garbage_collected() {
     )
     .expect("garbage collection");
 }
+
+#[test]
+#[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]
+fn default_view_role_includes_kubevirt_read_only() {
+    let c = cluster();
+    let ns = Ns::new(c, "view");
+    let n = ns.name.as_str();
+    c.kubectl(&["-n", n, "create", "serviceaccount", "bob"])
+        .expect("service account");
+    create_vm(c, "seen", n);
+    // The built-in `view` role, not ours: kubevirt.io:view is aggregated into it by label.
+    c.kubectl(&[
+        "-n",
+        n,
+        "create",
+        "rolebinding",
+        "bob-view",
+        "--clusterrole=view",
+        &format!("--serviceaccount={n}:bob"),
+    ])
+    .expect("rolebinding");
+    let who = format!("--as=system:serviceaccount:{n}:bob");
+    c.eventually("get vms with view", Duration::from_secs(30), || {
+        Ok(
+            c.kubectl(&[&who, "-n", n, "get", "vm", "seen", "-o", "name"])?
+                .contains("virtualmachine.kubevirt.io/seen"),
+        )
+    })
+    .expect("view reads VMs");
+    let (ok, _, err) = c
+        .kubectl_result(&[&who, "-n", n, "delete", "vm", "seen"])
+        .expect("kubectl");
+    assert!(
+        !ok && err.contains("Forbidden"),
+        "view must not delete: {err}"
+    );
+}

@@ -200,20 +200,23 @@ pub fn deploy(args: &Args) -> anyhow::Result<Report> {
     k.run(&["version"], None)
         .with_context(|| format!("cluster of {} not reachable", kubeconfig.display()))?;
 
+    let load = match (&args.load_cmd, local, args.no_build) {
+        (Some(c), _, _) => images::Load::Command(c.clone()),
+        (None, true, _) => images::Load::Local,
+        (None, false, true) => images::Load::None,
+        (None, false, false) => bail!(
+            "{} is not the local cluster: give --load-cmd (e.g. \"kind load image-archive \
+             --name kubevirt-rs\") or load target/images/*.oci.tar yourself and use --no-build",
+            kubeconfig.display()
+        ),
+    };
     let built = if args.no_build {
         let text = fs::read_to_string(images::record_path())
             .context("no images built yet: run `cargo xtask images` first")?;
-        serde_json::from_str(&text)?
+        let built: images::Built = serde_json::from_str(&text)?;
+        images::load_built(&built, &load)?;
+        built
     } else {
-        let load = match (&args.load_cmd, local) {
-            (Some(c), _) => images::Load::Command(c.clone()),
-            (None, true) => images::Load::Local,
-            (None, false) => bail!(
-                "{} is not the local cluster: give --load-cmd (e.g. \"kind load image-archive \
-                 --name kubevirt-rs\") or load target/images/*.oci.tar yourself and use --no-build",
-                kubeconfig.display()
-            ),
-        };
         images::ensure(load)?
     };
     let t_images = start.elapsed();

@@ -226,13 +226,37 @@ fn image(
         archive.display(),
         fs::metadata(&archive)?.len() as f64 / 1e6
     );
+    load_archive(&name, &archive, load)?;
+    Ok(name)
+}
+
+fn archive_path(name: &str) -> anyhow::Result<PathBuf> {
+    let (repo, tag) = name.rsplit_once(':').context("image name without tag")?;
+    let short = repo.rsplit('/').next().unwrap_or("image");
+    Ok(images_dir().join(format!("{short}-{tag}.oci.tar")))
+}
+
+/// Loads the images of an earlier build (`deploy --no-build`; the local cluster may have been
+/// recreated since).
+pub fn load_built(built: &Built, load: &Load) -> anyhow::Result<()> {
+    for name in [&built.apiserver, &built.etcd] {
+        let archive = archive_path(name)?;
+        if !archive.exists() {
+            bail!("{} missing: run `cargo xtask images`", archive.display());
+        }
+        load_archive(name, &archive, load)?;
+    }
+    Ok(())
+}
+
+fn load_archive(name: &str, archive: &Path, load: &Load) -> anyhow::Result<()> {
     match load {
         Load::None => {}
         Load::Local => {
-            if local_cluster_has(&name) {
+            if local_cluster_has(name) {
                 println!("{name}: already in the local cluster");
             } else if local_socket().exists() {
-                cluster::import_image(&archive)?;
+                cluster::import_image(archive)?;
                 println!("{name}: imported into the local cluster");
             } else {
                 println!("{name}: local cluster not running, not imported");
@@ -241,13 +265,13 @@ fn image(
         Load::Command(cmd) => {
             let mut parts = cmd.split_whitespace();
             let program = parts.next().context("--load-cmd is empty")?;
-            let status = Command::new(program).args(parts).arg(&archive).status()?;
+            let status = Command::new(program).args(parts).arg(archive).status()?;
             if !status.success() {
                 bail!("{cmd} {} failed", archive.display());
             }
         }
     }
-    Ok(name)
+    Ok(())
 }
 
 fn local_socket() -> PathBuf {

@@ -18,6 +18,9 @@ pub struct Args {
     /// Do not create the demo VM.
     #[arg(long)]
     pub no_demo: bool,
+    /// Use the images of the last `cargo xtask images` instead of building.
+    #[arg(long)]
+    pub no_build: bool,
 }
 
 /// The demo VM. Halted: the controllers and node agents that would run it are not deployed yet.
@@ -56,6 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let report = deploy::deploy(&deploy::Args {
         kubeconfig: Some(kubeconfig.clone()),
         timeout_seconds: 180,
+        no_build: args.no_build,
         ..deploy::Args::default()
     })?;
     let k = deploy::Kubectl::new(kubeconfig.clone());
