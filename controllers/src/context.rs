@@ -25,6 +25,8 @@ pub struct Config {
     pub error_backoff_max: Duration,
     /// Periodic resync of every VM.
     pub resync: Duration,
+    /// Watch only this namespace (all namespaces when None).
+    pub namespace: Option<String>,
 }
 
 impl Default for Config {
@@ -35,6 +37,7 @@ impl Default for Config {
             error_backoff_base: Duration::from_millis(500),
             error_backoff_max: Duration::from_secs(300),
             resync: Duration::from_secs(300),
+            namespace: None,
         }
     }
 }

@@ -54,6 +54,9 @@ struct Args {
         default_value_t = 300
     )]
     crashloop_max_seconds: u64,
+    /// Watch only this namespace (all namespaces when absent).
+    #[arg(long, env = "VIRT_CONTROLLER_WATCH_NAMESPACE")]
+    watch_namespace: Option<String>,
     /// Log as JSON.
     #[arg(long, env = "VIRT_CONTROLLER_LOG_JSON")]
     log_json: bool,
@@ -108,6 +111,7 @@ async fn main() -> anyhow::Result<()> {
             min_interval: Duration::from_secs(args.crashloop_base_seconds),
             max_delay: Duration::from_secs(args.crashloop_max_seconds),
         },
+        namespace: args.watch_namespace.clone(),
         ..Config::default()
     };
     let ctx = Arc::new(Context::new(client.clone(), recorder, config));

@@ -290,8 +290,16 @@ pub enum Outcome {
     },
 }
 
-fn ready_condition(vmi: Option<&ObservedVmi>) -> Condition {
+fn ready_condition(vmi: Option<&ObservedVmi>, created_now: bool) -> Condition {
     match vmi {
+        // A VMI created this very reconcile has no conditions yet either; saying so now
+        // spares a second status write when its watch event arrives.
+        None if created_now => Condition::new(
+            condition_types::READY,
+            ConditionStatus::False,
+            "VMIConditionMissing",
+            "VMI is missing the Ready condition",
+        ),
         None => Condition::new(
             condition_types::READY,
             ConditionStatus::False,
@@ -322,6 +330,7 @@ pub fn printable_status(
     vmi: Option<&ObservedVmi>,
     action: &VmiAction,
     start_failure: Option<&VirtualMachineStartFailure>,
+    backing_off: bool,
 ) -> PrintableStatus {
     let creating = matches!(action, VmiAction::Create { .. });
     let deleting_now = matches!(action, VmiAction::Delete { .. });
@@ -333,7 +342,10 @@ pub fn printable_status(
         && matches!(
             run_strategy(vm),
             RunStrategy::Always | RunStrategy::RerunOnFailure
-        );
+        )
+        // Only while a restart is actually pending: a VM that stopped cleanly after
+        // earlier failures is Stopped, not crash-looping.
+        && (backing_off || vmi.is_some_and(|v| v.phase == Phase::Failed));
     if vm.metadata.deletion_timestamp.is_some() {
         PrintableStatus::Terminating
     } else if vmi.is_some_and(|v| !v.is_final() && (v.deleting || deleting_now)) {
@@ -363,7 +375,7 @@ pub fn printable_status(
 }
 
 /// Start-failure tracking: a VMI that failed before ever running counts as a failed
-/// start and pushes the next start back; a newer VMI that reaches Running clears it.
+/// start and pushes the next start back; a newer VMI that runs or succeeds clears it.
 pub fn start_failure(
     current: Option<&VirtualMachineStartFailure>,
     vmi: Option<&ObservedVmi>,
@@ -375,7 +387,8 @@ pub fn start_failure(
         return current.cloned();
     };
     let last_uid = current.and_then(|f| f.last_failed_vmi_uid.as_deref());
-    if v.phase == Phase::Running && last_uid != Some(v.uid.as_str()) {
+    // A newer instance that runs, or shut down cleanly, proves the VM can start.
+    if matches!(v.phase, Phase::Running | Phase::Succeeded) && last_uid != Some(v.uid.as_str()) {
         return None;
     }
     if v.phase == Phase::Failed && !v.ran && last_uid != Some(v.uid.as_str()) {
@@ -464,7 +477,7 @@ pub fn derive_status(
         let same = find_condition(conds, &c.type_).is_some_and(|o| o.status == c.status);
         set_condition(conds, if same { c } else { stamp(c) });
     };
-    set(&mut conditions, ready_condition(vmi));
+    set(&mut conditions, ready_condition(vmi, created_now));
     match vmi.and_then(|v| v.paused.clone()) {
         Some(p) if p.status == ConditionStatus::True => set(
             &mut conditions,
@@ -511,6 +524,7 @@ pub fn derive_status(
                 &VmiAction::Nothing
             },
             start_failure.as_ref(),
+            inp.decision.wait.is_some(),
         )),
         conditions: Some(conditions),
         state_change_requests: (!requests.is_empty()).then_some(requests),

@@ -422,17 +422,27 @@ fn create_consumes_the_start_and_reports_created() {
     assert_eq!(s.desired_generation, Some(3));
     assert_eq!(s.observed_generation, Some(3));
     assert_eq!(s.run_strategy, Some(RunStrategy::Manual));
+
+    // When the new VMI's watch event arrives, nothing is left to write.
+    let mut after = v.clone();
+    after.status = Some(s.clone());
+    let created = ObservedVmi {
+        uid: "new".into(),
+        ..vmi(Phase::Unset)
+    };
+    assert_eq!(status_after(&after, Some(&created)), s);
 }
 
 #[test]
 fn ready_and_paused_conditions_mirror_the_vmi() {
-    let v = vm(RunStrategy::Always, vec![]);
-    let s = status_after(&v, None);
+    let s = status_after(&vm(RunStrategy::Halted, vec![]), None);
     let c = s.conditions.unwrap();
     let ready = find_condition(&c, "Ready").unwrap();
     assert_eq!(ready.status, ConditionStatus::False);
     assert_eq!(ready.reason.as_deref(), Some("VMINotExists"));
     assert_eq!(ready.last_transition_time, Some(Time(now())));
+
+    let v = vm(RunStrategy::Always, vec![]);
 
     let running = ObservedVmi {
         ready: Some(Condition::new("Ready", ConditionStatus::True, "", "")),
@@ -535,6 +545,38 @@ fn early_failures_back_off_into_crash_loop() {
         ..vmi(Phase::Running)
     };
     assert_eq!(status_after(&v2, Some(&newer)).start_failure, None);
+    let succeeded = ObservedVmi {
+        uid: "vmi-3".into(),
+        ..vmi(Phase::Succeeded)
+    };
+    assert_eq!(status_after(&v2, Some(&succeeded)).start_failure, None);
+}
+
+#[test]
+fn crash_loop_only_while_a_restart_is_pending() {
+    let mut v = vm(RunStrategy::RerunOnFailure, vec![]);
+    v.status.as_mut().unwrap().start_failure = Some(VirtualMachineStartFailure {
+        last_failed_vmi_uid: Some("old".into()),
+        retry_after_timestamp: Some(Time(ts("2025-12-31T23:59:00Z"))),
+        consecutive_fail_count: Some(2),
+    });
+    // No VMI, no pending start, back-off expired: the VM is simply stopped.
+    assert_eq!(
+        status_after(&v, None).printable_status,
+        Some(PrintableStatus::Stopped)
+    );
+    // Back-off still running with a Start queued: crash-looping.
+    let mut waiting = vm(RunStrategy::RerunOnFailure, vec![start()]);
+    waiting.status.as_mut().unwrap().start_failure = Some(VirtualMachineStartFailure {
+        retry_after_timestamp: Some(Time(ts("2026-01-01T00:01:00Z"))),
+        ..v.status.as_ref().unwrap().start_failure.clone().unwrap()
+    });
+    let d = decide(&waiting, None, now());
+    assert_eq!(d.wait, Some(Duration::from_secs(60)));
+    assert_eq!(
+        status_after(&waiting, None).printable_status,
+        Some(PrintableStatus::CrashLoopBackOff)
+    );
 }
 
 #[test]

@@ -17,8 +17,16 @@ use crate::context::Context;
 
 /// Runs the VM controller until `shutdown` is cancelled.
 pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
-    let vms = Api::<VirtualMachine>::all(ctx.client.clone());
-    let vmis = Api::<VirtualMachineInstance>::all(ctx.client.clone());
+    let (vms, vmis) = match &ctx.config.namespace {
+        Some(ns) => (
+            Api::<VirtualMachine>::namespaced(ctx.client.clone(), ns),
+            Api::<VirtualMachineInstance>::namespaced(ctx.client.clone(), ns),
+        ),
+        None => (
+            Api::<VirtualMachine>::all(ctx.client.clone()),
+            Api::<VirtualMachineInstance>::all(ctx.client.clone()),
+        ),
+    };
     tracing::info!(
         workers = ctx.config.workers,
         "starting VirtualMachine controller"
