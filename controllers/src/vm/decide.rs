@@ -236,7 +236,10 @@ pub fn decide(vm: &VirtualMachine, vmi: Option<&ObservedVmi>, now: Timestamp) ->
             (_, Some(v)) if v.deleting => VmiAction::Nothing,
             (RunStrategy::Always, Some(v)) if stop_for_vmi(v) || v.is_final() => delete(v, false),
             (RunStrategy::RerunOnFailure, Some(v)) if stop_for_vmi(v) || v.is_final() => {
-                delete(v, v.phase == Phase::Failed && !stop_for_vmi(v))
+                let queued = requests
+                    .iter()
+                    .any(|r| r.action == StateChangeRequestAction::Start);
+                delete(v, v.phase == Phase::Failed && !stop_for_vmi(v) && !queued)
             }
             (RunStrategy::Manual, Some(v)) if stop_for_vmi(v) => delete(v, false),
             // A Start for a finished instance first clears the old one away (same name).

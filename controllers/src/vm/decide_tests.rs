@@ -251,6 +251,19 @@ fn rerun_on_failure_requeues_a_start_only_after_failure() {
             requeue_start: false
         }
     );
+    // A Start already queued (an earlier attempt whose delete failed) is not doubled.
+    let d = decide(
+        &vm(RunStrategy::RerunOnFailure, vec![start()]),
+        Some(&vmi(Phase::Failed)),
+        now(),
+    );
+    assert_eq!(
+        d.action,
+        VmiAction::Delete {
+            uid: VMI_UID.into(),
+            requeue_start: false
+        }
+    );
     // The requeued Start is written with the delete.
     let status = status_after(
         &vm(RunStrategy::RerunOnFailure, vec![]),

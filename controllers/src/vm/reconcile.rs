@@ -126,9 +126,36 @@ pub async fn reconcile(
     let observed = vmi.as_ref().map(ObservedVmi::from_vmi);
 
     let now = Timestamp::now();
+    let jitter = rand::random::<f64>();
     let decision = decide::decide(&vm, observed.as_ref(), now);
     tracing::debug!(action = ?decision.action, "decided");
     let regarding = vm.object_ref(&());
+    let derive = |outcome: &Outcome| {
+        decide::derive_status(
+            &vm,
+            observed.as_ref(),
+            &StatusInputs {
+                decision: &decision,
+                outcome,
+                backoff: &ctx.config.crash_loop,
+                now,
+                jitter,
+            },
+        )
+    };
+
+    // A finished VMI is the only record of how it ended (a failed start to back off
+    // from, a RerunOnFailure restart to queue). Write that into the VM status before
+    // deleting the VMI, so that a failed status write cannot lose it.
+    let mut current = vm.clone();
+    if matches!(decision.action, VmiAction::Delete { .. })
+        && observed.as_ref().is_some_and(ObservedVmi::is_final)
+    {
+        let status = derive(&Outcome::Done);
+        if Some(&status) != current.status.as_ref() {
+            current = write_status(&vms, &current, &status).await?;
+        }
+    }
 
     let outcome = match &decision.action {
         VmiAction::Nothing => Outcome::Done,
@@ -220,20 +247,9 @@ pub async fn reconcile(
         }
     };
 
-    let status = decide::derive_status(
-        &vm,
-        observed.as_ref(),
-        &StatusInputs {
-            decision: &decision,
-            outcome: &outcome,
-            backoff: &ctx.config.crash_loop,
-            now,
-            jitter: rand::random::<f64>(),
-        },
-    );
-    let old = vm.status.clone().unwrap_or_default();
-    if status != old {
-        write_status(&vms, &vm, &old, &status).await?;
+    let status = derive(&outcome);
+    if Some(&status) != current.status.as_ref() {
+        write_status(&vms, &current, &status).await?;
     }
 
     if let Outcome::Failed { message, reason } = outcome {
@@ -271,19 +287,20 @@ pub fn status_patch(
 async fn write_status(
     vms: &Api<VirtualMachine>,
     vm: &VirtualMachine,
-    old: &VirtualMachineStatus,
     new: &VirtualMachineStatus,
-) -> Result<(), ReconcileError> {
-    let patch = status_patch(vm.metadata.resource_version.as_deref(), old, new)?;
+) -> Result<VirtualMachine, ReconcileError> {
+    let old = vm.status.clone().unwrap_or_default();
+    let patch = status_patch(vm.metadata.resource_version.as_deref(), &old, new)?;
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_string()),
         ..PatchParams::default()
     };
-    vms.patch_status(&vm.name_any(), &params, &Patch::Merge(&patch))
+    let written = vms
+        .patch_status(&vm.name_any(), &params, &Patch::Merge(&patch))
         .await
         .map_err(ReconcileError::Status)?;
     tracing::debug!(printable = ?new.printable_status, "status written");
-    Ok(())
+    Ok(written)
 }
 
 /// Retry policy: conflicts retry at once, other errors back off per object.
