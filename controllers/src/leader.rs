@@ -85,7 +85,12 @@ impl Elector {
         let now = MicroTime(Timestamp::now());
         LeaseSpec {
             holder_identity: Some(self.cfg.identity.clone()),
-            lease_duration_seconds: i32::try_from(self.cfg.lease_duration.as_secs()).ok(),
+            // Whole seconds on the wire; rounding down could publish 0 (always expired).
+            lease_duration_seconds: Some(
+                i32::try_from(self.cfg.lease_duration.as_secs_f64().ceil() as u64)
+                    .unwrap_or(i32::MAX)
+                    .max(1),
+            ),
             acquire_time: Some(acquire.unwrap_or_else(|| now.clone())),
             renew_time: Some(now),
             lease_transitions: Some(transitions),
