@@ -125,13 +125,17 @@ impl Harness {
 
     /// PUT on a subresources.kubevirt.io action; returns the HTTP status code.
     async fn action(&self, name: &str, action: &str) -> u16 {
+        self.action_with(name, action, json!({})).await
+    }
+
+    async fn action_with(&self, name: &str, action: &str, body: serde_json::Value) -> u16 {
         let url = format!(
             "{}/apis/subresources.kubevirt.io/v1/namespaces/{NS}/virtualmachines/{name}/{action}",
             self.server
         );
         let req = http::Request::put(url)
             .header("content-type", "application/json")
-            .body(b"{}".to_vec())
+            .body(body.to_string().into_bytes())
             .unwrap();
         match self.client.request_text(req).await {
             Ok(_) => 202,
@@ -415,4 +419,53 @@ async fn steady_state_makes_no_status_writes() {
         "the controller keeps rewriting an unchanged status"
     );
     h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_paused_creates_a_paused_vmi() {
+    let h = Harness::start().await;
+    h.create_vm("paused", "Halted").await;
+    h.printable("paused", PrintableStatus::Stopped).await;
+    assert_eq!(
+        h.action_with("paused", "start", json!({"paused": true}))
+            .await,
+        202
+    );
+    h.vmi_uid("paused").await;
+    let vmi = h.vmi("paused").await.unwrap();
+    assert_eq!(
+        vmi.spec.start_strategy,
+        Some(kubevirt_api::vmi::StartStrategy::Paused)
+    );
+    h.eventually("the start request consumed", || async {
+        (requests(&h.vm("paused").await) == 0).then_some(())
+    })
+    .await;
+    h.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_runs_against_the_apiserver() {
+    let h = Harness::start().await;
+    // Only the binary may act here.
+    h.shutdown.cancel();
+    let bin = env!("CARGO_BIN_EXE_virt-controller");
+    let mut child = tokio::process::Command::new(bin)
+        .args([
+            "--leader-elect=false",
+            "--events=false",
+            "--watch-namespace",
+            NS,
+        ])
+        .arg("--kubeconfig")
+        .arg(&h._env.kubeconfig)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    h.create_vm("bin", "Always").await;
+    h.vmi_uid("bin").await;
+    h.printable("bin", PrintableStatus::Starting).await;
+    child.kill().await.unwrap();
 }
