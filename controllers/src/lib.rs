@@ -10,5 +10,6 @@ pub mod backoff;
 pub mod context;
 pub mod leader;
 pub mod vm;
+pub mod vmi;
 
 pub use context::{Config, Context, FIELD_MANAGER};
