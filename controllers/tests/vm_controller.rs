@@ -469,3 +469,30 @@ async fn the_binary_runs_against_the_apiserver() {
     h.printable("bin", PrintableStatus::Starting).await;
     child.kill().await.unwrap();
 }
+
+/// The controller's status writes rely on the apiserver rejecting a merge patch of
+/// /status whose metadata.resourceVersion is stale (else a stateChangeRequest appended
+/// by a subresource between our read and our write would be silently dropped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_status_patch_is_a_conflict() {
+    let h = Harness::start().await;
+    h.shutdown.cancel();
+    let vm = h.create_vm("rv", "Manual").await;
+    let stale = vm.metadata.resource_version.clone().unwrap();
+    // Someone else writes in between (as the start subresource does).
+    assert_eq!(h.action("rv", "start").await, 202);
+    let patch = json!({
+        "metadata": {"resourceVersion": stale},
+        "status": {"stateChangeRequests": null, "printableStatus": "Stopped"}
+    });
+    let err = h
+        .vms()
+        .patch_status("rv", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect_err("a stale resourceVersion must not be accepted");
+    match err {
+        kube::Error::Api(s) => assert_eq!(s.code, 409, "{s:?}"),
+        other => panic!("{other}"),
+    }
+    assert_eq!(requests(&h.vm("rv").await), 1, "the start request survived");
+}

@@ -313,3 +313,39 @@ pub fn error_policy(vm: Arc<VirtualMachine>, err: &ReconcileError, ctx: Arc<Cont
     tracing::warn!(vm = %vm.name_any(), error = %err, reason = err.reason(), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use kubevirt_api::{PrintableStatus, VirtualMachineStatus};
+    use serde_json::json;
+
+    use super::status_patch;
+
+    #[test]
+    fn status_patch_nulls_removed_fields_and_carries_the_resource_version() {
+        let old: VirtualMachineStatus = serde_json::from_value(json!({
+            "created": true, "printableStatus": "Running",
+            "stateChangeRequests": [{"action": "Start"}],
+            "startFailure": {"consecutiveFailCount": 1}
+        }))
+        .unwrap();
+        let new = VirtualMachineStatus {
+            created: Some(false),
+            printable_status: Some(PrintableStatus::Stopped),
+            ..VirtualMachineStatus::default()
+        };
+        let p = status_patch(Some("42"), &old, &new).unwrap();
+        assert_eq!(
+            p,
+            json!({
+                "metadata": {"resourceVersion": "42"},
+                "status": {
+                    "created": false, "printableStatus": "Stopped",
+                    "stateChangeRequests": null, "startFailure": null
+                }
+            })
+        );
+    }
+}
