@@ -7,6 +7,7 @@ use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder};
 
 use crate::backoff::BackoffTable;
+use crate::metrics::Metrics;
 use crate::vm::decide::BackoffConfig;
 
 /// Field manager of every write the controllers make.
@@ -52,6 +53,8 @@ pub struct Context {
     pub config: Config,
     /// Per-object back-off of failed reconciles.
     pub backoff: BackoffTable,
+    /// Prometheus metrics.
+    pub metrics: Metrics,
 }
 
 impl std::fmt::Debug for Context {
@@ -60,6 +63,7 @@ impl std::fmt::Debug for Context {
             .field("recorder", &self.recorder.is_some())
             .field("config", &self.config)
             .field("backoff", &self.backoff)
+            .field("metrics", &self.metrics)
             .finish_non_exhaustive()
     }
 }
@@ -73,6 +77,7 @@ impl Context {
             recorder,
             config,
             backoff,
+            metrics: Metrics::default(),
         }
     }
 

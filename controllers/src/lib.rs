@@ -9,6 +9,7 @@
 pub mod backoff;
 pub mod context;
 pub mod leader;
+pub mod metrics;
 pub mod vm;
 pub mod vmi;
 

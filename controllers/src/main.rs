@@ -57,6 +57,13 @@ struct Args {
     /// Watch only this namespace (all namespaces when absent).
     #[arg(long, env = "VIRT_CONTROLLER_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
+    /// Serve /metrics and /healthz here; empty disables.
+    #[arg(
+        long,
+        env = "VIRT_CONTROLLER_METRICS_ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
+    metrics_addr: String,
     /// Log as JSON.
     #[arg(long, env = "VIRT_CONTROLLER_LOG_JSON")]
     log_json: bool,
@@ -117,6 +124,30 @@ async fn main() -> anyhow::Result<()> {
     let ctx = Arc::new(Context::new(client.clone(), recorder, config));
 
     let shutdown = CancellationToken::new();
+    if !args.metrics_addr.is_empty() {
+        let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
+            .await
+            .with_context(|| format!("binding {}", args.metrics_addr))?;
+        let metrics_ctx = ctx.clone();
+        let app = axum::Router::new()
+            .route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let ctx = metrics_ctx.clone();
+                    async move { ctx.metrics.encode() }
+                }),
+            )
+            .route("/healthz", axum::routing::get(|| async { "ok" }));
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "metrics server failed");
+            }
+        });
+    }
     let on_signal = shutdown.clone();
     tokio::spawn(async move {
         let _ = tokio::signal::ctrl_c().await;

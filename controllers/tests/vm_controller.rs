@@ -56,6 +56,7 @@ struct Harness {
     server: String,
     shutdown: CancellationToken,
     controller: Option<tokio::task::JoinHandle<()>>,
+    ctx: Arc<Context>,
 }
 
 impl Harness {
@@ -87,13 +88,14 @@ impl Harness {
         };
         let ctx = Arc::new(Context::new(client.clone(), None, config));
         let shutdown = CancellationToken::new();
-        let controller = tokio::spawn(virt_controllers::vm::run(ctx, shutdown.clone()));
+        let controller = tokio::spawn(virt_controllers::vm::run(ctx.clone(), shutdown.clone()));
         Self {
             server: env.server_url.clone(),
             _env: env,
             client,
             shutdown,
             controller: Some(controller),
+            ctx,
         }
     }
 
@@ -417,6 +419,18 @@ async fn steady_state_makes_no_status_writes() {
     assert_eq!(
         vm.metadata.resource_version, later.metadata.resource_version,
         "the controller keeps rewriting an unchanged status"
+    );
+    // A start costs one VMI create and one VM status write.
+    let text = h.ctx.metrics.encode();
+    assert!(
+        text.contains("virt_controller_vm_status_writes_total 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "virt_controller_vmi_actions_total{action=\"create\",result=\"success\"} 1\n"
+        ),
+        "{text}"
     );
     h.stop_controller().await;
 }

@@ -154,6 +154,7 @@ pub async fn reconcile(
         let status = derive(&Outcome::Done);
         if Some(&status) != current.status.as_ref() {
             current = write_status(&vms, &current, &status).await?;
+            ctx.metrics.status_written();
         }
     }
 
@@ -176,6 +177,7 @@ pub async fn reconcile(
             };
             match result {
                 Ok(uid) => {
+                    ctx.metrics.vmi_action("create", true);
                     tracing::info!(vmi_uid = %uid, strategy = ?decide::run_strategy(&vm), "created VMI");
                     ctx.event(
                         &regarding,
@@ -193,6 +195,7 @@ pub async fn reconcile(
                     return Ok(Action::requeue(Duration::from_secs(1)));
                 }
                 Err(e) => {
+                    ctx.metrics.vmi_action("create", false);
                     tracing::warn!(error = %e, "creating VMI failed");
                     ctx.event(
                         &regarding,
@@ -218,6 +221,7 @@ pub async fn reconcile(
             };
             match vmis.delete(&name, &params).await {
                 Ok(_) => {
+                    ctx.metrics.vmi_action("delete", true);
                     tracing::info!(vmi_uid = %uid, strategy = ?decide::run_strategy(&vm), "deleted VMI");
                     ctx.event(
                         &regarding,
@@ -230,6 +234,7 @@ pub async fn reconcile(
                 }
                 Err(e) if is_not_found(&e) => Outcome::Done,
                 Err(e) => {
+                    ctx.metrics.vmi_action("delete", false);
                     tracing::warn!(error = %e, "deleting VMI failed");
                     ctx.event(
                         &regarding,
@@ -250,6 +255,7 @@ pub async fn reconcile(
     let status = derive(&outcome);
     if Some(&status) != current.status.as_ref() {
         write_status(&vms, &current, &status).await?;
+        ctx.metrics.status_written();
     }
 
     if let Outcome::Failed { message, reason } = outcome {
