@@ -1,0 +1,1107 @@
+//! `cargo xtask bench apiserver`: the release virt-apiserver on a real etcd (both on
+//! loopback, started by DevEnv) under create, LIST and watch fan-out load.
+//!
+//! Every phase is bounded in count; the whole run is bounded by `--max-seconds`.
+//! The client shares the machine's CPUs with etcd and the server, so figures are
+//! for comparing runs on the same machine, not absolute capacity.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::{Value, json};
+use virt_apiserver::devenv::{ClientFiles, DevEnv, Options};
+
+use super::report::{self, Machine, bytes, p50_p99_max, p50_p99_max_ns};
+
+const HEADING: &str = "## virt-apiserver (cargo xtask bench apiserver)";
+const VMS: &str = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines";
+/// Written by each update: the update's sequence number and when it was sent, in
+/// nanoseconds since the benchmark's start instant. One process owns the clock, so a
+/// watcher can subtract it from its receipt time directly.
+const SEQ: &str = "bench.kubevirt.io/seq";
+const SENT: &str = "bench.kubevirt.io/sent-ns";
+/// A watcher that sees nothing for this long has lost events; stop waiting for it.
+const WATCH_IDLE: Duration = Duration::from_secs(30);
+
+/// Arguments of `cargo xtask bench apiserver`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ApiserverArgs {
+    /// VirtualMachines to create.
+    #[arg(long, default_value_t = 2000)]
+    pub count: usize,
+    /// Requests in flight during the create and update phases.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Full LISTs (and paged LIST traversals) to time.
+    #[arg(long, default_value_t = 10)]
+    pub lists: usize,
+    /// Page size of the paged LIST.
+    #[arg(long, default_value_t = 500)]
+    pub page_size: usize,
+    /// Concurrent watchers on the collection.
+    #[arg(long, default_value_t = 100)]
+    pub watchers: usize,
+    /// Updates (merge patches) made while the watchers run.
+    #[arg(long, default_value_t = 500)]
+    pub updates: usize,
+    /// Abort the run after this many seconds.
+    #[arg(long, default_value_t = 1200)]
+    pub max_seconds: u64,
+    /// Only print the summary; leave docs/benchmarks.md alone.
+    #[arg(long)]
+    pub no_docs: bool,
+    /// Run the client from this (possibly unoptimised) build instead of a release build.
+    #[arg(long)]
+    pub this_build: bool,
+}
+
+/// Runs the benchmark.
+pub fn run(args: ApiserverArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.count > 0, "--count must be positive");
+    anyhow::ensure!(args.concurrency > 0, "--concurrency must be positive");
+    anyhow::ensure!(args.page_size > 0, "--page-size must be positive");
+    if cfg!(debug_assertions) && !args.this_build {
+        return rerun_release();
+    }
+    let bin = crate::dev_apiserver::build_apiserver(true)?;
+    let machine = Machine::probe();
+    let etcd_bin = Options::default().etcd_bin;
+    let etcd_version = etcd_version(&etcd_bin);
+    let date = utc_now();
+    eprintln!("starting etcd and the release virt-apiserver");
+    let mut env = DevEnv::start(Options {
+        apiserver_bin: bin,
+        etcd_bin,
+        ..Default::default()
+    })
+    .context("starting etcd and virt-apiserver")?;
+    let pids = Pids {
+        apiserver: env
+            .apiserver_pid()
+            .context("virt-apiserver has no process")?,
+        etcd: find_child("etcd").context("finding etcd's process")?,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?;
+    let outcome = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(args.max_seconds),
+            bench(&env, &args, pids),
+        )
+        .await
+    });
+    let alive = env.alive();
+    let log = std::fs::read_to_string(&env.apiserver_log).unwrap_or_default();
+    let mut results = match outcome {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            eprintln!("server log tail:\n{}", tail(&log, 30));
+            return Err(e);
+        }
+        Err(_) => {
+            eprintln!("server log tail:\n{}", tail(&log, 30));
+            anyhow::bail!("the benchmark did not finish within {}s", args.max_seconds);
+        }
+    };
+    results.log_warnings = log
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .map(str::to_string)
+        .collect();
+    if !alive {
+        results
+            .notes
+            .push("etcd or virt-apiserver exited during the run".into());
+    }
+    env.stop();
+    drop(rt);
+
+    let rows = results.rows(&args);
+    println!("\n{}", table(&rows));
+    for n in &results.notes {
+        println!("note: {n}");
+    }
+    if !results.log_warnings.is_empty() {
+        println!(
+            "server log: {} WARN/ERROR lines, the first ones:\n{}",
+            results.log_warnings.len(),
+            results
+                .log_warnings
+                .iter()
+                .take(10)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    if !args.no_docs {
+        let section = section(&date, &machine, &etcd_version, &args, &rows, &results);
+        let path = super::write_section(HEADING, &section)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Runs the same command line from a release build of xtask. An unoptimised client
+/// spends more CPU on TLS and JSON per watch event than the server does, and on a small
+/// machine it takes that CPU from the server it is measuring.
+fn rerun_release() -> anyhow::Result<()> {
+    eprintln!("building a release xtask for the benchmark client");
+    let status =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["build", "--quiet", "--release", "-p", "xtask"])
+            .status()
+            .context("running cargo build")?;
+    anyhow::ensure!(status.success(), "building the release xtask failed");
+    let exe = crate::target_dir().join("release").join("xtask");
+    let status = std::process::Command::new(&exe)
+        .args(std::env::args_os().skip(1))
+        .status()
+        .with_context(|| format!("running {}", exe.display()))?;
+    anyhow::ensure!(status.success(), "the release benchmark failed");
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pids {
+    apiserver: u32,
+    etcd: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Rss {
+    /// VmRSS before the load, KiB.
+    idle: u64,
+    /// VmHWM at the end, KiB.
+    peak: u64,
+    /// VmRSS at the end, KiB.
+    after: u64,
+}
+
+/// Requests of one phase.
+#[derive(Debug, Default)]
+struct Phase {
+    ok: usize,
+    latencies: Vec<Duration>,
+    elapsed: Duration,
+    errors: Vec<String>,
+}
+
+impl Phase {
+    fn rate(&self) -> f64 {
+        self.ok as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Watch {
+    watchers: usize,
+    connected: usize,
+    /// Successful updates: every watcher should see each once.
+    expected: usize,
+    /// Expected events received, per watcher.
+    received: Vec<usize>,
+    duplicates: usize,
+    unexpected: usize,
+    out_of_order: usize,
+    /// Receipt minus the annotated send time.
+    from_sent: Vec<Duration>,
+    /// Receipt minus when the updater got its response (negative: the event won).
+    from_response_ns: Vec<i64>,
+    /// Watch streams that ended early or failed.
+    failures: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+struct Results {
+    create: Phase,
+    list: Vec<Duration>,
+    list_bytes: u64,
+    list_items: usize,
+    paged: Vec<Duration>,
+    pages: Vec<Duration>,
+    pages_per_list: usize,
+    update: Phase,
+    watch: Watch,
+    api: Rss,
+    etcd: Rss,
+    cpu_total: Cpu,
+    cpu_watch: Cpu,
+    notes: Vec<String>,
+    log_warnings: Vec<String>,
+}
+
+fn client(
+    env: &DevEnv,
+    id: &ClientFiles,
+    timeout: Option<Duration>,
+) -> anyhow::Result<reqwest::Client> {
+    let ca = std::fs::read(&env.server_ca).context("reading the serving CA")?;
+    let mut pem = std::fs::read(&id.cert).context("reading the client certificate")?;
+    pem.extend(std::fs::read(&id.key).context("reading the client key")?);
+    let mut b = reqwest::Client::builder()
+        .use_rustls_tls()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca)?)
+        .identity(reqwest::Identity::from_pem(&pem)?)
+        .tcp_nodelay(true);
+    if let Some(t) = timeout {
+        b = b.timeout(t);
+    }
+    Ok(b.build()?)
+}
+
+fn vm(name: &str) -> Value {
+    json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": name, "labels": {"app": "bench"}},
+        "spec": {"runStrategy": "Halted", "template": {"spec": {
+            "domain": {"devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]},
+                       "resources": {"requests": {"memory": "64Mi"}}},
+            "volumes": [{"name": "root", "containerDisk": {"image": "localhost/kubevirt-rs/test-guest:latest"}}]}}}
+    })
+}
+
+fn vm_name(i: usize) -> String {
+    format!("bench-{i:05}")
+}
+
+async fn bench(env: &DevEnv, args: &ApiserverArgs, pids: Pids) -> anyhow::Result<Results> {
+    let c = client(env, &env.admin, Some(Duration::from_secs(60)))?;
+    let url = format!("{}{VMS}", env.server_url);
+    let t0 = Instant::now();
+    let mut r = Results::default();
+    let cpu_start = Cpu::now(pids, t0);
+    r.api.idle = status_kib(pids.apiserver, "VmRSS").unwrap_or(0);
+    r.etcd.idle = status_kib(pids.etcd, "VmRSS").unwrap_or(0);
+
+    eprintln!(
+        "creating {} VirtualMachines, {} in flight",
+        args.count, args.concurrency
+    );
+    r.create = create(&c, &url, args).await;
+    if r.create.ok == 0 {
+        anyhow::bail!("every create failed: {:?}", r.create.errors.first());
+    }
+
+    eprintln!("listing {} times", args.lists);
+    for i in 0..args.lists {
+        let start = Instant::now();
+        let resp = c.get(&url).send().await?;
+        anyhow::ensure!(resp.status() == 200, "LIST: {}", resp.status());
+        let body = resp.bytes().await?;
+        r.list.push(start.elapsed());
+        r.list_bytes = body.len() as u64;
+        if i == 0 {
+            let v: Value = serde_json::from_slice(&body).context("decoding the LIST")?;
+            r.list_items = v["items"].as_array().map_or(0, Vec::len);
+            if r.list_items != r.create.ok {
+                r.notes.push(format!(
+                    "LIST returned {} items after {} successful creates",
+                    r.list_items, r.create.ok
+                ));
+            }
+        }
+    }
+    for _ in 0..args.lists {
+        let (pages, items) = paged_list(&c, &url, args.page_size).await?;
+        r.paged.push(pages.iter().sum());
+        r.pages_per_list = pages.len();
+        r.pages.extend(pages);
+        if items != r.list_items {
+            r.notes.push(format!(
+                "paged LIST returned {items} items, the full LIST {}",
+                r.list_items
+            ));
+        }
+    }
+
+    if args.watchers > 0 && args.updates > 0 {
+        eprintln!(
+            "{} watchers, {} updates, {} in flight",
+            args.watchers, args.updates, args.concurrency
+        );
+        let (update, watch, cpu) = watch_fanout(env, &c, &url, args, t0, r.create.ok, pids).await?;
+        r.update = update;
+        r.watch = watch;
+        r.cpu_watch = cpu;
+    }
+
+    r.cpu_total = Cpu::now(pids, t0).since(cpu_start);
+    r.api.peak = status_kib(pids.apiserver, "VmHWM").unwrap_or(0);
+    r.etcd.peak = status_kib(pids.etcd, "VmHWM").unwrap_or(0);
+    // Let the server drop the closed watches' buffers before calling it "after".
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    r.api.after = status_kib(pids.apiserver, "VmRSS").unwrap_or(0);
+    r.etcd.after = status_kib(pids.etcd, "VmRSS").unwrap_or(0);
+    Ok(r)
+}
+
+/// Short description of a failed response, for the error list.
+async fn failure(what: &str, resp: Result<reqwest::Response, reqwest::Error>) -> String {
+    match resp {
+        Ok(resp) => {
+            let status = resp.status();
+            let body = resp.text().await.unwrap_or_default();
+            format!(
+                "{what}: {status}: {}",
+                body.chars().take(200).collect::<String>()
+            )
+        }
+        Err(e) => format!("{what}: {e}"),
+    }
+}
+
+async fn create(c: &reqwest::Client, url: &str, args: &ApiserverArgs) -> Phase {
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..args.concurrency {
+        let (c, url, next, count) = (c.clone(), url.to_string(), next.clone(), args.count);
+        tasks.push(tokio::spawn(async move {
+            let mut p = Phase::default();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    return p;
+                }
+                let name = vm_name(i);
+                let t = Instant::now();
+                let resp = c.post(&url).json(&vm(&name)).send().await;
+                match resp {
+                    Ok(ok) if ok.status() == 201 => {
+                        // Read the body: the request is only done when the client has it.
+                        let _ = ok.bytes().await;
+                        p.latencies.push(t.elapsed());
+                        p.ok += 1;
+                    }
+                    other => p
+                        .errors
+                        .push(failure(&format!("create {name}"), other).await),
+                }
+            }
+        }));
+    }
+    let mut phase = Phase::default();
+    for t in tasks {
+        match t.await {
+            Ok(p) => {
+                phase.ok += p.ok;
+                phase.latencies.extend(p.latencies);
+                phase.errors.extend(p.errors);
+            }
+            Err(e) => phase.errors.push(format!("create task: {e}")),
+        }
+    }
+    phase.elapsed = start.elapsed();
+    phase
+}
+
+/// Walks the collection with `limit`; returns each page's latency and the item count.
+async fn paged_list(
+    c: &reqwest::Client,
+    url: &str,
+    limit: usize,
+) -> anyhow::Result<(Vec<Duration>, usize)> {
+    let mut pages = Vec::new();
+    let mut items = 0;
+    let mut token: Option<String> = None;
+    loop {
+        let mut req = c.get(url).query(&[("limit", limit.to_string())]);
+        if let Some(t) = &token {
+            req = req.query(&[("continue", t)]);
+        }
+        let start = Instant::now();
+        let resp = req.send().await?;
+        anyhow::ensure!(resp.status() == 200, "paged LIST: {}", resp.status());
+        let body = resp.bytes().await?;
+        pages.push(start.elapsed());
+        let v: Value = serde_json::from_slice(&body).context("decoding a LIST page")?;
+        items += v["items"].as_array().map_or(0, Vec::len);
+        token = v["metadata"]["continue"]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map(str::to_string);
+        if token.is_none() {
+            return Ok((pages, items));
+        }
+        anyhow::ensure!(pages.len() < 100_000, "paged LIST does not end");
+    }
+}
+
+/// What one watcher saw: receipt time (ns since t0) per update sequence number.
+#[derive(Debug, Default)]
+struct Seen {
+    recv_ns: Vec<Option<u64>>,
+    sent_ns: Vec<u64>,
+    duplicates: usize,
+    unexpected: usize,
+    out_of_order: usize,
+    failure: Option<String>,
+}
+
+async fn watch_fanout(
+    env: &DevEnv,
+    c: &reqwest::Client,
+    url: &str,
+    args: &ApiserverArgs,
+    t0: Instant,
+    vms: usize,
+    pids: Pids,
+) -> anyhow::Result<(Phase, Watch, Cpu)> {
+    let resp = c.get(url).query(&[("limit", "1")]).send().await?;
+    anyhow::ensure!(
+        resp.status() == 200,
+        "LIST for the resourceVersion: {}",
+        resp.status()
+    );
+    let v: Value = resp.json().await?;
+    let rv = v["metadata"]["resourceVersion"]
+        .as_str()
+        .context("LIST without a resourceVersion")?
+        .to_string();
+
+    // Watch connections never time out client-side; their own idle timer bounds them.
+    let wc = client(env, &env.admin, None)?;
+    let (conn_tx, mut conn_rx) = tokio::sync::mpsc::channel::<()>(args.watchers);
+    let updates = args.updates;
+    let mut watchers = Vec::new();
+    for _ in 0..args.watchers {
+        let req = wc.get(url).query(&[
+            ("watch", "1"),
+            ("resourceVersion", rv.as_str()),
+            ("timeoutSeconds", &args.max_seconds.to_string()),
+        ]);
+        let conn_tx = conn_tx.clone();
+        watchers.push(tokio::spawn(watcher(req, conn_tx, updates, t0)));
+    }
+    drop(conn_tx);
+    let mut connected = 0;
+    let connect_deadline = Instant::now() + Duration::from_secs(60);
+    while connected < args.watchers {
+        match tokio::time::timeout_at(connect_deadline.into(), conn_rx.recv()).await {
+            Ok(Some(())) => connected += 1,
+            _ => break,
+        }
+    }
+    // Headers can precede the server's etcd watch; events are not lost (the watch
+    // starts at rv) but the first ones would look slow.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let cpu_start = Cpu::now(pids, t0);
+    let mut tasks = Vec::new();
+    for _ in 0..args.concurrency {
+        let (c, url, next) = (c.clone(), url.to_string(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            // (seq, response time ns since t0) of successful updates.
+            let mut done: Vec<(usize, u64)> = Vec::new();
+            let mut p = Phase::default();
+            loop {
+                let seq = next.fetch_add(1, Ordering::Relaxed);
+                if seq >= updates {
+                    return (p, done);
+                }
+                let name = vm_name(seq % vms.max(1));
+                let sent = t0.elapsed();
+                let patch = json!({"metadata": {"annotations": {
+                    SEQ: seq.to_string(),
+                    SENT: (sent.as_nanos() as u64).to_string(),
+                }}});
+                let resp = c
+                    .patch(format!("{url}/{name}"))
+                    .header("content-type", "application/merge-patch+json")
+                    .body(patch.to_string())
+                    .send()
+                    .await;
+                match resp {
+                    Ok(ok) if ok.status() == 200 => {
+                        let _ = ok.bytes().await;
+                        let now = t0.elapsed();
+                        p.latencies.push(now.saturating_sub(sent));
+                        p.ok += 1;
+                        done.push((seq, now.as_nanos() as u64));
+                    }
+                    other => p
+                        .errors
+                        .push(failure(&format!("update {name}"), other).await),
+                }
+            }
+        }));
+    }
+    let mut update = Phase::default();
+    let mut response_ns: Vec<Option<u64>> = vec![None; updates];
+    for t in tasks {
+        match t.await {
+            Ok((p, done)) => {
+                update.ok += p.ok;
+                update.latencies.extend(p.latencies);
+                update.errors.extend(p.errors);
+                for (seq, ns) in done {
+                    response_ns[seq] = Some(ns);
+                }
+            }
+            Err(e) => update.errors.push(format!("update task: {e}")),
+        }
+    }
+    update.elapsed = start.elapsed();
+
+    let mut seen_all = Vec::new();
+    for t in watchers {
+        seen_all.push(t.await);
+    }
+    let cpu = Cpu::now(pids, t0).since(cpu_start);
+    let mut w = Watch {
+        watchers: args.watchers,
+        connected,
+        expected: update.ok,
+        ..Default::default()
+    };
+    for t in seen_all {
+        let seen = match t {
+            Ok(s) => s,
+            Err(e) => {
+                w.failures.push(format!("watch task: {e}"));
+                continue;
+            }
+        };
+        let mut got = 0;
+        for (seq, recv) in seen.recv_ns.iter().enumerate() {
+            let Some(recv) = *recv else { continue };
+            let Some(resp) = response_ns[seq] else {
+                // An event for an update whose response failed: it did happen.
+                w.unexpected += 1;
+                continue;
+            };
+            got += 1;
+            w.from_sent
+                .push(Duration::from_nanos(recv.saturating_sub(seen.sent_ns[seq])));
+            w.from_response_ns.push(recv as i64 - resp as i64);
+        }
+        w.received.push(got);
+        w.duplicates += seen.duplicates;
+        w.unexpected += seen.unexpected;
+        w.out_of_order += seen.out_of_order;
+        if let Some(f) = seen.failure {
+            w.failures.push(f);
+        }
+    }
+    Ok((update, w, cpu))
+}
+
+/// One watch stream: records when each update's event arrived, until it has all of
+/// them or the stream goes quiet for [`WATCH_IDLE`].
+async fn watcher(
+    req: reqwest::RequestBuilder,
+    connected: tokio::sync::mpsc::Sender<()>,
+    updates: usize,
+    t0: Instant,
+) -> Seen {
+    let mut seen = Seen {
+        recv_ns: vec![None; updates],
+        sent_ns: vec![0; updates],
+        ..Default::default()
+    };
+    let mut resp = match req.send().await {
+        Ok(r) if r.status() == 200 => r,
+        other => {
+            seen.failure = Some(failure("watch", other).await);
+            return seen;
+        }
+    };
+    let _ = connected.send(()).await;
+    drop(connected);
+    let mut buf: Vec<u8> = Vec::new();
+    let mut got = 0;
+    let mut last_rv = 0i64;
+    while got < updates {
+        let chunk = match tokio::time::timeout(WATCH_IDLE, resp.chunk()).await {
+            Ok(Ok(Some(c))) => c,
+            Ok(Ok(None)) => {
+                seen.failure = Some(format!("watch ended after {got} of {updates} events"));
+                break;
+            }
+            Ok(Err(e)) => {
+                seen.failure = Some(format!("watch failed after {got} events: {e}"));
+                break;
+            }
+            Err(_) => {
+                seen.failure = Some(format!(
+                    "watch idle for {WATCH_IDLE:?} after {got} of {updates} events"
+                ));
+                break;
+            }
+        };
+        // One receipt time per chunk: lines in the same chunk arrived together.
+        let now = t0.elapsed().as_nanos() as u64;
+        buf.extend_from_slice(&chunk);
+        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match parse_event(&line) {
+                Some(ev) if ev.seq < updates => {
+                    if ev.rv < last_rv {
+                        seen.out_of_order += 1;
+                    }
+                    last_rv = ev.rv;
+                    if seen.recv_ns[ev.seq].is_some() {
+                        seen.duplicates += 1;
+                    } else {
+                        seen.recv_ns[ev.seq] = Some(now);
+                        seen.sent_ns[ev.seq] = ev.sent_ns;
+                        got += 1;
+                    }
+                }
+                _ => seen.unexpected += 1,
+            }
+        }
+    }
+    seen
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct BenchEvent {
+    seq: usize,
+    sent_ns: u64,
+    rv: i64,
+}
+
+/// A MODIFIED event carrying the benchmark's annotations; anything else is `None`.
+fn parse_event(line: &[u8]) -> Option<BenchEvent> {
+    let v: Value = serde_json::from_slice(line).ok()?;
+    if v["type"] != "MODIFIED" {
+        return None;
+    }
+    let meta = &v["object"]["metadata"];
+    let ann = &meta["annotations"];
+    Some(BenchEvent {
+        seq: ann[SEQ].as_str()?.parse().ok()?,
+        sent_ns: ann[SENT].as_str()?.parse().ok()?,
+        rv: meta["resourceVersion"].as_str()?.parse().ok()?,
+    })
+}
+
+impl Results {
+    fn rows(&self, args: &ApiserverArgs) -> Vec<(String, String)> {
+        let mut rows = Vec::new();
+        let mut row = |k: String, v: String| rows.push((k, v));
+        let c = &self.create;
+        row(
+            format!("create {} VMs, {} in flight", args.count, args.concurrency),
+            format!(
+                "{:.0} objects/s ({} ok, {} failed, {:.1} s)",
+                c.rate(),
+                c.ok,
+                c.errors.len(),
+                c.elapsed.as_secs_f64()
+            ),
+        );
+        row(
+            "create latency p50 / p99 / max".into(),
+            p50_p99_max(&c.latencies),
+        );
+        row(
+            format!(
+                "LIST all ({} items) ×{}, p50 / p99 / max",
+                self.list_items,
+                self.list.len()
+            ),
+            p50_p99_max(&self.list),
+        );
+        row("LIST response size".into(), bytes(self.list_bytes));
+        row(
+            format!(
+                "paged LIST limit={} ({} pages) full walk, p50 / p99 / max",
+                args.page_size, self.pages_per_list
+            ),
+            p50_p99_max(&self.paged),
+        );
+        row(
+            "paged LIST per page, p50 / p99 / max".into(),
+            p50_p99_max(&self.pages),
+        );
+        if self.watch.watchers > 0 {
+            let u = &self.update;
+            let w = &self.watch;
+            row(
+                format!(
+                    "update (merge patch) ×{}, {} in flight, during {} watches",
+                    args.updates, args.concurrency, w.watchers
+                ),
+                format!(
+                    "{:.0} updates/s ({} ok, {} failed)",
+                    u.rate(),
+                    u.ok,
+                    u.errors.len()
+                ),
+            );
+            row(
+                "update latency p50 / p99 / max".into(),
+                p50_p99_max(&u.latencies),
+            );
+            row(
+                "watch delivery from update sent, p50 / p99 / max".into(),
+                p50_p99_max(&w.from_sent),
+            );
+            row(
+                "watch delivery after update response, p50 / p99 / max".into(),
+                p50_p99_max_ns(&w.from_response_ns),
+            );
+            let complete = w.received.iter().filter(|n| **n == w.expected).count();
+            let total: usize = w.received.iter().sum();
+            row(
+                "watch events received".into(),
+                format!(
+                    "{total} of {} ({complete} of {} watchers got all {}; {} connected; {} duplicates, {} unexpected, {} out of order)",
+                    w.expected * w.watchers,
+                    w.watchers,
+                    w.expected,
+                    w.connected,
+                    w.duplicates,
+                    w.unexpected,
+                    w.out_of_order
+                ),
+            );
+        }
+        let rss = |r: &Rss| {
+            format!(
+                "{} idle, {} peak (VmHWM), {} after",
+                bytes(r.idle * 1024),
+                bytes(r.peak * 1024),
+                bytes(r.after * 1024)
+            )
+        };
+        if self.watch.watchers > 0 {
+            row(
+                "CPU apiserver / etcd / client, updates until last event".into(),
+                self.cpu_watch.to_string(),
+            );
+        }
+        row(
+            "CPU apiserver / etcd / client, whole run".into(),
+            self.cpu_total.to_string(),
+        );
+        row("virt-apiserver RSS".into(), rss(&self.api));
+        row("etcd RSS".into(), rss(&self.etcd));
+        rows
+    }
+
+    /// Everything that looks wrong, for the record.
+    fn problems(&self) -> Vec<String> {
+        let mut p = self.notes.clone();
+        for e in self.create.errors.iter().take(5) {
+            p.push(e.clone());
+        }
+        for e in self.update.errors.iter().take(5) {
+            p.push(e.clone());
+        }
+        for e in self.watch.failures.iter().take(5) {
+            p.push(e.clone());
+        }
+        if self.watch.failures.len() > 5 {
+            p.push(format!(
+                "… {} watch failures in all",
+                self.watch.failures.len()
+            ));
+        }
+        if !self.log_warnings.is_empty() {
+            p.push(format!(
+                "{} WARN/ERROR lines in the server log, e.g. `{}`",
+                self.log_warnings.len(),
+                self.log_warnings[0].chars().take(200).collect::<String>()
+            ));
+        }
+        p
+    }
+}
+
+fn table(rows: &[(String, String)]) -> String {
+    let mut s = String::from("| measurement | result |\n|---|---|\n");
+    for (k, v) in rows {
+        s.push_str(&format!("| {k} | {v} |\n"));
+    }
+    s
+}
+
+fn section(
+    date: &str,
+    machine: &Machine,
+    etcd_version: &str,
+    args: &ApiserverArgs,
+    rows: &[(String, String)],
+    results: &Results,
+) -> String {
+    let mut s = format!("{HEADING}\n\n");
+    s.push_str(&format!(
+        "Measured {date} with `cargo xtask bench apiserver --count {} --concurrency {} --lists {} --page-size {} --watchers {} --updates {}`.\n\n",
+        args.count, args.concurrency, args.lists, args.page_size, args.watchers, args.updates
+    ));
+    s.push_str(&format!(
+        "- Machine: {machine}; etcd {etcd_version} (Debian, default settings, data in a temp dir).\n"
+    ));
+    let client = if cfg!(debug_assertions) {
+        "an unoptimised build"
+    } else {
+        "a release build too"
+    };
+    s.push_str(&format!(
+        "- Release virt-apiserver and etcd on 127.0.0.1, TLS with client certificates. \
+         The benchmark client ({client}) runs on the same CPUs, so it competes with the \
+         server.\n"
+    ));
+    s.push_str(&format!(
+        "- Phases: create {n} VirtualMachines with {c} requests in flight; LIST all {l} times \
+         and walk them {l} times with limit={p}; start {w} watches at the current \
+         resourceVersion, then make {u} merge-patch updates ({c} in flight), each writing \
+         its send time in an annotation, and time each event's arrival at each watcher.\n",
+        n = args.count,
+        c = args.concurrency,
+        l = args.lists,
+        p = args.page_size,
+        w = args.watchers,
+        u = args.updates
+    ));
+    s.push_str(
+        "- Latencies are to the full response body; percentiles are nearest-rank. \
+         \"Watch delivery from update sent\" includes the update's own write; \"after update \
+         response\" is negative when the event beat the response. RSS from \
+         /proc/<pid>/status (VmRSS, VmHWM); CPU is utime+stime from /proc/<pid>/stat, \
+         \"client\" being this benchmark process.\n\n",
+    );
+    s.push_str(&table(rows));
+    let problems = results.problems();
+    if !problems.is_empty() {
+        s.push_str("\nObserved during this run:\n\n");
+        for p in problems {
+            s.push_str(&format!("- {}\n", p.replace('\n', " ")));
+        }
+    }
+    s
+}
+
+fn tail(log: &str, n: usize) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn utc_now() -> String {
+    let t = time::OffsetDateTime::now_utc();
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02} UTC",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute()
+    )
+}
+
+fn etcd_version(bin: &Path) -> String {
+    std::process::Command::new(bin)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout).lines().find_map(|l| {
+                l.strip_prefix("etcd Version:")
+                    .map(|v| v.trim().to_string())
+            })
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// A KiB field of /proc/<pid>/status.
+fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    report::proc_kib(&s, key)
+}
+
+/// Fields of /proc/<pid>/stat that the benchmark uses.
+#[derive(Debug, PartialEq, Eq)]
+struct Stat<'a> {
+    comm: &'a str,
+    ppid: u32,
+    /// utime + stime of all threads, in clock ticks.
+    cpu_ticks: u64,
+}
+
+/// Parses /proc/<pid>/stat. The command name is in parentheses and may itself contain
+/// spaces and parentheses, hence the last ')'.
+fn parse_stat(stat: &str) -> Option<Stat<'_>> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat.get(open + 1..close)?;
+    // Fields after the name start at field 3 (state); utime and stime are 14 and 15.
+    let rest: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
+    let ppid = rest.get(1)?.parse().ok()?;
+    let utime: u64 = rest.get(11)?.parse().ok()?;
+    let stime: u64 = rest.get(12)?.parse().ok()?;
+    Some(Stat {
+        comm,
+        ppid,
+        cpu_ticks: utime + stime,
+    })
+}
+
+/// CPU time used so far by a process. The kernel reports it in USER_HZ ticks, which
+/// is 100 on every Linux ABI this runs on.
+fn cpu_time(pid: u32) -> Duration {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| parse_stat(&s).map(|st| Duration::from_millis(st.cpu_ticks * 10)))
+        .unwrap_or_default()
+}
+
+/// CPU time of the server, etcd and this benchmark client.
+#[derive(Debug, Clone, Copy, Default)]
+struct Cpu {
+    api: Duration,
+    etcd: Duration,
+    client: Duration,
+    wall: Duration,
+}
+
+impl Cpu {
+    fn now(pids: Pids, t0: Instant) -> Self {
+        Self {
+            api: cpu_time(pids.apiserver),
+            etcd: cpu_time(pids.etcd),
+            client: cpu_time(std::process::id()),
+            wall: t0.elapsed(),
+        }
+    }
+
+    fn since(self, before: Self) -> Self {
+        Self {
+            api: self.api.saturating_sub(before.api),
+            etcd: self.etcd.saturating_sub(before.etcd),
+            client: self.client.saturating_sub(before.client),
+            wall: self.wall.saturating_sub(before.wall),
+        }
+    }
+}
+
+impl std::fmt::Display for Cpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.1} s / {:.1} s / {:.1} s in {:.1} s wall",
+            self.api.as_secs_f64(),
+            self.etcd.as_secs_f64(),
+            self.client.as_secs_f64(),
+            self.wall.as_secs_f64()
+        )
+    }
+}
+
+/// The pid of our child process named `comm` (DevEnv does not expose etcd's).
+fn find_child(comm: &str) -> anyhow::Result<u32> {
+    let me = std::process::id();
+    for entry in std::fs::read_dir("/proc").context("reading /proc")? {
+        let Ok(entry) = entry else { continue };
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if parse_stat(&stat).is_some_and(|st| st.comm == comm && st.ppid == me) {
+            return Ok(pid);
+        }
+    }
+    anyhow::bail!("no child process named {comm}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_parsing_handles_odd_names() {
+        assert_eq!(
+            parse_stat("1234 (etcd) S 99 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20"),
+            Some(Stat {
+                comm: "etcd",
+                ppid: 99,
+                cpu_ticks: 300
+            })
+        );
+        assert_eq!(
+            parse_stat("7 (a (b) c) R 1 7 7 0 -1 0 0 0 0 0 1 2 3"),
+            Some(Stat {
+                comm: "a (b) c",
+                ppid: 1,
+                cpu_ticks: 3
+            })
+        );
+        assert_eq!(parse_stat("7 (short) R 1 7"), None);
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn events_are_recognised() {
+        let ev = json!({"type": "MODIFIED", "object": {"metadata": {
+            "resourceVersion": "42",
+            "annotations": {SEQ: "3", SENT: "1000"}}}});
+        assert_eq!(
+            parse_event(ev.to_string().as_bytes()),
+            Some(BenchEvent {
+                seq: 3,
+                sent_ns: 1000,
+                rv: 42
+            })
+        );
+        let added = json!({"type": "ADDED", "object": {"metadata": {
+            "resourceVersion": "42", "annotations": {SEQ: "3", SENT: "1000"}}}});
+        assert_eq!(parse_event(added.to_string().as_bytes()), None);
+        let plain = json!({"type": "MODIFIED", "object": {"metadata": {"resourceVersion": "1"}}});
+        assert_eq!(parse_event(plain.to_string().as_bytes()), None);
+        assert_eq!(parse_event(b"{not json"), None);
+    }
+
+    #[test]
+    fn table_and_section_shape() {
+        let rows = vec![("a".to_string(), "1".to_string())];
+        assert_eq!(
+            table(&rows),
+            "| measurement | result |\n|---|---|\n| a | 1 |\n"
+        );
+        let args = ApiserverArgs {
+            count: 1,
+            concurrency: 1,
+            lists: 1,
+            page_size: 1,
+            watchers: 0,
+            updates: 0,
+            max_seconds: 1,
+            no_docs: true,
+            this_build: true,
+        };
+        let m = Machine {
+            cpus: 2,
+            cpu_model: "X".into(),
+            mem_total: 1 << 30,
+            kernel: "6".into(),
+        };
+        let s = section("d", &m, "3.4", &args, &rows, &Results::default());
+        assert!(s.starts_with(HEADING));
+        // The section must not contain a heading that would end it early on re-runs.
+        assert!(
+            !s.lines()
+                .skip(1)
+                .any(|l| l.starts_with("# ") || l.starts_with("## "))
+        );
+    }
+}
