@@ -510,3 +510,25 @@ async fn stale_status_patch_is_a_conflict() {
     }
     assert_eq!(requests(&h.vm("rv").await), 1, "the start request survived");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vmi_owned_by_another_controller_is_left_alone() {
+    let h = Harness::start().await;
+    let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "foreign", "ownerReferences": [{
+            "apiVersion": "example.com/v1", "kind": "Other", "name": "x",
+            "uid": "00000000-0000-0000-0000-000000000001", "controller": true}]},
+        "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "64Mi"}}}}
+    }))
+    .unwrap();
+    let created = h.vmis().create(&PostParams::default(), &vmi).await.unwrap();
+    h.create_vm("foreign", "Halted").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = h
+        .vmi("foreign")
+        .await
+        .expect("not deleted by the Halted VM");
+    assert_eq!(still.metadata.uid, created.metadata.uid);
+    h.stop_controller().await;
+}

@@ -121,8 +121,13 @@ pub async fn reconcile(
             what: "VirtualMachineInstance",
             source,
         })?;
-    // A VMI of the same name that another controller owns is not ours to touch.
-    let vmi = vmi.filter(|v| render::controlled_by(v, &vm));
+    // A VMI of the same name that another controller owns is not ours to touch, and
+    // creating ours would only collide with it: wait until it goes away.
+    if let Some(v) = vmi.as_ref().filter(|v| !render::controlled_by(v, &vm)) {
+        tracing::warn!(vmi_uid = ?v.metadata.uid, "a VMI of this name belongs to another controller");
+        ctx.backoff.reset(&key);
+        return Ok(Action::requeue(ctx.config.resync));
+    }
     let observed = vmi.as_ref().map(ObservedVmi::from_vmi);
 
     let now = Timestamp::now();
