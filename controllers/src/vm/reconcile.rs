@@ -79,6 +79,7 @@ fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.is_not_found())
 }
 
+/// AlreadyExists on create, a failed precondition on delete: both are 409.
 fn is_already_exists(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.is_already_exists() || s.code == 409)
 }
@@ -237,7 +238,9 @@ pub async fn reconcile(
                     .await;
                     Outcome::Done
                 }
-                Err(e) if is_not_found(&e) => Outcome::Done,
+                // Gone already, or replaced (uid precondition failed): the instance we
+                // meant to stop no longer exists either way.
+                Err(e) if is_not_found(&e) || is_already_exists(&e) => Outcome::Done,
                 Err(e) => {
                     ctx.metrics.vmi_action("delete", false);
                     tracing::warn!(error = %e, "deleting VMI failed");
