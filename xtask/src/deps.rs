@@ -31,7 +31,8 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("gcc", "pause image"),
     ("libc6-dev", "pause image"),
     ("tmux", "interactive console tests"),
-    ("curl", "health checks in scripts"),
+    ("curl", "health checks in scripts and e2e tests"),
+    ("binutils", "strip for small images"),
 ];
 
 fn installed(pkg: &str) -> bool {
