@@ -187,15 +187,15 @@ pub async fn watch(
                             last_rv = new.revision;
                             let new_obj = objects::with_rv(new.value, new.revision);
                             let new_match = Registry::matches(def, &list_opts, &new_obj);
-                            let prev_match = prev.map(|p| {
-                                let o = objects::with_rv(p.value, p.revision);
-                                Registry::matches(def, &list_opts, &o)
-                            });
-                            match (prev_match, new_match) {
-                                (None | Some(false), true) => yield Event { type_: "ADDED", object: new_obj },
-                                (Some(true), true) => yield Event { type_: "MODIFIED", object: new_obj },
-                                (Some(true), false) => {
-                                    yield Event { type_: "DELETED", object: new_obj };
+                            // The previous state at the new revision: what a client that
+                            // stops seeing the object must forget (kube-apiserver's rule).
+                            let prev_obj = prev.map(|p| objects::with_rv(p.value, new.revision));
+                            let prev_match = prev_obj.as_ref().map(|o| Registry::matches(def, &list_opts, o));
+                            match (prev_match, new_match, prev_obj) {
+                                (None | Some(false), true, _) => yield Event { type_: "ADDED", object: new_obj },
+                                (Some(true), true, _) => yield Event { type_: "MODIFIED", object: new_obj },
+                                (Some(true), false, Some(old)) => {
+                                    yield Event { type_: "DELETED", object: old };
                                 }
                                 _ => {}
                             }

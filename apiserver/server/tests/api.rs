@@ -590,6 +590,43 @@ async fn paging_watch_resume_bookmarks_and_compaction() {
         "true"
     );
 
+    // A filtered watch: an object that stops matching is DELETED with its previous state.
+    let (_, now_list) = json_of(c.get(format!("{url}?limit=1")).send().await.unwrap()).await;
+    let from = now_list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut stream = c
+        .get(format!(
+            "{url}?watch=1&resourceVersion={from}&labelSelector=app%3Ddemo&timeoutSeconds=3"
+        ))
+        .send()
+        .await
+        .unwrap()
+        .bytes_stream();
+    let r = c
+        .patch(format!("{url}/p0"))
+        .header("Content-Type", "application/merge-patch+json")
+        .body(r#"{"metadata":{"labels":{"app":"other"}}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut text = String::new();
+    while let Some(Ok(chunk)) = stream.next().await {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let ev: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(ev["type"], "DELETED", "{text}");
+    assert_eq!(
+        ev["object"]["metadata"]["labels"]["app"], "demo",
+        "previous state: {text}"
+    );
+    assert_ne!(
+        ev["object"]["metadata"]["resourceVersion"].as_str(),
+        Some(from.as_str())
+    );
+
     // sendInitialEvents without resourceVersionMatch is refused before streaming.
     assert_eq!(
         c.get(format!("{url}?watch=1&sendInitialEvents=true"))
