@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 mod apiserver;
+mod crd;
 mod report;
 
 /// Arguments.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::{Value, json};
-use virt_apiserver::devenv::{ClientFiles, DevEnv, Options};
+use virt_apiserver::devenv::{DevEnv, Options};
 
 use super::report::{self, Machine, bytes, p50_p99_max, p50_p99_max_ns};
 
@@ -56,6 +56,10 @@ pub struct ApiserverArgs {
     /// Run the client from this (possibly unoptimised) build instead of a release build.
     #[arg(long)]
     pub this_build: bool,
+    /// Also run the same phases against a CRD of the same schema on the local
+    /// kube-apiserver (`cargo xtask cluster`) and record the ratios.
+    #[arg(long)]
+    pub vs_crd: bool,
 }
 
 /// Runs the benchmark.
@@ -65,6 +69,9 @@ pub fn run(args: ApiserverArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.page_size > 0, "--page-size must be positive");
     if cfg!(debug_assertions) && !args.this_build {
         return rerun_release();
+    }
+    if args.vs_crd {
+        return super::crd::run(args);
     }
     let bin = crate::dev_apiserver::build_apiserver(true)?;
     let machine = Machine::probe();
@@ -78,49 +85,11 @@ pub fn run(args: ApiserverArgs) -> anyhow::Result<()> {
         ..Default::default()
     })
     .context("starting etcd and virt-apiserver")?;
-    let pids = Pids {
-        apiserver: env
-            .apiserver_pid()
-            .context("virt-apiserver has no process")?,
-        etcd: find_child("etcd").context("finding etcd's process")?,
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("building the tokio runtime")?;
-    let outcome = rt.block_on(async {
-        tokio::time::timeout(
-            Duration::from_secs(args.max_seconds),
-            bench(&env, &args, pids),
-        )
-        .await
-    });
-    let alive = env.alive();
-    let log = std::fs::read_to_string(&env.apiserver_log).unwrap_or_default();
-    let mut results = match outcome {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            eprintln!("server log tail:\n{}", tail(&log, 30));
-            return Err(e);
-        }
-        Err(_) => {
-            eprintln!("server log tail:\n{}", tail(&log, 30));
-            anyhow::bail!("the benchmark did not finish within {}s", args.max_seconds);
-        }
-    };
-    results.log_warnings = log
-        .lines()
-        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
-        .map(str::to_string)
-        .collect();
-    if !alive {
-        results
-            .notes
-            .push("etcd or virt-apiserver exited during the run".into());
-    }
+    let rt = runtime()?;
+    let results = bench_devenv(&rt, &mut env, &args);
     env.stop();
     drop(rt);
+    let results = results?;
 
     let rows = results.rows(&args);
     println!("\n{}", table(&rows));
@@ -148,10 +117,83 @@ pub fn run(args: ApiserverArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The client's runtime: two workers, like the machine's CPUs.
+pub(super) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")
+}
+
+/// Runs the phases against the DevEnv's virt-apiserver; collects its log's warnings.
+pub(super) fn bench_devenv(
+    rt: &tokio::runtime::Runtime,
+    env: &mut DevEnv,
+    args: &ApiserverArgs,
+) -> anyhow::Result<Results> {
+    let pids = Pids {
+        apiserver: env
+            .apiserver_pid()
+            .context("virt-apiserver has no process")?,
+        etcd: find_child("etcd").context("finding etcd's process")?,
+    };
+    let ca = std::fs::read(&env.server_ca).context("reading the serving CA")?;
+    let mut identity = std::fs::read(&env.admin.cert).context("reading the client certificate")?;
+    identity.extend(std::fs::read(&env.admin.key).context("reading the client key")?);
+    let target = Target {
+        collection: format!("{}{VMS}", env.server_url),
+        api_version: "kubevirt.io/v1".into(),
+        ca,
+        identity,
+        pids,
+    };
+    let outcome = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(args.max_seconds), bench(&target, args)).await
+    });
+    let alive = env.alive();
+    let log = std::fs::read_to_string(&env.apiserver_log).unwrap_or_default();
+    let mut results = match outcome {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            eprintln!("server log tail:\n{}", tail(&log, 30));
+            return Err(e);
+        }
+        Err(_) => {
+            eprintln!("server log tail:\n{}", tail(&log, 30));
+            anyhow::bail!("the benchmark did not finish within {}s", args.max_seconds);
+        }
+    };
+    results.log_warnings = log
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .map(str::to_string)
+        .collect();
+    if !alive {
+        results
+            .notes
+            .push("etcd or virt-apiserver exited during the run".into());
+    }
+    Ok(results)
+}
+
+/// The server under test: its VirtualMachine collection and how to reach it.
+pub(super) struct Target {
+    /// Full URL of the namespaced collection.
+    pub collection: String,
+    /// apiVersion of the created objects.
+    pub api_version: String,
+    /// PEM of the CA that signed the serving certificate.
+    pub ca: Vec<u8>,
+    /// PEM client certificate followed by its key.
+    pub identity: Vec<u8>,
+    pub pids: Pids,
+}
+
 /// Runs the same command line from a release build of xtask. An unoptimised client
 /// spends more CPU on TLS and JSON per watch event than the server does, and on a small
 /// machine it takes that CPU from the server it is measuring.
-fn rerun_release() -> anyhow::Result<()> {
+pub(super) fn rerun_release() -> anyhow::Result<()> {
     eprintln!("building a release xtask for the benchmark client");
     let status =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
@@ -169,38 +211,38 @@ fn rerun_release() -> anyhow::Result<()> {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Pids {
-    apiserver: u32,
-    etcd: u32,
+pub(super) struct Pids {
+    pub apiserver: u32,
+    pub etcd: u32,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
-struct Rss {
+pub(super) struct Rss {
     /// VmRSS before the load, KiB.
-    idle: u64,
+    pub idle: u64,
     /// VmHWM at the end, KiB.
-    peak: u64,
+    pub peak: u64,
     /// VmRSS at the end, KiB.
-    after: u64,
+    pub after: u64,
 }
 
 /// Requests of one phase.
 #[derive(Debug, Default)]
-struct Phase {
-    ok: usize,
-    latencies: Vec<Duration>,
-    elapsed: Duration,
-    errors: Vec<String>,
+pub(super) struct Phase {
+    pub ok: usize,
+    pub latencies: Vec<Duration>,
+    pub elapsed: Duration,
+    pub errors: Vec<String>,
 }
 
 impl Phase {
-    fn rate(&self) -> f64 {
+    pub fn rate(&self) -> f64 {
         self.ok as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 }
 
 #[derive(Debug, Default)]
-struct Watch {
+pub(super) struct Watch {
     watchers: usize,
     connected: usize,
     /// Successful updates: every watcher should see each once.
@@ -211,44 +253,37 @@ struct Watch {
     unexpected: usize,
     out_of_order: usize,
     /// Receipt minus the annotated send time.
-    from_sent: Vec<Duration>,
+    pub from_sent: Vec<Duration>,
     /// Receipt minus when the updater got its response (negative: the event won).
     from_response_ns: Vec<i64>,
     /// Watch streams that ended early or failed.
-    failures: Vec<String>,
+    pub failures: Vec<String>,
 }
 
 #[derive(Debug, Default)]
-struct Results {
-    create: Phase,
-    list: Vec<Duration>,
+pub(super) struct Results {
+    pub create: Phase,
+    pub list: Vec<Duration>,
     list_bytes: u64,
-    list_items: usize,
+    pub list_items: usize,
     paged: Vec<Duration>,
     pages: Vec<Duration>,
     pages_per_list: usize,
     update: Phase,
-    watch: Watch,
-    api: Rss,
-    etcd: Rss,
+    pub watch: Watch,
+    pub api: Rss,
+    pub etcd: Rss,
     cpu_total: Cpu,
     cpu_watch: Cpu,
     notes: Vec<String>,
     log_warnings: Vec<String>,
 }
 
-fn client(
-    env: &DevEnv,
-    id: &ClientFiles,
-    timeout: Option<Duration>,
-) -> anyhow::Result<reqwest::Client> {
-    let ca = std::fs::read(&env.server_ca).context("reading the serving CA")?;
-    let mut pem = std::fs::read(&id.cert).context("reading the client certificate")?;
-    pem.extend(std::fs::read(&id.key).context("reading the client key")?);
+pub(super) fn client(t: &Target, timeout: Option<Duration>) -> anyhow::Result<reqwest::Client> {
     let mut b = reqwest::Client::builder()
         .use_rustls_tls()
-        .add_root_certificate(reqwest::Certificate::from_pem(&ca)?)
-        .identity(reqwest::Identity::from_pem(&pem)?)
+        .add_root_certificate(reqwest::Certificate::from_pem(&t.ca)?)
+        .identity(reqwest::Identity::from_pem(&t.identity)?)
         .tcp_nodelay(true);
     if let Some(t) = timeout {
         b = b.timeout(t);
@@ -256,9 +291,9 @@ fn client(
     Ok(b.build()?)
 }
 
-fn vm(name: &str) -> Value {
+fn vm(api_version: &str, name: &str) -> Value {
     json!({
-        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "apiVersion": api_version, "kind": "VirtualMachine",
         "metadata": {"name": name, "labels": {"app": "bench"}},
         "spec": {"runStrategy": "Halted", "template": {"spec": {
             "domain": {"devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]},
@@ -271,9 +306,10 @@ fn vm_name(i: usize) -> String {
     format!("bench-{i:05}")
 }
 
-async fn bench(env: &DevEnv, args: &ApiserverArgs, pids: Pids) -> anyhow::Result<Results> {
-    let c = client(env, &env.admin, Some(Duration::from_secs(60)))?;
-    let url = format!("{}{VMS}", env.server_url);
+pub(super) async fn bench(t: &Target, args: &ApiserverArgs) -> anyhow::Result<Results> {
+    let pids = t.pids;
+    let c = client(t, Some(Duration::from_secs(60)))?;
+    let url = t.collection.clone();
     let t0 = Instant::now();
     let mut r = Results::default();
     let cpu_start = Cpu::now(pids, t0);
@@ -284,7 +320,7 @@ async fn bench(env: &DevEnv, args: &ApiserverArgs, pids: Pids) -> anyhow::Result
         "creating {} VirtualMachines, {} in flight",
         args.count, args.concurrency
     );
-    r.create = create(&c, &url, args).await;
+    r.create = create(&c, &url, &t.api_version, args).await;
     if r.create.ok == 0 {
         anyhow::bail!("every create failed: {:?}", r.create.errors.first());
     }
@@ -326,7 +362,7 @@ async fn bench(env: &DevEnv, args: &ApiserverArgs, pids: Pids) -> anyhow::Result
             "{} watchers, {} updates, {} in flight",
             args.watchers, args.updates, args.concurrency
         );
-        let (update, watch, cpu) = watch_fanout(env, &c, &url, args, t0, r.create.ok, pids).await?;
+        let (update, watch, cpu) = watch_fanout(t, &c, &url, args, t0, r.create.ok).await?;
         r.update = update;
         r.watch = watch;
         r.cpu_watch = cpu;
@@ -357,12 +393,13 @@ async fn failure(what: &str, resp: Result<reqwest::Response, reqwest::Error>) ->
     }
 }
 
-async fn create(c: &reqwest::Client, url: &str, args: &ApiserverArgs) -> Phase {
+async fn create(c: &reqwest::Client, url: &str, api_version: &str, args: &ApiserverArgs) -> Phase {
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..args.concurrency {
         let (c, url, next, count) = (c.clone(), url.to_string(), next.clone(), args.count);
+        let api_version = api_version.to_string();
         tasks.push(tokio::spawn(async move {
             let mut p = Phase::default();
             loop {
@@ -372,7 +409,7 @@ async fn create(c: &reqwest::Client, url: &str, args: &ApiserverArgs) -> Phase {
                 }
                 let name = vm_name(i);
                 let t = Instant::now();
-                let resp = c.post(&url).json(&vm(&name)).send().await;
+                let resp = c.post(&url).json(&vm(&api_version, &name)).send().await;
                 match resp {
                     Ok(ok) if ok.status() == 201 => {
                         // Read the body: the request is only done when the client has it.
@@ -446,14 +483,14 @@ struct Seen {
 }
 
 async fn watch_fanout(
-    env: &DevEnv,
+    t: &Target,
     c: &reqwest::Client,
     url: &str,
     args: &ApiserverArgs,
     t0: Instant,
     vms: usize,
-    pids: Pids,
 ) -> anyhow::Result<(Phase, Watch, Cpu)> {
+    let pids = t.pids;
     let resp = c.get(url).query(&[("limit", "1")]).send().await?;
     anyhow::ensure!(
         resp.status() == 200,
@@ -467,7 +504,7 @@ async fn watch_fanout(
         .to_string();
 
     // Watch connections never time out client-side; their own idle timer bounds them.
-    let wc = client(env, &env.admin, None)?;
+    let wc = client(t, None)?;
     let (conn_tx, mut conn_rx) = tokio::sync::mpsc::channel::<()>(args.watchers);
     let updates = args.updates;
     let mut watchers = Vec::new();
@@ -892,7 +929,7 @@ fn tail(log: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-fn utc_now() -> String {
+pub(super) fn utc_now() -> String {
     let t = time::OffsetDateTime::now_utc();
     format!(
         "{:04}-{:02}-{:02} {:02}:{:02} UTC",
@@ -904,7 +941,7 @@ fn utc_now() -> String {
     )
 }
 
-fn etcd_version(bin: &Path) -> String {
+pub(super) fn etcd_version(bin: &Path) -> String {
     std::process::Command::new(bin)
         .arg("--version")
         .output()
@@ -919,23 +956,23 @@ fn etcd_version(bin: &Path) -> String {
 }
 
 /// A KiB field of /proc/<pid>/status.
-fn status_kib(pid: u32, key: &str) -> Option<u64> {
+pub(super) fn status_kib(pid: u32, key: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     report::proc_kib(&s, key)
 }
 
 /// Fields of /proc/<pid>/stat that the benchmark uses.
 #[derive(Debug, PartialEq, Eq)]
-struct Stat<'a> {
-    comm: &'a str,
-    ppid: u32,
+pub(super) struct Stat<'a> {
+    pub comm: &'a str,
+    pub ppid: u32,
     /// utime + stime of all threads, in clock ticks.
     cpu_ticks: u64,
 }
 
 /// Parses /proc/<pid>/stat. The command name is in parentheses and may itself contain
 /// spaces and parentheses, hence the last ')'.
-fn parse_stat(stat: &str) -> Option<Stat<'_>> {
+pub(super) fn parse_stat(stat: &str) -> Option<Stat<'_>> {
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;
     let comm = stat.get(open + 1..close)?;
@@ -1088,6 +1125,7 @@ mod tests {
             max_seconds: 1,
             no_docs: true,
             this_build: true,
+            vs_crd: false,
         };
         let m = Machine {
             cpus: 2,
