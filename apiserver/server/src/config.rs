@@ -76,9 +76,33 @@ pub struct Args {
     /// Seconds /readyz fails before the listener closes on SIGTERM.
     #[arg(long, default_value_t = 0)]
     pub shutdown_delay_seconds: u64,
+    /// CA bundle that signed virt-handler's serving certificate (verified as DNS name
+    /// `virt-handler` whatever address is dialled).
+    #[arg(long, env = "VIRT_APISERVER_HANDLER_CA")]
+    pub handler_ca: Option<PathBuf>,
+    /// Client certificate presented to virt-handler (PEM).
+    #[arg(long, env = "VIRT_APISERVER_HANDLER_CLIENT_CERT")]
+    pub handler_client_cert: Option<PathBuf>,
+    /// Key of --handler-client-cert (PEM).
+    #[arg(long, env = "VIRT_APISERVER_HANDLER_CLIENT_KEY")]
+    pub handler_client_key: Option<PathBuf>,
+    /// Fixed virt-handler address of a node, NODE=HOST:PORT (repeatable); overrides the
+    /// lookup of the handler pod.
+    #[arg(long = "handler-address")]
+    pub handler_address: Vec<String>,
+    /// Namespace of the virt-handler pods (the apiserver's own namespace in a cluster).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kubevirt")]
+    pub handler_namespace: String,
+    /// virt-handler's port on its pod IP.
+    #[arg(long, default_value_t = virt_handler_port())]
+    pub handler_port: u16,
     /// Log format: text or json.
     #[arg(long, env = "VIRT_APISERVER_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+}
+
+const fn virt_handler_port() -> u16 {
+    crate::handler::DEFAULT_HANDLER_PORT
 }
 
 impl Args {

@@ -14,6 +14,7 @@ pub mod convert;
 pub mod devenv;
 pub mod discovery;
 pub mod error;
+pub mod handler;
 pub mod http;
 pub mod kinds;
 pub mod managed;
@@ -24,6 +25,7 @@ pub mod request;
 pub mod rest;
 pub mod server;
 pub mod storage;
+pub mod stream;
 pub mod subresources;
 pub mod watch;
 

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use virt_apiserver::auth::{AuthConfig, CaPool, RequestHeaderConfig};
 use virt_apiserver::config::Args;
 use virt_apiserver::http::AppState;
-use virt_apiserver::{discovery, http, metrics, openapi, rest, server, storage};
+use virt_apiserver::{discovery, handler, http, metrics, openapi, rest, server, storage};
 
 fn init_tracing(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -76,6 +76,23 @@ async fn main() -> anyhow::Result<()> {
         Some(p) => Some(CaPool::from_pem(&read(p)?).context("client CA")?),
         None => published.as_ref().and_then(|p| p.client_ca.clone()),
     };
+    let handler_tls = handler::client_tls(&handler::HandlerTlsFiles {
+        ca: args.handler_ca.clone(),
+        cert: args.handler_client_cert.clone(),
+        key: args.handler_client_key.clone(),
+    })?;
+    if handler_tls.is_none() {
+        tracing::warn!(
+            "No virt-handler client certificate: pause, unpause, softreboot, console and vnc answer 503"
+        );
+    }
+    let handler = handler::HandlerClient::new(
+        handler_tls,
+        handler::parse_addresses(&args.handler_address)?,
+        kube.clone(),
+        args.handler_namespace.clone(),
+        args.handler_port,
+    );
     let auth = AuthConfig::new(request_header, client_ca, kube, args.allow_client_ca_users);
 
     let storage = storage::Storage::connect(&args.etcd_servers)
@@ -99,7 +116,7 @@ async fn main() -> anyhow::Result<()> {
         terminating: AtomicBool::new(false),
         max_body_bytes: args.max_request_body_bytes,
         bookmark_interval: args.bookmark_interval(),
-        subresources: Default::default(),
+        subresources: virt_apiserver::subresources::Subresources { handler },
     });
     let tls = server::tls_config(
         &read(&args.tls_cert_file)?,

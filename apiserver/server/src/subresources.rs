@@ -15,17 +15,22 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult, Gr};
+use crate::handler::HandlerClient;
 use crate::http::AppState;
 use crate::kinds::ResourceDef;
 use crate::request::{Query, RequestInfo};
 use crate::rest::{Via, WriteOptions};
+use crate::stream::Keepalive;
 
 /// Field manager of writes made by action subresources.
 const MANAGER: &str = "kubevirt-subresources";
 
 /// Subresource handlers.
 #[derive(Debug, Default, Clone)]
-pub struct Subresources {}
+pub struct Subresources {
+    /// Where VMI actions and streams are executed.
+    pub handler: HandlerClient,
+}
 
 /// Body of start.
 #[derive(Debug, Default, Deserialize)]
@@ -98,6 +103,16 @@ fn state_conflict(resource: &'static str, name: &str, why: &str) -> ApiError {
         name,
         why,
     )
+}
+
+/// The node a running VMI is on.
+fn node_of(vmi: &Value) -> ApiResult<&str> {
+    vmi.pointer("/status/nodeName")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| {
+            ApiError::unavailable("the VMI runs but has no status.nodeName; retry shortly")
+        })
 }
 
 fn accepted() -> Response {
@@ -175,10 +190,18 @@ impl Subresources {
             return Err(ApiError::method_not_allowed());
         }
         let _ = query;
-        let bytes = axum::body::to_bytes(req.into_body(), 64 * 1024)
+        let (mut parts, body) = req.into_parts();
+        let (ns, name) = (info.namespace.as_str(), info.name.as_str());
+        if is_stream {
+            // VM port-forward is not served (no pod network path from here yet).
+            if def.plural != "virtualmachineinstances" {
+                return Err(ApiError::path_not_found());
+            }
+            return self.stream(st, &mut parts, ns, name, sub).await;
+        }
+        let bytes = axum::body::to_bytes(body, 64 * 1024)
             .await
             .map_err(|_| ApiError::too_large("limit is 65536 bytes"))?;
-        let (ns, name) = (info.namespace.as_str(), info.name.as_str());
         match (def.plural, sub) {
             ("virtualmachines", "start") => self.start(st, ns, name, parse_body(&bytes)?).await,
             ("virtualmachines", "stop") => self.stop(st, ns, name, parse_body(&bytes)?).await,
@@ -186,7 +209,7 @@ impl Subresources {
             ("virtualmachines", "migrate") => self.migrate(st, ns, name, parse_body(&bytes)?).await,
             ("virtualmachineinstances", action @ ("pause" | "unpause" | "softreboot")) => {
                 let opts: DryRunOnly = parse_body(&bytes)?;
-                let _ = dry(&opts.dry_run)?;
+                let dry_run = dry(&opts.dry_run)?;
                 let vmi = st.registry.get(vmi_def(), ns, name).await?;
                 self.vmi_must_run(&vmi, name)?;
                 let paused = vmi
@@ -213,15 +236,54 @@ impl Subresources {
                     }
                     _ => {}
                 }
-                Err(self.handler_unreachable(&vmi))
-            }
-            ("virtualmachineinstances", "console" | "vnc") => {
-                let vmi = st.registry.get(vmi_def(), ns, name).await?;
-                self.vmi_must_run(&vmi, name)?;
-                Err(self.handler_unreachable(&vmi))
+                // KubeVirt answers a dry run after the checks, without the handler.
+                if !dry_run {
+                    let node = node_of(&vmi)?;
+                    if let Err(e) = self.handler.put_action(node, ns, name, action).await {
+                        return Ok(e.into_response());
+                    }
+                }
+                Ok(StatusCode::OK.into_response())
             }
             _ => Err(ApiError::path_not_found()),
         }
+    }
+
+    /// console and vnc: checks, the client's upgrade, then the handler's websocket; the
+    /// handler is dialled before answering 101 so that its errors (404, 409, busy VNC)
+    /// reach the client as HTTP statuses rather than as a closed stream.
+    async fn stream(
+        &self,
+        st: &Arc<AppState>,
+        parts: &mut http::request::Parts,
+        ns: &str,
+        name: &str,
+        sub: &str,
+    ) -> ApiResult<Response> {
+        use axum::extract::FromRequestParts;
+        let vmi = st.registry.get(vmi_def(), ns, name).await?;
+        self.vmi_must_run(&vmi, name)?;
+        let node = node_of(&vmi)?;
+        let upgrade = axum::extract::ws::WebSocketUpgrade::from_request_parts(parts, &())
+            .await
+            .map_err(|e| ApiError::bad_request(format!("{sub} needs a websocket upgrade: {e}")))?;
+        let handler = match self
+            .handler
+            .dial_stream(node, ns, name, sub, parts.uri.query())
+            .await
+        {
+            Ok(h) => h,
+            Err(e) => return Ok(e.into_response()),
+        };
+        let shutdown = st.shutdown.clone();
+        let what = format!("{sub} {ns}/{name} on {node}");
+        // Clients that offer no subprotocol (KubeVirt before #1485) are served too.
+        Ok(upgrade
+            .protocols([crate::handler::PLAIN_SUBPROTOCOL])
+            .on_failed_upgrade(|e| tracing::debug!(error = %e, "Client upgrade failed"))
+            .on_upgrade(move |client| {
+                crate::stream::relay(client, handler, Keepalive::default(), shutdown, what)
+            }))
     }
 
     fn vmi_must_run(&self, vmi: &Value, name: &str) -> ApiResult<()> {
@@ -240,16 +302,6 @@ impl Subresources {
                     .unwrap_or("Pending")
             ))),
         }
-    }
-
-    fn handler_unreachable(&self, vmi: &Value) -> ApiError {
-        let node = vmi
-            .pointer("/status/nodeName")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        ApiError::unavailable(format!(
-            "virt-handler on node {node:?} is not reachable from virt-apiserver"
-        ))
     }
 
     async fn current_vmi(&self, st: &AppState, ns: &str, name: &str) -> ApiResult<Option<Value>> {
