@@ -1,12 +1,18 @@
-//! virt-handler: one per node. Starts a virt-launcher per VMI, drives it over the typed
-//! launcher protocol (`virt_domain::protocol`, JSON lines on a unix socket), turns what
-//! it reports into VMI status, and re-adopts running launchers after a restart.
+//! virt-handler: one per node. Drives virt-launchers over the typed launcher protocol
+//! (`virt_domain::protocol`, JSON lines on a unix socket), turns what they report into
+//! VMI status, and re-adopts running launchers after a restart.
 //!
-//! State lives on disk under `state_dir/<namespace>_<name>/` (VMI, launcher pid and
-//! sockets, last status), which is what makes re-adoption possible: the handler holds
-//! nothing a restart could lose.
+//! Two modes:
+//! - cluster mode ([`cluster`], [`server`]): launchers run in pods; the handler watches
+//!   the VMIs of its node, finds each launcher by VMI uid, writes status to the API
+//!   server and serves console/VNC/pause over mTLS.
+//! - standalone mode ([`Handler`]): the handler starts launchers itself and keeps their
+//!   state on disk under `state_dir/<namespace>_<name>/` (VMI, launcher pid and sockets,
+//!   last status), which is what makes re-adoption possible there.
 
 pub mod client;
+pub mod cluster;
+pub mod server;
 pub mod status;
 
 use std::collections::BTreeMap;
@@ -417,4 +423,68 @@ fn describe_exit(st: std::process::ExitStatus) -> String {
         (Some(c), _) => format!("launcher exited with code {c}"),
         _ => "launcher exited".into(),
     }
+}
+
+/// Everything cluster mode needs.
+pub struct NodeOptions {
+    /// API server client.
+    pub client: kube::Client,
+    /// Node, socket layout.
+    pub cluster: cluster::ClusterConfig,
+    /// Where the HTTPS server listens.
+    pub listener: tokio::net::TcpListener,
+    /// Its TLS configuration ([`server::tls_config`]).
+    pub tls: rustls::ServerConfig,
+    /// Websocket ping interval.
+    pub ping_every: Duration,
+}
+
+impl std::fmt::Debug for NodeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeOptions")
+            .field("cluster", &self.cluster)
+            .field("listener", &self.listener)
+            .field("ping_every", &self.ping_every)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs cluster mode (VMI watch + HTTPS server) until `shutdown` or until either part
+/// fails. Launchers keep running afterwards.
+pub async fn run_node(
+    opts: NodeOptions,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<(), NodeError> {
+    let registry = cluster::Registry::default();
+    let state = server::AppState::new(
+        registry.clone(),
+        opts.cluster.paths.clone(),
+        opts.ping_every,
+    );
+    let addr = opts.listener.local_addr().ok();
+    tracing::info!(?addr, "HTTPS server listening");
+    let srv = server::serve(
+        opts.listener,
+        opts.tls,
+        server::router(state),
+        shutdown.clone(),
+    );
+    let watch = cluster::run(opts.client, opts.cluster, registry, shutdown.clone());
+    let r = tokio::select! {
+        r = srv => r.map_err(NodeError::Serve),
+        r = watch => r.map_err(NodeError::Cluster),
+    };
+    shutdown.cancel();
+    r
+}
+
+/// Why cluster mode stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The HTTPS server failed.
+    #[error("HTTPS server")]
+    Serve(#[source] std::io::Error),
+    /// The VMI watch failed.
+    #[error(transparent)]
+    Cluster(#[from] cluster::ClusterError),
 }

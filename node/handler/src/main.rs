@@ -1,30 +1,66 @@
-//! `virt-handler` binary (standalone mode): starts or re-adopts launchers for the VMIs
-//! in a state directory and logs their status. Cluster mode (watching the API server,
-//! console websockets) comes with the controller issue.
+//! `virt-handler` binary.
+//!
+//! - Cluster mode (`--node-name`, or `NODE_NAME`): watch the VMIs of this node, follow
+//!   their launchers' sockets under `--run-root`, write VMI status, serve the mTLS API.
+//! - Standalone mode (no node name): start or re-adopt launchers for the VMIs in a state
+//!   directory and log their status.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
+use anyhow::Context;
 use clap::Parser;
-use virt_handler::{Handler, HandlerConfig};
+use tokio_util::sync::CancellationToken;
+use virt_handler::cluster::{ClusterConfig, Paths};
+use virt_handler::{Handler, HandlerConfig, NodeOptions};
 
 /// Per-node agent that drives virt-launchers.
 #[derive(Parser, Debug)]
 #[command(name = "virt-handler", version)]
 struct Args {
-    /// Directory holding one subdirectory per VMI.
+    /// Cluster mode: the node this handler serves (downward API `spec.nodeName`).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Kubeconfig for the API server; in-cluster configuration when unset.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Host directory shared with launcher pods (`sockets/<vmi-uid>/cmd.sock` …).
+    #[arg(
+        long,
+        env = "VIRT_HANDLER_RUN_ROOT",
+        default_value = "/var/run/kubevirt-rs"
+    )]
+    run_root: PathBuf,
+    /// Address of the mTLS server (console, vnc, pause, unpause, softreboot).
+    #[arg(long, env = "VIRT_HANDLER_LISTEN", default_value = "0.0.0.0:8186")]
+    listen: SocketAddr,
+    /// Serving certificate (PEM, SAN DNS `virt-handler`).
+    #[arg(long, env = "VIRT_HANDLER_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "VIRT_HANDLER_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// CA bundle client certificates must chain to (PEM).
+    #[arg(long, env = "VIRT_HANDLER_CLIENT_CA")]
+    client_ca: Option<PathBuf>,
+    /// Seconds between websocket pings (a ping unanswered until the next closes the session).
+    #[arg(long, env = "VIRT_HANDLER_WS_PING_SECONDS", default_value_t = 15)]
+    ws_ping_seconds: u64,
+    /// Standalone mode: directory holding one subdirectory per VMI.
     #[arg(
         long,
         env = "VIRT_HANDLER_STATE_DIR",
         default_value = "/var/run/kubevirt-rs/handler"
     )]
     state_dir: PathBuf,
-    /// virt-launcher binary.
+    /// Standalone mode: virt-launcher binary.
     #[arg(long, env = "VIRT_HANDLER_LAUNCHER", default_value = "virt-launcher")]
     launcher: PathBuf,
-    /// Passed to every launcher: IMAGE=DIR.
+    /// Standalone mode: passed to every launcher: IMAGE=DIR.
     #[arg(long = "image-dir", value_name = "IMAGE=DIR")]
     image_dirs: Vec<String>,
-    /// VMI JSON files to start (VMIs already running are re-adopted).
+    /// Standalone mode: VMI JSON files to start (VMIs already running are re-adopted).
     #[arg(long = "vmi")]
     vmis: Vec<PathBuf>,
 }
@@ -39,29 +75,100 @@ fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(2)
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let mut launcher_args = Vec::new();
-        for m in &args.image_dirs {
-            launcher_args.push("--image-dir".to_string());
-            launcher_args.push(m.clone());
+        match args.node_name.clone() {
+            Some(node) => cluster_main(node, args).await,
+            None => standalone_main(args).await,
         }
-        let handler = Handler::new(HandlerConfig {
-            state_dir: args.state_dir,
-            launcher_bin: args.launcher,
-            launcher_args,
-        });
-        let adopted = handler.adopt().await?;
-        tracing::info!(?adopted, "re-adopted running launchers");
-        for f in &args.vmis {
-            let vmi = serde_json::from_slice(&std::fs::read(f)?)?;
-            handler.start(&vmi).await?;
-        }
-        // Launchers keep running when the handler stops: a restart re-adopts them.
-        tokio::signal::ctrl_c().await?;
-        handler.detach();
-        anyhow::Ok(())
     })
+}
+
+fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM"),
+            _ = int.recv() => tracing::info!("SIGINT"),
+        }
+        t.cancel();
+    });
+    token
+}
+
+async fn cluster_main(node_name: String, args: Args) -> anyhow::Result<()> {
+    // kube and our server both use rustls; one process-wide provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let read = |p: &Option<PathBuf>, flag: &str| -> anyhow::Result<Vec<u8>> {
+        let p = p
+            .as_ref()
+            .with_context(|| format!("cluster mode needs {flag}"))?;
+        std::fs::read(p).with_context(|| format!("{flag} {}", p.display()))
+    };
+    let tls = virt_handler::server::tls_config(
+        &read(&args.tls_cert, "--tls-cert")?,
+        &read(&args.tls_key, "--tls-key")?,
+        &read(&args.client_ca, "--client-ca")?,
+    )?;
+    let config = match &args.kubeconfig {
+        Some(f) => {
+            let kc = kube::config::Kubeconfig::read_from(f)
+                .with_context(|| format!("--kubeconfig {}", f.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    let client = kube::Client::try_from(config)?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("--listen {}", args.listen))?;
+    let opts = NodeOptions {
+        client,
+        cluster: ClusterConfig {
+            node_name,
+            paths: Paths {
+                run_root: args.run_root,
+            },
+            stale_dir_age: Duration::from_secs(600),
+        },
+        listener,
+        tls,
+        ping_every: Duration::from_secs(args.ws_ping_seconds.max(1)),
+    };
+    virt_handler::run_node(opts, shutdown_on_signal()).await?;
+    // Launchers keep running when the handler stops: the next one re-adopts them.
+    Ok(())
+}
+
+async fn standalone_main(args: Args) -> anyhow::Result<()> {
+    let mut launcher_args = Vec::new();
+    for m in &args.image_dirs {
+        launcher_args.push("--image-dir".to_string());
+        launcher_args.push(m.clone());
+    }
+    let handler = Handler::new(HandlerConfig {
+        state_dir: args.state_dir,
+        launcher_bin: args.launcher,
+        launcher_args,
+    });
+    let adopted = handler.adopt().await?;
+    tracing::info!(?adopted, "re-adopted running launchers");
+    for f in &args.vmis {
+        let vmi = serde_json::from_slice(&std::fs::read(f)?)?;
+        handler.start(&vmi).await?;
+    }
+    // Launchers keep running when the handler stops: a restart re-adopts them.
+    shutdown_on_signal().cancelled().await;
+    handler.detach();
+    Ok(())
 }

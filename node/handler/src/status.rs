@@ -112,7 +112,43 @@ pub fn vmi_status(
     s
 }
 
+/// The status fields virt-handler owns (cluster-flow.md §3); the rest belongs to
+/// virt-controller and is never part of our patches.
+const OWNED: &[&str] = &[
+    "phase",
+    "reason",
+    "conditions",
+    "interfaces",
+    "launcherContainerImageVersion",
+    "runtimeVersions",
+];
+
+/// The JSON merge patch (`{"status": {…}}`) that turns `prev` into `next` for the fields
+/// virt-handler owns, or `None` when nothing changed. A field that disappears is sent as
+/// `null`, which a merge patch deletes; arrays (conditions) are replaced whole, which is
+/// what removes a `Paused` condition.
+pub fn status_patch(
+    prev: &VirtualMachineInstanceStatus,
+    next: &VirtualMachineInstanceStatus,
+) -> Option<serde_json::Value> {
+    let (Ok(p), Ok(n)) = (serde_json::to_value(prev), serde_json::to_value(next)) else {
+        return None;
+    };
+    let mut out = serde_json::Map::new();
+    for k in OWNED {
+        let (a, b) = (p.get(*k), n.get(*k));
+        if a != b {
+            out.insert(
+                (*k).to_string(),
+                b.cloned().unwrap_or(serde_json::Value::Null),
+            );
+        }
+    }
+    (!out.is_empty()).then(|| serde_json::json!({ "status": out }))
+}
+
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -159,6 +195,24 @@ mod tests {
                 .as_deref()
                 .is_some_and(|r| r.contains("SIGKILL"))
         );
+        assert_eq!(status_patch(&s, &s), None);
+        let paused = vmi_status(&s, &launcher(DomainState::Paused));
+        let patch = status_patch(&paused, &s).unwrap();
+        // Only owned fields; the conditions array is replaced whole (Paused gone).
+        assert_eq!(
+            patch["status"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .collect::<Vec<_>>(),
+            vec!["conditions"]
+        );
+        let mut with_reason = paused.clone();
+        with_reason.reason = Some("x".into());
+        with_reason.node_name = Some("other".into());
+        let patch = status_patch(&with_reason, &paused).unwrap();
+        assert_eq!(patch["status"]["reason"], serde_json::Value::Null);
+        assert!(patch["status"].get("nodeName").is_none());
         let done = vmi_status(&s, &Observation::ShutDown);
         let after = vmi_status(&done, &Observation::LauncherDied("exited".into()));
         assert_eq!(
