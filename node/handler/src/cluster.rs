@@ -1,0 +1,466 @@
+//! Cluster mode: the VMIs of this node come from the API server (watch with
+//! `fieldSelector=status.nodeName=<node>`), their launchers are found by VMI uid under
+//! `<run root>/sockets/<uid>/` (cluster-flow.md §1), and what the launchers report is
+//! written back as JSON merge patches to `/status` (§3).
+//!
+//! Nothing is kept in memory that a restart could lose: the VMI comes from the API
+//! server, the guest's state from its launcher. A new handler simply reconnects.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::StreamExt;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, ResourceExt};
+use kubevirt_api::{
+    VirtualMachineInstance, VirtualMachineInstancePhase as Phase, VirtualMachineInstanceStatus,
+};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use virt_domain::protocol::{DomainEvent, DomainState, Request, Response};
+
+use crate::client::{ClientError, LauncherClient};
+use crate::status::{Observation, status_patch, vmi_status};
+
+/// How long a launcher that was running may fail to answer before it counts as gone.
+/// Short: a live launcher answers within milliseconds, and a `kill -9` leaves a socket
+/// file that refuses connections at once.
+const GONE_AFTER: Duration = Duration::from_secs(2);
+/// Poll interval while waiting for a launcher's socket to come up.
+const POLL: Duration = Duration::from_millis(200);
+/// How often unknown socket directories are looked at.
+const SWEEP_EVERY: Duration = Duration::from_secs(300);
+
+/// Where a node's launchers put their sockets.
+#[derive(Clone, Debug)]
+pub struct Paths {
+    /// `/var/run/kubevirt-rs` on the host.
+    pub run_root: PathBuf,
+}
+
+impl Paths {
+    /// `<root>/sockets`.
+    pub fn sockets(&self) -> PathBuf {
+        self.run_root.join("sockets")
+    }
+    /// `<root>/sockets/<uid>`.
+    pub fn dir(&self, uid: &str) -> PathBuf {
+        self.sockets().join(uid)
+    }
+    /// The launcher's command socket.
+    pub fn cmd(&self, uid: &str) -> PathBuf {
+        self.dir(uid).join("cmd.sock")
+    }
+    /// The serial console socket (bound by QEMU).
+    pub fn console(&self, uid: &str) -> PathBuf {
+        self.dir(uid).join("console.sock")
+    }
+    /// The VNC socket (bound by QEMU).
+    pub fn vnc(&self, uid: &str) -> PathBuf {
+        self.dir(uid).join("vnc.sock")
+    }
+}
+
+/// Cluster-mode configuration.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// This node (`spec.nodeName` of the handler pod).
+    pub node_name: String,
+    /// Socket layout.
+    pub paths: Paths,
+    /// A socket directory of no known VMI, with nothing answering in it, is removed once
+    /// it is this old. A launcher pod's directory exists before its VMI is scheduled
+    /// here (kubelet creates it, init containers may pull images for minutes), so young
+    /// directories are left alone.
+    pub stale_dir_age: Duration,
+}
+
+/// The VMIs of this node by namespace and name, for the HTTPS server.
+#[derive(Clone, Debug, Default)]
+pub struct Registry(Arc<RwLock<BTreeMap<(String, String), String>>>);
+
+impl Registry {
+    /// The uid of VMI `ns/name` if it is on this node.
+    pub fn uid(&self, ns: &str, name: &str) -> Option<String> {
+        self.0
+            .read()
+            .ok()
+            .and_then(|m| m.get(&(ns.to_string(), name.to_string())).cloned())
+    }
+
+    fn insert(&self, ns: String, name: String, uid: String) {
+        if let Ok(mut m) = self.0.write() {
+            m.insert((ns, name), uid);
+        }
+    }
+
+    fn remove(&self, ns: &str, name: &str) {
+        if let Ok(mut m) = self.0.write() {
+            m.remove(&(ns.to_string(), name.to_string()));
+        }
+    }
+}
+
+/// Why cluster mode stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The socket root cannot be created.
+    #[error("{path}: {source}")]
+    Io {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+struct Monitor {
+    vmi: watch::Sender<VirtualMachineInstance>,
+    task: JoinHandle<()>,
+    ns: String,
+    name: String,
+}
+
+/// Watches this node's VMIs until `shutdown`, one monitor task per VMI. Launchers are
+/// never touched on the way out: they keep running and the next handler re-adopts them.
+pub async fn run(
+    client: Client,
+    cfg: ClusterConfig,
+    registry: Registry,
+    shutdown: CancellationToken,
+) -> Result<(), ClusterError> {
+    let sockets = cfg.paths.sockets();
+    tokio::fs::create_dir_all(&sockets)
+        .await
+        .map_err(|source| ClusterError::Io {
+            path: sockets.clone(),
+            source,
+        })?;
+    let all: Api<VirtualMachineInstance> = Api::all(client.clone());
+    let selector = format!("status.nodeName={}", cfg.node_name);
+    let stream =
+        watcher::watcher(all, watcher::Config::default().fields(&selector)).default_backoff();
+    tokio::pin!(stream);
+    let mut monitors: HashMap<String, Monitor> = HashMap::new();
+    let mut listed: HashSet<String> = HashSet::new();
+    let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    sweep.tick().await;
+    tracing::info!(node = %cfg.node_name, root = %cfg.paths.run_root.display(), "watching VMIs of this node");
+    loop {
+        let ev = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = sweep.tick() => {
+                tokio::spawn(sweep_sockets(cfg.clone(), monitors.keys().cloned().collect()));
+                continue;
+            }
+            ev = stream.next() => ev,
+        };
+        let Some(ev) = ev else { break };
+        match ev {
+            Ok(Event::Init) => listed.clear(),
+            Ok(Event::InitApply(vmi)) => {
+                if let Some(uid) = vmi.uid() {
+                    listed.insert(uid);
+                }
+                apply(&client, &cfg, &registry, &mut monitors, vmi);
+            }
+            Ok(Event::Apply(vmi)) => apply(&client, &cfg, &registry, &mut monitors, vmi),
+            Ok(Event::Delete(vmi)) => {
+                if let Some(uid) = vmi.uid() {
+                    gone(&cfg, &registry, &mut monitors, &uid);
+                }
+            }
+            Ok(Event::InitDone) => {
+                // VMIs deleted while the watch was down never get a Delete event.
+                let stale: Vec<String> = monitors
+                    .keys()
+                    .filter(|u| !listed.contains(*u))
+                    .cloned()
+                    .collect();
+                for uid in stale {
+                    gone(&cfg, &registry, &mut monitors, &uid);
+                }
+                tokio::spawn(sweep_sockets(
+                    cfg.clone(),
+                    monitors.keys().cloned().collect(),
+                ));
+            }
+            Err(e) => tracing::warn!(error = %e, "VMI watch failed; retrying"),
+        }
+    }
+    for (_, m) in monitors {
+        m.task.abort();
+    }
+    Ok(())
+}
+
+fn apply(
+    client: &Client,
+    cfg: &ClusterConfig,
+    registry: &Registry,
+    monitors: &mut HashMap<String, Monitor>,
+    vmi: VirtualMachineInstance,
+) {
+    let (Some(uid), Some(ns)) = (vmi.uid(), vmi.namespace()) else {
+        return;
+    };
+    let name = vmi.name_any();
+    registry.insert(ns.clone(), name.clone(), uid.clone());
+    if let Some(m) = monitors.get(&uid)
+        && !m.task.is_finished()
+    {
+        m.vmi.send_replace(vmi);
+        return;
+    }
+    let (tx, rx) = watch::channel(vmi);
+    let w = StatusWriter {
+        api: Api::namespaced(client.clone(), &ns),
+        name: name.clone(),
+        vmi: rx,
+    };
+    let launcher = LauncherClient::new(cfg.paths.cmd(&uid));
+    let span = tracing::info_span!("vmi", %ns, %name, %uid);
+    let task = tokio::spawn(tracing::Instrument::instrument(monitor(w, launcher), span));
+    monitors.insert(
+        uid,
+        Monitor {
+            vmi: tx,
+            task,
+            ns,
+            name,
+        },
+    );
+}
+
+fn gone(
+    cfg: &ClusterConfig,
+    registry: &Registry,
+    monitors: &mut HashMap<String, Monitor>,
+    uid: &str,
+) {
+    if let Some(m) = monitors.remove(uid) {
+        m.task.abort();
+        registry.remove(&m.ns, &m.name);
+        tracing::info!(ns = %m.ns, name = %m.name, %uid, "VMI left this node");
+    }
+    tokio::spawn(remove_when_idle(cfg.paths.dir(uid)));
+}
+
+/// Writes status observations of one VMI.
+struct StatusWriter {
+    api: Api<VirtualMachineInstance>,
+    name: String,
+    vmi: watch::Receiver<VirtualMachineInstance>,
+}
+
+impl StatusWriter {
+    fn status(&self) -> VirtualMachineInstanceStatus {
+        self.vmi.borrow().status.clone().unwrap_or_default()
+    }
+
+    /// Computes the status for `obs` from the latest VMI and patches what changed. Retries
+    /// for a while: a status the API server never got would otherwise be lost until the
+    /// launcher's next event.
+    async fn observe(&mut self, obs: &Observation) {
+        let prev = self.status();
+        let next = vmi_status(&prev, obs);
+        let Some(patch) = status_patch(&prev, &next) else {
+            return;
+        };
+        let mut delay = Duration::from_millis(200);
+        for attempt in 1..=10 {
+            let started = Instant::now();
+            match self
+                .api
+                .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(
+                        phase = next.phase.as_str(),
+                        reason = next.reason.as_deref().unwrap_or(""),
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "VMI status written"
+                    );
+                    return;
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    tracing::info!("VMI is gone; status not written");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, attempt, "writing VMI status failed");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+}
+
+/// Follows the launcher of one VMI until the VMI is final: waits for its socket, reports
+/// its state, follows its events, and reports it gone when its socket stops answering.
+async fn monitor(mut w: StatusWriter, launcher: LauncherClient) {
+    // Whether the launcher answered during this handler's life; together with the phase
+    // (a previous handler saw it run) it tells "not started yet" from "gone".
+    let mut answered = false;
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        if w.status().phase.is_final() {
+            tracing::debug!("VMI is final; nothing to follow");
+            return;
+        }
+        match launcher.call(&Request::GetStatus).await {
+            Ok(Response::Status(s)) if s.state != DomainState::Pending => {
+                if !answered {
+                    tracing::info!(state = ?s.state, accel = ?s.accel, "launcher answered");
+                }
+                answered = true;
+                failing_since = None;
+                w.observe(&Observation::Launcher(s)).await;
+                if follow(&mut w, &launcher).await {
+                    return;
+                }
+                // The event stream broke: look again right away.
+                continue;
+            }
+            Ok(_) => failing_since = None,
+            Err(e) => {
+                if answered || w.status().phase == Phase::Running {
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= GONE_AFTER {
+                        let reason = gone_reason(&e);
+                        tracing::warn!(%reason, "launcher is gone");
+                        w.observe(&Observation::LauncherDied(reason)).await;
+                        return;
+                    }
+                }
+            }
+        }
+        // Wake early when the VMI changes (e.g. it became final elsewhere).
+        let _ = tokio::time::timeout(POLL, w.vmi.changed()).await;
+    }
+}
+
+/// Follows the event stream; true when the domain ended (the VMI is final now).
+async fn follow(w: &mut StatusWriter, launcher: &LauncherClient) -> bool {
+    let mut events = match launcher.watch().await {
+        Ok(ev) => ev,
+        Err(e) => {
+            tracing::debug!(error = %e, "subscribing to launcher events failed");
+            return false;
+        }
+    };
+    loop {
+        match events.next().await {
+            Ok(Some(DomainEvent::ShutDown)) => {
+                w.observe(&Observation::ShutDown).await;
+                return true;
+            }
+            Ok(Some(DomainEvent::Crashed { reason })) => {
+                w.observe(&Observation::Crashed(reason)).await;
+                return true;
+            }
+            Ok(Some(ev)) => {
+                tracing::debug!(?ev, "launcher event");
+                // Events say what changed; the status says everything (versions, accel).
+                if let Ok(Response::Status(s)) = launcher.call(&Request::GetStatus).await {
+                    w.observe(&Observation::Launcher(s)).await;
+                }
+            }
+            Ok(None) | Err(_) => return false,
+        }
+    }
+}
+
+fn gone_reason(e: &ClientError) -> String {
+    match e {
+        ClientError::Io { path, source } => match source.kind() {
+            std::io::ErrorKind::NotFound => {
+                format!("launcher socket {} disappeared", path.display())
+            }
+            std::io::ErrorKind::ConnectionRefused => format!(
+                "launcher stopped answering on {} (connection refused; killed?)",
+                path.display()
+            ),
+            _ => format!("launcher socket {}: {source}", path.display()),
+        },
+        other => format!("launcher stopped answering: {other}"),
+    }
+}
+
+/// Whether any socket in `dir` accepts a connection (a launcher or its QEMU lives).
+async fn anything_answers(dir: &Path) -> bool {
+    let Ok(mut rd) = tokio::fs::read_dir(dir).await else {
+        return false;
+    };
+    while let Ok(Some(e)) = rd.next_entry().await {
+        if e.file_name().to_string_lossy().ends_with(".sock")
+            && tokio::time::timeout(
+                Duration::from_secs(1),
+                tokio::net::UnixStream::connect(e.path()),
+            )
+            .await
+            .is_ok_and(|r| r.is_ok())
+        {
+            return true;
+        }
+    }
+    false
+}
+
+/// Removes the socket directory of a VMI that left this node once no launcher answers
+/// in it (its pod may still be shutting the guest down).
+async fn remove_when_idle(dir: PathBuf) {
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while Instant::now() < deadline {
+        if !dir.exists() {
+            return;
+        }
+        if !anything_answers(&dir).await {
+            match tokio::fs::remove_dir_all(&dir).await {
+                Ok(()) => tracing::info!(dir = %dir.display(), "removed socket directory"),
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "removing socket directory failed")
+                }
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// Removes socket directories of VMIs this handler does not know, once nothing answers in
+/// them and they are older than `stale_dir_age` (see [`ClusterConfig::stale_dir_age`]).
+async fn sweep_sockets(cfg: ClusterConfig, known: HashSet<String>) {
+    let sockets = cfg.paths.sockets();
+    let Ok(mut rd) = tokio::fs::read_dir(&sockets).await else {
+        return;
+    };
+    while let Ok(Some(e)) = rd.next_entry().await {
+        let uid = e.file_name().to_string_lossy().into_owned();
+        if known.contains(&uid) {
+            continue;
+        }
+        let old = e
+            .metadata()
+            .await
+            .ok()
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .is_some_and(|age| age >= cfg.stale_dir_age);
+        if old && !anything_answers(&e.path()).await {
+            match tokio::fs::remove_dir_all(e.path()).await {
+                Ok(()) => tracing::info!(%uid, "removed stale socket directory"),
+                Err(err) => {
+                    tracing::warn!(%uid, error = %err, "removing stale socket directory failed")
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,579 @@
+//! The HTTPS server on :8186 (cluster-flow.md §4): mutual TLS (only clients whose
+//! certificate chains to the configured CA get past the handshake), KubeVirt's paths for
+//! pause/unpause/softreboot, and the console/VNC websockets.
+//!
+//! Console: one connection to QEMU's console socket per VMI, shared by every session
+//! (QEMU serves one client at a time). Its output goes to all sessions; input is taken
+//! from the single writer. A new writer takes over and the earlier one is closed with a
+//! reason; `?readOnly=true` sessions only watch. VNC: one session per VMI, a new one
+//! takes over (KubeVirt's behaviour).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use bytes::Bytes;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::sync::{broadcast, mpsc};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+use virt_domain::protocol::{DomainState, Request, Response as LauncherResponse};
+
+use crate::client::LauncherClient;
+use crate::cluster::{Paths, Registry};
+
+/// KubeVirt's websocket subprotocol for console and VNC (echoed when offered).
+pub const PLAIN_PROTOCOL: &str = "plain.kubevirt.io";
+/// Close reason sent to a console or VNC session another writer took over from.
+pub const TAKEN_OVER: &str = "another session took over this console";
+const CHUNK: usize = 10240;
+
+/// TLS setup failures.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file does not hold what it should.
+    #[error("{what}: invalid or empty PEM")]
+    Pem {
+        /// Which input.
+        what: &'static str,
+    },
+    /// rustls refused the configuration.
+    #[error("building the TLS configuration")]
+    Rustls(#[from] rustls::Error),
+    /// The client CA cannot be used for verification.
+    #[error("client CA")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+}
+
+/// rustls server configuration: our certificate, and client certificates required and
+/// verified against `client_ca_pem` (a bundle). HTTP/1.1 only: websockets upgrade there.
+pub fn tls_config(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    client_ca_pem: &[u8],
+) -> Result<rustls::ServerConfig, TlsError> {
+    use rustls_pki_types::pem::PemObject;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|_| TlsError::Pem { what: "--tls-cert" })?;
+    if certs.is_empty() {
+        return Err(TlsError::Pem { what: "--tls-cert" });
+    }
+    let key =
+        PrivateKeyDer::from_pem_slice(key_pem).map_err(|_| TlsError::Pem { what: "--tls-key" })?;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(client_ca_pem) {
+        let c = c.map_err(|_| TlsError::Pem {
+            what: "--client-ca",
+        })?;
+        roots.add(c)?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::Pem {
+            what: "--client-ca",
+        });
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// What the HTTP handlers need.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    registry: Registry,
+    paths: Paths,
+    ping_every: Duration,
+    consoles: Arc<tokio::sync::Mutex<HashMap<String, Weak<ConsoleHub>>>>,
+    vnc: Arc<Mutex<HashMap<String, (u64, CancellationToken)>>>,
+    ids: Arc<AtomicU64>,
+}
+
+impl AppState {
+    /// State for the VMIs in `registry`, with sockets under `paths`; websockets are
+    /// pinged every `ping_every` and closed when a ping goes unanswered until the next.
+    pub fn new(registry: Registry, paths: Paths, ping_every: Duration) -> Self {
+        Self {
+            registry,
+            paths,
+            ping_every,
+            consoles: Arc::default(),
+            vnc: Arc::default(),
+            ids: Arc::default(),
+        }
+    }
+}
+
+/// The routes.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route(
+            "/v1/namespaces/{ns}/virtualmachineinstances/{name}/{action}",
+            put(action),
+        )
+        .route(
+            "/v1/namespaces/{ns}/virtualmachineinstances/{name}/console",
+            get(console),
+        )
+        .route(
+            "/v1/namespaces/{ns}/virtualmachineinstances/{name}/vnc",
+            get(vnc),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(state)
+}
+
+/// Accepts TLS connections until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    tls: rustls::ServerConfig,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    loop {
+        let (tcp, remote): (_, SocketAddr) = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let (acceptor, router, shutdown) = (acceptor.clone(), router.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let tls =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        // Clients without a certificate of our CA end here.
+                        tracing::info!(%remote, error = %e, "TLS handshake refused");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    router.clone().oneshot(req.map(axum::body::Body::new))
+                });
+            let builder = Builder::new(TokioExecutor::new());
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => if let Err(e) = r {
+                    tracing::debug!(%remote, error = %e, "connection ended");
+                },
+                _ = shutdown.cancelled() => conn.as_mut().graceful_shutdown(),
+            }
+        });
+    }
+}
+
+fn status(code: StatusCode, reason: &str, message: String) -> Response {
+    let body = Status {
+        code: Some(i32::from(code.as_u16())),
+        message: Some(message),
+        reason: Some(reason.to_string()),
+        status: Some("Failure".into()),
+        ..Status::default()
+    };
+    // k8s-openapi leaves out apiVersion/kind for Status; clients decode by them.
+    let mut v = serde_json::to_value(&body).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("kind".into(), "Status".into());
+        o.insert("apiVersion".into(), "v1".into());
+        o.entry("metadata").or_insert_with(|| serde_json::json!({}));
+    }
+    (code, Json(v)).into_response()
+}
+
+fn not_found(ns: &str, name: &str) -> Response {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("virtualmachineinstance {ns}/{name} is not running on this node"),
+    )
+}
+
+fn conflict(message: String) -> Response {
+    status(StatusCode::CONFLICT, "Conflict", message)
+}
+
+async fn action(
+    State(st): State<AppState>,
+    UrlPath((ns, name, action)): UrlPath<(String, String, String)>,
+) -> Response {
+    let req = match action.as_str() {
+        "pause" => Request::Pause,
+        "unpause" => Request::Unpause,
+        "softreboot" => Request::SoftReboot,
+        _ => {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("unknown action {action:?}"),
+            );
+        }
+    };
+    let Some(uid) = st.registry.uid(&ns, &name) else {
+        return not_found(&ns, &name);
+    };
+    let launcher = LauncherClient::new(st.paths.cmd(&uid));
+    // The launcher is the truth about the domain's state; the VMI status may lag.
+    let state = match launcher.call(&Request::GetStatus).await {
+        Ok(LauncherResponse::Status(s)) => s.state,
+        Ok(other) => {
+            return status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                format!("launcher: unexpected reply {other:?}"),
+            );
+        }
+        Err(e) => return conflict(format!("VMI {ns}/{name} is not running: {e}")),
+    };
+    let wrong = match (&req, state) {
+        (Request::Pause, DomainState::Paused) => Some("VMI is already paused"),
+        (Request::Unpause, DomainState::Running) => Some("VMI is not paused"),
+        (Request::SoftReboot, DomainState::Paused) => Some("VMI is paused"),
+        (_, DomainState::Running | DomainState::Paused) => None,
+        _ => Some("VMI is not running"),
+    };
+    if let Some(w) = wrong {
+        return conflict(w.to_string());
+    }
+    match launcher.call(&req).await {
+        Ok(LauncherResponse::Ok) => {
+            tracing::info!(%ns, %name, %action, "done");
+            (StatusCode::OK, Json(serde_json::json!({}))).into_response()
+        }
+        Ok(LauncherResponse::Error { message }) => conflict(message),
+        Ok(other) => status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            format!("launcher: unexpected reply {other:?}"),
+        ),
+        Err(e) => status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            e.to_string(),
+        ),
+    }
+}
+
+/// Query of the websocket paths.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamQuery {
+    /// Watch the console without taking it over.
+    #[serde(default)]
+    read_only: bool,
+}
+
+async fn console(
+    State(st): State<AppState>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+    Query(q): Query<StreamQuery>,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let Some(uid) = st.registry.uid(&ns, &name) else {
+        return not_found(&ns, &name);
+    };
+    let hub = match st.hub(&uid).await {
+        Ok(h) => h,
+        Err(e) => {
+            return conflict(format!("console of VMI {ns}/{name} is not available: {e}"));
+        }
+    };
+    let id = st.ids.fetch_add(1, Ordering::Relaxed);
+    let ping = st.ping_every;
+    ws.protocols([PLAIN_PROTOCOL])
+        .on_upgrade(move |ws| async move {
+            tracing::info!(%ns, %name, session = id, read_only = q.read_only, "console session opened");
+            console_session(ws, hub, id, q.read_only, ping).await;
+            tracing::info!(%ns, %name, session = id, "console session closed");
+        })
+}
+
+async fn vnc(
+    State(st): State<AppState>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let Some(uid) = st.registry.uid(&ns, &name) else {
+        return not_found(&ns, &name);
+    };
+    let sock = match tokio::net::UnixStream::connect(st.paths.vnc(&uid)).await {
+        Ok(s) => s,
+        Err(e) => return conflict(format!("VNC of VMI {ns}/{name} is not available: {e}")),
+    };
+    let id = st.ids.fetch_add(1, Ordering::Relaxed);
+    let stop = CancellationToken::new();
+    if let Ok(mut m) = st.vnc.lock()
+        && let Some((_, old)) = m.insert(uid.clone(), (id, stop.clone()))
+    {
+        old.cancel();
+    }
+    let (ping, vnc_map) = (st.ping_every, st.vnc.clone());
+    ws.protocols([PLAIN_PROTOCOL])
+        .on_upgrade(move |ws| async move {
+            tracing::info!(%ns, %name, session = id, "VNC session opened");
+            let (mut r, mut w) = sock.into_split();
+            let (out_tx, out_rx) = mpsc::channel::<Bytes>(64);
+            let (in_tx, mut in_rx) = mpsc::channel::<Bytes>(64);
+            let reader = tokio::spawn(async move {
+                let mut buf = vec![0u8; CHUNK];
+                while let Ok(n) = r.read(&mut buf).await {
+                    if n == 0
+                        || out_tx
+                            .send(Bytes::copy_from_slice(&buf[..n]))
+                            .await
+                            .is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+            let writer = tokio::spawn(async move {
+                while let Some(b) = in_rx.recv().await {
+                    if w.write_all(&b).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            pump(ws, out_rx, Some(in_tx), stop, ping, "VNC connection closed").await;
+            reader.abort();
+            writer.abort();
+            if let Ok(mut m) = vnc_map.lock()
+                && m.get(&uid).is_some_and(|(cur, _)| *cur == id)
+            {
+                m.remove(&uid);
+            }
+            tracing::info!(%ns, %name, session = id, "VNC session closed");
+        })
+}
+
+/// Moves bytes between a websocket and a launcher socket: `out` chunks become binary
+/// messages, binary messages go to `input` (dropped for observers; other message kinds
+/// are skipped, as KubeVirt's clients do). Pings every `ping_every`; a ping unanswered
+/// until the next one closes the session. `stop` closes it with [`TAKEN_OVER`].
+async fn pump(
+    mut ws: WebSocket,
+    mut out: mpsc::Receiver<Bytes>,
+    input: Option<mpsc::Sender<Bytes>>,
+    stop: CancellationToken,
+    ping_every: Duration,
+    eof_reason: &'static str,
+) {
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
+    let mut awaiting_pong = false;
+    let close: Option<(u16, &str)> = loop {
+        tokio::select! {
+            _ = stop.cancelled() => break Some((1000, TAKEN_OVER)),
+            chunk = out.recv() => match chunk {
+                Some(b) => if ws.send(Message::Binary(b)).await.is_err() { break None },
+                None => break Some((1000, eof_reason)),
+            },
+            msg = ws.recv() => match msg {
+                Some(Ok(Message::Binary(b))) => {
+                    if let Some(tx) = &input
+                        && tx.send(b).await.is_err()
+                    {
+                        break Some((1000, eof_reason));
+                    }
+                }
+                Some(Ok(Message::Pong(_))) => awaiting_pong = false,
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break None,
+                Some(Ok(_)) => {}
+            },
+            _ = ticker.tick() => {
+                if awaiting_pong {
+                    tracing::info!("no pong within {ping_every:?}; closing");
+                    break Some((1001, "no pong"));
+                }
+                awaiting_pong = true;
+                if ws.send(Message::Ping(Bytes::new())).await.is_err() {
+                    break None;
+                }
+            }
+        }
+    };
+    if let Some((code, reason)) = close {
+        let _ = ws
+            .send(Message::Close(Some(CloseFrame {
+                code,
+                reason: reason.into(),
+            })))
+            .await;
+    }
+}
+
+async fn console_session(
+    ws: WebSocket,
+    hub: Arc<ConsoleHub>,
+    id: u64,
+    read_only: bool,
+    ping: Duration,
+) {
+    let stop = if read_only {
+        CancellationToken::new()
+    } else {
+        hub.claim(id)
+    };
+    let (out_tx, out_rx) = mpsc::channel::<Bytes>(64);
+    let mut rx = hub.out.subscribe();
+    let closed = hub.closed.clone();
+    let forward = tokio::spawn(async move {
+        loop {
+            let b = tokio::select! {
+                _ = closed.cancelled() => return,
+                r = rx.recv() => match r {
+                    Ok(b) => b,
+                    // A slow session loses output rather than stalling the guest's console.
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::debug!(chunks = n, "console session lagging; output dropped");
+                        continue;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+            };
+            if out_tx.send(b).await.is_err() {
+                return;
+            }
+        }
+    });
+    let input = if read_only {
+        None
+    } else {
+        let (in_tx, mut in_rx) = mpsc::channel::<Bytes>(64);
+        let hub = hub.clone();
+        tokio::spawn(async move {
+            while let Some(b) = in_rx.recv().await {
+                if !hub.write(id, &b).await {
+                    break;
+                }
+            }
+        });
+        Some(in_tx)
+    };
+    pump(ws, out_rx, input, stop, ping, "console connection closed").await;
+    forward.abort();
+    hub.release(id);
+}
+
+/// One connection to a VMI's console socket, shared by its sessions. Dropped with the
+/// last session, which closes the connection so QEMU accepts the next one.
+#[derive(Debug)]
+struct ConsoleHub {
+    out: broadcast::Sender<Bytes>,
+    input: tokio::sync::Mutex<OwnedWriteHalf>,
+    writer: Mutex<Option<(u64, CancellationToken)>>,
+    /// The console socket hit EOF.
+    closed: CancellationToken,
+    /// Cancelled on drop: ends the reader task.
+    dropped: CancellationToken,
+}
+
+impl Drop for ConsoleHub {
+    fn drop(&mut self) {
+        self.dropped.cancel();
+    }
+}
+
+impl ConsoleHub {
+    /// Makes `id` the writer; the previous writer's token is cancelled (it gets closed).
+    fn claim(&self, id: u64) -> CancellationToken {
+        let token = CancellationToken::new();
+        if let Ok(mut w) = self.writer.lock()
+            && let Some((_, old)) = w.replace((id, token.clone()))
+        {
+            old.cancel();
+        }
+        token
+    }
+
+    fn release(&self, id: u64) {
+        if let Ok(mut w) = self.writer.lock()
+            && w.as_ref().is_some_and(|(cur, _)| *cur == id)
+        {
+            *w = None;
+        }
+    }
+
+    /// Writes if `id` is still the writer; false when it is not or the socket failed.
+    async fn write(&self, id: u64, b: &[u8]) -> bool {
+        let current = self
+            .writer
+            .lock()
+            .map(|w| w.as_ref().is_some_and(|(cur, _)| *cur == id))
+            .unwrap_or(false);
+        current && self.input.lock().await.write_all(b).await.is_ok()
+    }
+}
+
+impl AppState {
+    async fn hub(&self, uid: &str) -> std::io::Result<Arc<ConsoleHub>> {
+        let mut hubs = self.consoles.lock().await;
+        if let Some(h) = hubs.get(uid).and_then(Weak::upgrade)
+            && !h.closed.is_cancelled()
+        {
+            return Ok(h);
+        }
+        let sock = tokio::net::UnixStream::connect(self.paths.console(uid)).await?;
+        let (mut r, w) = sock.into_split();
+        let (out, _) = broadcast::channel(1024);
+        let hub = Arc::new(ConsoleHub {
+            out: out.clone(),
+            input: tokio::sync::Mutex::new(w),
+            writer: Mutex::new(None),
+            closed: CancellationToken::new(),
+            dropped: CancellationToken::new(),
+        });
+        let (closed, dropped) = (hub.closed.clone(), hub.dropped.clone());
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; CHUNK];
+            loop {
+                let n = tokio::select! {
+                    _ = dropped.cancelled() => break,
+                    n = r.read(&mut buf) => n,
+                };
+                match n {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let _ = out.send(Bytes::copy_from_slice(&buf[..n]));
+                    }
+                }
+            }
+            closed.cancel();
+        });
+        hubs.retain(|_, h| h.strong_count() > 0);
+        hubs.insert(uid.to_string(), Arc::downgrade(&hub));
+        Ok(hub)
+    }
+}
