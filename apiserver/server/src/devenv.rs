@@ -385,3 +385,57 @@ impl Drop for DevEnv {
         self.shutdown();
     }
 }
+
+/// Certificates for virt-apiserver ⇄ virt-handler mutual TLS (docs/cluster-flow.md §4, §5):
+/// one CA, a serving certificate named `virt-handler`, and a client certificate
+/// `virt-apiserver`. Tests use them for a handler peer and the apiserver's flags.
+#[derive(Debug, Clone)]
+pub struct HandlerCerts {
+    /// The CA certificate both sides trust.
+    pub ca: PathBuf,
+    /// virt-handler's serving certificate (SAN DNS `virt-handler`).
+    pub server: ClientFiles,
+    /// virt-apiserver's client certificate (CN `virt-apiserver`).
+    pub client: ClientFiles,
+}
+
+impl HandlerCerts {
+    /// Generates the certificates into `dir`.
+    pub fn generate(dir: &Path) -> Result<Self, DevEnvError> {
+        std::fs::create_dir_all(dir).map_err(io("creating the handler certs dir"))?;
+        let validity = time::Duration::days(7);
+        let ca = Ca::generate("kubevirt-rs-handler-ca", validity)?;
+        let (ca_cert, _) = ca.write_pair(dir, "handler-ca")?;
+        let (cert, key) = ca
+            .issue_server("virt-handler", &["virt-handler"], validity)?
+            .write_pair(dir, "virt-handler")?;
+        let (ccert, ckey) = ca
+            .issue_client("virt-apiserver", &[] as &[&str], validity)?
+            .write_pair(dir, "virt-apiserver-handler-client")?;
+        Ok(Self {
+            ca: ca_cert,
+            server: ClientFiles { cert, key },
+            client: ClientFiles {
+                cert: ccert,
+                key: ckey,
+            },
+        })
+    }
+
+    /// virt-apiserver flags using these certificates, with `NODE=HOST:PORT` addresses.
+    pub fn apiserver_args(&self, addresses: &[(&str, String)]) -> Vec<String> {
+        let mut args = vec![
+            "--handler-ca".to_string(),
+            self.ca.display().to_string(),
+            "--handler-client-cert".to_string(),
+            self.client.cert.display().to_string(),
+            "--handler-client-key".to_string(),
+            self.client.key.display().to_string(),
+        ];
+        for (node, addr) in addresses {
+            args.push("--handler-address".to_string());
+            args.push(format!("{node}={addr}"));
+        }
+        args
+    }
+}
