@@ -6,9 +6,15 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder};
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use kubevirt_api::vmi::VirtualMachineInstancePhase;
+
 use crate::backoff::BackoffTable;
 use crate::metrics::Metrics;
 use crate::vm::decide::BackoffConfig;
+use crate::vmi::render::LauncherConfig;
 
 /// Field manager of every write the controllers make.
 pub const FIELD_MANAGER: &str = "virt-controller";
@@ -28,6 +34,8 @@ pub struct Config {
     pub resync: Duration,
     /// Watch only this namespace (all namespaces when None).
     pub namespace: Option<String>,
+    /// Launcher pods: image, pull policy, emulation, memory overhead.
+    pub launcher: LauncherConfig,
 }
 
 impl Default for Config {
@@ -39,6 +47,7 @@ impl Default for Config {
             error_backoff_max: Duration::from_secs(300),
             resync: Duration::from_secs(300),
             namespace: None,
+            launcher: LauncherConfig::default(),
         }
     }
 }
@@ -55,6 +64,30 @@ pub struct Context {
     pub backoff: BackoffTable,
     /// Prometheus metrics.
     pub metrics: Metrics,
+    /// Last VMI phase seen per VMI uid, to observe each phase transition once.
+    pub vmi_phases: PhaseTracker,
+}
+
+/// The phase each VMI had when last reconciled. Like KubeVirt's informer update
+/// handler, a transition is only counted when it is seen happen: the first sighting
+/// (e.g. every VMI after a restart) is recorded, not counted.
+#[derive(Debug, Default)]
+pub struct PhaseTracker(Mutex<HashMap<String, VirtualMachineInstancePhase>>);
+
+impl PhaseTracker {
+    /// Records `phase` for `uid`; true when it differs from a phase seen before.
+    pub fn changed(&self, uid: &str, phase: VirtualMachineInstancePhase) -> bool {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match map.insert(uid.to_string(), phase) {
+            Some(old) => old != phase,
+            None => false,
+        }
+    }
+
+    /// Forgets a VMI that is gone.
+    pub fn forget(&self, uid: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+    }
 }
 
 impl std::fmt::Debug for Context {
@@ -78,6 +111,7 @@ impl Context {
             config,
             backoff,
             metrics: Metrics::default(),
+            vmi_phases: PhaseTracker::default(),
         }
     }
 

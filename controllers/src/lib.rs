@@ -2,8 +2,10 @@
 //!
 //! The VirtualMachine controller ([`vm`]) creates and deletes each VM's
 //! VirtualMachineInstance according to its runStrategy and stateChangeRequests and
-//! reports the result in the VM status. Decisions are pure functions
-//! ([`vm::decide`], [`vm::render`]); the reconcilers only execute them.
+//! reports the result in the VM status. The VirtualMachineInstance controller
+//! ([`vmi`]) creates each VMI's launcher pod and follows it into the VMI status until
+//! virt-handler takes over. Decisions are pure functions ([`vm::decide`],
+//! [`vm::render`], [`vmi::decide`], [`vmi::render`]); the reconcilers only execute them.
 //! [`leader`] keeps a single active replica with a coordination.k8s.io Lease.
 
 pub mod backoff;

@@ -1,4 +1,5 @@
-//! virt-controller: runs the VirtualMachine controller, behind leader election.
+//! virt-controller: runs the VirtualMachine and VirtualMachineInstance controllers,
+//! both behind one leader election.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use tokio_util::sync::CancellationToken;
 use virt_controllers::leader::{Elector, LeaseConfig};
 use virt_controllers::vm::decide::BackoffConfig;
+use virt_controllers::vmi::render::LauncherConfig;
 use virt_controllers::{Config, Context};
 
 /// Command line, each flag also readable from the environment.
@@ -64,6 +66,25 @@ struct Args {
         default_value = "0.0.0.0:8080"
     )]
     metrics_addr: String,
+    /// Image of the virt-launcher pods (also the source of their static busybox).
+    #[arg(
+        long,
+        env = "VIRT_CONTROLLER_LAUNCHER_IMAGE",
+        default_value = "localhost/kubevirt-rs/virt-launcher:latest"
+    )]
+    launcher_image: String,
+    /// Pull policy of the launcher image.
+    #[arg(
+        long,
+        env = "VIRT_CONTROLLER_LAUNCHER_PULL_POLICY",
+        default_value = "IfNotPresent",
+        value_parser = ["Always", "IfNotPresent", "Never"]
+    )]
+    launcher_pull_policy: String,
+    /// Allow software emulation (TCG): launcher pods do not request
+    /// devices.kubevirt.io/kvm and the launcher may fall back when KVM does not work.
+    #[arg(long, env = "VIRT_CONTROLLER_ALLOW_EMULATION", default_value_t = false, action = clap::ArgAction::Set)]
+    allow_emulation: bool,
     /// Log as JSON.
     #[arg(long, env = "VIRT_CONTROLLER_LOG_JSON")]
     log_json: bool,
@@ -119,6 +140,12 @@ async fn main() -> anyhow::Result<()> {
             max_delay: Duration::from_secs(args.crashloop_max_seconds),
         },
         namespace: args.watch_namespace.clone(),
+        launcher: LauncherConfig {
+            image: args.launcher_image.clone(),
+            image_pull_policy: Some(args.launcher_pull_policy.clone()),
+            allow_emulation: args.allow_emulation,
+            ..LauncherConfig::default()
+        },
         ..Config::default()
     };
     let ctx = Arc::new(Context::new(client.clone(), recorder, config));
@@ -161,12 +188,18 @@ async fn main() -> anyhow::Result<()> {
             LeaseConfig::new(&args.lease_namespace, &args.lease_name, &identity),
         );
         elector
-            .run(shutdown, move |leading| {
-                virt_controllers::vm::run(ctx, leading)
-            })
+            .run(shutdown, move |leading| run_controllers(ctx, leading))
             .await?;
     } else {
-        virt_controllers::vm::run(ctx, shutdown).await;
+        run_controllers(ctx, shutdown).await;
     }
     Ok(())
+}
+
+/// Both controllers, until `stop` is cancelled.
+async fn run_controllers(ctx: Arc<Context>, stop: CancellationToken) {
+    tokio::join!(
+        virt_controllers::vm::run(ctx.clone(), stop.clone()),
+        virt_controllers::vmi::run(ctx, stop),
+    );
 }

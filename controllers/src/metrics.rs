@@ -24,6 +24,25 @@ pub struct ActionLabels {
     pub result: String,
 }
 
+/// Labels of a VMI phase.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// The phase entered.
+    pub phase: String,
+}
+
+/// KubeVirt's bucket bounds of the phase transition histograms
+/// (`PhaseTransitionTimeBuckets`), so dashboards and `histogram_quantile` queries
+/// written for KubeVirt give the same quantiles here.
+pub const PHASE_TRANSITION_BUCKETS: [f64; 18] = [
+    0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
+    1200.0, 1800.0, 3600.0,
+];
+
+fn phase_histogram() -> Histogram {
+    Histogram::new(PHASE_TRANSITION_BUCKETS)
+}
+
 /// The controllers' metrics and their registry.
 #[derive(Debug)]
 pub struct Metrics {
@@ -32,34 +51,59 @@ pub struct Metrics {
     vmi_actions: Family<ActionLabels, Counter>,
     status_writes: Counter,
     reconcile_duration: Histogram,
+    pod_actions: Family<ActionLabels, Counter>,
+    vmi_status_writes: Counter,
+    phase_transitions: Family<PhaseLabels, Histogram, fn() -> Histogram>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("virt_controller");
+        // No registry-wide prefix: the KubeVirt metric keeps its own name.
+        let mut registry = Registry::default();
         let reconciles = Family::<ResultLabels, Counter>::default();
         let vmi_actions = Family::<ActionLabels, Counter>::default();
         let status_writes = Counter::default();
         let reconcile_duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         registry.register(
-            "vm_reconciles",
+            "virt_controller_vm_reconciles",
             "VirtualMachine reconciles by result",
             reconciles.clone(),
         );
         registry.register(
-            "vmi_actions",
+            "virt_controller_vmi_actions",
             "VMI creations and deletions made for VirtualMachines",
             vmi_actions.clone(),
         );
         registry.register(
-            "vm_status_writes",
+            "virt_controller_vm_status_writes",
             "VirtualMachine status writes (one per start is the goal)",
             status_writes.clone(),
         );
         registry.register(
-            "vm_reconcile_duration_seconds",
+            "virt_controller_vm_reconcile_duration_seconds",
             "Duration of VirtualMachine reconciles",
             reconcile_duration.clone(),
+        );
+        let pod_actions = Family::<ActionLabels, Counter>::default();
+        let vmi_status_writes = Counter::default();
+        let phase_transitions =
+            Family::<PhaseLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                phase_histogram,
+            );
+        registry.register(
+            "virt_controller_launcher_pod_actions",
+            "Launcher pod creations and deletions",
+            pod_actions.clone(),
+        );
+        registry.register(
+            "virt_controller_vmi_status_writes",
+            "VirtualMachineInstance status writes",
+            vmi_status_writes.clone(),
+        );
+        registry.register(
+            "kubevirt_vmi_phase_transition_time_from_creation_seconds",
+            "Histogram of VM phase transitions duration from creation time in seconds",
+            phase_transitions.clone(),
         );
         Self {
             registry,
@@ -67,6 +111,9 @@ impl Default for Metrics {
             vmi_actions,
             status_writes,
             reconcile_duration,
+            pod_actions,
+            vmi_status_writes,
+            phase_transitions,
         }
     }
 }
@@ -95,6 +142,30 @@ impl Metrics {
     /// Counts a status write.
     pub fn status_written(&self) {
         self.status_writes.inc();
+    }
+
+    /// Counts a launcher pod create or delete.
+    pub fn pod_action(&self, action: &str, ok: bool) {
+        self.pod_actions
+            .get_or_create(&ActionLabels {
+                action: action.to_string(),
+                result: if ok { "success" } else { "failure" }.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a VMI status write.
+    pub fn vmi_status_written(&self) {
+        self.vmi_status_writes.inc();
+    }
+
+    /// Observes a VMI entering `phase` `seconds` after its creation.
+    pub fn vmi_phase_transition(&self, phase: &str, seconds: f64) {
+        self.phase_transitions
+            .get_or_create(&PhaseLabels {
+                phase: phase.to_string(),
+            })
+            .observe(seconds);
     }
 
     /// The text exposition format.
@@ -128,5 +199,32 @@ mod tests {
             )
         );
         assert!(text.contains("virt_controller_vm_status_writes_total 1"));
+    }
+
+    #[test]
+    fn phase_transitions_use_kubevirts_name_and_buckets() {
+        let m = Metrics::default();
+        m.vmi_phase_transition("Scheduled", 1.5);
+        m.vmi_phase_transition("Scheduled", 45.0);
+        let text = m.encode();
+        let name = "kubevirt_vmi_phase_transition_time_from_creation_seconds";
+        assert!(text.contains(&format!("# TYPE {name} histogram")), "{text}");
+        assert!(
+            text.contains(&format!(
+                "{name}_bucket{{le=\"1.0\",phase=\"Scheduled\"}} 0"
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&format!(
+            "{name}_bucket{{le=\"2.0\",phase=\"Scheduled\"}} 1"
+        )));
+        assert!(text.contains(&format!(
+            "{name}_bucket{{le=\"50.0\",phase=\"Scheduled\"}} 2"
+        )));
+        assert!(text.contains(&format!(
+            "{name}_bucket{{le=\"3600.0\",phase=\"Scheduled\"}} 2"
+        )));
+        assert!(text.contains(&format!("{name}_count{{phase=\"Scheduled\"}} 2")));
+        assert!(text.contains(&format!("{name}_sum{{phase=\"Scheduled\"}} 46.5")));
     }
 }

@@ -40,6 +40,10 @@ pub struct ObservedVmi {
     pub ready: Option<Condition>,
     /// The VMI's Paused condition.
     pub paused: Option<Condition>,
+    /// The VMI's PodScheduled condition (set by the VMI controller while False).
+    pub pod_scheduled: Option<Condition>,
+    /// The VMI's Synchronized condition (image pull and pod creation errors).
+    pub synchronized: Option<Condition>,
     /// The VM generation it was rendered from.
     pub vm_generation: Option<i64>,
 }
@@ -62,6 +66,8 @@ impl ObservedVmi {
             ran,
             ready: find_condition(&conditions, "Ready").cloned(),
             paused: find_condition(&conditions, "Paused").cloned(),
+            pod_scheduled: find_condition(&conditions, "PodScheduled").cloned(),
+            synchronized: find_condition(&conditions, "Synchronized").cloned(),
             vm_generation: vmi
                 .metadata
                 .annotations
@@ -84,6 +90,25 @@ impl ObservedVmi {
     fn condition_true(c: &Option<Condition>) -> bool {
         c.as_ref()
             .is_some_and(|c| c.status == ConditionStatus::True)
+    }
+
+    fn condition_false_because(c: &Option<Condition>, reason: &str) -> bool {
+        c.as_ref().is_some_and(|c| {
+            c.status == ConditionStatus::False && c.reason.as_deref() == Some(reason)
+        })
+    }
+
+    /// The error a starting instance is stuck on, from the VMI controller's conditions.
+    fn start_error(&self) -> Option<PrintableStatus> {
+        if Self::condition_false_because(&self.pod_scheduled, "Unschedulable") {
+            Some(PrintableStatus::ErrorUnschedulable)
+        } else if Self::condition_false_because(&self.synchronized, "ErrImagePull") {
+            Some(PrintableStatus::ErrImagePull)
+        } else if Self::condition_false_because(&self.synchronized, "ImagePullBackOff") {
+            Some(PrintableStatus::ImagePullBackOff)
+        } else {
+            None
+        }
     }
 }
 
@@ -357,6 +382,12 @@ pub fn printable_status(
         PrintableStatus::Paused
     } else if live.is_some_and(|v| v.phase == Phase::Running) {
         PrintableStatus::Running
+    } else if let Some(err) = live
+        .filter(|v| v.phase != Phase::Running)
+        .and_then(ObservedVmi::start_error)
+    {
+        // KubeVirt's order: Unschedulable, then image pulls, before plain Starting.
+        err
     } else if (vmi.is_none() && creating)
         || live.is_some_and(|v| {
             matches!(

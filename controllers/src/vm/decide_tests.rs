@@ -43,6 +43,8 @@ fn vmi(phase: Phase) -> ObservedVmi {
         ran: phase == Phase::Running,
         ready: None,
         paused: None,
+        pod_scheduled: None,
+        synchronized: None,
         vm_generation: Some(3),
     }
 }
@@ -321,6 +323,10 @@ fn start_paused_request_renders_paused_create() {
     );
 }
 
+fn false_because(type_: &str, reason: &str) -> Condition {
+    Condition::new(type_, ConditionStatus::False, reason, "details")
+}
+
 fn status_after(v: &VirtualMachine, observed: Option<&ObservedVmi>) -> VirtualMachineStatus {
     let decision = decide(v, observed, now());
     derive_status(
@@ -382,6 +388,50 @@ fn printable_status_derivation() {
             P::Paused,
         ),
         (RunStrategy::WaitAsReceiver, None, P::WaitingForReceiver),
+        (
+            RunStrategy::Always,
+            Some(ObservedVmi {
+                pod_scheduled: Some(false_because("PodScheduled", "Unschedulable")),
+                // Unschedulable wins over an image error, as in KubeVirt.
+                synchronized: Some(false_because("Synchronized", "ErrImagePull")),
+                ..vmi(Phase::Scheduling)
+            }),
+            P::ErrorUnschedulable,
+        ),
+        (
+            RunStrategy::Always,
+            Some(ObservedVmi {
+                synchronized: Some(false_because("Synchronized", "ErrImagePull")),
+                ..vmi(Phase::Scheduling)
+            }),
+            P::ErrImagePull,
+        ),
+        (
+            RunStrategy::Always,
+            Some(ObservedVmi {
+                synchronized: Some(false_because("Synchronized", "ImagePullBackOff")),
+                ..vmi(Phase::Scheduling)
+            }),
+            P::ImagePullBackOff,
+        ),
+        (
+            RunStrategy::Always,
+            Some(ObservedVmi {
+                // A pod creation error is not an image error: still Starting.
+                synchronized: Some(false_because("Synchronized", "FailedCreate")),
+                ..vmi(Phase::Pending)
+            }),
+            P::Starting,
+        ),
+        (
+            RunStrategy::Always,
+            Some(ObservedVmi {
+                // Stale conditions of a running instance do not hide that it runs.
+                synchronized: Some(false_because("Synchronized", "ImagePullBackOff")),
+                ..vmi(Phase::Running)
+            }),
+            P::Running,
+        ),
     ];
     for (strategy, observed, want) in cases {
         let s = status_after(&vm(strategy, vec![]), observed.as_ref());

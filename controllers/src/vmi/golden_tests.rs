@@ -8,7 +8,10 @@ use std::path::PathBuf;
 use kubevirt_api::VirtualMachineInstance;
 use serde_json::json;
 
-use super::render::{LauncherConfig, PodRenderError, launcher_pod, memory_overhead_mib};
+use super::render::{
+    ImageCopy, LauncherConfig, PodRenderError, copy_script, image_copies, launcher_pod,
+    memory_overhead_mib,
+};
 
 fn vmi() -> VirtualMachineInstance {
     serde_json::from_value(json!({
@@ -19,7 +22,8 @@ fn vmi() -> VirtualMachineInstance {
             "domain": {
                 "cpu": {"cores": 2},
                 "resources": {"requests": {"memory": "1Gi", "cpu": "500m"}},
-                "devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]},
+                "devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}},
+                                      {"name": "data", "disk": {"bus": "virtio"}}]},
                 "firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0",
                     "container": {"image": "localhost/kubevirt-rs/test-guest:latest",
                                   "kernelPath": "/vmlinuz", "initrdPath": "/initramfs.gz"}}}
@@ -28,7 +32,10 @@ fn vmi() -> VirtualMachineInstance {
             "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "vm", "effect": "NoSchedule"}],
             "terminationGracePeriodSeconds": 10,
             "volumes": [{"name": "root", "containerDisk": {"image": "localhost/kubevirt-rs/test-guest:latest",
-                                                          "imagePullPolicy": "Never"}}]
+                                                          "imagePullPolicy": "Never"}},
+                        {"name": "data", "containerDisk": {"image": "example.org/disks/data:v1",
+                                                          "path": "/images/data.qcow2",
+                                                          "imagePullSecret": "registry-creds"}}]
         }
     }))
     .unwrap()
@@ -91,4 +98,81 @@ fn unpersisted_or_memoryless_vmis_are_errors() {
         launcher_pod(&v, &LauncherConfig::default()),
         Err(PodRenderError::NoMemory(_))
     ));
+}
+
+#[test]
+fn one_copier_per_image_with_exactly_the_files_used() {
+    let copies = image_copies(&vmi()).unwrap();
+    assert_eq!(
+        copies,
+        vec![
+            ImageCopy {
+                image: "localhost/kubevirt-rs/test-guest:latest".into(),
+                pull_policy: Some("Never".into()),
+                files: vec!["/disk".into(), "/vmlinuz".into(), "/initramfs.gz".into()],
+            },
+            ImageCopy {
+                image: "example.org/disks/data:v1".into(),
+                pull_policy: None,
+                files: vec!["/images/data.qcow2".into()],
+            },
+        ]
+    );
+    assert_eq!(
+        copy_script(&copies[1], "/var/run/kubevirt-rs/images/1"),
+        "mkdir -p '/var/run/kubevirt-rs/images/1' '/var/run/kubevirt-rs/images/1/images' \
+         && cp -a '/images/data.qcow2' '/var/run/kubevirt-rs/images/1/images/data.qcow2'"
+    );
+}
+
+#[test]
+fn image_paths_are_quoted_and_may_not_leave_the_image() {
+    let c = ImageCopy {
+        image: "i".into(),
+        pull_policy: None,
+        files: vec!["/it's here/d.img".into()],
+    };
+    assert_eq!(
+        copy_script(&c, "/x"),
+        r"mkdir -p '/x' '/x/it'\''s here' && cp -a '/it'\''s here/d.img' '/x/it'\''s here/d.img'"
+    );
+    for bad in ["../etc/shadow", "/disk/../../etc", "/", ""] {
+        let mut v = vmi();
+        v.spec.volumes.as_mut().unwrap()[1]
+            .container_disk
+            .as_mut()
+            .unwrap()
+            .path = Some(bad.into());
+        assert!(
+            matches!(image_copies(&v), Err(PodRenderError::BadImagePath { .. })),
+            "{bad:?}"
+        );
+    }
+    // "./disk.img" and "//a//b" normalise.
+    let mut v = vmi();
+    v.spec.volumes.as_mut().unwrap()[1]
+        .container_disk
+        .as_mut()
+        .unwrap()
+        .path = Some("//a/./b".into());
+    assert_eq!(image_copies(&v).unwrap()[1].files, vec!["/a/b".to_string()]);
+}
+
+#[test]
+fn a_vmi_without_images_has_no_init_containers() {
+    let mut v = vmi();
+    v.spec.volumes = None;
+    v.spec.domain.firmware = None;
+    let pod = launcher_pod(&v, &LauncherConfig::default()).unwrap();
+    let spec = pod.spec.unwrap();
+    assert!(spec.init_containers.is_none());
+    let args = spec.containers[0].args.clone().unwrap();
+    assert!(!args.iter().any(|a| a == "--image-dir"));
+    assert!(
+        !spec
+            .volumes
+            .unwrap()
+            .iter()
+            .any(|v| v.name == "images" || v.name == "virt-bin")
+    );
 }

@@ -1,7 +1,69 @@
-//! VirtualMachineInstance controller (pod rendering so far; the reconciler that
-//! creates launcher pods and drives the VMI phase is still to come).
+//! VirtualMachineInstance controller: creates each VMI's launcher pod and follows the
+//! pod into the VMI status until virt-handler takes over (docs/cluster-flow.md §2–3).
+//!
+//! [`render`] turns a VMI into its pod and [`decide`] turns a VMI and its pods into a
+//! plan and the next status; both are pure. [`reconcile`] only executes them.
 
+pub mod decide;
+pub mod reconcile;
 pub mod render;
 
 #[cfg(test)]
 mod golden_tests;
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::runtime::{Controller, controller, watcher};
+use kubevirt_api::VirtualMachineInstance;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::Context;
+
+/// Label selector of every launcher pod.
+pub fn launcher_selector() -> String {
+    format!(
+        "{}={}",
+        render::LAUNCHER_LABEL,
+        render::LAUNCHER_LABEL_VALUE
+    )
+}
+
+/// Runs the VMI controller until `shutdown` is cancelled.
+pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
+    let (vmis, pods) = match &ctx.config.namespace {
+        Some(ns) => (
+            Api::<VirtualMachineInstance>::namespaced(ctx.client.clone(), ns),
+            Api::<Pod>::namespaced(ctx.client.clone(), ns),
+        ),
+        None => (
+            Api::<VirtualMachineInstance>::all(ctx.client.clone()),
+            Api::<Pod>::all(ctx.client.clone()),
+        ),
+    };
+    tracing::info!(
+        workers = ctx.config.workers,
+        image = %ctx.config.launcher.image,
+        allow_emulation = ctx.config.launcher.allow_emulation,
+        "starting VirtualMachineInstance controller"
+    );
+    Controller::new(vmis, watcher::Config::default())
+        // A pod event (bound, started, failed, deleted) reconciles its VMI through the
+        // controller ownerReference.
+        .owns(
+            pods,
+            watcher::Config::default().labels(&launcher_selector()),
+        )
+        .with_config(controller::Config::default().concurrency(ctx.config.workers))
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(err) = res {
+                tracing::debug!(error = %err, "reconcile result");
+            }
+        })
+        .await;
+    tracing::info!("VirtualMachineInstance controller stopped");
+}

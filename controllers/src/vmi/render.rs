@@ -1,13 +1,14 @@
-//! The virt-launcher Pod of a VMI (pure).
+//! The virt-launcher Pod of a VMI (pure). The contract is docs/cluster-flow.md §2.
 //!
-//! Contract with virt-launcher (`node/launcher/src/cli.rs`):
-//! - the VMI reaches the launcher as a file through a downwardAPI volume projecting the
-//!   pod annotation [`VMI_ANNOTATION`], so the pod needs no API access at all;
-//! - each containerDisk (and kernelBoot container) is a Kubernetes image volume
-//!   (`ImageVolume`, beta in 1.33) mounted read-only and handed over with
-//!   `--image-dir IMAGE=DIR`: the kubelet pulls and unpacks it, no copier container;
-//! - the console and command sockets live in an emptyDir virt-handler reaches from
-//!   the node.
+//! - The VMI reaches the launcher as a file through a downwardAPI volume projecting the
+//!   pod annotation [`VMI_ANNOTATION`], so the pod needs no API access at all.
+//! - Container images of the VMI (containerDisks, the kernelBoot container) are copied
+//!   out by init containers: the local cluster's containerd 1.6 has no image volumes.
+//!   `virt-bin` puts the launcher image's static busybox in an emptyDir, then one init
+//!   container per distinct image runs that busybox inside the image and copies exactly
+//!   the files the launcher opens; the launcher gets `--image-dir IMAGE=DIR`.
+//! - The command, console and VNC sockets live in a per-VMI host directory that
+//!   virt-handler reaches from the node.
 //!
 //! Not yet rendered: network-binding plugins, PVC/ConfigMap/Secret volumes, hugepages,
 //! hook sidecars, readiness gates.
@@ -16,8 +17,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource,
-    ImageVolumeSource, ObjectFieldSelector, Pod, PodSpec, ResourceRequirements, Volume,
-    VolumeMount,
+    HostPathVolumeSource, LocalObjectReference, ObjectFieldSelector, Pod, PodSpec,
+    ResourceRequirements, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -33,13 +34,26 @@ pub const LAUNCHER_LABEL: &str = "kubevirt.io";
 pub const LAUNCHER_LABEL_VALUE: &str = "virt-launcher";
 /// Label with the uid of the VMI a launcher pod runs.
 pub const CREATED_BY_LABEL: &str = "kubevirt.io/created-by";
-/// Node label of nodes that run virt-handler.
-pub const SCHEDULABLE_LABEL: &str = "kubevirt.io/schedulable";
+/// Label with the name of the VMI a launcher pod runs.
+pub const VM_NAME_LABEL: &str = "vm.kubevirt.io/name";
+/// VMI label naming the node its launcher runs on.
+pub const NODE_NAME_LABEL: &str = "kubevirt.io/nodeName";
 /// Device-plugin resource for /dev/kvm.
 pub const KVM_RESOURCE: &str = "devices.kubevirt.io/kvm";
+/// Name of the launcher container.
+pub const COMPUTE_CONTAINER: &str = "compute";
+/// Seconds the pod's grace period adds to the VMI's, for the launcher's teardown.
+pub const GRACE_PADDING_SECONDS: i64 = 15;
 
 const MIB: u64 = 1024 * 1024;
 const RUN_DIR: &str = "/var/run/kubevirt-rs";
+const SOCKETS_DIR: &str = "/var/run/kubevirt-rs/sockets";
+const IMAGES_DIR: &str = "/var/run/kubevirt-rs/images";
+const LIBVIRT_CACHE_DIR: &str = "/var/cache/kubevirt-rs/libvirt";
+const KVM_PROBE_HOST_DIR: &str = "/run/kubevirt-rs/kvm-probe";
+const VIRT_BIN_DIR: &str = "/virt-bin";
+const BUSYBOX: &str = "/usr/bin/busybox";
+const LAUNCHER_BINARY: &str = "/usr/bin/virt-launcher";
 
 /// Cluster-wide inputs of launcher pods.
 #[derive(Clone, Debug, PartialEq)]
@@ -91,6 +105,14 @@ pub enum PodRenderError {
     /// The VMI cannot be serialised for the launcher (a bug).
     #[error("serialising VirtualMachineInstance {0}")]
     Serialize(String),
+    /// A path inside a container image is empty or leaves the image (`..`).
+    #[error("volume {volume}: invalid path in image {path:?}")]
+    BadImagePath {
+        /// Volume name (`kernelBoot` for the kernel and initrd).
+        volume: String,
+        /// The path.
+        path: String,
+    },
 }
 
 fn q(s: impl Into<String>) -> Quantity {
@@ -146,23 +168,52 @@ fn owner(vmi: &VirtualMachineInstance, uid: &str) -> OwnerReference {
     }
 }
 
-/// Image volumes for containerDisks and the kernelBoot container, as
-/// (volume name, image, pull policy), one per distinct image.
-fn images(vmi: &VirtualMachineInstance) -> Vec<(String, String, Option<String>)> {
-    let mut out: Vec<(String, String, Option<String>)> = vmi
-        .spec
-        .volumes
-        .iter()
-        .flatten()
-        .filter_map(|v| {
-            let cd = v.container_disk.as_ref()?;
-            Some((
-                format!("image-{}", v.name),
-                cd.image.clone(),
-                cd.image_pull_policy.clone(),
-            ))
-        })
-        .collect();
+/// A container image the launcher reads files from, with the files it needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageCopy {
+    /// Image reference as written in the VMI (the key of `--image-dir`).
+    pub image: String,
+    /// Pull policy of the first volume naming the image.
+    pub pull_policy: Option<String>,
+    /// Absolute paths inside the image, in first-use order, without duplicates.
+    pub files: Vec<String>,
+}
+
+/// Checks a path inside an image: absolute after normalising, no `..`, not `/`.
+fn image_path(volume: &str, path: &str) -> Result<String, PodRenderError> {
+    let mut parts = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                return Err(PodRenderError::BadImagePath {
+                    volume: volume.into(),
+                    path: path.into(),
+                });
+            }
+            c => parts.push(c),
+        }
+    }
+    if parts.is_empty() {
+        return Err(PodRenderError::BadImagePath {
+            volume: volume.into(),
+            path: path.into(),
+        });
+    }
+    Ok(format!("/{}", parts.join("/")))
+}
+
+/// The images of containerDisks and the kernelBoot container, one per distinct image
+/// (the launcher maps images, not volumes), with exactly the files the launcher opens:
+/// a containerDisk's `path` (else KubeVirt's `/disk` directory), the kernel and initrd.
+pub fn image_copies(vmi: &VirtualMachineInstance) -> Result<Vec<ImageCopy>, PodRenderError> {
+    let mut wanted: Vec<(&str, &str, Option<&String>, String)> = Vec::new();
+    for v in vmi.spec.volumes.iter().flatten() {
+        if let Some(cd) = &v.container_disk {
+            let path = image_path(&v.name, cd.path.as_deref().unwrap_or("/disk"))?;
+            wanted.push((&v.name, &cd.image, cd.image_pull_policy.as_ref(), path));
+        }
+    }
     if let Some(kb) = vmi
         .spec
         .domain
@@ -171,19 +222,69 @@ fn images(vmi: &VirtualMachineInstance) -> Vec<(String, String, Option<String>)>
         .and_then(|f| f.kernel_boot.as_ref())
         .and_then(|k| k.container.as_ref())
     {
-        out.push((
-            "kernel-boot".into(),
-            kb.image.clone(),
-            kb.image_pull_policy.clone(),
-        ));
+        for p in [&kb.kernel_path, &kb.initrd_path].into_iter().flatten() {
+            let path = image_path("kernelBoot", p)?;
+            wanted.push(("kernelBoot", &kb.image, kb.image_pull_policy.as_ref(), path));
+        }
     }
-    // The launcher maps images, not volumes: one mount per distinct image suffices.
-    let mut seen = std::collections::BTreeSet::new();
-    out.retain(|(_, image, _)| seen.insert(image.clone()));
-    out
+    let mut out: Vec<ImageCopy> = Vec::new();
+    for (_, image, pull, path) in wanted {
+        let i = match out.iter().position(|c| c.image == image) {
+            Some(i) => i,
+            None => {
+                out.push(ImageCopy {
+                    image: image.to_string(),
+                    pull_policy: pull.cloned(),
+                    files: Vec::new(),
+                });
+                out.len() - 1
+            }
+        };
+        if !out[i].files.contains(&path) {
+            out[i].files.push(path);
+        }
+    }
+    Ok(out)
 }
 
-/// Renders the launcher pod of `vmi`.
+/// Quotes `s` for `sh -c`: image paths come from users.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The shell script of an image's copier: create the parents, then copy each file
+/// (or directory) to the same path under `dir`.
+pub fn copy_script(copy: &ImageCopy, dir: &str) -> String {
+    let mut parents: Vec<String> = vec![dir.to_string()];
+    for f in &copy.files {
+        if let Some((parent, _)) = f.rsplit_once('/')
+            && !parent.is_empty()
+        {
+            let p = format!("{dir}{parent}");
+            if !parents.contains(&p) {
+                parents.push(p);
+            }
+        }
+    }
+    let mut script = format!(
+        "mkdir -p {}",
+        parents
+            .iter()
+            .map(|p| sh_quote(p))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    for f in &copy.files {
+        script.push_str(&format!(
+            " && cp -a {} {}",
+            sh_quote(f),
+            sh_quote(&format!("{dir}{f}"))
+        ));
+    }
+    script
+}
+
+/// Renders the launcher pod of `vmi` (contract: docs/cluster-flow.md §2).
 pub fn launcher_pod(
     vmi: &VirtualMachineInstance,
     cfg: &LauncherConfig,
@@ -197,9 +298,11 @@ pub fn launcher_pod(
     let overhead_mib = memory_overhead_mib(vmi, cfg)?;
 
     let mut labels = vmi.labels().clone();
+    // The VMI's node label belongs to the VMI, not to a pod that may land elsewhere.
+    labels.remove(NODE_NAME_LABEL);
     labels.insert(LAUNCHER_LABEL.into(), LAUNCHER_LABEL_VALUE.into());
     labels.insert(CREATED_BY_LABEL.into(), uid.clone());
-    labels.insert("vm.kubevirt.io/name".into(), name.clone());
+    labels.insert(VM_NAME_LABEL.into(), name.clone());
 
     // Only what the launcher needs: no status, no managed fields.
     let for_launcher = serde_json::json!({
@@ -240,41 +343,57 @@ pub fn launcher_pod(
         limits.insert(KVM_RESOURCE.into(), q("1"));
     }
 
-    let images = images(vmi);
+    let copies = image_copies(vmi)?;
+    let image_dir = |n: usize| format!("{IMAGES_DIR}/{n}");
     let mut args = vec![
         "--vmi".to_string(),
         format!("{RUN_DIR}/vmi/vmi.json"),
-        "--console-socket".into(),
-        format!("{RUN_DIR}/sockets/console.sock"),
         "--cmd-socket".into(),
-        format!("{RUN_DIR}/sockets/cmd.sock"),
+        format!("{SOCKETS_DIR}/cmd.sock"),
+        "--console-socket".into(),
+        format!("{SOCKETS_DIR}/console.sock"),
+        "--vnc-socket".into(),
+        format!("{SOCKETS_DIR}/vnc.sock"),
         "--work-dir".into(),
-        format!("{RUN_DIR}/private"),
+        format!("{RUN_DIR}/work"),
     ];
+    for (n, c) in copies.iter().enumerate() {
+        args.push("--image-dir".into());
+        args.push(format!("{}={}", c.image, image_dir(n)));
+    }
     if !cfg.allow_emulation {
         args.push("--no-emulation".into());
     }
-    for (vol, image, _) in &images {
-        args.push("--image-dir".into());
-        args.push(format!("{image}={RUN_DIR}/images/{vol}"));
-    }
 
-    let mount = |name: &str, path: String, read_only: bool| VolumeMount {
+    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
         name: name.into(),
-        mount_path: path,
+        mount_path: path.into(),
         read_only: read_only.then_some(true),
         ..VolumeMount::default()
     };
-    let mut mounts = vec![
-        mount("vmi", format!("{RUN_DIR}/vmi"), true),
-        mount("sockets", format!("{RUN_DIR}/sockets"), false),
-        mount("private", format!("{RUN_DIR}/private"), false),
-    ];
     let empty = |name: &str| Volume {
         name: name.into(),
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Volume::default()
     };
+    let host = |name: &str, path: String| Volume {
+        name: name.into(),
+        host_path: Some(HostPathVolumeSource {
+            path,
+            type_: Some("DirectoryOrCreate".into()),
+        }),
+        ..Volume::default()
+    };
+    let mut mounts = vec![
+        mount("vmi", &format!("{RUN_DIR}/vmi"), true),
+        mount("sockets", SOCKETS_DIR, false),
+        mount("work", &format!("{RUN_DIR}/work"), false),
+        mount("libvirt-cache", LIBVIRT_CACHE_DIR, false),
+        // The launcher keeps its per-boot KVM verdict in /run/kubevirt-rs/kvm-probe (a
+        // file); the host directory of that name is mounted as its parent, so
+        // launchers share the verdict without seeing each other's sockets.
+        mount("kvm-probe", "/run/kubevirt-rs", false),
+    ];
     let mut volumes = vec![
         Volume {
             name: "vmi".into(),
@@ -291,23 +410,76 @@ pub fn launcher_pod(
             }),
             ..Volume::default()
         },
-        empty("sockets"),
-        empty("private"),
+        // A host directory per VMI uid: virt-handler finds the sockets from the node,
+        // and the path stays short enough for sun_path.
+        host("sockets", format!("{SOCKETS_DIR}/{uid}")),
+        empty("work"),
+        host("libvirt-cache", LIBVIRT_CACHE_DIR.into()),
+        host("kvm-probe", KVM_PROBE_HOST_DIR.into()),
     ];
-    for (vol, image, pull) in &images {
-        mounts.push(mount(vol, format!("{RUN_DIR}/images/{vol}"), true));
-        volumes.push(Volume {
-            name: vol.clone(),
-            image: Some(ImageVolumeSource {
-                reference: Some(image.clone()),
-                pull_policy: pull.clone(),
-            }),
-            ..Volume::default()
+
+    // containerd 1.6 has no image volumes: like KubeVirt, a static busybox from the
+    // launcher image runs inside each disk image and copies the files out.
+    let mut init_containers = Vec::new();
+    if !copies.is_empty() {
+        mounts.push(mount("images", IMAGES_DIR, true));
+        volumes.push(empty("virt-bin"));
+        volumes.push(empty("images"));
+        let no_term_log = || Some("FallbackToLogsOnError".to_string());
+        init_containers.push(Container {
+            name: "virt-bin".into(),
+            image: Some(cfg.image.clone()),
+            image_pull_policy: cfg.image_pull_policy.clone(),
+            command: Some(vec![
+                BUSYBOX.into(),
+                "cp".into(),
+                BUSYBOX.into(),
+                format!("{VIRT_BIN_DIR}/busybox"),
+            ]),
+            volume_mounts: Some(vec![mount("virt-bin", VIRT_BIN_DIR, false)]),
+            termination_message_policy: no_term_log(),
+            ..Container::default()
         });
+        for (n, c) in copies.iter().enumerate() {
+            init_containers.push(Container {
+                name: format!("image-{n}"),
+                image: Some(c.image.clone()),
+                image_pull_policy: c.pull_policy.clone(),
+                command: Some(vec![
+                    format!("{VIRT_BIN_DIR}/busybox"),
+                    "sh".into(),
+                    "-c".into(),
+                    copy_script(c, &image_dir(n)),
+                ]),
+                volume_mounts: Some(vec![
+                    mount("virt-bin", VIRT_BIN_DIR, true),
+                    mount("images", IMAGES_DIR, false),
+                ]),
+                termination_message_policy: no_term_log(),
+                ..Container::default()
+            });
+        }
     }
 
-    let mut node_selector = spec.node_selector.clone().unwrap_or_default();
-    node_selector.insert(SCHEDULABLE_LABEL.into(), "true".into());
+    let mut pull_secrets: Vec<LocalObjectReference> = Vec::new();
+    let secrets = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.container_disk.as_ref()?.image_pull_secret.clone())
+        .chain(spec.domain.firmware.as_ref().and_then(|f| {
+            f.kernel_boot
+                .as_ref()?
+                .container
+                .as_ref()?
+                .image_pull_secret
+                .clone()
+        }));
+    for s in secrets {
+        if !pull_secrets.iter().any(|r| r.name == s) {
+            pull_secrets.push(LocalObjectReference { name: s });
+        }
+    }
 
     Ok(Pod {
         metadata: ObjectMeta {
@@ -322,10 +494,10 @@ pub fn launcher_pod(
             restart_policy: Some("Never".into()),
             // The guest's own grace period plus time for the launcher to tear down.
             termination_grace_period_seconds: Some(
-                spec.termination_grace_period_seconds.unwrap_or(30) + 30,
+                spec.termination_grace_period_seconds.unwrap_or(30) + GRACE_PADDING_SECONDS,
             ),
             automount_service_account_token: Some(false),
-            node_selector: Some(node_selector),
+            node_selector: spec.node_selector.clone(),
             affinity: spec.affinity.clone(),
             tolerations: spec.tolerations.clone(),
             scheduler_name: spec.scheduler_name.clone(),
@@ -334,17 +506,25 @@ pub fn launcher_pod(
             subdomain: spec.subdomain.clone(),
             dns_policy: spec.dns_policy.clone(),
             dns_config: spec.dns_config.clone(),
+            image_pull_secrets: (!pull_secrets.is_empty()).then_some(pull_secrets),
+            init_containers: (!init_containers.is_empty()).then_some(init_containers),
             containers: vec![Container {
-                name: "compute".into(),
+                name: COMPUTE_CONTAINER.into(),
                 image: Some(cfg.image.clone()),
                 image_pull_policy: cfg.image_pull_policy.clone(),
-                command: Some(vec!["/usr/bin/virt-launcher".into()]),
+                command: Some(vec![LAUNCHER_BINARY.into()]),
                 args: Some(args),
                 resources: Some(ResourceRequirements {
                     requests: Some(requests),
                     limits: (!limits.is_empty()).then_some(limits),
                     ..ResourceRequirements::default()
                 }),
+                // libvirtd needs its own mount and PID namespaces, cgroups and devices.
+                security_context: Some(SecurityContext {
+                    privileged: Some(true),
+                    ..SecurityContext::default()
+                }),
+                termination_message_policy: Some("FallbackToLogsOnError".into()),
                 volume_mounts: Some(mounts),
                 ..Container::default()
             }],

@@ -1,0 +1,481 @@
+//! What the VMI controller should do, as a pure function of a VMI and its launcher pods.
+//!
+//! [`plan`] says which objects to touch (finalizer, pod create/delete);
+//! [`derive_status`] says what the VMI status becomes given the pods as they are after
+//! the plan ran. Both are deterministic (the clock is an input), so the whole
+//! VMI phase × pod state table is unit-tested without a cluster. The contract is
+//! docs/cluster-flow.md §3.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kubevirt_api::common::{
+    Condition, ConditionStatus, find_condition, remove_condition, set_condition,
+};
+use kubevirt_api::vmi::{PhaseTransitionTimestamp, VirtualMachineInstancePhase as Phase};
+use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstanceStatus};
+
+use super::render::{COMPUTE_CONTAINER, GRACE_PADDING_SECONDS};
+
+/// Finalizer that keeps a VMI until its launcher pods are gone.
+pub const FINALIZER: &str = "kubevirt.io/virtualMachineControllerFinalize";
+
+/// VMI condition types this controller writes.
+pub mod conditions {
+    /// Mirrors the pod's PodScheduled condition while it is False.
+    pub const POD_SCHEDULED: &str = "PodScheduled";
+    /// False while the pod cannot be created or its images cannot be pulled.
+    pub const SYNCHRONIZED: &str = "Synchronized";
+    /// Written False when the VMI reaches a final phase through its pod.
+    pub const READY: &str = "Ready";
+}
+
+/// Reasons of the VMI conditions and `status.reason`.
+pub mod reasons {
+    /// PodScheduled=False: no node fits the pod.
+    pub const UNSCHEDULABLE: &str = "Unschedulable";
+    /// Synchronized=False: the image cannot be pulled.
+    pub const ERR_IMAGE_PULL: &str = "ErrImagePull";
+    /// Synchronized=False: the kubelet backs off pulling the image.
+    pub const IMAGE_PULL_BACK_OFF: &str = "ImagePullBackOff";
+    /// Synchronized=False: creating the launcher pod failed.
+    pub const FAILED_CREATE: &str = "FailedCreate";
+    /// Failed: the launcher pod disappeared (KubeVirt #6685).
+    pub const POD_NOT_EXISTS: &str = "PodNotExists";
+    /// Failed: the launcher pod was evicted.
+    pub const EVICTED: &str = "Evicted";
+    /// Failed: the guest crashed (launcher exit code 2).
+    pub const GUEST_CRASHED: &str = "GuestCrashed";
+    /// Failed: the launcher reported an error (exit code 1) or was killed.
+    pub const LAUNCHER_FAILED: &str = "LauncherFailed";
+    /// Failed: an init container (image copy) or the pod itself failed.
+    pub const POD_FAILED: &str = "PodFailed";
+    /// Succeeded: the launcher exited 0 after the guest shut down.
+    pub const POD_COMPLETED: &str = "PodCompleted";
+}
+
+/// The VMI's own launcher pods: labelled with its uid and controlled by it.
+pub fn owned_pods<'a>(vmi: &VirtualMachineInstance, pods: &'a [Pod]) -> Vec<&'a Pod> {
+    let Some(uid) = vmi.metadata.uid.as_deref() else {
+        return Vec::new();
+    };
+    pods.iter()
+        .filter(|p| {
+            p.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.controller == Some(true) && o.uid == uid)
+        })
+        .collect()
+}
+
+fn pod_phase(p: &Pod) -> &str {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
+}
+
+fn is_terminal(p: &Pod) -> bool {
+    matches!(pod_phase(p), "Succeeded" | "Failed")
+}
+
+fn is_deleting(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_some()
+}
+
+fn node_of(p: &Pod) -> Option<&str> {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .filter(|n| !n.is_empty())
+}
+
+fn compute_status(p: &Pod) -> Option<&ContainerStatus> {
+    p.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == COMPUTE_CONTAINER)
+}
+
+fn compute_running(p: &Pod) -> bool {
+    compute_status(p)
+        .and_then(|c| c.state.as_ref())
+        .is_some_and(|s| s.running.is_some())
+}
+
+fn pod_uid(p: &Pod) -> String {
+    p.metadata.uid.clone().unwrap_or_default()
+}
+
+fn created(p: &Pod) -> Option<Timestamp> {
+    p.metadata.creation_timestamp.as_ref().map(|t| t.0)
+}
+
+/// A pod to delete, guarded by its uid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRef {
+    /// metadata.name.
+    pub name: String,
+    /// metadata.uid (delete precondition).
+    pub uid: String,
+}
+
+/// What to change besides the status.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Add [`FINALIZER`] (always before a pod is created).
+    pub add_finalizer: bool,
+    /// Create the launcher pod.
+    pub create_pod: bool,
+    /// Delete these pods.
+    pub delete_pods: Vec<PodRef>,
+    /// Grace period of those deletions.
+    pub delete_grace_seconds: Option<i64>,
+    /// Remove [`FINALIZER`]: no launcher pod remains.
+    pub remove_finalizer: bool,
+}
+
+fn has_finalizer(vmi: &VirtualMachineInstance) -> bool {
+    vmi.metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == FINALIZER)
+}
+
+fn phase(vmi: &VirtualMachineInstance) -> Phase {
+    vmi.status.as_ref().map(|s| s.phase).unwrap_or_default()
+}
+
+/// Grace period of a launcher pod deletion: the VMI's (its deletion grace when that is
+/// shorter, e.g. a forced stop) plus the launcher's teardown padding.
+pub fn delete_grace(vmi: &VirtualMachineInstance) -> i64 {
+    let spec = vmi.spec.termination_grace_period_seconds.unwrap_or(30);
+    let grace = match vmi.metadata.deletion_grace_period_seconds {
+        Some(d) => d.min(spec),
+        None => spec,
+    };
+    grace.max(0) + GRACE_PADDING_SECONDS
+}
+
+/// Decides which objects to touch for `vmi` given its launcher `pods` (any pods: those
+/// the VMI does not control are ignored).
+pub fn plan(vmi: &VirtualMachineInstance, pods: &[Pod]) -> Plan {
+    let ours = owned_pods(vmi, pods);
+    let deleting = vmi.metadata.deletion_timestamp.is_some();
+    let phase = phase(vmi);
+    let mut plan = Plan::default();
+    let delete_live = |plan: &mut Plan, also_terminal: bool| {
+        plan.delete_pods = ours
+            .iter()
+            .filter(|p| !is_deleting(p) && (also_terminal || !is_terminal(p)))
+            .map(|p| PodRef {
+                name: p.metadata.name.clone().unwrap_or_default(),
+                uid: pod_uid(p),
+            })
+            .collect();
+        if !plan.delete_pods.is_empty() {
+            plan.delete_pods.sort_by(|a, b| a.name.cmp(&b.name));
+            plan.delete_grace_seconds = Some(delete_grace(vmi));
+        }
+    };
+    if deleting {
+        // The VMI goes away only after its pods: a guest must never outlive its VMI.
+        delete_live(&mut plan, true);
+        plan.remove_finalizer = ours.is_empty() && has_finalizer(vmi);
+    } else if phase.is_final() {
+        // A finished VMI frees its node; a terminated pod stays for its logs until the
+        // VMI is deleted.
+        delete_live(&mut plan, false);
+        plan.remove_finalizer = ours.is_empty() && has_finalizer(vmi);
+    } else if ours.is_empty() && matches!(phase, Phase::Unset | Phase::Pending) {
+        // One pod per VMI, ever: once Scheduling was written, a missing pod means the
+        // VMI failed (derive_status), never a second pod.
+        plan.add_finalizer = !has_finalizer(vmi);
+        plan.create_pod = true;
+    }
+    plan
+}
+
+/// The pod the VMI status follows: a live pod before a terminal one, the newest first.
+fn current_pod<'a>(ours: &[&'a Pod]) -> Option<&'a Pod> {
+    let mut sorted: Vec<&Pod> = ours.to_vec();
+    sorted.sort_by(|a, b| {
+        (is_terminal(a), std::cmp::Reverse(created(a)))
+            .cmp(&(is_terminal(b), std::cmp::Reverse(created(b))))
+    });
+    sorted.first().copied()
+}
+
+/// How a terminated pod ended, as (phase, reason, message).
+fn pod_outcome(p: &Pod) -> (Phase, &'static str, String) {
+    let status = p.status.as_ref();
+    let pod_message = status.and_then(|s| s.message.clone()).unwrap_or_default();
+    if status.and_then(|s| s.reason.as_deref()) == Some("Evicted") {
+        return (Phase::Failed, reasons::EVICTED, pod_message);
+    }
+    let terminated = compute_status(p)
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref());
+    if let Some(t) = terminated {
+        let message = t
+            .message
+            .clone()
+            .filter(|m| !m.trim().is_empty())
+            .or_else(|| t.reason.clone())
+            .unwrap_or_default();
+        let message = message.trim().to_string();
+        return match t.exit_code {
+            0 => (
+                Phase::Succeeded,
+                reasons::POD_COMPLETED,
+                "the launcher exited after the guest shut down".into(),
+            ),
+            2 => (Phase::Failed, reasons::GUEST_CRASHED, message),
+            code => (
+                Phase::Failed,
+                reasons::LAUNCHER_FAILED,
+                format!("launcher exit code {code}: {message}"),
+            ),
+        };
+    }
+    if pod_phase(p) == "Succeeded" {
+        return (
+            Phase::Succeeded,
+            reasons::POD_COMPLETED,
+            "the launcher pod completed".into(),
+        );
+    }
+    // No compute state: an init container (image copy) failed, or the pod was
+    // rejected by the kubelet.
+    let init_failure = status
+        .and_then(|s| s.init_container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .find_map(|c| {
+            let t = c.state.as_ref()?.terminated.as_ref()?;
+            (t.exit_code != 0).then(|| {
+                format!(
+                    "init container {} exited {}: {}",
+                    c.name,
+                    t.exit_code,
+                    t.message.as_deref().unwrap_or("").trim()
+                )
+            })
+        });
+    let message = init_failure.unwrap_or(if pod_message.is_empty() {
+        "the launcher pod failed".into()
+    } else {
+        pod_message
+    });
+    (Phase::Failed, reasons::POD_FAILED, message)
+}
+
+/// An image pull problem of any container of the pod, as (reason, message).
+fn image_pull_problem(p: &Pod) -> Option<(&'static str, String)> {
+    let status = p.status.as_ref()?;
+    status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .find_map(|c| {
+            let w = c.state.as_ref()?.waiting.as_ref()?;
+            let reason = match w.reason.as_deref()? {
+                "ErrImagePull" => reasons::ERR_IMAGE_PULL,
+                "ImagePullBackOff" => reasons::IMAGE_PULL_BACK_OFF,
+                _ => return None,
+            };
+            Some((reason, w.message.clone().unwrap_or_default()))
+        })
+}
+
+/// The pod's PodScheduled condition when it says Unschedulable, as its message.
+fn unschedulable(p: &Pod) -> Option<String> {
+    let c = p
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled")?;
+    (c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+        .then(|| c.message.clone().unwrap_or_default())
+}
+
+fn rank(p: Phase) -> u8 {
+    match p {
+        Phase::Unset => 0,
+        Phase::Pending => 1,
+        Phase::Scheduling => 2,
+        Phase::Scheduled => 3,
+        Phase::Running | Phase::WaitingForSync | Phase::Unknown => 4,
+        Phase::Succeeded | Phase::Failed => 5,
+    }
+}
+
+/// The VMI status after the plan ran, given its pods as they are now (a pod created in
+/// this reconcile included) and the error of a failed pod creation.
+pub fn derive_status(
+    vmi: &VirtualMachineInstance,
+    pods: &[Pod],
+    create_error: Option<&str>,
+    now: Timestamp,
+) -> VirtualMachineInstanceStatus {
+    let old = vmi.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    let ours = owned_pods(vmi, pods);
+    let deleting = vmi.metadata.deletion_timestamp.is_some();
+    let mut conditions = old.conditions.clone().unwrap_or_default();
+    let set = |conds: &mut Vec<Condition>, type_: &str, reason: &str, message: &str| {
+        let mut c = Condition::new(type_, ConditionStatus::False, reason, message);
+        let same = find_condition(conds, type_)
+            .is_some_and(|o| o.status == c.status && o.reason == c.reason);
+        c.last_transition_time = if same {
+            find_condition(conds, type_).and_then(|o| o.last_transition_time.clone())
+        } else {
+            Some(Time(now))
+        };
+        set_condition(conds, c);
+    };
+    let clear_ours = |conds: &mut Vec<Condition>, type_: &str, ours: &[&str]| {
+        if find_condition(conds, type_)
+            .is_some_and(|c| c.reason.as_deref().is_some_and(|r| ours.contains(&r)))
+        {
+            remove_condition(conds, type_);
+        }
+    };
+
+    let mut next = old.phase;
+    if old.phase.is_final() {
+        // Final is final: only the pod list is kept up to date.
+    } else if let Some(pod) = current_pod(&ours) {
+        if is_terminal(pod) {
+            let (p, reason, message) = pod_outcome(pod);
+            next = p;
+            status.reason = Some(reason.to_string());
+            set(&mut conditions, conditions::READY, reason, &message);
+        } else {
+            let bound = node_of(pod).is_some();
+            if bound && pod_phase(pod) == "Running" && compute_running(pod) {
+                next = Phase::Scheduled;
+                status.node_name = node_of(pod).map(str::to_string);
+            } else {
+                next = Phase::Scheduling;
+            }
+            match unschedulable(pod) {
+                Some(m) if !bound => set(
+                    &mut conditions,
+                    conditions::POD_SCHEDULED,
+                    reasons::UNSCHEDULABLE,
+                    &m,
+                ),
+                _ => remove_condition(&mut conditions, conditions::POD_SCHEDULED),
+            }
+            match image_pull_problem(pod) {
+                Some((reason, m)) => set(&mut conditions, conditions::SYNCHRONIZED, reason, &m),
+                None => clear_ours(
+                    &mut conditions,
+                    conditions::SYNCHRONIZED,
+                    &[
+                        reasons::ERR_IMAGE_PULL,
+                        reasons::IMAGE_PULL_BACK_OFF,
+                        reasons::FAILED_CREATE,
+                    ],
+                ),
+            }
+        }
+    } else if matches!(old.phase, Phase::Unset | Phase::Pending) {
+        next = Phase::Pending;
+        match create_error {
+            Some(e) => set(
+                &mut conditions,
+                conditions::SYNCHRONIZED,
+                reasons::FAILED_CREATE,
+                e,
+            ),
+            None => clear_ours(
+                &mut conditions,
+                conditions::SYNCHRONIZED,
+                &[reasons::FAILED_CREATE],
+            ),
+        }
+    } else if !deleting {
+        // KubeVirt #6685: a VMI whose pod disappeared must never stay Running.
+        next = Phase::Failed;
+        status.reason = Some(reasons::POD_NOT_EXISTS.to_string());
+        set(
+            &mut conditions,
+            conditions::READY,
+            reasons::POD_NOT_EXISTS,
+            "the launcher pod disappeared",
+        );
+    }
+    // Phases only move forward; Running and later come from virt-handler.
+    if !next.is_final() && rank(next) < rank(old.phase) {
+        next = old.phase;
+    }
+    if next.is_final() {
+        remove_condition(&mut conditions, conditions::POD_SCHEDULED);
+    }
+    if next != old.phase {
+        status.phase = next;
+        let mut stamps = old.phase_transition_timestamps.clone().unwrap_or_default();
+        stamps.push(PhaseTransitionTimestamp {
+            phase: next,
+            phase_transition_timestamp: Some(Time(now)),
+        });
+        status.phase_transition_timestamps = Some(stamps);
+    }
+    status.conditions = (!conditions.is_empty()).then_some(conditions);
+    let active: BTreeMap<String, String> = ours
+        .iter()
+        .map(|p| (pod_uid(p), node_of(p).unwrap_or_default().to_string()))
+        .collect();
+    status.active_pods = (!active.is_empty()).then_some(active);
+    status
+}
+
+/// The value of the VMI's `kubevirt.io/nodeName` label the status implies, when it
+/// differs from the current one.
+pub fn node_label(
+    vmi: &VirtualMachineInstance,
+    status: &VirtualMachineInstanceStatus,
+) -> Option<String> {
+    let node = status.node_name.as_ref()?;
+    let current = vmi
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(super::render::NODE_NAME_LABEL));
+    (current != Some(node)).then(|| node.clone())
+}
+
+/// Seconds from the VMI's creation to its entering `phase`, from its phase transition
+/// timestamps; KubeVirt's `kubevirt_vmi_phase_transition_time_from_creation_seconds`.
+pub fn seconds_since_creation(vmi: &VirtualMachineInstance, phase: Phase) -> Option<f64> {
+    let created = vmi.metadata.creation_timestamp.as_ref()?.0;
+    let entered = vmi
+        .status
+        .as_ref()?
+        .phase_transition_timestamps
+        .iter()
+        .flatten()
+        .rev()
+        .find(|t| t.phase == phase)?
+        .phase_transition_timestamp
+        .as_ref()?
+        .0;
+    // Clock skew between writers can make this negative; KubeVirt floors it at 0.
+    Some(entered.duration_since(created).as_secs_f64().max(0.0))
+}
+
+#[cfg(test)]
+#[path = "decide_tests.rs"]
+mod tests;

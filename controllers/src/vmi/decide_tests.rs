@@ -1,0 +1,566 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use k8s_openapi::api::core::v1::Pod;
+use kubevirt_api::VirtualMachineInstance;
+use serde_json::{Value, json};
+
+use super::*;
+
+const UID: &str = "vmi-uid";
+
+fn ts(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+fn now() -> Timestamp {
+    ts("2026-01-01T00:01:00Z")
+}
+
+fn vmi(phase: &str) -> VirtualMachineInstance {
+    serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "demo", "namespace": "ns", "uid": UID, "resourceVersion": "5",
+                     "creationTimestamp": "2026-01-01T00:00:00Z",
+                     "finalizers": [FINALIZER]},
+        "spec": {"domain": {"devices": {}}, "terminationGracePeriodSeconds": 20},
+        "status": {"phase": phase}
+    }))
+    .unwrap()
+}
+
+fn no_finalizer(mut v: VirtualMachineInstance) -> VirtualMachineInstance {
+    v.metadata.finalizers = None;
+    v
+}
+
+fn deleting(mut v: VirtualMachineInstance) -> VirtualMachineInstance {
+    v.metadata.deletion_timestamp = Some(Time(ts("2026-01-01T00:00:50Z")));
+    v
+}
+
+/// A launcher pod of the VMI; `status` is merged over an empty pod status.
+fn pod(name: &str, node: Option<&str>, status: Value) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ns", "uid": format!("{name}-uid"),
+                     "creationTimestamp": "2026-01-01T00:00:01Z",
+                     "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                                          "name": "demo", "uid": UID, "controller": true}]},
+        "spec": {"nodeName": node, "containers": [{"name": "compute"}]},
+        "status": status
+    }))
+    .unwrap()
+}
+
+fn pending_pod() -> Pod {
+    pod("p", None, json!({"phase": "Pending"}))
+}
+
+fn unschedulable_pod() -> Pod {
+    pod(
+        "p",
+        None,
+        json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable", "message": "0/1 nodes are available: 1 Insufficient memory."}]}),
+    )
+}
+
+fn pulling_pod(reason: &str) -> Pod {
+    pod(
+        "p",
+        Some("n1"),
+        json!({"phase": "Pending", "initContainerStatuses": [{"name": "image-0", "image": "x",
+            "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": reason, "message": "pull access denied for x"}}}]}),
+    )
+}
+
+fn compute(state: Value) -> Value {
+    json!([{"name": "compute", "image": "l", "imageID": "", "ready": true, "restartCount": 0, "state": state}])
+}
+
+fn running_pod() -> Pod {
+    pod(
+        "p",
+        Some("n1"),
+        json!({"phase": "Running", "containerStatuses": compute(json!({"running": {}}))}),
+    )
+}
+
+fn bound_not_started_pod() -> Pod {
+    pod(
+        "p",
+        Some("n1"),
+        json!({"phase": "Pending", "containerStatuses": compute(json!({"waiting": {"reason": "PodInitializing"}}))}),
+    )
+}
+
+fn exited_pod(phase: &str, code: i32, message: &str) -> Pod {
+    pod(
+        "p",
+        Some("n1"),
+        json!({"phase": phase, "containerStatuses": compute(json!({"terminated":
+            {"exitCode": code, "reason": if code == 0 {"Completed"} else {"Error"}, "message": message}}))}),
+    )
+}
+
+fn evicted_pod() -> Pod {
+    pod(
+        "p",
+        Some("n1"),
+        json!({"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}),
+    )
+}
+
+fn init_failed_pod() -> Pod {
+    pod(
+        "p",
+        Some("n1"),
+        json!({"phase": "Failed", "initContainerStatuses": [{"name": "image-0", "image": "x",
+            "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 1, "message": "cp: can't stat '/disk': No such file or directory\n"}}}]}),
+    )
+}
+
+fn terminating(mut p: Pod) -> Pod {
+    p.metadata.deletion_timestamp = Some(Time(ts("2026-01-01T00:00:55Z")));
+    p
+}
+
+fn foreign(mut p: Pod) -> Pod {
+    p.metadata.owner_references.as_mut().unwrap()[0].uid = "other-vmi".into();
+    p
+}
+
+fn cond<'a>(s: &'a VirtualMachineInstanceStatus, type_: &str) -> Option<&'a Condition> {
+    s.conditions
+        .as_deref()
+        .and_then(|c| find_condition(c, type_))
+}
+
+/// One row: VMI, pods → plan (finalizer add/remove, create, deleted pod names) and the
+/// resulting phase and reason.
+struct Row {
+    what: &'static str,
+    vmi: VirtualMachineInstance,
+    pods: Vec<Pod>,
+    add_finalizer: bool,
+    create: bool,
+    delete: &'static [&'static str],
+    remove_finalizer: bool,
+    phase: Phase,
+    reason: Option<&'static str>,
+}
+
+fn row(what: &'static str, vmi: VirtualMachineInstance, pods: Vec<Pod>) -> Row {
+    let phase = vmi.status.as_ref().unwrap().phase;
+    Row {
+        what,
+        vmi,
+        pods,
+        add_finalizer: false,
+        create: false,
+        delete: &[],
+        remove_finalizer: false,
+        phase,
+        reason: None,
+    }
+}
+
+#[test]
+fn decision_table() {
+    let rows = vec![
+        Row {
+            add_finalizer: true,
+            create: true,
+            // Before the pod exists (or when creating it failed).
+            phase: Phase::Pending,
+            ..row(
+                "new VMI: finalizer first, then the pod",
+                no_finalizer(vmi("")),
+                vec![],
+            )
+        },
+        Row {
+            create: true,
+            phase: Phase::Pending,
+            ..row("Pending, finalizer present", vmi("Pending"), vec![])
+        },
+        Row {
+            create: true,
+            phase: Phase::Pending,
+            ..row(
+                "another VMI's pod is not ours",
+                vmi("Pending"),
+                vec![foreign(running_pod())],
+            )
+        },
+        Row {
+            phase: Phase::Scheduling,
+            ..row(
+                "pod created, not bound",
+                vmi("Pending"),
+                vec![pending_pod()],
+            )
+        },
+        Row {
+            phase: Phase::Scheduling,
+            ..row(
+                "bound, compute not started",
+                vmi("Scheduling"),
+                vec![bound_not_started_pod()],
+            )
+        },
+        Row {
+            phase: Phase::Scheduled,
+            ..row(
+                "bound and compute runs",
+                vmi("Scheduling"),
+                vec![running_pod()],
+            )
+        },
+        row("Running stays Running", vmi("Running"), vec![running_pod()]),
+        Row {
+            phase: Phase::Failed,
+            reason: Some(reasons::POD_NOT_EXISTS),
+            ..row("Running, pod gone (#6685)", vmi("Running"), vec![])
+        },
+        Row {
+            phase: Phase::Failed,
+            reason: Some(reasons::POD_NOT_EXISTS),
+            ..row("Scheduling, pod gone", vmi("Scheduling"), vec![])
+        },
+        Row {
+            phase: Phase::Succeeded,
+            reason: Some(reasons::POD_COMPLETED),
+            ..row(
+                "launcher exit 0",
+                vmi("Running"),
+                vec![exited_pod("Succeeded", 0, "")],
+            )
+        },
+        Row {
+            phase: Phase::Failed,
+            reason: Some(reasons::GUEST_CRASHED),
+            ..row(
+                "launcher exit 2",
+                vmi("Running"),
+                vec![exited_pod("Failed", 2, "guest crashed")],
+            )
+        },
+        Row {
+            phase: Phase::Failed,
+            reason: Some(reasons::LAUNCHER_FAILED),
+            ..row(
+                "launcher exit 1",
+                vmi("Scheduled"),
+                vec![exited_pod("Failed", 1, "no kvm")],
+            )
+        },
+        Row {
+            phase: Phase::Failed,
+            reason: Some(reasons::EVICTED),
+            ..row("evicted", vmi("Running"), vec![evicted_pod()])
+        },
+        Row {
+            phase: Phase::Failed,
+            reason: Some(reasons::POD_FAILED),
+            ..row(
+                "image copy failed",
+                vmi("Scheduling"),
+                vec![init_failed_pod()],
+            )
+        },
+        row(
+            "pod terminating: wait for how it ends",
+            vmi("Running"),
+            vec![terminating(running_pod())],
+        ),
+        Row {
+            delete: &["p"],
+            ..row(
+                "final VMI frees its node",
+                vmi("Failed"),
+                vec![running_pod()],
+            )
+        },
+        row(
+            "final VMI keeps a terminated pod for its logs",
+            vmi("Succeeded"),
+            vec![exited_pod("Succeeded", 0, "")],
+        ),
+        Row {
+            remove_finalizer: true,
+            ..row("final VMI, no pod", vmi("Failed"), vec![])
+        },
+        Row {
+            delete: &["p"],
+            ..row(
+                "deleted VMI: pod deleted",
+                deleting(vmi("Running")),
+                vec![running_pod()],
+            )
+        },
+        Row {
+            delete: &["p"],
+            phase: Phase::Succeeded,
+            reason: Some(reasons::POD_COMPLETED),
+            ..row(
+                "deleted VMI: terminated pod deleted too",
+                deleting(vmi("Running")),
+                vec![exited_pod("Succeeded", 0, "")],
+            )
+        },
+        row(
+            "deleted VMI: pod terminating, wait",
+            deleting(vmi("Running")),
+            vec![terminating(running_pod())],
+        ),
+        Row {
+            remove_finalizer: true,
+            ..row("deleted VMI: no pod left", deleting(vmi("Running")), vec![])
+        },
+        row(
+            "deleted VMI without our finalizer, no pod",
+            no_finalizer(deleting(vmi("Pending"))),
+            vec![],
+        ),
+        Row {
+            phase: Phase::Scheduling,
+            ..row(
+                "phases never go back",
+                vmi("Scheduling"),
+                vec![pending_pod()],
+            )
+        },
+    ];
+    for r in rows {
+        let p = plan(&r.vmi, &r.pods);
+        let deleted: Vec<&str> = p.delete_pods.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            (
+                p.add_finalizer,
+                p.create_pod,
+                deleted.as_slice(),
+                p.remove_finalizer
+            ),
+            (r.add_finalizer, r.create, r.delete, r.remove_finalizer),
+            "plan: {}",
+            r.what
+        );
+        let s = derive_status(&r.vmi, &r.pods, None, now());
+        assert_eq!(s.phase, r.phase, "phase: {}", r.what);
+        if r.reason.is_some() {
+            assert_eq!(s.reason.as_deref(), r.reason, "reason: {}", r.what);
+        }
+        if s.phase.is_final() && !r.vmi.status.as_ref().unwrap().phase.is_final() {
+            let ready = cond(&s, conditions::READY).expect("Ready on a final VMI");
+            assert_eq!(ready.status, ConditionStatus::False, "{}", r.what);
+        }
+    }
+}
+
+#[test]
+fn scheduling_names_the_pod_and_scheduled_the_node() {
+    let s = derive_status(&vmi(""), &[pending_pod()], None, now());
+    assert_eq!(s.phase, Phase::Scheduling);
+    assert_eq!(
+        s.active_pods,
+        Some(BTreeMap::from([("p-uid".to_string(), String::new())]))
+    );
+    let stamps = s.phase_transition_timestamps.clone().unwrap();
+    assert_eq!(stamps.len(), 1);
+    assert_eq!(stamps[0].phase, Phase::Scheduling);
+    assert_eq!(stamps[0].phase_transition_timestamp, Some(Time(now())));
+
+    let mut v = vmi("Scheduling");
+    v.status = Some(s);
+    let s = derive_status(&v, &[running_pod()], None, now());
+    assert_eq!(s.phase, Phase::Scheduled);
+    assert_eq!(s.node_name.as_deref(), Some("n1"));
+    assert_eq!(
+        s.active_pods,
+        Some(BTreeMap::from([("p-uid".to_string(), "n1".to_string())]))
+    );
+    assert_eq!(s.phase_transition_timestamps.as_ref().unwrap().len(), 2);
+    assert_eq!(node_label(&v, &s).as_deref(), Some("n1"));
+    v.metadata.labels = Some(BTreeMap::from([(
+        "kubevirt.io/nodeName".to_string(),
+        "n1".to_string(),
+    )]));
+    assert_eq!(node_label(&v, &s), None);
+}
+
+#[test]
+fn status_is_stable_when_nothing_changes() {
+    for (v, pods) in [
+        (vmi("Pending"), vec![]),
+        (vmi("Scheduling"), vec![unschedulable_pod()]),
+        (vmi("Scheduling"), vec![pulling_pod("ImagePullBackOff")]),
+        (vmi("Scheduled"), vec![running_pod()]),
+        (vmi("Running"), vec![evicted_pod()]),
+    ] {
+        let mut v = v;
+        let first = derive_status(&v, &pods, None, now());
+        v.status = Some(first.clone());
+        let later = ts("2026-01-01T00:05:00Z");
+        assert_eq!(derive_status(&v, &pods, None, later), first, "{pods:?}");
+    }
+}
+
+#[test]
+fn unschedulable_pod_sets_pod_scheduled_false_until_bound() {
+    let s = derive_status(&vmi("Scheduling"), &[unschedulable_pod()], None, now());
+    let c = cond(&s, conditions::POD_SCHEDULED).unwrap();
+    assert_eq!(c.status, ConditionStatus::False);
+    assert_eq!(c.reason.as_deref(), Some("Unschedulable"));
+    assert_eq!(
+        c.message.as_deref(),
+        Some("0/1 nodes are available: 1 Insufficient memory.")
+    );
+    assert_eq!(c.last_transition_time, Some(Time(now())));
+    let mut v = vmi("Scheduling");
+    v.status = Some(s);
+    let s = derive_status(&v, &[running_pod()], None, now());
+    assert!(cond(&s, conditions::POD_SCHEDULED).is_none());
+}
+
+#[test]
+fn image_pull_errors_set_synchronized_false_with_the_message() {
+    for reason in ["ErrImagePull", "ImagePullBackOff"] {
+        let s = derive_status(&vmi("Scheduling"), &[pulling_pod(reason)], None, now());
+        assert_eq!(s.phase, Phase::Scheduling);
+        let c = cond(&s, conditions::SYNCHRONIZED).unwrap();
+        assert_eq!(c.status, ConditionStatus::False);
+        assert_eq!(c.reason.as_deref(), Some(reason));
+        assert_eq!(c.message.as_deref(), Some("pull access denied for x"));
+        let mut v = vmi("Scheduling");
+        v.status = Some(s);
+        let s = derive_status(&v, &[running_pod()], None, now());
+        assert!(cond(&s, conditions::SYNCHRONIZED).is_none(), "{reason}");
+    }
+}
+
+#[test]
+fn a_synchronized_condition_of_another_writer_is_left_alone() {
+    let mut v = vmi("Scheduled");
+    v.status.as_mut().unwrap().conditions = Some(vec![Condition::new(
+        "Synchronized",
+        ConditionStatus::False,
+        "SomethingElse",
+        "",
+    )]);
+    let s = derive_status(&v, &[running_pod()], None, now());
+    assert_eq!(
+        cond(&s, conditions::SYNCHRONIZED)
+            .unwrap()
+            .reason
+            .as_deref(),
+        Some("SomethingElse")
+    );
+}
+
+#[test]
+fn failed_create_is_reported_and_cleared() {
+    let s = derive_status(
+        &vmi("Pending"),
+        &[],
+        Some("pods is forbidden: quota"),
+        now(),
+    );
+    assert_eq!(s.phase, Phase::Pending);
+    let c = cond(&s, conditions::SYNCHRONIZED).unwrap();
+    assert_eq!(c.reason.as_deref(), Some("FailedCreate"));
+    assert_eq!(c.message.as_deref(), Some("pods is forbidden: quota"));
+    let mut v = vmi("Pending");
+    v.status = Some(s);
+    let s = derive_status(&v, &[pending_pod()], None, now());
+    assert_eq!(s.phase, Phase::Scheduling);
+    assert!(cond(&s, conditions::SYNCHRONIZED).is_none());
+}
+
+#[test]
+fn failure_messages_name_the_cause() {
+    let s = derive_status(
+        &vmi("Running"),
+        &[exited_pod("Failed", 1, "no kvm\n")],
+        None,
+        now(),
+    );
+    assert_eq!(
+        cond(&s, conditions::READY).unwrap().message.as_deref(),
+        Some("launcher exit code 1: no kvm")
+    );
+    let s = derive_status(&vmi("Scheduling"), &[init_failed_pod()], None, now());
+    assert_eq!(
+        cond(&s, conditions::READY).unwrap().message.as_deref(),
+        Some("init container image-0 exited 1: cp: can't stat '/disk': No such file or directory")
+    );
+    let s = derive_status(&vmi("Running"), &[evicted_pod()], None, now());
+    assert_eq!(
+        cond(&s, conditions::READY).unwrap().message.as_deref(),
+        Some("The node was low on resource: memory.")
+    );
+}
+
+#[test]
+fn final_is_final() {
+    for phase in ["Succeeded", "Failed"] {
+        for pods in [
+            vec![],
+            vec![running_pod()],
+            vec![exited_pod("Failed", 2, "")],
+        ] {
+            let v = vmi(phase);
+            let s = derive_status(&v, &pods, None, now());
+            assert_eq!(s.phase, v.status.as_ref().unwrap().phase);
+            assert_eq!(s.phase_transition_timestamps, None);
+        }
+    }
+}
+
+#[test]
+fn a_live_pod_is_followed_before_a_terminated_one() {
+    let mut old = exited_pod("Failed", 2, "");
+    old.metadata.name = Some("old".into());
+    old.metadata.uid = Some("old-uid".into());
+    let s = derive_status(&vmi("Scheduling"), &[old, running_pod()], None, now());
+    assert_eq!(s.phase, Phase::Scheduled);
+}
+
+#[test]
+fn delete_grace_is_the_vmis_plus_padding() {
+    let v = deleting(vmi("Running"));
+    let p = plan(&v, &[running_pod()]);
+    assert_eq!(p.delete_grace_seconds, Some(20 + 15));
+    let mut v = v;
+    v.metadata.deletion_grace_period_seconds = Some(0);
+    assert_eq!(delete_grace(&v), 15);
+    v.metadata.deletion_grace_period_seconds = Some(600);
+    assert_eq!(delete_grace(&v), 35);
+    assert_eq!(
+        plan(&v, &[terminating(running_pod())]).delete_grace_seconds,
+        None
+    );
+}
+
+#[test]
+fn seconds_since_creation_uses_the_latest_entry() {
+    let mut v = vmi("Scheduled");
+    v.status.as_mut().unwrap().phase_transition_timestamps = Some(vec![
+        PhaseTransitionTimestamp {
+            phase: Phase::Scheduling,
+            phase_transition_timestamp: Some(Time(ts("2026-01-01T00:00:01Z"))),
+        },
+        PhaseTransitionTimestamp {
+            phase: Phase::Scheduled,
+            phase_transition_timestamp: Some(Time(ts("2026-01-01T00:00:03.5Z"))),
+        },
+    ]);
+    assert_eq!(seconds_since_creation(&v, Phase::Scheduled), Some(3.5));
+    assert_eq!(seconds_since_creation(&v, Phase::Scheduling), Some(1.0));
+    assert_eq!(seconds_since_creation(&v, Phase::Running), None);
+    // Skew between writers floors at 0.
+    v.metadata.creation_timestamp = Some(Time(ts("2026-01-01T00:00:10Z")));
+    assert_eq!(seconds_since_creation(&v, Phase::Scheduled), Some(0.0));
+}

@@ -1,0 +1,443 @@
+//! Orchestration of one VMI reconcile; the decisions live in [`super::decide`] and
+//! [`super::render`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Api, Resource, ResourceExt};
+use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstanceStatus};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::decide::{self, FINALIZER, Plan};
+use super::render::{self, CREATED_BY_LABEL, NODE_NAME_LABEL};
+use crate::context::{Context, FIELD_MANAGER};
+
+/// Why a VMI reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// The VMI object is malformed.
+    #[error("VirtualMachineInstance has no namespace or uid")]
+    NotPersisted,
+    /// Reading an object failed.
+    #[error("reading {what}")]
+    Read {
+        /// What was read.
+        what: &'static str,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Adding or removing the finalizer, or setting the node label, failed.
+    #[error("updating the VMI metadata ({what})")]
+    Metadata {
+        /// Which change.
+        what: &'static str,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Creating the launcher pod failed; the Synchronized condition says so too.
+    #[error("creating the launcher pod")]
+    CreatePod(#[source] kube::Error),
+    /// Deleting a launcher pod failed.
+    #[error("deleting launcher pod {pod}")]
+    DeletePod {
+        /// Pod name.
+        pod: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Writing the VMI status failed.
+    #[error("writing the VMI status")]
+    Status(#[source] kube::Error),
+    /// Serialising a patch failed (a bug).
+    #[error("serialising a patch")]
+    Serialize(#[from] serde_json::Error),
+}
+
+impl ReconcileError {
+    /// Short reason for logs and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NotPersisted => "NotPersisted",
+            Self::Read { .. } => "ReadFailed",
+            Self::Metadata { .. } => "FailedMetadataUpdate",
+            Self::CreatePod(_) => "FailedCreate",
+            Self::DeletePod { .. } => "FailedDelete",
+            Self::Status(_) => "FailedStatusUpdate",
+            Self::Serialize(_) => "SerializeFailed",
+        }
+    }
+
+    /// Someone else wrote the VMI in between (resourceVersion precondition): retry at once.
+    fn is_conflict(&self) -> bool {
+        match self {
+            Self::Status(kube::Error::Api(s))
+            | Self::Metadata {
+                source: kube::Error::Api(s),
+                ..
+            } => s.is_conflict(),
+            _ => false,
+        }
+    }
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.is_not_found())
+}
+
+/// A failed uid precondition on delete is a 409: that pod is gone already.
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    }
+}
+
+/// A merge patch that turns `old` into `new` under `status`, with removed keys set to
+/// null, guarded by the resourceVersion the decision was made on: the conditions list
+/// is replaced as a whole, so a concurrent virt-handler write must not be lost.
+pub fn status_patch<T: Serialize>(
+    resource_version: Option<&str>,
+    old: &T,
+    new: &T,
+) -> Result<Value, serde_json::Error> {
+    let mut status = serde_json::to_value(new)?;
+    if let (Value::Object(old), Value::Object(new)) = (serde_json::to_value(old)?, &mut status) {
+        for k in old.keys() {
+            if !new.contains_key(k) {
+                new.insert(k.clone(), Value::Null);
+            }
+        }
+    }
+    Ok(json!({
+        "metadata": {"resourceVersion": resource_version},
+        "status": status,
+    }))
+}
+
+/// A merge patch of the finalizer list, guarded by resourceVersion (the list is
+/// replaced as a whole).
+pub fn finalizer_patch(vmi: &VirtualMachineInstance, add: bool) -> Value {
+    let mut list: Vec<String> = vmi.finalizers().to_vec();
+    list.retain(|f| f != FINALIZER);
+    if add {
+        list.push(FINALIZER.to_string());
+    }
+    json!({"metadata": {
+        "resourceVersion": vmi.metadata.resource_version,
+        "finalizers": list,
+    }})
+}
+
+/// Reconciles one VMI: reads it and its pods fresh, executes the plan, writes status.
+///
+/// Both are read from the apiservers rather than watch caches: a stale pod list would
+/// create a second launcher, and a stale VMI would overwrite what virt-handler wrote.
+#[tracing::instrument(skip_all, fields(vmi = %vmi.name_any(), ns = vmi.namespace().unwrap_or_default()))]
+pub async fn reconcile(
+    vmi: Arc<VirtualMachineInstance>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    let ns = vmi.namespace().ok_or(ReconcileError::NotPersisted)?;
+    let uid = vmi.uid().ok_or(ReconcileError::NotPersisted)?;
+    let name = vmi.name_any();
+    let vmis = Api::<VirtualMachineInstance>::namespaced(ctx.client.clone(), &ns);
+    let pod_api = Api::<Pod>::namespaced(ctx.client.clone(), &ns);
+
+    let fresh = vmis
+        .get_opt(&name)
+        .await
+        .map_err(|source| ReconcileError::Read {
+            what: "VirtualMachineInstance",
+            source,
+        })?;
+    let Some(mut vmi) = fresh.filter(|v| v.uid().as_deref() == Some(uid.as_str())) else {
+        ctx.vmi_phases.forget(&uid);
+        ctx.backoff.reset(&uid);
+        return Ok(Action::await_change());
+    };
+    observe_phase(&ctx, &uid, &vmi);
+
+    let selector = format!("{},{CREATED_BY_LABEL}={uid}", super::launcher_selector());
+    let mut pods = pod_api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|source| ReconcileError::Read {
+            what: "launcher pods",
+            source,
+        })?
+        .items;
+
+    let plan = decide::plan(&vmi, &pods);
+    tracing::debug!(?plan, "planned");
+    let regarding = vmi.object_ref(&());
+
+    if plan.add_finalizer {
+        vmi = vmis
+            .patch(
+                &name,
+                &patch_params(),
+                &Patch::Merge(&finalizer_patch(&vmi, true)),
+            )
+            .await
+            .map_err(|source| ReconcileError::Metadata {
+                what: "finalizer",
+                source,
+            })?;
+    }
+
+    let mut create_error: Option<String> = None;
+    let mut failure: Option<ReconcileError> = None;
+    if plan.create_pod {
+        match render::launcher_pod(&vmi, &ctx.config.launcher) {
+            Ok(desired) => {
+                let params = PostParams {
+                    field_manager: Some(FIELD_MANAGER.to_string()),
+                    ..PostParams::default()
+                };
+                match pod_api.create(&params, &desired).await {
+                    Ok(pod) => {
+                        ctx.metrics.pod_action("create", true);
+                        let pod_name = pod.name_any();
+                        tracing::info!(pod = %pod_name, "created launcher pod");
+                        ctx.event(
+                            &regarding,
+                            EventType::Normal,
+                            "SuccessfulCreate",
+                            format!("Created virtual machine pod {pod_name}"),
+                        )
+                        .await;
+                        pods.push(pod);
+                    }
+                    Err(e) => {
+                        ctx.metrics.pod_action("create", false);
+                        tracing::warn!(error = %e, "creating launcher pod failed");
+                        ctx.event(
+                            &regarding,
+                            EventType::Warning,
+                            "FailedCreate",
+                            format!("Error creating pod: {e}"),
+                        )
+                        .await;
+                        create_error = Some(e.to_string());
+                        failure = Some(ReconcileError::CreatePod(e));
+                    }
+                }
+            }
+            // The spec will not render until it changes: say so and wait for a change
+            // rather than retry.
+            Err(e) => {
+                ctx.metrics.pod_action("create", false);
+                tracing::warn!(error = %e, "launcher pod cannot be rendered");
+                ctx.event(
+                    &regarding,
+                    EventType::Warning,
+                    "FailedCreate",
+                    format!("Error rendering pod: {e}"),
+                )
+                .await;
+                create_error = Some(e.to_string());
+            }
+        }
+    }
+
+    if let Err(e) = delete_pods(&ctx, &pod_api, &plan, &regarding).await {
+        failure.get_or_insert(e);
+    }
+
+    let now = Timestamp::now();
+    let status = decide::derive_status(&vmi, &pods, create_error.as_deref(), now);
+    let old = vmi.status.clone().unwrap_or_default();
+    if status != old {
+        vmi = write_status(&vmis, &vmi, &old, &status).await?;
+        ctx.metrics.vmi_status_written();
+        if status.phase != old.phase {
+            tracing::info!(from = old.phase.as_str(), to = status.phase.as_str(), reason = ?status.reason, "VMI phase");
+        }
+    }
+    if let Some(node) = decide::node_label(&vmi, &status) {
+        let patch = json!({"metadata": {
+            "resourceVersion": vmi.metadata.resource_version,
+            "labels": {NODE_NAME_LABEL: node},
+        }});
+        vmi = vmis
+            .patch(&name, &patch_params(), &Patch::Merge(&patch))
+            .await
+            .map_err(|source| ReconcileError::Metadata {
+                what: "node label",
+                source,
+            })?;
+    }
+    if plan.remove_finalizer {
+        match vmis
+            .patch(
+                &name,
+                &patch_params(),
+                &Patch::Merge(&finalizer_patch(&vmi, false)),
+            )
+            .await
+        {
+            Ok(_) => tracing::info!("no launcher pod left; finalizer removed"),
+            Err(e) if is_not_found(&e) => {}
+            Err(source) => {
+                return Err(ReconcileError::Metadata {
+                    what: "finalizer",
+                    source,
+                });
+            }
+        }
+    }
+
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    ctx.backoff.reset(&uid);
+    Ok(Action::requeue(ctx.config.resync))
+}
+
+/// Observes the phase transition metric when this VMI's phase changed since last seen.
+fn observe_phase(ctx: &Context, uid: &str, vmi: &VirtualMachineInstance) {
+    let phase = vmi.status.as_ref().map(|s| s.phase).unwrap_or_default();
+    if ctx.vmi_phases.changed(uid, phase)
+        && let Some(secs) = decide::seconds_since_creation(vmi, phase)
+    {
+        ctx.metrics.vmi_phase_transition(phase.as_str(), secs);
+    }
+}
+
+async fn delete_pods(
+    ctx: &Context,
+    pod_api: &Api<Pod>,
+    plan: &Plan,
+    regarding: &k8s_openapi::api::core::v1::ObjectReference,
+) -> Result<(), ReconcileError> {
+    let mut first_error = None;
+    for pod in &plan.delete_pods {
+        let params = DeleteParams {
+            grace_period_seconds: plan
+                .delete_grace_seconds
+                .and_then(|g| u32::try_from(g).ok()),
+            preconditions: Some(Preconditions {
+                uid: Some(pod.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match pod_api.delete(&pod.name, &params).await {
+            Ok(_) => {
+                ctx.metrics.pod_action("delete", true);
+                tracing::info!(pod = %pod.name, grace = ?plan.delete_grace_seconds, "deleting launcher pod");
+                ctx.event(
+                    regarding,
+                    EventType::Normal,
+                    "SuccessfulDelete",
+                    format!("Deleted virtual machine pod {}", pod.name),
+                )
+                .await;
+            }
+            Err(e) if is_not_found(&e) || is_conflict(&e) => {}
+            Err(e) => {
+                ctx.metrics.pod_action("delete", false);
+                tracing::warn!(pod = %pod.name, error = %e, "deleting launcher pod failed");
+                ctx.event(
+                    regarding,
+                    EventType::Warning,
+                    "FailedDelete",
+                    format!("Error deleting pod {}: {e}", pod.name),
+                )
+                .await;
+                first_error.get_or_insert(ReconcileError::DeletePod {
+                    pod: pod.name.clone(),
+                    source: e,
+                });
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+async fn write_status(
+    vmis: &Api<VirtualMachineInstance>,
+    vmi: &VirtualMachineInstance,
+    old: &VirtualMachineInstanceStatus,
+    new: &VirtualMachineInstanceStatus,
+) -> Result<VirtualMachineInstance, ReconcileError> {
+    let patch = status_patch(vmi.metadata.resource_version.as_deref(), old, new)?;
+    vmis.patch_status(&vmi.name_any(), &patch_params(), &Patch::Merge(&patch))
+        .await
+        .map_err(ReconcileError::Status)
+}
+
+/// Retry policy: conflicts retry at once, other errors back off per object.
+pub fn error_policy(
+    vmi: Arc<VirtualMachineInstance>,
+    err: &ReconcileError,
+    ctx: Arc<Context>,
+) -> Action {
+    if err.is_conflict() {
+        return Action::requeue(Duration::from_millis(50));
+    }
+    let key = vmi.uid().unwrap_or_else(|| vmi.name_any());
+    let delay = ctx.backoff.next_delay(&key);
+    tracing::warn!(vmi = %vmi.name_any(), error = %err, reason = err.reason(), retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use kubevirt_api::VirtualMachineInstance;
+    use serde_json::json;
+
+    use super::{finalizer_patch, status_patch};
+
+    #[test]
+    fn finalizer_patch_keeps_other_finalizers_and_carries_the_resource_version() {
+        let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "a", "resourceVersion": "7", "finalizers": ["other"]},
+            "spec": {"domain": {"devices": {}}}
+        }))
+        .unwrap();
+        assert_eq!(
+            finalizer_patch(&vmi, true),
+            json!({"metadata": {"resourceVersion": "7",
+                "finalizers": ["other", "kubevirt.io/virtualMachineControllerFinalize"]}})
+        );
+        assert_eq!(
+            finalizer_patch(&vmi, false),
+            json!({"metadata": {"resourceVersion": "7", "finalizers": ["other"]}})
+        );
+    }
+
+    #[test]
+    fn status_patch_nulls_removed_fields() {
+        let p = status_patch(
+            Some("3"),
+            &json!({"phase": "Scheduling", "conditions": [{"type": "PodScheduled"}]}),
+            &json!({"phase": "Scheduled", "nodeName": "n1"}),
+        )
+        .unwrap();
+        assert_eq!(
+            p,
+            json!({"metadata": {"resourceVersion": "3"},
+                   "status": {"phase": "Scheduled", "nodeName": "n1", "conditions": null}})
+        );
+    }
+}
