@@ -2,8 +2,10 @@
 //! it records action PUTs and echoes console/vnc websocket messages. It requires a
 //! client certificate from the given CA, like the real handler.
 //!
-//! Console commands (text messages from the client side): `takeover` closes the
-//! session with "another console session took over", as a second console would.
+//! Console commands from the client side: text `takeover` (or binary `~takeover~`)
+//! closes the session with "another console session took over", as a second console
+//! would. VMI `gone` answers actions with a 404 Status, VMI `busy` refuses streams
+//! with a 409 Status.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
@@ -103,9 +105,26 @@ async fn stream(
         .on_upgrade(move |socket| echo(socket, seen))
 }
 
+/// Closes like a console that another session took over, then reads the close reply.
+async fn take_over(mut socket: WebSocket, seen: &Seen) {
+    let _ = socket
+        .send(Message::Close(Some(CloseFrame {
+            code: 1000,
+            reason: "another console session took over".into(),
+        })))
+        .await;
+    while let Some(Ok(_)) = socket.recv().await {}
+    seen.ends.lock().unwrap().push("peer closed".into());
+}
+
 async fn echo(mut socket: WebSocket, seen: Arc<Seen>) {
     while let Some(m) = socket.recv().await {
         match m {
+            // Binary `~takeover~` does the same as text `takeover`, for clients that
+            // send only binary (kubectl-virt).
+            Ok(Message::Binary(b)) if b.as_ref() == b"~takeover~" => {
+                return take_over(socket, &seen).await;
+            }
             Ok(Message::Binary(b)) => {
                 seen.echoed.fetch_add(b.len(), Ordering::Relaxed);
                 if socket.send(Message::Binary(b)).await.is_err() {
@@ -114,16 +133,7 @@ async fn echo(mut socket: WebSocket, seen: Arc<Seen>) {
                 }
             }
             Ok(Message::Text(t)) if t.as_str() == "takeover" => {
-                let _ = socket
-                    .send(Message::Close(Some(CloseFrame {
-                        code: 1000,
-                        reason: "another console session took over".into(),
-                    })))
-                    .await;
-                // Read the close reply, as a well-behaved server does.
-                while let Some(Ok(_)) = socket.recv().await {}
-                seen.ends.lock().unwrap().push("peer closed".into());
-                return;
+                return take_over(socket, &seen).await;
             }
             Ok(Message::Ping(_)) => {
                 seen.pings.fetch_add(1, Ordering::Relaxed);
