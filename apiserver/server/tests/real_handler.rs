@@ -1,0 +1,377 @@
+//! virt-apiserver → the real virt-handler (node/handler, cluster mode, in this process)
+//! over mTLS, with real etcd + virt-apiserver. The handler learns the VMI by watching
+//! virt-apiserver; the launcher side is a stand-in on the unix sockets of
+//! docs/cluster-flow.md §1 (command protocol, console and VNC echo), so no QEMU is
+//! needed: node/launcher/tests/cluster.rs covers the handler with a real guest.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt, StreamExt};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixListener;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_util::sync::CancellationToken;
+use virt_apiserver::devenv::{DevEnv, HandlerCerts, Options, free_port};
+use virt_domain::protocol::{DomainState, LauncherStatus, Request, Response};
+
+const NODE: &str = "node-a";
+const SUB: &str = "/apis/subresources.kubevirt.io/v1/namespaces/default";
+
+/// The launcher's command socket: answers like a launcher whose domain runs, records
+/// requests; `watch` subscriptions stay open without events.
+fn fake_launcher(path: &Path, seen: Arc<Mutex<Vec<String>>>) {
+    let listener = UnixListener::bind(path).unwrap();
+    let state = Arc::new(Mutex::new(DomainState::Running));
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            let (seen, state) = (seen.clone(), state.clone());
+            tokio::spawn(async move {
+                let (r, mut w) = sock.into_split();
+                let mut lines = BufReader::new(r).lines();
+                let Ok(Some(line)) = lines.next_line().await else {
+                    return;
+                };
+                let req: Request = serde_json::from_str(&line).unwrap();
+                let reply = {
+                    let mut st = state.lock().unwrap();
+                    match req {
+                        Request::GetStatus => Response::Status(LauncherStatus {
+                            domain: "default_vm1".into(),
+                            state: *st,
+                            launcher_version: "test".into(),
+                            ..Default::default()
+                        }),
+                        Request::Watch => {
+                            drop(st);
+                            // Hold the subscription open until the handler drops it.
+                            let _ = lines.next_line().await;
+                            return;
+                        }
+                        Request::Pause => {
+                            *st = DomainState::Paused;
+                            Response::Ok
+                        }
+                        Request::Unpause => {
+                            *st = DomainState::Running;
+                            Response::Ok
+                        }
+                        Request::Ping => Response::Pong { version: 1 },
+                        _ => Response::Ok,
+                    }
+                };
+                if !matches!(req, Request::GetStatus) {
+                    seen.lock().unwrap().push(format!("{req:?}"));
+                }
+                let mut out = serde_json::to_vec(&reply).unwrap();
+                out.push(b'\n');
+                let _ = w.write_all(&out).await;
+            });
+        }
+    });
+}
+
+/// QEMU's console or VNC socket: echoes what it reads.
+fn echo_socket(path: &Path) {
+    let listener = UnixListener::bind(path).unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16384];
+                loop {
+                    match sock.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if sock.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+}
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+async fn open(env: &DevEnv, name: &str, sub: &str) -> Result<Ws, (u16, Value)> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(&env.server_ca).unwrap())
+        .unwrap();
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&env.admin.cert)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(&env.admin.key).unwrap();
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .unwrap();
+    let port: u16 = env.server_url.rsplit(':').next().unwrap().parse().unwrap();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .unwrap();
+    let mut req = format!("wss://127.0.0.1:{port}{SUB}/virtualmachineinstances/{name}/{sub}")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert(
+        "sec-websocket-protocol",
+        "plain.kubevirt.io".parse().unwrap(),
+    );
+    match tokio_tungstenite::client_async(req, tls).await {
+        Ok((ws, _)) => Ok(ws),
+        Err(tungstenite::Error::Http(res)) => {
+            let body = res.body().clone().unwrap_or_default();
+            Err((
+                res.status().as_u16(),
+                serde_json::from_slice(&body).unwrap_or(Value::Null),
+            ))
+        }
+        Err(e) => panic!("websocket: {e}"),
+    }
+}
+
+/// Sends `data` in 10 KiB messages while collecting the echo.
+async fn round_trip(ws: Ws, data: &[u8]) -> (Ws, Vec<u8>) {
+    let (mut tx, mut rx) = ws.split();
+    let chunks: Vec<Vec<u8>> = data.chunks(10240).map(<[u8]>::to_vec).collect();
+    let want = data.len();
+    let writer = async move {
+        for c in chunks {
+            tx.send(Message::Binary(c.into())).await.unwrap();
+        }
+        tx
+    };
+    let reader = async move {
+        let mut got = Vec::with_capacity(want);
+        while got.len() < want {
+            match rx.next().await.unwrap().unwrap() {
+                Message::Binary(b) => got.extend_from_slice(&b),
+                Message::Ping(_) | Message::Pong(_) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        (rx, got)
+    };
+    let (tx, (rx, got)) = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::join!(writer, reader)
+    })
+    .await
+    .expect("echo within 60 s");
+    (tx.reunite(rx).unwrap(), got)
+}
+
+async fn put(c: &reqwest::Client, env: &DevEnv, action: &str) -> (u16, Value) {
+    let r = c
+        .put(format!(
+            "{}{SUB}/virtualmachineinstances/vm1/{action}",
+            env.server_url
+        ))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let code = r.status().as_u16();
+    (code, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn apiserver_drives_the_real_virt_handler() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let certs = HandlerCerts::generate(dir.path()).unwrap();
+    let port = free_port().unwrap();
+    let env = tokio::task::spawn_blocking(move || {
+        DevEnv::start(Options {
+            apiserver_bin: env!("CARGO_BIN_EXE_virt-apiserver").into(),
+            extra_args: certs.apiserver_args(&[(NODE, format!("127.0.0.1:{port}"))]),
+            ..Default::default()
+        })
+        .map(|e| (e, certs))
+    })
+    .await
+    .unwrap()
+    .expect("start etcd and virt-apiserver");
+    let (env, certs) = env;
+
+    // virt-handler of node-a, watching VMIs on virt-apiserver.
+    // Short root: unix socket paths must stay below 108 bytes.
+    let root = tempfile::Builder::new().prefix("vh").tempdir().unwrap();
+    let kc = kube::config::Kubeconfig::read_from(&env.kubeconfig).unwrap();
+    let kcfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let tls = virt_handler::server::tls_config(
+        &std::fs::read(&certs.server.cert).unwrap(),
+        &std::fs::read(&certs.server.key).unwrap(),
+        &std::fs::read(&certs.ca).unwrap(),
+    )
+    .unwrap();
+    let shutdown = CancellationToken::new();
+    let opts = virt_handler::NodeOptions {
+        client: kube::Client::try_from(kcfg).unwrap(),
+        cluster: virt_handler::cluster::ClusterConfig {
+            node_name: NODE.into(),
+            paths: virt_handler::cluster::Paths {
+                run_root: root.path().into(),
+            },
+            stale_dir_age: Duration::from_secs(600),
+        },
+        listener: tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap(),
+        tls,
+        ping_every: Duration::from_secs(15),
+    };
+    let handler = tokio::spawn(virt_handler::run_node(opts, shutdown.clone()));
+
+    // A VMI scheduled to node-a and running (as virt-controller and the handler would
+    // have it), with its launcher's sockets.
+    let c = common::admin(&env);
+    let url = format!(
+        "{}/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances",
+        env.server_url
+    );
+    let vmi = json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "vm1"},
+        "spec": {"domain": {"resources": {"requests": {"memory": "64Mi"}}}}});
+    let created: Value = c
+        .post(&url)
+        .json(&vmi)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let sockets: PathBuf = root.path().join("sockets").join(&uid);
+    std::fs::create_dir_all(&sockets).unwrap();
+    let launcher_seen = Arc::new(Mutex::new(Vec::new()));
+    fake_launcher(&sockets.join("cmd.sock"), launcher_seen.clone());
+    echo_socket(&sockets.join("console.sock"));
+    echo_socket(&sockets.join("vnc.sock"));
+    let r = c
+        .patch(format!("{url}/vm1/status"))
+        .header("Content-Type", "application/merge-patch+json")
+        .json(&json!({"status": {"phase": "Running", "nodeName": NODE}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    // The handler knows the VMI once its watch delivered it: until then it answers 404.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, s) = put(&c, &env, "softreboot").await;
+        if code == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline && code == 404,
+            "{code} {s}; handler: {:?}",
+            handler.is_finished()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // pause goes through virt-apiserver and the handler to the launcher; a second pause
+    // is refused by the handler (the launcher is paused, the VMI status not updated
+    // yet) and its 409 Status reaches the client unchanged.
+    assert_eq!(put(&c, &env, "pause").await.0, 200);
+    let (code, s) = put(&c, &env, "pause").await;
+    assert_eq!(
+        (code, s["message"].as_str()),
+        (409, Some("VMI is already paused")),
+        "{s}"
+    );
+    assert_eq!(
+        launcher_seen.lock().unwrap().as_slice(),
+        ["SoftReboot", "Pause"]
+    );
+
+    // Console: 1 MiB byte-exact through virt-apiserver, the handler and the socket.
+    let ws = open(&env, "vm1", "console").await.unwrap();
+    let data: Vec<u8> = (0..1usize << 20)
+        .map(|i| (i * 13 + i / 509) as u8)
+        .collect();
+    let started = Instant::now();
+    let (mut first, got) = round_trip(ws, &data).await;
+    eprintln!(
+        "1 MiB console echo through virt-apiserver and virt-handler: {:?}",
+        started.elapsed()
+    );
+    assert!(got == data, "console bytes differ");
+
+    // A second console session takes over; the first is closed with the handler's reason.
+    let second = open(&env, "vm1", "console").await.unwrap();
+    let close = loop {
+        match tokio::time::timeout(Duration::from_secs(10), first.next())
+            .await
+            .expect("first session closed within 10 s")
+        {
+            Some(Ok(Message::Close(f))) => break f,
+            Some(Ok(_)) => {}
+            other => panic!("expected a close, got {other:?}"),
+        }
+    };
+    let close = close.expect("a close frame with a reason");
+    assert_eq!(close.reason.as_str(), virt_handler::server::TAKEN_OVER);
+    let (_second, got) = round_trip(second, b"still mine\r\n").await;
+    assert_eq!(got, b"still mine\r\n");
+
+    // VNC bytes too.
+    let vnc = open(&env, "vm1", "vnc").await.unwrap();
+    let (_vnc, got) = round_trip(vnc, b"RFB 003.008\n").await;
+    assert_eq!(got, b"RFB 003.008\n");
+
+    // A VMI the handler does not have: its 404 passes through.
+    let r = c
+        .post(&url)
+        .json(
+            &json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "elsewhere"},
+            "spec": {"domain": {"resources": {"requests": {"memory": "64Mi"}}}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    // Running on node-a as far as virt-apiserver knows, before the handler saw it.
+    let _ = c
+        .patch(format!("{url}/elsewhere/status"))
+        .header("Content-Type", "application/merge-patch+json")
+        .json(&json!({"status": {"phase": "Running", "nodeName": NODE}}))
+        .send()
+        .await
+        .unwrap();
+    let (code, s) = open(&env, "elsewhere", "console").await.err().unwrap();
+    assert!(
+        code == 404 || code == 409,
+        "handler's own answer expected: {code} {s}"
+    );
+    assert!(s["message"].as_str().is_some(), "{s}");
+
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), handler).await;
+}
