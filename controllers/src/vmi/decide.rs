@@ -153,15 +153,17 @@ fn phase(vmi: &VirtualMachineInstance) -> Phase {
     vmi.status.as_ref().map(|s| s.phase).unwrap_or_default()
 }
 
-/// Grace period of a launcher pod deletion: the VMI's (its deletion grace when that is
-/// shorter, e.g. a forced stop) plus the launcher's teardown padding.
+/// Grace period of a launcher pod deletion: the VMI's plus the launcher's teardown
+/// padding. `metadata.deletionGracePeriodSeconds` is not used: with CRD semantics (ours
+/// and kube-apiserver's) it is always 0 on a VMI held by a finalizer; a shorter grace
+/// reaches the VMI as `spec.terminationGracePeriodSeconds` (`stop --grace-period`,
+/// forced restart), as in KubeVirt.
 pub fn delete_grace(vmi: &VirtualMachineInstance) -> i64 {
-    let spec = vmi.spec.termination_grace_period_seconds.unwrap_or(30);
-    let grace = match vmi.metadata.deletion_grace_period_seconds {
-        Some(d) => d.min(spec),
-        None => spec,
-    };
-    grace.max(0) + GRACE_PADDING_SECONDS
+    vmi.spec
+        .termination_grace_period_seconds
+        .unwrap_or(30)
+        .max(0)
+        + GRACE_PADDING_SECONDS
 }
 
 /// Decides which objects to touch for `vmi` given its launcher `pods` (any pods: those

@@ -534,10 +534,11 @@ fn delete_grace_is_the_vmis_plus_padding() {
     let p = plan(&v, &[running_pod()]);
     assert_eq!(p.delete_grace_seconds, Some(20 + 15));
     let mut v = v;
+    // Always 0 on a finalizer-held custom resource: not a request for a forced stop.
     v.metadata.deletion_grace_period_seconds = Some(0);
-    assert_eq!(delete_grace(&v), 15);
-    v.metadata.deletion_grace_period_seconds = Some(600);
     assert_eq!(delete_grace(&v), 35);
+    v.spec.termination_grace_period_seconds = Some(1);
+    assert_eq!(delete_grace(&v), 16);
     assert_eq!(
         plan(&v, &[terminating(running_pod())]).delete_grace_seconds,
         None
