@@ -1,0 +1,624 @@
+//! The VMI controller in-process against a real kube-apiserver and etcd.
+//!
+//! Pods need the real kube-apiserver (its pod validation, graceful deletion of bound
+//! pods, the binding subresource, events.k8s.io). The test starts its own etcd and
+//! kube-apiserver (static token, AlwaysAllow) and serves VirtualMachineInstances from a
+//! CRD with a /status subresource: the same CRD semantics virt-apiserver implements,
+//! without the aggregation setup. No scheduler or kubelet runs; the test plays them by
+//! binding pods and writing pod status, exactly what the controller watches.
+//!
+//! kube-apiserver: `$KUBE_APISERVER_BIN`, else `target/k8s/*/bin/kube-apiserver`,
+//! which `cargo xtask cluster up` builds. etcd: Debian's `etcd-server`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::{Api, Client, ResourceExt};
+use kubevirt_api::VirtualMachineInstance;
+use kubevirt_api::vmi::VirtualMachineInstancePhase as Phase;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use virt_controllers::vmi::decide::FINALIZER;
+use virt_controllers::vmi::render::LauncherConfig;
+use virt_controllers::{Config, Context};
+
+const NS: &str = "default";
+const TOKEN: &str = "vmi-controller-test-token";
+
+fn kube_apiserver_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("KUBE_APISERVER_BIN") {
+        return p.into();
+    }
+    let k8s = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/k8s");
+    let found = std::fs::read_dir(&k8s).ok().and_then(|versions| {
+        versions
+            .filter_map(Result::ok)
+            .map(|v| v.path().join("bin/kube-apiserver"))
+            .find(|p| p.exists())
+    });
+    found.unwrap_or_else(|| {
+        panic!(
+            "no kube-apiserver under {}: run `cargo xtask cluster up` once (it builds the \
+             Kubernetes binaries), or set KUBE_APISERVER_BIN",
+            k8s.display()
+        )
+    })
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A child process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Env {
+    // Field order = drop order: the apiserver stops before its etcd, the dir goes last.
+    _apiserver: Proc,
+    _etcd: Proc,
+    dir: tempfile::TempDir,
+    client: Client,
+}
+
+impl Env {
+    async fn start() -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let etcd = Proc(
+            Command::new("/usr/bin/etcd")
+                .arg("--data-dir")
+                .arg(d.join("etcd"))
+                .args(["--listen-client-urls", &etcd_url])
+                .args(["--advertise-client-urls", &etcd_url])
+                .args(["--listen-peer-urls", &peer_url])
+                .args(["--initial-advertise-peer-urls", &peer_url])
+                .args(["--initial-cluster", &format!("default={peer_url}")])
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(d.join("etcd.log")).unwrap())
+                .spawn()
+                .expect("start etcd (install Debian's etcd-server)"),
+        );
+        let key = d.join("sa.key");
+        let ok = Command::new("openssl")
+            .args(["genrsa", "-out"])
+            .arg(&key)
+            .arg("2048")
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl");
+        assert!(ok.success(), "openssl genrsa failed");
+        std::fs::write(
+            d.join("tokens.csv"),
+            format!("{TOKEN},admin,admin-uid,system:masters\n"),
+        )
+        .unwrap();
+        let apiserver = Proc(
+            Command::new(kube_apiserver_bin())
+                .args(["--etcd-servers", &etcd_url])
+                .args(["--bind-address", "127.0.0.1"])
+                .args(["--secure-port", &api_port.to_string()])
+                .arg("--cert-dir")
+                .arg(d.join("certs"))
+                .arg("--token-auth-file")
+                .arg(d.join("tokens.csv"))
+                .args(["--authorization-mode", "AlwaysAllow"])
+                // Launcher pods are privileged.
+                .arg("--allow-privileged=true")
+                .args(["--service-account-issuer", "https://kubernetes.default.svc"])
+                .arg("--service-account-key-file")
+                .arg(&key)
+                .arg("--service-account-signing-key-file")
+                .arg(&key)
+                .args(["--service-cluster-ip-range", "10.0.0.0/24"])
+                // No kubernetes Service endpoints: nothing here runs in a pod.
+                .args(["--endpoint-reconciler-type", "none"])
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(d.join("kube-apiserver.log")).unwrap())
+                .spawn()
+                .expect("start kube-apiserver"),
+        );
+        let kubeconfig = d.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: t\n\
+                 clusters: [{{name: t, cluster: {{server: 'https://127.0.0.1:{api_port}', insecure-skip-tls-verify: true}}}}]\n\
+                 users: [{{name: t, user: {{token: {TOKEN}}}}}]\n\
+                 contexts: [{{name: t, context: {{cluster: t, user: t}}}}]\n"
+            ),
+        )
+        .unwrap();
+        let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap();
+        let client = Client::try_from(cfg).unwrap();
+        let env = Self {
+            _apiserver: apiserver,
+            _etcd: etcd,
+            dir,
+            client,
+        };
+        env.wait_ready().await;
+        env.install().await;
+        env
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
+            if self.client.request_text(req).await.is_ok() {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "kube-apiserver not ready; see {}",
+                self.dir.path().join("kube-apiserver.log").display()
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// The VMI CRD and the ServiceAccount pods are admitted with (no controller-manager
+    /// creates `default` here).
+    async fn install(&self) {
+        let crd: CustomResourceDefinition = serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "virtualmachineinstances.kubevirt.io"},
+            "spec": {"group": "kubevirt.io", "scope": "Namespaced",
+                "names": {"plural": "virtualmachineinstances", "singular": "virtualmachineinstance",
+                          "kind": "VirtualMachineInstance", "shortNames": ["vmi"]},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object",
+                        "x-kubernetes-preserve-unknown-fields": true}}}]}
+        }))
+        .unwrap();
+        Api::<CustomResourceDefinition>::all(self.client.clone())
+            .create(&PostParams::default(), &crd)
+            .await
+            .unwrap();
+        let sa: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
+        eventually("the default ServiceAccount", || async {
+            Api::<ServiceAccount>::namespaced(self.client.clone(), NS)
+                .create(&PostParams::default(), &sa)
+                .await
+                .ok()
+        })
+        .await;
+        eventually("the VMI resource to be served", || async {
+            self.vmis().list(&ListParams::default()).await.ok()
+        })
+        .await;
+    }
+
+    fn vmis(&self) -> Api<VirtualMachineInstance> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    fn start_controller(&self) -> (Arc<Context>, CancellationToken) {
+        let config = Config {
+            namespace: Some(NS.to_string()),
+            error_backoff_base: Duration::from_millis(100),
+            launcher: LauncherConfig {
+                allow_emulation: true,
+                ..LauncherConfig::default()
+            },
+            ..Config::default()
+        };
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: "virt-controller".into(),
+                instance: Some("test".into()),
+            },
+        );
+        let ctx = Arc::new(Context::new(self.client.clone(), Some(recorder), config));
+        let stop = CancellationToken::new();
+        tokio::spawn(virt_controllers::vmi::run(ctx.clone(), stop.clone()));
+        (ctx, stop)
+    }
+
+    async fn create_vmi(&self, name: &str) -> VirtualMachineInstance {
+        let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": name},
+            "spec": {
+                "domain": {"devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]},
+                           "resources": {"requests": {"memory": "64Mi"}}},
+                "terminationGracePeriodSeconds": 5,
+                "volumes": [{"name": "root", "containerDisk": {
+                    "image": "localhost/kubevirt-rs/test-guest:latest", "imagePullPolicy": "Never"}}]}
+        }))
+        .unwrap();
+        self.vmis()
+            .create(&PostParams::default(), &vmi)
+            .await
+            .unwrap()
+    }
+
+    async fn vmi_where(
+        &self,
+        name: &str,
+        what: &str,
+        f: impl Fn(&VirtualMachineInstance) -> bool,
+    ) -> VirtualMachineInstance {
+        eventually(what, || async {
+            self.vmis().get_opt(name).await.unwrap().filter(|v| f(v))
+        })
+        .await
+    }
+
+    async fn phase(&self, name: &str, phase: Phase) -> VirtualMachineInstance {
+        self.vmi_where(name, &format!("{name} in {phase:?}"), |v| {
+            v.status.as_ref().is_some_and(|s| s.phase == phase)
+        })
+        .await
+    }
+
+    async fn launcher_pods(&self, vmi: &VirtualMachineInstance) -> Vec<Pod> {
+        let sel = format!("kubevirt.io/created-by={}", vmi.uid().unwrap());
+        self.pods()
+            .list(&ListParams::default().labels(&sel))
+            .await
+            .unwrap()
+            .items
+    }
+
+    async fn only_pod(&self, vmi: &VirtualMachineInstance) -> Pod {
+        let pods = self.launcher_pods(vmi).await;
+        assert_eq!(pods.len(), 1, "{pods:?}");
+        pods.into_iter().next().unwrap()
+    }
+
+    /// The scheduler's part: bind the pod to a node.
+    async fn bind(&self, pod: &str, node: &str) {
+        let binding = json!({"apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": pod}, "target": {"kind": "Node", "name": node}});
+        let _: Value = self
+            .pods()
+            .create_subresource("binding", pod, &PostParams::default(), &binding)
+            .await
+            .unwrap();
+    }
+
+    /// The kubelet's (or scheduler's) part: write pod status.
+    async fn pod_status(&self, pod: &str, status: Value) {
+        self.pods()
+            .patch_status(
+                pod,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "status": status })),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn events_of(&self, name: &str) -> Vec<String> {
+        Api::<Event>::namespaced(self.client.clone(), NS)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .filter_map(|e| e.reason)
+            .collect()
+    }
+}
+
+/// Polls `f` until it returns Some, for at most 30 s.
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn compute(state: Value) -> Value {
+    json!([{"name": "compute", "image": "localhost/kubevirt-rs/virt-launcher:latest",
+            "imageID": "", "ready": true, "restartCount": 0, "state": state}])
+}
+
+fn cond<'a>(
+    v: &'a VirtualMachineInstance,
+    type_: &str,
+) -> Option<&'a kubevirt_api::common::Condition> {
+    v.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vmi_controller_against_kube_apiserver() {
+    let env = Env::start().await;
+    let (ctx, stop) = env.start_controller();
+
+    // 1. Create → finalizer + one pod → Scheduling → (bound, compute runs) Scheduled
+    //    with node name and label → the pod disappears → Failed (never Running without
+    //    a pod), no second pod → delete → gone.
+    env.create_vmi("a").await;
+    let a = env.phase("a", Phase::Scheduling).await;
+    assert!(a.finalizers().iter().any(|f| f == FINALIZER));
+    let pod = env.only_pod(&a).await;
+    let pod_name = pod.name_any();
+    assert!(pod_name.starts_with("virt-launcher-a-"), "{pod_name}");
+    assert_eq!(
+        a.status
+            .as_ref()
+            .unwrap()
+            .active_pods
+            .as_ref()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        vec![pod.uid().as_ref().unwrap()]
+    );
+    let spec = pod.spec.as_ref().unwrap();
+    let inits: Vec<&str> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(inits, ["virt-bin", "image-0"]);
+    assert_eq!(spec.termination_grace_period_seconds, Some(5 + 15));
+    assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+
+    env.bind(&pod_name, "node-1").await;
+    env.pod_status(
+        &pod_name,
+        json!({"phase": "Running", "containerStatuses": compute(json!({"running": {}}))}),
+    )
+    .await;
+    let a = env.phase("a", Phase::Scheduled).await;
+    assert_eq!(
+        a.status.as_ref().unwrap().node_name.as_deref(),
+        Some("node-1")
+    );
+    env.vmi_where("a", "the node label", |v| {
+        v.labels().get("kubevirt.io/nodeName").map(String::as_str) == Some("node-1")
+    })
+    .await;
+
+    // virt-handler's part.
+    env.vmis()
+        .patch_status(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"phase": "Running"}})),
+        )
+        .await
+        .unwrap();
+    env.pods()
+        .delete(
+            &pod_name,
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            },
+        )
+        .await
+        .unwrap();
+    let a = env.phase("a", Phase::Failed).await;
+    assert_eq!(
+        a.status.as_ref().unwrap().reason.as_deref(),
+        Some("PodNotExists")
+    );
+    assert_eq!(
+        cond(&a, "Ready").unwrap().reason.as_deref(),
+        Some("PodNotExists")
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        env.launcher_pods(&a).await.is_empty(),
+        "a failed VMI never gets a new pod"
+    );
+    env.vmis()
+        .delete("a", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("a to be gone", || async {
+        env.vmis()
+            .get_opt("a")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let reasons = env.events_of("a").await;
+    assert!(
+        reasons.iter().any(|r| r == "SuccessfulCreate"),
+        "{reasons:?}"
+    );
+
+    // 2. Unschedulable → PodScheduled=False; image pull back-off → Synchronized=False
+    //    with the kubelet's message; the image copy fails → Failed; the terminated pod
+    //    stays for its logs until the VMI is deleted.
+    env.create_vmi("b").await;
+    let b = env.phase("b", Phase::Scheduling).await;
+    let pod_name = env.only_pod(&b).await.name_any();
+    env.pod_status(
+        &pod_name,
+        json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable", "message": "0/1 nodes are available: 1 Insufficient memory."}]}),
+    )
+    .await;
+    let b = env
+        .vmi_where("b", "PodScheduled=False", |v| {
+            cond(v, "PodScheduled").is_some_and(|c| c.reason.as_deref() == Some("Unschedulable"))
+        })
+        .await;
+    assert_eq!(
+        cond(&b, "PodScheduled").unwrap().message.as_deref(),
+        Some("0/1 nodes are available: 1 Insufficient memory.")
+    );
+    env.bind(&pod_name, "node-1").await;
+    let waiting = json!([{"name": "image-0", "image": "localhost/kubevirt-rs/test-guest:latest",
+        "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]);
+    env.pod_status(
+        &pod_name,
+        json!({"phase": "Pending",
+               "conditions": [{"type": "PodScheduled", "status": "True"}],
+               "initContainerStatuses": waiting}),
+    )
+    .await;
+    let b = env
+        .vmi_where("b", "Synchronized=False", |v| {
+            cond(v, "Synchronized").is_some_and(|c| c.reason.as_deref() == Some("ImagePullBackOff"))
+        })
+        .await;
+    assert_eq!(
+        cond(&b, "Synchronized").unwrap().message.as_deref(),
+        Some("Back-off pulling image")
+    );
+    assert!(cond(&b, "PodScheduled").is_none());
+    let failed = json!([{"name": "image-0", "image": "localhost/kubevirt-rs/test-guest:latest",
+        "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 1, "message": "cp: can't stat '/disk'"}}}]);
+    env.pod_status(
+        &pod_name,
+        json!({"phase": "Failed", "initContainerStatuses": failed}),
+    )
+    .await;
+    let b = env.phase("b", Phase::Failed).await;
+    assert_eq!(
+        b.status.as_ref().unwrap().reason.as_deref(),
+        Some("PodFailed")
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(env.launcher_pods(&b).await.len(), 1, "kept for its logs");
+    env.vmis()
+        .delete("b", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("b to be gone", || async {
+        env.vmis()
+            .get_opt("b")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(env.launcher_pods(&b).await.is_empty());
+
+    // 3. Deleting a running VMI deletes its pod with the VMI's grace + 15 s and keeps
+    //    the VMI until the kubelet is done with the pod.
+    env.create_vmi("c").await;
+    let c = env.phase("c", Phase::Scheduling).await;
+    let pod_name = env.only_pod(&c).await.name_any();
+    env.bind(&pod_name, "node-1").await;
+    env.pod_status(
+        &pod_name,
+        json!({"phase": "Running", "containerStatuses": compute(json!({"running": {}}))}),
+    )
+    .await;
+    env.phase("c", Phase::Scheduled).await;
+    env.vmis()
+        .delete("c", &DeleteParams::default())
+        .await
+        .unwrap();
+    let pod = eventually("the pod to be terminating", || async {
+        env.pods()
+            .get_opt(&pod_name)
+            .await
+            .unwrap()
+            .filter(|p| p.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    assert_eq!(pod.metadata.deletion_grace_period_seconds, Some(5 + 15));
+    let c = env.vmis().get("c").await.unwrap();
+    assert!(c.metadata.deletion_timestamp.is_some());
+    assert!(
+        c.finalizers().iter().any(|f| f == FINALIZER),
+        "held by the pod"
+    );
+    env.pod_status(
+        &pod_name,
+        json!({"phase": "Succeeded", "containerStatuses": compute(json!({"terminated": {"exitCode": 0}}))}),
+    )
+    .await;
+    env.phase("c", Phase::Succeeded).await;
+    env.pods()
+        .delete(
+            &pod_name,
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            },
+        )
+        .await
+        .unwrap();
+    eventually("c to be gone", || async {
+        env.vmis()
+            .get_opt("c")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let reasons = env.events_of("c").await;
+    assert!(
+        reasons.iter().any(|r| r == "SuccessfulDelete"),
+        "{reasons:?}"
+    );
+
+    let metrics = ctx.metrics.encode();
+    for phase in ["Scheduling", "Scheduled", "Failed"] {
+        assert!(
+            metrics.contains(&format!(
+                "kubevirt_vmi_phase_transition_time_from_creation_seconds_count{{phase=\"{phase}\"}}"
+            )),
+            "{phase}: {metrics}"
+        );
+    }
+    stop.cancel();
+}
