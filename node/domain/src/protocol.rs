@@ -89,6 +89,11 @@ pub struct LauncherStatus {
     pub qemu_version: Option<String>,
     /// PID of the QEMU process, when known.
     pub qemu_pid: Option<u32>,
+    /// The launcher pod's IP (the VMI's pod-network interface in `status.interfaces`).
+    /// Optional and defaulted, so launchers and handlers of either side of this field
+    /// still understand each other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_ip: Option<String>,
 }
 
 /// A domain lifecycle event.

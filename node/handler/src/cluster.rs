@@ -25,7 +25,8 @@ use tokio_util::sync::CancellationToken;
 use virt_domain::protocol::{DomainEvent, DomainState, Request, Response};
 
 use crate::client::{ClientError, LauncherClient};
-use crate::status::{Observation, status_patch, vmi_status};
+use crate::metrics::Metrics;
+use crate::status::{Observation, stamp_phase, status_patch, vmi_status, with_pod_interface};
 
 /// How long a launcher that was running may fail to answer before it counts as gone.
 /// Short: a live launcher answers within milliseconds, and a `kill -9` leaves a socket
@@ -132,6 +133,7 @@ pub async fn run(
     client: Client,
     cfg: ClusterConfig,
     registry: Registry,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> Result<(), ClusterError> {
     let sockets = cfg.paths.sockets();
@@ -161,15 +163,16 @@ pub async fn run(
             ev = stream.next() => ev,
         };
         let Some(ev) = ev else { break };
+        let m = &metrics;
         match ev {
             Ok(Event::Init) => listed.clear(),
             Ok(Event::InitApply(vmi)) => {
                 if let Some(uid) = vmi.uid() {
                     listed.insert(uid);
                 }
-                apply(&client, &cfg, &registry, &mut monitors, vmi);
+                apply(&client, &cfg, &registry, m, &mut monitors, vmi);
             }
-            Ok(Event::Apply(vmi)) => apply(&client, &cfg, &registry, &mut monitors, vmi),
+            Ok(Event::Apply(vmi)) => apply(&client, &cfg, &registry, m, &mut monitors, vmi),
             Ok(Event::Delete(vmi)) => {
                 if let Some(uid) = vmi.uid() {
                     gone(&cfg, &registry, &mut monitors, &uid);
@@ -192,6 +195,7 @@ pub async fn run(
             }
             Err(e) => tracing::warn!(error = %e, "VMI watch failed; retrying"),
         }
+        metrics.vmis.set(monitors.len() as i64);
     }
     for (_, m) in monitors {
         m.task.abort();
@@ -203,6 +207,7 @@ fn apply(
     client: &Client,
     cfg: &ClusterConfig,
     registry: &Registry,
+    metrics: &Arc<Metrics>,
     monitors: &mut HashMap<String, Monitor>,
     vmi: VirtualMachineInstance,
 ) {
@@ -222,6 +227,7 @@ fn apply(
         api: Api::namespaced(client.clone(), &ns),
         name: name.clone(),
         vmi: rx,
+        metrics: metrics.clone(),
     };
     let launcher = LauncherClient::new(cfg.paths.cmd(&uid));
     let span = tracing::info_span!("vmi", %ns, %name, %uid);
@@ -256,6 +262,7 @@ struct StatusWriter {
     api: Api<VirtualMachineInstance>,
     name: String,
     vmi: watch::Receiver<VirtualMachineInstance>,
+    metrics: Arc<Metrics>,
 }
 
 impl StatusWriter {
@@ -268,7 +275,12 @@ impl StatusWriter {
     /// launcher's next event.
     async fn observe(&mut self, obs: &Observation) {
         let prev = self.status();
-        let next = vmi_status(&prev, obs);
+        let mut next = vmi_status(&prev, obs);
+        if let Observation::Launcher(l) = obs {
+            let vmi = self.vmi.borrow().clone();
+            next = with_pod_interface(next, &vmi, l.pod_ip.as_deref());
+        }
+        let next = stamp_phase(&prev, next, k8s_openapi::jiff::Timestamp::now());
         let Some(patch) = status_patch(&prev, &next) else {
             return;
         };
@@ -281,6 +293,7 @@ impl StatusWriter {
                 .await
             {
                 Ok(_) => {
+                    self.metrics.status_write(true);
                     tracing::info!(
                         phase = next.phase.as_str(),
                         reason = next.reason.as_deref().unwrap_or(""),
@@ -294,6 +307,7 @@ impl StatusWriter {
                     return;
                 }
                 Err(e) => {
+                    self.metrics.status_write(false);
                     tracing::warn!(error = %e, attempt, "writing VMI status failed");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(5));
@@ -336,6 +350,7 @@ async fn monitor(mut w: StatusWriter, launcher: LauncherClient) {
                     if since.elapsed() >= GONE_AFTER {
                         let reason = gone_reason(&e);
                         tracing::warn!(%reason, "launcher is gone");
+                        w.metrics.launchers_gone.inc();
                         w.observe(&Observation::LauncherDied(reason)).await;
                         return;
                     }
@@ -343,7 +358,10 @@ async fn monitor(mut w: StatusWriter, launcher: LauncherClient) {
             }
         }
         // Wake early when the VMI changes (e.g. it became final elsewhere).
-        let _ = tokio::time::timeout(POLL, w.vmi.changed()).await;
+        if let Ok(Err(_)) = tokio::time::timeout(POLL, w.vmi.changed()).await {
+            // The watch side is gone (this task is being aborted); do not spin.
+            tokio::time::sleep(POLL).await;
+        }
     }
 }
 

@@ -12,6 +12,7 @@
 
 pub mod client;
 pub mod cluster;
+pub mod metrics;
 pub mod server;
 pub mod status;
 
@@ -437,6 +438,8 @@ pub struct NodeOptions {
     pub tls: rustls::ServerConfig,
     /// Websocket ping interval.
     pub ping_every: Duration,
+    /// Where `/metrics` is served (plain HTTP); not served when `None`.
+    pub metrics_listener: Option<tokio::net::TcpListener>,
 }
 
 impl std::fmt::Debug for NodeOptions {
@@ -456,11 +459,22 @@ pub async fn run_node(
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(), NodeError> {
     let registry = cluster::Registry::default();
+    let metrics = std::sync::Arc::new(metrics::Metrics::default());
     let state = server::AppState::new(
         registry.clone(),
         opts.cluster.paths.clone(),
         opts.ping_every,
+        metrics.clone(),
     );
+    if let Some(l) = opts.metrics_listener {
+        tracing::info!(addr = ?l.local_addr().ok(), "metrics server listening");
+        let (m, stop) = (metrics.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(e) = metrics::serve(l, m, stop).await {
+                tracing::error!(error = %e, "metrics server failed");
+            }
+        });
+    }
     let addr = opts.listener.local_addr().ok();
     tracing::info!(?addr, "HTTPS server listening");
     let srv = server::serve(
@@ -469,7 +483,13 @@ pub async fn run_node(
         server::router(state),
         shutdown.clone(),
     );
-    let watch = cluster::run(opts.client, opts.cluster, registry, shutdown.clone());
+    let watch = cluster::run(
+        opts.client,
+        opts.cluster,
+        registry,
+        metrics,
+        shutdown.clone(),
+    );
     let r = tokio::select! {
         r = srv => r.map_err(NodeError::Serve),
         r = watch => r.map_err(NodeError::Cluster),

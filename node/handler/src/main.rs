@@ -44,6 +44,9 @@ struct Args {
     /// CA bundle client certificates must chain to (PEM).
     #[arg(long, env = "VIRT_HANDLER_CLIENT_CA")]
     client_ca: Option<PathBuf>,
+    /// Serve Prometheus /metrics (plain HTTP) here, e.g. 0.0.0.0:8187; off when unset.
+    #[arg(long, env = "VIRT_HANDLER_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
     /// Seconds between websocket pings (a ping unanswered until the next closes the session).
     #[arg(long, env = "VIRT_HANDLER_WS_PING_SECONDS", default_value_t = 15)]
     ws_ping_seconds: u64,
@@ -132,7 +135,16 @@ async fn cluster_main(node_name: String, args: Args) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("--listen {}", args.listen))?;
+    let metrics_listener = match args.metrics_addr {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("--metrics-addr {a}"))?,
+        ),
+        None => None,
+    };
     let opts = NodeOptions {
+        metrics_listener,
         client,
         cluster: ClusterConfig {
             node_name,

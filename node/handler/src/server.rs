@@ -36,6 +36,7 @@ use virt_domain::protocol::{DomainState, Request, Response as LauncherResponse};
 
 use crate::client::LauncherClient;
 use crate::cluster::{Paths, Registry};
+use crate::metrics::Metrics;
 
 /// KubeVirt's websocket subprotocol for console and VNC (echoed when offered).
 pub const PLAIN_PROTOCOL: &str = "plain.kubevirt.io";
@@ -111,13 +112,20 @@ pub struct AppState {
     consoles: Arc<tokio::sync::Mutex<HashMap<String, Weak<ConsoleHub>>>>,
     vnc: Arc<Mutex<HashMap<String, (u64, CancellationToken)>>>,
     ids: Arc<AtomicU64>,
+    metrics: Arc<Metrics>,
 }
 
 impl AppState {
     /// State for the VMIs in `registry`, with sockets under `paths`; websockets are
     /// pinged every `ping_every` and closed when a ping goes unanswered until the next.
-    pub fn new(registry: Registry, paths: Paths, ping_every: Duration) -> Self {
+    pub fn new(
+        registry: Registry,
+        paths: Paths,
+        ping_every: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
+            metrics,
             registry,
             paths,
             ping_every,
@@ -230,6 +238,17 @@ async fn action(
     State(st): State<AppState>,
     UrlPath((ns, name, action)): UrlPath<(String, String, String)>,
 ) -> Response {
+    let metrics = st.metrics.clone();
+    let label = match action.as_str() {
+        a @ ("pause" | "unpause" | "softreboot") => a.to_string(),
+        _ => "unknown".to_string(),
+    };
+    let r = do_action(st, ns, name, action).await;
+    metrics.request(&label, r.status().as_u16());
+    r
+}
+
+async fn do_action(st: AppState, ns: String, name: String, action: String) -> Response {
     let req = match action.as_str() {
         "pause" => Request::Pause,
         "unpause" => Request::Unpause,
@@ -302,6 +321,19 @@ async fn console(
     Query(q): Query<StreamQuery>,
     ws: WebSocketUpgrade,
 ) -> Response {
+    let metrics = st.metrics.clone();
+    let r = open_console(st, ns, name, q, ws).await;
+    metrics.request("console", r.status().as_u16());
+    r
+}
+
+async fn open_console(
+    st: AppState,
+    ns: String,
+    name: String,
+    q: StreamQuery,
+    ws: WebSocketUpgrade,
+) -> Response {
     let Some(uid) = st.registry.uid(&ns, &name) else {
         return not_found(&ns, &name);
     };
@@ -313,10 +345,13 @@ async fn console(
     };
     let id = st.ids.fetch_add(1, Ordering::Relaxed);
     let ping = st.ping_every;
+    let open = st.metrics.sessions("console");
     ws.protocols([PLAIN_PROTOCOL])
         .on_upgrade(move |ws| async move {
+            open.inc();
             tracing::info!(%ns, %name, session = id, read_only = q.read_only, "console session opened");
             console_session(ws, hub, id, q.read_only, ping).await;
+            open.dec();
             tracing::info!(%ns, %name, session = id, "console session closed");
         })
 }
@@ -326,6 +361,13 @@ async fn vnc(
     UrlPath((ns, name)): UrlPath<(String, String)>,
     ws: WebSocketUpgrade,
 ) -> Response {
+    let metrics = st.metrics.clone();
+    let r = open_vnc(st, ns, name, ws).await;
+    metrics.request("vnc", r.status().as_u16());
+    r
+}
+
+async fn open_vnc(st: AppState, ns: String, name: String, ws: WebSocketUpgrade) -> Response {
     let Some(uid) = st.registry.uid(&ns, &name) else {
         return not_found(&ns, &name);
     };
@@ -341,8 +383,10 @@ async fn vnc(
         old.cancel();
     }
     let (ping, vnc_map) = (st.ping_every, st.vnc.clone());
+    let open = st.metrics.sessions("vnc");
     ws.protocols([PLAIN_PROTOCOL])
         .on_upgrade(move |ws| async move {
+            open.inc();
             tracing::info!(%ns, %name, session = id, "VNC session opened");
             let (mut r, mut w) = sock.into_split();
             let (out_tx, out_rx) = mpsc::channel::<Bytes>(64);
@@ -375,6 +419,7 @@ async fn vnc(
             {
                 m.remove(&uid);
             }
+            open.dec();
             tracing::info!(%ns, %name, session = id, "VNC session closed");
         })
 }

@@ -112,10 +112,67 @@ pub fn vmi_status(
     s
 }
 
+/// Sets `status.interfaces` to the VMI's pod-network interface with the launcher pod's
+/// IP (what KubeVirt reports before a guest agent tells more). The VMI is defaulted first,
+/// as the launcher does, so an implicit `default` pod network counts. No pod network, no
+/// IP: the status is left as it is.
+pub fn with_pod_interface(
+    mut status: VirtualMachineInstanceStatus,
+    vmi: &kubevirt_api::VirtualMachineInstance,
+    pod_ip: Option<&str>,
+) -> VirtualMachineInstanceStatus {
+    let Some(ip) = pod_ip else {
+        return status;
+    };
+    let mut vmi = vmi.clone();
+    kubevirt_api::defaults::default_vmi(&mut vmi);
+    let pod_net = vmi
+        .spec
+        .networks
+        .iter()
+        .flatten()
+        .find(|n| n.pod.is_some())
+        .map(|n| n.name.clone());
+    if let Some(name) = pod_net {
+        status.interfaces = Some(vec![
+            kubevirt_api::vmi::VirtualMachineInstanceNetworkInterface {
+                name: Some(name),
+                ip_address: Some(ip.to_string()),
+                ip_addresses: Some(vec![ip.to_string()]),
+                info_source: Some("domain".into()),
+                ..Default::default()
+            },
+        ]);
+    }
+    status
+}
+
+/// Appends a `phaseTransitionTimestamps` entry when `next` changed the phase of `prev`
+/// (KubeVirt records every phase it enters; `now` is passed in to keep this pure).
+pub fn stamp_phase(
+    prev: &VirtualMachineInstanceStatus,
+    mut next: VirtualMachineInstanceStatus,
+    now: k8s_openapi::jiff::Timestamp,
+) -> VirtualMachineInstanceStatus {
+    if next.phase != prev.phase {
+        let mut stamps = next.phase_transition_timestamps.take().unwrap_or_default();
+        stamps.push(kubevirt_api::vmi::PhaseTransitionTimestamp {
+            phase: next.phase,
+            phase_transition_timestamp: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                now,
+            )),
+        });
+        next.phase_transition_timestamps = Some(stamps);
+    }
+    next
+}
+
 /// The status fields virt-handler owns (cluster-flow.md §3); the rest belongs to
-/// virt-controller and is never part of our patches.
+/// virt-controller and is never part of our patches. `phaseTransitionTimestamps` is
+/// shared: each side appends the phases it writes.
 const OWNED: &[&str] = &[
     "phase",
+    "phaseTransitionTimestamps",
     "reason",
     "conditions",
     "interfaces",
@@ -213,6 +270,26 @@ mod tests {
         let patch = status_patch(&with_reason, &paused).unwrap();
         assert_eq!(patch["status"]["reason"], serde_json::Value::Null);
         assert!(patch["status"].get("nodeName").is_none());
+        let vmi: kubevirt_api::VirtualMachineInstance = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "a"}, "spec": {"domain": {}}}),
+        )
+        .unwrap();
+        let with_ip = with_pod_interface(s.clone(), &vmi, Some("10.244.0.7"));
+        let ifs = with_ip.interfaces.clone().unwrap();
+        assert_eq!(ifs[0].name.as_deref(), Some("default"));
+        assert_eq!(ifs[0].ip_address.as_deref(), Some("10.244.0.7"));
+        assert_eq!(with_pod_interface(s.clone(), &vmi, None), s);
+        let now = k8s_openapi::jiff::Timestamp::UNIX_EPOCH;
+        let scheduled = vmi_status(&Default::default(), &Observation::Starting);
+        let stamped = stamp_phase(&scheduled, s.clone(), now);
+        let stamps = stamped.phase_transition_timestamps.clone().unwrap();
+        assert_eq!(stamps.len(), 1);
+        assert_eq!(stamps[0].phase, Phase::Running);
+        assert_eq!(
+            stamp_phase(&s, s.clone(), now),
+            s,
+            "no phase change, no stamp"
+        );
         let done = vmi_status(&s, &Observation::ShutDown);
         let after = vmi_status(&done, &Observation::LauncherDied("exited".into()));
         assert_eq!(

@@ -170,6 +170,22 @@ impl Running {
     }
 }
 
+/// This pod's IP: `POD_IP` (downward API `status.podIP`) when set, else the source
+/// address of the default route (a connected UDP socket sends nothing). `None` without
+/// a route, e.g. in a network namespace with only loopback.
+fn pod_ip() -> Option<String> {
+    if let Ok(ip) = std::env::var("POD_IP")
+        && ip.parse::<std::net::IpAddr>().is_ok()
+    {
+        return Some(ip);
+    }
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    // Any routable address works: connect() on UDP only picks the route.
+    sock.connect("192.0.2.1:9").ok()?;
+    let ip = sock.local_addr().ok()?.ip();
+    (!ip.is_unspecified() && !ip.is_loopback()).then(|| ip.to_string())
+}
+
 /// Runs the VMI until it stops or `shutdown` fires, then cleans up. `on_running` is
 /// called once the domain is started (used for the command socket and tests).
 pub async fn run(
@@ -264,6 +280,7 @@ pub async fn run(
         libvirt_version: Some(handle.versions().libvirt.clone()),
         qemu_version: Some(handle.versions().qemu.clone()),
         qemu_pid: None,
+        pod_ip: pod_ip(),
     };
     let result = drive(&handle, xml, grace, &shutdown, || {
         tracing::info!(domain = %name, elapsed_ms = t0.elapsed().as_millis() as u64, "domain started");

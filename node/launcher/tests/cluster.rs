@@ -111,6 +111,10 @@ fn handler_node_main() {
         return;
     };
     let env = |k: &str| std::env::var(k).unwrap();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async move {
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -139,6 +143,11 @@ fn handler_node_main() {
             listener,
             tls,
             ping_every: Duration::from_secs(env("HANDLER_PING").parse().unwrap()),
+            metrics_listener: Some(
+                tokio::net::TcpListener::bind(env("HANDLER_METRICS"))
+                    .await
+                    .unwrap(),
+            ),
         };
         virt_handler::run_node(opts, Default::default())
             .await
@@ -157,6 +166,7 @@ struct Env {
     root: tempfile::TempDir,
     tmp: tempfile::TempDir,
     addr: SocketAddr,
+    metrics_addr: SocketAddr,
     ping_secs: u64,
 }
 
@@ -203,6 +213,10 @@ impl Env {
             root,
             tmp,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            metrics_addr: SocketAddr::from((
+                [127, 0, 0, 1],
+                virt_apiserver::devenv::free_port().unwrap(),
+            )),
             ping_secs,
         }
     }
@@ -231,6 +245,7 @@ impl Env {
             .env("HANDLER_CLIENT_CA", &self.certs.ca)
             .env("HANDLER_LISTEN", self.addr.to_string())
             .env("HANDLER_PING", self.ping_secs.to_string())
+            .env("HANDLER_METRICS", self.metrics_addr.to_string())
             .env("RUST_LOG", "info,virt_handler=debug")
             .stdout(Stdio::null())
             .stderr(log)
@@ -338,9 +353,10 @@ impl Env {
             }
             assert!(
                 Instant::now() < deadline,
-                "VMI never reached {what}; status {:?}\nhandler log:\n{}",
+                "VMI never reached {what}; status {:?}\nhandler log:\n{}\nlauncher log:\n{}",
                 vmi.status,
-                self.handler_log()
+                self.handler_log(),
+                std::fs::read_to_string(self.tmp.path().join("launcher.log")).unwrap_or_default()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -710,8 +726,33 @@ async fn cluster_mode_end_to_end() {
         })
         .await;
     eprintln!("launcher kill -9 → VMI Failed: {:?}", t2.elapsed());
-    let reason = failed.status.unwrap().reason.unwrap_or_default();
+    let st = failed.status.unwrap();
+    let reason = st.reason.clone().unwrap_or_default();
     assert!(reason.contains("LauncherDied"), "reason: {reason}");
+    let phases: Vec<Phase> = st
+        .phase_transition_timestamps
+        .unwrap_or_default()
+        .iter()
+        .map(|t| t.phase)
+        .collect();
+    assert!(
+        phases.ends_with(&[Phase::Running, Phase::Failed]),
+        "phase stamps {phases:?}"
+    );
+    // Metrics of the second handler (plain HTTP, no client certificate).
+    let text = reqwest::get(format!("http://{}/metrics", env.metrics_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        "kubevirt_handler_launchers_gone_total 1",
+        "kubevirt_handler_requests_total{action=\"pause\",code=\"200\"} 1",
+        "kubevirt_handler_status_writes_total{result=\"success\"}",
+    ] {
+        assert!(text.contains(needle), "{needle} missing in\n{text}");
+    }
     assert_nothing_left(&domain, &env.tmp.path().join("work")).await;
 
     // The VMI goes away: its socket directory is removed (nothing answers there).
