@@ -104,23 +104,23 @@ pub enum HandlerError {
         body: String,
     },
     /// The handler's own error (404 unknown VMI, 409 wrong state): passed through.
-    #[error("virt-handler answered {code}")]
+    #[error("virt-handler answered {code}: {message}")]
     Status {
         /// HTTP code.
         code: u16,
-        /// The handler's Status.
-        status: Box<Status>,
+        /// The Status message.
+        message: String,
+        /// The handler's Status document, passed on byte for byte.
+        body: Bytes,
     },
 }
 
-impl HandlerError {
-    /// The client's answer: the handler's Status as is, else a 503 naming the node.
-    pub fn into_response(self) -> axum::response::Response {
-        use axum::response::IntoResponse;
+/// The client's answer: the handler's Status as is, else a 503 naming the node.
+impl axum::response::IntoResponse for HandlerError {
+    fn into_response(self) -> axum::response::Response {
         match self {
-            HandlerError::Status { code, status } => {
+            HandlerError::Status { code, body, .. } => {
                 let code = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY);
-                let body = serde_json::to_vec(&status).unwrap_or_default();
                 let mut r = (code, body).into_response();
                 r.headers_mut()
                     .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -476,7 +476,8 @@ fn status_error(node: &str, code: u16, body: &[u8]) -> HandlerError {
     match serde_json::from_slice::<Status>(body) {
         Ok(status) if status.message.is_some() || status.reason.is_some() => HandlerError::Status {
             code,
-            status: Box::new(status),
+            message: status.message.or(status.reason).unwrap_or_default(),
+            body: Bytes::copy_from_slice(body),
         },
         _ => HandlerError::Unexpected {
             node: node.to_string(),
@@ -593,9 +594,13 @@ mod tests {
     fn status_bodies_pass_through() {
         let st = br#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"VMI is not paused","reason":"Conflict","code":409}"#;
         match status_error("n", 409, st) {
-            HandlerError::Status { code, status } => {
-                assert_eq!(code, 409);
-                assert_eq!(status.message.as_deref(), Some("VMI is not paused"));
+            HandlerError::Status {
+                code,
+                message,
+                body,
+            } => {
+                assert_eq!((code, message.as_str()), (409, "VMI is not paused"));
+                assert_eq!(body.as_ref(), st, "passed on byte for byte");
             }
             other => panic!("{other:?}"),
         }
