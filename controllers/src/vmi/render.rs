@@ -50,7 +50,8 @@ const RUN_DIR: &str = "/var/run/kubevirt-rs";
 const SOCKETS_DIR: &str = "/var/run/kubevirt-rs/sockets";
 const IMAGES_DIR: &str = "/var/run/kubevirt-rs/images";
 const LIBVIRT_CACHE_DIR: &str = "/var/cache/kubevirt-rs/libvirt";
-const KVM_PROBE_HOST_DIR: &str = "/run/kubevirt-rs/kvm-probe";
+/// virt-launcher's `probe::CACHE_FILE`, the same path on the host and in the pod.
+const KVM_PROBE_FILE: &str = "/run/kubevirt-rs/kvm-probe";
 const VIRT_BIN_DIR: &str = "/virt-bin";
 const BUSYBOX: &str = "/usr/bin/busybox";
 const LAUNCHER_BINARY: &str = "/usr/bin/virt-launcher";
@@ -389,10 +390,10 @@ pub fn launcher_pod(
         mount("sockets", SOCKETS_DIR, false),
         mount("work", &format!("{RUN_DIR}/work"), false),
         mount("libvirt-cache", LIBVIRT_CACHE_DIR, false),
-        // The launcher keeps its per-boot KVM verdict in /run/kubevirt-rs/kvm-probe (a
-        // file); the host directory of that name is mounted as its parent, so
-        // launchers share the verdict without seeing each other's sockets.
-        mount("kvm-probe", "/run/kubevirt-rs", false),
+        // The launcher's per-boot KVM verdict, a file shared by the node's launchers.
+        // Mounted as a file: the image's /var/run links to /run, so a directory mount at
+        // /run/kubevirt-rs would lie under every other mount above.
+        mount("kvm-probe", KVM_PROBE_FILE, false),
     ];
     let mut volumes = vec![
         Volume {
@@ -415,7 +416,14 @@ pub fn launcher_pod(
         host("sockets", format!("{SOCKETS_DIR}/{uid}")),
         empty("work"),
         host("libvirt-cache", LIBVIRT_CACHE_DIR.into()),
-        host("kvm-probe", KVM_PROBE_HOST_DIR.into()),
+        Volume {
+            name: "kvm-probe".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: KVM_PROBE_FILE.into(),
+                type_: Some("FileOrCreate".into()),
+            }),
+            ..Volume::default()
+        },
     ];
 
     // containerd 1.6 has no image volumes: like KubeVirt, a static busybox from the
