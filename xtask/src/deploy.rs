@@ -39,6 +39,8 @@ use virt_apiserver::kinds::ResourceDef;
 
 use crate::images;
 
+mod components;
+
 pub const NAMESPACE: &str = "kubevirt";
 pub const NAME: &str = "kubevirt-apiserver";
 const TLS_SECRET: &str = "kubevirt-apiserver-tls";
@@ -52,6 +54,8 @@ const FIELD_MANAGER: &str = "kubevirt-rs-deploy";
 pub const MANIFEST: &str = "manifests/kubevirt-rs.yaml";
 const DEFAULT_APISERVER_IMAGE: &str = "localhost/kubevirt-rs/virt-apiserver:latest";
 const DEFAULT_ETCD_IMAGE: &str = "localhost/kubevirt-rs/etcd:latest";
+const DEFAULT_CONTROLLER_IMAGE: &str = "localhost/kubevirt-rs/virt-controller:latest";
+const DEFAULT_HANDLER_IMAGE: &str = "localhost/kubevirt-rs/virt-handler:latest";
 /// Non-root identity of both containers (the images have no /etc/passwd: numeric only).
 const RUN_AS: i64 = 65532;
 
@@ -224,6 +228,7 @@ pub fn deploy(args: &Args) -> anyhow::Result<Report> {
     check_no_crd(&k)?;
     let auth = cluster_auth(&k)?;
     let tls = serving_cert(&k)?;
+    let handler_tls = components::handler_tls(&k)?;
 
     let mut annotations = BTreeMap::new();
     // Neither virt-apiserver nor etcd reload files: a changed certificate or CA must restart the
@@ -236,13 +241,26 @@ pub fn deploy(args: &Args) -> anyhow::Result<Report> {
         "kubevirt-rs.io/auth-sha256".to_string(),
         sha256_hex(serde_json::to_string(&auth)?.as_bytes()),
     );
+    annotations.insert(
+        "kubevirt-rs.io/handler-client-sha256".to_string(),
+        sha256_hex(handler_tls.client_cert.as_bytes()),
+    );
+    let handler_annotations = BTreeMap::from([(
+        "kubevirt-rs.io/handler-cert-sha256".to_string(),
+        sha256_hex(handler_tls.server_cert.as_bytes()),
+    )]);
     let params = Params {
         apiserver_image: built.apiserver.clone(),
         etcd_image: built.etcd.clone(),
+        controller_image: built.controller.clone(),
+        handler_image: built.handler.clone(),
+        launcher_image: built.launcher.clone(),
         pod_annotations: annotations,
+        handler_annotations,
     };
     let mut yaml = static_manifest(&params)?;
     yaml.push_str(&cluster_manifest(&tls, &auth)?);
+    components::handler_secrets(&mut yaml, &handler_tls)?;
     let dir = crate::target_dir().join("deploy");
     fs::create_dir_all(&dir)?;
     let file = dir.join("kubevirt-rs.yaml");
@@ -271,6 +289,23 @@ pub fn deploy(args: &Args) -> anyhow::Result<Report> {
     for api in [format!("v1.{GROUP}"), format!("v1.{SUBRESOURCES_GROUP}")] {
         wait_available(&k, &api, Duration::from_secs(args.timeout_seconds))
             .map_err(|e| anyhow::anyhow!("{e:#}\n{}", diagnose(&k)))?;
+    }
+    for what in [
+        format!("deployment/{}", components::CONTROLLER),
+        format!("daemonset/{}", components::HANDLER),
+    ] {
+        k.run(
+            &[
+                "-n",
+                NAMESPACE,
+                "rollout",
+                "status",
+                &what,
+                &format!("--timeout={}s", args.timeout_seconds),
+            ],
+            None,
+        )
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", diagnose(&k)))?;
     }
     println!(
         "kubevirt-rs deployed: images {:.1} s, apply → rollout done {:.1} s, → APIServices \
@@ -332,6 +367,20 @@ fn diagnose(k: &Kubectl) -> String {
             "--tail=20",
         ],
         vec!["get", "apiservice", "v1.kubevirt.io", "-o", "yaml"],
+        vec![
+            "-n",
+            NAMESPACE,
+            "logs",
+            "deployment/virt-controller",
+            "--tail=20",
+        ],
+        vec![
+            "-n",
+            NAMESPACE,
+            "logs",
+            "daemonset/virt-handler",
+            "--tail=20",
+        ],
     ]
     .iter()
     {
@@ -455,7 +504,14 @@ fn serving_cert(k: &Kubectl) -> anyhow::Result<Tls> {
 pub struct Params {
     pub apiserver_image: String,
     pub etcd_image: String,
+    pub controller_image: String,
+    pub handler_image: String,
+    /// The launcher image virt-controller puts into launcher pods.
+    pub launcher_image: String,
+    /// Of virt-apiserver's pod template.
     pub pod_annotations: BTreeMap<String, String>,
+    /// Of virt-handler's pod template.
+    pub handler_annotations: BTreeMap<String, String>,
 }
 
 impl Default for Params {
@@ -463,7 +519,11 @@ impl Default for Params {
         Self {
             apiserver_image: DEFAULT_APISERVER_IMAGE.into(),
             etcd_image: DEFAULT_ETCD_IMAGE.into(),
+            controller_image: DEFAULT_CONTROLLER_IMAGE.into(),
+            handler_image: DEFAULT_HANDLER_IMAGE.into(),
+            launcher_image: images::LAUNCHER_LATEST.into(),
             pod_annotations: BTreeMap::new(),
+            handler_annotations: BTreeMap::new(),
         }
     }
 }
@@ -668,16 +728,21 @@ fn deployment(p: &Params) -> Deployment {
         name: "virt-apiserver".into(),
         image: Some(p.apiserver_image.clone()),
         image_pull_policy: Some("IfNotPresent".into()),
-        args: Some(vec![
-            format!("--bind=0.0.0.0:{SERVING_PORT}"),
-            "--etcd-servers=http://127.0.0.1:2379".into(),
-            format!("--tls-cert-file={TLS_DIR}/tls.crt"),
-            format!("--tls-private-key-file={TLS_DIR}/tls.key"),
-            format!("--client-ca-file={AUTH_DIR}/client-ca-file"),
-            format!("--requestheader-client-ca-file={AUTH_DIR}/requestheader-client-ca-file"),
-            // Endpoint removal reaches the aggregator before the listener closes.
-            "--shutdown-delay-seconds=3".into(),
-        ]),
+        args: Some(
+            [
+                format!("--bind=0.0.0.0:{SERVING_PORT}"),
+                "--etcd-servers=http://127.0.0.1:2379".into(),
+                format!("--tls-cert-file={TLS_DIR}/tls.crt"),
+                format!("--tls-private-key-file={TLS_DIR}/tls.key"),
+                format!("--client-ca-file={AUTH_DIR}/client-ca-file"),
+                format!("--requestheader-client-ca-file={AUTH_DIR}/requestheader-client-ca-file"),
+                // Endpoint removal reaches the aggregator before the listener closes.
+                "--shutdown-delay-seconds=3".into(),
+            ]
+            .into_iter()
+            .chain(components::apiserver_handler_flags())
+            .collect(),
+        ),
         env: Some(vec![EnvVar {
             name: "VIRT_APISERVER_REQUESTHEADER_ALLOWED_NAMES".into(),
             value_from: Some(EnvVarSource {
@@ -710,6 +775,7 @@ fn deployment(p: &Params) -> Deployment {
                 read_only: Some(true),
                 ..VolumeMount::default()
             },
+            components::apiserver_handler_volume().1,
         ]),
         resources: Some(requests("50m", "64Mi")),
         security_context: Some(restricted()),
@@ -776,6 +842,7 @@ fn deployment(p: &Params) -> Deployment {
                             }),
                             ..Volume::default()
                         },
+                        components::apiserver_handler_volume().0,
                     ]),
                     ..PodSpec::default()
                 }),
@@ -846,6 +913,7 @@ pub fn static_manifest(p: &Params) -> anyhow::Result<String> {
     for r in user_roles() {
         push_doc(&mut out, &r)?;
     }
+    components::apiserver_pod_reader(&mut out)?;
     push_doc(&mut out, &deployment(p))?;
     push_doc(
         &mut out,
@@ -868,6 +936,8 @@ pub fn static_manifest(p: &Params) -> anyhow::Result<String> {
             ..Service::default()
         },
     )?;
+    components::controller(&mut out, p)?;
+    components::handler(&mut out, p)?;
     Ok(out)
 }
 
@@ -937,8 +1007,11 @@ pub fn committed_manifest() -> anyhow::Result<String> {
         "# Generated by `cargo xtask deploy --render` (xtask/src/deploy.rs); do not edit.\n\
          # Cluster-independent part of the kubevirt-rs deployment. `cargo xtask deploy` applies it\n\
          # together with the per-cluster objects (serving certificate Secret {TLS_SECRET},\n\
-         # ConfigMap {AUTH_CONFIGMAP} with the cluster's CAs, APIServices with caBundle) and\n\
+         # ConfigMap {AUTH_CONFIGMAP} with the cluster's CAs, APIServices with caBundle, the\n\
+         # virt-handler mTLS Secrets {} and {}) and\n\
          # content-addressed image tags instead of :latest. See docs/deploy.md.\n{}",
+        components::HANDLER_CERTS,
+        components::HANDLER_CLIENT,
         static_manifest(&Params::default())?
     ))
 }

@@ -1,18 +1,25 @@
 //! `cargo xtask images`: container images of kubevirt-rs built without Docker or a registry.
 //!
-//! Each image is FROM scratch: the binary plus exactly the shared libraries `ldd` names (and the
-//! loader), taken from this Debian machine. That avoids a base image we would have to fetch and
-//! keeps the images small. Tags are a hash of the image's content, so an unchanged binary gives
-//! the same tag (no rollout on a second `deploy`) and a changed one a new tag (a rollout).
+//! virt-apiserver, virt-controller, virt-handler and etcd are FROM scratch: the binary plus
+//! exactly the shared libraries `ldd` names (and the loader), taken from this Debian machine.
+//! virt-launcher needs a userland (libvirtd with the QEMU driver, QEMU and its firmware,
+//! qemu-img, xorriso, util-linux, a shell, busybox): its root filesystem is assembled from this
+//! machine's files the same way — the programs, the `ldd` closure of every ELF file, and the
+//! data directories QEMU and libvirt read — see [`launcher_rootfs`]. That avoids a base image we
+//! would have to fetch and keeps the images small. Tags are a hash of the image's content, so an
+//! unchanged input gives the same tag (no rebuild, no import, no rollout) and a changed one a new
+//! tag. The test guest image (kernel, initramfs, disk) is `localhost/kubevirt-rs/test-guest:latest`.
 
+use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, bail};
 use sha2::{Digest, Sha256};
 
-use crate::cluster::{self, ImageFile};
+use crate::cluster::{self, ImageFile, ImageSpec};
 
 /// Arguments of `cargo xtask images`.
 #[derive(clap::Args, Debug)]
@@ -31,17 +38,69 @@ pub struct Args {
 pub struct Built {
     pub apiserver: String,
     pub etcd: String,
+    #[serde(default)]
+    pub controller: String,
+    #[serde(default)]
+    pub handler: String,
+    #[serde(default)]
+    pub launcher: String,
+    /// Always [`TEST_GUEST_IMAGE`]; the archive is named after its content.
+    #[serde(default)]
+    pub test_guest: String,
+    /// Archive of the test guest image (its name carries no hash).
+    #[serde(default)]
+    pub test_guest_archive: PathBuf,
+}
+
+impl Built {
+    /// Every image with its archive.
+    fn archives(&self) -> anyhow::Result<Vec<(String, PathBuf)>> {
+        let mut out = Vec::new();
+        for name in [
+            &self.apiserver,
+            &self.etcd,
+            &self.controller,
+            &self.handler,
+            &self.launcher,
+        ] {
+            if !name.is_empty() {
+                out.push((name.clone(), archive_path(name)?));
+            }
+        }
+        if !self.test_guest.is_empty() {
+            out.push((self.test_guest.clone(), self.test_guest_archive.clone()));
+        }
+        Ok(out)
+    }
 }
 
 const APISERVER_REPO: &str = "localhost/kubevirt-rs/virt-apiserver";
+const CONTROLLER_REPO: &str = "localhost/kubevirt-rs/virt-controller";
+const HANDLER_REPO: &str = "localhost/kubevirt-rs/virt-handler";
+const LAUNCHER_REPO: &str = "localhost/kubevirt-rs/virt-launcher";
 const ETCD_REPO: &str = "localhost/kubevirt-rs/etcd";
+/// The launcher under the name virt-controller renders by default.
+pub const LAUNCHER_LATEST: &str = "localhost/kubevirt-rs/virt-launcher:latest";
+/// The test guest: `/vmlinuz`, `/initramfs.gz`, `/disk/disk.qcow2` (see `virt-testguest`).
+pub const TEST_GUEST_IMAGE: &str = "localhost/kubevirt-rs/test-guest:latest";
 /// Debian's etcd (package etcd-server); kube-apiserver 1.34 accepts it, so it is good enough for
 /// our own storage too.
 const ETCD_BINARY: &str = "/usr/bin/etcd";
+const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// (package, binary) built in release mode for the images.
+const BINARIES: &[(&str, &str)] = &[
+    ("virt-apiserver", "virt-apiserver"),
+    ("virt-controllers", "virt-controller"),
+    ("virt-handler", "virt-handler"),
+    ("virt-launcher", "virt-launcher"),
+];
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let built = ensure(Load::from_flags(args.no_import, args.load_cmd))?;
-    println!("{}\n{}", built.apiserver, built.etcd);
+    for (name, archive) in built.archives()? {
+        println!("{name}\t{}", archive.display());
+    }
     Ok(())
 }
 
@@ -75,30 +134,33 @@ pub fn record_path() -> PathBuf {
     images_dir().join("images.json")
 }
 
-/// Builds the release binary and both images (cached by content), then loads them.
+/// Builds the release binaries and every image (cached by content), then loads them.
 pub fn ensure(load: Load) -> anyhow::Result<Built> {
     let dir = images_dir();
     fs::create_dir_all(&dir)?;
-    let binary = build_apiserver()?;
-    // Stripped copy: the symbol table is most of the release binary and useless in a pod.
-    let stripped = dir.join("virt-apiserver");
-    let _ = fs::remove_file(&stripped);
-    exec(
-        Command::new("strip")
-            .arg("--strip-all")
-            .arg("-o")
-            .arg(&stripped)
-            .arg(&binary),
-    )
-    .context("stripping virt-apiserver (needs binutils)")?;
-
-    let apiserver = image(
-        APISERVER_REPO,
-        &stripped,
-        "/usr/bin/virt-apiserver",
-        &["/usr/bin/virt-apiserver"],
-        &load,
-    )?;
+    build_release()?;
+    let stripped = |bin: &str| -> anyhow::Result<PathBuf> {
+        // Stripped copy: the symbol table is most of a release binary and useless in a pod.
+        let out = dir.join(bin);
+        let _ = fs::remove_file(&out);
+        exec(
+            Command::new("strip")
+                .arg("--strip-all")
+                .arg("-o")
+                .arg(&out)
+                .arg(crate::target_dir().join("release").join(bin)),
+        )
+        .with_context(|| format!("stripping {bin} (needs binutils)"))?;
+        Ok(out)
+    };
+    let simple = |repo: &str, bin: &str| -> anyhow::Result<String> {
+        let host = stripped(bin)?;
+        let in_image = format!("/usr/bin/{bin}");
+        image(repo, &host, &in_image, &[&in_image], &load)
+    };
+    let apiserver = simple(APISERVER_REPO, "virt-apiserver")?;
+    let controller = simple(CONTROLLER_REPO, "virt-controller")?;
+    let handler = simple(HANDLER_REPO, "virt-handler")?;
     if !Path::new(ETCD_BINARY).exists() {
         bail!("{ETCD_BINARY} missing (apt-get install etcd-server)");
     }
@@ -109,7 +171,17 @@ pub fn ensure(load: Load) -> anyhow::Result<Built> {
         &["/usr/bin/etcd"],
         &load,
     )?;
-    let built = Built { apiserver, etcd };
+    let launcher = launcher_image(&stripped("virt-launcher")?, &load)?;
+    let (test_guest, test_guest_archive) = test_guest_image(&load)?;
+    let built = Built {
+        apiserver,
+        etcd,
+        controller,
+        handler,
+        launcher,
+        test_guest,
+        test_guest_archive,
+    };
     fs::write(record_path(), serde_json::to_string_pretty(&built)?)?;
     Ok(built)
 }
@@ -127,31 +199,29 @@ fn exec(cmd: &mut Command) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn build_apiserver() -> anyhow::Result<PathBuf> {
+/// One `cargo build --release` for every binary of the images.
+fn build_release() -> anyhow::Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    println!("building virt-apiserver (release)…");
+    println!("building the binaries (release)…");
+    let mut cmd = Command::new("nice");
     // nice: the machine's cores are shared with other builds.
-    let status = Command::new("nice")
-        .args(["-n", "10"])
+    cmd.args(["-n", "10"])
         .arg(cargo)
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "virt-apiserver",
-            "--bin",
-            "virt-apiserver",
-        ])
+        .args(["build", "--release"]);
+    for (package, bin) in BINARIES {
+        cmd.args(["-p", package, "--bin", bin]);
+    }
+    let status = cmd
         .current_dir(crate::workspace_root())
         .status()
         .context("running cargo build")?;
     if !status.success() {
-        bail!("cargo build --release -p virt-apiserver failed");
+        bail!("cargo build --release of the image binaries failed");
     }
-    Ok(crate::target_dir().join("release/virt-apiserver"))
+    Ok(())
 }
 
-/// The shared libraries (and loader) a dynamically linked binary needs, as paths in the host's
+/// The shared libraries (and loader) a dynamically linked ELF file needs, as paths in the host's
 /// filesystem: the paths the loader will look for inside the image, too.
 fn shared_libraries(binary: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let out = exec(Command::new("ldd").arg(binary))?;
@@ -175,7 +245,7 @@ fn shared_libraries(binary: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(libs)
 }
 
-/// Builds (unless an archive with the same content exists) and loads one image.
+/// Builds (unless an archive with the same content exists) and loads one single-binary image.
 fn image(
     repo: &str,
     binary: &Path,
@@ -205,29 +275,51 @@ fn image(
     hash.update(serde_json::to_vec(entrypoint)?);
     let tag = &hex::encode(hash.finalize())[..12];
     let name = format!("{repo}:{tag}");
-    let short = repo.rsplit('/').next().unwrap_or("image");
-    let archive = images_dir().join(format!("{short}-{tag}.oci.tar"));
+    let archive = archive_path(&name)?;
+    build_once(&name, &archive, |partial| {
+        cluster::build_scratch_image(&name, &files, entrypoint, partial)
+    })?;
+    load_archive(&name, &archive, load)?;
+    Ok(name)
+}
+
+/// Runs `build` into a partial file unless `archive` exists, then renames it and removes older
+/// archives of the same image.
+fn build_once(
+    name: &str,
+    archive: &Path,
+    build: impl FnOnce(&Path) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     if !archive.exists() {
         println!("building {name}…");
+        let t = std::time::Instant::now();
         let partial = archive.with_extension("partial");
-        cluster::build_scratch_image(&name, &files, entrypoint, &partial)?;
-        fs::rename(&partial, &archive)?;
-        // Older archives of this image are superseded.
-        for e in fs::read_dir(images_dir())?.flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            if n.starts_with(&format!("{short}-")) && n.ends_with(".oci.tar") && e.path() != archive
-            {
-                let _ = fs::remove_file(e.path());
+        build(&partial)?;
+        fs::rename(&partial, archive)?;
+        println!("built {name} in {:.1} s", t.elapsed().as_secs_f64());
+        let file_name = archive
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        // Older archives of this image are superseded: `<short>-<hash>.oci.tar`.
+        if let Some((short, _)) = file_name.rsplit_once('-') {
+            for e in fs::read_dir(images_dir())?.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                let other_hash = n
+                    .strip_prefix(&format!("{short}-"))
+                    .and_then(|r| r.strip_suffix(".oci.tar"));
+                if other_hash.is_some_and(|h| !h.contains('-')) && e.path() != archive {
+                    let _ = fs::remove_file(e.path());
+                }
             }
         }
     }
     println!(
         "{name}: {} (archive {:.1} MB)",
         archive.display(),
-        fs::metadata(&archive)?.len() as f64 / 1e6
+        fs::metadata(archive)?.len() as f64 / 1e6
     );
-    load_archive(&name, &archive, load)?;
-    Ok(name)
+    Ok(())
 }
 
 fn archive_path(name: &str) -> anyhow::Result<PathBuf> {
@@ -239,12 +331,14 @@ fn archive_path(name: &str) -> anyhow::Result<PathBuf> {
 /// Loads the images of an earlier build (`deploy --no-build`; the local cluster may have been
 /// recreated since).
 pub fn load_built(built: &Built, load: &Load) -> anyhow::Result<()> {
-    for name in [&built.apiserver, &built.etcd] {
-        let archive = archive_path(name)?;
+    for (name, archive) in built.archives()? {
         if !archive.exists() {
             bail!("{} missing: run `cargo xtask images`", archive.display());
         }
-        load_archive(name, &archive, load)?;
+        load_archive(&name, &archive, load)?;
+        if name == built.launcher {
+            tag_latest(&name, LAUNCHER_LATEST, load)?;
+        }
     }
     Ok(())
 }
@@ -253,7 +347,13 @@ fn load_archive(name: &str, archive: &Path, load: &Load) -> anyhow::Result<()> {
     match load {
         Load::None => {}
         Load::Local => {
-            if local_cluster_has(name) {
+            // A name that carries no content hash (`:latest`) is current only with the same
+            // manifest digest.
+            let current = match archive_digest(archive) {
+                Some(digest) => local_cluster_digest(name).as_deref() == Some(&*digest),
+                None => local_cluster_digest(name).is_some(),
+            };
+            if current {
                 println!("{name}: already in the local cluster");
             } else if local_socket().exists() {
                 cluster::import_image(archive)?;
@@ -274,23 +374,388 @@ fn load_archive(name: &str, archive: &Path, load: &Load) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Gives the image a second name in the local cluster (e.g. the launcher as `:latest`, the name
+/// virt-controller renders unless told otherwise).
+fn tag_latest(name: &str, latest: &str, load: &Load) -> anyhow::Result<()> {
+    if matches!(load, Load::Local)
+        && local_socket().exists()
+        && local_cluster_digest(latest) != local_cluster_digest(name)
+    {
+        cluster::tag_image(name, latest)?;
+    }
+    Ok(())
+}
+
 fn local_socket() -> PathBuf {
     crate::target_dir().join("cluster/state/run/containerd.sock")
 }
 
-/// Whether the local cluster's containerd already has the image (import takes seconds; a second
-/// `up` should not).
-fn local_cluster_has(name: &str) -> bool {
+/// The manifest digest of `name` in the local cluster's containerd, if it has the image.
+fn local_cluster_digest(name: &str) -> Option<String> {
     let socket = local_socket();
-    socket.exists()
-        && Command::new("ctr")
-            .arg("--address")
-            .arg(&socket)
-            .args(["--namespace", "k8s.io", "images", "ls", "--quiet"])
-            .output()
-            .is_ok_and(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .any(|l| l == name)
-            })
+    if !socket.exists() {
+        return None;
+    }
+    let out = Command::new("ctr")
+        .arg("--address")
+        .arg(&socket)
+        .args(["--namespace", "k8s.io", "images", "ls"])
+        .output()
+        .ok()?;
+    // REF TYPE DIGEST SIZE PLATFORMS LABELS
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let mut cols = l.split_whitespace();
+        (cols.next() == Some(name))
+            .then(|| cols.nth(1).map(str::to_string))
+            .flatten()
+    })
+}
+
+/// The digest of the (only) manifest in an OCI archive.
+fn archive_digest(archive: &Path) -> Option<String> {
+    let out = Command::new("tar")
+        .arg("-xOf")
+        .arg(archive)
+        .arg("index.json")
+        .output()
+        .ok()?;
+    let index: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    index["manifests"][0]["digest"].as_str().map(str::to_string)
+}
+
+/// The test guest as an image: FROM scratch with `/vmlinuz`, `/initramfs.gz`,
+/// `/disk/disk.qcow2`, named `:latest` (VM specs name it so); the archive is named after its
+/// content hash. Builds target/guest first when needed (`cargo xtask guest`).
+fn test_guest_image(load: &Load) -> anyhow::Result<(String, PathBuf)> {
+    let guest = virt_testguest::ensure(&virt_testguest::default_dir())
+        .context("building the test guest (cargo xtask guest)")?;
+    let files = vec![
+        ImageFile {
+            host: guest.kernel.clone(),
+            image: "/vmlinuz".into(),
+        },
+        ImageFile {
+            host: guest.initrd.clone(),
+            image: "/initramfs.gz".into(),
+        },
+        ImageFile {
+            host: guest.disk.clone(),
+            image: "/disk/disk.qcow2".into(),
+        },
+    ];
+    let mut hash = Sha256::new();
+    for f in &files {
+        hash.update(f.image.as_bytes());
+        hash.update(fs::read(&f.host).with_context(|| format!("reading {}", f.host.display()))?);
+    }
+    let tag = &hex::encode(hash.finalize())[..12];
+    let archive = images_dir().join(format!("test-guest-{tag}.oci.tar"));
+    build_once(TEST_GUEST_IMAGE, &archive, |partial| {
+        // No entrypoint is ever run: init containers copy the files out with the launcher
+        // image's busybox.
+        cluster::build_scratch_image(TEST_GUEST_IMAGE, &files, &["/vmlinuz"], partial)
+    })?;
+    load_archive(TEST_GUEST_IMAGE, &archive, load)?;
+    Ok((TEST_GUEST_IMAGE.to_string(), archive))
+}
+
+/// Programs of the launcher image, with the `ldd` closure of each.
+const LAUNCHER_PROGRAMS: &[&str] = &[
+    "/usr/sbin/libvirtd",
+    "/usr/bin/qemu-system-x86_64",
+    "/usr/bin/qemu-img",
+    "/usr/bin/xorriso",
+    "/usr/bin/unshare",
+    "/usr/bin/setpriv",
+    "/usr/bin/mount",
+    "/usr/bin/umount",
+    "/usr/bin/dash",
+];
+/// Only the QEMU driver is ever loaded (`LIBVIRT_DRIVER_DIR`, node/launcher/src/daemon.rs).
+const LIBVIRT_QEMU_DRIVER: &str =
+    "/usr/lib/x86_64-linux-gnu/libvirt/connection-driver/libvirt_driver_qemu.so";
+/// QEMU modules: TCG is one (no emulation without it), and the plain virtio GPUs.
+const QEMU_MODULES: &[&str] = &[
+    "accel-tcg-x86_64.so",
+    "accel-tcg-i386.so",
+    "hw-display-virtio-gpu.so",
+    "hw-display-virtio-gpu-pci.so",
+    "hw-display-virtio-vga.so",
+];
+const QEMU_MODULE_DIR: &str = "/usr/lib/x86_64-linux-gnu/qemu";
+/// Data QEMU and libvirt read: firmware and option ROMs (SeaBIOS, iPXE, linuxboot, VGA BIOS),
+/// keymaps, libvirt's CPU map. Copied as trees, symlinks kept.
+const LAUNCHER_DATA: &[&str] = &[
+    "/usr/share/qemu",
+    "/usr/share/seabios",
+    "/usr/lib/ipxe/qemu",
+    "/usr/share/libvirt/cpu_map",
+];
+/// busybox-static, copied into the pod by its `virt-bin` init container (docs/cluster-flow.md).
+const BUSYBOX: &str = "/bin/busybox";
+
+/// One entry of an image's root filesystem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Entry {
+    Dir(u32),
+    /// Host file (followed if a link) and the mode in the image.
+    File(PathBuf, u32),
+    Bytes(Vec<u8>, u32),
+    Link(PathBuf),
+}
+
+/// A root filesystem assembled from host files, in the usr-merged layout (`/bin`, `/sbin`,
+/// `/lib`, `/lib64` are links into `/usr`).
+#[derive(Debug, Default)]
+struct Rootfs(BTreeMap<PathBuf, Entry>);
+
+/// `/lib/x` → `/usr/lib/x` etc.: where a host path lives in a usr-merged tree.
+fn usr_merged(p: &Path) -> PathBuf {
+    let mut comps = p.components();
+    match (comps.next(), comps.next()) {
+        (Some(Component::RootDir), Some(Component::Normal(first)))
+            if ["bin", "sbin", "lib", "lib64"].contains(&&*first.to_string_lossy()) =>
+        {
+            Path::new("/usr").join(first).join(comps.as_path())
+        }
+        _ => p.to_path_buf(),
+    }
+}
+
+impl Rootfs {
+    fn dir(&mut self, p: &Path, mode: u32) {
+        for a in p.ancestors() {
+            if a == Path::new("/") {
+                break;
+            }
+            self.0.entry(a.to_path_buf()).or_insert(Entry::Dir(0o755));
+        }
+        self.0.insert(p.to_path_buf(), Entry::Dir(mode));
+    }
+
+    fn put(&mut self, p: &Path, e: Entry) {
+        if let Some(parent) = p.parent() {
+            for a in parent.ancestors() {
+                if a == Path::new("/") {
+                    break;
+                }
+                self.0.entry(a.to_path_buf()).or_insert(Entry::Dir(0o755));
+            }
+        }
+        self.0.insert(p.to_path_buf(), e);
+    }
+
+    /// A host file at its (usr-merged) path, following links.
+    fn file(&mut self, host: &Path) -> anyhow::Result<()> {
+        let real = host
+            .canonicalize()
+            .with_context(|| format!("{} missing", host.display()))?;
+        let mode = fs::metadata(&real)?.permissions().mode() & 0o7777;
+        self.put(&usr_merged(host), Entry::File(real, mode));
+        Ok(())
+    }
+
+    /// A program or shared object plus every library it loads.
+    fn elf(&mut self, host: &Path) -> anyhow::Result<()> {
+        self.file(host)?;
+        for lib in shared_libraries(host)? {
+            self.file(&lib)?;
+        }
+        Ok(())
+    }
+
+    /// A host directory tree, links kept as links.
+    fn tree(&mut self, host: &Path) -> anyhow::Result<()> {
+        let meta = fs::symlink_metadata(host).with_context(|| format!("{}", host.display()))?;
+        let at = usr_merged(host);
+        if meta.file_type().is_symlink() {
+            self.put(&at, Entry::Link(fs::read_link(host)?));
+        } else if meta.is_dir() {
+            self.dir(&at, meta.permissions().mode() & 0o7777);
+            for e in fs::read_dir(host)? {
+                self.tree(&e?.path())?;
+            }
+        } else {
+            self.put(
+                &at,
+                Entry::File(host.to_path_buf(), meta.permissions().mode() & 0o7777),
+            );
+        }
+        Ok(())
+    }
+
+    /// Content hash of the whole tree (paths, modes, link targets, file contents).
+    fn hash(&self) -> anyhow::Result<String> {
+        let mut h = Sha256::new();
+        for (p, e) in &self.0 {
+            h.update(p.as_os_str().as_encoded_bytes());
+            h.update([0]);
+            match e {
+                Entry::Dir(m) => h.update(format!("d{m:o}")),
+                Entry::File(src, m) => {
+                    h.update(format!("f{m:o}"));
+                    h.update(fs::read(src).with_context(|| format!("reading {}", src.display()))?);
+                }
+                Entry::Bytes(b, m) => {
+                    h.update(format!("b{m:o}"));
+                    h.update(b);
+                }
+                Entry::Link(t) => {
+                    h.update("l");
+                    h.update(t.as_os_str().as_encoded_bytes());
+                }
+            }
+            h.update([0]);
+        }
+        Ok(hex::encode(h.finalize()))
+    }
+
+    /// Writes the tree below `dir`, then a tar of it to `tar` (numeric root ownership).
+    fn write_tar(&self, dir: &Path, tar: &Path) -> anyhow::Result<()> {
+        use std::os::unix::fs::symlink;
+        let _ = fs::remove_dir_all(dir);
+        fs::create_dir_all(dir)?;
+        let inside = |p: &Path| dir.join(p.strip_prefix("/").unwrap_or(p));
+        for (p, e) in &self.0 {
+            let at = inside(p);
+            match e {
+                Entry::Dir(_) => fs::create_dir_all(&at)?,
+                Entry::File(src, _) => {
+                    fs::copy(src, &at).with_context(|| format!("copying {}", src.display()))?;
+                }
+                Entry::Bytes(b, _) => fs::write(&at, b)?,
+                Entry::Link(t) => symlink(t, &at)?,
+            }
+        }
+        // Modes last: a read-only directory would refuse its own entries.
+        for (p, e) in &self.0 {
+            if let Entry::Dir(m) | Entry::File(_, m) | Entry::Bytes(_, m) = e {
+                fs::set_permissions(inside(p), fs::Permissions::from_mode(*m))?;
+            }
+        }
+        exec(
+            Command::new("tar")
+                .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
+                .arg(dir)
+                .arg("-cf")
+                .arg(tar)
+                .arg("."),
+        )?;
+        Ok(())
+    }
+}
+
+/// The launcher's root filesystem: everything `virt-launcher` runs (node/launcher: a private
+/// libvirtd in its own namespaces via setpriv/unshare/mount and a shell, QEMU, qemu-img for
+/// overlays, xorriso for cloud-init ISOs) and busybox for the pod's init containers.
+fn launcher_rootfs(launcher: &Path) -> anyhow::Result<Rootfs> {
+    let mut fs_ = Rootfs::default();
+    for d in ["bin", "sbin", "lib", "lib64"] {
+        fs_.put(
+            &Path::new("/").join(d),
+            Entry::Link(format!("usr/{d}").into()),
+        );
+    }
+    for d in [
+        "/dev",
+        "/proc",
+        "/sys",
+        "/run",
+        "/etc/libvirt",
+        "/var/lib",
+        "/var/cache",
+        "/var/log",
+        "/root",
+    ] {
+        fs_.dir(Path::new(d), 0o755);
+    }
+    fs_.dir(Path::new("/tmp"), 0o1777);
+    fs_.put(Path::new("/var/run"), Entry::Link("../run".into()));
+    // libvirt resolves `user = "root"` of qemu.conf.
+    fs_.put(
+        Path::new("/etc/passwd"),
+        Entry::Bytes(b"root:x:0:0:root:/root:/bin/sh\n".to_vec(), 0o644),
+    );
+    fs_.put(
+        Path::new("/etc/group"),
+        Entry::Bytes(b"root:x:0:\nkvm:x:994:\n".to_vec(), 0o644),
+    );
+    fs_.put(
+        Path::new("/usr/bin/virt-launcher"),
+        Entry::File(launcher.to_path_buf(), 0o755),
+    );
+    for lib in shared_libraries(launcher)? {
+        fs_.file(&lib)?;
+    }
+    for p in LAUNCHER_PROGRAMS {
+        fs_.elf(Path::new(p))?;
+    }
+    fs_.put(Path::new("/usr/bin/sh"), Entry::Link("dash".into()));
+    fs_.elf(Path::new(LIBVIRT_QEMU_DRIVER))?;
+    for m in QEMU_MODULES {
+        fs_.elf(&Path::new(QEMU_MODULE_DIR).join(m))?;
+    }
+    for d in LAUNCHER_DATA {
+        fs_.tree(Path::new(d))?;
+    }
+    if !Path::new(BUSYBOX).exists() {
+        bail!("{BUSYBOX} missing (apt-get install busybox-static)");
+    }
+    fs_.file(Path::new(BUSYBOX))?;
+    Ok(fs_)
+}
+
+fn launcher_image(launcher: &Path, load: &Load) -> anyhow::Result<String> {
+    let rootfs = launcher_rootfs(launcher)?;
+    let entrypoint = ["/usr/bin/virt-launcher"];
+    let mut h = Sha256::new();
+    h.update(rootfs.hash()?);
+    h.update(serde_json::to_vec(&entrypoint)?);
+    h.update(PATH_ENV);
+    let tag = &hex::encode(h.finalize())[..12];
+    let name = format!("{LAUNCHER_REPO}:{tag}");
+    let archive = archive_path(&name)?;
+    build_once(&name, &archive, |partial| {
+        let staging = images_dir().join("virt-launcher-rootfs");
+        let tar = images_dir().join("virt-launcher-rootfs.tar");
+        rootfs.write_tar(&staging, &tar)?;
+        let built = cluster::build_image(
+            &name,
+            &ImageSpec {
+                rootfs_tar: Some(&tar),
+                entrypoint: &entrypoint,
+                env: &[PATH_ENV],
+                ..ImageSpec::default()
+            },
+            partial,
+        );
+        let _ = fs::remove_dir_all(&staging);
+        let _ = fs::remove_file(&tar);
+        built
+    })?;
+    load_archive(&name, &archive, load)?;
+    tag_latest(&name, LAUNCHER_LATEST, load)?;
+    Ok(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usr_merge_maps_top_level_dirs() {
+        assert_eq!(
+            usr_merged(Path::new("/lib64/ld-linux-x86-64.so.2")),
+            Path::new("/usr/lib64/ld-linux-x86-64.so.2")
+        );
+        assert_eq!(
+            usr_merged(Path::new("/bin/busybox")),
+            Path::new("/usr/bin/busybox")
+        );
+        assert_eq!(
+            usr_merged(Path::new("/usr/share/qemu")),
+            Path::new("/usr/share/qemu")
+        );
+        assert_eq!(usr_merged(Path::new("/library/x")), Path::new("/library/x"));
+    }
 }

@@ -1,16 +1,12 @@
 //! `cargo xtask up`: local cluster, images, kubevirt-rs, a demo VM. Every step reuses what exists,
 //! so running it again is cheap and changes nothing that is current.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kubevirt_api::vm::VirtualMachineInstanceTemplateSpec;
-use kubevirt_api::vmi::{DomainSpec, Memory};
-use kubevirt_api::{RunStrategy, VirtualMachine, VirtualMachineInstanceSpec, VirtualMachineSpec};
+use anyhow::{Context, bail};
+use kubevirt_api::VirtualMachine;
 
-use crate::{cluster, deploy};
+use crate::{cluster, deploy, images};
 
 /// Arguments of `cargo xtask up`.
 #[derive(clap::Args, Debug)]
@@ -21,35 +17,149 @@ pub struct Args {
     /// Use the images of the last `cargo xtask images` instead of building.
     #[arg(long)]
     pub no_build: bool,
+    /// How long the demo VM may take to run.
+    #[arg(long, default_value_t = 300)]
+    pub timeout_seconds: u64,
 }
 
-/// The demo VM. Halted: the controllers and node agents that would run it are not deployed yet.
-fn demo_vm() -> VirtualMachine {
-    let spec = VirtualMachineSpec {
-        running: None,
-        run_strategy: Some(RunStrategy::Halted),
-        template: VirtualMachineInstanceTemplateSpec {
-            metadata: None,
-            spec: Some(VirtualMachineInstanceSpec {
-                domain: DomainSpec {
-                    memory: Some(Memory {
-                        guest: Some(Quantity("128Mi".into())),
-                        ..Memory::default()
-                    }),
-                    ..DomainSpec::default()
-                },
-                ..VirtualMachineInstanceSpec::default()
-            }),
-        },
-    };
-    let mut vm = VirtualMachine::new("demo", spec);
-    vm.metadata = ObjectMeta {
-        name: Some("demo".into()),
-        namespace: Some("default".into()),
-        labels: Some([("app".to_string(), "demo".to_string())].into()),
-        ..ObjectMeta::default()
-    };
-    vm
+/// The demo VM: runs the test guest (busybox initramfs, kernelBoot from the test-guest image)
+/// under QEMU's TCG (virt-controller allows emulation on our clusters).
+fn demo_vm() -> anyhow::Result<VirtualMachine> {
+    let vm = serde_json::json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": DEMO, "namespace": "default", "labels": {"app": "demo"}},
+        "spec": {
+            "runStrategy": "Always",
+            "template": {"spec": {
+                // The busybox guest ignores the ACPI button: `kubectl virt stop` waits this long.
+                "terminationGracePeriodSeconds": 5,
+                "domain": {
+                    "memory": {"guest": "128Mi"},
+                    "devices": {},
+                    "firmware": {"kernelBoot": {
+                        "kernelArgs": virt_testguest::KERNEL_ARGS,
+                        "container": {
+                            "image": images::TEST_GUEST_IMAGE,
+                            "imagePullPolicy": "IfNotPresent",
+                            "kernelPath": "/vmlinuz",
+                            "initrdPath": "/initramfs.gz"
+                        }
+                    }}
+                }
+            }}
+        }
+    });
+    serde_json::from_value(vm).context("the demo VM does not parse as a VirtualMachine")
+}
+
+const DEMO: &str = "demo";
+
+/// Waits until the demo's VMI is Running, printing each change of its phase and of its launcher
+/// pod on the way.
+fn wait_running(k: &deploy::Kubectl, timeout: Duration) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < timeout {
+        let vmi = k
+            .run(
+                &[
+                    "-n",
+                    "default",
+                    "get",
+                    "vmi",
+                    DEMO,
+                    "--ignore-not-found",
+                    "-o",
+                    "jsonpath={.status.phase} {.status.nodeName}",
+                ],
+                None,
+            )
+            .unwrap_or_default();
+        let pod = k
+            .run(
+                &[
+                    "-n",
+                    "default",
+                    "get",
+                    "pods",
+                    "-l",
+                    &format!("kubevirt.io=virt-launcher,vm.kubevirt.io/name={DEMO}"),
+                    "-o",
+                    "jsonpath={range .items[*]}{.metadata.name} {.status.phase} \
+                     {.status.initContainerStatuses[*].state.*.reason}\
+                     {.status.containerStatuses[*].state.*.reason}{end}",
+                ],
+                None,
+            )
+            .unwrap_or_default();
+        let vmi = vmi.trim();
+        let now = format!(
+            "VMI {}; launcher pod {}",
+            if vmi.is_empty() {
+                "not created yet"
+            } else {
+                vmi
+            },
+            if pod.trim().is_empty() {
+                "none"
+            } else {
+                pod.trim()
+            }
+        );
+        if now != last {
+            println!("  {:5.1} s  {now}", start.elapsed().as_secs_f64());
+            last = now;
+        }
+        if vmi.starts_with("Running") {
+            return Ok(start.elapsed());
+        }
+        if vmi.starts_with("Failed") {
+            bail!("the demo VMI failed:\n{}", demo_diagnosis(k));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    bail!(
+        "the demo VMI is not Running after {timeout:?}:\n{}",
+        demo_diagnosis(k)
+    )
+}
+
+fn demo_diagnosis(k: &deploy::Kubectl) -> String {
+    let mut out = String::new();
+    for args in [
+        vec!["-n", "default", "get", "vm,vmi,pods", "-o", "wide"],
+        vec!["-n", "default", "describe", "vmi", DEMO],
+        vec![
+            "-n",
+            "default",
+            "logs",
+            "-l",
+            "kubevirt.io=virt-launcher",
+            "--all-containers",
+            "--tail=30",
+        ],
+        vec![
+            "-n",
+            "kubevirt",
+            "logs",
+            "deployment/virt-controller",
+            "--tail=20",
+        ],
+        vec![
+            "-n",
+            "kubevirt",
+            "logs",
+            "daemonset/virt-handler",
+            "--tail=20",
+        ],
+    ] {
+        match k.run(&args, None) {
+            Ok(s) => out.push_str(&s),
+            Err(e) => out.push_str(&format!("{e:#}\n")),
+        }
+    }
+    out
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -64,7 +174,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })?;
     let k = deploy::Kubectl::new(kubeconfig.clone());
     if !args.no_demo {
-        let yaml = serde_saphyr::to_string(&demo_vm()).context("rendering the demo VM")?;
+        let yaml = serde_saphyr::to_string(&demo_vm()?).context("rendering the demo VM")?;
         // Server-side apply: creates it once, later runs leave a current object alone.
         k.run(
             &[
@@ -77,7 +187,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Some(&yaml),
         )
         .context("creating the demo VM")?;
+        println!("demo VM applied (runStrategy Always); waiting for its VMI to run:");
+        let took = wait_running(&k, Duration::from_secs(args.timeout_seconds))?;
+        println!("demo VMI Running {:.1} s after apply", took.as_secs_f64());
     }
+    let plugin_dir = build_plugin()?;
     let vms = k.run(&["get", "vms", "-A"], None)?;
     println!(
         "\nkubevirt-rs is up ({:.1} s).\n\n{vms}",
@@ -85,12 +199,41 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     let kubectl = report.kubectl.display();
     println!(
-        "Next:\n  export KUBECONFIG={}\n  alias kubectl={kubectl}\n  kubectl get vms\n  \
-         kubectl get vm demo -o yaml\n  kubectl explain vm.spec\n  kubectl api-resources \
-         --api-group=kubevirt.io\n  kubectl virt console demo    # once the controllers and \
-         virt-handler are deployed; demo is Halted until then\n\nStop everything: cargo xtask \
-         cluster down",
-        kubeconfig.display()
+        "Next:\n  export KUBECONFIG={}\n  export PATH={}:$PATH    # kubectl-virt, the plugin\n  \
+         alias kubectl={kubectl}\n  kubectl get vms\n  \
+         kubectl get vmi,pods -o wide\n  kubectl virt console demo    # Ctrl+] leaves\n  \
+         kubectl virt pause vm demo; \
+         kubectl virt unpause vm demo\n  kubectl virt stop demo; kubectl virt start demo\n  \
+         kubectl explain vm.spec\n\nStop everything: cargo xtask cluster down",
+        kubeconfig.display(),
+        plugin_dir.display()
     );
     Ok(())
+}
+
+/// Builds the kubectl plugin (`kubectl virt …`); returns the directory to put on PATH.
+fn build_plugin() -> anyhow::Result<std::path::PathBuf> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["build", "-p", "kubectl-virt", "--bin", "kubectl-virt"])
+        .current_dir(crate::workspace_root())
+        .status()
+        .context("running cargo build -p kubectl-virt")?;
+    if !status.success() {
+        bail!("cargo build -p kubectl-virt failed");
+    }
+    Ok(crate::target_dir().join("debug"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn demo_vm_is_a_virtual_machine() {
+        let vm = super::demo_vm().unwrap_or_else(|e| panic!("{e:#}"));
+        let yaml = serde_saphyr::to_string(&vm).unwrap_or_default();
+        assert!(
+            yaml.contains("kernelBoot") && yaml.contains("test-guest"),
+            "{yaml}"
+        );
+    }
 }

@@ -43,6 +43,38 @@ pub fn build_scratch_image(
     entrypoint: &[&str],
     archive: &Path,
 ) -> anyhow::Result<()> {
+    build_image(
+        layout,
+        name,
+        &ImageSpec {
+            files,
+            entrypoint,
+            ..ImageSpec::default()
+        },
+        archive,
+    )
+}
+
+/// What goes into a FROM-scratch image.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ImageSpec<'a> {
+    /// A tar archive unpacked at `/` first (a whole root filesystem: symlinks, modes kept).
+    pub rootfs_tar: Option<&'a Path>,
+    /// Single files copied in afterwards.
+    pub files: &'a [ImageFile],
+    pub entrypoint: &'a [&'a str],
+    /// `KEY=VALUE` environment of the image.
+    pub env: &'a [&'a str],
+}
+
+/// Builds an image FROM scratch as `spec` says and writes it as an OCI archive to `archive`.
+/// `name` must be fully qualified (`localhost/…:tag`).
+pub fn build_image(
+    layout: &Layout,
+    name: &str,
+    spec: &ImageSpec<'_>,
+    archive: &Path,
+) -> anyhow::Result<()> {
     // A throw-away buildah store per build: nothing to clean up in the host's default store and
     // no interference with other people's buildah use.
     let store = layout.cache.join(format!("buildah-{}", std::process::id()));
@@ -60,11 +92,20 @@ pub fn build_scratch_image(
             c
         };
         let ctr = run(buildah().args(["from", "scratch"]))?;
-        for f in files {
+        if let Some(tar) = spec.rootfs_tar {
+            // `add` unpacks a local tar archive at the destination.
+            run(buildah().arg("add").arg(&ctr).arg(tar).arg("/"))?;
+        }
+        for f in spec.files {
             run(buildah().arg("copy").arg(&ctr).arg(&f.host).arg(&f.image))?;
         }
-        let ep = serde_json::to_string(entrypoint)?;
-        run(buildah().args(["config", "--entrypoint", &ep, &ctr]))?;
+        let ep = serde_json::to_string(spec.entrypoint)?;
+        let mut config = buildah();
+        config.args(["config", "--entrypoint", &ep]);
+        for e in spec.env {
+            config.args(["--env", e]);
+        }
+        run(config.arg(&ctr))?;
         run(buildah().args(["commit", "--quiet", &ctr, name]))?;
         if let Some(parent) = archive.parent() {
             fs::create_dir_all(parent)?;
@@ -128,6 +169,25 @@ pub fn import(layout: &Layout, archive: &Path) -> anyhow::Result<()> {
         .args(["--namespace", "k8s.io", "images", "import"])
         .arg(archive))
     .with_context(|| format!("importing {}", archive.display()))?;
+    Ok(())
+}
+
+/// Gives image `from` the additional name `to` in the cluster's containerd (replacing what `to`
+/// named before).
+pub fn tag(layout: &Layout, from: &str, to: &str) -> anyhow::Result<()> {
+    run(Command::new("ctr")
+        .arg("--address")
+        .arg(&layout.containerd_socket)
+        .args([
+            "--namespace",
+            "k8s.io",
+            "images",
+            "tag",
+            "--force",
+            from,
+            to,
+        ]))
+    .with_context(|| format!("tagging {from} as {to}"))?;
     Ok(())
 }
 

@@ -22,7 +22,7 @@ mod kube_build;
 mod net;
 mod pki;
 
-pub use images::{ImageFile, PAUSE_IMAGE};
+pub use images::{ImageFile, ImageSpec, PAUSE_IMAGE};
 
 use daemon::Daemon;
 
@@ -117,6 +117,16 @@ pub fn build_scratch_image(
     archive: &Path,
 ) -> anyhow::Result<()> {
     images::build_scratch_image(&Layout::discover()?, name, files, entrypoint, archive)
+}
+
+/// Builds an image FROM scratch from a root filesystem tar and/or files, as [`ImageSpec`] says.
+pub fn build_image(name: &str, spec: &ImageSpec<'_>, archive: &Path) -> anyhow::Result<()> {
+    images::build_image(&Layout::discover()?, name, spec, archive)
+}
+
+/// Gives an image of the running cluster's containerd another name.
+pub fn tag_image(from: &str, to: &str) -> anyhow::Result<()> {
+    images::tag(&Layout::discover()?, from, to)
 }
 
 #[allow(dead_code)]

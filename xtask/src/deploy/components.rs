@@ -1,0 +1,548 @@
+//! virt-controller (Deployment) and virt-handler (DaemonSet), their RBAC, and the mTLS
+//! certificates between virt-apiserver and virt-handler (docs/cluster-flow.md §4, §5).
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource,
+    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
+    Secret, SecretVolumeSource, SecurityContext, ServiceAccount, TCPSocketAction, Toleration,
+    Volume, VolumeMount,
+};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::{
+    GROUP, Kubectl, NAMESPACE, Params, RUN_AS, push_doc, requests, restricted, role_ref, rule,
+    strings,
+};
+
+pub const CONTROLLER: &str = "virt-controller";
+pub const HANDLER: &str = "virt-handler";
+/// virt-handler's serving certificate, key and the CA its clients must chain to.
+pub const HANDLER_CERTS: &str = "virt-handler-certs";
+/// virt-apiserver's client certificate towards virt-handler (CN `virt-apiserver`).
+pub const HANDLER_CLIENT: &str = "virt-apiserver-handler-client";
+pub const HANDLER_PORT: i32 = 8186;
+const CONTROLLER_METRICS_PORT: i32 = 8080;
+/// Where virt-apiserver finds its handler client certificate.
+pub const HANDLER_CLIENT_DIR: &str = "/etc/kubevirt-apiserver/handler";
+const HANDLER_CERT_DIR: &str = "/etc/virt-handler/certs";
+/// Host directories shared by launcher pods and virt-handler (docs/cluster-flow.md §1).
+const HOST_RUN_DIR: &str = "/var/run/kubevirt-rs";
+const HOST_CACHE_DIR: &str = "/var/cache/kubevirt-rs";
+/// Launcher pods carry it; virt-apiserver finds handler pods by it (`kubevirt.io=virt-handler`).
+const COMPONENT_LABEL: &str = "kubevirt.io";
+
+fn labels(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".into(), name.into()),
+        ("app.kubernetes.io/part-of".into(), "kubevirt-rs".into()),
+    ])
+}
+
+fn meta(name: &str, namespace: Option<&str>, component: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: namespace.map(str::to_string),
+        labels: Some(labels(component)),
+        ..ObjectMeta::default()
+    }
+}
+
+fn subject(sa: &str) -> k8s_openapi::api::rbac::v1::Subject {
+    k8s_openapi::api::rbac::v1::Subject {
+        kind: "ServiceAccount".into(),
+        name: sa.into(),
+        namespace: Some(NAMESPACE.into()),
+        ..Default::default()
+    }
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                api_version: None,
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn host_path(name: &str, path: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        host_path: Some(HostPathVolumeSource {
+            path: path.into(),
+            type_: Some("DirectoryOrCreate".into()),
+        }),
+        ..Volume::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..VolumeMount::default()
+    }
+}
+
+fn secret_volume(name: &str, secret: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            default_mode: Some(0o440),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
+}
+
+fn cluster_role_and_binding(
+    out: &mut String,
+    name: &str,
+    rules: Vec<PolicyRule>,
+) -> anyhow::Result<()> {
+    push_doc(
+        out,
+        &ClusterRole {
+            metadata: meta(name, None, name),
+            rules: Some(rules),
+            aggregation_rule: None,
+        },
+    )?;
+    push_doc(
+        out,
+        &ClusterRoleBinding {
+            metadata: meta(name, None, name),
+            role_ref: role_ref("ClusterRole", name),
+            subjects: Some(vec![subject(name)]),
+        },
+    )
+}
+
+/// Objects of virt-controller: ServiceAccount, RBAC, Deployment.
+pub fn controller(out: &mut String, p: &Params) -> anyhow::Result<()> {
+    push_doc(
+        out,
+        &ServiceAccount {
+            metadata: meta(CONTROLLER, Some(NAMESPACE), CONTROLLER),
+            ..ServiceAccount::default()
+        },
+    )?;
+    let all = [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ];
+    cluster_role_and_binding(
+        out,
+        CONTROLLER,
+        vec![
+            rule(
+                GROUP,
+                strings(&[
+                    "virtualmachines",
+                    "virtualmachineinstances",
+                    "virtualmachineinstancemigrations",
+                ]),
+                &all,
+            ),
+            rule(
+                GROUP,
+                strings(&[
+                    "virtualmachines/status",
+                    "virtualmachineinstances/status",
+                    "virtualmachineinstancemigrations/status",
+                ]),
+                &["get", "update", "patch"],
+            ),
+            // ownerReferences with blockOwnerDeletion need update on the owner's finalizers
+            // where OwnerReferencesPermissionEnforcement is enabled.
+            rule(
+                GROUP,
+                strings(&[
+                    "virtualmachines/finalizers",
+                    "virtualmachineinstances/finalizers",
+                ]),
+                &["update"],
+            ),
+            rule("", strings(&["pods"]), &all),
+            rule("", strings(&["nodes"]), &["get", "list", "watch"]),
+            rule("", strings(&["events"]), &["create", "update", "patch"]),
+            rule(
+                "events.k8s.io",
+                strings(&["events"]),
+                &["create", "update", "patch"],
+            ),
+        ],
+    )?;
+    // The leader Lease lives in our namespace only.
+    push_doc(
+        out,
+        &Role {
+            metadata: meta(CONTROLLER, Some(NAMESPACE), CONTROLLER),
+            rules: Some(vec![rule(
+                "coordination.k8s.io",
+                strings(&["leases"]),
+                &["get", "list", "watch", "create", "update", "patch"],
+            )]),
+        },
+    )?;
+    push_doc(
+        out,
+        &RoleBinding {
+            metadata: meta(CONTROLLER, Some(NAMESPACE), CONTROLLER),
+            role_ref: role_ref("Role", CONTROLLER),
+            subjects: Some(vec![subject(CONTROLLER)]),
+        },
+    )?;
+    push_doc(out, &controller_deployment(p))
+}
+
+fn controller_deployment(p: &Params) -> Deployment {
+    let selector = BTreeMap::from([("app.kubernetes.io/name".to_string(), CONTROLLER.into())]);
+    let mut pod_labels = labels(CONTROLLER);
+    pod_labels.insert(COMPONENT_LABEL.into(), CONTROLLER.into());
+    let container = Container {
+        name: CONTROLLER.into(),
+        image: Some(p.controller_image.clone()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        args: Some(vec![
+            format!("--metrics-addr=0.0.0.0:{CONTROLLER_METRICS_PORT}"),
+            format!("--launcher-image={}", p.launcher_image),
+            // Nested KVM is not dependable on our machines (and absent on kind): VMs may fall
+            // back to QEMU's TCG, as KubeVirt's developerConfiguration.useEmulation allows.
+            "--allow-emulation=true".into(),
+        ]),
+        env: Some(vec![
+            // Identity in the leader Lease, and the Lease's namespace.
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".into()),
+            container_port: CONTROLLER_METRICS_PORT,
+            ..ContainerPort::default()
+        }]),
+        liveness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/healthz".into()),
+                port: IntOrString::String("metrics".into()),
+                scheme: Some("HTTP".into()),
+                ..HTTPGetAction::default()
+            }),
+            period_seconds: Some(10),
+            failure_threshold: Some(3),
+            timeout_seconds: Some(2),
+            ..Probe::default()
+        }),
+        readiness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/healthz".into()),
+                port: IntOrString::String("metrics".into()),
+                scheme: Some("HTTP".into()),
+                ..HTTPGetAction::default()
+            }),
+            period_seconds: Some(2),
+            ..Probe::default()
+        }),
+        resources: Some(requests("20m", "32Mi")),
+        security_context: Some(restricted()),
+        ..Container::default()
+    };
+    Deployment {
+        metadata: meta(CONTROLLER, Some(NAMESPACE), CONTROLLER),
+        spec: Some(DeploymentSpec {
+            // Two replicas, one leader (Lease): a standby takes over when the leader's node or
+            // pod goes away.
+            replicas: Some(2),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(CONTROLLER.into()),
+                    enable_service_links: Some(false),
+                    termination_grace_period_seconds: Some(10),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(RUN_AS),
+                        run_as_group: Some(RUN_AS),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            ..SeccompProfile::default()
+                        }),
+                        ..PodSecurityContext::default()
+                    }),
+                    containers: vec![container],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    }
+}
+
+/// Objects of virt-handler: ServiceAccount, RBAC, DaemonSet.
+pub fn handler(out: &mut String, p: &Params) -> anyhow::Result<()> {
+    push_doc(
+        out,
+        &ServiceAccount {
+            metadata: meta(HANDLER, Some(NAMESPACE), HANDLER),
+            ..ServiceAccount::default()
+        },
+    )?;
+    cluster_role_and_binding(
+        out,
+        HANDLER,
+        vec![
+            rule(
+                GROUP,
+                strings(&["virtualmachineinstances"]),
+                &["get", "list", "watch", "patch", "update"],
+            ),
+            rule(
+                GROUP,
+                strings(&["virtualmachineinstances/status"]),
+                &["get", "patch", "update"],
+            ),
+            rule("", strings(&["pods"]), &["get", "list", "watch"]),
+            rule("", strings(&["nodes"]), &["get", "list", "watch", "patch"]),
+            rule("", strings(&["events"]), &["create", "update", "patch"]),
+            rule(
+                "events.k8s.io",
+                strings(&["events"]),
+                &["create", "update", "patch"],
+            ),
+        ],
+    )?;
+    push_doc(out, &handler_daemonset(p))
+}
+
+fn handler_daemonset(p: &Params) -> DaemonSet {
+    let selector = BTreeMap::from([("app.kubernetes.io/name".to_string(), HANDLER.into())]);
+    let mut pod_labels = labels(HANDLER);
+    // virt-apiserver finds the handler of a node by this label (docs/cluster-flow.md §5).
+    pod_labels.insert(COMPONENT_LABEL.into(), HANDLER.into());
+    let container = Container {
+        name: HANDLER.into(),
+        image: Some(p.handler_image.clone()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        args: Some(vec![
+            "--node-name=$(NODE_NAME)".into(),
+            format!("--tls-cert={HANDLER_CERT_DIR}/tls.crt"),
+            format!("--tls-key={HANDLER_CERT_DIR}/tls.key"),
+            format!("--client-ca={HANDLER_CERT_DIR}/ca.crt"),
+        ]),
+        env: Some(vec![field_env("NODE_NAME", "spec.nodeName")]),
+        ports: Some(vec![ContainerPort {
+            name: Some("handler".into()),
+            container_port: HANDLER_PORT,
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(Probe {
+            tcp_socket: Some(TCPSocketAction {
+                port: IntOrString::String("handler".into()),
+                host: None,
+            }),
+            period_seconds: Some(2),
+            ..Probe::default()
+        }),
+        volume_mounts: Some(vec![
+            mount("run", HOST_RUN_DIR, false),
+            mount("cache", HOST_CACHE_DIR, false),
+            mount("certs", HANDLER_CERT_DIR, true),
+        ]),
+        resources: Some(requests("20m", "32Mi")),
+        // Reaches the launchers' unix sockets in host directories owned by root, removes
+        // stale socket directories.
+        security_context: Some(SecurityContext {
+            privileged: Some(true),
+            run_as_user: Some(0),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    };
+    DaemonSet {
+        metadata: meta(HANDLER, Some(NAMESPACE), HANDLER),
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: (!p.handler_annotations.is_empty())
+                        .then(|| p.handler_annotations.clone()),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(HANDLER.into()),
+                    enable_service_links: Some(false),
+                    termination_grace_period_seconds: Some(10),
+                    // Every node that may run VMs, control-plane nodes included.
+                    tolerations: Some(vec![Toleration {
+                        operator: Some("Exists".into()),
+                        ..Toleration::default()
+                    }]),
+                    containers: vec![container],
+                    volumes: Some(vec![
+                        host_path("run", HOST_RUN_DIR),
+                        host_path("cache", HOST_CACHE_DIR),
+                        secret_volume("certs", HANDLER_CERTS),
+                    ]),
+                    ..PodSpec::default()
+                }),
+            },
+            ..DaemonSetSpec::default()
+        }),
+        ..DaemonSet::default()
+    }
+}
+
+/// virt-apiserver may list the handler pods of its namespace (docs/cluster-flow.md §5).
+pub fn apiserver_pod_reader(out: &mut String) -> anyhow::Result<()> {
+    let name = "kubevirt-apiserver:pod-reader";
+    push_doc(
+        out,
+        &Role {
+            metadata: meta(name, Some(NAMESPACE), super::NAME),
+            rules: Some(vec![rule(
+                "",
+                strings(&["pods"]),
+                &["get", "list", "watch"],
+            )]),
+        },
+    )?;
+    push_doc(
+        out,
+        &RoleBinding {
+            metadata: meta(name, Some(NAMESPACE), super::NAME),
+            role_ref: role_ref("Role", name),
+            subjects: Some(vec![subject(super::NAME)]),
+        },
+    )
+}
+
+/// The volume and mount of virt-apiserver's handler client certificate.
+pub fn apiserver_handler_volume() -> (Volume, VolumeMount) {
+    (
+        secret_volume("handler-client", HANDLER_CLIENT),
+        mount("handler-client", HANDLER_CLIENT_DIR, true),
+    )
+}
+
+/// virt-apiserver's flags for talking to virt-handler.
+pub fn apiserver_handler_flags() -> Vec<String> {
+    vec![
+        format!("--handler-ca={HANDLER_CLIENT_DIR}/ca.crt"),
+        format!("--handler-client-cert={HANDLER_CLIENT_DIR}/tls.crt"),
+        format!("--handler-client-key={HANDLER_CLIENT_DIR}/tls.key"),
+    ]
+}
+
+/// The mTLS material between virt-apiserver and virt-handler (PEM): one CA, a serving
+/// certificate for `virt-handler`, a client certificate for `virt-apiserver`.
+#[derive(Debug, Clone)]
+pub struct HandlerTls {
+    pub ca: String,
+    pub server_cert: String,
+    pub server_key: String,
+    pub client_cert: String,
+    pub client_key: String,
+}
+
+/// Reuses both secrets while they are fresh and share their CA (new ones would restart pods
+/// on every deploy), else issues a new CA and both certificates.
+pub fn handler_tls(k: &Kubectl) -> anyhow::Result<HandlerTls> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let read = |secret: &str| -> anyhow::Result<Option<(String, String, String)>> {
+        let Some(s) = k.json(&["-n", NAMESPACE, "get", "secret", secret])? else {
+            return Ok(None);
+        };
+        let field = |key: &str| -> Option<String> {
+            let v = s["data"][key].as_str()?;
+            String::from_utf8(b64.decode(v).ok()?).ok()
+        };
+        Ok(
+            match (field("ca.crt"), field("tls.crt"), field("tls.key")) {
+                (Some(ca), Some(c), Some(key)) => Some((ca, c, key)),
+                _ => None,
+            },
+        )
+    };
+    if let (Some((ca, server_cert, server_key)), Some((ca2, client_cert, client_key))) =
+        (read(HANDLER_CERTS)?, read(HANDLER_CLIENT)?)
+    {
+        let now = time::OffsetDateTime::now_utc();
+        let fresh = |pem: &str| {
+            virt_certs::validity_of(pem)
+                .is_ok_and(|(nb, na)| !virt_certs::needs_rotation(nb, na, now, 0.8))
+        };
+        if ca == ca2 && fresh(&ca) && fresh(&server_cert) && fresh(&client_cert) {
+            return Ok(HandlerTls {
+                ca,
+                server_cert,
+                server_key,
+                client_cert,
+                client_key,
+            });
+        }
+        println!("virt-handler certificates due for rotation: issuing new ones");
+    }
+    let ca = virt_certs::Ca::generate("kubevirt-rs-handler-ca", virt_certs::DEFAULT_CA_VALIDITY)?;
+    let server = ca.issue_server(HANDLER, &[HANDLER], time::Duration::days(90))?;
+    let client = ca.issue_client::<&str>("virt-apiserver", &[], time::Duration::days(90))?;
+    Ok(HandlerTls {
+        ca: ca.cert_pem().to_string(),
+        server_cert: server.cert_pem,
+        server_key: server.key_pem,
+        client_cert: client.cert_pem,
+        client_key: client.key_pem,
+    })
+}
+
+/// The two secrets of [`HandlerTls`].
+pub fn handler_secrets(out: &mut String, tls: &HandlerTls) -> anyhow::Result<()> {
+    for (name, component, cert, key) in [
+        (HANDLER_CERTS, HANDLER, &tls.server_cert, &tls.server_key),
+        (
+            HANDLER_CLIENT,
+            super::NAME,
+            &tls.client_cert,
+            &tls.client_key,
+        ),
+    ] {
+        push_doc(
+            out,
+            &Secret {
+                metadata: meta(name, Some(NAMESPACE), component),
+                type_: Some("kubernetes.io/tls".into()),
+                data: Some(BTreeMap::from([
+                    ("ca.crt".into(), ByteString(tls.ca.clone().into_bytes())),
+                    ("tls.crt".into(), ByteString(cert.clone().into_bytes())),
+                    ("tls.key".into(), ByteString(key.clone().into_bytes())),
+                ])),
+                ..Secret::default()
+            },
+        )?;
+    }
+    Ok(())
+}
