@@ -23,8 +23,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
-use kubevirt_api::VirtualMachineInstance;
 use kubevirt_api::vmi::VirtualMachineInstancePhase as Phase;
+use kubevirt_api::{PrintableStatus, VirtualMachine, VirtualMachineInstance};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use virt_controllers::vmi::decide::FINALIZER;
@@ -199,10 +199,14 @@ impl Env {
                         "x-kubernetes-preserve-unknown-fields": true}}}]}
         }))
         .unwrap();
-        Api::<CustomResourceDefinition>::all(self.client.clone())
-            .create(&PostParams::default(), &crd)
-            .await
-            .unwrap();
+        let crds = Api::<CustomResourceDefinition>::all(self.client.clone());
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+        let mut vm_crd = crd.clone();
+        vm_crd.metadata.name = Some("virtualmachines.kubevirt.io".into());
+        vm_crd.spec.names = serde_json::from_value(json!({"plural": "virtualmachines",
+            "singular": "virtualmachine", "kind": "VirtualMachine", "shortNames": ["vm"]}))
+        .unwrap();
+        crds.create(&PostParams::default(), &vm_crd).await.unwrap();
         let sa: ServiceAccount =
             serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
         eventually("the default ServiceAccount", || async {
@@ -216,9 +220,17 @@ impl Env {
             self.vmis().list(&ListParams::default()).await.ok()
         })
         .await;
+        eventually("the VM resource to be served", || async {
+            self.vms().list(&ListParams::default()).await.ok()
+        })
+        .await;
     }
 
     fn vmis(&self) -> Api<VirtualMachineInstance> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    fn vms(&self) -> Api<VirtualMachine> {
         Api::namespaced(self.client.clone(), NS)
     }
 
@@ -245,7 +257,9 @@ impl Env {
         );
         let ctx = Arc::new(Context::new(self.client.clone(), Some(recorder), config));
         let stop = CancellationToken::new();
+        // Both controllers, as virt-controller runs them.
         tokio::spawn(virt_controllers::vmi::run(ctx.clone(), stop.clone()));
+        tokio::spawn(virt_controllers::vm::run(ctx.clone(), stop.clone()));
         (ctx, stop)
     }
 
@@ -610,6 +624,94 @@ async fn vmi_controller_against_kube_apiserver() {
         reasons.iter().any(|r| r == "SuccessfulDelete"),
         "{reasons:?}"
     );
+
+    // 4. Through a VM: the VM's printableStatus shows where its instance is stuck
+    //    (ErrorUnschedulable, ImagePullBackOff), then Running; stopping it deletes the
+    //    VMI, whose pod goes first.
+    let vm: VirtualMachine = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": "d"},
+        "spec": {"runStrategy": "Always", "template": {"spec": {
+            "domain": {"devices": {}, "resources": {"requests": {"memory": "64Mi"}}},
+            "terminationGracePeriodSeconds": 5}}}
+    }))
+    .unwrap();
+    env.vms().create(&PostParams::default(), &vm).await.unwrap();
+    let d = env.phase("d", Phase::Scheduling).await;
+    let pod_name = env.only_pod(&d).await.name_any();
+    let printable = |want: PrintableStatus| {
+        let env = &env;
+        async move {
+            eventually(&format!("VM printableStatus {want:?}"), || async {
+                let vm = env.vms().get("d").await.unwrap();
+                (vm.status.and_then(|s| s.printable_status) == Some(want)).then_some(())
+            })
+            .await
+        }
+    };
+    printable(PrintableStatus::Starting).await;
+    env.pod_status(
+        &pod_name,
+        json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable", "message": "0/1 nodes are available"}]}),
+    )
+    .await;
+    printable(PrintableStatus::ErrorUnschedulable).await;
+    env.bind(&pod_name, "node-1").await;
+    let waiting = json!([{"name": "compute", "image": "localhost/kubevirt-rs/virt-launcher:latest",
+        "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]);
+    env.pod_status(
+        &pod_name,
+        json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
+               "containerStatuses": waiting}),
+    )
+    .await;
+    printable(PrintableStatus::ImagePullBackOff).await;
+    env.pod_status(
+        &pod_name,
+        json!({"phase": "Running", "containerStatuses": compute(json!({"running": {}}))}),
+    )
+    .await;
+    env.phase("d", Phase::Scheduled).await;
+    env.vmis()
+        .patch_status(
+            "d",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"phase": "Running"}})),
+        )
+        .await
+        .unwrap();
+    printable(PrintableStatus::Running).await;
+    env.vms()
+        .patch(
+            "d",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"runStrategy": "Halted"}})),
+        )
+        .await
+        .unwrap();
+    printable(PrintableStatus::Stopping).await;
+    eventually("d's pod to be terminating", || async {
+        env.pods()
+            .get_opt(&pod_name)
+            .await
+            .unwrap()
+            .and_then(|p| p.metadata.deletion_timestamp)
+    })
+    .await;
+    env.pods()
+        .delete(
+            &pod_name,
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            },
+        )
+        .await
+        .unwrap();
+    printable(PrintableStatus::Stopped).await;
+    assert!(env.vmis().get_opt("d").await.unwrap().is_none());
 
     let metrics = ctx.metrics.encode();
     for phase in ["Scheduling", "Scheduled", "Failed"] {
