@@ -76,12 +76,27 @@ pub struct PhaseTracker(Mutex<HashMap<String, VirtualMachineInstancePhase>>);
 
 impl PhaseTracker {
     /// Records `phase` for `uid`; true when it differs from a phase seen before.
+    /// Final phases are not kept: nothing follows them, and a finished VMI that is
+    /// never deleted must not hold an entry forever.
     pub fn changed(&self, uid: &str, phase: VirtualMachineInstancePhase) -> bool {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if phase.is_final() {
+            return map.remove(uid).is_some_and(|old| old != phase);
+        }
         match map.insert(uid.to_string(), phase) {
             Some(old) => old != phase,
             None => false,
         }
+    }
+
+    /// VMIs tracked.
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// No VMI tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Forgets a VMI that is gone.
@@ -137,5 +152,29 @@ impl Context {
         if let Err(err) = recorder.publish(&ev, regarding).await {
             tracing::debug!(error = %err, reason, "could not publish event");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kubevirt_api::vmi::VirtualMachineInstancePhase as Phase;
+
+    use super::PhaseTracker;
+
+    #[test]
+    fn phase_tracker_counts_seen_transitions_and_drops_final_vmis() {
+        let t = PhaseTracker::default();
+        assert!(
+            !t.changed("a", Phase::Running),
+            "first sighting is not a transition"
+        );
+        assert!(!t.changed("a", Phase::Running));
+        assert!(t.changed("a", Phase::Failed));
+        assert!(t.is_empty(), "final VMIs are forgotten");
+        assert!(!t.changed("a", Phase::Failed), "a finished VMI seen again");
+        assert!(!t.changed("b", Phase::Pending));
+        assert!(t.changed("b", Phase::Scheduling));
+        t.forget("b");
+        assert!(t.is_empty());
     }
 }

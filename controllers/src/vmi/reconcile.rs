@@ -163,10 +163,20 @@ pub async fn reconcile(
             what: "VirtualMachineInstance",
             source,
         })?;
-    let Some(mut vmi) = fresh.filter(|v| v.uid().as_deref() == Some(uid.as_str())) else {
+    let Some(mut vmi) = fresh else {
         ctx.vmi_phases.forget(&uid);
         ctx.backoff.reset(&uid);
         return Ok(Action::await_change());
+    };
+    // The watch cache can lag behind a delete and re-create of the same name: the
+    // object in the apiserver is the one to reconcile.
+    let uid = match vmi.uid() {
+        Some(fresh_uid) if fresh_uid != uid => {
+            ctx.vmi_phases.forget(&uid);
+            ctx.backoff.reset(&uid);
+            fresh_uid
+        }
+        _ => uid,
     };
     observe_phase(&ctx, &uid, &vmi);
 
