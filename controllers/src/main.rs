@@ -39,7 +39,7 @@ struct Args {
     /// Publish Kubernetes Events (needs the core API of kube-apiserver).
     #[arg(long, env = "VIRT_CONTROLLER_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     events: bool,
-    /// Concurrent VM reconciles.
+    /// Concurrent reconciles of each controller (VM, VMI).
     #[arg(long, env = "VIRT_CONTROLLER_WORKERS", default_value_t = 4)]
     workers: u16,
     /// Restart delay after the first failed start (grows with failures²).

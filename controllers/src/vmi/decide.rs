@@ -215,6 +215,34 @@ fn current_pod<'a>(ours: &[&'a Pod]) -> Option<&'a Pod> {
     sorted.first().copied()
 }
 
+/// The last non-empty line of a termination message, without terminal colour codes.
+/// With `FallbackToLogsOnError` the message is the log's tail, whose last line is the
+/// launcher's error (`virt-launcher: …`).
+pub fn last_line(message: &str) -> String {
+    let mut plain = String::with_capacity(message.len());
+    let mut chars = message.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters… final byte in @..~
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        plain.push(c);
+    }
+    plain
+        .lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// How a terminated pod ended, as (phase, reason, message).
 fn pod_outcome(p: &Pod) -> (Phase, &'static str, String) {
     let status = p.status.as_ref();
@@ -228,11 +256,11 @@ fn pod_outcome(p: &Pod) -> (Phase, &'static str, String) {
     if let Some(t) = terminated {
         let message = t
             .message
-            .clone()
-            .filter(|m| !m.trim().is_empty())
+            .as_deref()
+            .map(last_line)
+            .filter(|m| !m.is_empty())
             .or_else(|| t.reason.clone())
             .unwrap_or_default();
-        let message = message.trim().to_string();
         return match t.exit_code {
             0 => (
                 Phase::Succeeded,
@@ -267,7 +295,7 @@ fn pod_outcome(p: &Pod) -> (Phase, &'static str, String) {
                     "init container {} exited {}: {}",
                     c.name,
                     t.exit_code,
-                    t.message.as_deref().unwrap_or("").trim()
+                    last_line(t.message.as_deref().unwrap_or(""))
                 )
             })
         });

@@ -565,3 +565,27 @@ fn seconds_since_creation_uses_the_latest_entry() {
     v.metadata.creation_timestamp = Some(Time(ts("2026-01-01T00:00:10Z")));
     assert_eq!(seconds_since_creation(&v, Phase::Scheduled), Some(0.0));
 }
+
+#[test]
+fn termination_messages_keep_the_last_line_without_colours() {
+    let logs = "\u{1b}[2m2026-11-30T06:28:02Z\u{1b}[0m \u{1b}[31mERROR\u{1b}[0m launcher failed\n\
+                virt-launcher: libvirtd did not come up: sh: 2: mkdir: not found\n\n";
+    assert_eq!(
+        last_line(logs),
+        "virt-launcher: libvirtd did not come up: sh: 2: mkdir: not found"
+    );
+    assert_eq!(last_line("\u{1b}[1mbold\u{1b}[0m"), "bold");
+    assert_eq!(last_line(" \n "), "");
+    let s = derive_status(
+        &vmi("Scheduled"),
+        &[exited_pod("Failed", 1, logs)],
+        None,
+        now(),
+    );
+    assert_eq!(
+        cond(&s, conditions::READY).unwrap().message.as_deref(),
+        Some(
+            "launcher exit code 1: virt-launcher: libvirtd did not come up: sh: 2: mkdir: not found"
+        )
+    );
+}
