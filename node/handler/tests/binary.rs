@@ -1,0 +1,226 @@
+//! The real `virt-handler` binary in cluster mode, with the flags the DaemonSet uses,
+//! against etcd + virt-apiserver (DevEnv) and a scripted launcher socket (the protocol
+//! only; `node/launcher/tests/cluster.rs` runs a real launcher and QEMU).
+//!
+//! virt-apiserver binary: `$VIRT_APISERVER_BIN`, else `target/<profile>/virt-apiserver`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixListener;
+use virt_apiserver::devenv::{DevEnv, Options, free_port};
+use virt_domain::protocol::{DomainEvent, DomainState, LauncherStatus, Request, Response};
+
+fn apiserver_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("VIRT_APISERVER_BIN") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("virt-apiserver");
+    assert!(
+        bin.exists(),
+        "{} not found: run `cargo build -p virt-apiserver` or set VIRT_APISERVER_BIN",
+        bin.display()
+    );
+    bin
+}
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Answers the launcher protocol like a launcher whose domain runs under TCG.
+async fn fake_launcher(sock: PathBuf) -> tokio::task::JoinHandle<()> {
+    let _ = std::fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock).unwrap();
+    tokio::spawn(async move {
+        // Connections live in this set: aborting the task drops them all, like a kill -9.
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            let Ok((s, _)) = listener.accept().await else {
+                return;
+            };
+            conns.spawn(async move {
+                let (r, mut w) = s.into_split();
+                let mut lines = BufReader::new(r).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let reply = match serde_json::from_str::<Request>(&line).unwrap() {
+                        Request::GetStatus => Response::Status(LauncherStatus {
+                            domain: "default_bin".into(),
+                            state: DomainState::Running,
+                            accel: virt_domain::Accel::Tcg,
+                            launcher_version: "fake".into(),
+                            pod_ip: Some("10.0.0.9".into()),
+                            ..LauncherStatus::default()
+                        }),
+                        Request::Watch => Response::Event(DomainEvent::Started),
+                        _ => Response::Ok,
+                    };
+                    let mut b = serde_json::to_vec(&reply).unwrap();
+                    b.push(b'\n');
+                    if w.write_all(&b).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    })
+}
+
+fn write_certs(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let validity = time::Duration::days(1);
+    let ca = virt_certs::Ca::generate("ca", validity).unwrap();
+    let (ca_file, _) = ca.write_pair(dir, "ca").unwrap();
+    let (cert, key) = ca
+        .issue_server("virt-handler", &["virt-handler"], validity)
+        .unwrap()
+        .write_pair(dir, "tls")
+        .unwrap();
+    (cert, key, ca_file)
+}
+
+async fn wait_phase(api: &Api<VirtualMachineInstance>, name: &str, want: Phase, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = api.get(name).await.unwrap();
+        let st = v.status.unwrap_or_default();
+        if st.phase == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "VMI never {want:?}: {st:?}\nhandler log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn cluster_mode_needs_its_certificates() {
+    let out = Command::new(env!("CARGO_BIN_EXE_virt-handler"))
+        .args(["--node-name", "n1", "--kubeconfig", "/nonexistent"])
+        .env_remove("VIRT_HANDLER_TLS_CERT")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cluster mode needs --tls-cert"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_follows_a_launcher_socket_and_serves_metrics() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api_env = tokio::task::spawn_blocking(|| {
+        DevEnv::start(Options {
+            apiserver_bin: apiserver_bin(),
+            ..Options::default()
+        })
+        .expect("start etcd and virt-apiserver")
+    })
+    .await
+    .unwrap();
+    let kc = kube::config::Kubeconfig::read_from(&api_env.kubeconfig).unwrap();
+    let client = Client::try_from(
+        kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client, "default");
+    let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "bin"},
+        "spec": {"domain": {"resources": {"requests": {"memory": "64Mi"}}}}
+    }))
+    .unwrap();
+    let vmi = vmis.create(&PostParams::default(), &vmi).await.unwrap();
+    vmis.patch_status(
+        "bin",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Scheduled", "nodeName": "n1"}})),
+    )
+    .await
+    .unwrap();
+
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tempfile::Builder::new().prefix("vhb").tempdir().unwrap();
+    let sockdir = root
+        .path()
+        .join("sockets")
+        .join(vmi.metadata.uid.as_deref().unwrap());
+    std::fs::create_dir_all(&sockdir).unwrap();
+    let launcher = fake_launcher(sockdir.join("cmd.sock")).await;
+
+    let (cert, key, ca) = write_certs(tmp.path());
+    let (port, mport) = (free_port().unwrap(), free_port().unwrap());
+    let log = tmp.path().join("handler.log");
+    let _handler = Kill(
+        Command::new(env!("CARGO_BIN_EXE_virt-handler"))
+            .env("NODE_NAME", "n1")
+            .env("KUBECONFIG", &api_env.kubeconfig)
+            .args(["--run-root"])
+            .arg(root.path())
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--metrics-addr", &format!("127.0.0.1:{mport}")])
+            .arg("--tls-cert")
+            .arg(&cert)
+            .arg("--tls-key")
+            .arg(&key)
+            .arg("--client-ca")
+            .arg(&ca)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+
+    wait_phase(&vmis, "bin", Phase::Running, &log).await;
+    let st = vmis.get("bin").await.unwrap().status.unwrap();
+    assert_eq!(
+        st.condition("SoftwareEmulation").map(|c| c.status),
+        Some(kubevirt_api::ConditionStatus::True)
+    );
+    assert_eq!(
+        st.interfaces.unwrap()[0].ip_address.as_deref(),
+        Some("10.0.0.9")
+    );
+    assert_eq!(st.launcher_container_image_version.as_deref(), Some("fake"));
+
+    // The launcher goes away (socket file left behind, nobody listening) → Failed.
+    launcher.abort();
+    let _ = launcher.await;
+    wait_phase(&vmis, "bin", Phase::Failed, &log).await;
+    let reason = vmis.get("bin").await.unwrap().status.unwrap().reason;
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|r| r.contains("LauncherDied")),
+        "{reason:?}"
+    );
+
+    let text = reqwest::get(format!("http://127.0.0.1:{mport}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("kubevirt_handler_vmis 1"), "metrics:\n{text}");
+    assert!(text.contains("kubevirt_handler_launchers_gone_total 1"));
+}
