@@ -441,3 +441,147 @@ async fn idle_console_is_kept_alive_by_pings() {
     );
     assert!(peer.seen.ends.lock().unwrap().is_empty());
 }
+
+/// A kube-apiserver stand-in for the handler lookup: namespaces exist, and virt-handler
+/// pods are listed per node from `pods` (node → pod IP, None: a pending pod).
+mod fake_kube {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    use axum::Router;
+    use axum::extract::{Path, Query, State};
+    use axum::routing::get;
+    use serde_json::{Value, json};
+
+    #[derive(Debug, Default)]
+    pub struct Kube {
+        pub pods: Mutex<HashMap<String, Option<String>>>,
+        /// `namespace labelSelector fieldSelector` of each pod list.
+        pub lists: Mutex<Vec<String>>,
+    }
+
+    async fn namespace(Path(ns): Path<String>) -> axum::Json<Value> {
+        axum::Json(json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns}, "status": {"phase": "Active"}}))
+    }
+
+    async fn pods(
+        State(k): State<Arc<Kube>>,
+        Path(ns): Path<String>,
+        Query(q): Query<HashMap<String, String>>,
+    ) -> axum::Json<Value> {
+        let label = q.get("labelSelector").cloned().unwrap_or_default();
+        let field = q.get("fieldSelector").cloned().unwrap_or_default();
+        k.lists
+            .lock()
+            .unwrap()
+            .push(format!("{ns} {label} {field}"));
+        let node = field.strip_prefix("spec.nodeName=").unwrap_or_default();
+        let items: Vec<Value> = match k.pods.lock().unwrap().get(node) {
+            None => vec![],
+            Some(ip) => vec![json!({
+                "metadata": {"name": format!("virt-handler-{node}"), "namespace": ns,
+                    "labels": {"kubevirt.io": "virt-handler"}, "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"nodeName": node, "containers": [{"name": "virt-handler"}]},
+                "status": match ip {
+                    Some(ip) => json!({"phase": "Running", "podIP": ip,
+                        "conditions": [{"type": "Ready", "status": "True"}]}),
+                    None => json!({"phase": "Pending"}),
+                }
+            })],
+        };
+        axum::Json(json!({"apiVersion": "v1", "kind": "PodList",
+            "metadata": {"resourceVersion": "1"}, "items": items}))
+    }
+
+    /// Serves on a free port; returns the kubeconfig path (plain HTTP) and the state.
+    pub async fn start(dir: &std::path::Path) -> (std::path::PathBuf, Arc<Kube>) {
+        let k = Arc::new(Kube::default());
+        let app = Router::new()
+            .route("/api/v1/namespaces/{ns}", get(namespace))
+            .route("/api/v1/namespaces/{ns}/pods", get(pods))
+            .with_state(k.clone());
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(l, app).await });
+        let kc = dir.join("fake-kube.kubeconfig");
+        std::fs::write(
+            &kc,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: c\n  context:\n    cluster: fake\n    user: u\ncurrent-context: c\n"
+            ),
+        )
+        .unwrap();
+        (kc, k)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn handler_pod_is_found_by_node_and_cached() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = HandlerCerts::generate(dir.path()).unwrap();
+    let peer = handler_peer::start(&certs.server.cert, &certs.server.key, &certs.ca).await;
+    let (kubeconfig, kube) = fake_kube::start(dir.path()).await;
+    {
+        let mut pods = kube.pods.lock().unwrap();
+        // First an address where nothing listens, as if the pod was just replaced.
+        pods.insert("node1".into(), Some("127.0.0.2".into()));
+        pods.insert("node-pending".into(), None);
+    }
+    let mut args = certs.apiserver_args(&[]);
+    args.extend([
+        "--handler-namespace".to_string(),
+        "kv-test".to_string(),
+        "--handler-port".to_string(),
+        peer.addr.port().to_string(),
+    ]);
+    let env = DevEnv::start(Options {
+        apiserver_bin: env!("CARGO_BIN_EXE_virt-apiserver").into(),
+        extra_args: args,
+        kube_kubeconfig: Some(kubeconfig),
+        ..Default::default()
+    })
+    .expect("start etcd and virt-apiserver");
+    let c = common::admin(&env);
+    running_vmi(&c, &env, "vm1", "node1", false).await;
+    running_vmi(&c, &env, "idle", "node-empty", false).await;
+    running_vmi(&c, &env, "early", "node-pending", false).await;
+    let lists = || kube.lists.lock().unwrap().clone();
+
+    // The pod of node1, in our namespace, by label and field selector.
+    let (code, s) = put(&c, &env, "vm1", "pause", json!({})).await;
+    assert_eq!(code, 503, "{s}");
+    assert!(s["message"].as_str().unwrap().contains("127.0.0.2"), "{s}");
+    assert_eq!(
+        lists(),
+        ["kv-test kubevirt.io=virt-handler spec.nodeName=node1"]
+    );
+    // A failed dial drops the cached address: the replacement pod is found at once.
+    kube.pods
+        .lock()
+        .unwrap()
+        .insert("node1".into(), Some("127.0.0.1".into()));
+    assert_eq!(put(&c, &env, "vm1", "pause", json!({})).await.0, 200);
+    assert_eq!(lists().len(), 2);
+    // Then the address is reused for a while.
+    assert_eq!(put(&c, &env, "vm1", "softreboot", json!({})).await.0, 200);
+    let (ws, _) = open(&env, "vm1", "console", true).await.unwrap();
+    let (_ws, got) = round_trip(ws, b"hello").await;
+    assert_eq!(got, b"hello");
+    assert_eq!(lists().len(), 2, "{:?}", lists());
+    assert_eq!(
+        peer.seen.calls.lock().unwrap().as_slice(),
+        ["default/vm1/pause", "default/vm1/softreboot"]
+    );
+
+    // No pod, or no running pod, on the node: 503 naming the node.
+    for (vmi, node) in [("idle", "node-empty"), ("early", "node-pending")] {
+        let (code, s) = put(&c, &env, vmi, "pause", json!({})).await;
+        assert_eq!(code, 503, "{s}");
+        assert_eq!(
+            s["message"],
+            format!("no running virt-handler pod on node \"{node}\""),
+            "{s}"
+        );
+    }
+}
