@@ -367,7 +367,7 @@ mod tests {
         assert!(outcome.contains("did not answer"), "{outcome}");
         let got: Vec<Frame> = dst_rx.collect().await;
         // At least the first tick pings (later ones may merge on a loaded machine).
-        assert!(got.iter().any(|f| *f == Frame::Ping), "{got:?}");
+        assert!(got.contains(&Frame::Ping), "{got:?}");
         assert!(matches!(got.last(), Some(Frame::Close(Some((1011, _))))));
     }
 }
