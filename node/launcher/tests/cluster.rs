@@ -638,10 +638,22 @@ async fn cluster_mode_end_to_end() {
     );
     drop(observer);
 
-    // VNC: RFB greeting through the websocket.
+    // VNC: RFB greeting through the websocket; a second session takes over.
     let mut vnc = env.ws(name, "vnc").await;
     vnc.expect("RFB 003.008", Duration::from_secs(10)).await;
-    drop(vnc);
+    let mut vnc2 = env.ws(name, "vnc").await;
+    vnc2.expect("RFB 003.008", Duration::from_secs(10)).await;
+    assert_eq!(
+        vnc.closed(Duration::from_secs(10)).await,
+        virt_handler::server::TAKEN_OVER
+    );
+    drop(vnc2);
+
+    // softreboot: the guest boots again (banner on the console).
+    assert_eq!(env.put(name, "softreboot").await, (200, json!({})));
+    second
+        .expect(virt_testguest::BANNER, Duration::from_secs(60))
+        .await;
 
     // pause / unpause through the handler → conditions in the API.
     assert_eq!(env.put(name, "pause").await, (200, json!({})));
