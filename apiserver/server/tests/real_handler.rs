@@ -262,6 +262,9 @@ async fn apiserver_drives_the_real_virt_handler() {
             .arg(&certs.server.key)
             .arg("--client-ca")
             .arg(&certs.ca)
+            // The handler closes a session whose ping goes unanswered until the next:
+            // pinging every second shows virt-apiserver answers on the client's behalf.
+            .args(["--ws-ping-seconds", "1"])
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()
@@ -341,12 +344,16 @@ async fn apiserver_drives_the_real_virt_handler() {
         .map(|i| (i * 13 + i / 509) as u8)
         .collect();
     let started = Instant::now();
-    let (mut first, got) = round_trip(ws, &data).await;
+    let (first, got) = round_trip(ws, &data).await;
     eprintln!(
         "1 MiB console echo through virt-apiserver and virt-handler: {:?}",
         started.elapsed()
     );
     assert!(got == data, "console bytes differ");
+    // Idle through several of the handler's ping periods: the session stays up.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (mut first, got) = round_trip(first, b"after idle\r\n").await;
+    assert_eq!(got, b"after idle\r\n");
 
     // A second console session takes over; the first is closed with the handler's reason.
     let second = open(&env, "vm1", "console").await.unwrap();
