@@ -61,7 +61,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|res| async move {
             if let Err(err) = res {
-                tracing::debug!(error = %err, "reconcile result");
+                tracing::debug!(error = %reconcile::error_chain(&err), "reconcile result");
             }
         })
         .await;

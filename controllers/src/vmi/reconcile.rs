@@ -393,6 +393,18 @@ async fn write_status(
         .map_err(ReconcileError::Status)
 }
 
+/// `err` and its sources, `: `-separated (the variants do not repeat their source).
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
 /// Retry policy: conflicts retry at once, other errors back off per object.
 pub fn error_policy(
     vmi: Arc<VirtualMachineInstance>,
@@ -404,7 +416,7 @@ pub fn error_policy(
     }
     let key = vmi.uid().unwrap_or_else(|| vmi.name_any());
     let delay = ctx.backoff.next_delay(&key);
-    tracing::warn!(vmi = %vmi.name_any(), error = %err, reason = err.reason(), retry_in = ?delay, "reconcile failed");
+    tracing::warn!(vmi = %vmi.name_any(), error = %error_chain(err), reason = err.reason(), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 
@@ -415,7 +427,22 @@ mod tests {
     use kubevirt_api::VirtualMachineInstance;
     use serde_json::json;
 
-    use super::{finalizer_patch, status_patch};
+    use super::{ReconcileError, error_chain, finalizer_patch, status_patch};
+
+    #[test]
+    fn error_chain_names_the_cause() {
+        let e = ReconcileError::Read {
+            what: "launcher pods",
+            source: kube::Error::LinesCodecMaxLineLengthExceeded,
+        };
+        assert_eq!(
+            error_chain(&e),
+            format!(
+                "reading launcher pods: {}",
+                kube::Error::LinesCodecMaxLineLengthExceeded
+            )
+        );
+    }
 
     #[test]
     fn finalizer_patch_keeps_other_finalizers_and_carries_the_resource_version() {

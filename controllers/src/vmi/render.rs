@@ -208,11 +208,12 @@ fn image_path(volume: &str, path: &str) -> Result<String, PodRenderError> {
 /// (the launcher maps images, not volumes), with exactly the files the launcher opens:
 /// a containerDisk's `path` (else KubeVirt's `/disk` directory), the kernel and initrd.
 pub fn image_copies(vmi: &VirtualMachineInstance) -> Result<Vec<ImageCopy>, PodRenderError> {
-    let mut wanted: Vec<(&str, &str, Option<&String>, String)> = Vec::new();
+    // (image, pull policy, path in the image), in VMI order.
+    let mut wanted: Vec<(&str, Option<&String>, String)> = Vec::new();
     for v in vmi.spec.volumes.iter().flatten() {
         if let Some(cd) = &v.container_disk {
             let path = image_path(&v.name, cd.path.as_deref().unwrap_or("/disk"))?;
-            wanted.push((&v.name, &cd.image, cd.image_pull_policy.as_ref(), path));
+            wanted.push((&cd.image, cd.image_pull_policy.as_ref(), path));
         }
     }
     if let Some(kb) = vmi
@@ -225,11 +226,11 @@ pub fn image_copies(vmi: &VirtualMachineInstance) -> Result<Vec<ImageCopy>, PodR
     {
         for p in [&kb.kernel_path, &kb.initrd_path].into_iter().flatten() {
             let path = image_path("kernelBoot", p)?;
-            wanted.push(("kernelBoot", &kb.image, kb.image_pull_policy.as_ref(), path));
+            wanted.push((&kb.image, kb.image_pull_policy.as_ref(), path));
         }
     }
     let mut out: Vec<ImageCopy> = Vec::new();
-    for (_, image, pull, path) in wanted {
+    for (image, pull, path) in wanted {
         let i = match out.iter().position(|c| c.image == image) {
             Some(i) => i,
             None => {
