@@ -636,8 +636,16 @@ async fn watch_collection(
     Ok(r)
 }
 
-/// Decrements the open-stream gauge when a watch body is dropped.
-struct LongRunning(Arc<Metrics>);
+/// Decrements the open-stream gauge when a watch body or a console/vnc relay is dropped.
+pub(crate) struct LongRunning(pub(crate) Arc<Metrics>);
+
+impl LongRunning {
+    /// Counts one more open watch or stream until the result is dropped.
+    pub(crate) fn start(metrics: Arc<Metrics>) -> Self {
+        metrics.longrunning.inc();
+        Self(metrics)
+    }
+}
 
 impl Drop for LongRunning {
     fn drop(&mut self) {

@@ -276,13 +276,16 @@ impl Subresources {
             Err(e) => return Ok(e.into_response()),
         };
         let shutdown = st.shutdown.clone();
+        let metrics = st.metrics.clone();
         let what = format!("{sub} {ns}/{name} on {node}");
         // Clients that offer no subprotocol (KubeVirt before #1485) are served too.
         Ok(upgrade
             .protocols([crate::handler::PLAIN_SUBPROTOCOL])
             .on_failed_upgrade(|e| tracing::debug!(error = %e, "Client upgrade failed"))
-            .on_upgrade(move |client| {
-                crate::stream::relay(client, handler, Keepalive::default(), shutdown, what)
+            .on_upgrade(move |client| async move {
+                // apiserver_longrunning_requests counts open consoles like watches.
+                let _open = crate::http::LongRunning::start(metrics);
+                crate::stream::relay(client, handler, Keepalive::default(), shutdown, what).await;
             }))
     }
 

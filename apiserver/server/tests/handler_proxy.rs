@@ -348,6 +348,23 @@ async fn console_and_vnc_are_relayed_byte_exact_and_closes_propagate() {
         [Some("plain.kubevirt.io".to_string())]
     );
 
+    // An open console counts as a long-running request.
+    let gauge = || async {
+        let m = c
+            .get(format!("{}/metrics", env.server_url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        m.lines()
+            .find_map(|l| l.strip_prefix("apiserver_longrunning_requests "))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(gauge().await, "1");
+
     // The handler closes (another session took over): the client gets the reason.
     ws.send(Message::Text("takeover".into())).await.unwrap();
     let close = loop {
@@ -363,6 +380,11 @@ async fn console_and_vnc_are_relayed_byte_exact_and_closes_propagate() {
     let close = close.expect("close frame with a reason");
     assert_eq!(u16::from(close.code), 1000);
     assert_eq!(close.reason.as_str(), "another console session took over");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while gauge().await != "0" {
+        assert!(std::time::Instant::now() < deadline, "relay not ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // VNC without a subprotocol (older clients) works too; the client closing ends
     // the handler's session.
