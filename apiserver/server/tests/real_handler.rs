@@ -249,7 +249,7 @@ async fn apiserver_drives_the_real_virt_handler() {
     // Short root: unix socket paths must stay below 108 bytes.
     let root = tempfile::Builder::new().prefix("vh").tempdir().unwrap();
     let log = std::fs::File::create(dir.path().join("handler.log")).unwrap();
-    let _handler = Child(
+    let mut handler = Child(
         std::process::Command::new(handler_bin())
             .args(["--node-name", NODE, "--kubeconfig"])
             .arg(&env.kubeconfig)
@@ -369,7 +369,7 @@ async fn apiserver_drives_the_real_virt_handler() {
     };
     let close = close.expect("a close frame with a reason");
     assert!(close.reason.as_str().contains(TAKEN_OVER), "{close:?}");
-    let (_second, got) = round_trip(second, b"still mine\r\n").await;
+    let (mut second, got) = round_trip(second, b"still mine\r\n").await;
     assert_eq!(got, b"still mine\r\n");
 
     // VNC bytes too.
@@ -403,4 +403,22 @@ async fn apiserver_drives_the_real_virt_handler() {
         "handler's own answer expected: {code} {s}"
     );
     assert!(s["message"].as_str().is_some(), "{s}");
+
+    // The handler dies (SIGKILL): the open console is closed with 1011 and a reason
+    // naming virt-handler, not left hanging.
+    handler.0.kill().unwrap();
+    handler.0.wait().unwrap();
+    let close = loop {
+        match tokio::time::timeout(Duration::from_secs(10), second.next())
+            .await
+            .expect("console closed within 10 s of the handler's death")
+        {
+            Some(Ok(Message::Close(f))) => break f,
+            Some(Ok(_)) => {}
+            other => panic!("expected a close, got {other:?}"),
+        }
+    };
+    let close = close.expect("a close frame with a reason");
+    assert_eq!(u16::from(close.code), 1011);
+    assert!(close.reason.as_str().contains("virt-handler"), "{close:?}");
 }
