@@ -20,7 +20,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
 use kubevirt_api::vmi::VirtualMachineInstancePhase as Phase;
@@ -712,6 +712,58 @@ async fn vmi_controller_against_kube_apiserver() {
         .unwrap();
     printable(PrintableStatus::Stopped).await;
     assert!(env.vmis().get_opt("d").await.unwrap().is_none());
+
+    // 5. A drain (eviction API): the VMI fails as soon as kube-apiserver marks the pod
+    //    as a DisruptionTarget, while the pod still terminates.
+    env.create_vmi("e").await;
+    let e = env.phase("e", Phase::Scheduling).await;
+    let pod_name = env.only_pod(&e).await.name_any();
+    env.bind(&pod_name, "node-1").await;
+    env.pod_status(
+        &pod_name,
+        json!({"phase": "Running", "containerStatuses": compute(json!({"running": {}}))}),
+    )
+    .await;
+    env.phase("e", Phase::Scheduled).await;
+    env.pods()
+        .evict(&pod_name, &EvictParams::default())
+        .await
+        .unwrap();
+    let e = env.phase("e", Phase::Failed).await;
+    assert_eq!(
+        e.status.as_ref().unwrap().reason.as_deref(),
+        Some("Evicted")
+    );
+    let ready = cond(&e, "Ready").unwrap().message.clone().unwrap();
+    assert!(ready.starts_with("EvictionByEvictionAPI"), "{ready}");
+    let pod = env.pods().get(&pod_name).await.unwrap();
+    assert!(
+        pod.metadata.deletion_timestamp.is_some(),
+        "still terminating"
+    );
+    env.vmis()
+        .delete("e", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.pods()
+        .delete(
+            &pod_name,
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            },
+        )
+        .await
+        .unwrap();
+    eventually("e to be gone", || async {
+        env.vmis()
+            .get_opt("e")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
 
     let metrics = ctx.metrics.encode();
     for phase in ["Scheduling", "Scheduled", "Failed"] {

@@ -44,7 +44,8 @@ pub mod reasons {
     pub const FAILED_CREATE: &str = "FailedCreate";
     /// Failed: the launcher pod disappeared (KubeVirt #6685).
     pub const POD_NOT_EXISTS: &str = "PodNotExists";
-    /// Failed: the launcher pod was evicted.
+    /// Failed: the launcher pod was evicted (by the kubelet, or a DisruptionTarget:
+    /// eviction API, preemption, taint manager).
     pub const EVICTED: &str = "Evicted";
     /// Failed: the guest crashed (launcher exit code 2).
     pub const GUEST_CRASHED: &str = "GuestCrashed";
@@ -243,12 +244,35 @@ pub fn last_line(message: &str) -> String {
         .to_string()
 }
 
+/// The pod's DisruptionTarget condition, as its message: the eviction API (drain),
+/// preemption, the taint manager or a kubelet shutdown is terminating it. The launcher
+/// may well exit 0 after shutting the guest down, but the guest did not choose to stop,
+/// so the VMI fails (a RerunOnFailure VM starts it again) — as soon as the condition
+/// appears, before virt-handler can report a clean shutdown.
+fn disruption(p: &Pod) -> Option<String> {
+    let c = p
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")?;
+    Some(format!(
+        "{}: {}",
+        c.reason.as_deref().unwrap_or("DisruptionTarget"),
+        c.message.as_deref().unwrap_or("")
+    ))
+}
+
 /// How a terminated pod ended, as (phase, reason, message).
 fn pod_outcome(p: &Pod) -> (Phase, &'static str, String) {
     let status = p.status.as_ref();
     let pod_message = status.and_then(|s| s.message.clone()).unwrap_or_default();
     if status.and_then(|s| s.reason.as_deref()) == Some("Evicted") {
         return (Phase::Failed, reasons::EVICTED, pod_message);
+    }
+    if let Some(message) = disruption(p) {
+        return (Phase::Failed, reasons::EVICTED, message);
     }
     let terminated = compute_status(p)
         .and_then(|c| c.state.as_ref())
@@ -386,7 +410,16 @@ pub fn derive_status(
     if old.phase.is_final() {
         // Final is final: only the pod list is kept up to date.
     } else if let Some(pod) = current_pod(&ours) {
-        if is_terminal(pod) {
+        if let Some(message) = disruption(pod).filter(|_| !is_terminal(pod)) {
+            next = Phase::Failed;
+            status.reason = Some(reasons::EVICTED.to_string());
+            set(
+                &mut conditions,
+                conditions::READY,
+                reasons::EVICTED,
+                &message,
+            );
+        } else if is_terminal(pod) {
             let (p, reason, message) = pod_outcome(pod);
             next = p;
             status.reason = Some(reason.to_string());

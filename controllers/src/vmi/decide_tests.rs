@@ -589,3 +589,27 @@ fn termination_messages_keep_the_last_line_without_colours() {
         )
     );
 }
+
+#[test]
+fn a_disrupted_pod_fails_the_vmi_even_when_the_launcher_exits_0() {
+    let mut p = exited_pod("Succeeded", 0, "");
+    p.status.as_mut().unwrap().conditions = Some(vec![
+        serde_json::from_value(json!({"type": "DisruptionTarget", "status": "True",
+            "reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting"}))
+        .unwrap(),
+    ]);
+    let s = derive_status(&vmi("Running"), std::slice::from_ref(&p), None, now());
+    assert_eq!(s.phase, Phase::Failed);
+    assert_eq!(s.reason.as_deref(), Some(reasons::EVICTED));
+    assert_eq!(
+        cond(&s, conditions::READY).unwrap().message.as_deref(),
+        Some("EvictionByEvictionAPI: Eviction API: evicting")
+    );
+    // Already while the pod terminates: virt-handler must not get to call it a clean
+    // shutdown first.
+    let mut running = terminating(running_pod());
+    running.status.as_mut().unwrap().conditions = p.status.unwrap().conditions;
+    let s = derive_status(&vmi("Running"), &[running], None, now());
+    assert_eq!(s.phase, Phase::Failed);
+    assert_eq!(s.reason.as_deref(), Some(reasons::EVICTED));
+}
