@@ -612,6 +612,33 @@ mod tests {
     }
 
     #[test]
+    fn tls_flags_go_together() {
+        assert!(client_tls(&HandlerTlsFiles::default()).unwrap().is_none());
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not pem").unwrap();
+        let partial = HandlerTlsFiles {
+            ca: Some(junk.clone()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            client_tls(&partial),
+            Err(HandlerConfigError::Partial)
+        ));
+        let bad = HandlerTlsFiles {
+            ca: Some(junk.clone()),
+            cert: Some(junk.clone()),
+            key: Some(junk),
+        };
+        assert!(matches!(
+            client_tls(&bad),
+            Err(HandlerConfigError::Pem {
+                what: "--handler-ca"
+            })
+        ));
+    }
+
+    #[test]
     fn paths() {
         assert_eq!(
             handler_path("ns", "v", "vnc", Some("preserveSession=true")),
