@@ -434,8 +434,8 @@ pub struct NodeOptions {
     pub cluster: cluster::ClusterConfig,
     /// Where the HTTPS server listens.
     pub listener: tokio::net::TcpListener,
-    /// Its TLS configuration ([`server::tls_config`]).
-    pub tls: rustls::ServerConfig,
+    /// Its TLS configuration.
+    pub tls: server::TlsSource,
     /// Websocket ping interval.
     pub ping_every: Duration,
     /// Where `/metrics` is served (plain HTTP); not served when `None`.

@@ -13,6 +13,7 @@ use anyhow::Context;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 use virt_handler::cluster::{ClusterConfig, Paths};
+use virt_handler::server::{TlsFiles, TlsSource};
 use virt_handler::{Handler, HandlerConfig, NodeOptions};
 
 /// Per-node agent that drives virt-launchers.
@@ -112,17 +113,15 @@ fn shutdown_on_signal() -> CancellationToken {
 async fn cluster_main(node_name: String, args: Args) -> anyhow::Result<()> {
     // kube and our server both use rustls; one process-wide provider.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let read = |p: &Option<PathBuf>, flag: &str| -> anyhow::Result<Vec<u8>> {
-        let p = p
-            .as_ref()
-            .with_context(|| format!("cluster mode needs {flag}"))?;
-        std::fs::read(p).with_context(|| format!("{flag} {}", p.display()))
+    let need = |p: &Option<PathBuf>, flag: &str| -> anyhow::Result<PathBuf> {
+        p.clone()
+            .with_context(|| format!("cluster mode needs {flag}"))
     };
-    let tls = virt_handler::server::tls_config(
-        &read(&args.tls_cert, "--tls-cert")?,
-        &read(&args.tls_key, "--tls-key")?,
-        &read(&args.client_ca, "--client-ca")?,
-    )?;
+    let tls = TlsSource::from_files(TlsFiles {
+        cert: need(&args.tls_cert, "--tls-cert")?,
+        key: need(&args.tls_key, "--tls-key")?,
+        client_ca: need(&args.client_ca, "--client-ca")?,
+    })?;
     let config = match &args.kubeconfig {
         Some(f) => {
             let kc = kube::config::Kubeconfig::read_from(f)

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -103,6 +104,115 @@ pub fn tls_config(
     Ok(cfg)
 }
 
+/// The files of the server's TLS material (a mounted Secret).
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    /// Serving certificate (PEM).
+    pub cert: PathBuf,
+    /// Its key (PEM).
+    pub key: PathBuf,
+    /// CA bundle for client certificates (PEM).
+    pub client_ca: PathBuf,
+}
+
+/// Reading the TLS files failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsLoadError {
+    /// A file cannot be read.
+    #[error("{path}")]
+    Read {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The contents are unusable.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+type Stamps = Vec<Option<std::time::SystemTime>>;
+
+/// The server's TLS configuration. Built from files, it is re-read when one of them
+/// changes (checked at each new connection, which is rare here): a rotated Secret takes
+/// effect without a restart. A half-written update keeps the previous configuration.
+#[derive(Clone, Debug)]
+pub struct TlsSource {
+    files: Option<TlsFiles>,
+    current: Arc<Mutex<(Stamps, Arc<rustls::ServerConfig>)>>,
+}
+
+impl TlsSource {
+    /// A configuration that never changes.
+    pub fn fixed(cfg: rustls::ServerConfig) -> Self {
+        Self {
+            files: None,
+            current: Arc::new(Mutex::new((Vec::new(), Arc::new(cfg)))),
+        }
+    }
+
+    /// Loads `files` (and reloads them when they change).
+    pub fn from_files(files: TlsFiles) -> Result<Self, TlsLoadError> {
+        let stamps = Self::stamps(&files);
+        let cfg = Self::load(&files)?;
+        Ok(Self {
+            files: Some(files),
+            current: Arc::new(Mutex::new((stamps, Arc::new(cfg)))),
+        })
+    }
+
+    fn paths(files: &TlsFiles) -> [&Path; 3] {
+        [&files.cert, &files.key, &files.client_ca]
+    }
+
+    fn stamps(files: &TlsFiles) -> Stamps {
+        Self::paths(files)
+            .iter()
+            .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+            .collect()
+    }
+
+    fn load(files: &TlsFiles) -> Result<rustls::ServerConfig, TlsLoadError> {
+        let read = |p: &Path| {
+            std::fs::read(p).map_err(|source| TlsLoadError::Read {
+                path: p.to_path_buf(),
+                source,
+            })
+        };
+        Ok(tls_config(
+            &read(&files.cert)?,
+            &read(&files.key)?,
+            &read(&files.client_ca)?,
+        )?)
+    }
+
+    /// The configuration for a new connection. Blocking file reads, but three small files
+    /// at most, and only per connection.
+    fn get(&self) -> Arc<rustls::ServerConfig> {
+        // A panic while reloading cannot leave a half-updated pair: recover the guard.
+        let mut cur = self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(files) = &self.files {
+            let stamps = Self::stamps(files);
+            if stamps != cur.0 {
+                match Self::load(files) {
+                    Ok(cfg) => {
+                        tracing::info!("TLS files changed; reloaded");
+                        *cur = (stamps, Arc::new(cfg));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "TLS files changed but cannot be loaded; keeping the previous ones")
+                    }
+                }
+            }
+        }
+        cur.1.clone()
+    }
+}
+
 /// What the HTTP handlers need.
 #[derive(Clone, Debug)]
 pub struct AppState {
@@ -158,11 +268,10 @@ pub fn router(state: AppState) -> Router {
 /// Accepts TLS connections until `shutdown`.
 pub async fn serve(
     listener: TcpListener,
-    tls: rustls::ServerConfig,
+    tls: TlsSource,
     router: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let acceptor = TlsAcceptor::from(Arc::new(tls));
     loop {
         let (tcp, remote): (_, SocketAddr) = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
@@ -175,7 +284,8 @@ pub async fn serve(
             },
         };
         let _ = tcp.set_nodelay(true);
-        let (acceptor, router, shutdown) = (acceptor.clone(), router.clone(), shutdown.clone());
+        let acceptor = TlsAcceptor::from(tls.get());
+        let (router, shutdown) = (router.clone(), shutdown.clone());
         tokio::spawn(async move {
             let tls =
                 match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {

@@ -83,7 +83,9 @@ async fn fake_launcher(sock: PathBuf) -> tokio::task::JoinHandle<()> {
     })
 }
 
-fn write_certs(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+/// Writes a CA (`ca.crt`), the handler's pair (`tls.crt`, `tls.key`) and a client pair
+/// (`<client>.crt`, `.key`) into `dir`.
+fn write_certs(dir: &Path, client: &str) -> (PathBuf, PathBuf, PathBuf) {
     let validity = time::Duration::days(1);
     let ca = virt_certs::Ca::generate("ca", validity).unwrap();
     let (ca_file, _) = ca.write_pair(dir, "ca").unwrap();
@@ -92,7 +94,29 @@ fn write_certs(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
         .unwrap()
         .write_pair(dir, "tls")
         .unwrap();
+    ca.issue_client("virt-apiserver", &[] as &[&str], validity)
+        .unwrap()
+        .write_pair(dir, client)
+        .unwrap();
     (cert, key, ca_file)
+}
+
+/// GET /healthz over mTLS with the client pair `<client>` from `dir`, trusting `ca`.
+async fn healthz(port: u16, ca: &Path, dir: &Path, client: &str) -> Result<u16, reqwest::Error> {
+    let mut pem = std::fs::read(dir.join(format!("{client}.crt"))).unwrap();
+    pem.extend(std::fs::read(dir.join(format!("{client}.key"))).unwrap());
+    let c = reqwest::Client::builder()
+        .use_rustls_tls()
+        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap())
+        .identity(reqwest::Identity::from_pem(&pem).unwrap())
+        .resolve("virt-handler", ([127, 0, 0, 1], port).into())
+        .build()
+        .unwrap();
+    let r = c
+        .get(format!("https://virt-handler:{port}/healthz"))
+        .send()
+        .await?;
+    Ok(r.status().as_u16())
 }
 
 async fn wait_phase(api: &Api<VirtualMachineInstance>, name: &str, want: Phase, log: &Path) {
@@ -182,7 +206,7 @@ async fn binary_follows_a_launcher_socket_and_serves_metrics() {
         .unwrap();
     assert!(touched.success());
 
-    let (cert, key, ca) = write_certs(tmp.path());
+    let (cert, key, ca) = write_certs(tmp.path(), "client1");
     let (port, mport) = (free_port().unwrap(), free_port().unwrap());
     let log = tmp.path().join("handler.log");
     let _handler = Kill(
@@ -223,6 +247,20 @@ async fn binary_follows_a_launcher_socket_and_serves_metrics() {
         Some("10.0.0.9")
     );
     assert_eq!(st.launcher_container_image_version.as_deref(), Some("fake"));
+
+    // mTLS with the first CA; then the Secret rotates to a new CA: no restart needed,
+    // the old client is refused, the new one served.
+    assert_eq!(
+        healthz(port, &ca, tmp.path(), "client1").await.unwrap(),
+        200
+    );
+    write_certs(tmp.path(), "client2");
+    // Trusting the new server certificate, presenting the old client certificate.
+    assert!(healthz(port, &ca, tmp.path(), "client1").await.is_err());
+    assert_eq!(
+        healthz(port, &ca, tmp.path(), "client2").await.unwrap(),
+        200
+    );
 
     // The launcher goes away (socket file left behind, nobody listening) → Failed.
     launcher.abort();

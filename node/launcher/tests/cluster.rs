@@ -122,11 +122,11 @@ fn handler_node_main() {
         let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
             .await
             .unwrap();
-        let tls = virt_handler::server::tls_config(
-            &std::fs::read(env("HANDLER_TLS_CERT")).unwrap(),
-            &std::fs::read(env("HANDLER_TLS_KEY")).unwrap(),
-            &std::fs::read(env("HANDLER_CLIENT_CA")).unwrap(),
-        )
+        let tls = virt_handler::server::TlsSource::from_files(virt_handler::server::TlsFiles {
+            cert: env("HANDLER_TLS_CERT").into(),
+            key: env("HANDLER_TLS_KEY").into(),
+            client_ca: env("HANDLER_CLIENT_CA").into(),
+        })
         .unwrap();
         let listener = tokio::net::TcpListener::bind(env("HANDLER_LISTEN"))
             .await
