@@ -100,9 +100,14 @@ impl Registry {
         }
     }
 
-    fn remove(&self, ns: &str, name: &str) {
+    /// Forgets `ns/name` if it still means `uid`: a VMI re-created under the same name
+    /// (new uid) may already have replaced it.
+    fn remove(&self, ns: &str, name: &str, uid: &str) {
         if let Ok(mut m) = self.0.write() {
-            m.remove(&(ns.to_string(), name.to_string()));
+            let key = (ns.to_string(), name.to_string());
+            if m.get(&key).is_some_and(|u| u == uid) {
+                m.remove(&key);
+            }
         }
     }
 }
@@ -251,7 +256,7 @@ fn gone(
 ) {
     if let Some(m) = monitors.remove(uid) {
         m.task.abort();
-        registry.remove(&m.ns, &m.name);
+        registry.remove(&m.ns, &m.name, uid);
         tracing::info!(ns = %m.ns, name = %m.name, %uid, "VMI left this node");
     }
     tokio::spawn(remove_when_idle(cfg.paths.dir(uid)));
@@ -480,5 +485,21 @@ async fn sweep_sockets(cfg: ClusterConfig, known: HashSet<String>) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recreated_vmi_keeps_its_registry_entry() {
+        let r = Registry::default();
+        r.insert("ns".into(), "a".into(), "uid-1".into());
+        r.insert("ns".into(), "a".into(), "uid-2".into());
+        r.remove("ns", "a", "uid-1");
+        assert_eq!(r.uid("ns", "a").as_deref(), Some("uid-2"));
+        r.remove("ns", "a", "uid-2");
+        assert_eq!(r.uid("ns", "a"), None);
     }
 }
