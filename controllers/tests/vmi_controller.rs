@@ -395,8 +395,10 @@ async fn vmi_controller_against_kube_apiserver() {
     // 1. Create → finalizer + one pod → Scheduling → (bound, compute runs) Scheduled
     //    with node name and label → the pod disappears → Failed (never Running without
     //    a pod), no second pod → delete → gone.
+    let t0 = std::time::Instant::now();
     env.create_vmi("a").await;
     let a = env.phase("a", Phase::Scheduling).await;
+    eprintln!("VMI create → Scheduling (pod created): {:?}", t0.elapsed());
     assert!(a.finalizers().iter().any(|f| f == FINALIZER));
     let pod = env.only_pod(&a).await;
     let pod_name = pod.name_any();
@@ -429,7 +431,9 @@ async fn vmi_controller_against_kube_apiserver() {
         json!({"phase": "Running", "containerStatuses": compute(json!({"running": {}}))}),
     )
     .await;
+    let t1 = std::time::Instant::now();
     let a = env.phase("a", Phase::Scheduled).await;
+    eprintln!("pod running → Scheduled: {:?}", t1.elapsed());
     assert_eq!(
         a.status.as_ref().unwrap().node_name.as_deref(),
         Some("node-1")
@@ -458,7 +462,9 @@ async fn vmi_controller_against_kube_apiserver() {
         )
         .await
         .unwrap();
+    let t2 = std::time::Instant::now();
     let a = env.phase("a", Phase::Failed).await;
+    eprintln!("pod deleted → Failed: {:?}", t2.elapsed());
     assert_eq!(
         a.status.as_ref().unwrap().reason.as_deref(),
         Some("PodNotExists")
@@ -494,8 +500,13 @@ async fn vmi_controller_against_kube_apiserver() {
     // 2. Unschedulable → PodScheduled=False; image pull back-off → Synchronized=False
     //    with the kubelet's message; the image copy fails → Failed; the terminated pod
     //    stays for its logs until the VMI is deleted.
+    let t0 = std::time::Instant::now();
     env.create_vmi("b").await;
     let b = env.phase("b", Phase::Scheduling).await;
+    eprintln!(
+        "VMI create → Scheduling, controller warm: {:?}",
+        t0.elapsed()
+    );
     let pod_name = env.only_pod(&b).await.name_any();
     env.pod_status(
         &pod_name,

@@ -193,6 +193,9 @@ pub async fn reconcile(
     let plan = decide::plan(&vmi, &pods);
     tracing::debug!(?plan, "planned");
     let regarding = vmi.object_ref(&());
+    // Published after the writes: an Event is for humans and must not delay the pod
+    // or the status.
+    let mut events: Vec<(EventType, &'static str, String)> = Vec::new();
 
     if plan.add_finalizer {
         vmi = vmis
@@ -222,25 +225,21 @@ pub async fn reconcile(
                         ctx.metrics.pod_action("create", true);
                         let pod_name = pod.name_any();
                         tracing::info!(pod = %pod_name, "created launcher pod");
-                        ctx.event(
-                            &regarding,
+                        events.push((
                             EventType::Normal,
                             "SuccessfulCreate",
                             format!("Created virtual machine pod {pod_name}"),
-                        )
-                        .await;
+                        ));
                         pods.push(pod);
                     }
                     Err(e) => {
                         ctx.metrics.pod_action("create", false);
                         tracing::warn!(error = %e, "creating launcher pod failed");
-                        ctx.event(
-                            &regarding,
+                        events.push((
                             EventType::Warning,
                             "FailedCreate",
                             format!("Error creating pod: {e}"),
-                        )
-                        .await;
+                        ));
                         create_error = Some(e.to_string());
                         failure = Some(ReconcileError::CreatePod(e));
                     }
@@ -251,27 +250,48 @@ pub async fn reconcile(
             Err(e) => {
                 ctx.metrics.pod_action("create", false);
                 tracing::warn!(error = %e, "launcher pod cannot be rendered");
-                ctx.event(
-                    &regarding,
+                events.push((
                     EventType::Warning,
                     "FailedCreate",
                     format!("Error rendering pod: {e}"),
-                )
-                .await;
+                ));
                 create_error = Some(e.to_string());
             }
         }
     }
 
-    if let Err(e) = delete_pods(&ctx, &pod_api, &plan, &regarding).await {
+    if let Err(e) = delete_pods(&ctx, &pod_api, &plan, &mut events).await {
         failure.get_or_insert(e);
     }
 
+    let written = write_back(&vmis, vmi, &pods, create_error.as_deref(), &plan, &ctx).await;
+    for (type_, reason, note) in events {
+        ctx.event(&regarding, type_, reason, note).await;
+    }
+    written?;
+
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    ctx.backoff.reset(&uid);
+    Ok(Action::requeue(ctx.config.resync))
+}
+
+/// Writes the status the pods imply, the node label and the finalizer removal.
+async fn write_back(
+    vmis: &Api<VirtualMachineInstance>,
+    mut vmi: VirtualMachineInstance,
+    pods: &[Pod],
+    create_error: Option<&str>,
+    plan: &Plan,
+    ctx: &Context,
+) -> Result<(), ReconcileError> {
+    let name = vmi.name_any();
     let now = Timestamp::now();
-    let status = decide::derive_status(&vmi, &pods, create_error.as_deref(), now);
+    let status = decide::derive_status(&vmi, pods, create_error, now);
     let old = vmi.status.clone().unwrap_or_default();
     if status != old {
-        vmi = write_status(&vmis, &vmi, &old, &status).await?;
+        vmi = write_status(vmis, &vmi, &old, &status).await?;
         ctx.metrics.vmi_status_written();
         if status.phase != old.phase {
             tracing::info!(from = old.phase.as_str(), to = status.phase.as_str(), reason = ?status.reason, "VMI phase");
@@ -310,11 +330,7 @@ pub async fn reconcile(
         }
     }
 
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    ctx.backoff.reset(&uid);
-    Ok(Action::requeue(ctx.config.resync))
+    Ok(())
 }
 
 /// Observes the phase transition metric when this VMI's phase changed since last seen.
@@ -331,7 +347,7 @@ async fn delete_pods(
     ctx: &Context,
     pod_api: &Api<Pod>,
     plan: &Plan,
-    regarding: &k8s_openapi::api::core::v1::ObjectReference,
+    events: &mut Vec<(EventType, &'static str, String)>,
 ) -> Result<(), ReconcileError> {
     let mut first_error = None;
     for pod in &plan.delete_pods {
@@ -349,25 +365,21 @@ async fn delete_pods(
             Ok(_) => {
                 ctx.metrics.pod_action("delete", true);
                 tracing::info!(pod = %pod.name, grace = ?plan.delete_grace_seconds, "deleting launcher pod");
-                ctx.event(
-                    regarding,
+                events.push((
                     EventType::Normal,
                     "SuccessfulDelete",
                     format!("Deleted virtual machine pod {}", pod.name),
-                )
-                .await;
+                ));
             }
             Err(e) if is_not_found(&e) || is_conflict(&e) => {}
             Err(e) => {
                 ctx.metrics.pod_action("delete", false);
                 tracing::warn!(pod = %pod.name, error = %e, "deleting launcher pod failed");
-                ctx.event(
-                    regarding,
+                events.push((
                     EventType::Warning,
                     "FailedDelete",
                     format!("Error deleting pod {}: {e}", pod.name),
-                )
-                .await;
+                ));
                 first_error.get_or_insert(ReconcileError::DeletePod {
                     pod: pod.name.clone(),
                     source: e,
