@@ -505,6 +505,32 @@ pub fn derive_status(
     status
 }
 
+/// The Event of a VMI this status makes final, as (warning, reason, note): the reason
+/// and the Ready message written with it.
+pub fn final_event(
+    vmi: &VirtualMachineInstance,
+    status: &VirtualMachineInstanceStatus,
+) -> Option<(bool, &'static str, String)> {
+    if phase(vmi).is_final() || !status.phase.is_final() {
+        return None;
+    }
+    let message = status
+        .conditions
+        .as_deref()
+        .and_then(|c| find_condition(c, conditions::READY))
+        .and_then(|c| c.message.clone())
+        .unwrap_or_default();
+    let reason = match status.reason.as_deref() {
+        Some(reasons::POD_NOT_EXISTS) => reasons::POD_NOT_EXISTS,
+        Some(reasons::EVICTED) => reasons::EVICTED,
+        Some(reasons::GUEST_CRASHED) => reasons::GUEST_CRASHED,
+        Some(reasons::LAUNCHER_FAILED) => reasons::LAUNCHER_FAILED,
+        Some(reasons::POD_COMPLETED) => reasons::POD_COMPLETED,
+        _ => reasons::POD_FAILED,
+    };
+    Some((status.phase == Phase::Failed, reason, message))
+}
+
 /// The value of the VMI's `kubevirt.io/nodeName` label the status implies, when it
 /// differs from the current one.
 pub fn node_label(

@@ -613,3 +613,29 @@ fn a_disrupted_pod_fails_the_vmi_even_when_the_launcher_exits_0() {
     assert_eq!(s.phase, Phase::Failed);
     assert_eq!(s.reason.as_deref(), Some(reasons::EVICTED));
 }
+
+#[test]
+fn reaching_a_final_phase_is_an_event_once() {
+    let v = vmi("Running");
+    let s = derive_status(&v, &[exited_pod("Failed", 1, "no kvm")], None, now());
+    assert_eq!(
+        final_event(&v, &s),
+        Some((
+            true,
+            reasons::LAUNCHER_FAILED,
+            "launcher exit code 1: no kvm".to_string()
+        ))
+    );
+    let s = derive_status(&v, &[exited_pod("Succeeded", 0, "")], None, now());
+    assert_eq!(
+        final_event(&v, &s).map(|e| (e.0, e.1)),
+        Some((false, reasons::POD_COMPLETED))
+    );
+    let mut done = vmi("Failed");
+    done.status = Some(s.clone());
+    assert_eq!(final_event(&done, &s), None, "already final");
+    assert_eq!(
+        final_event(&v, &derive_status(&v, &[running_pod()], None, now())),
+        None
+    );
+}

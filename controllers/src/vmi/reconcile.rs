@@ -264,7 +264,18 @@ pub async fn reconcile(
         failure.get_or_insert(e);
     }
 
-    let written = write_back(&vmis, vmi, &pods, create_error.as_deref(), &plan, &ctx).await;
+    let status = decide::derive_status(&vmi, &pods, create_error.as_deref(), Timestamp::now());
+    if let Some((warning, reason, note)) = decide::final_event(&vmi, &status) {
+        // The VMI of a VM that restarts is deleted at once: the Event is what is left
+        // to say why it ended.
+        let type_ = if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        events.push((type_, reason, note));
+    }
+    let written = write_back(&vmis, vmi, &status, &plan, &ctx).await;
     for (type_, reason, note) in events {
         ctx.event(&regarding, type_, reason, note).await;
     }
@@ -281,23 +292,20 @@ pub async fn reconcile(
 async fn write_back(
     vmis: &Api<VirtualMachineInstance>,
     mut vmi: VirtualMachineInstance,
-    pods: &[Pod],
-    create_error: Option<&str>,
+    status: &VirtualMachineInstanceStatus,
     plan: &Plan,
     ctx: &Context,
 ) -> Result<(), ReconcileError> {
     let name = vmi.name_any();
-    let now = Timestamp::now();
-    let status = decide::derive_status(&vmi, pods, create_error, now);
     let old = vmi.status.clone().unwrap_or_default();
-    if status != old {
-        vmi = write_status(vmis, &vmi, &old, &status).await?;
+    if *status != old {
+        vmi = write_status(vmis, &vmi, &old, status).await?;
         ctx.metrics.vmi_status_written();
         if status.phase != old.phase {
             tracing::info!(from = old.phase.as_str(), to = status.phase.as_str(), reason = ?status.reason, "VMI phase");
         }
     }
-    if let Some(node) = decide::node_label(&vmi, &status) {
+    if let Some(node) = decide::node_label(&vmi, status) {
         let patch = json!({"metadata": {
             "resourceVersion": vmi.metadata.resource_version,
             "labels": {NODE_NAME_LABEL: node},
