@@ -447,7 +447,7 @@ async fn open_console(
     let Some(uid) = st.registry.uid(&ns, &name) else {
         return not_found(&ns, &name);
     };
-    let hub = match st.hub(&uid).await {
+    let (hub, rx) = match st.hub(&uid).await {
         Ok(h) => h,
         Err(e) => {
             return conflict(format!("console of VMI {ns}/{name} is not available: {e}"));
@@ -460,7 +460,7 @@ async fn open_console(
         .on_upgrade(move |ws| async move {
             open.inc();
             tracing::info!(%ns, %name, session = id, read_only = q.read_only, "console session opened");
-            console_session(ws, hub, id, q.read_only, ping).await;
+            console_session(ws, hub, rx, id, q.read_only, ping).await;
             open.dec();
             tracing::info!(%ns, %name, session = id, "console session closed");
         })
@@ -547,6 +547,9 @@ async fn pump(
     eof_reason: &'static str,
 ) {
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
+    // After a long blocking send, catch-up ticks would find the fresh ping unanswered and
+    // close a healthy session; the next ping waits a full interval instead.
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut awaiting_pong = false;
     let close: Option<(u16, &str)> = loop {
         tokio::select! {
@@ -592,6 +595,7 @@ async fn pump(
 async fn console_session(
     ws: WebSocket,
     hub: Arc<ConsoleHub>,
+    mut rx: broadcast::Receiver<Bytes>,
     id: u64,
     read_only: bool,
     ping: Duration,
@@ -602,7 +606,6 @@ async fn console_session(
         hub.claim(id)
     };
     let (out_tx, out_rx) = mpsc::channel::<Bytes>(64);
-    let mut rx = hub.out.subscribe();
     let closed = hub.closed.clone();
     let forward = tokio::spawn(async move {
         loop {
@@ -693,16 +696,23 @@ impl ConsoleHub {
 }
 
 impl AppState {
-    async fn hub(&self, uid: &str) -> std::io::Result<Arc<ConsoleHub>> {
+    /// The console hub of `uid` and a subscription to its output. The subscription is
+    /// taken before the hub's reader starts, so a new session misses nothing QEMU sends
+    /// after the connection is made.
+    async fn hub(
+        &self,
+        uid: &str,
+    ) -> std::io::Result<(Arc<ConsoleHub>, broadcast::Receiver<Bytes>)> {
         let mut hubs = self.consoles.lock().await;
         if let Some(h) = hubs.get(uid).and_then(Weak::upgrade)
             && !h.closed.is_cancelled()
         {
-            return Ok(h);
+            let rx = h.out.subscribe();
+            return Ok((h, rx));
         }
         let sock = tokio::net::UnixStream::connect(self.paths.console(uid)).await?;
         let (mut r, w) = sock.into_split();
-        let (out, _) = broadcast::channel(1024);
+        let (out, rx) = broadcast::channel(1024);
         let hub = Arc::new(ConsoleHub {
             out: out.clone(),
             input: tokio::sync::Mutex::new(w),
@@ -729,6 +739,6 @@ impl AppState {
         });
         hubs.retain(|_, h| h.strong_count() > 0);
         hubs.insert(uid.to_string(), Arc::downgrade(&hub));
-        Ok(hub)
+        Ok((hub, rx))
     }
 }

@@ -85,6 +85,59 @@ async fn fake_launcher(sock: PathBuf) -> tokio::task::JoinHandle<()> {
 
 /// Writes a CA (`ca.crt`), the handler's pair (`tls.crt`, `tls.key`) and a client pair
 /// (`<client>.crt`, `.key`) into `dir`.
+/// A console socket that greets and echoes, standing in for QEMU's.
+fn fake_console(sock: PathBuf) -> tokio::task::JoinHandle<()> {
+    let _ = std::fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock).unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = s.write_all(b"hello\r\n").await;
+            let (mut r, mut w) = s.split();
+            let _ = tokio::io::copy(&mut r, &mut w).await;
+        }
+    })
+}
+
+/// A console websocket over mTLS with client pair `<client>` from `dir`.
+async fn console_ws(
+    port: u16,
+    dir: &Path,
+    client: &str,
+) -> tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    use rustls_pki_types::pem::PemObject;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pki_types::CertificateDer::pem_file_iter(dir.join("ca.crt")).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let certs = rustls_pki_types::CertificateDer::pem_file_iter(dir.join(format!("{client}.crt")))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key =
+        rustls_pki_types::PrivateKeyDer::from_pem_file(dir.join(format!("{client}.key"))).unwrap();
+    let cfg = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(certs, key)
+        .unwrap();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+        .connect("virt-handler".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let req = format!(
+        "wss://virt-handler:{port}/v1/namespaces/default/virtualmachineinstances/bin/console"
+    )
+    .into_client_request()
+    .unwrap();
+    let (ws, resp) = tokio_tungstenite::client_async(req, tls).await.unwrap();
+    // No subprotocol offered: none echoed, the upgrade still succeeds (KubeVirt's back-compat).
+    assert!(resp.headers().get("Sec-WebSocket-Protocol").is_none());
+    ws
+}
+
 fn write_certs(dir: &Path, client: &str) -> (PathBuf, PathBuf, PathBuf) {
     let validity = time::Duration::days(1);
     let ca = virt_certs::Ca::generate("ca", validity).unwrap();
@@ -191,6 +244,7 @@ async fn binary_follows_a_launcher_socket_and_serves_metrics() {
         .join(vmi.metadata.uid.as_deref().unwrap());
     std::fs::create_dir_all(&sockdir).unwrap();
     let launcher = fake_launcher(sockdir.join("cmd.sock")).await;
+    let _console = fake_console(sockdir.join("console.sock"));
     // Left by launchers of VMIs that are gone: an old directory with a dead socket is
     // removed; a young one may belong to a launcher pod still starting and stays.
     let stale = root.path().join("sockets").join("old-uid");
@@ -217,6 +271,7 @@ async fn binary_follows_a_launcher_socket_and_serves_metrics() {
             .arg(root.path())
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--metrics-addr", &format!("127.0.0.1:{mport}")])
+            .args(["--ws-ping-seconds", "1"])
             .arg("--tls-cert")
             .arg(&cert)
             .arg("--tls-key")
@@ -261,6 +316,46 @@ async fn binary_follows_a_launcher_socket_and_serves_metrics() {
         healthz(port, &ca, tmp.path(), "client2").await.unwrap(),
         200
     );
+
+    // Console keepalive with 1 s pings: a client that keeps reading answers them and
+    // stays; one that stops reading (no pongs) is closed with "no pong".
+    {
+        use futures::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::Message;
+        let mut ws = console_ws(port, tmp.path(), "client2").await;
+        let mut seen = Vec::new();
+        let mut pings = 0;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(3500);
+        while let Ok(Some(m)) = tokio::time::timeout_at(deadline, ws.next()).await {
+            match m.unwrap() {
+                Message::Binary(b) => seen.extend_from_slice(&b),
+                Message::Ping(_) => pings += 1,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert!(pings >= 3, "pings: {pings}");
+        assert_eq!(seen, b"hello\r\n");
+        ws.send(Message::Binary(b"echo".to_vec().into()))
+            .await
+            .unwrap();
+        let m = tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .unwrap();
+        assert_eq!(
+            m.unwrap().unwrap(),
+            Message::Binary(b"echo".to_vec().into())
+        );
+        // Stop reading: tungstenite answers pings only while polled.
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        let mut reason = None;
+        while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
+            if let Message::Close(f) = m {
+                reason = f.map(|f| f.reason.to_string());
+                break;
+            }
+        }
+        assert_eq!(reason.as_deref(), Some("no pong"));
+    }
 
     // The launcher goes away (socket file left behind, nobody listening) → Failed.
     launcher.abort();
