@@ -496,6 +496,7 @@ async fn vmi_controller_against_kube_apiserver() {
         reasons.iter().any(|r| r == "SuccessfulCreate"),
         "{reasons:?}"
     );
+    assert!(reasons.iter().any(|r| r == "PodNotExists"), "{reasons:?}");
 
     // 2. Unschedulable → PodScheduled=False; image pull back-off → Synchronized=False
     //    with the kubelet's message; the image copy fails → Failed; the terminated pod
