@@ -9,8 +9,8 @@ use kubevirt_api::VirtualMachineInstance;
 use serde_json::json;
 
 use super::render::{
-    ImageCopy, LauncherConfig, PodRenderError, copy_script, image_copies, launcher_pod,
-    memory_overhead_mib,
+    ImageCopy, LauncherConfig, PodRenderError, copy_script, hostname_of, image_copies,
+    launcher_pod, memory_overhead_mib,
 };
 
 fn vmi() -> VirtualMachineInstance {
@@ -175,4 +175,13 @@ fn a_vmi_without_images_has_no_init_containers() {
             .iter()
             .any(|v| v.name == "images" || v.name == "virt-bin")
     );
+}
+
+#[test]
+fn hostnames_are_dns_labels() {
+    assert_eq!(hostname_of("demo"), "demo");
+    assert_eq!(hostname_of("web.prod"), "web-prod");
+    let long = format!("{}.x", "a".repeat(62));
+    assert_eq!(hostname_of(&long), "a".repeat(62));
+    assert_eq!(hostname_of(&"b".repeat(100)), "b".repeat(63));
 }

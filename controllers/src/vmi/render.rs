@@ -169,6 +169,14 @@ fn owner(vmi: &VirtualMachineInstance, uid: &str) -> OwnerReference {
     }
 }
 
+/// The pod hostname of a VMI without `spec.hostname`: its name made a DNS label (a
+/// VMI name may hold dots and 253 characters, a hostname neither), as KubeVirt's
+/// `SanitizeHostname`.
+pub fn hostname_of(name: &str) -> String {
+    let label: String = name.replace('.', "-").chars().take(63).collect();
+    label.trim_end_matches('-').to_string()
+}
+
 /// A container image the launcher reads files from, with the files it needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageCopy {
@@ -511,7 +519,7 @@ pub fn launcher_pod(
             tolerations: spec.tolerations.clone(),
             scheduler_name: spec.scheduler_name.clone(),
             priority_class_name: spec.priority_class_name.clone(),
-            hostname: Some(spec.hostname.clone().unwrap_or_else(|| name.clone())),
+            hostname: Some(spec.hostname.clone().unwrap_or_else(|| hostname_of(&name))),
             subdomain: spec.subdomain.clone(),
             dns_policy: spec.dns_policy.clone(),
             dns_config: spec.dns_config.clone(),
