@@ -423,6 +423,9 @@ pub struct StreamQuery {
     /// Watch the console without taking it over.
     #[serde(default)]
     read_only: bool,
+    /// VNC: refuse (503) instead of taking over an active session (KubeVirt's).
+    #[serde(default)]
+    preserve_session: bool,
 }
 
 async fn console(
@@ -469,18 +472,32 @@ async fn open_console(
 async fn vnc(
     State(st): State<AppState>,
     UrlPath((ns, name)): UrlPath<(String, String)>,
+    Query(q): Query<StreamQuery>,
     ws: WebSocketUpgrade,
 ) -> Response {
     let metrics = st.metrics.clone();
-    let r = open_vnc(st, ns, name, ws).await;
+    let r = open_vnc(st, ns, name, q.preserve_session, ws).await;
     metrics.request("vnc", r.status().as_u16());
     r
 }
 
-async fn open_vnc(st: AppState, ns: String, name: String, ws: WebSocketUpgrade) -> Response {
+async fn open_vnc(
+    st: AppState,
+    ns: String,
+    name: String,
+    preserve: bool,
+    ws: WebSocketUpgrade,
+) -> Response {
     let Some(uid) = st.registry.uid(&ns, &name) else {
         return not_found(&ns, &name);
     };
+    if preserve && st.vnc.lock().is_ok_and(|m| m.contains_key(&uid)) {
+        return status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            "Active VNC connection".into(),
+        );
+    }
     let sock = match tokio::net::UnixStream::connect(st.paths.vnc(&uid)).await {
         Ok(s) => s,
         Err(e) => return conflict(format!("VNC of VMI {ns}/{name} is not available: {e}")),

@@ -641,6 +641,18 @@ async fn cluster_mode_end_to_end() {
     // VNC: RFB greeting through the websocket; a second session takes over.
     let mut vnc = env.ws(name, "vnc").await;
     vnc.expect("RFB 003.008", Duration::from_secs(10)).await;
+    // preserveSession=true does not take over: 503 (KubeVirt's "Active VNC connection").
+    let r = env
+        .client_http()
+        .get(env.url(name, "vnc?preserveSession=true"))
+        .header("Connection", "Upgrade")
+        .header("Upgrade", "websocket")
+        .header("Sec-WebSocket-Version", "13")
+        .header("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 503);
     let mut vnc2 = env.ws(name, "vnc").await;
     vnc2.expect("RFB 003.008", Duration::from_secs(10)).await;
     assert_eq!(
