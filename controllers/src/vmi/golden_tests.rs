@@ -185,3 +185,13 @@ fn hostnames_are_dns_labels() {
     assert_eq!(hostname_of(&long), "a".repeat(62));
     assert_eq!(hostname_of(&"b".repeat(100)), "b".repeat(63));
 }
+
+#[test]
+fn a_long_vmi_name_is_no_label_value() {
+    let mut v = vmi();
+    v.metadata.name = Some("n".repeat(64));
+    let pod = launcher_pod(&v, &LauncherConfig::default()).unwrap();
+    let labels = pod.metadata.labels.unwrap();
+    assert!(!labels.contains_key("vm.kubevirt.io/name"));
+    assert_eq!(labels["kubevirt.io/created-by"], "vmi-uid");
+}

@@ -312,7 +312,11 @@ pub fn launcher_pod(
     labels.remove(NODE_NAME_LABEL);
     labels.insert(LAUNCHER_LABEL.into(), LAUNCHER_LABEL_VALUE.into());
     labels.insert(CREATED_BY_LABEL.into(), uid.clone());
-    labels.insert(VM_NAME_LABEL.into(), name.clone());
+    // Label values stop at 63 characters, VMI names at 253: a longer name would make
+    // the pod invalid, and a truncated one would name another VMI.
+    if name.len() <= 63 {
+        labels.insert(VM_NAME_LABEL.into(), name.clone());
+    }
 
     // Only what the launcher needs: no status, no managed fields.
     let for_launcher = serde_json::json!({
