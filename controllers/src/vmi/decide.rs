@@ -342,7 +342,12 @@ fn image_pull_problem(p: &Pod) -> Option<(&'static str, String)> {
         .find_map(|c| {
             let w = c.state.as_ref()?.waiting.as_ref()?;
             let reason = match w.reason.as_deref()? {
-                "ErrImagePull" => reasons::ERR_IMAGE_PULL,
+                // An image that is not there under pull policy Never (local clusters
+                // with imported images) or is misspelt will not come either; the
+                // kubelet's message says which.
+                "ErrImagePull" | "ErrImageNeverPull" | "InvalidImageName" => {
+                    reasons::ERR_IMAGE_PULL
+                }
                 "ImagePullBackOff" => reasons::IMAGE_PULL_BACK_OFF,
                 _ => return None,
             };

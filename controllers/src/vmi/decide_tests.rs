@@ -639,3 +639,16 @@ fn reaching_a_final_phase_is_an_event_once() {
         None
     );
 }
+
+#[test]
+fn an_image_missing_under_pull_policy_never_is_err_image_pull() {
+    let s = derive_status(
+        &vmi("Scheduling"),
+        &[pulling_pod("ErrImageNeverPull")],
+        None,
+        now(),
+    );
+    let c = cond(&s, conditions::SYNCHRONIZED).unwrap();
+    assert_eq!(c.reason.as_deref(), Some("ErrImagePull"));
+    assert_eq!(c.message.as_deref(), Some("pull access denied for x"));
+}
