@@ -115,6 +115,29 @@ pub enum DomainEvent {
     },
 }
 
+/// File a launcher writes next to its command socket when it ends, so that a handler
+/// that was not listening (restarted, or the event was lost with the connection) still
+/// learns how the VM ended instead of only seeing the socket gone.
+pub const OUTCOME_FILE: &str = "outcome.json";
+
+/// How a launcher's run ended (the content of [`OUTCOME_FILE`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "camelCase")]
+pub enum LauncherOutcome {
+    /// The guest shut down (or was stopped after its grace period).
+    ShutDown,
+    /// The guest or QEMU crashed.
+    Crashed {
+        /// Details.
+        reason: String,
+    },
+    /// The launcher failed (the message it exits with).
+    Failed {
+        /// Why.
+        message: String,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +154,10 @@ mod tests {
             r#"{"kind":"event","event":"crashed","reason":"qemu died"}"#
         );
         assert_eq!(serde_json::from_str::<Response>(&s)?, r);
+        assert_eq!(
+            serde_json::to_string(&LauncherOutcome::Crashed { reason: "x".into() })?,
+            r#"{"outcome":"crashed","reason":"x"}"#
+        );
         Ok(())
     }
 }

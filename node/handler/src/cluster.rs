@@ -22,7 +22,9 @@ use kubevirt_api::{
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use virt_domain::protocol::{DomainEvent, DomainState, Request, Response};
+use virt_domain::protocol::{
+    DomainEvent, DomainState, LauncherOutcome, OUTCOME_FILE, Request, Response,
+};
 
 use crate::client::{ClientError, LauncherClient};
 use crate::metrics::Metrics;
@@ -236,7 +238,11 @@ fn apply(
     };
     let launcher = LauncherClient::new(cfg.paths.cmd(&uid));
     let span = tracing::info_span!("vmi", %ns, %name, %uid);
-    let task = tokio::spawn(tracing::Instrument::instrument(monitor(w, launcher), span));
+    let dir = cfg.paths.dir(&uid);
+    let task = tokio::spawn(tracing::Instrument::instrument(
+        monitor(w, launcher, dir),
+        span,
+    ));
     monitors.insert(
         uid,
         Monitor {
@@ -324,7 +330,7 @@ impl StatusWriter {
 
 /// Follows the launcher of one VMI until the VMI is final: waits for its socket, reports
 /// its state, follows its events, and reports it gone when its socket stops answering.
-async fn monitor(mut w: StatusWriter, launcher: LauncherClient) {
+async fn monitor(mut w: StatusWriter, launcher: LauncherClient, dir: PathBuf) {
     // Whether the launcher answered during this handler's life; together with the phase
     // (a previous handler saw it run) it tells "not started yet" from "gone".
     let mut answered = false;
@@ -350,6 +356,13 @@ async fn monitor(mut w: StatusWriter, launcher: LauncherClient) {
             }
             Ok(_) => failing_since = None,
             Err(e) => {
+                // A launcher that ended says how; this also covers a handler restarted
+                // after the guest's end, which never saw the final event.
+                if let Some(obs) = read_outcome(&dir).await {
+                    tracing::info!(?obs, "launcher has ended");
+                    w.observe(&obs).await;
+                    return;
+                }
                 if answered || w.status().phase == Phase::Running {
                     let since = *failing_since.get_or_insert_with(Instant::now);
                     if since.elapsed() >= GONE_AFTER {
@@ -397,6 +410,22 @@ async fn follow(w: &mut StatusWriter, launcher: &LauncherClient) -> bool {
                 }
             }
             Ok(None) | Err(_) => return false,
+        }
+    }
+}
+
+/// What the launcher's outcome file (if any) says about how it ended.
+async fn read_outcome(dir: &Path) -> Option<Observation> {
+    let bytes = tokio::fs::read(dir.join(OUTCOME_FILE)).await.ok()?;
+    Some(outcome_observation(serde_json::from_slice(&bytes).ok()?))
+}
+
+fn outcome_observation(o: LauncherOutcome) -> Observation {
+    match o {
+        LauncherOutcome::ShutDown => Observation::ShutDown,
+        LauncherOutcome::Crashed { reason } => Observation::Crashed(reason),
+        LauncherOutcome::Failed { message } => {
+            Observation::LauncherDied(format!("launcher failed: {message}"))
         }
     }
 }

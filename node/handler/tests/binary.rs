@@ -236,6 +236,23 @@ async fn binary_follows_a_launcher_socket_and_serves_metrics() {
     .await
     .unwrap();
 
+    // A VMI whose launcher ended cleanly while no handler ran: only its outcome file is
+    // left; the handler reports Succeeded, not "socket gone".
+    let ended: VirtualMachineInstance = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "ended"},
+        "spec": {"domain": {"resources": {"requests": {"memory": "64Mi"}}}}
+    }))
+    .unwrap();
+    let ended = vmis.create(&PostParams::default(), &ended).await.unwrap();
+    vmis.patch_status(
+        "ended",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Running", "nodeName": "n1"}})),
+    )
+    .await
+    .unwrap();
+
     let tmp = tempfile::tempdir().unwrap();
     let root = tempfile::Builder::new().prefix("vhb").tempdir().unwrap();
     let sockdir = root
@@ -243,6 +260,16 @@ async fn binary_follows_a_launcher_socket_and_serves_metrics() {
         .join("sockets")
         .join(vmi.metadata.uid.as_deref().unwrap());
     std::fs::create_dir_all(&sockdir).unwrap();
+    let ended_dir = root
+        .path()
+        .join("sockets")
+        .join(ended.metadata.uid.as_deref().unwrap());
+    std::fs::create_dir_all(&ended_dir).unwrap();
+    std::fs::write(
+        ended_dir.join(virt_domain::protocol::OUTCOME_FILE),
+        br#"{"outcome":"shutDown"}"#,
+    )
+    .unwrap();
     let launcher = fake_launcher(sockdir.join("cmd.sock")).await;
     let _console = fake_console(sockdir.join("console.sock"));
     // Left by launchers of VMIs that are gone: an old directory with a dead socket is
@@ -285,6 +312,7 @@ async fn binary_follows_a_launcher_socket_and_serves_metrics() {
     );
 
     wait_phase(&vmis, "bin", Phase::Running, &log).await;
+    wait_phase(&vmis, "ended", Phase::Succeeded, &log).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while stale.exists() {
         assert!(Instant::now() < deadline, "stale socket dir not removed");
@@ -375,6 +403,6 @@ async fn binary_follows_a_launcher_socket_and_serves_metrics() {
         .text()
         .await
         .unwrap();
-    assert!(text.contains("kubevirt_handler_vmis 1"), "metrics:\n{text}");
+    assert!(text.contains("kubevirt_handler_vmis 2"), "metrics:\n{text}");
     assert!(text.contains("kubevirt_handler_launchers_gone_total 1"));
 }

@@ -44,6 +44,11 @@ async fn async_main(cfg: virt_launcher::Config) -> anyhow::Result<i32> {
     let stop_server = CancellationToken::new();
     let cmd_socket = cfg.cmd_socket.clone();
     let cmd_socket_file = cfg.cmd_socket.clone();
+    let cmd_dir = cfg
+        .cmd_socket
+        .as_ref()
+        .and_then(|p| p.parent())
+        .map(std::path::Path::to_path_buf);
     let (server_shutdown, server_stop) = (shutdown.clone(), stop_server.clone());
     let outcome = virt_launcher::run(cfg, shutdown, move |running| {
         tracing::info!(status = ?running.status(), "running");
@@ -59,6 +64,28 @@ async fn async_main(cfg: virt_launcher::Config) -> anyhow::Result<i32> {
         }
     })
     .await;
+    // Next to the command socket, in the directory virt-handler watches, and before the
+    // socket goes: a handler that missed the final event still reports the VM's real end
+    // (cluster-flow.md §1).
+    if let Some(dir) = cmd_dir {
+        use virt_domain::protocol::{LauncherOutcome, OUTCOME_FILE};
+        let record = match &outcome {
+            Ok(Outcome::ShutDown | Outcome::ForcedStop) => LauncherOutcome::ShutDown,
+            Ok(Outcome::Crashed(reason)) => LauncherOutcome::Crashed {
+                reason: reason.clone(),
+            },
+            Err(e) => LauncherOutcome::Failed {
+                message: e.to_string(),
+            },
+        };
+        let file = dir.join(OUTCOME_FILE);
+        if let Err(e) = serde_json::to_vec(&record)
+            .map_err(std::io::Error::other)
+            .and_then(|b| std::fs::write(&file, b))
+        {
+            tracing::warn!(file = %file.display(), error = %e, "writing the outcome file");
+        }
+    }
     stop_server.cancel();
     // The server task may not get to run its cleanup before the process exits.
     if let Some(p) = cmd_socket_file {

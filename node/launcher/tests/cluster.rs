@@ -836,5 +836,12 @@ async fn idle_console_survives_on_pings() {
     let mut l = env.launcher.take().unwrap();
     let st = l.wait().unwrap();
     assert!(st.success(), "launcher exit: {st}");
+    // The launcher left its outcome for a handler that might have missed the event.
+    let outcome = std::fs::read_to_string(
+        env.socket_dir(&Env::uid(&vmi))
+            .join(virt_domain::protocol::OUTCOME_FILE),
+    )
+    .unwrap();
+    assert_eq!(outcome, r#"{"outcome":"shutDown"}"#);
     assert_nothing_left(&domain, &env.tmp.path().join("work")).await;
 }
