@@ -18,8 +18,10 @@ pub mod vmi;
 pub use common::{Condition, ConditionStatus};
 pub use kubevirt::{KubeVirt, KubeVirtSpec, KubeVirtStatus};
 pub use migration::{
+    MigrationAbortStatus, MigrationMethod, MigrationMode, NotMigratable,
     VirtualMachineInstanceMigration, VirtualMachineInstanceMigrationPhase,
-    VirtualMachineInstanceMigrationSpec, VirtualMachineInstanceMigrationStatus,
+    VirtualMachineInstanceMigrationSpec, VirtualMachineInstanceMigrationState,
+    VirtualMachineInstanceMigrationStatus, live_migratable,
 };
 pub use vm::{
     PrintableStatus, RunStrategy, StateChangeRequest, StateChangeRequestAction, VirtualMachine,

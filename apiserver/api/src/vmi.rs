@@ -868,6 +868,23 @@ pub struct VolumeStatus {
     pub message: Option<String>,
     /// Size in bytes.
     pub size: Option<i64>,
+    /// The claim behind a PVC or DataVolume volume, as virt-controller saw it.
+    pub persistent_volume_claim_info: Option<PersistentVolumeClaimInfo>,
+}
+
+/// What is known of the claim behind a volume (KubeVirt's `PersistentVolumeClaimInfo`).
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PersistentVolumeClaimInfo {
+    /// Access modes of the claim (`ReadWriteMany` makes it shared).
+    pub access_modes: Option<Vec<String>>,
+    /// `Filesystem` or `Block`.
+    pub volume_mode: Option<String>,
+    /// Capacity of the bound volume.
+    pub capacity: Option<BTreeMap<String, Quantity>>,
+    /// Requested resources of the claim.
+    pub requests: Option<BTreeMap<String, Quantity>>,
 }
 
 /// Versions of the software that runs the guest.
