@@ -4,14 +4,16 @@
 //! VirtualMachineInstance according to its runStrategy and stateChangeRequests and
 //! reports the result in the VM status. The VirtualMachineInstance controller
 //! ([`vmi`]) creates each VMI's launcher pod and follows it into the VMI status until
-//! virt-handler takes over. Decisions are pure functions ([`vm::decide`],
-//! [`vm::render`], [`vmi::decide`], [`vmi::render`]); the reconcilers only execute them.
+//! virt-handler takes over. The migration controller ([`migration`]) moves a running
+//! VMI to another node with virt-handler (docs/cluster-flow.md §6). Decisions are pure functions ([`vm::decide`],
+//! [`vm::render`], [`vmi::decide`], [`vmi::render`], [`migration::decide`]); the reconcilers only execute them.
 //! [`leader`] keeps a single active replica with a coordination.k8s.io Lease.
 
 pub mod backoff;
 pub mod context;
 pub mod leader;
 pub mod metrics;
+pub mod migration;
 pub mod vm;
 pub mod vmi;
 
