@@ -1,5 +1,5 @@
-//! virt-controller: runs the VirtualMachine and VirtualMachineInstance controllers,
-//! both behind one leader election.
+//! virt-controller: runs the VirtualMachine, VirtualMachineInstance and
+//! VirtualMachineInstanceMigration controllers, all behind one leader election.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +9,7 @@ use clap::Parser;
 use kube::runtime::events::{Recorder, Reporter};
 use tokio_util::sync::CancellationToken;
 use virt_controllers::leader::{Elector, LeaseConfig};
+use virt_controllers::migration::MigrationConfig;
 use virt_controllers::vm::decide::BackoffConfig;
 use virt_controllers::vmi::render::LauncherConfig;
 use virt_controllers::{Config, Context};
@@ -85,6 +86,34 @@ struct Args {
     /// devices.kubevirt.io/kvm and the launcher may fall back when KVM does not work.
     #[arg(long, env = "VIRT_CONTROLLER_ALLOW_EMULATION", default_value_t = false, action = clap::ArgAction::Set)]
     allow_emulation: bool,
+    /// Migrations past Pending in the whole cluster (KubeVirt's parallelMigrationsPerCluster).
+    #[arg(
+        long,
+        env = "VIRT_CONTROLLER_MIGRATIONS_PER_CLUSTER",
+        default_value_t = 5
+    )]
+    parallel_migrations_per_cluster: usize,
+    /// Migrations leaving one node at once (KubeVirt's parallelOutboundMigrationsPerNode).
+    #[arg(
+        long,
+        env = "VIRT_CONTROLLER_OUTBOUND_MIGRATIONS_PER_NODE",
+        default_value_t = 2
+    )]
+    parallel_outbound_migrations_per_node: usize,
+    /// Abort a migration whose progress does not move for this long.
+    #[arg(
+        long,
+        env = "VIRT_CONTROLLER_MIGRATION_PROGRESS_TIMEOUT_SECONDS",
+        default_value_t = 150
+    )]
+    migration_progress_timeout_seconds: u64,
+    /// Abort a migration that runs longer than this per GiB of guest memory.
+    #[arg(
+        long,
+        env = "VIRT_CONTROLLER_MIGRATION_COMPLETION_TIMEOUT_PER_GIB_SECONDS",
+        default_value_t = 150
+    )]
+    migration_completion_timeout_per_gib_seconds: u64,
     /// Log as JSON.
     #[arg(long, env = "VIRT_CONTROLLER_LOG_JSON")]
     log_json: bool,
@@ -149,6 +178,15 @@ async fn main() -> anyhow::Result<()> {
         ..Config::default()
     };
     let ctx = Arc::new(Context::new(client.clone(), recorder, config));
+    let migrations = MigrationConfig {
+        parallel_migrations_per_cluster: args.parallel_migrations_per_cluster,
+        parallel_outbound_migrations_per_node: args.parallel_outbound_migrations_per_node,
+        progress_timeout: Duration::from_secs(args.migration_progress_timeout_seconds),
+        completion_timeout_per_gib: Duration::from_secs(
+            args.migration_completion_timeout_per_gib_seconds,
+        ),
+        ..MigrationConfig::default()
+    };
 
     let shutdown = CancellationToken::new();
     if !args.metrics_addr.is_empty() {
@@ -188,18 +226,21 @@ async fn main() -> anyhow::Result<()> {
             LeaseConfig::new(&args.lease_namespace, &args.lease_name, &identity),
         );
         elector
-            .run(shutdown, move |leading| run_controllers(ctx, leading))
+            .run(shutdown, move |leading| {
+                run_controllers(ctx, migrations, leading)
+            })
             .await?;
     } else {
-        run_controllers(ctx, shutdown).await;
+        run_controllers(ctx, migrations, shutdown).await;
     }
     Ok(())
 }
 
-/// Both controllers, until `stop` is cancelled.
-async fn run_controllers(ctx: Arc<Context>, stop: CancellationToken) {
+/// The three controllers, until `stop` is cancelled.
+async fn run_controllers(ctx: Arc<Context>, migrations: MigrationConfig, stop: CancellationToken) {
     tokio::join!(
         virt_controllers::vm::run(ctx.clone(), stop.clone()),
-        virt_controllers::vmi::run(ctx, stop),
+        virt_controllers::vmi::run(ctx.clone(), stop.clone()),
+        virt_controllers::migration::run(ctx, migrations, stop),
     );
 }

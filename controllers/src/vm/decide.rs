@@ -46,6 +46,9 @@ pub struct ObservedVmi {
     pub synchronized: Option<Condition>,
     /// The VM generation it was rendered from.
     pub vm_generation: Option<i64>,
+    /// A live migration is transferring the guest (KubeVirt's `migrations.IsMigrating`:
+    /// migrationState has a start and no end).
+    pub migrating: bool,
 }
 
 impl ObservedVmi {
@@ -74,6 +77,10 @@ impl ObservedVmi {
                 .as_ref()
                 .and_then(|a| a.get(VM_GENERATION_ANNOTATION))
                 .and_then(|g| g.parse().ok()),
+            migrating: status
+                .migration_state
+                .as_ref()
+                .is_some_and(|m| m.is_transferring()),
         }
     }
 
@@ -378,6 +385,9 @@ pub fn printable_status(
         PrintableStatus::Terminating
     } else if vmi.is_some_and(|v| !v.is_final() && (v.deleting || deleting_now)) {
         PrintableStatus::Stopping
+    } else if live.is_some_and(|v| v.migrating) {
+        // KubeVirt's order: Migrating before Paused and Running.
+        PrintableStatus::Migrating
     } else if live.is_some_and(|v| ObservedVmi::condition_true(&v.paused)) {
         PrintableStatus::Paused
     } else if live.is_some_and(|v| v.phase == Phase::Running) {

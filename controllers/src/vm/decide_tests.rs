@@ -46,6 +46,7 @@ fn vmi(phase: Phase) -> ObservedVmi {
         pod_scheduled: None,
         synchronized: None,
         vm_generation: Some(3),
+        migrating: false,
     }
 }
 
@@ -387,6 +388,28 @@ fn printable_status_derivation() {
             }),
             P::Paused,
         ),
+        (
+            RunStrategy::Always,
+            Some(ObservedVmi {
+                migrating: true,
+                paused: Some(Condition::new(
+                    "Paused",
+                    ConditionStatus::True,
+                    "PausedByUser",
+                    "",
+                )),
+                ..vmi(Phase::Running)
+            }),
+            P::Migrating,
+        ),
+        (
+            RunStrategy::Halted,
+            Some(ObservedVmi {
+                migrating: true,
+                ..vmi(Phase::Running)
+            }),
+            P::Stopping,
+        ),
         (RunStrategy::WaitAsReceiver, None, P::WaitingForReceiver),
         (
             RunStrategy::Always,
@@ -675,4 +698,27 @@ fn observed_vmi_reads_phase_history_and_generation() {
     assert!(o.is_final());
     assert!(!o.is_live());
     assert_eq!(o.vm_generation, Some(7));
+}
+
+#[test]
+fn migrating_is_a_started_transfer_without_an_end() {
+    let with = |state: serde_json::Value| -> VirtualMachineInstance {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "demo", "uid": VMI_UID},
+            "spec": {"domain": {"devices": {}}},
+            "status": {"phase": "Running", "migrationState": state}
+        }))
+        .unwrap()
+    };
+    let handed_off = with(serde_json::json!({"migrationUid": "m", "targetNode": "n2"}));
+    let started =
+        with(serde_json::json!({"migrationUid": "m", "startTimestamp": "2026-01-01T00:00:00Z"}));
+    let ended = with(
+        serde_json::json!({"migrationUid": "m", "startTimestamp": "2026-01-01T00:00:00Z",
+        "endTimestamp": "2026-01-01T00:00:09Z", "completed": true}),
+    );
+    assert!(!ObservedVmi::from_vmi(&handed_off).migrating);
+    assert!(ObservedVmi::from_vmi(&started).migrating);
+    assert!(!ObservedVmi::from_vmi(&ended).migrating);
 }
