@@ -15,6 +15,24 @@ use virt_handler::{Handler, HandlerConfig};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Prints the launchers' logs of a state directory when a test fails (the directory is
+/// a tempdir and goes away with the test).
+struct DumpOnPanic(PathBuf);
+
+impl Drop for DumpOnPanic {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for e in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+            let log = e.path().join("launcher.log");
+            if let Ok(text) = std::fs::read_to_string(&log) {
+                eprintln!("--- {} ---\n{text}", log.display());
+            }
+        }
+    }
+}
+
 fn guest_dir() -> PathBuf {
     assert!(
         nix::unistd::geteuid().is_root(),
@@ -119,6 +137,7 @@ async fn assert_no_qemu(domain: &str) {
 async fn handler_drives_the_launcher_lifecycle() {
     let _g = SERIAL.lock().await;
     let state = tempfile::tempdir().unwrap();
+    let _logs = DumpOnPanic(state.path().to_path_buf());
     let h = handler(state.path());
     let key = h.start(&vmi("life")).await.unwrap();
     let mut rx = h.subscribe(&key).unwrap();
@@ -159,6 +178,7 @@ async fn handler_drives_the_launcher_lifecycle() {
 async fn killed_launcher_turns_the_vmi_failed() {
     let _g = SERIAL.lock().await;
     let state = tempfile::tempdir().unwrap();
+    let _logs = DumpOnPanic(state.path().to_path_buf());
     let h = handler(state.path());
     let key = h.start(&vmi("victim")).await.unwrap();
     let mut rx = h.subscribe(&key).unwrap();
@@ -192,6 +212,7 @@ async fn killed_launcher_turns_the_vmi_failed() {
 async fn restarted_handler_readopts_the_running_guest() {
     let _g = SERIAL.lock().await;
     let state = tempfile::tempdir().unwrap();
+    let _logs = DumpOnPanic(state.path().to_path_buf());
     let h = handler(state.path());
     let key = h.start(&vmi("survivor")).await.unwrap();
     let mut rx = h.subscribe(&key).unwrap();
@@ -308,6 +329,7 @@ async fn wait_for_file_status(
 async fn kill_9_of_the_handler_process_loses_no_vm() {
     let _g = SERIAL.lock().await;
     let state = tempfile::tempdir().unwrap();
+    let _logs = DumpOnPanic(state.path().to_path_buf());
     let vmi_file = state.path().join("input.json");
     std::fs::write(&vmi_file, serde_json::to_vec(&vmi("orphan")).unwrap()).unwrap();
     let key = "handler_orphan";
