@@ -470,6 +470,20 @@ const LAUNCHER_PROGRAMS: &[&str] = &[
     "/usr/bin/mount",
     "/usr/bin/umount",
     "/usr/bin/dash",
+    // libvirtd reads the host's SMBIOS with it at start.
+    "/usr/sbin/dmidecode",
+    // The private daemon's namespace script (mkdir), and enough to look around with
+    // `kubectl exec`.
+    "/usr/bin/mkdir",
+    "/usr/bin/rm",
+    "/usr/bin/cp",
+    "/usr/bin/mv",
+    "/usr/bin/ln",
+    "/usr/bin/cat",
+    "/usr/bin/ls",
+    "/usr/bin/chmod",
+    "/usr/bin/touch",
+    "/usr/bin/sleep",
 ];
 /// Only the QEMU driver is ever loaded (`LIBVIRT_DRIVER_DIR`, node/launcher/src/daemon.rs).
 const LIBVIRT_QEMU_DRIVER: &str =
@@ -671,14 +685,23 @@ fn launcher_rootfs(launcher: &Path) -> anyhow::Result<Rootfs> {
     }
     fs_.dir(Path::new("/tmp"), 0o1777);
     fs_.put(Path::new("/var/run"), Entry::Link("../run".into()));
-    // libvirt resolves `user = "root"` of qemu.conf.
+    // libvirt resolves `user = "root"` of qemu.conf, and before reading it its built-in
+    // default (Debian's `libvirt-qemu`, group `kvm`): both must exist. Debian's ids.
     fs_.put(
         Path::new("/etc/passwd"),
-        Entry::Bytes(b"root:x:0:0:root:/root:/bin/sh\n".to_vec(), 0o644),
+        Entry::Bytes(
+            b"root:x:0:0:root:/root:/bin/sh\n\
+              libvirt-qemu:x:64055:107:Libvirt Qemu:/var/lib/libvirt:/usr/sbin/nologin\n"
+                .to_vec(),
+            0o644,
+        ),
     );
     fs_.put(
         Path::new("/etc/group"),
-        Entry::Bytes(b"root:x:0:\nkvm:x:994:\n".to_vec(), 0o644),
+        Entry::Bytes(
+            b"root:x:0:\nkvm:x:107:\nlibvirt:x:112:\nlibvirt-qemu:x:64055:libvirt-qemu\n".to_vec(),
+            0o644,
+        ),
     );
     fs_.put(
         Path::new("/usr/bin/virt-launcher"),

@@ -60,6 +60,7 @@ const DEMO: &str = "demo";
 fn wait_running(k: &deploy::Kubectl, timeout: Duration) -> anyhow::Result<Duration> {
     let start = Instant::now();
     let mut last = String::new();
+    let mut last_failure = String::new();
     while start.elapsed() < timeout {
         let vmi = k
             .run(
@@ -86,13 +87,34 @@ fn wait_running(k: &deploy::Kubectl, timeout: Duration) -> anyhow::Result<Durati
                     "-l",
                     &format!("kubevirt.io=virt-launcher,vm.kubevirt.io/name={DEMO}"),
                     "-o",
-                    "jsonpath={range .items[*]}{.metadata.name} {.status.phase} \
-                     {.status.initContainerStatuses[*].state.*.reason}\
-                     {.status.containerStatuses[*].state.*.reason}{end}",
+                    "jsonpath={range .items[*]}{.metadata.name} {.status.phase} (init: \
+                     {.status.initContainerStatuses[*].state.*.reason}; compute: \
+                     {.status.containerStatuses[*].state.*.reason}) {end}",
                 ],
                 None,
             )
             .unwrap_or_default();
+        // A failed launcher pod goes away with its VMI: keep its last words.
+        let failure = k.run(
+            &[
+                "-n",
+                "default",
+                "get",
+                "pods",
+                "-l",
+                &format!("kubevirt.io=virt-launcher,vm.kubevirt.io/name={DEMO}"),
+                "-o",
+                "jsonpath={.items[*].status.containerStatuses[*].state.terminated.message}",
+            ],
+            None,
+        );
+        match failure {
+            Ok(msg) if !msg.trim().is_empty() && msg != last_failure => {
+                println!("  launcher pod failed:\n{}", msg.trim());
+                last_failure = msg;
+            }
+            _ => {}
+        }
         let vmi = vmi.trim();
         let now = format!(
             "VMI {}; launcher pod {}",

@@ -9,8 +9,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, Deployment, Deploymen
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource,
     ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
-    Secret, SecretVolumeSource, SecurityContext, ServiceAccount, TCPSocketAction, Toleration,
-    Volume, VolumeMount,
+    Secret, SecretVolumeSource, SecurityContext, ServiceAccount, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -29,6 +28,9 @@ pub const HANDLER_CERTS: &str = "virt-handler-certs";
 pub const HANDLER_CLIENT: &str = "virt-apiserver-handler-client";
 pub const HANDLER_PORT: i32 = 8186;
 const CONTROLLER_METRICS_PORT: i32 = 8080;
+/// virt-handler's plain-HTTP `/metrics` and `/healthz` (the mTLS port would log every probe
+/// as a refused handshake).
+const HANDLER_METRICS_PORT: i32 = 8187;
 /// Where virt-apiserver finds its handler client certificate.
 pub const HANDLER_CLIENT_DIR: &str = "/etc/kubevirt-apiserver/handler";
 const HANDLER_CERT_DIR: &str = "/etc/virt-handler/certs";
@@ -130,6 +132,22 @@ fn cluster_role_and_binding(
             subjects: Some(vec![subject(name)]),
         },
     )
+}
+
+/// `GET /healthz` on the port named `metrics`.
+fn healthz(period: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some("/healthz".into()),
+            port: IntOrString::String("metrics".into()),
+            scheme: Some("HTTP".into()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(3),
+        timeout_seconds: Some(2),
+        ..Probe::default()
+    }
 }
 
 /// Objects of virt-controller: ServiceAccount, RBAC, Deployment.
@@ -234,28 +252,8 @@ fn controller_deployment(p: &Params) -> Deployment {
             container_port: CONTROLLER_METRICS_PORT,
             ..ContainerPort::default()
         }]),
-        liveness_probe: Some(Probe {
-            http_get: Some(HTTPGetAction {
-                path: Some("/healthz".into()),
-                port: IntOrString::String("metrics".into()),
-                scheme: Some("HTTP".into()),
-                ..HTTPGetAction::default()
-            }),
-            period_seconds: Some(10),
-            failure_threshold: Some(3),
-            timeout_seconds: Some(2),
-            ..Probe::default()
-        }),
-        readiness_probe: Some(Probe {
-            http_get: Some(HTTPGetAction {
-                path: Some("/healthz".into()),
-                port: IntOrString::String("metrics".into()),
-                scheme: Some("HTTP".into()),
-                ..HTTPGetAction::default()
-            }),
-            period_seconds: Some(2),
-            ..Probe::default()
-        }),
+        liveness_probe: Some(healthz(10)),
+        readiness_probe: Some(healthz(2)),
         resources: Some(requests("20m", "32Mi")),
         security_context: Some(restricted()),
         ..Container::default()
@@ -349,21 +347,23 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
             format!("--tls-cert={HANDLER_CERT_DIR}/tls.crt"),
             format!("--tls-key={HANDLER_CERT_DIR}/tls.key"),
             format!("--client-ca={HANDLER_CERT_DIR}/ca.crt"),
+            format!("--metrics-addr=0.0.0.0:{HANDLER_METRICS_PORT}"),
         ]),
         env: Some(vec![field_env("NODE_NAME", "spec.nodeName")]),
-        ports: Some(vec![ContainerPort {
-            name: Some("handler".into()),
-            container_port: HANDLER_PORT,
-            ..ContainerPort::default()
-        }]),
-        readiness_probe: Some(Probe {
-            tcp_socket: Some(TCPSocketAction {
-                port: IntOrString::String("handler".into()),
-                host: None,
-            }),
-            period_seconds: Some(2),
-            ..Probe::default()
-        }),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("handler".into()),
+                container_port: HANDLER_PORT,
+                ..ContainerPort::default()
+            },
+            ContainerPort {
+                name: Some("metrics".into()),
+                container_port: HANDLER_METRICS_PORT,
+                ..ContainerPort::default()
+            },
+        ]),
+        readiness_probe: Some(healthz(2)),
+        liveness_probe: Some(healthz(10)),
         volume_mounts: Some(vec![
             mount("run", HOST_RUN_DIR, false),
             mount("cache", HOST_CACHE_DIR, false),
