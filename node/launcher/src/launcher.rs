@@ -170,20 +170,38 @@ impl Running {
     }
 }
 
-/// This pod's IP: `POD_IP` (downward API `status.podIP`) when set, else the source
-/// address of the default route (a connected UDP socket sends nothing). `None` without
-/// a route, e.g. in a network namespace with only loopback.
+/// This pod's IP: `POD_IP` (downward API `status.podIP`) when set, else the first IPv4
+/// address of an interface that is up and not loopback (a pod's `eth0`; pod networks need
+/// not have a default route, so asking the routing table is not enough), else a global
+/// IPv6 address. `None` in a network namespace with only loopback.
 fn pod_ip() -> Option<String> {
     if let Ok(ip) = std::env::var("POD_IP")
         && ip.parse::<std::net::IpAddr>().is_ok()
     {
         return Some(ip);
     }
-    let sock = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
-    // Any routable address works: connect() on UDP only picks the route.
-    sock.connect("192.0.2.1:9").ok()?;
-    let ip = sock.local_addr().ok()?.ip();
-    (!ip.is_unspecified() && !ip.is_loopback()).then(|| ip.to_string())
+    use nix::net::if_::InterfaceFlags;
+    let addrs: Vec<std::net::IpAddr> = nix::ifaddrs::getifaddrs()
+        .ok()?
+        .filter(|a| {
+            a.flags.contains(InterfaceFlags::IFF_UP)
+                && !a.flags.contains(InterfaceFlags::IFF_LOOPBACK)
+        })
+        .filter_map(|a| {
+            let sa = a.address?;
+            if let Some(v4) = sa.as_sockaddr_in() {
+                Some(std::net::IpAddr::V4(v4.ip()))
+            } else {
+                sa.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))
+            }
+        })
+        .collect();
+    let v4 = addrs.iter().find(|ip| ip.is_ipv4());
+    // Link-local IPv6 (fe80::/10) is not an address anyone else can reach.
+    let v6 = addrs
+        .iter()
+        .find(|ip| matches!(ip, std::net::IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) != 0xfe80));
+    v4.or(v6).map(ToString::to_string)
 }
 
 /// Runs the VMI until it stops or `shutdown` fires, then cleans up. `on_running` is
