@@ -114,17 +114,27 @@ pub fn status_patch<T: Serialize>(
     new: &T,
 ) -> Result<Value, serde_json::Error> {
     let mut status = serde_json::to_value(new)?;
-    if let (Value::Object(old), Value::Object(new)) = (serde_json::to_value(old)?, &mut status) {
-        for k in old.keys() {
-            if !new.contains_key(k) {
-                new.insert(k.clone(), Value::Null);
-            }
-        }
-    }
+    null_removed(&serde_json::to_value(old)?, &mut status);
     Ok(json!({
         "metadata": {"resourceVersion": resource_version},
         "status": status,
     }))
+}
+
+/// Sets the keys of `old` missing from `new` to null, in nested objects too: a merge
+/// patch merges maps, so `activePods` losing a migrated-away pod (or a migrationState
+/// losing a field) needs the null to shrink.
+fn null_removed(old: &Value, new: &mut Value) {
+    if let (Value::Object(old), Value::Object(new)) = (old, new) {
+        for (k, ov) in old {
+            match new.get_mut(k) {
+                Some(nv) => null_removed(ov, nv),
+                None => {
+                    new.insert(k.clone(), Value::Null);
+                }
+            }
+        }
+    }
 }
 
 /// A merge patch of the finalizer list, guarded by resourceVersion (the list is
@@ -495,6 +505,17 @@ mod tests {
             p,
             json!({"metadata": {"resourceVersion": "3"},
                    "status": {"phase": "Scheduled", "nodeName": "n1", "conditions": null}})
+        );
+        // A pod leaving activePods (the source after a migration) is nulled in the map.
+        let p = status_patch(
+            None,
+            &json!({"activePods": {"src": "n1", "tgt": "n2"}}),
+            &json!({"activePods": {"tgt": "n2"}}),
+        )
+        .unwrap();
+        assert_eq!(
+            p["status"],
+            json!({"activePods": {"tgt": "n2", "src": null}})
         );
     }
 }
