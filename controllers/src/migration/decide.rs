@@ -620,7 +620,7 @@ pub fn decide(o: &Observed<'_>, cfg: &MigrationConfig) -> Decision {
         d.vmi_status = vmi_status;
     }
     let deleting = o.vmim.metadata.deletion_timestamp.is_some();
-    if deleting && d.status.phase.is_final() || deleting && d.status.phase == Phase::Unset {
+    if deleting && (d.status.phase.is_final() || d.status.phase == Phase::Unset) {
         d.add_finalizer = false;
         d.remove_finalizer = has_finalizer(o.vmim);
     }
