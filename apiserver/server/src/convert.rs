@@ -52,7 +52,8 @@ pub fn columns(def: &ResourceDef) -> Value {
     Value::Array(cols)
 }
 
-fn row(def: &ResourceDef, obj: &Value, include: IncludeObject, now: i64) -> Value {
+/// One Table row; `now` (Unix seconds) is when the Age column is measured from.
+pub fn row(def: &ResourceDef, obj: &Value, include: IncludeObject, now: i64) -> Value {
     let name = obj
         .pointer("/metadata/name")
         .cloned()

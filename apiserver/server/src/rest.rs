@@ -126,6 +126,17 @@ pub struct Listed {
     pub remaining: Option<i64>,
 }
 
+/// What a LIST says about itself besides its items.
+#[derive(Debug)]
+pub struct ListMeta {
+    /// Snapshot revision.
+    pub revision: i64,
+    /// Token for the next page.
+    pub continue_token: Option<String>,
+    /// Items left after this page when known.
+    pub remaining: Option<i64>,
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 struct ContinueToken {
     v: String,
@@ -1090,6 +1101,33 @@ impl Registry {
         ns: Option<&str>,
         opts: &ListOptions,
     ) -> ApiResult<Listed> {
+        let mut items = Vec::new();
+        let meta = self
+            .list_each(def, ns, opts, |obj| {
+                items.push(obj);
+                Ok(())
+            })
+            .await?;
+        Ok(Listed {
+            items,
+            revision: meta.revision,
+            continue_token: meta.continue_token,
+            remaining: meta.remaining,
+        })
+    }
+
+    /// LIST that hands each matching item (with resourceVersion) to `sink` as soon as it
+    /// is decoded, instead of collecting them: the HTTP LIST encodes items one by one,
+    /// so a large collection is held only as etcd's encoded bytes and the encoded
+    /// response, never as a `Vec<Value>` (decoded JSON is ~10× its text). The sink's
+    /// error aborts the LIST.
+    pub async fn list_each(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        opts: &ListOptions,
+        mut sink: impl FnMut(Value) -> ApiResult<()>,
+    ) -> ApiResult<ListMeta> {
         let prefix = self.collection_prefix(def, ns);
         let mut revision = self.list_revision(opts).await?;
         let mut start = prefix.clone();
@@ -1105,9 +1143,13 @@ impl Registry {
         } else {
             0
         };
-        let mut items = Vec::new();
+        let mut emitted = 0i64;
         loop {
-            let page = match self.storage.list(&prefix, &start, revision, chunk).await {
+            let page = match self
+                .storage
+                .list_raw(&prefix, &start, revision, chunk)
+                .await
+            {
                 Ok(p) => p,
                 Err(StorageError::Compacted(_)) if opts.continue_token.is_some() => {
                     let mut e = ApiError::expired(
@@ -1122,40 +1164,43 @@ impl Registry {
                 Err(e) => return Err(storage_error(e)),
             };
             revision = page.revision;
-            let n = page.items.len();
-            for (i, s) in page.items.into_iter().enumerate() {
-                let key = s.key.clone();
+            let n = page.kvs.len();
+            let mut last_key = None;
+            for (i, kv) in page.kvs.iter().enumerate() {
+                let s = crate::storage::decode_kv(kv).map_err(storage_error)?;
                 let obj = objects::with_rv(s.value, s.revision);
                 if Self::matches(def, opts, &obj) {
-                    items.push(obj);
+                    sink(obj)?;
+                    emitted += 1;
                 }
-                if opts.limit > 0 && items.len() as i64 >= opts.limit {
+                if opts.limit > 0 && emitted >= opts.limit {
                     let more = i + 1 < n || page.more;
                     let token = more.then(|| {
                         encode_continue(
                             revision,
-                            &format!("{}\0", key.strip_prefix(&prefix).unwrap_or("")),
+                            &format!("{}\0", s.key.strip_prefix(&prefix).unwrap_or("")),
                         )
                     });
                     let remaining =
                         (more && opts.label_selector.is_none() && opts.field_selector.is_none())
                             .then_some(page.remaining + (n - i - 1) as i64);
-                    return Ok(Listed {
-                        items,
+                    return Ok(ListMeta {
                         revision,
                         continue_token: token,
                         remaining,
                     });
                 }
-                start = format!("{key}\0");
+                last_key = Some(s.key);
             }
             if !page.more || chunk == 0 {
-                return Ok(Listed {
-                    items,
+                return Ok(ListMeta {
                     revision,
                     continue_token: None,
                     remaining: None,
                 });
+            }
+            if let Some(k) = last_key {
+                start = format!("{k}\0");
             }
         }
     }

@@ -62,6 +62,25 @@ pub struct Page {
     pub remaining: i64,
 }
 
+/// One page of a range read, still encoded: LIST decodes one item at a time so a
+/// large collection never exists as decoded JSON all at once.
+#[derive(Debug)]
+pub struct RawPage {
+    /// Keys and encoded values in key order.
+    pub kvs: Vec<etcd_client::KeyValue>,
+    /// The revision the page was read at.
+    pub revision: i64,
+    /// More keys follow in the range.
+    pub more: bool,
+    /// Number of keys after this page (only meaningful without filtering).
+    pub remaining: i64,
+}
+
+/// Decodes one key-value of a [`RawPage`].
+pub fn decode_kv(kv: &etcd_client::KeyValue) -> Result<Stored, StorageError> {
+    decode(kv.key(), kv.value(), kv.mod_revision())
+}
+
 /// A change seen by a watch.
 #[derive(Debug, Clone)]
 pub enum Change {
@@ -191,6 +210,28 @@ impl Storage {
         revision: i64,
         limit: i64,
     ) -> Result<Page, StorageError> {
+        let raw = self.list_raw(prefix, start, revision, limit).await?;
+        let items = raw
+            .kvs
+            .iter()
+            .map(decode_kv)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Page {
+            items,
+            revision: raw.revision,
+            more: raw.more,
+            remaining: raw.remaining,
+        })
+    }
+
+    /// As [`Storage::list`], with the values left encoded.
+    pub async fn list_raw(
+        &self,
+        prefix: &str,
+        start: &str,
+        revision: i64,
+        limit: i64,
+    ) -> Result<RawPage, StorageError> {
         let mut opts = GetOptions::new().with_range(prefix_end(prefix));
         if revision > 0 {
             opts = opts.with_revision(revision);
@@ -200,22 +241,18 @@ impl Storage {
         }
         let from = if start.is_empty() { prefix } else { start };
         let start = std::time::Instant::now();
-        let resp = self
+        let mut resp = self
             .client
             .kv_client()
             .get(from, Some(opts))
             .await
             .map_err(|e| classify(e, revision))?;
         self.observe("list", start, false);
-        let items = resp
-            .kvs()
-            .iter()
-            .map(|kv| decode(kv.key(), kv.value(), kv.mod_revision()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let kvs = resp.take_kvs();
         let rev = resp.header().map(|h| h.revision()).unwrap_or(revision);
-        let remaining = resp.count() - items.len() as i64;
-        Ok(Page {
-            items,
+        let remaining = resp.count() - kvs.len() as i64;
+        Ok(RawPage {
+            kvs,
             revision: if revision > 0 { revision } else { rev },
             more: resp.more(),
             remaining,
