@@ -55,12 +55,13 @@ impl<'a> Ns<'a> {
 
     /// `kubectl virt ARGS` in this namespace (the plugin on PATH).
     fn virt(&self, args: &[&str]) -> String {
+        // kubectl takes no flags before a plugin's name: KUBECONFIG, and -n after it.
         let out = Command::new(kubectl_binary())
             .env("PATH", plugin_path())
-            .arg("--kubeconfig")
-            .arg(&self.c.kubeconfig)
-            .args(["-n", &self.name, "virt"])
+            .env("KUBECONFIG", &self.c.kubeconfig)
+            .arg("virt")
             .args(args)
+            .args(["-n", &self.name])
             .output()
             .expect("running kubectl virt");
         assert!(
@@ -274,10 +275,10 @@ impl Console {
             .args(["kill-session", "-t", &session])
             .output();
         let cmd = format!(
-            "exec env PATH='{}' '{}' --kubeconfig '{}' -n '{}' virt console '{vmi}'",
+            "exec env PATH='{}' KUBECONFIG='{}' '{}' virt console '{vmi}' -n '{}'",
             plugin_path(),
-            kubectl_binary().display(),
             ns.c.kubeconfig.display(),
+            kubectl_binary().display(),
             ns.name,
         );
         let out = Command::new("tmux")

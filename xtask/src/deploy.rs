@@ -245,10 +245,29 @@ pub fn deploy(args: &Args) -> anyhow::Result<Report> {
         "kubevirt-rs.io/handler-client-sha256".to_string(),
         sha256_hex(handler_tls.client_cert.as_bytes()),
     );
-    let handler_annotations = BTreeMap::from([(
-        "kubevirt-rs.io/handler-cert-sha256".to_string(),
-        sha256_hex(handler_tls.server_cert.as_bytes()),
-    )]);
+    // A new virt-apiserver pod is a new, empty etcd whose resourceVersions start again at 1:
+    // watches resumed from the old store's versions would wait for revisions that never come.
+    // So whatever replaces that pod (image, certificates, CAs) restarts the watchers too.
+    let store = (
+        "kubevirt-rs.io/apiserver-sha256".to_string(),
+        sha256_hex(
+            format!(
+                "{} {} {}",
+                built.apiserver,
+                built.etcd,
+                serde_json::to_string(&annotations)?
+            )
+            .as_bytes(),
+        ),
+    );
+    let handler_annotations = BTreeMap::from([
+        (
+            "kubevirt-rs.io/handler-cert-sha256".to_string(),
+            sha256_hex(handler_tls.server_cert.as_bytes()),
+        ),
+        store.clone(),
+    ]);
+    let controller_annotations = BTreeMap::from([store]);
     let params = Params {
         apiserver_image: built.apiserver.clone(),
         etcd_image: built.etcd.clone(),
@@ -257,6 +276,7 @@ pub fn deploy(args: &Args) -> anyhow::Result<Report> {
         launcher_image: built.launcher.clone(),
         pod_annotations: annotations,
         handler_annotations,
+        controller_annotations,
     };
     let mut yaml = static_manifest(&params)?;
     yaml.push_str(&cluster_manifest(&tls, &auth)?);
@@ -512,6 +532,8 @@ pub struct Params {
     pub pod_annotations: BTreeMap<String, String>,
     /// Of virt-handler's pod template.
     pub handler_annotations: BTreeMap<String, String>,
+    /// Of virt-controller's pod template.
+    pub controller_annotations: BTreeMap<String, String>,
 }
 
 impl Default for Params {
@@ -524,6 +546,7 @@ impl Default for Params {
             launcher_image: images::LAUNCHER_LATEST.into(),
             pod_annotations: BTreeMap::new(),
             handler_annotations: BTreeMap::new(),
+            controller_annotations: BTreeMap::new(),
         }
     }
 }

@@ -33,6 +33,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("tmux", "interactive console tests"),
     ("curl", "health checks in scripts and e2e tests"),
     ("binutils", "strip for small images"),
+    (
+        "dmidecode",
+        "libvirtd in the virt-launcher image reads SMBIOS with it",
+    ),
 ];
 
 fn installed(pkg: &str) -> bool {

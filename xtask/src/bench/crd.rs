@@ -469,6 +469,17 @@ fn comparison(args: &ApiserverArgs, ours: &Results, crd: &Results) -> String {
         rss(&ours.etcd),
         rss(&crd.etcd)
     ));
+    // After-load RSS alone would flatter a server that peaks high and then returns the
+    // memory, so the peak is reported too. VmHWM is since the process started: for (b)
+    // that includes the cluster's life before this run, so it is an upper bound there.
+    let peak = |r: &super::apiserver::Rss| bytes(r.peak * 1024);
+    s.push_str(&format!(
+        "| RSS peak (VmHWM): API server | {} | {} (since it started) | — | — |\n| RSS peak (VmHWM): etcd | {} | {} (since it started) | — | — |\n",
+        peak(&ours.api),
+        peak(&crd.api),
+        peak(&ours.etcd),
+        peak(&crd.etcd)
+    ));
     let problems = |r: &Results| -> usize { r.create.errors.len() + r.watch.failures.len() };
     if problems(ours) + problems(crd) > 0 {
         s.push_str(&format!(

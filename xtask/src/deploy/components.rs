@@ -271,6 +271,8 @@ fn controller_deployment(p: &Params) -> Deployment {
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),
+                    annotations: (!p.controller_annotations.is_empty())
+                        .then(|| p.controller_annotations.clone()),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
