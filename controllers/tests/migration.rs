@@ -24,7 +24,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
 use kubevirt_api::vmi::VirtualMachineInstancePhase as Phase;
 use kubevirt_api::{
-    VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration,
+    PrintableStatus, VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration,
     VirtualMachineInstanceMigrationPhase as MPhase,
 };
 use serde_json::{Value, json};
@@ -285,6 +285,7 @@ impl Env {
         // The VMI controller runs too: it must leave target pods to the migration
         // controller and follow the VMI to its new pod.
         tokio::spawn(virt_controllers::vmi::run(ctx.clone(), stop.clone()));
+        tokio::spawn(virt_controllers::vm::run(ctx.clone(), stop.clone()));
         tokio::spawn(virt_controllers::migration::run(
             ctx.clone(),
             migrations,
@@ -552,6 +553,7 @@ async fn migration_controller_against_kube_apiserver() {
     unschedulable_target_fails_and_leaves_the_vmi_untouched(&env).await;
     deleting_the_migration_aborts_it(&env).await;
     non_migratable_vmi_fails_with_the_live_migratable_reason(&env).await;
+    vm_shows_migrating_while_the_guest_moves(&env).await;
     third_outbound_migration_waits_pending(&env).await;
 
     stop.cancel();
@@ -874,4 +876,58 @@ async fn third_outbound_migration_waits_pending(env: &Env) {
         .unwrap();
     env.vmim_phase("mig-d3", MPhase::Scheduling).await;
     env.target_pod(&d3).await;
+}
+
+async fn vm_printable(env: &Env, name: &str, want: PrintableStatus) {
+    eventually(&format!("VM {name} {want:?}"), || async {
+        env.vms()
+            .get_opt(name)
+            .await
+            .unwrap()
+            .filter(|vm| vm.status.as_ref().and_then(|s| s.printable_status) == Some(want))
+    })
+    .await;
+}
+
+async fn vm_shows_migrating_while_the_guest_moves(env: &Env) {
+    let vm: VirtualMachine = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": "f"},
+        "spec": {"runStrategy": "Always", "template": {"spec": {
+            "domain": {"devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]},
+                       "resources": {"requests": {"memory": "64Mi"}}},
+            "volumes": container_disk()}}}
+    }))
+    .unwrap();
+    env.vms().create(&PostParams::default(), &vm).await.unwrap();
+    let f = env.phase("f", Phase::Scheduling).await;
+    let pod = env.only_pod(&f).await.name_any();
+    env.run_target(&pod, "node-1").await;
+    env.phase("f", Phase::Scheduled).await;
+    env.handler("f", json!({"phase": "Running"})).await;
+    vm_printable(env, "f", PrintableStatus::Running).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    let m = env.create_vmim("mig-f", "f", json!({})).await;
+    let target = env.target_pod(&m).await.name_any();
+    env.run_target(&target, "node-2").await;
+    env.vmim_phase("mig-f", MPhase::PreparingTarget).await;
+    env.handler(
+        "f",
+        json!({"migrationState": {"targetNodeAddress": "10.0.0.2:40002", "startTimestamp": now()}}),
+    )
+    .await;
+    vm_printable(env, "f", PrintableStatus::Migrating).await;
+    env.handler(
+        "f",
+        json!({"migrationState": {"completed": true, "endTimestamp": now()}}),
+    )
+    .await;
+    env.vmim_phase("mig-f", MPhase::Succeeded).await;
+    vm_printable(env, "f", PrintableStatus::Running).await;
+    let v = env.vmis().get("f").await.unwrap();
+    assert_eq!(
+        v.status.as_ref().unwrap().node_name.as_deref(),
+        Some("node-2")
+    );
 }
