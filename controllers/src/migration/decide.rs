@@ -799,7 +799,13 @@ fn decide_phase(step: &mut Step<'_>, cfg: &MigrationConfig) {
                 target_pod: target.metadata.name.clone(),
                 ..Default::default()
             };
-            if let Some(st) = step.vmi_status.as_mut() {
+            // A hand-off written before a failed status write is kept as it is: the
+            // target handler may already have added to it.
+            if let Some(st) = step
+                .vmi_status
+                .as_mut()
+                .filter(|s| !s.migration_state.as_ref().is_some_and(|m| m.is_for(&uid)))
+            {
                 st.migration_state = Some(state);
                 st.migration_method = live_migratable(vmi).ok().map(|m| m.as_str().to_string());
             }

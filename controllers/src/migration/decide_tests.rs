@@ -388,6 +388,32 @@ fn scheduling_waits_for_the_target_then_hands_off() {
         Some(&s),
         "mirrored on the migration"
     );
+
+    // The hand-off was written but the migration status was not: the VMI's state (to
+    // which the target handler may have added) is kept.
+    let v = vmi_migrating(json!({"targetNodeAddress": "10.0.0.2"}));
+    let d = run(
+        &m,
+        Some(&v),
+        &[source_pod(), target_pod("running")],
+        &[],
+        None,
+    );
+    assert_eq!(d.status.phase, Phase::Scheduled);
+    let kept = d
+        .vmi_status
+        .as_ref()
+        .map_or(v.status.as_ref(), Some)
+        .and_then(|s| s.migration_state.clone());
+    assert_eq!(kept, v.status.as_ref().unwrap().migration_state);
+    assert_eq!(
+        d.status
+            .migration_state
+            .unwrap()
+            .target_node_address
+            .as_deref(),
+        Some("10.0.0.2")
+    );
 }
 
 #[test]
