@@ -745,6 +745,32 @@ fn decide_phase(step: &mut Step<'_>, cfg: &MigrationConfig) {
         }
     }
 
+    // An abort virt-handler does not confirm within progressTimeout is forced: the
+    // target pod goes, which makes the transfer fail on the source, so a cancel or a
+    // timeout always ends.
+    let abort_since = step
+        .d
+        .status
+        .conditions
+        .as_deref()
+        .and_then(|c| find_condition(c, names::CONDITION_ABORT_REQUESTED))
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0);
+    if let Some(since) = abort_since.filter(|_| transferring) {
+        let waited = elapsed(o.now, since);
+        if waited >= cfg.progress_timeout {
+            let why = step.abort_message().unwrap_or_default();
+            step.fail(
+                format!(
+                    "{why}; the abort was not confirmed within {}s, the target pod is deleted",
+                    waited.as_secs()
+                ),
+                deleting,
+            );
+            return;
+        }
+    }
+
     if deleting {
         if transferring {
             step.request_abort(reasons::DELETED, "the migration object was deleted".into());

@@ -850,3 +850,30 @@ fn the_vmi_going_away_fails_a_running_migration() {
     assert_eq!(d.status.phase, Phase::Failed);
     assert_eq!(deleted(&d), ["tgt"]);
 }
+
+#[test]
+fn an_abort_never_confirmed_is_forced_by_deleting_the_target() {
+    let v = vmi_migrating(json!({"startTimestamp": ts(ago(300)), "abortRequested": true}));
+    let requested = |secs: i64| {
+        vmim_with(
+            "Running",
+            json!({"deletionTimestamp": ts(ago(secs))}),
+            json!({"conditions": [{"type": "migrationAbortRequested", "status": "True",
+                "reason": "MigrationDeleted", "message": "the migration object was deleted",
+                "lastTransitionTime": ts(ago(secs))}]}),
+        )
+    };
+    let pods = [source_pod(), target_pod("running")];
+    let d = run(&requested(10), Some(&v), &pods, &[], None);
+    assert_eq!(d.status.phase, Phase::Running, "waits for the handler");
+    assert!(d.delete_pods.is_empty() && !d.remove_finalizer);
+    let d = run(&requested(151), Some(&v), &pods, &[], None);
+    assert_eq!(d.status.phase, Phase::Failed);
+    assert_eq!(deleted(&d), ["tgt"]);
+    assert!(d.remove_finalizer);
+    assert!(
+        failure(&d).contains("not confirmed within 151s"),
+        "{}",
+        failure(&d)
+    );
+}
