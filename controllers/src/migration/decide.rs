@@ -899,6 +899,32 @@ fn decide_phase(step: &mut Step<'_>, cfg: &MigrationConfig) {
     if rank(next) > rank(phase) {
         step.enter(next);
     }
+    // Handlers that never start the transfer must not hold a slot and a target pod
+    // forever: the same limit as a target pod that never starts.
+    if s.start_timestamp.is_none() {
+        let handed_off = step
+            .d
+            .status
+            .phase_transition_timestamps
+            .iter()
+            .flatten()
+            .find(|t| t.phase == Phase::Scheduled)
+            .and_then(|t| t.phase_transition_timestamp.as_ref())
+            .map(|t| t.0);
+        let limit = annotation_seconds(o.vmim, names::PENDING_POD_TIMEOUT_ANNOTATION)
+            .unwrap_or(cfg.pending_pod_timeout);
+        if let Some(since) = handed_off.filter(|t| elapsed(o.now, *t) >= limit) {
+            step.fail(
+                format!(
+                    "the transfer did not start within {}s of the hand-off (phase {})",
+                    elapsed(o.now, since).as_secs(),
+                    step.d.status.phase.as_str()
+                ),
+                false,
+            );
+            return;
+        }
+    }
     if let Some(start) = s
         .start_timestamp
         .as_ref()

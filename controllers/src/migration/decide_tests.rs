@@ -877,3 +877,31 @@ fn an_abort_never_confirmed_is_forced_by_deleting_the_target() {
         failure(&d)
     );
 }
+
+#[test]
+fn a_transfer_that_never_starts_fails_after_the_pending_timeout() {
+    let v = vmi_migrating(json!({"targetNodeAddress": "10.0.0.2"}));
+    let at = |secs: i64| {
+        vmim_with(
+            "TargetReady",
+            json!({}),
+            json!({"phaseTransitionTimestamps": [
+                {"phase": "Scheduled", "phaseTransitionTimestamp": ts(ago(secs))}]}),
+        )
+    };
+    let pods = [source_pod(), target_pod("running")];
+    assert_eq!(
+        run(&at(60), Some(&v), &pods, &[], None).status.phase,
+        Phase::TargetReady
+    );
+    let d = run(&at(901), Some(&v), &pods, &[], None);
+    assert_eq!(d.status.phase, Phase::Failed);
+    assert_eq!(deleted(&d), ["tgt"]);
+    assert!(
+        failure(&d).contains("did not start within 901s"),
+        "{}",
+        failure(&d)
+    );
+    // Before the transfer the controller ends the VMI's state itself.
+    assert_eq!(vmi_state(&d).failed, Some(true));
+}
