@@ -206,14 +206,22 @@ pub fn plan(vmi: &VirtualMachineInstance, pods: &[Pod]) -> Plan {
     plan
 }
 
-/// The pod the VMI status follows: a live pod before a terminal one, the newest first.
-fn current_pod<'a>(ours: &[&'a Pod]) -> Option<&'a Pod> {
-    let mut sorted: Vec<&Pod> = ours.to_vec();
-    sorted.sort_by(|a, b| {
-        (is_terminal(a), std::cmp::Reverse(created(a)))
-            .cmp(&(is_terminal(b), std::cmp::Reverse(created(b))))
-    });
-    sorted.first().copied()
+/// The pod the VMI status follows: a live pod before a terminal one, one not being
+/// deleted before one that is, one on the VMI's node before others, then the newest.
+/// Creation timestamps have whole-second resolution, so after a migration hands over
+/// the target pod the node and the deletion of the source decide, not the clock.
+fn current_pod<'a>(ours: &[&'a Pod], node: Option<&str>) -> Option<&'a Pod> {
+    let key = |p: &Pod| {
+        let on_node =
+            node.is_some_and(|n| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(n));
+        (
+            is_terminal(p),
+            is_deleting(p),
+            !on_node,
+            std::cmp::Reverse(created(p)),
+        )
+    };
+    ours.iter().copied().min_by_key(|p| key(p))
 }
 
 /// The last non-empty line of a termination message, without terminal colour codes.
@@ -414,7 +422,7 @@ pub fn derive_status(
     let mut next = old.phase;
     if old.phase.is_final() {
         // Final is final: only the pod list is kept up to date.
-    } else if let Some(pod) = current_pod(&ours) {
+    } else if let Some(pod) = current_pod(&ours, old.node_name.as_deref()) {
         if let Some(message) = disruption(pod).filter(|_| !is_terminal(pod)) {
             next = Phase::Failed;
             status.reason = Some(reasons::EVICTED.to_string());

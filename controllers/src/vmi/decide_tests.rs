@@ -529,6 +529,36 @@ fn a_live_pod_is_followed_before_a_terminated_one() {
 }
 
 #[test]
+fn after_a_migration_the_pod_on_the_vmis_node_is_followed_not_the_deleted_source() {
+    // Both pods were created in the same second: the clock cannot tell them apart.
+    let mut src = terminating(running_pod());
+    src.metadata.name = Some("src".into());
+    src.metadata.uid = Some("src-uid".into());
+    let mut dst = running_pod();
+    dst.metadata.name = Some("dst".into());
+    dst.metadata.uid = Some("dst-uid".into());
+    dst.spec.as_mut().unwrap().node_name = Some("n2".into());
+    let pods = [src.clone(), dst.clone()];
+    let refs: Vec<&Pod> = pods.iter().collect();
+    let picked = current_pod(&refs, Some("n2")).unwrap();
+    assert_eq!(picked.metadata.name.as_deref(), Some("dst"));
+    // Without a node the live, not-deleting pod still wins over the deleted source.
+    let picked = current_pod(&refs, None).unwrap();
+    assert_eq!(picked.metadata.name.as_deref(), Some("dst"));
+    // A lone pod being deleted is still followed (eviction, VMI deletion).
+    let lone = [src];
+    let refs: Vec<&Pod> = lone.iter().collect();
+    assert_eq!(
+        current_pod(&refs, Some("n2"))
+            .unwrap()
+            .metadata
+            .name
+            .as_deref(),
+        Some("src")
+    );
+}
+
+#[test]
 fn delete_grace_is_the_vmis_plus_padding() {
     let v = deleting(vmi("Running"));
     let p = plan(&v, &[running_pod()]);

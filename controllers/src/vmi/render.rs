@@ -16,8 +16,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource,
-    HostPathVolumeSource, LocalObjectReference, ObjectFieldSelector, Pod, PodSpec,
+    Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, HostPathVolumeSource, LocalObjectReference, ObjectFieldSelector, Pod, PodSpec,
     ResourceRequirements, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -535,6 +535,20 @@ pub fn launcher_pod(
                 image_pull_policy: cfg.image_pull_policy.clone(),
                 command: Some(vec![LAUNCHER_BINARY.into()]),
                 args: Some(args),
+                // The launcher reports the pod IP as the VMI's interface address; the
+                // kubelet knows it, the launcher's own route lookup may not (no default
+                // route on some pod networks).
+                env: Some(vec![EnvVar {
+                    name: "POD_IP".into(),
+                    value_from: Some(EnvVarSource {
+                        field_ref: Some(ObjectFieldSelector {
+                            field_path: "status.podIP".into(),
+                            ..ObjectFieldSelector::default()
+                        }),
+                        ..EnvVarSource::default()
+                    }),
+                    ..EnvVar::default()
+                }]),
                 resources: Some(ResourceRequirements {
                     requests: Some(requests),
                     limits: (!limits.is_empty()).then_some(limits),
