@@ -324,15 +324,15 @@ async fn apiserver_drives_the_real_virt_handler() {
     }
 
     // pause goes through virt-apiserver and the handler to the launcher; a second pause
-    // is refused by the handler (the launcher is paused, the VMI status not updated
-    // yet) and its 409 Status reaches the client unchanged.
+    // is refused with 409: by the handler when the VMI status does not show the pause
+    // yet (its Status reaches the client unchanged), or by virt-apiserver's own
+    // pre-check when the handler has already written the Paused condition. Which one
+    // answers is a race; both name the reason.
     assert_eq!(put(&c, &env, "pause").await.0, 200);
     let (code, s) = put(&c, &env, "pause").await;
-    assert_eq!(
-        (code, s["message"].as_str()),
-        (409, Some("VMI is already paused")),
-        "{s}"
-    );
+    let message = s["message"].as_str().unwrap_or_default();
+    assert_eq!(code, 409, "{s}");
+    assert!(message.ends_with("VMI is already paused"), "{s}");
     assert_eq!(
         launcher_seen.lock().unwrap().as_slice(),
         ["SoftReboot", "Pause"]
