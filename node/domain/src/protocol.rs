@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 use crate::host::Accel;
 
 /// Version of this protocol; the handler refuses launchers it does not speak.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// 2: live migration (`prepareMigrationTarget`, `migrate`, `cancelMigration`,
+/// `watchMigration`) and the `migrated` state/event/outcome.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// A request from virt-handler to a launcher.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +30,163 @@ pub enum Request {
     Kill,
     /// Stream domain events on this connection (one [`Response::Event`] per line).
     Watch,
+    /// Target side of a live migration: answered with
+    /// [`Response::MigrationTargetReady`] once this launcher (started with
+    /// `--migration-target`) has its private libvirtd up and waits for the guest.
+    PrepareMigrationTarget,
+    /// Source side: start migrating the guest to the target whose facts are given.
+    /// Answered with [`Response::Ok`] once libvirt's migration job runs; follow it
+    /// with [`Request::WatchMigration`].
+    Migrate(MigrateRequest),
+    /// Abort the running migration; the guest keeps running here.
+    CancelMigration,
+    /// Stream [`Response::Migration`] (one per progress report, about every second,
+    /// and one final) until the migration ends.
+    WatchMigration,
+}
+
+/// Directory, inside the private libvirtd's mount namespace, where the migration
+/// sockets live. The launcher binds `<cmd socket dir>/migration` (host side, shared with
+/// virt-handler) on it, so the same in-namespace path names a different host directory
+/// on the source and on the target — the handlers' proxy sits in between.
+pub const MIGRATION_NS_DIR: &str = "/var/lib/libvirt/migration";
+/// Name of the host directory next to the command socket that holds the migration sockets.
+pub const MIGRATION_DIR: &str = "migration";
+
+/// The migration streams and their socket file names in [`MIGRATION_DIR`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum MigrationStream {
+    /// libvirtd ↔ libvirtd (peer-to-peer control connection, libvirt's RPC).
+    Libvirt,
+    /// QEMU's migration stream (memory and device state).
+    Memory,
+    /// NBD stream of the non-shared disk copy (containerDisk overlays, emptyDisks).
+    Disks,
+}
+
+impl MigrationStream {
+    /// All streams.
+    pub const ALL: [Self; 3] = [Self::Libvirt, Self::Memory, Self::Disks];
+
+    /// Socket file name.
+    pub fn socket_name(self) -> &'static str {
+        match self {
+            Self::Libvirt => "libvirt.sock",
+            Self::Memory => "memory.sock",
+            Self::Disks => "disks.sock",
+        }
+    }
+
+    /// Parses a [`Self::socket_name`] back (the proxy's stream header).
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.socket_name() == s)
+    }
+}
+
+/// Facts about a prepared migration target the source needs: its own paths, which
+/// replace the source's in the domain XML sent along (the two launchers' work
+/// directories differ).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationTarget {
+    /// The target launcher's work directory (disk overlays, cloud-init ISO).
+    pub work_dir: String,
+    /// The target's console socket.
+    pub console_socket: String,
+    /// The target's VNC socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vnc_socket: Option<String>,
+}
+
+/// Tunables of one migration.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationOptions {
+    /// Bandwidth limit in MiB/s (KubeVirt's `bandwidthPerMigration`); unlimited when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_mib: Option<u64>,
+    /// Longest acceptable pause at the switchover, in ms (libvirt's default is 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_downtime_ms: Option<u64>,
+}
+
+/// Body of [`Request::Migrate`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrateRequest {
+    /// What [`Request::PrepareMigrationTarget`] answered on the target.
+    pub target: MigrationTarget,
+    /// Tunables.
+    #[serde(default)]
+    pub options: MigrationOptions,
+}
+
+/// Migration mode (KubeVirt's `migrationState.mode`); post-copy is not offered yet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MigrationMode {
+    /// Memory is copied while the guest runs, then the guest moves.
+    #[default]
+    PreCopy,
+}
+
+/// Progress of a migration, from libvirt's job statistics (bytes and ms).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationProgress {
+    /// Bytes to move in all (memory + disks).
+    pub data_total: u64,
+    /// Bytes moved so far.
+    pub data_processed: u64,
+    /// Bytes still to move (dirtied pages come back).
+    pub data_remaining: u64,
+    /// Memory pass (1 = first full copy; more when the guest dirties memory).
+    pub memory_iteration: u64,
+    /// Transfer rate of memory, bytes per second.
+    pub memory_bps: u64,
+    /// Time since the migration started.
+    pub elapsed_ms: u64,
+    /// How long the guest was paused at the switchover (known at the end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downtime_ms: Option<u64>,
+    /// Mode.
+    pub mode: MigrationMode,
+}
+
+/// Where a migration is (source side).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "camelCase")]
+pub enum MigrationStatus {
+    /// No migration has been asked for.
+    #[default]
+    Idle,
+    /// libvirt's job runs.
+    Running {
+        /// Latest statistics.
+        progress: MigrationProgress,
+    },
+    /// The guest runs on the target; this launcher ends.
+    Completed {
+        /// Final statistics (with the downtime).
+        progress: MigrationProgress,
+    },
+    /// The migration failed; the guest still runs here.
+    Failed {
+        /// libvirt's reason.
+        reason: String,
+    },
+    /// Cancelled on request; the guest still runs here.
+    Cancelled,
+}
+
+impl MigrationStatus {
+    /// Completed, failed or cancelled.
+    pub fn is_final(&self) -> bool {
+        matches!(
+            self,
+            Self::Completed { .. } | Self::Failed { .. } | Self::Cancelled
+        )
+    }
 }
 
 /// A launcher's reply.
@@ -50,6 +209,10 @@ pub enum Response {
     },
     /// A domain event (after [`Request::Watch`]).
     Event(DomainEvent),
+    /// Reply to [`Request::PrepareMigrationTarget`].
+    MigrationTargetReady(MigrationTarget),
+    /// Migration status (after [`Request::WatchMigration`]).
+    Migration(MigrationStatus),
 }
 
 /// Observed state of the domain.
@@ -69,6 +232,8 @@ pub enum DomainState {
     Shutoff,
     /// The guest or QEMU crashed.
     Crashed,
+    /// The guest moved to another launcher (live migration); this one ends.
+    Migrated,
 }
 
 /// What a launcher reports about its VM.
@@ -113,6 +278,8 @@ pub enum DomainEvent {
         /// Details.
         reason: String,
     },
+    /// The guest left for a migration target.
+    Migrated,
 }
 
 /// File a launcher writes next to its command socket when it ends, so that a handler
@@ -131,6 +298,8 @@ pub enum LauncherOutcome {
         /// Details.
         reason: String,
     },
+    /// The guest moved away by live migration: neither Succeeded nor Failed.
+    Migrated,
     /// The launcher failed (the message it exits with).
     Failed {
         /// Why.
@@ -154,6 +323,29 @@ mod tests {
             r#"{"kind":"event","event":"crashed","reason":"qemu died"}"#
         );
         assert_eq!(serde_json::from_str::<Response>(&s)?, r);
+        let m = Request::Migrate(MigrateRequest {
+            target: MigrationTarget {
+                work_dir: "/w".into(),
+                console_socket: "/c".into(),
+                vnc_socket: None,
+            },
+            options: MigrationOptions {
+                bandwidth_mib: Some(4),
+                max_downtime_ms: None,
+            },
+        });
+        let s = serde_json::to_string(&m)?;
+        assert_eq!(
+            s,
+            r#"{"op":"migrate","target":{"workDir":"/w","consoleSocket":"/c"},"options":{"bandwidthMib":4}}"#
+        );
+        assert_eq!(serde_json::from_str::<Request>(&s)?, m);
+        assert_eq!(
+            serde_json::to_string(&Response::Migration(MigrationStatus::Failed {
+                reason: "r".into()
+            }))?,
+            r#"{"kind":"migration","state":"failed","reason":"r"}"#
+        );
         assert_eq!(
             serde_json::to_string(&LauncherOutcome::Crashed { reason: "x".into() })?,
             r#"{"outcome":"crashed","reason":"x"}"#

@@ -358,10 +358,17 @@ async fn monitor(mut w: StatusWriter, launcher: LauncherClient, dir: PathBuf) {
             Err(e) => {
                 // A launcher that ended says how; this also covers a handler restarted
                 // after the guest's end, which never saw the final event.
-                if let Some(obs) = read_outcome(&dir).await {
-                    tracing::info!(?obs, "launcher has ended");
-                    w.observe(&obs).await;
-                    return;
+                match read_outcome(&dir).await {
+                    Some(Some(obs)) => {
+                        tracing::info!(?obs, "launcher has ended");
+                        w.observe(&obs).await;
+                        return;
+                    }
+                    Some(None) => {
+                        tracing::info!("launcher ended after migrating the guest away");
+                        return;
+                    }
+                    None => {}
                 }
                 if answered || w.status().phase == Phase::Running {
                     let since = *failing_since.get_or_insert_with(Instant::now);
@@ -402,6 +409,8 @@ async fn follow(w: &mut StatusWriter, launcher: &LauncherClient) -> bool {
                 w.observe(&Observation::Crashed(reason)).await;
                 return true;
             }
+            // The guest runs on the migration target now: its handler owns the VMI.
+            Ok(Some(DomainEvent::Migrated)) => return true,
             Ok(Some(ev)) => {
                 tracing::debug!(?ev, "launcher event");
                 // Events say what changed; the status says everything (versions, accel).
@@ -414,20 +423,22 @@ async fn follow(w: &mut StatusWriter, launcher: &LauncherClient) -> bool {
     }
 }
 
-/// What the launcher's outcome file (if any) says about how it ended.
-async fn read_outcome(dir: &Path) -> Option<Observation> {
+/// What the launcher's outcome file (if any) says about how it ended: `Some(None)` for
+/// a guest that migrated away (the VMI is the target's to report, not ended).
+async fn read_outcome(dir: &Path) -> Option<Option<Observation>> {
     let bytes = tokio::fs::read(dir.join(OUTCOME_FILE)).await.ok()?;
     Some(outcome_observation(serde_json::from_slice(&bytes).ok()?))
 }
 
-fn outcome_observation(o: LauncherOutcome) -> Observation {
-    match o {
+fn outcome_observation(o: LauncherOutcome) -> Option<Observation> {
+    Some(match o {
         LauncherOutcome::ShutDown => Observation::ShutDown,
         LauncherOutcome::Crashed { reason } => Observation::Crashed(reason),
+        LauncherOutcome::Migrated => return None,
         LauncherOutcome::Failed { message } => {
             Observation::LauncherDied(format!("launcher failed: {message}"))
         }
-    }
+    })
 }
 
 fn gone_reason(e: &ClientError) -> String {

@@ -13,6 +13,8 @@
 pub mod client;
 pub mod cluster;
 pub mod metrics;
+pub mod migration;
+pub mod migration_proxy;
 pub mod server;
 pub mod status;
 

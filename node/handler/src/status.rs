@@ -42,9 +42,12 @@ pub fn vmi_status(
         Observation::Launcher(l) => {
             s.phase = match l.state {
                 DomainState::Pending => Phase::Scheduled,
-                DomainState::Running | DomainState::Paused | DomainState::ShuttingDown => {
-                    Phase::Running
-                }
+                // A migrated-away guest still runs (on the target); the migration's
+                // status writer moves the VMI, not this source-side observation.
+                DomainState::Running
+                | DomainState::Paused
+                | DomainState::ShuttingDown
+                | DomainState::Migrated => Phase::Running,
                 DomainState::Shutoff => Phase::Succeeded,
                 DomainState::Crashed => Phase::Failed,
             };

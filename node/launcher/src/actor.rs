@@ -6,13 +6,13 @@
 
 use std::path::PathBuf;
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch};
 use virt::connect::Connect;
 use virt::domain::{Domain, DomainState as VirState};
 use virt::enumutil::Enum;
-use virt_domain::protocol::DomainState;
+use virt_domain::protocol::{DomainState, MigrationMode, MigrationProgress, MigrationStatus};
 
 use crate::daemon::{DaemonError, PrivateDaemon};
 
@@ -56,6 +56,8 @@ pub enum Target {
         cache: PathBuf,
         /// Hide /dev/kvm from the daemon (TCG).
         hide_kvm: bool,
+        /// Host directory bound on `MIGRATION_NS_DIR` inside the daemon's namespace.
+        migration_dir: PathBuf,
     },
     /// Connect to an existing daemon.
     Uri(String),
@@ -83,8 +85,31 @@ pub struct Versions {
 
 type Reply<T> = oneshot::Sender<Result<T, LibvirtError>>;
 
+/// One outgoing migration, as the libvirt thread runs it.
+#[derive(Clone, Debug, Default)]
+pub struct MigrateJob {
+    /// libvirt URI of the destination daemon (peer-to-peer: the source daemon dials it).
+    pub dest_uri: String,
+    /// QEMU migration stream URI (`unix://…`).
+    pub uri: String,
+    /// NBD URI for the disk copy (`unix://…`).
+    pub disks_uri: String,
+    /// (source, target) path prefixes replaced in the domain XML sent to the target.
+    pub rewrite: Vec<(String, String)>,
+    /// MiB/s; unlimited when unset.
+    pub bandwidth_mib: Option<u64>,
+    /// Longest pause at the switchover, ms.
+    pub max_downtime_ms: Option<u64>,
+}
+
+/// The result a running migration's thread sends back.
+pub type MigrationResult = Result<MigrationProgress, String>;
+
 enum Cmd {
     Define(String, Reply<()>),
+    AwaitIncoming(String, Reply<()>),
+    Migrate(Box<MigrateJob>, Reply<()>),
+    CancelMigration(Reply<()>),
     Start(Reply<()>),
     Shutdown(Reply<()>),
     Reboot(Reply<()>),
@@ -100,6 +125,7 @@ enum Cmd {
 pub struct DomainHandle {
     tx: mpsc::Sender<Cmd>,
     state: watch::Receiver<Observed>,
+    migration: watch::Receiver<MigrationStatus>,
     versions: Versions,
 }
 
@@ -124,10 +150,11 @@ impl DomainHandle {
     ) -> Result<Self, LibvirtError> {
         let (tx, rx) = mpsc::channel();
         let (state_tx, state) = watch::channel(Observed::default());
+        let (mig_tx, migration) = watch::channel(MigrationStatus::Idle);
         let (ready_tx, ready_rx) = oneshot::channel();
         std::thread::Builder::new()
             .name("libvirt".into())
-            .spawn(move || thread_main(make, rx, state_tx, ready_tx))
+            .spawn(move || thread_main(make, rx, state_tx, mig_tx, ready_tx))
             .map_err(|e| LibvirtError::Call {
                 op: "spawn thread",
                 message: e.to_string(),
@@ -136,6 +163,7 @@ impl DomainHandle {
         Ok(Self {
             tx,
             state,
+            migration,
             versions,
         })
     }
@@ -149,6 +177,23 @@ impl DomainHandle {
     /// Defines (persistently) the domain from XML.
     pub async fn define(&self, xml: String) -> Result<(), LibvirtError> {
         self.ask(|r| Cmd::Define(xml, r)).await
+    }
+    /// Migration target: waits for a domain of this name to arrive by live migration
+    /// instead of defining one; the state turns `Running` once it runs here.
+    pub async fn await_incoming(&self, name: String) -> Result<(), LibvirtError> {
+        self.ask(|r| Cmd::AwaitIncoming(name, r)).await
+    }
+    /// Starts migrating the running domain away; follow [`Self::migration`].
+    pub async fn migrate(&self, job: MigrateJob) -> Result<(), LibvirtError> {
+        self.ask(|r| Cmd::Migrate(Box::new(job), r)).await
+    }
+    /// Aborts the running migration.
+    pub async fn cancel_migration(&self) -> Result<(), LibvirtError> {
+        self.ask(Cmd::CancelMigration).await
+    }
+    /// Watches the outgoing migration.
+    pub fn migration(&self) -> watch::Receiver<MigrationStatus> {
+        self.migration.clone()
     }
     /// Starts the defined domain.
     pub async fn start(&self) -> Result<(), LibvirtError> {
@@ -212,6 +257,33 @@ pub trait Backend: Send {
     fn resume(&mut self) -> Result<(), LibvirtError>;
     /// Current state, once started; `None` when there is nothing to report.
     fn observe(&mut self) -> Option<Observed>;
+    /// Migration target: takes the domain `name` once it runs here (true), after an
+    /// incoming migration completed.
+    fn adopt_incoming(&mut self, _name: &str) -> bool {
+        false
+    }
+    /// Starts an outgoing migration on a thread of its own (the libvirt call blocks
+    /// until the end); the result arrives on the returned channel.
+    fn start_migration(
+        &mut self,
+        _job: &MigrateJob,
+    ) -> Result<mpsc::Receiver<MigrationResult>, LibvirtError> {
+        Err(LibvirtError::Call {
+            op: "migrate",
+            message: "not supported by this backend".into(),
+        })
+    }
+    /// Statistics of the running migration job.
+    fn migration_progress(&mut self) -> Option<MigrationProgress> {
+        None
+    }
+    /// Aborts the running migration job.
+    fn cancel_migration(&mut self) -> Result<(), LibvirtError> {
+        Err(LibvirtError::Call {
+            op: "cancel migration",
+            message: "not supported by this backend".into(),
+        })
+    }
     /// Destroys and undefines the domain and releases the daemon.
     fn cleanup(&mut self);
 }
@@ -220,6 +292,7 @@ fn thread_main(
     make: impl FnOnce() -> Result<Box<dyn Backend>, LibvirtError>,
     rx: mpsc::Receiver<Cmd>,
     state: watch::Sender<Observed>,
+    migration: watch::Sender<MigrationStatus>,
     ready: oneshot::Sender<Result<Versions, LibvirtError>>,
 ) {
     let mut b = match make() {
@@ -242,11 +315,19 @@ fn thread_main(
         });
     };
     let mut started = false;
+    // Migration target: the name of the domain we wait for.
+    let mut incoming: Option<String> = None;
+    // Outgoing migration: its result channel, whether a cancel was asked for, when
+    // progress was last read.
+    let mut outgoing: Option<(mpsc::Receiver<MigrationResult>, bool, Instant)> = None;
+    // After a completed migration the domain here is shut off with reason "migrated";
+    // that is not the guest's end, so it is no longer observed.
+    let mut migrated = false;
     loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(Cmd::Close(reply)) => {
                 b.cleanup();
-                if started {
+                if started && !migrated {
                     publish(Observed {
                         state: DomainState::Shutoff,
                         reason: None,
@@ -257,6 +338,41 @@ fn thread_main(
             }
             Ok(Cmd::Define(xml, r)) => {
                 let _ = r.send(b.define(&xml));
+            }
+            Ok(Cmd::AwaitIncoming(name, r)) => {
+                incoming = Some(name);
+                let _ = r.send(Ok(()));
+            }
+            Ok(Cmd::Migrate(job, r)) => {
+                let res = if !started || migrated {
+                    Err(LibvirtError::NoDomain)
+                } else if outgoing.is_some() {
+                    Err(LibvirtError::Call {
+                        op: "migrate",
+                        message: "a migration is already running".into(),
+                    })
+                } else {
+                    b.start_migration(&job).map(|done| {
+                        migration.send_replace(MigrationStatus::Running {
+                            progress: MigrationProgress::default(),
+                        });
+                        outgoing = Some((done, false, Instant::now()));
+                    })
+                };
+                let _ = r.send(res);
+            }
+            Ok(Cmd::CancelMigration(r)) => {
+                let res = match outgoing.as_mut() {
+                    Some((_, cancelled, _)) => {
+                        *cancelled = true;
+                        b.cancel_migration()
+                    }
+                    None => Err(LibvirtError::Call {
+                        op: "cancel migration",
+                        message: "no migration is running".into(),
+                    }),
+                };
+                let _ = r.send(res);
             }
             Ok(Cmd::Start(r)) => {
                 let res = b.start();
@@ -285,14 +401,84 @@ fn thread_main(
                 return;
             }
         }
-        if started && let Some(o) = b.observe() {
+        if let Some(name) = &incoming
+            && b.adopt_incoming(name)
+        {
+            incoming = None;
+            started = true;
+        }
+        if let Some((done, cancelled, polled)) = outgoing.as_mut() {
+            match done.try_recv() {
+                Ok(Ok(progress)) => {
+                    migrated = true;
+                    migration.send_replace(MigrationStatus::Completed { progress });
+                    publish(Observed {
+                        state: DomainState::Migrated,
+                        reason: None,
+                    });
+                    outgoing = None;
+                }
+                Ok(Err(reason)) => {
+                    migration.send_replace(if *cancelled {
+                        MigrationStatus::Cancelled
+                    } else {
+                        MigrationStatus::Failed { reason }
+                    });
+                    outgoing = None;
+                }
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    migration.send_replace(MigrationStatus::Failed {
+                        reason: "the migration thread ended without a result".into(),
+                    });
+                    outgoing = None;
+                }
+                Err(mpsc::TryRecvError::Empty) => {
+                    // Job statistics cost a QEMU monitor round trip: twice a second.
+                    if polled.elapsed() >= Duration::from_millis(500) {
+                        *polled = Instant::now();
+                        if let Some(progress) = b.migration_progress() {
+                            migration.send_replace(MigrationStatus::Running { progress });
+                        }
+                    }
+                }
+            }
+        }
+        if started
+            && !migrated
+            && let Some(o) = b.observe()
+        {
             publish(o);
         }
     }
 }
 
+/// Our progress figures from libvirt's job statistics.
+fn progress_of(s: &virt::domain::JobStats) -> MigrationProgress {
+    MigrationProgress {
+        data_total: s.data_total.unwrap_or(0),
+        data_processed: s.data_processed.unwrap_or(0),
+        data_remaining: s.data_remaining.unwrap_or(0),
+        memory_iteration: s.mem_iteration.unwrap_or(0),
+        memory_bps: s.mem_bps.unwrap_or(0),
+        elapsed_ms: s.time_elapsed.unwrap_or(0),
+        downtime_ms: s.downtime,
+        mode: MigrationMode::PreCopy,
+    }
+}
+
+/// The source's domain XML with its paths replaced by the target's.
+pub fn rewrite_paths(xml: &str, pairs: &[(String, String)]) -> String {
+    pairs
+        .iter()
+        .filter(|(from, to)| !from.is_empty() && from != to)
+        .fold(xml.to_string(), |x, (from, to)| {
+            x.replace(from.as_str(), to)
+        })
+}
+
 /// The real backend: a `virt` connection to a private or given libvirt daemon.
 pub struct LibvirtBackend {
+    uri: String,
     daemon: Option<PrivateDaemon>,
     conn: Option<Connect>,
     domain: Option<Domain>,
@@ -311,6 +497,7 @@ impl LibvirtBackend {
     /// Starts the daemon if asked to and connects.
     pub fn connect(target: Target) -> Result<Self, LibvirtError> {
         let mut b = Self {
+            uri: String::new(),
             daemon: None,
             conn: None,
             domain: None,
@@ -322,15 +509,26 @@ impl LibvirtBackend {
                 dir,
                 cache,
                 hide_kvm,
+                migration_dir,
             } => {
-                let d = PrivateDaemon::start(&dir, &cache, hide_kvm, Duration::from_secs(30))?;
+                let d = PrivateDaemon::start(
+                    &dir,
+                    &cache,
+                    hide_kvm,
+                    &migration_dir,
+                    Duration::from_secs(30),
+                )?;
                 let uri = d.uri.clone();
                 b.daemon = Some(d);
                 uri
             }
         };
+        // libvirt prints every error to stderr by default; ours are returned and logged
+        // (the migration target's lookups fail by design until the guest arrives).
+        virt::error::clear_error_callback();
         // On error `b` drops here and its daemon with it.
         let conn = call("connect", Connect::open(Some(&uri)))?;
+        b.uri = uri;
         b.versions = Versions {
             libvirt: conn.lib_version().map(version_string).unwrap_or_default(),
             qemu: conn.hyp_version().map(version_string).unwrap_or_default(),
@@ -392,6 +590,106 @@ impl Backend for LibvirtBackend {
         call("resume", self.dom()?.resume())
     }
 
+    fn adopt_incoming(&mut self, name: &str) -> bool {
+        let Some(conn) = self.conn.as_ref() else {
+            return false;
+        };
+        // The incoming domain exists (paused) from the start of the migration; it is
+        // ours only once it runs. A failed migration makes it vanish again.
+        let Ok(d) = conn.lookup_domain_by_name(name) else {
+            return false;
+        };
+        if matches!(d.state(), Ok((Enum::Known(VirState::Running), _))) {
+            self.domain = Some(d);
+            return true;
+        }
+        false
+    }
+
+    fn start_migration(
+        &mut self,
+        job: &MigrateJob,
+    ) -> Result<mpsc::Receiver<MigrationResult>, LibvirtError> {
+        let d = self.dom()?.clone();
+        let xml = call(
+            "domain XML",
+            d.xml_desc(virt::sys::VIR_DOMAIN_XML_MIGRATABLE),
+        )?;
+        let xml = rewrite_paths(&xml, &job.rewrite);
+        if let Some(ms) = job.max_downtime_ms {
+            call("set max downtime", d.migrate_set_max_downtime(ms, 0))?;
+        }
+        let params = virt::domain::MigrateParameters {
+            uri: Some(job.uri.clone()),
+            disks_uri: Some(job.disks_uri.clone()),
+            dest_xml: Some(xml.clone()),
+            persist_xml: Some(xml),
+            bandwidth: job.bandwidth_mib,
+            ..Default::default()
+        };
+        // Peer-to-peer: our daemon talks to the target's over `dest_uri`; live; the
+        // target keeps the definition; writable local disks (containerDisk overlays,
+        // emptyDisks) are copied over NBD, only their top layer (the backing images are
+        // on both sides).
+        let flags = virt::sys::VIR_MIGRATE_LIVE
+            | virt::sys::VIR_MIGRATE_PEER2PEER
+            | virt::sys::VIR_MIGRATE_PERSIST_DEST
+            | virt::sys::VIR_MIGRATE_NON_SHARED_INC;
+        let dest = job.dest_uri.clone();
+        let (tx, rx) = mpsc::channel();
+        // virDomainMigrateToURI3 blocks for the whole migration. It runs on a thread of
+        // its own so this thread keeps polling state and job statistics and can abort;
+        // libvirt connections are thread-safe.
+        std::thread::Builder::new()
+            .name("libvirt-migrate".into())
+            .spawn(move || {
+                let r = d
+                    .migrate_to_uri3(Some(&dest), params, flags)
+                    .map_err(|e| e.message().to_string())
+                    .map(|()| {
+                        d.job_stats(virt::sys::VIR_DOMAIN_JOB_STATS_COMPLETED)
+                            .map(|s| progress_of(&s))
+                            .unwrap_or_default()
+                    });
+                let _ = tx.send(r);
+            })
+            .map_err(|e| LibvirtError::Call {
+                op: "spawn migration thread",
+                message: e.to_string(),
+            })?;
+        Ok(rx)
+    }
+
+    fn migration_progress(&mut self) -> Option<MigrationProgress> {
+        let s = self.domain.as_ref()?.job_stats(0).ok()?;
+        Some(progress_of(&s))
+    }
+
+    fn cancel_migration(&mut self) -> Result<(), LibvirtError> {
+        // virDomainAbortJob, through virsh (libvirt-clients, a dependency of
+        // libvirt-daemon-system): the `virt` crate has no binding for it and this
+        // workspace forbids unsafe code. QEMU's own `migrate_cancel` through
+        // virDomainQemuMonitorCommand is no substitute: libvirt queues it behind the
+        // migration job (measured: it waited until the migration had completed).
+        let name = call("domain name", self.dom()?.name())?;
+        let out = std::process::Command::new("virsh")
+            .args(["-q", "-c", &self.uri, "domjobabort", &name])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| LibvirtError::Call {
+                op: "cancel migration (virsh)",
+                message: e.to_string(),
+            })?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(LibvirtError::Call {
+                op: "cancel migration",
+                message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            })
+        }
+    }
+
     fn observe(&mut self) -> Option<Observed> {
         let d = self.domain.as_ref()?;
         let crashed = |reason: String| {
@@ -404,10 +702,20 @@ impl Backend for LibvirtBackend {
             Ok((Enum::Known(s), reason)) => {
                 let state = match s {
                     VirState::Running | VirState::Blocked => DomainState::Running,
+                    // Paused by the migration's switchover: not the user's pause.
+                    VirState::Paused if format!("{reason:?}").contains("Migration") => {
+                        return None;
+                    }
                     VirState::Paused | VirState::PMSuspended => DomainState::Paused,
                     VirState::Shutdown => DomainState::ShuttingDown,
                     VirState::Shutoff => {
                         let r = format!("{reason:?}");
+                        // Shut off here because it runs on the target now; that is
+                        // reported from the migration's result (with its statistics),
+                        // which arrives a moment after this state.
+                        if r.contains("Migrated") {
+                            return None;
+                        }
                         if r.contains("Crashed") || r.contains("Failed") {
                             return crashed(r);
                         }

@@ -75,6 +75,10 @@ pub struct Args {
     /// Seconds a KVM test boot may take before KVM counts as broken.
     #[arg(long, default_value_t = 3)]
     kvm_probe_timeout: u64,
+    /// Live-migration target: start the private libvirtd and wait for the guest to
+    /// arrive instead of booting it (the migration controller's target pod).
+    #[arg(long)]
+    migration_target: bool,
 }
 
 impl Args {
@@ -114,6 +118,7 @@ impl Args {
             cfg.work_parent = w;
         }
         cfg.kvm_probe_timeout = Duration::from_secs(self.kvm_probe_timeout);
+        cfg.migration_target = self.migration_target;
         Ok(cfg)
     }
 }

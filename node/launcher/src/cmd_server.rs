@@ -95,6 +95,27 @@ async fn connection(
                 Response::Ok
             }
             Request::Watch => return watch(&running, &mut w).await,
+            Request::PrepareMigrationTarget if running.migration_target => {
+                Response::MigrationTargetReady(running.paths.clone())
+            }
+            Request::PrepareMigrationTarget => Response::Error {
+                message: "this launcher was not started with --migration-target".into(),
+            },
+            Request::Migrate(m) => {
+                if running.migration_target {
+                    Response::Error {
+                        message: "a migration target cannot migrate".into(),
+                    }
+                } else {
+                    tracing::info!(target = ?m.target, options = ?m.options, "migrating");
+                    done(h.migrate(running.migrate_job(&m.target, &m.options)).await)
+                }
+            }
+            Request::CancelMigration => {
+                tracing::info!("cancelling the migration");
+                done(h.cancel_migration().await)
+            }
+            Request::WatchMigration => return watch_migration(&running, &mut w).await,
         };
         send(&mut w, &resp).await?;
     }
@@ -116,17 +137,38 @@ async fn watch(running: &Running, w: &mut (impl AsyncWriteExt + Unpin)) -> std::
             (_, DomainState::Crashed) => Some(DomainEvent::Crashed {
                 reason: o.reason.clone().unwrap_or_default(),
             }),
+            (_, DomainState::Migrated) => Some(DomainEvent::Migrated),
             _ => None,
         };
         last = o.state;
         if let Some(ev) = ev {
-            let end = matches!(ev, DomainEvent::ShutDown | DomainEvent::Crashed { .. });
+            let end = matches!(
+                ev,
+                DomainEvent::ShutDown | DomainEvent::Crashed { .. } | DomainEvent::Migrated
+            );
             send(w, &Response::Event(ev)).await?;
             if end {
                 return Ok(());
             }
         }
         if rx.changed().await.is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// Streams the outgoing migration's status until it is final (at once when no
+/// migration was asked for: the current `idle` status, then the stream ends).
+async fn watch_migration(
+    running: &Running,
+    w: &mut (impl AsyncWriteExt + Unpin),
+) -> std::io::Result<()> {
+    let mut rx = running.handle.migration();
+    loop {
+        let st = rx.borrow_and_update().clone();
+        let end = st.is_final() || st == virt_domain::protocol::MigrationStatus::Idle;
+        send(w, &Response::Migration(st)).await?;
+        if end || rx.changed().await.is_err() {
             return Ok(());
         }
     }

@@ -43,6 +43,10 @@ mount -t tmpfs tmpfs /var/lib/libvirt
 mount -t tmpfs tmpfs /var/log/libvirt
 mount --bind "$2" /var/cache/libvirt
 mount --bind "$1/etc" /etc/libvirt
+# The migration sockets: the same in-namespace path on source and target names each
+# launcher's own host directory, where virt-handler's proxy meets them.
+mkdir -p "$5"
+mount --bind "$4" "$5"
 if [ "$3" = hide-kvm ]; then
     # A /dev without kvm: libvirt then neither probes KVM (which may hang) nor
     # invalidates its capabilities cache on every start (/dev/null as kvm would).
@@ -98,6 +102,7 @@ impl PrivateDaemon {
         dir: &Path,
         cache: &Path,
         hide_kvm: bool,
+        migration_dir: &Path,
         timeout: Duration,
     ) -> Result<Self, DaemonError> {
         let io = |path: &Path, r: std::io::Result<()>| {
@@ -109,7 +114,13 @@ impl PrivateDaemon {
         let etc = dir.join("etc");
         let sock = dir.join("sock");
         let drivers = dir.join("drivers");
-        for d in [&etc, &sock, &drivers, &cache.to_path_buf()] {
+        for d in [
+            &etc,
+            &sock,
+            &drivers,
+            &cache.to_path_buf(),
+            &migration_dir.to_path_buf(),
+        ] {
             io(d, fs::create_dir_all(d))?;
         }
         let conf = format!(
@@ -164,6 +175,8 @@ impl PrivateDaemon {
         .arg(dir)
         .arg(cache)
         .arg(if hide_kvm { "hide-kvm" } else { "keep-kvm" })
+        .arg(migration_dir)
+        .arg(virt_domain::protocol::MIGRATION_NS_DIR)
         .stdin(Stdio::null())
         .stdout(log_file)
         .stderr(log_err);
@@ -178,7 +191,11 @@ impl PrivateDaemon {
             uri,
         };
         let start = Instant::now();
-        while !sock.join("libvirt-sock").exists() {
+        // Connectable, not merely present: a unix socket's file appears at bind() and a
+        // connect before listen() is refused. The launcher connects right after this
+        // returns, and a refused first connect is an early `exit 1` — a short window,
+        // but a loaded 2-core machine can stretch it.
+        while std::os::unix::net::UnixStream::connect(sock.join("libvirt-sock")).is_err() {
             if let Ok(Some(status)) = d.child.try_wait() {
                 return Err(DaemonError::NotReady(format!(
                     "exited with {status}: {}",

@@ -9,10 +9,12 @@ use kubevirt_api::VirtualMachineInstance;
 use kubevirt_api::defaults::{DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS, default_vmi};
 use kubevirt_api::validation::validate_vmi;
 use tokio_util::sync::CancellationToken;
-use virt_domain::protocol::{DomainState, LauncherStatus};
+use virt_domain::protocol::{
+    DomainState, LauncherStatus, MIGRATION_DIR, MIGRATION_NS_DIR, MigrationStream, MigrationTarget,
+};
 use virt_domain::{Accel, ConvertError, HostFacts, NetworkMode, XmlError, domain_for, domain_name};
 
-use crate::actor::{DomainHandle, LibvirtError, Target};
+use crate::actor::{DomainHandle, LibvirtError, MigrateJob, Target};
 use crate::probe::{self, AccelChoice};
 use crate::volumes::{self, ImageDirs, VolumeError};
 
@@ -45,6 +47,8 @@ pub struct Config {
     pub kvm_probe_timeout: Duration,
     /// Per-boot cache of the KVM probe.
     pub kvm_probe_cache: Option<PathBuf>,
+    /// Wait for the guest to arrive by live migration instead of booting it.
+    pub migration_target: bool,
 }
 
 impl Config {
@@ -64,6 +68,7 @@ impl Config {
             work_parent: std::env::temp_dir(),
             kvm_probe_timeout: Duration::from_secs(3),
             kvm_probe_cache: Some(PathBuf::from(probe::CACHE_FILE)),
+            migration_target: false,
         }
     }
 }
@@ -125,6 +130,8 @@ pub enum Outcome {
     ShutDown,
     /// The grace period ran out and the domain was destroyed.
     ForcedStop,
+    /// The guest moved to a migration target.
+    Migrated,
     /// The guest or QEMU crashed.
     Crashed(String),
 }
@@ -159,6 +166,10 @@ pub struct Running {
     pub handle: DomainHandle,
     /// Static part of the status.
     pub status: LauncherStatus,
+    /// This launcher's own paths, which a migration source puts into the XML it sends.
+    pub paths: MigrationTarget,
+    /// Started with `--migration-target`: waits for the guest instead of booting it.
+    pub migration_target: bool,
 }
 
 impl Running {
@@ -168,6 +179,55 @@ impl Running {
         s.state = self.handle.state().borrow().state;
         s
     }
+
+    /// The libvirt job of a migration to `target` (source side). Every URI names the
+    /// in-namespace migration directory: there, our host directory holds the handler's
+    /// proxy sockets, which lead to the target's.
+    pub fn migrate_job(
+        &self,
+        target: &MigrationTarget,
+        options: &virt_domain::protocol::MigrationOptions,
+    ) -> MigrateJob {
+        let sock = |m: MigrationStream| format!("{MIGRATION_NS_DIR}/{}", m.socket_name());
+        let mut rewrite = vec![
+            (self.paths.work_dir.clone(), target.work_dir.clone()),
+            (
+                self.paths.console_socket.clone(),
+                target.console_socket.clone(),
+            ),
+        ];
+        if let (Some(a), Some(b)) = (&self.paths.vnc_socket, &target.vnc_socket) {
+            rewrite.push((a.clone(), b.clone()));
+        }
+        MigrateJob {
+            dest_uri: format!(
+                "qemu+unix:///system?socket={}",
+                sock(MigrationStream::Libvirt)
+            ),
+            uri: format!("unix://{}", sock(MigrationStream::Memory)),
+            disks_uri: format!("unix://{}", sock(MigrationStream::Disks)),
+            rewrite,
+            bandwidth_mib: options.bandwidth_mib,
+            max_downtime_ms: options.max_downtime_ms,
+        }
+    }
+}
+
+/// The host directory of the migration sockets: next to the command socket (the
+/// directory virt-handler shares with the pod), else in the work directory.
+pub fn migration_dir(cfg: &Config, work_dir: &Path) -> PathBuf {
+    cfg.cmd_socket
+        .as_deref()
+        .and_then(Path::parent)
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            }
+        })
+        .unwrap_or(work_dir)
+        .join(MIGRATION_DIR)
 }
 
 /// This pod's IP: `POD_IP` (downward API `status.podIP`) when set, else the first IPv4
@@ -272,7 +332,13 @@ pub async fn run(
         remove_stale_socket(s);
     }
 
+    let mig_dir = std::path::absolute(migration_dir(&cfg, &work_dir)).map_err(io(&work_dir))?;
     let target = match &cfg.libvirt_uri {
+        Some(_) if cfg.migration_target => {
+            return Err(LauncherError::Accel(
+                "--migration-target needs the private libvirtd (no --libvirt-uri)".into(),
+            ));
+        }
         Some(uri) => Target::Uri(uri.clone()),
         None => Target::Private {
             dir: work_dir.join("libvirt"),
@@ -281,9 +347,31 @@ pub async fn run(
                 Accel::Tcg => "tcg",
             }),
             hide_kvm: accel == Accel::Tcg,
+            migration_dir: mig_dir.clone(),
         },
     };
     let handle = DomainHandle::spawn(target).await?;
+    let paths = MigrationTarget {
+        work_dir: std::path::absolute(&work_dir)
+            .map_err(io(&work_dir))?
+            .display()
+            .to_string(),
+        console_socket: host
+            .console_socket
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        vnc_socket: host.vnc_socket.as_ref().map(|p| p.display().to_string()),
+    };
+    // Target: the source's daemon reaches ours through `libvirt.sock` in the migration
+    // directory (via the handlers' proxy); QEMU's streams listen there by themselves.
+    let relay_stop = CancellationToken::new();
+    if cfg.migration_target {
+        let from = mig_dir.join(MigrationStream::Libvirt.socket_name());
+        let to = work_dir.join("libvirt/sock/libvirt-sock");
+        let listener = crate::relay::bind(&from).map_err(io(&from))?;
+        tokio::spawn(crate::relay::serve(listener, from, to, relay_stop.clone()));
+    }
     let grace = Duration::from_secs(
         vmi.spec
             .termination_grace_period_seconds
@@ -300,13 +388,35 @@ pub async fn run(
         qemu_pid: None,
         pod_ip: pod_ip(),
     };
-    let result = drive(&handle, xml, grace, &shutdown, || {
-        tracing::info!(domain = %name, elapsed_ms = t0.elapsed().as_millis() as u64, "domain started");
-        on_running(Running { handle: handle.clone(), status });
-    })
-    .await;
+    let running = Running {
+        handle: handle.clone(),
+        status,
+        paths,
+        migration_target: cfg.migration_target,
+    };
+    let result = if cfg.migration_target {
+        incoming(&handle, name.clone(), grace, &shutdown, || {
+            tracing::info!(domain = %name, elapsed_ms = t0.elapsed().as_millis() as u64, "waiting for the incoming migration");
+            on_running(running);
+        })
+        .await
+    } else {
+        drive(&handle, xml, grace, &shutdown, || {
+            tracing::info!(domain = %name, elapsed_ms = t0.elapsed().as_millis() as u64, "domain started");
+            on_running(running);
+        })
+        .await
+    };
+    relay_stop.cancel();
     if let Err(e) = handle.close().await {
         tracing::warn!(error = %e, "closing libvirt");
+    }
+    if matches!(result, Ok(Outcome::Migrated)) {
+        // cluster-flow.md §6.5: a source pod that ended before virt-controller hands the
+        // VMI to the target would end the VMI. The daemon is gone already; the command
+        // socket keeps answering (state `migrated`) until the pod is deleted.
+        tracing::info!("guest migrated away; waiting for the pod's deletion");
+        shutdown.cancelled().await;
     }
     for s in [Some(&cfg.console_socket), cfg.vnc_socket.as_ref()]
         .into_iter()
@@ -314,6 +424,8 @@ pub async fn run(
     {
         let _ = std::fs::remove_file(s);
     }
+    // The handler's proxy sockets in it are gone with the migration.
+    let _ = std::fs::remove_dir_all(&mig_dir);
     drop(work);
     result
 }
@@ -333,9 +445,21 @@ async fn drive(
     started: impl FnOnce(),
 ) -> Result<Outcome, LauncherError> {
     handle.define(xml).await?;
-    let mut state = handle.state();
+    let state = handle.state();
     handle.start().await?;
     started();
+    watch_until_end(handle, state, grace, shutdown).await
+}
+
+async fn watch_until_end(
+    handle: &DomainHandle,
+    mut state: tokio::sync::watch::Receiver<crate::actor::Observed>,
+    grace: Duration,
+    shutdown: &CancellationToken,
+) -> Result<Outcome, LauncherError> {
+    if let Some(end) = ended(&state.borrow_and_update()) {
+        return Ok(end);
+    }
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -377,8 +501,39 @@ async fn drive(
     }
 }
 
+/// Migration target: the cmd socket serves at once (`prepareMigrationTarget`), the
+/// guest arrives by migration, then it is driven like a booted one. A shutdown before it
+/// arrives just ends the launcher.
+async fn incoming(
+    handle: &DomainHandle,
+    name: String,
+    grace: Duration,
+    shutdown: &CancellationToken,
+    serving: impl FnOnce(),
+) -> Result<Outcome, LauncherError> {
+    let mut state = handle.state();
+    handle.await_incoming(name).await?;
+    serving();
+    loop {
+        if state.borrow_and_update().state != DomainState::Pending {
+            break;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(Outcome::ShutDown),
+            changed = state.changed() => {
+                if changed.is_err() {
+                    return Ok(Outcome::Crashed("libvirt thread ended".into()));
+                }
+            }
+        }
+    }
+    tracing::info!("the migrated guest runs here");
+    watch_until_end(handle, state, grace, shutdown).await
+}
+
 fn ended(o: &crate::actor::Observed) -> Option<Outcome> {
     match o.state {
+        DomainState::Migrated => Some(Outcome::Migrated),
         DomainState::Shutoff => Some(Outcome::ShutDown),
         DomainState::Crashed => Some(Outcome::Crashed(
             o.reason.clone().unwrap_or_else(|| "crashed".into()),

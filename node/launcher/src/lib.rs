@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod fake;
 pub mod launcher;
 pub mod probe;
+pub mod relay;
 pub mod volumes;
 
 pub use launcher::{Config, LauncherError, Outcome, run};

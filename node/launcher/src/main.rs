@@ -71,6 +71,7 @@ async fn async_main(cfg: virt_launcher::Config) -> anyhow::Result<i32> {
         use virt_domain::protocol::{LauncherOutcome, OUTCOME_FILE};
         let record = match &outcome {
             Ok(Outcome::ShutDown | Outcome::ForcedStop) => LauncherOutcome::ShutDown,
+            Ok(Outcome::Migrated) => LauncherOutcome::Migrated,
             Ok(Outcome::Crashed(reason)) => LauncherOutcome::Crashed {
                 reason: reason.clone(),
             },
@@ -94,6 +95,10 @@ async fn async_main(cfg: virt_launcher::Config) -> anyhow::Result<i32> {
     match outcome {
         Ok(Outcome::ShutDown) => {
             tracing::info!("guest shut down");
+            Ok(0)
+        }
+        Ok(Outcome::Migrated) => {
+            tracing::info!("guest migrated away");
             Ok(0)
         }
         Ok(Outcome::ForcedStop) => {

@@ -1,0 +1,292 @@
+//! The migration tunnel between two virt-handlers (KubeVirt's migration proxy, with
+//! mutual TLS always on).
+//!
+//! The launchers' private libvirtds and QEMUs only ever see unix sockets in their
+//! migration directory (`<socket dir>/migration`, bound on
+//! [`MIGRATION_NS_DIR`](virt_domain::protocol::MIGRATION_NS_DIR) inside the daemon's
+//! namespace). On the source, [`SourceProxy`] listens on `libvirt.sock`, `memory.sock` and
+//! `disks.sock` there; each connection is carried over one TLS connection to the target
+//! handler's [`TargetProxy`], which connects it to the socket of the same name in the
+//! target's migration directory (the target libvirtd's relay, QEMU's incoming
+//! migration and NBD listeners). The first line on each TLS connection names the stream;
+//! nothing else is accepted. Both ends present certificates of the handlers' CA, so no
+//! unauthenticated port ever carries a guest's memory or a libvirt connection.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::task::JoinSet;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tokio_util::sync::CancellationToken;
+use virt_domain::protocol::MigrationStream;
+
+/// ALPN protocol of the tunnel, so a migration connection is never mistaken for HTTP.
+pub const ALPN: &[u8] = b"kubevirt-rs-migration/1";
+
+/// Errors setting up a proxy.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// A socket could not be bound.
+    #[error("binding {what}: {source}")]
+    Bind {
+        /// Which socket.
+        what: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// TLS configuration.
+    #[error("TLS configuration: {0}")]
+    Tls(String),
+}
+
+/// Server side TLS for the target proxy: the handler's certificate, client certificates
+/// of `ca_pem` required.
+pub fn server_tls(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    ca_pem: &[u8],
+) -> Result<Arc<rustls::ServerConfig>, ProxyError> {
+    let mut cfg = crate::server::tls_config(cert_pem, key_pem, ca_pem)
+        .map_err(|e| ProxyError::Tls(e.to_string()))?;
+    cfg.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// Client side TLS for the source proxy: our certificate (it needs the clientAuth
+/// usage), the target verified against `ca_pem`.
+pub fn client_tls(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    ca_pem: &[u8],
+) -> Result<Arc<rustls::ClientConfig>, ProxyError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let bad = |what: &str| ProxyError::Tls(format!("{what} is not PEM"));
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad("certificate"))?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|_| bad("key"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem) {
+        roots
+            .add(c.map_err(|_| bad("CA"))?)
+            .map_err(|e| ProxyError::Tls(e.to_string()))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ProxyError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(certs, key)
+        .map_err(|e| ProxyError::Tls(e.to_string()))?;
+    cfg.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// The target end: a TLS listener that connects streams to the target launcher's
+/// migration directory. Stops (and cuts every connection) when dropped or closed.
+#[derive(Debug)]
+pub struct TargetProxy {
+    addr: SocketAddr,
+    stop: CancellationToken,
+}
+
+impl TargetProxy {
+    /// Listens on `listen` (port 0: any) for the migration into `dir`.
+    pub async fn start(
+        listen: SocketAddr,
+        tls: Arc<rustls::ServerConfig>,
+        dir: PathBuf,
+    ) -> Result<Self, ProxyError> {
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| ProxyError::Bind {
+                what: listen.to_string(),
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| ProxyError::Bind {
+            what: listen.to_string(),
+            source,
+        })?;
+        let stop = CancellationToken::new();
+        let acceptor = TlsAcceptor::from(tls);
+        let token = stop.clone();
+        tokio::spawn(async move {
+            let mut conns = JoinSet::new();
+            loop {
+                tokio::select! {
+                    _ = token.cancelled() => break,
+                    accepted = listener.accept() => {
+                        let Ok((tcp, peer)) = accepted else { continue };
+                        let _ = tcp.set_nodelay(true);
+                        conns.spawn(target_conn(acceptor.clone(), tcp, peer, dir.clone()));
+                    }
+                    Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                }
+            }
+            conns.abort_all();
+        });
+        Ok(Self { addr, stop })
+    }
+
+    /// Where the source proxy connects.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops listening and cuts every stream (cancel or failure: the migration fails
+    /// and the source keeps the guest).
+    pub fn close(&self) {
+        self.stop.cancel();
+    }
+}
+
+impl Drop for TargetProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn target_conn(acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr, dir: PathBuf) {
+    let tls = match acceptor.accept(tcp).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "migration proxy: TLS handshake refused");
+            return;
+        }
+    };
+    let mut tls = BufReader::new(tls);
+    let mut header = String::new();
+    // One short line names the stream; a peer that sends more is not ours.
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        (&mut tls).take(64).read_line(&mut header),
+    )
+    .await;
+    let Some(stream) = matches!(read, Ok(Ok(_)))
+        .then(|| MigrationStream::from_name(header.trim_end()))
+        .flatten()
+    else {
+        tracing::warn!(%peer, header = header.trim_end(), "migration proxy: unknown stream");
+        return;
+    };
+    let path = dir.join(stream.socket_name());
+    let mut unix = match UnixStream::connect(&path).await {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "migration proxy: target socket");
+            return;
+        }
+    };
+    tracing::debug!(%peer, ?stream, "migration stream in");
+    if let Err(e) = tokio::io::copy_bidirectional(&mut tls, &mut unix).await {
+        tracing::debug!(?stream, error = %e, "migration stream ended");
+    }
+}
+
+use tokio::io::AsyncReadExt as _;
+
+/// The source end: unix listeners in the source launcher's migration directory, each
+/// connection tunnelled to the target proxy. Stops, cuts every stream and removes its
+/// sockets when dropped or closed.
+#[derive(Debug)]
+pub struct SourceProxy {
+    dir: PathBuf,
+    stop: CancellationToken,
+}
+
+impl SourceProxy {
+    /// Listens in `dir` for the migration to `target` (verified as `server_name`).
+    pub fn start(
+        dir: PathBuf,
+        target: SocketAddr,
+        tls: Arc<rustls::ClientConfig>,
+        server_name: ServerName<'static>,
+    ) -> Result<Self, ProxyError> {
+        std::fs::create_dir_all(&dir).map_err(|source| ProxyError::Bind {
+            what: dir.display().to_string(),
+            source,
+        })?;
+        let stop = CancellationToken::new();
+        let connector = TlsConnector::from(tls);
+        for stream in MigrationStream::ALL {
+            let path = dir.join(stream.socket_name());
+            let _ = std::fs::remove_file(&path);
+            let listener = UnixListener::bind(&path).map_err(|source| ProxyError::Bind {
+                what: path.display().to_string(),
+                source,
+            })?;
+            let (token, connector, name) = (stop.clone(), connector.clone(), server_name.clone());
+            tokio::spawn(async move {
+                let mut conns = JoinSet::new();
+                loop {
+                    tokio::select! {
+                        _ = token.cancelled() => break,
+                        accepted = listener.accept() => {
+                            let Ok((unix, _)) = accepted else { continue };
+                            conns.spawn(source_conn(unix, stream, target, connector.clone(), name.clone()));
+                        }
+                        Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                    }
+                }
+                conns.abort_all();
+                let _ = std::fs::remove_file(&path);
+            });
+        }
+        Ok(Self { dir, stop })
+    }
+
+    /// Stops and cuts every stream.
+    pub fn close(&self) {
+        self.stop.cancel();
+        remove_sockets(&self.dir);
+    }
+}
+
+fn remove_sockets(dir: &Path) {
+    for s in MigrationStream::ALL {
+        let _ = std::fs::remove_file(dir.join(s.socket_name()));
+    }
+}
+
+impl Drop for SourceProxy {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+async fn source_conn(
+    mut unix: UnixStream,
+    stream: MigrationStream,
+    target: SocketAddr,
+    connector: TlsConnector,
+    name: ServerName<'static>,
+) {
+    let tcp = match TcpStream::connect(target).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(%target, error = %e, "migration proxy: connecting to the target");
+            return;
+        }
+    };
+    let _ = tcp.set_nodelay(true);
+    let mut tls = match connector.connect(name, tcp).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(%target, error = %e, "migration proxy: TLS to the target");
+            return;
+        }
+    };
+    let header = format!("{}\n", stream.socket_name());
+    if tls.write_all(header.as_bytes()).await.is_err() {
+        return;
+    }
+    tracing::debug!(%target, ?stream, "migration stream out");
+    if let Err(e) = tokio::io::copy_bidirectional(&mut unix, &mut tls).await {
+        tracing::debug!(?stream, error = %e, "migration stream ended");
+    }
+}
