@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls_pki_types::ServerName;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt as _, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::task::JoinSet;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -188,8 +188,6 @@ async fn target_conn(acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr, di
     }
 }
 
-use tokio::io::AsyncReadExt as _;
-
 /// The source end: unix listeners in the source launcher's migration directory, each
 /// connection tunnelled to the target proxy. Stops, cuts every stream and removes its
 /// sockets when dropped or closed.
@@ -288,5 +286,112 @@ async fn source_conn(
     tracing::debug!(%target, ?stream, "migration stream out");
     if let Err(e) = tokio::io::copy_bidirectional(&mut unix, &mut tls).await {
         tracing::debug!(?stream, error = %e, "migration stream ended");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    struct Pki {
+        server: Arc<rustls::ServerConfig>,
+        client: Arc<rustls::ClientConfig>,
+        rogue: Arc<rustls::ClientConfig>,
+    }
+
+    fn pki() -> Pki {
+        let v = time::Duration::days(1);
+        let ca = virt_certs::Ca::generate("kubevirt-rs-ca", v).unwrap();
+        let other = virt_certs::Ca::generate("someone-else", v).unwrap();
+        let a = ca.issue_peer("virt-handler", &["virt-handler"], v).unwrap();
+        let b = ca.issue_peer("virt-handler", &["virt-handler"], v).unwrap();
+        let r = other
+            .issue_peer("virt-handler", &["virt-handler"], v)
+            .unwrap();
+        let ca_pem = ca.cert_pem().as_bytes();
+        Pki {
+            server: server_tls(b.cert_pem.as_bytes(), b.key_pem.as_bytes(), ca_pem).unwrap(),
+            client: client_tls(a.cert_pem.as_bytes(), a.key_pem.as_bytes(), ca_pem).unwrap(),
+            rogue: client_tls(r.cert_pem.as_bytes(), r.key_pem.as_bytes(), ca_pem).unwrap(),
+        }
+    }
+
+    /// An echo server on `dir/<stream socket>`, counting connections.
+    fn echo(dir: &Path, stream: MigrationStream) -> Arc<std::sync::atomic::AtomicUsize> {
+        let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let l = UnixListener::bind(dir.join(stream.socket_name())).unwrap();
+        let count = n.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        n
+    }
+
+    #[tokio::test]
+    async fn streams_pass_only_between_handlers_of_one_ca() {
+        let pki = pki();
+        let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let hits = echo(dst.path(), MigrationStream::Memory);
+        let target = TargetProxy::start(
+            "127.0.0.1:0".parse().unwrap(),
+            pki.server.clone(),
+            dst.path().into(),
+        )
+        .await
+        .unwrap();
+        let name = ServerName::try_from("virt-handler").unwrap();
+        let source = SourceProxy::start(
+            src.path().into(),
+            target.addr(),
+            pki.client.clone(),
+            name.clone(),
+        )
+        .unwrap();
+        // Through the tunnel: what QEMU writes to memory.sock comes back from the target.
+        let mut s = UnixStream::connect(src.path().join("memory.sock"))
+            .await
+            .unwrap();
+        s.write_all(b"guest pages").await.unwrap();
+        let mut buf = [0u8; 11];
+        s.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"guest pages");
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        // A client of another CA never gets a stream.
+        let tcp = TcpStream::connect(target.addr()).await.unwrap();
+        let rogue = TlsConnector::from(pki.rogue.clone())
+            .connect(name.clone(), tcp)
+            .await;
+        if let Ok(mut t) = rogue {
+            // TLS 1.3: the refusal arrives with the first read.
+            let _ = t.write_all(b"memory.sock\nx").await;
+            let mut b = [0u8; 1];
+            assert!(matches!(t.read(&mut b).await, Ok(0) | Err(_)));
+        }
+        // Nor does an unknown stream name from a good client.
+        let tcp = TcpStream::connect(target.addr()).await.unwrap();
+        let mut t = TlsConnector::from(pki.client.clone())
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        t.write_all(b"../../etc/passwd\nx").await.unwrap();
+        let mut b = [0u8; 1];
+        assert!(matches!(t.read(&mut b).await, Ok(0) | Err(_)));
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        // Closing the source proxy removes its sockets and cuts the stream.
+        source.close();
+        assert!(!src.path().join("memory.sock").exists());
+        let mut b = [0u8; 1];
+        let cut = tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut b)).await;
+        assert!(matches!(cut, Ok(Ok(0) | Err(_))), "{cut:?}");
     }
 }
