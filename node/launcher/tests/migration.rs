@@ -515,11 +515,14 @@ async fn cancelled_migration_leaves_the_guest_on_the_source() {
                 _ => {}
             }
         }
+        let t0 = Instant::now();
         match a.call(&Request::CancelMigration) {
             Response::Ok => {}
             other => panic!("cancel: {other:?}\n{}", a.logs()),
         }
-        watch(&a, Duration::from_secs(60))
+        let seen = watch(&a, Duration::from_secs(60));
+        eprintln!("cancel → cancelled in {:?}", t0.elapsed());
+        seen
     });
     assert_eq!(seen.last(), Some(&MigrationStatus::Cancelled), "{seen:?}");
     // Still on A, still the same boot.
