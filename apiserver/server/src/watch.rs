@@ -126,6 +126,20 @@ pub async fn watch(
     };
     let mut initial_items = Vec::new();
     let mut from = start_rv;
+    if !initial && start_rv > 0 {
+        // An etcd watch from a future revision waits silently until etcd gets there,
+        // so a client holding a resourceVersion from before a storage reset (a new,
+        // empty etcd) would hear nothing for hours. After kube-apiserver's 3 s grace
+        // the client gets 410 Gone, on which every client (client-go, kube-rs)
+        // re-lists; a 504 "too large" would make kube-rs retry the same version.
+        if registry.wait_for_revision(start_rv).await.is_err() {
+            let current = registry.storage().current_revision().await.unwrap_or(0);
+            return Err(ApiError::expired(format!(
+                "too large resource version: {start_rv}, current: {current} \
+                 (this server's storage is older than the version; list again)"
+            )));
+        }
+    }
     if initial {
         // A consistent snapshot at or after `start_rv`, then changes after it.
         if start_rv > 0 {

@@ -704,6 +704,25 @@ async fn paging_watch_resume_bookmarks_and_compaction() {
         events.iter().any(|e| e["type"] == "BOOKMARK"),
         "periodic bookmark expected: {text}"
     );
+
+    // A version this storage never reached (a client that watched a previous, reset
+    // etcd) is 410 Gone after the grace, so the client lists again instead of
+    // waiting for a revision that may never come.
+    let future = now + 1_000_000;
+    let r = c
+        .get(format!("{url}?watch=1&resourceVersion={future}"))
+        .send()
+        .await
+        .unwrap();
+    let (code, s) = json_of(r).await;
+    assert_eq!((code, s["reason"].as_str()), (410, Some("Expired")), "{s}");
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("too large resource version: {future}")),
+        "{s}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
