@@ -61,6 +61,32 @@ impl Events {
     }
 }
 
+/// Stream of migration statuses (`watchMigration`).
+#[derive(Debug)]
+pub struct MigrationEvents {
+    lines: Lines<BufReader<OwnedReadHalf>>,
+}
+
+impl MigrationEvents {
+    /// The next status; `None` when the launcher closed the stream.
+    pub async fn next(
+        &mut self,
+    ) -> Result<Option<virt_domain::protocol::MigrationStatus>, ClientError> {
+        loop {
+            let Some(line) = self.lines.next_line().await.map_err(|e| ClientError::Io {
+                path: PathBuf::new(),
+                source: e,
+            })?
+            else {
+                return Ok(None);
+            };
+            if let Response::Migration(st) = serde_json::from_str(&line)? {
+                return Ok(Some(st));
+            }
+        }
+    }
+}
+
 impl LauncherClient {
     /// Client for the socket at `path`.
     pub fn new(path: PathBuf) -> Self {
@@ -109,6 +135,12 @@ impl LauncherClient {
         tokio::time::timeout(self.timeout, fut)
             .await
             .map_err(|_| ClientError::Timeout(self.timeout))?
+    }
+
+    /// Follows the launcher's outgoing migration (`watchMigration`).
+    pub async fn watch_migration(&self) -> Result<MigrationEvents, ClientError> {
+        let (lines, _w) = self.open(&Request::WatchMigration).await?;
+        Ok(MigrationEvents { lines })
     }
 
     /// Subscribes to domain events.

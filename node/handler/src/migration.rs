@@ -98,6 +98,89 @@ pub fn target_detected_patch(now: &str) -> Value {
     }}})
 }
 
+/// Errors of a handler's part in a migration.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrationError {
+    /// The launcher could not be reached.
+    #[error(transparent)]
+    Launcher(#[from] crate::client::ClientError),
+    /// The launcher refused or answered something else.
+    #[error("launcher: {0}")]
+    Refused(String),
+    /// The proxy could not start.
+    #[error(transparent)]
+    Proxy(#[from] crate::migration_proxy::ProxyError),
+}
+
+fn refused(r: virt_domain::protocol::Response) -> MigrationError {
+    match r {
+        virt_domain::protocol::Response::Error { message } => MigrationError::Refused(message),
+        other => MigrationError::Refused(format!("unexpected reply {other:?}")),
+    }
+}
+
+/// Target handler: asks the target launcher to get ready and opens the endpoint the
+/// source connects to (its address is `targetNodeAddress`).
+pub async fn prepare_target(
+    launcher: &crate::client::LauncherClient,
+    migration_dir: std::path::PathBuf,
+    listen: std::net::SocketAddr,
+    tls: std::sync::Arc<rustls::ServerConfig>,
+) -> Result<
+    (
+        crate::migration_proxy::TargetProxy,
+        virt_domain::protocol::MigrationTarget,
+    ),
+    MigrationError,
+> {
+    use virt_domain::protocol::{Request, Response};
+    let target = match launcher.call(&Request::PrepareMigrationTarget).await? {
+        Response::MigrationTargetReady(t) => t,
+        other => return Err(refused(other)),
+    };
+    let proxy = crate::migration_proxy::TargetProxy::start(listen, tls, migration_dir).await?;
+    Ok((proxy, target))
+}
+
+/// Source handler: opens the tunnel to `target_addr`, starts the launcher's migration
+/// and reports every status to `report` until the final one, which it returns. The
+/// proxy is closed at the end (a cancel that libvirt did not honour ends here too).
+pub async fn run_source(
+    launcher: &crate::client::LauncherClient,
+    migration_dir: std::path::PathBuf,
+    target_addr: std::net::SocketAddr,
+    tls: std::sync::Arc<rustls::ClientConfig>,
+    request: virt_domain::protocol::MigrateRequest,
+    mut report: impl FnMut(&MigrationStatus),
+) -> Result<MigrationStatus, MigrationError> {
+    use virt_domain::protocol::{Request, Response};
+    let name = rustls_pki_types::ServerName::try_from("virt-handler")
+        .map_err(|e| MigrationError::Refused(e.to_string()))?;
+    let proxy = crate::migration_proxy::SourceProxy::start(migration_dir, target_addr, tls, name)?;
+    match launcher.call(&Request::Migrate(request)).await? {
+        Response::Ok => {}
+        other => return Err(refused(other)),
+    }
+    let mut events = launcher.watch_migration().await?;
+    let last = loop {
+        match events.next().await? {
+            Some(st) => {
+                report(&st);
+                if st.is_final() {
+                    break st;
+                }
+            }
+            None => {
+                break MigrationStatus::Failed {
+                    reason: "the launcher closed the migration stream".into(),
+                };
+            }
+        }
+    };
+    proxy.close();
+    Ok(last)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -499,11 +499,21 @@ async fn cancelled_migration_leaves_the_guest_on_the_source() {
         let mut s = UnixStream::connect(a.path("cmd.sock")).unwrap();
         s.write_all(b"{\"op\":\"watchMigration\"}\n").unwrap();
         let mut r = std::io::BufReader::new(s);
-        // Wait until data flows, then cancel.
-        loop {
+        // Wait until data flows (or 3 s have passed: a cancel is valid in any phase of
+        // the job), then cancel.
+        let started = Instant::now();
+        let mut early = Vec::new();
+        r.get_ref()
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        while started.elapsed() < Duration::from_secs(3) {
             let mut line = String::new();
-            std::io::BufRead::read_line(&mut r, &mut line).unwrap();
-            match serde_json::from_str(&line).unwrap() {
+            if std::io::BufRead::read_line(&mut r, &mut line).is_err() || line.is_empty() {
+                continue;
+            }
+            let st: Response = serde_json::from_str(&line).unwrap();
+            early.push(st.clone());
+            match st {
                 Response::Migration(MigrationStatus::Running { progress })
                     if progress.data_processed > 1 << 20 =>
                 {
@@ -515,6 +525,7 @@ async fn cancelled_migration_leaves_the_guest_on_the_source() {
                 _ => {}
             }
         }
+        eprintln!("before the cancel: {early:?}");
         let t0 = Instant::now();
         match a.call(&Request::CancelMigration) {
             Response::Ok => {}
@@ -591,4 +602,71 @@ async fn killed_target_leaves_the_guest_on_the_source() {
     assert_eq!(a.wait_exit(Duration::from_secs(30)), 0, "{}", a.logs());
     let _ = std::fs::remove_file(a.path("outcome.json"));
     a.assert_clean();
+}
+
+/// The same move driven by virt-handler's own functions (`prepare_target`, `run_source`),
+/// as the two handlers will in cluster mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn handler_functions_drive_the_migration() {
+    use virt_handler::client::LauncherClient;
+    use virt_handler::migration::{prepare_target, run_source};
+    let _g = SERIAL.lock().await;
+    let images = guest_dir();
+    let v = vmi("driven");
+    let mut a = Launcher::start(&v, &images, false);
+    let mut b = Launcher::start(&v, &images, true);
+    let mut ca = a.console();
+    ca.prompt();
+    let before = ca.uptime();
+    b.wait_socket("cmd.sock", Duration::from_secs(60));
+    let validity = time::Duration::days(1);
+    let ca_cert = virt_certs::Ca::generate("kubevirt-rs-ca", validity).unwrap();
+    let ha = ca_cert
+        .issue_peer("virt-handler", &["virt-handler"], validity)
+        .unwrap();
+    let hb = ca_cert
+        .issue_peer("virt-handler", &["virt-handler"], validity)
+        .unwrap();
+    let pem = ca_cert.cert_pem().as_bytes();
+    let (target_proxy, target) = prepare_target(
+        &LauncherClient::new(b.path("cmd.sock")),
+        b.path(MIGRATION_DIR),
+        "127.0.0.1:0".parse().unwrap(),
+        server_tls(hb.cert_pem.as_bytes(), hb.key_pem.as_bytes(), pem).unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut reports = 0;
+    let last = run_source(
+        &LauncherClient::new(a.path("cmd.sock")),
+        a.path(MIGRATION_DIR),
+        target_proxy.addr(),
+        client_tls(ha.cert_pem.as_bytes(), ha.key_pem.as_bytes(), pem).unwrap(),
+        MigrateRequest {
+            target,
+            options: MigrationOptions::default(),
+        },
+        |_| reports += 1,
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(last, MigrationStatus::Completed { .. }),
+        "{last:?}\n{}",
+        a.logs()
+    );
+    assert!(reports >= 2, "{reports}");
+    let mut cb = b.console();
+    cb.prompt();
+    let after = cb.uptime();
+    assert!(after > before, "{before} → {after}");
+    for l in [&a, &b] {
+        l.signal(nix::sys::signal::Signal::SIGTERM);
+    }
+    assert_eq!(a.wait_exit(Duration::from_secs(30)), 0, "{}", a.logs());
+    assert_eq!(b.wait_exit(Duration::from_secs(30)), 0, "{}", b.logs());
+    for l in [&a, &b] {
+        let _ = std::fs::remove_file(l.path("outcome.json"));
+        l.assert_clean();
+    }
 }
