@@ -433,7 +433,7 @@ fn thread_main(
                     outgoing = None;
                 }
                 Err(mpsc::TryRecvError::Empty) => {
-                    // Job statistics cost a QEMU monitor round trip: twice a second.
+                    // What the statistics thread read, passed on twice a second.
                     if polled.elapsed() >= Duration::from_millis(500) {
                         *polled = Instant::now();
                         if let Some(progress) = b.migration_progress() {
@@ -479,6 +479,7 @@ pub fn rewrite_paths(xml: &str, pairs: &[(String, String)]) -> String {
 /// The real backend: a `virt` connection to a private or given libvirt daemon.
 pub struct LibvirtBackend {
     uri: String,
+    stats: Option<mpsc::Receiver<MigrationProgress>>,
     daemon: Option<PrivateDaemon>,
     conn: Option<Connect>,
     domain: Option<Domain>,
@@ -498,6 +499,7 @@ impl LibvirtBackend {
     pub fn connect(target: Target) -> Result<Self, LibvirtError> {
         let mut b = Self {
             uri: String::new(),
+            stats: None,
             daemon: None,
             conn: None,
             domain: None,
@@ -637,6 +639,39 @@ impl Backend for LibvirtBackend {
             | virt::sys::VIR_MIGRATE_NON_SHARED_INC;
         let dest = job.dest_uri.clone();
         let (tx, rx) = mpsc::channel();
+        // Job statistics on a thread of their own too: virDomainGetJobStats can wait
+        // behind the migration job for its whole length (measured: a throttled
+        // migration's second stats call returned only at the end), and on this thread
+        // that would also hold up the state polling and a cancel.
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (stats_tx, stats_rx) = mpsc::channel();
+        self.stats = Some(stats_rx);
+        {
+            let (d, done) = (d.clone(), done.clone());
+            std::thread::Builder::new()
+                .name("libvirt-jobstats".into())
+                .spawn(move || {
+                    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(500));
+                        match d.job_stats(0) {
+                            Ok(s) => {
+                                if stats_tx.send(progress_of(&s)).is_err() {
+                                    return;
+                                }
+                            }
+                            Err(e) => {
+                                // No report this round; a migration without reports looks
+                                // stalled to virt-controller, hence a warning.
+                                tracing::warn!(error = %e.message(), "migration job statistics");
+                            }
+                        }
+                    }
+                })
+                .map_err(|e| LibvirtError::Call {
+                    op: "spawn job statistics thread",
+                    message: e.to_string(),
+                })?;
+        }
         // virDomainMigrateToURI3 blocks for the whole migration. It runs on a thread of
         // its own so this thread keeps polling state and job statistics and can abort;
         // libvirt connections are thread-safe.
@@ -651,6 +686,7 @@ impl Backend for LibvirtBackend {
                             .map(|s| progress_of(&s))
                             .unwrap_or_default()
                     });
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
                 let _ = tx.send(r);
             })
             .map_err(|e| LibvirtError::Call {
@@ -661,8 +697,8 @@ impl Backend for LibvirtBackend {
     }
 
     fn migration_progress(&mut self) -> Option<MigrationProgress> {
-        let s = self.domain.as_ref()?.job_stats(0).ok()?;
-        Some(progress_of(&s))
+        // The latest of what the statistics thread read since the last call.
+        self.stats.as_ref()?.try_iter().last()
     }
 
     fn cancel_migration(&mut self) -> Result<(), LibvirtError> {
