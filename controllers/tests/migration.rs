@@ -11,14 +11,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
@@ -28,218 +27,24 @@ use kubevirt_api::{
     VirtualMachineInstanceMigrationPhase as MPhase,
 };
 use serde_json::{Value, json};
+use support::{KubeApi, NS, VM, VMI, VMIM, eventually};
 use tokio_util::sync::CancellationToken;
 use virt_controllers::migration::MigrationConfig;
 use virt_controllers::vmi::render::LauncherConfig;
 use virt_controllers::{Config, Context};
 
-const NS: &str = "default";
 const TOKEN: &str = "migration-controller-test-token";
 
-fn kube_apiserver_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("KUBE_APISERVER_BIN") {
-        return p.into();
-    }
-    let k8s = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/k8s");
-    let found = std::fs::read_dir(&k8s).ok().and_then(|versions| {
-        versions
-            .filter_map(Result::ok)
-            .map(|v| v.path().join("bin/kube-apiserver"))
-            .find(|p| p.exists())
-    });
-    found.unwrap_or_else(|| {
-        panic!(
-            "no kube-apiserver under {}: run `cargo xtask cluster up` once (it builds the \
-             Kubernetes binaries), or set KUBE_APISERVER_BIN",
-            k8s.display()
-        )
-    })
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 struct Env {
-    // Field order = drop order: the apiserver stops before its etcd, the dir goes last.
-    _apiserver: Proc,
-    _etcd: Proc,
-    dir: tempfile::TempDir,
+    _api: KubeApi,
     client: Client,
 }
 
 impl Env {
     async fn start() -> Self {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let etcd = Proc(
-            Command::new("/usr/bin/etcd")
-                .arg("--data-dir")
-                .arg(d.join("etcd"))
-                .args(["--listen-client-urls", &etcd_url])
-                .args(["--advertise-client-urls", &etcd_url])
-                .args(["--listen-peer-urls", &peer_url])
-                .args(["--initial-advertise-peer-urls", &peer_url])
-                .args(["--initial-cluster", &format!("default={peer_url}")])
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(d.join("etcd.log")).unwrap())
-                .spawn()
-                .expect("start etcd (install Debian's etcd-server)"),
-        );
-        let key = d.join("sa.key");
-        let ok = Command::new("openssl")
-            .args(["genrsa", "-out"])
-            .arg(&key)
-            .arg("2048")
-            .stderr(Stdio::null())
-            .status()
-            .expect("openssl");
-        assert!(ok.success(), "openssl genrsa failed");
-        std::fs::write(
-            d.join("tokens.csv"),
-            format!("{TOKEN},admin,admin-uid,system:masters\n"),
-        )
-        .unwrap();
-        let apiserver = Proc(
-            Command::new(kube_apiserver_bin())
-                .args(["--etcd-servers", &etcd_url])
-                .args(["--bind-address", "127.0.0.1"])
-                .args(["--secure-port", &api_port.to_string()])
-                .arg("--cert-dir")
-                .arg(d.join("certs"))
-                .arg("--token-auth-file")
-                .arg(d.join("tokens.csv"))
-                .args(["--authorization-mode", "AlwaysAllow"])
-                // Launcher pods are privileged.
-                .arg("--allow-privileged=true")
-                .args(["--service-account-issuer", "https://kubernetes.default.svc"])
-                .arg("--service-account-key-file")
-                .arg(&key)
-                .arg("--service-account-signing-key-file")
-                .arg(&key)
-                .args(["--service-cluster-ip-range", "10.0.0.0/24"])
-                // No kubernetes Service endpoints: nothing here runs in a pod.
-                .args(["--endpoint-reconciler-type", "none"])
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(d.join("kube-apiserver.log")).unwrap())
-                .spawn()
-                .expect("start kube-apiserver"),
-        );
-        let kubeconfig = d.join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\ncurrent-context: t\n\
-                 clusters: [{{name: t, cluster: {{server: 'https://127.0.0.1:{api_port}', insecure-skip-tls-verify: true}}}}]\n\
-                 users: [{{name: t, user: {{token: {TOKEN}}}}}]\n\
-                 contexts: [{{name: t, context: {{cluster: t, user: t}}}}]\n"
-            ),
-        )
-        .unwrap();
-        let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
-        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .unwrap();
-        let client = Client::try_from(cfg).unwrap();
-        let env = Self {
-            _apiserver: apiserver,
-            _etcd: etcd,
-            dir,
-            client,
-        };
-        env.wait_ready().await;
-        env.install().await;
-        env
-    }
-
-    async fn wait_ready(&self) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
-            if self.client.request_text(req).await.is_ok() {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "kube-apiserver not ready; see {}",
-                self.dir.path().join("kube-apiserver.log").display()
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-
-    /// The VMI CRD and the ServiceAccount pods are admitted with (no controller-manager
-    /// creates `default` here).
-    async fn install(&self) {
-        let crd: CustomResourceDefinition = serde_json::from_value(json!({
-            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": "virtualmachineinstances.kubevirt.io"},
-            "spec": {"group": "kubevirt.io", "scope": "Namespaced",
-                "names": {"plural": "virtualmachineinstances", "singular": "virtualmachineinstance",
-                          "kind": "VirtualMachineInstance", "shortNames": ["vmi"]},
-                "versions": [{"name": "v1", "served": true, "storage": true,
-                    "subresources": {"status": {}},
-                    "schema": {"openAPIV3Schema": {"type": "object",
-                        "x-kubernetes-preserve-unknown-fields": true}}}]}
-        }))
-        .unwrap();
-        let crds = Api::<CustomResourceDefinition>::all(self.client.clone());
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-        let mut vm_crd = crd.clone();
-        vm_crd.metadata.name = Some("virtualmachines.kubevirt.io".into());
-        vm_crd.spec.names = serde_json::from_value(json!({"plural": "virtualmachines",
-            "singular": "virtualmachine", "kind": "VirtualMachine", "shortNames": ["vm"]}))
-        .unwrap();
-        crds.create(&PostParams::default(), &vm_crd).await.unwrap();
-        let mut vmim_crd = crd.clone();
-        vmim_crd.metadata.name = Some("virtualmachineinstancemigrations.kubevirt.io".into());
-        vmim_crd.spec.names = serde_json::from_value(json!({
-            "plural": "virtualmachineinstancemigrations",
-            "singular": "virtualmachineinstancemigration",
-            "kind": "VirtualMachineInstanceMigration", "shortNames": ["vmim"]}))
-        .unwrap();
-        crds.create(&PostParams::default(), &vmim_crd)
-            .await
-            .unwrap();
-        let sa: ServiceAccount =
-            serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
-        eventually("the default ServiceAccount", || async {
-            Api::<ServiceAccount>::namespaced(self.client.clone(), NS)
-                .create(&PostParams::default(), &sa)
-                .await
-                .ok()
-        })
-        .await;
-        eventually("the VMI resource to be served", || async {
-            self.vmis().list(&ListParams::default()).await.ok()
-        })
-        .await;
-        eventually("the VM resource to be served", || async {
-            self.vms().list(&ListParams::default()).await.ok()
-        })
-        .await;
-        eventually("the migration resource to be served", || async {
-            self.vmims().list(&ListParams::default()).await.ok()
-        })
-        .await;
+        let api = KubeApi::start(TOKEN, &[VMI, VM, VMIM]).await;
+        let client = api.client.clone();
+        Self { _api: api, client }
     }
 
     fn vmis(&self) -> Api<VirtualMachineInstance> {
@@ -378,25 +183,6 @@ impl Env {
             .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
             .filter_map(|e| e.reason)
             .collect()
-    }
-}
-
-/// Polls `f` until it returns Some, for at most 30 s.
-async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -98,10 +98,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ]),
         )?;
     }
+    // The controllers' integration tests run their own kube-apiserver: build (or find
+    // cached) the pinned Kubernetes binaries first, also with --no-e2e.
+    let kube_bin = crate::cluster::ensure_kubernetes_binaries().context("Kubernetes binaries")?;
     let mut tally = Tally::default();
     let mut ok = run_tests(
         "cargo test --workspace",
-        cargo().args(["test", "--workspace", "--no-fail-fast"]),
+        cargo()
+            .args(["test", "--workspace", "--no-fail-fast"])
+            .env("KUBE_APISERVER_BIN", kube_bin.join("kube-apiserver")),
         &mut tally,
     )?;
     if !args.no_e2e {

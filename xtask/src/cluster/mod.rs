@@ -129,6 +129,15 @@ pub fn tag_image(from: &str, to: &str) -> anyhow::Result<()> {
     images::tag(&Layout::discover()?, from, to)
 }
 
+/// Builds the pinned Kubernetes binaries unless they are cached, and returns their
+/// directory. Integration tests outside e2e (controllers/tests) start their own
+/// kube-apiserver from there, so `cargo xtask test` needs them before `cargo test`.
+pub fn ensure_kubernetes_binaries() -> anyhow::Result<PathBuf> {
+    let layout = Layout::discover()?;
+    let _lock = layout.lock()?;
+    kube_build::ensure(&layout, &Progress::new())
+}
+
 #[allow(dead_code)]
 /// Brings the cluster up (or reuses it) and returns the path of the admin kubeconfig.
 pub fn ensure_up(kubeconfig: Option<PathBuf>) -> anyhow::Result<PathBuf> {
