@@ -232,9 +232,37 @@ impl DevEnv {
             opts,
         };
         wait_tcp(client_port, Duration::from_secs(20), "etcd")?;
-        env.start_apiserver(&cert, &key)?;
+        // A port picked by free_port() can be taken by a parallel test before the
+        // server binds it; the server then exits at once. Try again on another port.
+        let mut attempts = 0;
+        loop {
+            match env.start_apiserver(&cert, &key) {
+                Err(_) if env.opts.port == 0 && attempts < 3 && env.apiserver_exited() => {
+                    attempts += 1;
+                }
+                other => break other?,
+            }
+        }
         env.write_kubeconfig(&server_ca, &admin)?;
         Ok(env)
+    }
+
+    /// Whether the apiserver process has exited (waiting up to 2 s: its stderr closes
+    /// just before it is reapable).
+    fn apiserver_exited(&mut self) -> bool {
+        let Some(child) = self.apiserver.as_mut() else {
+            return false;
+        };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn start_apiserver(&mut self, cert: &Path, key: &Path) -> Result<(), DevEnvError> {

@@ -409,12 +409,15 @@ impl Subresources {
         let strategy = run_strategy(&vm).to_string();
         match strategy.as_str() {
             "Halted" => {
-                self.set_run_strategy(st, ns, name, dry_run, &vm, "Always")
-                    .await?;
+                // The paused start request goes in before the strategy flips (KubeVirt's
+                // order): a Halted VM leaves a Start request alone, while a controller
+                // that saw Always first would create the VMI unpaused.
                 if paused {
                     self.push_requests(st, ns, name, dry_run, vec![start_req.clone()])
                         .await?;
                 }
+                self.set_run_strategy(st, ns, name, dry_run, &vm, "Always")
+                    .await?;
             }
             "Manual" | "RerunOnFailure" => {
                 if vmi_running(vmi.as_ref()) {
