@@ -17,11 +17,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::{Api, Client, ResourceExt};
+use kube::{Client, ResourceExt};
 use kubevirt_api::vmi::VirtualMachineInstancePhase as Phase;
 use kubevirt_api::{PrintableStatus, VirtualMachine, VirtualMachineInstance};
 use serde_json::{Value, json};
@@ -38,23 +36,18 @@ struct Env {
     client: Client,
 }
 
+impl std::ops::Deref for Env {
+    type Target = KubeApi;
+    fn deref(&self) -> &KubeApi {
+        &self._api
+    }
+}
+
 impl Env {
     async fn start() -> Self {
         let api = KubeApi::start(TOKEN, &[VMI, VM]).await;
         let client = api.client.clone();
         Self { _api: api, client }
-    }
-
-    fn vmis(&self) -> Api<VirtualMachineInstance> {
-        Api::namespaced(self.client.clone(), NS)
-    }
-
-    fn vms(&self) -> Api<VirtualMachine> {
-        Api::namespaced(self.client.clone(), NS)
-    }
-
-    fn pods(&self) -> Api<Pod> {
-        Api::namespaced(self.client.clone(), NS)
     }
 
     fn start_controller(&self) -> (Arc<Context>, CancellationToken) {
@@ -98,75 +91,6 @@ impl Env {
             .create(&PostParams::default(), &vmi)
             .await
             .unwrap()
-    }
-
-    async fn vmi_where(
-        &self,
-        name: &str,
-        what: &str,
-        f: impl Fn(&VirtualMachineInstance) -> bool,
-    ) -> VirtualMachineInstance {
-        eventually(what, || async {
-            self.vmis().get_opt(name).await.unwrap().filter(|v| f(v))
-        })
-        .await
-    }
-
-    async fn phase(&self, name: &str, phase: Phase) -> VirtualMachineInstance {
-        self.vmi_where(name, &format!("{name} in {phase:?}"), |v| {
-            v.status.as_ref().is_some_and(|s| s.phase == phase)
-        })
-        .await
-    }
-
-    async fn launcher_pods(&self, vmi: &VirtualMachineInstance) -> Vec<Pod> {
-        let sel = format!("kubevirt.io/created-by={}", vmi.uid().unwrap());
-        self.pods()
-            .list(&ListParams::default().labels(&sel))
-            .await
-            .unwrap()
-            .items
-    }
-
-    async fn only_pod(&self, vmi: &VirtualMachineInstance) -> Pod {
-        let pods = self.launcher_pods(vmi).await;
-        assert_eq!(pods.len(), 1, "{pods:?}");
-        pods.into_iter().next().unwrap()
-    }
-
-    /// The scheduler's part: bind the pod to a node.
-    async fn bind(&self, pod: &str, node: &str) {
-        let binding = json!({"apiVersion": "v1", "kind": "Binding",
-            "metadata": {"name": pod}, "target": {"kind": "Node", "name": node}});
-        let _: Value = self
-            .pods()
-            .create_subresource("binding", pod, &PostParams::default(), &binding)
-            .await
-            .unwrap();
-    }
-
-    /// The kubelet's (or scheduler's) part: write pod status.
-    async fn pod_status(&self, pod: &str, status: Value) {
-        self.pods()
-            .patch_status(
-                pod,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({ "status": status })),
-            )
-            .await
-            .unwrap();
-    }
-
-    async fn events_of(&self, name: &str) -> Vec<String> {
-        Api::<Event>::namespaced(self.client.clone(), NS)
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-            .filter_map(|e| e.reason)
-            .collect()
     }
 }
 

@@ -16,11 +16,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::PostParams;
-use kube::{Api, Client};
-use serde_json::json;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use kubevirt_api::vmi::VirtualMachineInstancePhase as Phase;
+use kubevirt_api::{VirtualMachine, VirtualMachineInstance};
+use serde_json::{Value, json};
 
 /// The namespace the tests work in.
 pub const NS: &str = "default";
@@ -236,6 +239,90 @@ impl KubeApi {
             })
             .await;
         }
+    }
+}
+
+/// What the tests do through the API, and the scheduler's and kubelet's parts they play.
+impl KubeApi {
+    pub fn vmis(&self) -> Api<VirtualMachineInstance> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    pub fn vms(&self) -> Api<VirtualMachine> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    pub async fn vmi_where(
+        &self,
+        name: &str,
+        what: &str,
+        f: impl Fn(&VirtualMachineInstance) -> bool,
+    ) -> VirtualMachineInstance {
+        eventually(what, || async {
+            self.vmis().get_opt(name).await.unwrap().filter(|v| f(v))
+        })
+        .await
+    }
+
+    pub async fn phase(&self, name: &str, phase: Phase) -> VirtualMachineInstance {
+        self.vmi_where(name, &format!("{name} in {phase:?}"), |v| {
+            v.status.as_ref().is_some_and(|s| s.phase == phase)
+        })
+        .await
+    }
+
+    pub async fn launcher_pods(&self, vmi: &VirtualMachineInstance) -> Vec<Pod> {
+        let sel = format!("kubevirt.io/created-by={}", vmi.uid().unwrap());
+        self.pods()
+            .list(&ListParams::default().labels(&sel))
+            .await
+            .unwrap()
+            .items
+    }
+
+    pub async fn only_pod(&self, vmi: &VirtualMachineInstance) -> Pod {
+        let pods = self.launcher_pods(vmi).await;
+        assert_eq!(pods.len(), 1, "{pods:?}");
+        pods.into_iter().next().unwrap()
+    }
+
+    /// The scheduler's part: bind the pod to a node.
+    pub async fn bind(&self, pod: &str, node: &str) {
+        let binding = json!({"apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": pod}, "target": {"kind": "Node", "name": node}});
+        let _: Value = self
+            .pods()
+            .create_subresource("binding", pod, &PostParams::default(), &binding)
+            .await
+            .unwrap();
+    }
+
+    /// The kubelet's (or scheduler's) part: write pod status.
+    pub async fn pod_status(&self, pod: &str, status: Value) {
+        self.pods()
+            .patch_status(
+                pod,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "status": status })),
+            )
+            .await
+            .unwrap();
+    }
+
+    pub async fn events_of(&self, name: &str) -> Vec<String> {
+        Api::<Event>::namespaced(self.client.clone(), NS)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .filter_map(|e| e.reason)
+            .collect()
     }
 }
 
