@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use base64::Engine;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
@@ -16,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{
-    GROUP, Kubectl, NAMESPACE, Params, RUN_AS, push_doc, requests, restricted, role_ref, rule,
+    GROUP, NAMESPACE, Params, RUN_AS, Result, push_doc, requests, restricted, role_ref, rule,
     strings,
 };
 
@@ -111,11 +110,7 @@ fn secret_volume(name: &str, secret: &str) -> Volume {
     }
 }
 
-fn cluster_role_and_binding(
-    out: &mut String,
-    name: &str,
-    rules: Vec<PolicyRule>,
-) -> anyhow::Result<()> {
+fn cluster_role_and_binding(out: &mut String, name: &str, rules: Vec<PolicyRule>) -> Result<()> {
     push_doc(
         out,
         &ClusterRole {
@@ -151,7 +146,7 @@ fn healthz(period: i32) -> Probe {
 }
 
 /// Objects of virt-controller: ServiceAccount, RBAC, Deployment.
-pub fn controller(out: &mut String, p: &Params) -> anyhow::Result<()> {
+pub fn controller(out: &mut String, p: &Params) -> Result<()> {
     push_doc(
         out,
         &ServiceAccount {
@@ -300,7 +295,7 @@ fn controller_deployment(p: &Params) -> Deployment {
 }
 
 /// Objects of virt-handler: ServiceAccount, RBAC, DaemonSet.
-pub fn handler(out: &mut String, p: &Params) -> anyhow::Result<()> {
+pub fn handler(out: &mut String, p: &Params) -> Result<()> {
     push_doc(
         out,
         &ServiceAccount {
@@ -420,7 +415,7 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
 }
 
 /// virt-apiserver may list the handler pods of its namespace (docs/cluster-flow.md §5).
-pub fn apiserver_pod_reader(out: &mut String) -> anyhow::Result<()> {
+pub fn apiserver_pod_reader(out: &mut String) -> Result<()> {
     let name = "kubevirt-apiserver:pod-reader";
     push_doc(
         out,
@@ -471,58 +466,35 @@ pub struct HandlerTls {
     pub client_key: String,
 }
 
-/// Reuses both secrets while they are fresh and share their CA (new ones would restart pods
-/// on every deploy), else issues a new CA and both certificates.
-pub fn handler_tls(k: &Kubectl) -> anyhow::Result<HandlerTls> {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let read = |secret: &str| -> anyhow::Result<Option<(String, String, String)>> {
-        let Some(s) = k.json(&["-n", NAMESPACE, "get", "secret", secret])? else {
-            return Ok(None);
-        };
-        let field = |key: &str| -> Option<String> {
-            let v = s["data"][key].as_str()?;
-            String::from_utf8(b64.decode(v).ok()?).ok()
-        };
-        Ok(
-            match (field("ca.crt"), field("tls.crt"), field("tls.key")) {
-                (Some(ca), Some(c), Some(key)) => Some((ca, c, key)),
-                _ => None,
-            },
-        )
-    };
-    if let (Some((ca, server_cert, server_key)), Some((ca2, client_cert, client_key))) =
-        (read(HANDLER_CERTS)?, read(HANDLER_CLIENT)?)
-    {
-        let now = time::OffsetDateTime::now_utc();
-        let fresh = |pem: &str| {
-            virt_certs::validity_of(pem)
-                .is_ok_and(|(nb, na)| !virt_certs::needs_rotation(nb, na, now, 0.8))
-        };
-        if ca == ca2 && fresh(&ca) && fresh(&server_cert) && fresh(&client_cert) {
-            return Ok(HandlerTls {
-                ca,
-                server_cert,
-                server_key,
-                client_cert,
-                client_key,
-            });
-        }
-        println!("virt-handler certificates due for rotation: issuing new ones");
+impl HandlerTls {
+    /// Whether all three certificates are fresh and both leaves come from one CA (`ca2` is
+    /// the CA stored with the client certificate).
+    pub fn reusable(&self, ca2: &str, now: time::OffsetDateTime) -> bool {
+        self.ca == ca2
+            && super::fresh(&self.ca, now)
+            && super::fresh(&self.server_cert, now)
+            && super::fresh(&self.client_cert, now)
     }
-    let ca = virt_certs::Ca::generate("kubevirt-rs-handler-ca", virt_certs::DEFAULT_CA_VALIDITY)?;
-    let server = ca.issue_server(HANDLER, &[HANDLER], time::Duration::days(90))?;
-    let client = ca.issue_client::<&str>("virt-apiserver", &[], time::Duration::days(90))?;
-    Ok(HandlerTls {
-        ca: ca.cert_pem().to_string(),
-        server_cert: server.cert_pem,
-        server_key: server.key_pem,
-        client_cert: client.cert_pem,
-        client_key: client.key_pem,
-    })
+
+    /// A new CA, serving certificate for `virt-handler` and client certificate for
+    /// `virt-apiserver`.
+    pub fn issue() -> Result<Self> {
+        let ca =
+            virt_certs::Ca::generate("kubevirt-rs-handler-ca", virt_certs::DEFAULT_CA_VALIDITY)?;
+        let server = ca.issue_server(HANDLER, &[HANDLER], time::Duration::days(90))?;
+        let client = ca.issue_client::<&str>("virt-apiserver", &[], time::Duration::days(90))?;
+        Ok(Self {
+            ca: ca.cert_pem().to_string(),
+            server_cert: server.cert_pem,
+            server_key: server.key_pem,
+            client_cert: client.cert_pem,
+            client_key: client.key_pem,
+        })
+    }
 }
 
 /// The two secrets of [`HandlerTls`].
-pub fn handler_secrets(out: &mut String, tls: &HandlerTls) -> anyhow::Result<()> {
+pub fn handler_secrets(out: &mut String, tls: &HandlerTls) -> Result<()> {
     for (name, component, cert, key) in [
         (HANDLER_CERTS, HANDLER, &tls.server_cert, &tls.server_key),
         (
