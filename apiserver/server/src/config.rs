@@ -25,6 +25,15 @@ pub struct Args {
         default_value = "http://127.0.0.1:2379"
     )]
     pub etcd_servers: Vec<String>,
+    /// CA bundle that signed etcd's serving certificate (enables TLS towards etcd).
+    #[arg(long, env = "VIRT_APISERVER_ETCD_CAFILE")]
+    pub etcd_cafile: Option<PathBuf>,
+    /// Client certificate towards etcd (PEM).
+    #[arg(long, env = "VIRT_APISERVER_ETCD_CERTFILE", requires = "etcd_cafile")]
+    pub etcd_certfile: Option<PathBuf>,
+    /// Key of --etcd-certfile (PEM).
+    #[arg(long, env = "VIRT_APISERVER_ETCD_KEYFILE", requires = "etcd_certfile")]
+    pub etcd_keyfile: Option<PathBuf>,
     /// Key prefix in etcd.
     #[arg(long, env = "VIRT_APISERVER_ETCD_PREFIX", default_value = "/registry")]
     pub etcd_prefix: String,

@@ -95,7 +95,21 @@ async fn main() -> anyhow::Result<()> {
     );
     let auth = AuthConfig::new(request_header, client_ca, kube, args.allow_client_ca_users);
 
-    let storage = storage::Storage::connect(&args.etcd_servers)
+    let etcd_tls = match (&args.etcd_cafile, &args.etcd_certfile, &args.etcd_keyfile) {
+        (Some(ca), Some(cert), Some(key)) => {
+            let read = |p: &std::path::PathBuf| {
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+            };
+            Some(storage::EtcdTls {
+                ca_pem: read(ca)?,
+                cert_pem: read(cert)?,
+                key_pem: read(key)?,
+            })
+        }
+        (None, None, None) => None,
+        _ => anyhow::bail!("--etcd-cafile, --etcd-certfile and --etcd-keyfile go together"),
+    };
+    let storage = storage::Storage::connect_tls(&args.etcd_servers, etcd_tls.as_ref())
         .await
         .context("connecting to etcd")?;
     let metrics = Arc::new(metrics::Metrics::default());

@@ -139,6 +139,23 @@ fn decode(key: &[u8], value: &[u8], revision: i64) -> Result<Stored, StorageErro
     })
 }
 
+/// Client TLS towards etcd (PEM).
+#[derive(Clone)]
+pub struct EtcdTls {
+    /// CA that signed etcd's serving certificate.
+    pub ca_pem: String,
+    /// Client certificate.
+    pub cert_pem: String,
+    /// Key of the client certificate.
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls").finish_non_exhaustive()
+    }
+}
+
 /// End of the key range covering every key that starts with `prefix`.
 pub fn prefix_end(prefix: &str) -> Vec<u8> {
     let mut end = prefix.as_bytes().to_vec();
@@ -154,10 +171,26 @@ pub fn prefix_end(prefix: &str) -> Vec<u8> {
 impl Storage {
     /// Connects to etcd at `endpoints`.
     pub async fn connect(endpoints: &[String]) -> Result<Self, StorageError> {
-        let opts = ConnectOptions::new()
+        Self::connect_tls(endpoints, None).await
+    }
+
+    /// Connects to etcd at `endpoints` (`https://`), verifying its certificate against
+    /// `tls.ca_pem` and authenticating with the client certificate.
+    pub async fn connect_tls(
+        endpoints: &[String],
+        tls: Option<&EtcdTls>,
+    ) -> Result<Self, StorageError> {
+        let mut opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
             .with_timeout(Duration::from_secs(10))
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+        if let Some(t) = tls {
+            opts = opts.with_tls(
+                etcd_client::TlsOptions::new()
+                    .ca_certificate(etcd_client::Certificate::from_pem(&t.ca_pem))
+                    .identity(etcd_client::Identity::from_pem(&t.cert_pem, &t.key_pem)),
+            );
+        }
         let client = Client::connect(endpoints, Some(opts)).await?;
         Ok(Self {
             client,
