@@ -81,6 +81,9 @@ pub struct ClusterConfig {
     /// here (kubelet creates it, init containers may pull images for minutes), so young
     /// directories are left alone.
     pub stale_dir_age: Duration,
+    /// Live migration: this handler's address and certificates; without it the node
+    /// neither sends nor receives migrations.
+    pub migration: Option<crate::cluster_migration::MigrationConfig>,
 }
 
 /// The VMIs of this node by namespace and name, for the HTTPS server.
@@ -132,6 +135,43 @@ struct Monitor {
     task: JoinHandle<()>,
     ns: String,
     name: String,
+    /// The launcher's directory under `sockets/` (`<uid>` or `<uid>-<8>` after an
+    /// incoming migration).
+    dir: String,
+}
+
+/// A migration this handler takes part in, as source or target.
+struct Migration {
+    uid: String,
+    vmi: watch::Sender<VirtualMachineInstance>,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Migration {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What the watch loop keeps: launcher monitors and migrations by VMI uid.
+#[derive(Default)]
+struct Node {
+    monitors: HashMap<String, Monitor>,
+    outgoing: HashMap<String, Migration>,
+    incoming: HashMap<String, Migration>,
+}
+
+impl Node {
+    /// Socket directory names in use (the sweep leaves them alone).
+    fn known_dirs(&self) -> HashSet<String> {
+        let mut known: HashSet<String> = self.monitors.values().map(|m| m.dir.clone()).collect();
+        known.extend(self.monitors.keys().cloned());
+        for (uid, m) in &self.incoming {
+            known.insert(crate::migration::target_socket_dir(uid, &m.uid));
+        }
+        known
+    }
 }
 
 /// Watches this node's VMIs until `shutdown`, one monitor task per VMI. Launchers are
@@ -152,11 +192,21 @@ pub async fn run(
         })?;
     let all: Api<VirtualMachineInstance> = Api::all(client.clone());
     let selector = format!("status.nodeName={}", cfg.node_name);
-    let stream =
-        watcher::watcher(all, watcher::Config::default().fields(&selector)).default_backoff();
+    let stream = watcher::watcher(all.clone(), watcher::Config::default().fields(&selector))
+        .default_backoff();
     tokio::pin!(stream);
-    let mut monitors: HashMap<String, Monitor> = HashMap::new();
+    // VMIs migrating to this node (their nodeName is still the source's).
+    let label = format!(
+        "{}={}",
+        crate::cluster_migration::TARGET_NODE_LABEL,
+        cfg.node_name
+    );
+    let incoming =
+        watcher::watcher(all, watcher::Config::default().labels(&label)).default_backoff();
+    tokio::pin!(incoming);
+    let mut node = Node::default();
     let mut listed: HashSet<String> = HashSet::new();
+    let mut listed_in: HashSet<String> = HashSet::new();
     let mut sweep = tokio::time::interval(SWEEP_EVERY);
     sweep.tick().await;
     tracing::info!(node = %cfg.node_name, root = %cfg.paths.run_root.display(), "watching VMIs of this node");
@@ -164,7 +214,28 @@ pub async fn run(
         let ev = tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = sweep.tick() => {
-                tokio::spawn(sweep_sockets(cfg.clone(), monitors.keys().cloned().collect()));
+                tokio::spawn(sweep_sockets(cfg.clone(), node.known_dirs()));
+                continue;
+            }
+            ev = incoming.next() => {
+                match ev {
+                    Some(Ok(Event::Init)) => listed_in.clear(),
+                    Some(Ok(Event::InitApply(vmi))) => {
+                        if let Some(uid) = vmi.uid() {
+                            listed_in.insert(uid);
+                        }
+                        apply_incoming(&client, &cfg, &mut node, vmi);
+                    }
+                    Some(Ok(Event::Apply(vmi))) => apply_incoming(&client, &cfg, &mut node, vmi),
+                    Some(Ok(Event::Delete(vmi))) => {
+                        if let Some(uid) = vmi.uid() {
+                            node.incoming.remove(&uid);
+                        }
+                    }
+                    Some(Ok(Event::InitDone)) => node.incoming.retain(|u, _| listed_in.contains(u)),
+                    Some(Err(e)) => tracing::warn!(error = %e, "incoming migration watch failed; retrying"),
+                    None => break,
+                }
                 continue;
             }
             ev = stream.next() => ev,
@@ -177,36 +248,36 @@ pub async fn run(
                 if let Some(uid) = vmi.uid() {
                     listed.insert(uid);
                 }
-                apply(&client, &cfg, &registry, m, &mut monitors, vmi);
+                apply(&client, &cfg, &registry, m, &mut node, vmi);
             }
-            Ok(Event::Apply(vmi)) => apply(&client, &cfg, &registry, m, &mut monitors, vmi),
+            Ok(Event::Apply(vmi)) => apply(&client, &cfg, &registry, m, &mut node, vmi),
             Ok(Event::Delete(vmi)) => {
                 if let Some(uid) = vmi.uid() {
-                    gone(&cfg, &registry, &mut monitors, &uid);
+                    gone(&cfg, &registry, &mut node, &uid);
                 }
             }
             Ok(Event::InitDone) => {
                 // VMIs deleted while the watch was down never get a Delete event.
-                let stale: Vec<String> = monitors
+                let stale: Vec<String> = node
+                    .monitors
                     .keys()
                     .filter(|u| !listed.contains(*u))
                     .cloned()
                     .collect();
                 for uid in stale {
-                    gone(&cfg, &registry, &mut monitors, &uid);
+                    gone(&cfg, &registry, &mut node, &uid);
                 }
-                tokio::spawn(sweep_sockets(
-                    cfg.clone(),
-                    monitors.keys().cloned().collect(),
-                ));
+                tokio::spawn(sweep_sockets(cfg.clone(), node.known_dirs()));
             }
             Err(e) => tracing::warn!(error = %e, "VMI watch failed; retrying"),
         }
-        metrics.vmis.set(monitors.len() as i64);
+        metrics.vmis.set(node.monitors.len() as i64);
     }
-    for (_, m) in monitors {
+    for (_, m) in node.monitors {
         m.task.abort();
     }
+    // Migrations in flight end with the handler (their proxies close): each fails and
+    // the guest stays on its source.
     Ok(())
 }
 
@@ -215,20 +286,30 @@ fn apply(
     cfg: &ClusterConfig,
     registry: &Registry,
     metrics: &Arc<Metrics>,
-    monitors: &mut HashMap<String, Monitor>,
+    node: &mut Node,
     vmi: VirtualMachineInstance,
 ) {
     let (Some(uid), Some(ns)) = (vmi.uid(), vmi.namespace()) else {
         return;
     };
     let name = vmi.name_any();
-    registry.insert(ns.clone(), name.clone(), uid.clone());
-    if let Some(m) = monitors.get(&uid)
+    if let Some(mcfg) = &cfg.migration {
+        source_migration(client, cfg, mcfg, node, &uid, &ns, &vmi);
+    }
+    if let Some(m) = node.monitors.get(&uid)
         && !m.task.is_finished()
     {
+        registry.insert(ns.clone(), name.clone(), m.dir.clone());
         m.vmi.send_replace(vmi);
         return;
     }
+    // A finished monitor keeps its directory (a source whose guest left stays there
+    // until the VMI moves); a new one finds it from the VMI.
+    let dir_name = node.monitors.get(&uid).map_or_else(
+        || crate::cluster_migration::launcher_dir_name(&uid, &vmi, &cfg.node_name),
+        |m| m.dir.clone(),
+    );
+    registry.insert(ns.clone(), name.clone(), dir_name.clone());
     let (tx, rx) = watch::channel(vmi);
     let w = StatusWriter {
         api: Api::namespaced(client.clone(), &ns),
@@ -236,36 +317,162 @@ fn apply(
         vmi: rx,
         metrics: metrics.clone(),
     };
-    let launcher = LauncherClient::new(cfg.paths.cmd(&uid));
-    let span = tracing::info_span!("vmi", %ns, %name, %uid);
-    let dir = cfg.paths.dir(&uid);
+    let launcher = LauncherClient::new(cfg.paths.cmd(&dir_name));
+    let span = tracing::info_span!("vmi", %ns, %name, %uid, dir = %dir_name);
+    let dir = cfg.paths.dir(&dir_name);
     let task = tokio::spawn(tracing::Instrument::instrument(
         monitor(w, launcher, dir),
         span,
     ));
-    monitors.insert(
+    node.monitors.insert(
         uid,
         Monitor {
             vmi: tx,
             task,
             ns,
             name,
+            dir: dir_name,
         },
     );
 }
 
-fn gone(
+/// Starts or cancels this node's outgoing migration of `vmi` (cluster-flow.md §6.3).
+fn source_migration(
+    client: &Client,
     cfg: &ClusterConfig,
-    registry: &Registry,
-    monitors: &mut HashMap<String, Monitor>,
+    mcfg: &crate::cluster_migration::MigrationConfig,
+    node: &mut Node,
     uid: &str,
+    ns: &str,
+    vmi: &VirtualMachineInstance,
 ) {
-    if let Some(m) = monitors.remove(uid) {
-        m.task.abort();
-        registry.remove(&m.ns, &m.name, uid);
-        tracing::info!(ns = %m.ns, name = %m.name, %uid, "VMI left this node");
+    use crate::cluster_migration::{SourceStep, source_step};
+    let Some(ms) = vmi.status.as_ref().and_then(|s| s.migration_state.as_ref()) else {
+        return;
+    };
+    let running = node
+        .outgoing
+        .get(uid)
+        .filter(|m| !m.task.is_finished())
+        .map(|m| m.uid.clone());
+    if let Some(m) = node.outgoing.get(uid) {
+        m.vmi.send_replace(vmi.clone());
     }
-    tokio::spawn(remove_when_idle(cfg.paths.dir(uid)));
+    match source_step(ms, &cfg.node_name, running.as_deref()) {
+        SourceStep::Nothing => {}
+        SourceStep::Cancel { uid: muid } => {
+            if let Some(m) = node.outgoing.get(uid)
+                && !m.cancel.is_cancelled()
+            {
+                tracing::info!(%ns, name = %vmi.name_any(), migration = %muid, "abort requested");
+                m.cancel.cancel();
+            }
+        }
+        SourceStep::Start { uid: muid, address } => {
+            // A migration this handler already ran (the VMI may lag behind our writes).
+            if node.outgoing.get(uid).is_some_and(|m| m.uid == muid) {
+                return;
+            }
+            let dir_name = node.monitors.get(uid).map_or_else(
+                || crate::cluster_migration::launcher_dir_name(uid, vmi, &cfg.node_name),
+                |m| m.dir.clone(),
+            );
+            let (tx, rx) = watch::channel(vmi.clone());
+            let cancel = CancellationToken::new();
+            let span = tracing::info_span!("migration", %ns, name = %vmi.name_any(), migration = %muid, role = "source");
+            let task = tokio::spawn(tracing::Instrument::instrument(
+                crate::cluster_migration::outgoing(
+                    Api::namespaced(client.clone(), ns),
+                    vmi.name_any(),
+                    muid.clone(),
+                    address,
+                    cfg.paths.dir(&dir_name),
+                    mcfg.clone(),
+                    rx,
+                    cancel.clone(),
+                ),
+                span,
+            ));
+            node.outgoing.insert(
+                uid.to_string(),
+                Migration {
+                    uid: muid,
+                    vmi: tx,
+                    cancel,
+                    task,
+                },
+            );
+        }
+    }
+}
+
+/// Prepares this node as the target of `vmi`'s migration (cluster-flow.md §6.3).
+fn apply_incoming(
+    client: &Client,
+    cfg: &ClusterConfig,
+    node: &mut Node,
+    vmi: VirtualMachineInstance,
+) {
+    let (Some(uid), Some(ns)) = (vmi.uid(), vmi.namespace()) else {
+        return;
+    };
+    let Some(mcfg) = &cfg.migration else {
+        return;
+    };
+    if let Some(m) = node.incoming.get(&uid) {
+        m.vmi.send_replace(vmi.clone());
+    }
+    let Some(muid) = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.migration_state.as_ref())
+        .and_then(|ms| crate::cluster_migration::incoming_migration(ms, &cfg.node_name))
+        .map(str::to_string)
+    else {
+        return;
+    };
+    if node.incoming.get(&uid).is_some_and(|m| m.uid == muid) {
+        return;
+    }
+    let dir = cfg
+        .paths
+        .dir(&crate::migration::target_socket_dir(&uid, &muid));
+    let (tx, rx) = watch::channel(vmi.clone());
+    let span = tracing::info_span!("migration", %ns, name = %vmi.name_any(), migration = %muid, role = "target");
+    let task = tokio::spawn(tracing::Instrument::instrument(
+        crate::cluster_migration::incoming(
+            Api::namespaced(client.clone(), &ns),
+            vmi.name_any(),
+            muid.clone(),
+            dir,
+            mcfg.clone(),
+            rx,
+        ),
+        span,
+    ));
+    node.incoming.insert(
+        uid,
+        Migration {
+            uid: muid,
+            vmi: tx,
+            cancel: CancellationToken::new(),
+            task,
+        },
+    );
+}
+
+fn gone(cfg: &ClusterConfig, registry: &Registry, node: &mut Node, uid: &str) {
+    let dir = match node.monitors.remove(uid) {
+        Some(m) => {
+            m.task.abort();
+            registry.remove(&m.ns, &m.name, &m.dir);
+            tracing::info!(ns = %m.ns, name = %m.name, %uid, "VMI left this node");
+            m.dir
+        }
+        None => uid.to_string(),
+    };
+    node.outgoing.remove(uid);
+    tokio::spawn(remove_when_idle(cfg.paths.dir(&dir)));
 }
 
 /// Writes status observations of one VMI.
@@ -341,6 +548,8 @@ async fn monitor(mut w: StatusWriter, launcher: LauncherClient, dir: PathBuf) {
             return;
         }
         match launcher.call(&Request::GetStatus).await {
+            // The guest left for a migration target, whose handler reports it.
+            Ok(Response::Status(s)) if s.state == DomainState::Migrated => return,
             Ok(Response::Status(s)) if s.state != DomainState::Pending => {
                 if !answered {
                     tracing::info!(state = ?s.state, accel = ?s.accel, "launcher answered");

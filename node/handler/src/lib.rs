@@ -12,6 +12,7 @@
 
 pub mod client;
 pub mod cluster;
+pub mod cluster_migration;
 pub mod metrics;
 pub mod migration;
 pub mod migration_proxy;

@@ -13,6 +13,7 @@ use anyhow::Context;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 use virt_handler::cluster::{ClusterConfig, Paths};
+use virt_handler::cluster_migration::MigrationConfig;
 use virt_handler::server::{TlsFiles, TlsSource};
 use virt_handler::{Handler, HandlerConfig, NodeOptions};
 
@@ -45,6 +46,10 @@ struct Args {
     /// CA bundle client certificates must chain to (PEM).
     #[arg(long, env = "VIRT_HANDLER_CLIENT_CA")]
     client_ca: Option<PathBuf>,
+    /// This handler's address for other handlers (its pod IP, downward API
+    /// `status.podIP`): migration targets listen there. No migrations without it.
+    #[arg(long, env = "POD_IP")]
+    pod_ip: Option<std::net::IpAddr>,
     /// Serve Prometheus /metrics (plain HTTP) here, e.g. 0.0.0.0:8187; off when unset.
     #[arg(long, env = "VIRT_HANDLER_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
@@ -117,11 +122,24 @@ async fn cluster_main(node_name: String, args: Args) -> anyhow::Result<()> {
         p.clone()
             .with_context(|| format!("cluster mode needs {flag}"))
     };
-    let tls = TlsSource::from_files(TlsFiles {
+    let files = TlsFiles {
         cert: need(&args.tls_cert, "--tls-cert")?,
         key: need(&args.tls_key, "--tls-key")?,
         client_ca: need(&args.client_ca, "--client-ca")?,
-    })?;
+    };
+    let tls = TlsSource::from_files(files.clone())?;
+    let migration = match args.pod_ip {
+        Some(address) => Some(MigrationConfig {
+            address,
+            tls: files,
+        }),
+        None => {
+            tracing::warn!(
+                "no --pod-ip (POD_IP): this node neither sends nor receives live migrations"
+            );
+            None
+        }
+    };
     let config = match &args.kubeconfig {
         Some(f) => {
             let kc = kube::config::Kubeconfig::read_from(f)
@@ -151,6 +169,7 @@ async fn cluster_main(node_name: String, args: Args) -> anyhow::Result<()> {
                 run_root: args.run_root,
             },
             stale_dir_age: Duration::from_secs(600),
+            migration,
         },
         listener,
         tls,

@@ -41,6 +41,14 @@ pub enum ProxyError {
     /// TLS configuration.
     #[error("TLS configuration: {0}")]
     Tls(String),
+    /// The target's facts could not be read through the tunnel.
+    #[error("reading the migration target's facts from {target}: {message}")]
+    Fetch {
+        /// Target proxy address.
+        target: SocketAddr,
+        /// What went wrong.
+        message: String,
+    },
 }
 
 /// Server side TLS for the target proxy: the handler's certificate, client certificates
@@ -167,6 +175,17 @@ async fn target_conn(acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr, di
         (&mut tls).take(64).read_line(&mut header),
     )
     .await;
+    if matches!(read, Ok(Ok(_))) && header.trim_end() == TARGET_FILE {
+        // The prepared target's facts, written by the target handler next to the sockets.
+        match tokio::fs::read(dir.join(TARGET_FILE)).await {
+            Ok(b) => {
+                let _ = tls.get_mut().write_all(&b).await;
+                let _ = tls.get_mut().shutdown().await;
+            }
+            Err(e) => tracing::warn!(%peer, error = %e, "migration proxy: no target facts"),
+        }
+        return;
+    }
     let Some(stream) = matches!(read, Ok(Ok(_)))
         .then(|| MigrationStream::from_name(header.trim_end()))
         .flatten()
@@ -186,6 +205,47 @@ async fn target_conn(acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr, di
     if let Err(e) = tokio::io::copy_bidirectional(&mut tls, &mut unix).await {
         tracing::debug!(?stream, error = %e, "migration stream ended");
     }
+}
+
+/// File in the target's migration directory holding its
+/// [`MigrationTarget`](virt_domain::protocol::MigrationTarget) (JSON); the source handler
+/// reads it through the tunnel ([`fetch_target`]) before starting the migration, since
+/// the target launcher's work directory is known only on its node.
+pub const TARGET_FILE: &str = "target.json";
+
+/// Reads the prepared target's facts from the target proxy at `target`.
+pub async fn fetch_target(
+    target: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+    server_name: ServerName<'static>,
+) -> Result<virt_domain::protocol::MigrationTarget, ProxyError> {
+    let io = |e: std::io::Error| ProxyError::Fetch {
+        target,
+        message: e.to_string(),
+    };
+    let fut = async {
+        let tcp = TcpStream::connect(target).await.map_err(io)?;
+        let mut tls = TlsConnector::from(tls)
+            .connect(server_name, tcp)
+            .await
+            .map_err(io)?;
+        tls.write_all(format!("{TARGET_FILE}\n").as_bytes())
+            .await
+            .map_err(io)?;
+        let mut buf = Vec::new();
+        (&mut tls)
+            .take(64 * 1024)
+            .read_to_end(&mut buf)
+            .await
+            .map_err(io)?;
+        serde_json::from_slice(&buf).map_err(|e| ProxyError::Fetch {
+            target,
+            message: e.to_string(),
+        })
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), fut)
+        .await
+        .map_err(|_| io(std::io::ErrorKind::TimedOut.into()))?
 }
 
 /// The source end: unix listeners in the source launcher's migration directory, each

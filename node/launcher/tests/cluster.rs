@@ -139,6 +139,7 @@ fn handler_node_main() {
                     run_root: root.into(),
                 },
                 stale_dir_age: Duration::from_secs(600),
+                migration: None,
             },
             listener,
             tls,

@@ -1,0 +1,518 @@
+//! Cluster mode's part in live migrations (cluster-flow.md §6.3, §6.6).
+//!
+//! - **Target**: a VMI labelled `kubevirt.io/migrationTargetNodeName=<this node>` whose
+//!   `migrationState` names this node as target gets its target launcher (in
+//!   `sockets/<uid>-<8>/`) prepared, a [`TargetProxy`] on this handler's address, the
+//!   launcher's facts in the migration directory ([`TARGET_FILE`]), and then
+//!   `targetNodeAddress` (the source's signal); once the guest runs here,
+//!   `targetNodeDomainDetected`.
+//! - **Source**: a VMI of this node whose `migrationState` has `targetNodeAddress` and has
+//!   not started gets the migration: the target's facts through the tunnel, a
+//!   [`SourceProxy`](crate::migration_proxy::SourceProxy), `migrate`, and every progress
+//!   report written ([`source_patch`]); `abortRequested` becomes `cancelMigration`.
+//!
+//! The decisions are pure functions of the VMI ([`source_step`], [`incoming_migration`],
+//! [`launcher_dir_name`]); the tasks only carry them out.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstanceMigrationState as State};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use virt_domain::protocol::{
+    DomainState, MIGRATION_DIR, MigrateRequest, MigrationOptions, MigrationStatus, Request,
+    Response,
+};
+
+use crate::client::LauncherClient;
+use crate::migration::{
+    prepare_target, run_source, source_patch, target_detected_patch, target_ready_patch,
+    target_socket_dir,
+};
+use crate::migration_proxy::{TARGET_FILE, client_tls, fetch_target, server_tls};
+use crate::server::TlsFiles;
+
+/// Label virt-controller puts on a VMI at the hand-off: the node receiving it.
+pub const TARGET_NODE_LABEL: &str = "kubevirt.io/migrationTargetNodeName";
+/// VMI annotation (kubevirt-rs extension): bandwidth limit of its migrations in MiB/s,
+/// KubeVirt's `bandwidthPerMigration` for one VM (tests slow a migration down with it).
+pub const BANDWIDTH_ANNOTATION: &str = "kubevirt-rs.io/migration-bandwidth-mib";
+/// How long a prepared target waits for its launcher's socket.
+const TARGET_SOCKET_WAIT: Duration = Duration::from_secs(120);
+const POLL: Duration = Duration::from_millis(500);
+
+/// What this handler needs to take part in migrations.
+#[derive(Clone, Debug)]
+pub struct MigrationConfig {
+    /// This handler's address as other handlers reach it (its pod IP); target proxies
+    /// listen there on a port of their own.
+    pub address: IpAddr,
+    /// The handler's certificate (it needs clientAuth as well as serverAuth: the source
+    /// end is a TLS client), key and the handlers' CA.
+    pub tls: TlsFiles,
+}
+
+/// The PEM files of a [`MigrationConfig`], read at the start of each migration (a
+/// rotated Secret takes effect without a restart).
+struct Pems {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    ca: Vec<u8>,
+}
+
+impl MigrationConfig {
+    fn pems(&self) -> Result<Pems, String> {
+        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+        Ok(Pems {
+            cert: read(&self.tls.cert)?,
+            key: read(&self.tls.key)?,
+            ca: read(&self.tls.client_ca)?,
+        })
+    }
+}
+
+fn state(vmi: &VirtualMachineInstance) -> Option<&State> {
+    vmi.status.as_ref()?.migration_state.as_ref()
+}
+
+/// The directory under `sockets/` holding the launcher of `vmi` (uid `uid`) on `node`:
+/// the target's (`<uid>-<8>`) when the VMI's last migration completed towards `node`,
+/// else `<uid>` (cluster-flow.md §6.2).
+pub fn launcher_dir_name(uid: &str, vmi: &VirtualMachineInstance, node: &str) -> String {
+    match state(vmi) {
+        Some(ms)
+            if ms.target_node.as_deref() == Some(node)
+                && ms.completed == Some(true)
+                && ms.failed != Some(true) =>
+        {
+            match &ms.migration_uid {
+                Some(m) => target_socket_dir(uid, m),
+                None => uid.to_string(),
+            }
+        }
+        _ => uid.to_string(),
+    }
+}
+
+/// What the source handler does about a VMI's migration state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceStep {
+    /// Nothing to do.
+    Nothing,
+    /// Start migrating to `address` (migration `uid`).
+    Start {
+        /// Migration uid.
+        uid: String,
+        /// `targetNodeAddress`.
+        address: String,
+    },
+    /// Cancel the running migration `uid`.
+    Cancel {
+        /// Migration uid.
+        uid: String,
+    },
+}
+
+/// The source handler's next step for state `ms` on `node`; `running` is the uid of the
+/// migration this handler runs for the VMI, if any.
+pub fn source_step(ms: &State, node: &str, running: Option<&str>) -> SourceStep {
+    let Some(uid) = ms.migration_uid.clone() else {
+        return SourceStep::Nothing;
+    };
+    if ms.source_node.as_deref() != Some(node) {
+        return SourceStep::Nothing;
+    }
+    if running == Some(uid.as_str()) {
+        if ms.abort_requested == Some(true) && !ms.is_finished() {
+            return SourceStep::Cancel { uid };
+        }
+        return SourceStep::Nothing;
+    }
+    match &ms.target_node_address {
+        Some(address)
+            if ms.start_timestamp.is_none()
+                && !ms.is_finished()
+                && ms.abort_requested != Some(true) =>
+        {
+            SourceStep::Start {
+                uid,
+                address: address.clone(),
+            }
+        }
+        _ => SourceStep::Nothing,
+    }
+}
+
+/// The uid of the migration this node should receive, if `ms` names it as an unfinished
+/// migration's target.
+pub fn incoming_migration<'a>(ms: &'a State, node: &str) -> Option<&'a str> {
+    (ms.target_node.as_deref() == Some(node) && !ms.is_finished())
+        .then_some(ms.migration_uid.as_deref())
+        .flatten()
+}
+
+/// The migration options for `vmi` (its bandwidth annotation).
+pub fn options(vmi: &VirtualMachineInstance) -> MigrationOptions {
+    MigrationOptions {
+        bandwidth_mib: vmi
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(BANDWIDTH_ANNOTATION))
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|b| *b > 0),
+        max_downtime_ms: None,
+    }
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// Writes one migration's fields into a VMI's `status.migrationState`, never once the
+/// VMI's state belongs to another migration.
+struct StateWriter {
+    api: Api<VirtualMachineInstance>,
+    name: String,
+    migration: String,
+    vmi: watch::Receiver<VirtualMachineInstance>,
+}
+
+impl StateWriter {
+    fn current(&self) -> Option<State> {
+        state(&self.vmi.borrow())
+            .filter(|ms| ms.is_for(&self.migration))
+            .cloned()
+    }
+
+    async fn patch(&self, patch: &Value) -> bool {
+        if self.current().is_none() {
+            tracing::info!("the VMI's migration state is another migration's now; not written");
+            return false;
+        }
+        let mut delay = Duration::from_millis(200);
+        for attempt in 1..=8 {
+            match self
+                .api
+                .patch_status(&self.name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+            {
+                Ok(_) => return true,
+                Err(kube::Error::Api(e)) if e.code == 404 => return false,
+                Err(e) => {
+                    tracing::warn!(error = %e, attempt, "writing migration state failed");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        false
+    }
+
+    async fn fail(&self, reason: &str) {
+        tracing::warn!(%reason, "migration failed");
+        let patch = json!({"status": {"migrationState": {
+            "failed": true, "failureReason": reason, "endTimestamp": now(),
+        }}});
+        self.patch(&patch).await;
+    }
+}
+
+/// Merges what was written into `known` (the state as this writer knows it).
+fn merge(known: &mut State, patch: &Value) {
+    let mut v = serde_json::to_value(&*known).unwrap_or(Value::Null);
+    if let (Some(obj), Some(add)) = (
+        v.as_object_mut(),
+        patch["status"]["migrationState"].as_object(),
+    ) {
+        for (k, val) in add {
+            obj.insert(k.clone(), val.clone());
+        }
+    }
+    if let Ok(s) = serde_json::from_value(v) {
+        *known = s;
+    }
+}
+
+/// Source side of migration `migration` of VMI `name`, whose launcher is in `dir`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn outgoing(
+    api: Api<VirtualMachineInstance>,
+    name: String,
+    migration: String,
+    address: String,
+    dir: PathBuf,
+    cfg: MigrationConfig,
+    vmi: watch::Receiver<VirtualMachineInstance>,
+    cancel: CancellationToken,
+) {
+    let options = options(&vmi.borrow());
+    let w = StateWriter {
+        api,
+        name,
+        migration,
+        vmi,
+    };
+    let started = std::time::Instant::now();
+    match transfer(&w, &address, dir, &cfg, options, cancel).await {
+        Ok(last) => {
+            tracing::info!(outcome = ?last, took_ms = started.elapsed().as_millis() as u64, "outgoing migration ended")
+        }
+        Err(reason) => w.fail(&reason).await,
+    }
+}
+
+async fn transfer(
+    w: &StateWriter,
+    address: &str,
+    dir: PathBuf,
+    cfg: &MigrationConfig,
+    options: MigrationOptions,
+    cancel: CancellationToken,
+) -> Result<MigrationStatus, String> {
+    let addr: SocketAddr = address
+        .parse()
+        .map_err(|e| format!("targetNodeAddress {address:?}: {e}"))?;
+    let p = cfg.pems()?;
+    let tls = client_tls(&p.cert, &p.key, &p.ca).map_err(|e| e.to_string())?;
+    let server_name =
+        rustls_pki_types::ServerName::try_from("virt-handler").map_err(|e| e.to_string())?;
+    let target = fetch_target(addr, tls.clone(), server_name)
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::info!(%addr, ?target, ?options, "starting outgoing migration");
+    let launcher = LauncherClient::new(dir.join("cmd.sock"));
+    let (tx, mut rx) = mpsc::unbounded_channel::<MigrationStatus>();
+    let request = MigrateRequest { target, options };
+    let run = run_source(
+        &launcher,
+        dir.join(MIGRATION_DIR),
+        addr,
+        tls,
+        request,
+        move |st| {
+            let _ = tx.send(st.clone());
+        },
+    );
+    let drive = async {
+        tokio::pin!(run);
+        let mut asked = false;
+        loop {
+            tokio::select! {
+                r = &mut run => break r,
+                _ = cancel.cancelled(), if !asked => {
+                    asked = true;
+                    match launcher.call(&Request::CancelMigration).await {
+                        Ok(Response::Ok) => tracing::info!("migration cancel sent"),
+                        other => tracing::warn!(reply = ?other, "migration cancel refused"),
+                    }
+                }
+            }
+        }
+    };
+    let write = async {
+        let mut known = w.current().unwrap_or_default();
+        while let Some(st) = rx.recv().await {
+            // Drain to the newest report: the API server need not see every one.
+            let mut st = st;
+            while let Ok(next) = rx.try_recv() {
+                if st.is_final() {
+                    break;
+                }
+                st = next;
+            }
+            if let Some(cur) = w.current() {
+                known.abort_requested = cur.abort_requested;
+            }
+            if let Some(patch) = source_patch(&known, &st, &now())
+                && w.patch(&patch).await
+            {
+                merge(&mut known, &patch);
+            }
+        }
+    };
+    let (r, ()) = tokio::join!(drive, write);
+    r.map_err(|e| e.to_string())
+}
+
+/// Target side of migration `migration` of VMI `name`; its target launcher is in `dir`.
+pub(crate) async fn incoming(
+    api: Api<VirtualMachineInstance>,
+    name: String,
+    migration: String,
+    dir: PathBuf,
+    cfg: MigrationConfig,
+    vmi: watch::Receiver<VirtualMachineInstance>,
+) {
+    let mut w = StateWriter {
+        api,
+        name,
+        migration,
+        vmi,
+    };
+    let launcher = LauncherClient::new(dir.join("cmd.sock"));
+    let waited = std::time::Instant::now();
+    loop {
+        if matches!(
+            launcher.call(&Request::GetStatus).await,
+            Ok(Response::Status(_))
+        ) {
+            break;
+        }
+        if waited.elapsed() > TARGET_SOCKET_WAIT {
+            w.fail(&format!(
+                "target launcher did not answer on {} within {}s",
+                dir.join("cmd.sock").display(),
+                TARGET_SOCKET_WAIT.as_secs()
+            ))
+            .await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let prepared = async {
+        let p = cfg.pems()?;
+        let tls = server_tls(&p.cert, &p.key, &p.ca).map_err(|e| e.to_string())?;
+        let mig_dir = dir.join(MIGRATION_DIR);
+        let (proxy, target) = prepare_target(
+            &launcher,
+            mig_dir.clone(),
+            SocketAddr::new(cfg.address, 0),
+            tls,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let facts = serde_json::to_vec(&target).map_err(|e| e.to_string())?;
+        tokio::fs::write(mig_dir.join(TARGET_FILE), facts)
+            .await
+            .map_err(|e| format!("{}: {e}", mig_dir.display()))?;
+        Ok::<_, String>(proxy)
+    };
+    let proxy = match prepared.await {
+        Ok(p) => p,
+        Err(reason) => {
+            w.fail(&format!("preparing the migration target: {reason}"))
+                .await;
+            return;
+        }
+    };
+    let address = proxy.addr().to_string();
+    tracing::info!(%address, "migration target ready");
+    if !w.patch(&target_ready_patch(&address)).await {
+        return;
+    }
+    let mut detected = false;
+    while let Some(ms) = w.current() {
+        if ms.is_finished() && (detected || ms.failed == Some(true)) {
+            break;
+        }
+        if !detected {
+            match launcher.call(&Request::GetStatus).await {
+                Ok(Response::Status(s))
+                    if matches!(s.state, DomainState::Running | DomainState::Paused) =>
+                {
+                    tracing::info!("migrated domain runs here");
+                    detected = w.patch(&target_detected_patch(&now())).await;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    // Killed or deleted: the controller sees the pod end and fails the
+                    // migration; closing the proxy breaks the transfer on the source.
+                    tracing::warn!(error = %e, "target launcher stopped answering");
+                    break;
+                }
+            }
+        }
+        let _ = tokio::time::timeout(POLL, w.vmi.changed()).await;
+    }
+    proxy.close();
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn ms(v: Value) -> State {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn the_source_starts_once_the_target_is_ready_and_cancels_on_request() {
+        let handed_off = ms(json!({"migrationUid": "m1", "sourceNode": "a", "targetNode": "b"}));
+        assert_eq!(source_step(&handed_off, "a", None), SourceStep::Nothing);
+        let ready = ms(
+            json!({"migrationUid": "m1", "sourceNode": "a", "targetNode": "b",
+            "targetNodeAddress": "10.0.0.2:4000"}),
+        );
+        assert_eq!(
+            source_step(&ready, "a", None),
+            SourceStep::Start {
+                uid: "m1".into(),
+                address: "10.0.0.2:4000".into()
+            }
+        );
+        assert_eq!(source_step(&ready, "b", None), SourceStep::Nothing);
+        assert_eq!(source_step(&ready, "a", Some("m1")), SourceStep::Nothing);
+        let abort = ms(json!({"migrationUid": "m1", "sourceNode": "a",
+            "targetNodeAddress": "x:1", "startTimestamp": "2026-11-30T09:00:00Z",
+            "abortRequested": true}));
+        assert_eq!(
+            source_step(&abort, "a", Some("m1")),
+            SourceStep::Cancel { uid: "m1".into() }
+        );
+        // Asked to abort before it started here: the controller ends it alone.
+        assert_eq!(source_step(&abort, "a", None), SourceStep::Nothing);
+        let done = ms(json!({"migrationUid": "m1", "sourceNode": "a",
+            "targetNodeAddress": "x:1", "completed": true}));
+        assert_eq!(source_step(&done, "a", None), SourceStep::Nothing);
+    }
+
+    #[test]
+    fn the_target_receives_unfinished_migrations_to_its_node() {
+        let s = ms(json!({"migrationUid": "m1", "sourceNode": "a", "targetNode": "b"}));
+        assert_eq!(incoming_migration(&s, "b"), Some("m1"));
+        assert_eq!(incoming_migration(&s, "a"), None);
+        let failed = ms(json!({"migrationUid": "m1", "targetNode": "b", "failed": true}));
+        assert_eq!(incoming_migration(&failed, "b"), None);
+    }
+
+    #[test]
+    fn the_launcher_directory_follows_a_completed_migration() {
+        let mut vmi: VirtualMachineInstance = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "v", "annotations": {BANDWIDTH_ANNOTATION: "4"}},
+            "spec": {}
+        }))
+        .unwrap();
+        assert_eq!(launcher_dir_name("u", &vmi, "a"), "u");
+        assert_eq!(options(&vmi).bandwidth_mib, Some(4));
+        vmi.status = Some(
+            serde_json::from_value(json!({"migrationState": {
+                "migrationUid": "1234abcd-0000", "sourceNode": "a", "targetNode": "b",
+                "completed": true}}))
+            .unwrap(),
+        );
+        assert_eq!(launcher_dir_name("u", &vmi, "b"), "u-1234abcd");
+        // The source keeps its directory until the VMI leaves it.
+        assert_eq!(launcher_dir_name("u", &vmi, "a"), "u");
+    }
+
+    #[test]
+    fn merged_writes_update_the_known_state() {
+        let mut known = ms(json!({"migrationUid": "m1"}));
+        merge(
+            &mut known,
+            &json!({"status": {"migrationState": {"dataTotalBytes": 10}}}),
+        );
+        assert_eq!(known.data_total_bytes, Some(10));
+        assert_eq!(known.migration_uid.as_deref(), Some("m1"));
+    }
+}
