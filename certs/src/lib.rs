@@ -337,6 +337,16 @@ pub fn validity_of(cert_pem: &str) -> Result<(OffsetDateTime, OffsetDateTime)> {
     Ok((params.not_before, params.not_after))
 }
 
+/// Whether a PEM certificate may act as a TLS client (extended key usage clientAuth),
+/// e.g. a peer certificate from [`Ca::issue_peer`] rather than a serving one: a
+/// certificate reused from a Secret may predate a component's need for it.
+pub fn has_client_auth(cert_pem: &str) -> Result<bool> {
+    let params = CertificateParams::from_ca_cert_pem(cert_pem)?;
+    Ok(params
+        .extended_key_usages
+        .contains(&ExtendedKeyUsagePurpose::ClientAuth))
+}
+
 /// Builds a CA bundle from several PEM inputs (each may hold one or more
 /// certificates), dropping duplicates while keeping order. During rotation
 /// pass `[new_ca, old_ca]` so that leaves signed by either verify.
@@ -683,6 +693,11 @@ mod tests {
         let ee = EndEntityCert::try_from(&d).unwrap();
         ee.verify_is_valid_for_subject_name(&ServerName::try_from("10.0.0.7").unwrap())
             .unwrap();
+        assert!(has_client_auth(&leaf.cert_pem).unwrap());
+        let server = ca
+            .issue_server("virt-handler", &["virt-handler"], DEFAULT_LEAF_VALIDITY)
+            .unwrap();
+        assert!(!has_client_auth(&server.cert_pem).unwrap());
     }
 
     #[test]

@@ -104,12 +104,12 @@ pub fn target_pod(
         c.args
             .get_or_insert_with(Vec::new)
             .push(MIGRATION_TARGET_FLAG.into());
-    }
-    for v in spec.volumes.iter_mut().flatten() {
-        if v.name == "sockets"
-            && let Some(hp) = v.host_path.as_mut()
-        {
-            hp.path = target_socket_dir(&hp.path, &muid);
+        for m in c.volume_mounts.iter_mut().flatten() {
+            if m.name == "sockets"
+                && let Some(sub) = m.sub_path_expr.as_mut()
+            {
+                *sub = target_socket_dir(sub, &muid);
+            }
         }
     }
     Ok(pod)
@@ -181,16 +181,17 @@ mod tests {
                 .len()
                 + 1
         );
-        let sockets = pod["spec"]["volumes"]
+        let sockets = pod["spec"]["containers"][0]["volumeMounts"]
             .as_array()
             .unwrap()
             .iter()
             .find(|v| v["name"] == "sockets")
             .unwrap();
         assert_eq!(
-            sockets["hostPath"]["path"],
-            "/var/run/kubevirt-rs/sockets/vmi-uid-1234abcd"
+            sockets["subPathExpr"],
+            "$(NODE_NAME)/sockets/vmi-uid-1234abcd"
         );
+        assert_eq!(pod["spec"]["volumes"], base["spec"]["volumes"]);
         // Everything else is the VMI's launcher pod.
         assert_eq!(
             pod["spec"]["containers"][0]["resources"],

@@ -8,7 +8,9 @@
 //!   container per distinct image runs that busybox inside the image and copies exactly
 //!   the files the launcher opens; the launcher gets `--image-dir IMAGE=DIR`.
 //! - The command, console and VNC sockets live in a per-VMI host directory that
-//!   virt-handler reaches from the node.
+//!   virt-handler reaches from the node: `<NODES_DIR>/<node>/sockets/<uid>`, a subpath
+//!   expanded from the downward API's node name, so two kubelets sharing one host's
+//!   filesystem (the local two-node cluster) never share a directory.
 //!
 //! Not yet rendered: network-binding plugins, PVC/ConfigMap/Secret volumes, hugepages,
 //! hook sidecars, readiness gates.
@@ -48,6 +50,13 @@ pub const GRACE_PADDING_SECONDS: i64 = 15;
 const MIB: u64 = 1024 * 1024;
 const RUN_DIR: &str = "/var/run/kubevirt-rs";
 const SOCKETS_DIR: &str = "/var/run/kubevirt-rs/sockets";
+/// Host directory holding one directory per node (docs/cluster-flow.md §1); virt-handler
+/// mounts its node's as its run root.
+pub const NODES_DIR: &str = "/var/run/kubevirt-rs/nodes";
+/// The sockets volume's mount subpath for VMI `uid` (relative to [`NODES_DIR`]).
+pub fn sockets_subpath(uid: &str) -> String {
+    format!("$(NODE_NAME)/sockets/{uid}")
+}
 const IMAGES_DIR: &str = "/var/run/kubevirt-rs/images";
 const LIBVIRT_CACHE_DIR: &str = "/var/cache/kubevirt-rs/libvirt";
 /// virt-launcher's `probe::CACHE_FILE`, the same path on the host and in the pod.
@@ -400,7 +409,10 @@ pub fn launcher_pod(
     };
     let mut mounts = vec![
         mount("vmi", &format!("{RUN_DIR}/vmi"), true),
-        mount("sockets", SOCKETS_DIR, false),
+        VolumeMount {
+            sub_path_expr: Some(sockets_subpath(&uid)),
+            ..mount("sockets", SOCKETS_DIR, false)
+        },
         mount("work", &format!("{RUN_DIR}/work"), false),
         mount("libvirt-cache", LIBVIRT_CACHE_DIR, false),
         // The launcher's per-boot KVM verdict, a file shared by the node's launchers.
@@ -424,9 +436,9 @@ pub fn launcher_pod(
             }),
             ..Volume::default()
         },
-        // A host directory per VMI uid: virt-handler finds the sockets from the node,
-        // and the path stays short enough for sun_path.
-        host("sockets", format!("{SOCKETS_DIR}/{uid}")),
+        // A host directory per node and VMI uid (the mount's subpath): virt-handler finds
+        // the sockets from the node, and the path stays short enough for sun_path.
+        host("sockets", NODES_DIR.into()),
         empty("work"),
         host("libvirt-cache", LIBVIRT_CACHE_DIR.into()),
         Volume {
@@ -538,17 +550,11 @@ pub fn launcher_pod(
                 // The launcher reports the pod IP as the VMI's interface address; the
                 // kubelet knows it, the launcher's own route lookup may not (no default
                 // route on some pod networks).
-                env: Some(vec![EnvVar {
-                    name: "POD_IP".into(),
-                    value_from: Some(EnvVarSource {
-                        field_ref: Some(ObjectFieldSelector {
-                            field_path: "status.podIP".into(),
-                            ..ObjectFieldSelector::default()
-                        }),
-                        ..EnvVarSource::default()
-                    }),
-                    ..EnvVar::default()
-                }]),
+                env: Some(vec![
+                    field_env("POD_IP", "status.podIP"),
+                    // Expands the sockets subpath.
+                    field_env("NODE_NAME", "spec.nodeName"),
+                ]),
                 resources: Some(ResourceRequirements {
                     requests: Some(requests),
                     limits: (!limits.is_empty()).then_some(limits),
@@ -568,4 +574,18 @@ pub fn launcher_pod(
         }),
         status: None,
     })
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
 }
