@@ -346,7 +346,11 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
             format!("--client-ca={HANDLER_CERT_DIR}/ca.crt"),
             format!("--metrics-addr=0.0.0.0:{HANDLER_METRICS_PORT}"),
         ]),
-        env: Some(vec![field_env("NODE_NAME", "spec.nodeName")]),
+        env: Some(vec![
+            field_env("NODE_NAME", "spec.nodeName"),
+            // Migration targets listen on the pod IP (docs/cluster-flow.md §6.6).
+            field_env("POD_IP", "status.podIP"),
+        ]),
         ports: Some(vec![
             ContainerPort {
                 name: Some("handler".into()),
@@ -362,7 +366,12 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
         readiness_probe: Some(healthz(2)),
         liveness_probe: Some(healthz(10)),
         volume_mounts: Some(vec![
-            mount("run", HOST_RUN_DIR, false),
+            // This node's directory of the host's per-node tree (docs/cluster-flow.md §1):
+            // two nodes sharing a filesystem never see each other's sockets.
+            VolumeMount {
+                sub_path_expr: Some("$(NODE_NAME)".into()),
+                ..mount("run", HOST_RUN_DIR, false)
+            },
             mount("cache", HOST_CACHE_DIR, false),
             mount("certs", HANDLER_CERT_DIR, true),
         ]),
@@ -401,7 +410,7 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
                     }]),
                     containers: vec![container],
                     volumes: Some(vec![
-                        host_path("run", HOST_RUN_DIR),
+                        host_path("run", virt_controllers::vmi::render::NODES_DIR),
                         host_path("cache", HOST_CACHE_DIR),
                         secret_volume("certs", HANDLER_CERTS),
                     ]),
@@ -474,6 +483,9 @@ impl HandlerTls {
             && super::fresh(&self.ca, now)
             && super::fresh(&self.server_cert, now)
             && super::fresh(&self.client_cert, now)
+            // The handlers' certificate is also their client identity towards each
+            // other (the migration tunnel); older serving-only ones are replaced.
+            && virt_certs::has_client_auth(&self.server_cert).unwrap_or(false)
     }
 
     /// A new CA, serving certificate for `virt-handler` and client certificate for
@@ -481,7 +493,9 @@ impl HandlerTls {
     pub fn issue() -> Result<Self> {
         let ca =
             virt_certs::Ca::generate("kubevirt-rs-handler-ca", virt_certs::DEFAULT_CA_VALIDITY)?;
-        let server = ca.issue_server(HANDLER, &[HANDLER], time::Duration::days(90))?;
+        // Serving (virt-apiserver → handler) and client (handler → handler, live
+        // migration) with one identity.
+        let server = ca.issue_peer(HANDLER, &[HANDLER], time::Duration::days(90))?;
         let client = ca.issue_client::<&str>("virt-apiserver", &[], time::Duration::days(90))?;
         Ok(Self {
             ca: ca.cert_pem().to_string(),
