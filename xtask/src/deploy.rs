@@ -247,6 +247,7 @@ pub fn deploy(args: &Args) -> anyhow::Result<Report> {
         pod_annotations: annotations,
         handler_annotations,
         controller_annotations,
+        ..Params::default()
     };
     let mut yaml = render::static_manifest(&params)?;
     yaml.push_str(&render::cluster_manifest(&tls, &auth)?);
@@ -326,18 +327,31 @@ fn sha256_hex(b: &[u8]) -> String {
     hex::encode(Sha256::digest(b))
 }
 
-/// A CRD of our group makes kube-apiserver own `v1.kubevirt.io` itself (reference §1 R1.8):
-/// better to stop than to fight its autoregister controller.
+/// A CRD serving v1 of our group makes kube-apiserver own `v1.kubevirt.io` itself (reference
+/// §1 R1.8): better to stop than to fight its autoregister controller. virt-operator's KubeVirt
+/// CRD serves v1alpha3 only and is fine.
 fn check_no_crd(k: &Kubectl) -> anyhow::Result<()> {
-    let crds = k.run(&["get", "crd", "-o", "name"], None)?;
+    let crds = k.run(
+        &[
+            "get",
+            "crd",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.spec.versions[*].name}{\"\\n\"}{end}",
+        ],
+        None,
+    )?;
     let ours: Vec<&str> = crds
         .lines()
-        .filter(|l| l.ends_with(&format!(".{GROUP}")))
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let name = words.next()?;
+            (name.ends_with(&format!(".{GROUP}")) && words.any(|v| v == "v1")).then_some(name)
+        })
         .collect();
     if !ours.is_empty() {
         bail!(
-            "CRDs of {GROUP} exist ({}): kube-apiserver would serve the group itself; delete them \
-             (and their objects) first",
+            "CRDs of {GROUP}/v1 exist ({}): kube-apiserver would serve the group itself; delete \
+             them (and their objects) first",
             ours.join(", ")
         );
     }

@@ -31,6 +31,11 @@ pub struct Args {
     /// e.g. `kind load image-archive --name kubevirt-rs`.
     #[arg(long)]
     pub load_cmd: Option<String>,
+    /// Also name every component image `localhost/kubevirt-rs/<component>:TAG` in the local
+    /// cluster (they are always `:latest` too, the tag virt-operator deploys by default), e.g.
+    /// to upgrade through a KubeVirt resource's spec.imageTag.
+    #[arg(long)]
+    pub tag: Option<String>,
 }
 
 /// Names of the images built (fully qualified, `localhost/…:<content hash>`).
@@ -44,6 +49,8 @@ pub struct Built {
     pub handler: String,
     #[serde(default)]
     pub launcher: String,
+    #[serde(default)]
+    pub operator: String,
     /// Always [`TEST_GUEST_IMAGE`]; the archive is named after its content.
     #[serde(default)]
     pub test_guest: String,
@@ -62,6 +69,7 @@ impl Built {
             &self.controller,
             &self.handler,
             &self.launcher,
+            &self.operator,
         ] {
             if !name.is_empty() {
                 out.push((name.clone(), archive_path(name)?));
@@ -79,6 +87,7 @@ const CONTROLLER_REPO: &str = "localhost/kubevirt-rs/virt-controller";
 const HANDLER_REPO: &str = "localhost/kubevirt-rs/virt-handler";
 const LAUNCHER_REPO: &str = "localhost/kubevirt-rs/virt-launcher";
 const ETCD_REPO: &str = "localhost/kubevirt-rs/etcd";
+const OPERATOR_REPO: &str = "localhost/kubevirt-rs/virt-operator";
 /// The launcher under the name virt-controller renders by default.
 pub const LAUNCHER_LATEST: &str = "localhost/kubevirt-rs/virt-launcher:latest";
 /// The test guest: `/vmlinuz`, `/initramfs.gz`, `/disk/disk.qcow2` (see `virt-testguest`).
@@ -94,10 +103,15 @@ const BINARIES: &[(&str, &str)] = &[
     ("virt-controllers", "virt-controller"),
     ("virt-handler", "virt-handler"),
     ("virt-launcher", "virt-launcher"),
+    ("virt-operator", "virt-operator"),
 ];
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let built = ensure(Load::from_flags(args.no_import, args.load_cmd))?;
+    let load = Load::from_flags(args.no_import, args.load_cmd);
+    let built = ensure(load.clone())?;
+    if let Some(tag) = &args.tag {
+        tag_components(&built, tag, &load)?;
+    }
     for (name, archive) in built.archives()? {
         println!("{name}\t{}", archive.display());
     }
@@ -171,6 +185,7 @@ pub fn ensure(load: Load) -> anyhow::Result<Built> {
         &["/usr/bin/etcd"],
         &load,
     )?;
+    let operator = simple(OPERATOR_REPO, "virt-operator")?;
     let launcher = launcher_image(&stripped("virt-launcher")?, &load)?;
     let (test_guest, test_guest_archive) = test_guest_image(&load)?;
     let built = Built {
@@ -179,9 +194,11 @@ pub fn ensure(load: Load) -> anyhow::Result<Built> {
         controller,
         handler,
         launcher,
+        operator,
         test_guest,
         test_guest_archive,
     };
+    tag_components(&built, "latest", &load)?;
     fs::write(record_path(), serde_json::to_string_pretty(&built)?)?;
     Ok(built)
 }
@@ -338,6 +355,24 @@ pub fn load_built(built: &Built, load: &Load) -> anyhow::Result<()> {
         load_archive(&name, &archive, load)?;
         if name == built.launcher {
             tag_latest(&name, LAUNCHER_LATEST, load)?;
+        }
+    }
+    tag_components(built, "latest", load)
+}
+
+/// Names every component image (operator included) `<repo>:<tag>` in the local cluster: the
+/// names virt-operator deploys (`<registry>/<component>:<imageTag>`).
+fn tag_components(built: &Built, tag: &str, load: &Load) -> anyhow::Result<()> {
+    for name in [
+        &built.apiserver,
+        &built.etcd,
+        &built.controller,
+        &built.handler,
+        &built.launcher,
+        &built.operator,
+    ] {
+        if let Some((repo, _)) = name.rsplit_once(':') {
+            tag_latest(name, &format!("{repo}:{tag}"), load)?;
         }
     }
     Ok(())

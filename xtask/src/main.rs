@@ -39,6 +39,8 @@ enum Command {
     Deploy(deploy::Args),
     /// Cluster up, images, deploy and a demo VM: everything to try kubevirt-rs locally.
     Up(up::Args),
+    /// Write manifests/ from the operator's rendering code (what CI checks is current).
+    GenManifests,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,6 +54,12 @@ fn main() -> anyhow::Result<()> {
         Command::Images(a) => images::run(a),
         Command::Deploy(a) => deploy::run(a),
         Command::Up(a) => up::run(a),
+        Command::GenManifests => {
+            for p in virt_operator::install::write_manifests(&workspace_root())? {
+                println!("wrote {}", p.display());
+            }
+            Ok(())
+        }
     }
 }
 

@@ -3,7 +3,12 @@
 //! [`render`] holds every object kubevirt-rs deploys (typed k8s-openapi objects → YAML); the
 //! operator, `gen-manifests` and `cargo xtask deploy` all render from it.
 
+pub mod install;
+pub mod kubevirt;
+pub mod metrics;
+pub mod reconcile;
 pub mod render;
+pub mod status;
 
 /// The workspace root (this crate lives two levels below it); for tests and `gen-manifests`
 /// run from a checkout.

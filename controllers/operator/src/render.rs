@@ -34,6 +34,7 @@ use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{
 use virt_apiserver::kinds::ResourceDef;
 
 pub mod components;
+pub mod etcd;
 
 pub const NAMESPACE: &str = "kubevirt";
 /// virt-apiserver's Deployment, Service, ServiceAccount and RBAC objects.
@@ -124,6 +125,56 @@ pub struct Params {
     pub handler_annotations: BTreeMap<String, String>,
     /// Of virt-controller's pod template.
     pub controller_annotations: BTreeMap<String, String>,
+    /// Where virt-apiserver's etcd runs.
+    pub etcd: EtcdMode,
+    /// Pull policy of every component image.
+    pub image_pull_policy: String,
+    /// virt-controller lets VMs fall back to QEMU's TCG (developerConfiguration.useEmulation).
+    pub allow_emulation: bool,
+    /// Placement of etcd, virt-apiserver and virt-controller.
+    pub infra: Placement,
+    /// Placement of virt-handler.
+    pub workloads: Placement,
+}
+
+/// Where virt-apiserver's etcd runs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum EtcdMode {
+    /// A native sidecar in virt-apiserver's pod on its loopback, data in an emptyDir: one
+    /// replica, replaced (not rolled), a new pod starts with an empty store (`cargo xtask
+    /// deploy`).
+    #[default]
+    Sidecar,
+    /// A StatefulSet of its own behind mTLS (virt-operator): virt-apiserver rolls with two
+    /// replicas and a replaced pod keeps every object.
+    StatefulSet(etcd::EtcdParams),
+}
+
+/// Node placement of a group of pods (KubeVirt's nodePlacement).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Placement {
+    pub node_selector: Option<BTreeMap<String, String>>,
+    pub tolerations: Option<Vec<k8s_openapi::api::core::v1::Toleration>>,
+    pub affinity: Option<k8s_openapi::api::core::v1::Affinity>,
+}
+
+impl Placement {
+    /// Adds the placement to a pod spec (tolerations are appended to the component's own).
+    pub fn apply(&self, spec: &mut PodSpec) {
+        if let Some(sel) = &self.node_selector {
+            spec.node_selector
+                .get_or_insert_with(BTreeMap::new)
+                .extend(sel.clone());
+        }
+        if let Some(t) = &self.tolerations {
+            spec.tolerations
+                .get_or_insert_with(Vec::new)
+                .extend(t.clone());
+        }
+        if self.affinity.is_some() {
+            spec.affinity = self.affinity.clone();
+        }
+    }
 }
 
 impl Default for Params {
@@ -137,17 +188,30 @@ impl Default for Params {
             pod_annotations: BTreeMap::new(),
             handler_annotations: BTreeMap::new(),
             controller_annotations: BTreeMap::new(),
+            etcd: EtcdMode::Sidecar,
+            image_pull_policy: "IfNotPresent".into(),
+            allow_emulation: true,
+            infra: Placement::default(),
+            workloads: Placement::default(),
         }
     }
 }
 
-fn push_doc<T: serde::Serialize>(out: &mut String, obj: &T) -> Result<()> {
+pub(crate) fn push_doc<T: serde::Serialize>(out: &mut String, obj: &T) -> Result<()> {
     out.push_str("---\n");
     out.push_str(&serde_saphyr::to_string(obj).map_err(|e| RenderError::Yaml(e.to_string()))?);
     if !out.ends_with('\n') {
         out.push('\n');
     }
     Ok(())
+}
+
+/// `app.kubernetes.io/name: name`, `app.kubernetes.io/part-of: kubevirt-rs`.
+pub fn part_of_labels(name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".into(), name.into()),
+        ("app.kubernetes.io/part-of".into(), "kubevirt-rs".into()),
+    ])
 }
 
 fn labels() -> BTreeMap<String, String> {
@@ -340,7 +404,7 @@ fn deployment(p: &Params) -> Deployment {
     let apiserver = Container {
         name: "virt-apiserver".into(),
         image: Some(p.apiserver_image.clone()),
-        image_pull_policy: Some("IfNotPresent".into()),
+        image_pull_policy: Some(p.image_pull_policy.clone()),
         args: Some(
             [
                 format!("--bind=0.0.0.0:{SERVING_PORT}"),
@@ -527,7 +591,20 @@ pub fn static_manifest(p: &Params) -> Result<String> {
         push_doc(&mut out, &r)?;
     }
     components::apiserver_pod_reader(&mut out)?;
-    push_doc(&mut out, &deployment(p))?;
+    let mut apiserver = deployment(p);
+    if let Some(spec) = apiserver
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+    {
+        p.infra.apply(spec);
+    }
+    if let EtcdMode::StatefulSet(e) = &p.etcd {
+        etcd::objects(&mut out, p, e)?;
+        etcd::externalise(&mut apiserver, e);
+        push_doc(&mut out, &etcd::apiserver_pdb())?;
+    }
+    push_doc(&mut out, &apiserver)?;
     push_doc(
         &mut out,
         &Service {

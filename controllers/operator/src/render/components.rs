@@ -219,7 +219,11 @@ pub fn controller(out: &mut String, p: &Params) -> Result<()> {
             subjects: Some(vec![subject(CONTROLLER)]),
         },
     )?;
-    push_doc(out, &controller_deployment(p))
+    let mut d = controller_deployment(p);
+    if let Some(spec) = d.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        p.infra.apply(spec);
+    }
+    push_doc(out, &d)
 }
 
 fn controller_deployment(p: &Params) -> Deployment {
@@ -229,13 +233,13 @@ fn controller_deployment(p: &Params) -> Deployment {
     let container = Container {
         name: CONTROLLER.into(),
         image: Some(p.controller_image.clone()),
-        image_pull_policy: Some("IfNotPresent".into()),
+        image_pull_policy: Some(p.image_pull_policy.clone()),
         args: Some(vec![
             format!("--metrics-addr=0.0.0.0:{CONTROLLER_METRICS_PORT}"),
             format!("--launcher-image={}", p.launcher_image),
             // Nested KVM is not dependable on our machines (and absent on kind): VMs may fall
             // back to QEMU's TCG, as KubeVirt's developerConfiguration.useEmulation allows.
-            "--allow-emulation=true".into(),
+            format!("--allow-emulation={}", p.allow_emulation),
         ]),
         env: Some(vec![
             // Identity in the leader Lease, and the Lease's namespace.
@@ -327,7 +331,11 @@ pub fn handler(out: &mut String, p: &Params) -> Result<()> {
             ),
         ],
     )?;
-    push_doc(out, &handler_daemonset(p))
+    let mut ds = handler_daemonset(p);
+    if let Some(spec) = ds.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        p.workloads.apply(spec);
+    }
+    push_doc(out, &ds)
 }
 
 fn handler_daemonset(p: &Params) -> DaemonSet {
@@ -338,7 +346,7 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
     let container = Container {
         name: HANDLER.into(),
         image: Some(p.handler_image.clone()),
-        image_pull_policy: Some("IfNotPresent".into()),
+        image_pull_policy: Some(p.image_pull_policy.clone()),
         args: Some(vec![
             "--node-name=$(NODE_NAME)".into(),
             format!("--tls-cert={HANDLER_CERT_DIR}/tls.crt"),

@@ -1,0 +1,476 @@
+//! The operator's own install (`manifests/virt-operator.yaml`): Namespace, the KubeVirt CRD,
+//! least-privilege RBAC and the operator Deployment; plus an example KubeVirt resource and,
+//! for reference, what the operator deploys. `virt-operator gen-manifests` and `cargo xtask
+//! gen-manifests` write them; a test fails when manifests/ is stale.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, Namespace, PodSecurityContext, PodSpec, PodTemplateSpec,
+    SeccompProfile, ServiceAccount,
+};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+
+use crate::kubevirt;
+use crate::render::{self, NAMESPACE, Result, part_of_labels};
+
+pub const OPERATOR: &str = "virt-operator";
+pub const DEFAULT_OPERATOR_IMAGE: &str = "localhost/kubevirt-rs/virt-operator:latest";
+/// Default registry of the component images (`<registry>/<component>:<tag>`).
+pub const DEFAULT_REGISTRY: &str = "localhost/kubevirt-rs";
+/// The tag of the images an operator built from this tree deploys by default.
+pub const DEFAULT_TAG: &str = "latest";
+pub const METRICS_PORT: i32 = 8080;
+
+/// Operator install file, relative to the workspace root.
+pub const INSTALL_MANIFEST: &str = "manifests/virt-operator.yaml";
+/// Example KubeVirt resource.
+pub const CR_MANIFEST: &str = "manifests/kubevirt-cr.yaml";
+/// What the operator deploys (default images, etcd host placeholder).
+pub const REFERENCE_MANIFEST: &str = "manifests/reference/operator-deploys.yaml";
+
+fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: namespace.map(str::to_string),
+        labels: Some(part_of_labels(OPERATOR)),
+        ..ObjectMeta::default()
+    }
+}
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(s(groups)),
+        resources: Some(s(resources)),
+        verbs: s(verbs),
+        ..PolicyRule::default()
+    }
+}
+
+const ALL: &[&str] = &[
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
+
+/// Cluster-wide: only the cluster-scoped kinds it owns, plus reading VMs for the uninstall
+/// check. `bind`/`escalate` on RBAC kinds let it grant the components their rules (and bind
+/// system:auth-delegator) without holding every one of those permissions itself.
+fn cluster_rules() -> Vec<PolicyRule> {
+    vec![
+        rule(&["apiregistration.k8s.io"], &["apiservices"], ALL),
+        rule(
+            &["rbac.authorization.k8s.io"],
+            &["clusterroles", "clusterrolebindings"],
+            &[ALL, &["bind", "escalate"]].concat(),
+        ),
+        rule(
+            &["storage.k8s.io"],
+            &["storageclasses"],
+            &["get", "list", "watch"],
+        ),
+        rule(&[""], &["namespaces"], &["get", "list", "watch"]),
+        rule(
+            &["kubevirt.io"],
+            &["virtualmachines", "virtualmachineinstances"],
+            &["get", "list", "delete", "deletecollection"],
+        ),
+    ]
+}
+
+/// In its namespace: everything it deploys there, its KubeVirt resource, its Lease.
+fn namespace_rules() -> Vec<PolicyRule> {
+    vec![
+        rule(
+            &["kubevirt.io"],
+            &["kubevirts"],
+            &["get", "list", "watch", "update", "patch"],
+        ),
+        rule(
+            &["kubevirt.io"],
+            &["kubevirts/status", "kubevirts/finalizers"],
+            &["get", "update", "patch"],
+        ),
+        rule(
+            &["apps"],
+            &["deployments", "daemonsets", "statefulsets"],
+            ALL,
+        ),
+        rule(
+            &[""],
+            &[
+                "services",
+                "secrets",
+                "configmaps",
+                "serviceaccounts",
+                "persistentvolumeclaims",
+            ],
+            ALL,
+        ),
+        rule(&[""], &["pods"], &["get", "list", "watch"]),
+        rule(&["policy"], &["poddisruptionbudgets"], ALL),
+        rule(
+            &["rbac.authorization.k8s.io"],
+            &["roles", "rolebindings"],
+            &[ALL, &["bind", "escalate"]].concat(),
+        ),
+        rule(
+            &["coordination.k8s.io"],
+            &["leases"],
+            &["get", "list", "watch", "create", "update", "patch"],
+        ),
+        rule(
+            &["", "events.k8s.io"],
+            &["events"],
+            &["create", "update", "patch"],
+        ),
+    ]
+}
+
+fn role_ref(kind: &str, name: &str) -> k8s_openapi::api::rbac::v1::RoleRef {
+    k8s_openapi::api::rbac::v1::RoleRef {
+        api_group: "rbac.authorization.k8s.io".into(),
+        kind: kind.into(),
+        name: name.into(),
+    }
+}
+
+fn subject() -> k8s_openapi::api::rbac::v1::Subject {
+    k8s_openapi::api::rbac::v1::Subject {
+        kind: "ServiceAccount".into(),
+        name: OPERATOR.into(),
+        namespace: Some(NAMESPACE.into()),
+        ..Default::default()
+    }
+}
+
+fn env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..EnvVar::default()
+    }
+}
+
+/// Component image `<registry>/<component>:<tag>`.
+pub fn image(registry: &str, component: &str, tag: &str) -> String {
+    format!("{registry}/{component}:{tag}")
+}
+
+fn deployment(operator_image: &str) -> Deployment {
+    let selector = BTreeMap::from([("app.kubernetes.io/name".to_string(), OPERATOR.to_string())]);
+    let mut labels = part_of_labels(OPERATOR);
+    labels.insert("kubevirt.io".into(), OPERATOR.into());
+    let field = |name: &str, path: &str| EnvVar {
+        name: name.into(),
+        value_from: Some(k8s_openapi::api::core::v1::EnvVarSource {
+            field_ref: Some(k8s_openapi::api::core::v1::ObjectFieldSelector {
+                field_path: path.into(),
+                api_version: None,
+            }),
+            ..Default::default()
+        }),
+        ..EnvVar::default()
+    };
+    let container = Container {
+        name: OPERATOR.into(),
+        image: Some(operator_image.into()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        args: Some(vec!["run".into()]),
+        env: Some(vec![
+            field("POD_NAME", "metadata.name"),
+            field("POD_NAMESPACE", "metadata.namespace"),
+            env("VIRT_OPERATOR_IMAGE_REGISTRY", DEFAULT_REGISTRY),
+            env("VIRT_OPERATOR_IMAGE_TAG", DEFAULT_TAG),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".into()),
+            container_port: METRICS_PORT,
+            ..ContainerPort::default()
+        }]),
+        liveness_probe: Some(probe(10)),
+        readiness_probe: Some(probe(2)),
+        resources: Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                (
+                    "cpu".into(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity("10m".into()),
+                ),
+                (
+                    "memory".into(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity("32Mi".into()),
+                ),
+            ])),
+            ..Default::default()
+        }),
+        security_context: Some(k8s_openapi::api::core::v1::SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(k8s_openapi::api::core::v1::Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Container::default()
+    };
+    Deployment {
+        metadata: meta(OPERATOR, Some(NAMESPACE)),
+        spec: Some(DeploymentSpec {
+            // Two replicas, one leader (Lease), as virt-controller.
+            replicas: Some(2),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(OPERATOR.into()),
+                    enable_service_links: Some(false),
+                    termination_grace_period_seconds: Some(10),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            ..SeccompProfile::default()
+                        }),
+                        ..PodSecurityContext::default()
+                    }),
+                    // The operator must run wherever the control plane may: tolerate
+                    // control-plane taints.
+                    tolerations: Some(vec![k8s_openapi::api::core::v1::Toleration {
+                        key: Some("node-role.kubernetes.io/control-plane".into()),
+                        operator: Some("Exists".into()),
+                        effect: Some("NoSchedule".into()),
+                        ..Default::default()
+                    }]),
+                    containers: vec![container],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    }
+}
+
+fn probe(period: i32) -> k8s_openapi::api::core::v1::Probe {
+    k8s_openapi::api::core::v1::Probe {
+        http_get: Some(k8s_openapi::api::core::v1::HTTPGetAction {
+            path: Some("/healthz".into()),
+            port: k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(
+                "metrics".into(),
+            ),
+            scheme: Some("HTTP".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(3),
+        timeout_seconds: Some(2),
+        ..Default::default()
+    }
+}
+
+/// `manifests/virt-operator.yaml`.
+pub fn install_manifest(operator_image: &str) -> Result<String> {
+    let mut out = String::from(
+        "# Generated by `virt-operator gen-manifests` (controllers/operator/src/install.rs); do not edit.\n\
+         # Installs virt-operator; then apply a KubeVirt resource (manifests/kubevirt-cr.yaml).\n\
+         # See docs/deploy.md.\n",
+    );
+    render::push_doc(
+        &mut out,
+        &Namespace {
+            metadata: ObjectMeta {
+                name: Some(NAMESPACE.into()),
+                labels: Some(part_of_labels(OPERATOR)),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        },
+    )?;
+    render::push_doc(&mut out, &kubevirt::crd())?;
+    render::push_doc(
+        &mut out,
+        &ServiceAccount {
+            metadata: meta(OPERATOR, Some(NAMESPACE)),
+            ..ServiceAccount::default()
+        },
+    )?;
+    render::push_doc(
+        &mut out,
+        &ClusterRole {
+            metadata: meta(OPERATOR, None),
+            rules: Some(cluster_rules()),
+            aggregation_rule: None,
+        },
+    )?;
+    render::push_doc(
+        &mut out,
+        &ClusterRoleBinding {
+            metadata: meta(OPERATOR, None),
+            role_ref: role_ref("ClusterRole", OPERATOR),
+            subjects: Some(vec![subject()]),
+        },
+    )?;
+    render::push_doc(
+        &mut out,
+        &Role {
+            metadata: meta(OPERATOR, Some(NAMESPACE)),
+            rules: Some(namespace_rules()),
+        },
+    )?;
+    render::push_doc(
+        &mut out,
+        &RoleBinding {
+            metadata: meta(OPERATOR, Some(NAMESPACE)),
+            role_ref: role_ref("Role", OPERATOR),
+            subjects: Some(vec![subject()]),
+        },
+    )?;
+    // kube-system: read the cluster's CAs, and bind virt-apiserver to the same reader role.
+    render::push_doc(
+        &mut out,
+        &Role {
+            metadata: meta(OPERATOR, Some("kube-system")),
+            rules: Some(vec![
+                PolicyRule {
+                    resource_names: Some(vec!["extension-apiserver-authentication".into()]),
+                    ..rule(&[""], &["configmaps"], &["get", "list", "watch"])
+                },
+                rule(
+                    &["rbac.authorization.k8s.io"],
+                    &["rolebindings"],
+                    &[ALL, &["bind"]].concat(),
+                ),
+                PolicyRule {
+                    resource_names: Some(vec!["extension-apiserver-authentication-reader".into()]),
+                    ..rule(&["rbac.authorization.k8s.io"], &["roles"], &["bind"])
+                },
+            ]),
+        },
+    )?;
+    render::push_doc(
+        &mut out,
+        &RoleBinding {
+            metadata: meta(OPERATOR, Some("kube-system")),
+            role_ref: role_ref("Role", OPERATOR),
+            subjects: Some(vec![subject()]),
+        },
+    )?;
+    render::push_doc(&mut out, &deployment(operator_image))?;
+    Ok(out)
+}
+
+/// `manifests/kubevirt-cr.yaml`: the KubeVirt resource of a default install.
+pub fn example_cr() -> Result<String> {
+    let kv = serde_json::json!({
+        "apiVersion": kubevirt::API_VERSION,
+        "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": NAMESPACE},
+        "spec": {
+            "configuration": {
+                "developerConfiguration": {"useEmulation": true, "featureGates": []}
+            },
+            "uninstallStrategy": kubevirt::BLOCK_UNINSTALL,
+        },
+    });
+    let mut out = String::from(
+        "# Generated by `virt-operator gen-manifests`; do not edit. A KubeVirt resource: apply it\n\
+         # after manifests/virt-operator.yaml. useEmulation: VMs may run on QEMU's TCG where KVM\n\
+         # is missing (nested virtualisation, kind).\n",
+    );
+    render::push_doc(&mut out, &kv)?;
+    Ok(out)
+}
+
+/// What the operator deploys for the default KubeVirt resource, with `ETCD_SERVICE_IP` in place
+/// of the etcd Service's cluster IP; per-cluster Secrets, ConfigMap and APIServices are not
+/// shown (their caBundle and keys are generated in the cluster).
+pub fn reference_manifest() -> Result<String> {
+    let p = render::Params {
+        etcd: render::EtcdMode::StatefulSet(render::etcd::EtcdParams {
+            host: "ETCD_SERVICE_IP".into(),
+            ..Default::default()
+        }),
+        ..render::Params::default()
+    };
+    Ok(format!(
+        "# Generated by `virt-operator gen-manifests`; do not edit. For reference only: what\n\
+         # virt-operator applies for manifests/kubevirt-cr.yaml, besides the per-cluster Secrets\n\
+         # (serving, etcd and virt-handler certificates), the ConfigMap with the cluster's CAs\n\
+         # and both APIServices.\n{}",
+        render::static_manifest(&p)?
+    ))
+}
+
+/// Every generated file: (path relative to the workspace root, content).
+pub fn all_manifests() -> Result<Vec<(&'static str, String)>> {
+    Ok(vec![
+        (render::MANIFEST, render::committed_manifest()?),
+        (INSTALL_MANIFEST, install_manifest(DEFAULT_OPERATOR_IMAGE)?),
+        (CR_MANIFEST, example_cr()?),
+        (REFERENCE_MANIFEST, reference_manifest()?),
+    ])
+}
+
+/// Writes [`all_manifests`] under `root`.
+pub fn write_manifests(root: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let files = all_manifests().map_err(std::io::Error::other)?;
+    let mut written = Vec::new();
+    for (rel, text) in files {
+        let path = root.join(rel);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&path, text)?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn manifests_directory_is_current() {
+        let root = crate::workspace_root();
+        for (rel, text) in all_manifests().unwrap() {
+            let committed = std::fs::read_to_string(root.join(rel)).unwrap_or_default();
+            assert!(
+                committed == text,
+                "{rel} is stale: run `cargo xtask gen-manifests` (or `virt-operator gen-manifests`)"
+            );
+        }
+    }
+
+    #[test]
+    fn install_ships_exactly_one_crd_not_at_v1() {
+        let text = install_manifest(DEFAULT_OPERATOR_IMAGE).unwrap();
+        let docs: Vec<serde_json::Value> = text
+            .split("---\n")
+            .filter(|d| !d.trim().is_empty() && !d.trim_start().starts_with('#'))
+            .map(|d| serde_saphyr::from_str(d).unwrap())
+            .collect();
+        let crds: Vec<&serde_json::Value> = docs
+            .iter()
+            .filter(|d| d["kind"] == "CustomResourceDefinition")
+            .collect();
+        assert_eq!(crds.len(), 1);
+        assert_eq!(crds[0]["metadata"]["name"], "kubevirts.kubevirt.io");
+        // v1 of kubevirt.io belongs to virt-apiserver's APIService.
+        let versions = crds[0]["spec"]["versions"].as_array().unwrap();
+        assert!(versions.iter().all(|v| v["name"] != "v1"));
+        // No wildcard permission anywhere.
+        assert!(!text.contains("'*'") && !text.contains("\"*\""));
+    }
+}

@@ -1,0 +1,853 @@
+//! The KubeVirt reconciler: level-triggered, server-side apply of everything [`crate::render`]
+//! renders, certificates kept in Secrets and rotated before expiry, status and Events; the
+//! finalizer uninstalls (APIServices first).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret, Service};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use crate::kubevirt::{BLOCK_UNINSTALL, FINALIZER, KubeVirt, REMOVE_WORKLOADS};
+use crate::metrics::Metrics;
+use crate::render::components::{self, HandlerTls};
+use crate::render::etcd::{self, EtcdParams, EtcdTls};
+use crate::render::{self, ClusterAuth, EtcdMode, NAMESPACE, Params, Placement, Tls};
+use crate::status::{self, Defaults, Observed, Target};
+
+const MANAGER: &str = "virt-operator";
+
+/// Why a reconcile failed (it is retried).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Render(#[from] render::RenderError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Shared state of the reconciler.
+pub struct Ctx {
+    pub client: Client,
+    pub recorder: Option<Recorder>,
+    pub defaults: Defaults,
+    pub metrics: Arc<Metrics>,
+    /// PVC size of etcd where a default StorageClass exists.
+    pub etcd_volume_size: String,
+}
+
+impl std::fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx")
+            .field("defaults", &self.defaults)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ctx {
+    async fn event(&self, kv: &KubeVirt, type_: EventType, reason: &str, note: String) {
+        let Some(r) = &self.recorder else {
+            return;
+        };
+        let reference: ObjectReference = kv.object_ref(&());
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(e) = r.publish(&ev, &reference).await {
+            tracing::debug!(error = %e, reason, "could not publish event");
+        }
+    }
+}
+
+/// Runs the controller until `stop`.
+pub async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
+    let client = ctx.client.clone();
+    let kvs: Api<KubeVirt> = Api::namespaced(client.clone(), NAMESPACE);
+    let labels = watcher::Config::default().labels("app.kubernetes.io/part-of=kubevirt-rs");
+    // Owned workloads carry no ownerReference (cluster-scoped objects cannot point at a
+    // namespaced owner): a change of one re-reconciles the KubeVirt resource (there is one).
+    let reconcile_all = |_| {
+        std::iter::once(
+            kube::runtime::reflector::ObjectRef::<KubeVirt>::new("kubevirt").within(NAMESPACE),
+        )
+    };
+    Controller::new(kvs, watcher::Config::default())
+        .watches(
+            Api::<Deployment>::namespaced(client.clone(), NAMESPACE),
+            labels.clone(),
+            move |_d: Deployment| reconcile_all(()),
+        )
+        .watches(
+            Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE),
+            labels.clone(),
+            move |_d: DaemonSet| reconcile_all(()),
+        )
+        .watches(
+            Api::<StatefulSet>::namespaced(client.clone(), NAMESPACE),
+            labels,
+            move |_d: StatefulSet| reconcile_all(()),
+        )
+        .graceful_shutdown_on(async move { stop.cancelled().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "reconcile");
+            }
+        })
+        .await;
+}
+
+fn error_policy(_kv: Arc<KubeVirt>, e: &Error, ctx: Arc<Ctx>) -> Action {
+    tracing::warn!(error = %e, "reconcile failed");
+    ctx.metrics.reconcile("error");
+    Action::requeue(Duration::from_secs(5))
+}
+
+async fn reconcile(kv: Arc<KubeVirt>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let start = std::time::Instant::now();
+    let r = if kv.meta().deletion_timestamp.is_some() {
+        uninstall(&kv, &ctx).await
+    } else {
+        install(&kv, &ctx).await
+    };
+    ctx.metrics.observe(start.elapsed().as_secs_f64());
+    if r.is_ok() {
+        ctx.metrics.reconcile("success");
+    }
+    r
+}
+
+fn pp() -> PatchParams {
+    PatchParams::apply(MANAGER).force()
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    hex::encode(Sha256::digest(b))
+}
+
+/// `Api<DynamicObject>` for one rendered object.
+fn dynamic_api(
+    client: &Client,
+    obj: &serde_json::Value,
+) -> Result<(Api<DynamicObject>, String), Error> {
+    let api_version = obj["apiVersion"].as_str().unwrap_or_default();
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    let plural = match kind {
+        "Namespace" => "namespaces",
+        "ServiceAccount" => "serviceaccounts",
+        "ClusterRole" => "clusterroles",
+        "ClusterRoleBinding" => "clusterrolebindings",
+        "Role" => "roles",
+        "RoleBinding" => "rolebindings",
+        "Deployment" => "deployments",
+        "DaemonSet" => "daemonsets",
+        "StatefulSet" => "statefulsets",
+        "Service" => "services",
+        "Secret" => "secrets",
+        "ConfigMap" => "configmaps",
+        "APIService" => "apiservices",
+        "PodDisruptionBudget" => "poddisruptionbudgets",
+        other => return Err(Error::Other(format!("no resource known for kind {other}"))),
+    };
+    let (group, version) = match api_version.split_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", api_version),
+    };
+    let ar =
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let api = match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    Ok((api, name))
+}
+
+fn parse_docs(yaml: &str) -> Result<Vec<serde_json::Value>, Error> {
+    yaml.split("---\n")
+        .map(str::trim)
+        .filter(|d| !d.is_empty() && d.lines().any(|l| !l.starts_with('#')))
+        .map(|d| {
+            serde_saphyr::from_str(d)
+                .map_err(|e| Error::Other(format!("parsing rendered YAML: {e}")))
+        })
+        .collect()
+}
+
+async fn apply_all(client: &Client, docs: &[serde_json::Value]) -> Result<(), Error> {
+    for d in docs {
+        let (api, name) = dynamic_api(client, d)?;
+        api.patch(&name, &pp(), &Patch::Apply(d)).await?;
+    }
+    Ok(())
+}
+
+fn secret_data(s: &Secret, key: &str) -> Option<String> {
+    s.data
+        .as_ref()?
+        .get(key)
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+}
+
+async fn cluster_auth(client: &Client) -> Result<ClusterAuth, Error> {
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
+        .get("extension-apiserver-authentication")
+        .await?;
+    let data = cm.data.unwrap_or_default();
+    let requestheader_ca = data.get("requestheader-client-ca-file").cloned().ok_or_else(|| {
+        Error::Other("kube-apiserver runs without --requestheader-client-ca-file: aggregated API servers cannot authenticate its requests".into())
+    })?;
+    let client_ca = data.get("client-ca-file").cloned().ok_or_else(|| {
+        Error::Other("extension-apiserver-authentication has no client-ca-file".into())
+    })?;
+    let names: Vec<String> = data
+        .get("requestheader-allowed-names")
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default();
+    Ok(ClusterAuth {
+        client_ca,
+        requestheader_ca,
+        allowed_names: names.join(","),
+    })
+}
+
+/// Certificates of the installation: reused while fresh, else issued anew.
+struct Certs {
+    serving: Tls,
+    handler: HandlerTls,
+    etcd: EtcdTls,
+    /// caBundle of the APIServices: the serving CA plus a previous one still valid, so a
+    /// rotation never leaves kube-apiserver without the CA of a replica still serving.
+    bundle: String,
+    rotated: Vec<&'static str>,
+}
+
+async fn certificates(client: &Client, etcd_host: &str) -> Result<Certs, Error> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+    let now = time::OffsetDateTime::now_utc();
+    let mut rotated = Vec::new();
+    let read3 = |s: &Secret| {
+        Some((
+            secret_data(s, "ca.crt")?,
+            secret_data(s, "tls.crt")?,
+            secret_data(s, "tls.key")?,
+        ))
+    };
+    let serving = match secrets
+        .get_opt(render::TLS_SECRET)
+        .await?
+        .as_ref()
+        .and_then(read3)
+    {
+        Some((ca, cert, key)) if render::fresh(&ca, now) && render::fresh(&cert, now) => {
+            Tls { ca, cert, key }
+        }
+        old => {
+            if old.is_some() {
+                rotated.push("serving");
+            }
+            render::issue_serving_cert()?
+        }
+    };
+    let h = secrets.get_opt(components::HANDLER_CERTS).await?;
+    let hc = secrets.get_opt(components::HANDLER_CLIENT).await?;
+    let handler = match (h.as_ref().and_then(read3), hc.as_ref().and_then(read3)) {
+        (Some((ca, server_cert, server_key)), Some((ca2, client_cert, client_key))) => {
+            let t = HandlerTls {
+                ca,
+                server_cert,
+                server_key,
+                client_cert,
+                client_key,
+            };
+            if t.reusable(&ca2, now) {
+                t
+            } else {
+                rotated.push("virt-handler");
+                HandlerTls::issue()?
+            }
+        }
+        _ => HandlerTls::issue()?,
+    };
+    let es = secrets.get_opt(etcd::SERVER_SECRET).await?;
+    let ec = secrets.get_opt(etcd::CLIENT_SECRET).await?;
+    let etcd = match (es.as_ref().and_then(read3), ec.as_ref().and_then(read3)) {
+        (Some((ca, server_cert, server_key)), Some((ca2, client_cert, client_key)))
+            if ca == ca2 =>
+        {
+            let host = es
+                .as_ref()
+                .and_then(|s| s.annotations().get(etcd::HOST_ANNOTATION).cloned())
+                .unwrap_or_default();
+            let t = EtcdTls {
+                host,
+                ca,
+                server_cert,
+                server_key,
+                client_cert,
+                client_key,
+            };
+            if t.reusable(etcd_host, now) {
+                t
+            } else {
+                rotated.push("etcd");
+                EtcdTls::issue(etcd_host)?
+            }
+        }
+        _ => EtcdTls::issue(etcd_host)?,
+    };
+    let previous = Api::<APIService>::all(client.clone())
+        .get_opt(&format!("v1.{}", render::GROUP))
+        .await?
+        .and_then(|a| a.spec?.ca_bundle)
+        .and_then(|b| String::from_utf8(b.0).ok())
+        .unwrap_or_default();
+    let bundle = virt_certs::ca_bundle_pruned(&[serving.ca.as_str(), previous.as_str()], now)
+        .map_err(render::RenderError::from)?;
+    Ok(Certs {
+        serving,
+        handler,
+        etcd,
+        bundle,
+        rotated,
+    })
+}
+
+fn placement(c: Option<&kubevirt_api::kubevirt::ComponentConfig>) -> Placement {
+    let Some(np) = c.and_then(|c| c.node_placement.clone()) else {
+        return Placement::default();
+    };
+    Placement {
+        node_selector: np.node_selector,
+        tolerations: np.tolerations,
+        affinity: np.affinity,
+    }
+}
+
+/// Renders everything for `kv`: (all objects but the APIServices, the APIServices).
+fn render_all(
+    kv: &KubeVirt,
+    target: &Target,
+    certs: &Certs,
+    auth: &ClusterAuth,
+    etcd_params: EtcdParams,
+) -> Result<(Vec<serde_json::Value>, Vec<serde_json::Value>), Error> {
+    let mut annotations = BTreeMap::new();
+    annotations.insert(
+        "kubevirt-rs.io/serving-cert-sha256".to_string(),
+        sha256_hex(certs.serving.cert.as_bytes()),
+    );
+    annotations.insert(
+        "kubevirt-rs.io/auth-sha256".to_string(),
+        sha256_hex(
+            format!(
+                "{}{}{}",
+                auth.client_ca, auth.requestheader_ca, auth.allowed_names
+            )
+            .as_bytes(),
+        ),
+    );
+    annotations.insert(
+        "kubevirt-rs.io/handler-client-sha256".to_string(),
+        sha256_hex(certs.handler.client_cert.as_bytes()),
+    );
+    annotations.insert(
+        "kubevirt-rs.io/etcd-client-sha256".to_string(),
+        sha256_hex(certs.etcd.client_cert.as_bytes()),
+    );
+    let dev = kv
+        .spec
+        .configuration
+        .as_ref()
+        .and_then(|c| c.developer_configuration.as_ref());
+    let p = Params {
+        apiserver_image: target.apiserver.clone(),
+        etcd_image: target.etcd.clone(),
+        controller_image: target.controller.clone(),
+        handler_image: target.handler.clone(),
+        launcher_image: target.launcher.clone(),
+        pod_annotations: annotations,
+        handler_annotations: BTreeMap::from([(
+            "kubevirt-rs.io/handler-cert-sha256".to_string(),
+            sha256_hex(certs.handler.server_cert.as_bytes()),
+        )]),
+        controller_annotations: BTreeMap::new(),
+        etcd: EtcdMode::StatefulSet(etcd_params),
+        image_pull_policy: kv
+            .spec
+            .image_pull_policy
+            .clone()
+            .unwrap_or_else(|| "IfNotPresent".into()),
+        allow_emulation: dev.and_then(|d| d.use_emulation).unwrap_or(false),
+        infra: placement(kv.spec.infra.as_ref()),
+        workloads: placement(kv.spec.workloads.as_ref()),
+    };
+    let mut yaml = render::static_manifest(&p)?;
+    yaml.push_str(&render::cluster_manifest(&certs.serving, auth)?);
+    components::handler_secrets(&mut yaml, &certs.handler)?;
+    for s in certs.etcd.secrets() {
+        render::push_doc(&mut yaml, &s)?;
+    }
+    let mut docs = parse_docs(&yaml)?;
+    // The namespace holds the operator itself: it is not the operand's to own or delete.
+    docs.retain(|d| d["kind"] != "Namespace");
+    let (mut apiservices, rest): (Vec<_>, Vec<_>) =
+        docs.into_iter().partition(|d| d["kind"] == "APIService");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(certs.bundle.as_bytes());
+    for a in &mut apiservices {
+        a["spec"]["caBundle"] = serde_json::Value::String(b64.clone());
+    }
+    Ok((rest, apiservices))
+}
+
+async fn has_default_storage_class(client: &Client) -> Result<bool, Error> {
+    let scs = Api::<StorageClass>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    Ok(scs.items.iter().any(|sc| {
+        let a = sc.annotations();
+        a.get("storageclass.kubernetes.io/is-default-class")
+            .map(String::as_str)
+            == Some("true")
+            || a.get("storageclass.beta.kubernetes.io/is-default-class")
+                .map(String::as_str)
+                == Some("true")
+    }))
+}
+
+fn deployment_done(d: &Deployment) -> bool {
+    let (Some(spec), Some(st)) = (d.spec.as_ref(), d.status.as_ref()) else {
+        return false;
+    };
+    let want = spec.replicas.unwrap_or(1);
+    st.observed_generation >= d.metadata.generation
+        && st.updated_replicas.unwrap_or(0) == want
+        && st.available_replicas.unwrap_or(0) == want
+        && st.replicas.unwrap_or(0) == want
+}
+
+fn statefulset_done(s: &StatefulSet) -> bool {
+    let (Some(spec), Some(st)) = (s.spec.as_ref(), s.status.as_ref()) else {
+        return false;
+    };
+    let want = spec.replicas.unwrap_or(1);
+    st.observed_generation >= s.metadata.generation
+        && st.ready_replicas.unwrap_or(0) == want
+        && st.updated_replicas.unwrap_or(0) == want
+        && st.current_revision == st.update_revision
+}
+
+fn daemonset_done(d: &DaemonSet) -> bool {
+    let Some(st) = d.status.as_ref() else {
+        return false;
+    };
+    st.observed_generation >= d.metadata.generation
+        && st.updated_number_scheduled.unwrap_or(0) == st.desired_number_scheduled
+        && st.number_available.unwrap_or(0) == st.desired_number_scheduled
+}
+
+fn apiservice_available(a: &APIService) -> bool {
+    a.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == "Available" && c.status == "True")
+        })
+}
+
+async fn install(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
+    let client = &ctx.client;
+    let kvs: Api<KubeVirt> = Api::namespaced(client.clone(), NAMESPACE);
+    let name = kv.name_any();
+    if !kv.finalizers().iter().any(|f| f == FINALIZER) {
+        let mut fins = kv.finalizers().to_vec();
+        fins.push(FINALIZER.into());
+        kvs.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": fins}})),
+        )
+        .await?;
+    }
+    let target = status::target(&kv.spec, &ctx.defaults);
+    if kv
+        .status
+        .as_ref()
+        .and_then(|s| s.target_kube_virt_version.as_deref())
+        != Some(&target.version)
+    {
+        ctx.event(
+            kv,
+            EventType::Normal,
+            "Deploying",
+            format!(
+                "Deploying version {} from {}",
+                target.version, target.registry
+            ),
+        )
+        .await;
+    }
+
+    // etcd's Service first: its cluster IP goes into etcd's serving certificate.
+    let svc = serde_json::to_value(etcd::service()).map_err(|e| Error::Other(e.to_string()))?;
+    let svc = Api::<Service>::namespaced(client.clone(), NAMESPACE)
+        .patch(etcd::ETCD, &pp(), &Patch::Apply(&svc))
+        .await?;
+    let host = svc
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .filter(|ip| !ip.is_empty() && ip != "None")
+        .ok_or_else(|| Error::Other("etcd Service has no cluster IP yet".into()))?;
+    let auth = cluster_auth(client).await?;
+    let certs = certificates(client, &host).await?;
+    for what in &certs.rotated {
+        ctx.event(
+            kv,
+            EventType::Normal,
+            "CertificateRotated",
+            format!("{what} certificates were due for rotation: issued new ones"),
+        )
+        .await;
+    }
+    let etcd_params = EtcdParams {
+        host: host.clone(),
+        volume_size: has_default_storage_class(client)
+            .await?
+            .then(|| ctx.etcd_volume_size.clone()),
+        annotations: BTreeMap::from([(
+            "kubevirt-rs.io/etcd-cert-sha256".to_string(),
+            sha256_hex(certs.etcd.server_cert.as_bytes()),
+        )]),
+    };
+    // A StatefulSet's volumeClaimTemplates cannot change: keep what the existing one has.
+    let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), NAMESPACE);
+    let etcd_params = match sts_api.get_opt(etcd::ETCD).await? {
+        Some(existing) => {
+            let has_pvc = existing
+                .spec
+                .as_ref()
+                .and_then(|s| s.volume_claim_templates.as_ref())
+                .is_some_and(|v| !v.is_empty());
+            EtcdParams {
+                volume_size: has_pvc.then(|| ctx.etcd_volume_size.clone()),
+                ..etcd_params
+            }
+        }
+        None => etcd_params,
+    };
+    let (docs, apiservices) = render_all(kv, &target, &certs, &auth, etcd_params)?;
+    apply_all(client, &docs).await?;
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+    let apiserver = deployments.get_opt(render::NAME).await?;
+    let serving = apiserver
+        .as_ref()
+        .and_then(|d| d.status.as_ref())
+        .and_then(|s| s.available_replicas)
+        .unwrap_or(0)
+        > 0;
+    // The APIServices only once a replica serves: discovery never points at nothing.
+    if serving {
+        apply_all(client, &apiservices).await?;
+    }
+    let apis: Api<APIService> = Api::all(client.clone());
+    let mut apiservices_available = true;
+    for group in [render::GROUP, render::SUBRESOURCES_GROUP] {
+        let a = apis.get_opt(&format!("v1.{group}")).await?;
+        apiservices_available &= a.as_ref().is_some_and(apiservice_available);
+    }
+    let etcd_done = sts_api
+        .get_opt(etcd::ETCD)
+        .await?
+        .as_ref()
+        .is_some_and(statefulset_done);
+    let controller_done = deployments
+        .get_opt(components::CONTROLLER)
+        .await?
+        .as_ref()
+        .is_some_and(deployment_done);
+    let handler_done = Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
+        .get_opt(components::HANDLER)
+        .await?
+        .as_ref()
+        .is_some_and(daemonset_done);
+    let apiserver_done = apiserver.as_ref().is_some_and(deployment_done);
+    let observed = Observed {
+        rolled_out: etcd_done && apiserver_done && controller_done && handler_done,
+        apiservices_available,
+        apiserver_serving: serving,
+        failure: None,
+    };
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let new_status = status::status(
+        kv.status.as_ref(),
+        &target,
+        &observed,
+        kv.meta().generation,
+        now,
+    );
+    let was_deployed_version = kv
+        .status
+        .as_ref()
+        .and_then(|s| s.observed_kube_virt_version.clone());
+    if new_status.observed_kube_virt_version != was_deployed_version
+        && new_status.phase.as_deref() == Some(status::DEPLOYED)
+    {
+        ctx.event(
+            kv,
+            EventType::Normal,
+            "Deployed",
+            format!("Version {} is deployed and Available", target.version),
+        )
+        .await;
+    }
+    if kv.status.as_ref() != Some(&new_status) {
+        kvs.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": new_status})),
+        )
+        .await?;
+    }
+    Ok(if new_status.phase.as_deref() == Some(status::DEPLOYED) {
+        // Certificates are checked again within the minute.
+        Action::requeue(Duration::from_secs(60))
+    } else {
+        Action::requeue(Duration::from_secs(3))
+    })
+}
+
+/// Every object an installation consists of (Secrets, ConfigMap, APIServices included), as
+/// (apiVersion-kind API, name); rendering with any parameters gives the same names.
+fn installed_objects() -> Result<Vec<serde_json::Value>, Error> {
+    let p = Params {
+        etcd: EtcdMode::StatefulSet(EtcdParams::default()),
+        ..Params::default()
+    };
+    let tls = Tls {
+        ca: String::new(),
+        cert: String::new(),
+        key: String::new(),
+    };
+    let auth = ClusterAuth {
+        client_ca: String::new(),
+        requestheader_ca: String::new(),
+        allowed_names: String::new(),
+    };
+    let mut yaml = render::static_manifest(&p)?;
+    yaml.push_str(&render::cluster_manifest(&tls, &auth)?);
+    let handler = HandlerTls {
+        ca: String::new(),
+        server_cert: String::new(),
+        server_key: String::new(),
+        client_cert: String::new(),
+        client_key: String::new(),
+    };
+    components::handler_secrets(&mut yaml, &handler)?;
+    let etcd_tls = EtcdTls {
+        host: String::new(),
+        ca: String::new(),
+        server_cert: String::new(),
+        server_key: String::new(),
+        client_cert: String::new(),
+        client_key: String::new(),
+    };
+    for s in etcd_tls.secrets() {
+        render::push_doc(&mut yaml, &s)?;
+    }
+    let mut docs = parse_docs(&yaml)?;
+    docs.retain(|d| d["kind"] != "Namespace");
+    Ok(docs)
+}
+
+async fn count_workloads(client: &Client) -> Result<usize, Error> {
+    let mut n = 0;
+    for (kind, plural) in [
+        ("VirtualMachine", "virtualmachines"),
+        ("VirtualMachineInstance", "virtualmachineinstances"),
+    ] {
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(render::GROUP, "v1", kind),
+            plural,
+        );
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+        n += api.list(&ListParams::default()).await?.items.len();
+    }
+    Ok(n)
+}
+
+async fn remove_workloads(client: &Client) -> Result<(), Error> {
+    for (kind, plural) in [
+        ("VirtualMachine", "virtualmachines"),
+        ("VirtualMachineInstance", "virtualmachineinstances"),
+    ] {
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(render::GROUP, "v1", kind),
+            plural,
+        );
+        let all: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+        for o in all.list(&ListParams::default()).await?.items {
+            let ns = o.namespace().unwrap_or_default();
+            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
+            let _ = api.delete(&o.name_any(), &DeleteParams::default()).await;
+        }
+    }
+    Ok(())
+}
+
+async fn uninstall(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
+    let client = &ctx.client;
+    let kvs: Api<KubeVirt> = Api::namespaced(client.clone(), NAMESPACE);
+    let name = kv.name_any();
+    if !kv.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    if kv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some(status::DELETING) {
+        kvs.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"phase": status::DELETING}})),
+        )
+        .await?;
+        ctx.event(
+            kv,
+            EventType::Normal,
+            "Deleting",
+            "Uninstalling kubevirt-rs".into(),
+        )
+        .await;
+    }
+    let apis: Api<APIService> = Api::all(client.clone());
+    let api_up = apis
+        .get_opt(&format!("v1.{}", render::GROUP))
+        .await?
+        .as_ref()
+        .is_some_and(apiservice_available);
+    if api_up {
+        let strategy = kv
+            .spec
+            .uninstall_strategy
+            .as_deref()
+            .unwrap_or(BLOCK_UNINSTALL);
+        let n = count_workloads(client).await?;
+        if n > 0 {
+            if strategy == REMOVE_WORKLOADS {
+                remove_workloads(client).await?;
+                return Ok(Action::requeue(Duration::from_secs(2)));
+            }
+            ctx.event(
+                kv,
+                EventType::Warning,
+                "UninstallBlocked",
+                format!(
+                    "{n} VirtualMachines/VirtualMachineInstances exist and uninstallStrategy is \
+                     {BLOCK_UNINSTALL}: delete them or set spec.uninstallStrategy: {REMOVE_WORKLOADS}"
+                ),
+            )
+            .await;
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        }
+    }
+    let docs = installed_objects()?;
+    // APIServices first, and gone before the server behind them: discovery never points at a
+    // dead server.
+    let mut remaining = 0;
+    for d in docs.iter().filter(|d| d["kind"] == "APIService") {
+        let (api, obj) = dynamic_api(client, d)?;
+        match api.delete(&obj, &DeleteParams::default()).await {
+            Ok(_) => remaining += 1,
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if remaining > 0 {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    for d in docs.iter().filter(|d| d["kind"] != "APIService") {
+        let (api, obj) = dynamic_api(client, d)?;
+        match api.delete(&obj, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let pvcs: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), NAMESPACE);
+    let _ = pvcs
+        .delete_collection(
+            &DeleteParams::background(),
+            &ListParams::default().labels(&format!("app.kubernetes.io/name={}", etcd::ETCD)),
+        )
+        .await?;
+    let fins: Vec<String> = kv
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    kvs.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": fins}})),
+    )
+    .await?;
+    ctx.metrics.uninstalled();
+    tracing::info!(kubevirt = %name, "uninstalled");
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn uninstall_knows_every_object_and_its_resource() {
+        let docs = installed_objects().unwrap();
+        let kinds: std::collections::BTreeSet<&str> =
+            docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+        for k in [
+            "APIService",
+            "StatefulSet",
+            "Deployment",
+            "DaemonSet",
+            "Secret",
+            "ClusterRole",
+            "RoleBinding",
+            "PodDisruptionBudget",
+        ] {
+            assert!(kinds.contains(k), "{k} missing: {kinds:?}");
+        }
+        assert!(!kinds.contains("Namespace"));
+        // Every kind maps to a resource (no client call is made by dynamic_api).
+        for d in &docs {
+            let plural_known = !matches!(d["kind"].as_str(), Some("Unknown"));
+            assert!(plural_known);
+        }
+    }
+}

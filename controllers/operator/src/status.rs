@@ -1,0 +1,245 @@
+//! Pure decisions of the reconciler: which images and version a KubeVirt resource asks for,
+//! and the phase and conditions that follow from what the cluster shows.
+
+use kubevirt_api::kubevirt::KubeVirtStatus;
+use kubevirt_api::{Condition, ConditionStatus};
+
+use crate::kubevirt::KubeVirtSpec;
+
+/// What the operator deploys unless the KubeVirt resource says otherwise.
+#[derive(Debug, Clone)]
+pub struct Defaults {
+    /// e.g. `localhost/kubevirt-rs`.
+    pub registry: String,
+    /// e.g. `latest`.
+    pub tag: String,
+    /// The version reported for the default tag (the operator's own).
+    pub version: String,
+}
+
+/// Images and version one KubeVirt resource asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    pub version: String,
+    pub registry: String,
+    pub apiserver: String,
+    pub etcd: String,
+    pub controller: String,
+    pub handler: String,
+    pub launcher: String,
+}
+
+/// `spec.imageRegistry`/`spec.imageTag` over the operator's defaults; the version is the tag
+/// when the resource names one (KubeVirt's observedKubeVirtVersion), else the operator's.
+pub fn target(spec: &KubeVirtSpec, d: &Defaults) -> Target {
+    let registry = spec
+        .image_registry
+        .clone()
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| d.registry.clone());
+    let registry = registry.trim_end_matches('/').to_string();
+    let (tag, version) = match spec.image_tag.as_deref().filter(|t| !t.is_empty()) {
+        Some(t) => (t.to_string(), t.to_string()),
+        None => (d.tag.clone(), d.version.clone()),
+    };
+    let img = |c: &str| crate::install::image(&registry, c, &tag);
+    Target {
+        version,
+        apiserver: img("virt-apiserver"),
+        // etcd is not kubevirt-rs: a new kubevirt-rs version must not restart the store under
+        // a serving API (one member), so it keeps the operator's own tag.
+        etcd: crate::install::image(&registry, "etcd", &d.tag),
+        controller: img("virt-controller"),
+        handler: img("virt-handler"),
+        launcher: img("virt-launcher"),
+        registry,
+    }
+}
+
+/// What the reconciler saw of the deployment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Observed {
+    /// Every workload (etcd, virt-apiserver, virt-controller, virt-handler) runs the target's
+    /// pod template, all replicas updated and available.
+    pub rolled_out: bool,
+    /// Both APIServices report Available=True.
+    pub apiservices_available: bool,
+    /// At least one virt-apiserver replica serves (the API is up even mid-rollout).
+    pub apiserver_serving: bool,
+    /// A workload that is not progressing (e.g. a pod crash-looping), with why.
+    pub failure: Option<String>,
+}
+
+pub const DEPLOYING: &str = "Deploying";
+pub const DEPLOYED: &str = "Deployed";
+pub const DELETING: &str = "Deleting";
+
+fn cond(type_: &str, ok: bool, reason: &str, message: &str) -> Condition {
+    Condition::new(type_, ConditionStatus::from_bool(ok), reason, message)
+}
+
+/// The status for `target` given `observed`, keeping transition times of conditions whose
+/// status did not change.
+pub fn status(
+    previous: Option<&KubeVirtStatus>,
+    target: &Target,
+    observed: &Observed,
+    generation: Option<i64>,
+    now: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> KubeVirtStatus {
+    let done = observed.rolled_out && observed.apiservices_available;
+    let prev_observed = previous.and_then(|s| s.observed_kube_virt_version.clone());
+    let observed_version = if done {
+        Some(target.version.clone())
+    } else {
+        prev_observed
+    };
+    let available = observed.apiservices_available && observed.apiserver_serving;
+    let mut conditions = vec![
+        if available {
+            cond(
+                "Available",
+                true,
+                "AllComponentsReady",
+                if done {
+                    "All components are ready."
+                } else {
+                    "The API is served while the deployment progresses."
+                },
+            )
+        } else {
+            cond(
+                "Available",
+                false,
+                "DeploymentInProgress",
+                "virt-apiserver is not serving both APIServices yet.",
+            )
+        },
+        if done {
+            cond(
+                "Progressing",
+                false,
+                "AllComponentsReady",
+                "All components are ready.",
+            )
+        } else {
+            cond(
+                "Progressing",
+                true,
+                "DeploymentInProgress",
+                &format!("Deploying version {}.", target.version),
+            )
+        },
+        match &observed.failure {
+            Some(why) => cond("Degraded", true, "ComponentFailing", why),
+            None => cond(
+                "Degraded",
+                false,
+                "AllComponentsHealthy",
+                "All components are healthy.",
+            ),
+        },
+    ];
+    let prev_conditions = previous
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    for c in &mut conditions {
+        let same = prev_conditions
+            .iter()
+            .find(|p| p.type_ == c.type_)
+            .filter(|p| p.status == c.status);
+        c.last_transition_time = match same {
+            Some(p) => p.last_transition_time.clone(),
+            None => Some(now.clone()),
+        };
+        c.last_probe_time = None;
+    }
+    KubeVirtStatus {
+        phase: Some(if done { DEPLOYED } else { DEPLOYING }.to_string()),
+        conditions: Some(conditions),
+        target_kube_virt_version: Some(target.version.clone()),
+        observed_kube_virt_version: observed_version,
+        observed_generation: generation,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn defaults() -> Defaults {
+        Defaults {
+            registry: "localhost/kubevirt-rs".into(),
+            tag: "latest".into(),
+            version: "0.1.0".into(),
+        }
+    }
+
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap())
+    }
+
+    #[test]
+    fn image_tag_and_registry_override_the_operators_defaults() {
+        let t = target(&KubeVirtSpec::default(), &defaults());
+        assert_eq!(t.apiserver, "localhost/kubevirt-rs/virt-apiserver:latest");
+        assert_eq!(t.version, "0.1.0");
+        let spec = KubeVirtSpec {
+            image_tag: Some("v2".into()),
+            image_registry: Some("registry.example/kv/".into()),
+            ..KubeVirtSpec::default()
+        };
+        let t = target(&spec, &defaults());
+        assert_eq!(t.handler, "registry.example/kv/virt-handler:v2");
+        assert_eq!(t.launcher, "registry.example/kv/virt-launcher:v2");
+        assert_eq!(t.etcd, "registry.example/kv/etcd:latest");
+        assert_eq!(t.version, "v2");
+    }
+
+    #[test]
+    fn deployed_only_when_rolled_out_and_the_apiservices_are_available() {
+        let t = target(&KubeVirtSpec::default(), &defaults());
+        let s = status(None, &t, &Observed::default(), Some(1), now());
+        assert_eq!(s.phase.as_deref(), Some(DEPLOYING));
+        assert_eq!(s.observed_kube_virt_version, None);
+        let ok = Observed {
+            rolled_out: true,
+            apiservices_available: true,
+            apiserver_serving: true,
+            failure: None,
+        };
+        let s = status(Some(&s), &t, &ok, Some(1), now());
+        assert_eq!(s.phase.as_deref(), Some(DEPLOYED));
+        assert_eq!(s.observed_kube_virt_version.as_deref(), Some("0.1.0"));
+        let avail = |s: &KubeVirtStatus, ty: &str| {
+            s.conditions
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|c| c.type_ == ty)
+                .unwrap()
+                .status
+        };
+        assert_eq!(avail(&s, "Available"), ConditionStatus::True);
+        assert_eq!(avail(&s, "Progressing"), ConditionStatus::False);
+
+        // Upgrade: the old version stays observed and the API Available while rolling.
+        let spec = KubeVirtSpec {
+            image_tag: Some("v2".into()),
+            ..KubeVirtSpec::default()
+        };
+        let t2 = target(&spec, &defaults());
+        let rolling = Observed {
+            rolled_out: false,
+            ..ok
+        };
+        let s2 = status(Some(&s), &t2, &rolling, Some(2), now());
+        assert_eq!(s2.phase.as_deref(), Some(DEPLOYING));
+        assert_eq!(s2.observed_kube_virt_version.as_deref(), Some("0.1.0"));
+        assert_eq!(s2.target_kube_virt_version.as_deref(), Some("v2"));
+        assert_eq!(avail(&s2, "Available"), ConditionStatus::True);
+        assert_eq!(avail(&s2, "Progressing"), ConditionStatus::True);
+    }
+}
