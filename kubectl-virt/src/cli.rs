@@ -101,6 +101,10 @@ pub enum Command {
         /// Ask the server to validate the request without changing anything.
         #[arg(long)]
         dry_run: bool,
+        /// Follow the migration: progress (phase, percent of memory transferred, rate)
+        /// until it ends; exit 1 when it fails.
+        #[arg(long)]
+        wait: bool,
     },
     /// Cancel the running migration of a VM.
     MigrateCancel {

@@ -84,6 +84,13 @@ pub enum CliError {
     #[error("no active migration for VMI \"{name}\" in namespace \"{namespace}\"")]
     NoActiveMigration { name: String, namespace: String },
 
+    #[error("migration of VM \"{name}\" in namespace \"{namespace}\" failed: {reason}")]
+    MigrationFailed {
+        name: String,
+        namespace: String,
+        reason: String,
+    },
+
     #[error(
         "timed out after {minutes} minute(s) waiting for VMI \"{name}\" in namespace \"{namespace}\" to be running{}",
         server_detail(last)

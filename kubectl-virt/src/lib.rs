@@ -12,6 +12,7 @@ pub mod connect;
 pub mod console;
 pub mod create;
 pub mod error;
+pub mod migrate;
 pub mod ops;
 pub mod request;
 pub mod vnc;
@@ -157,12 +158,18 @@ async fn run_with_session(
             name,
             added_node_selector,
             dry_run,
+            wait,
         } => {
             let action = Action::Migrate {
                 added_node_selector: parse_node_selector(&added_node_selector)?,
                 dry_run,
             };
-            ops::run_action(session, &action, vm, &name, out).await
+            let started = std::time::Instant::now();
+            ops::run_action(session, &action, vm, &name, out).await?;
+            if wait && !dry_run {
+                migrate::wait(session, &name, started, out).await?;
+            }
+            Ok(())
         }
         Command::MigrateCancel { name, dry_run } => {
             ops::migrate_cancel(session, &name, dry_run, out).await
