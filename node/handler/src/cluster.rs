@@ -497,6 +497,7 @@ impl StatusWriter {
         if let Observation::Launcher(l) = obs {
             let vmi = self.vmi.borrow().clone();
             next = with_pod_interface(next, &vmi, l.pod_ip.as_deref());
+            next = with_live_migratable(next, &vmi);
         }
         let next = stamp_phase(&prev, next, k8s_openapi::jiff::Timestamp::now());
         let Some(patch) = status_patch(&prev, &next) else {
@@ -533,6 +534,33 @@ impl StatusWriter {
             }
         }
     }
+}
+
+/// The `LiveMigratable` condition of a running VMI (cluster-flow.md §6.5): virt-apiserver
+/// refuses `migrate` with its reason when False.
+fn with_live_migratable(
+    mut s: VirtualMachineInstanceStatus,
+    vmi: &VirtualMachineInstance,
+) -> VirtualMachineInstanceStatus {
+    use kubevirt_api::common::{Condition, ConditionStatus, set_condition};
+    let cond = match kubevirt_api::live_migratable(vmi) {
+        Ok(_) => Condition::new(
+            kubevirt_api::vmi::condition_types::LIVE_MIGRATABLE,
+            ConditionStatus::True,
+            "",
+            "",
+        ),
+        Err(e) => Condition::new(
+            kubevirt_api::vmi::condition_types::LIVE_MIGRATABLE,
+            ConditionStatus::False,
+            e.reason,
+            &e.message,
+        ),
+    };
+    let mut conds = s.conditions.take().unwrap_or_default();
+    set_condition(&mut conds, cond);
+    s.conditions = Some(conds);
+    s
 }
 
 /// Follows the launcher of one VMI until the VMI is final: waits for its socket, reports
