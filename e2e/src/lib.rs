@@ -233,7 +233,7 @@ impl Cluster {
 }
 
 /// kubectl matching the local cluster's version if it was built, else the one in PATH.
-fn kubectl_binary() -> PathBuf {
+pub fn kubectl_binary() -> PathBuf {
     let k8s = target_dir().join("k8s");
     std::fs::read_dir(&k8s)
         .ok()

@@ -415,6 +415,8 @@ fn render_all(
     let mut docs = parse_docs(&yaml)?;
     // The namespace holds the operator itself: it is not the operand's to own or delete.
     docs.retain(|d| d["kind"] != "Namespace");
+    // Secrets and the ConfigMap before the pods that mount them.
+    docs.sort_by_key(|d| !matches!(d["kind"].as_str(), Some("Secret" | "ConfigMap")));
     let (mut apiservices, rest): (Vec<_>, Vec<_>) =
         docs.into_iter().partition(|d| d["kind"] == "APIService");
     let b64 = base64::engine::general_purpose::STANDARD.encode(certs.bundle.as_bytes());
@@ -798,12 +800,18 @@ async fn uninstall(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
     }
     let pvcs: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
         Api::namespaced(client.clone(), NAMESPACE);
-    let _ = pvcs
-        .delete_collection(
-            &DeleteParams::background(),
-            &ListParams::default().labels(&format!("app.kubernetes.io/name={}", etcd::ETCD)),
-        )
-        .await?;
+    let etcd_claims =
+        ListParams::default().labels(&format!("app.kubernetes.io/name={}", etcd::ETCD));
+    for pvc in pvcs.list(&etcd_claims).await?.items {
+        match pvcs
+            .delete(&pvc.name_any(), &DeleteParams::background())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     let fins: Vec<String> = kv
         .finalizers()
         .iter()
