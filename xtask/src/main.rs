@@ -44,6 +44,7 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    close_inherited_fds_on_exec();
     match Cli::parse().command {
         Command::DevApiserver(a) => dev_apiserver::run(a),
         Command::Guest(a) => guest::run(a),
@@ -60,6 +61,26 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+/// Descriptors inherited from the caller (e.g. the cluster lock of `flock
+/// /tmp/kvrs-cluster.lock cargo xtask …`) must not leak into the daemons `cluster up` starts:
+/// they would hold that lock for as long as the cluster runs.
+fn close_inherited_fds_on_exec() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in fds {
+        let _ = nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        );
     }
 }
 
