@@ -262,6 +262,9 @@ mod tests {
                 ..
             }
         ));
+        let c = parse(&["console", "vm1", "--as", "jane", "--as-group", "devs"]);
+        assert_eq!(c.global.as_user.as_deref(), Some("jane"));
+        assert_eq!(c.global.as_group, ["devs"]);
     }
 
     #[test]

@@ -28,6 +28,12 @@ pub struct GlobalArgs {
     /// The namespace scope for this request (default: the context's namespace, else "default").
     #[arg(short = 'n', long, global = true, value_name = "NAMESPACE")]
     pub namespace: Option<String>,
+    /// Username to impersonate for the operation (kubectl's --as).
+    #[arg(long = "as", global = true, value_name = "USERNAME")]
+    pub as_user: Option<String>,
+    /// Group to impersonate for the operation (kubectl's --as-group). Repeatable.
+    #[arg(long = "as-group", global = true, value_name = "GROUP")]
+    pub as_group: Vec<String>,
 }
 
 /// A ready client plus what error messages need to know about it.
@@ -117,8 +123,19 @@ impl GlobalArgs {
         }
     }
 
+    /// Applies --as/--as-group over what the kubeconfig says, as kubectl does.
+    fn impersonate(&self, config: &mut Config) {
+        if let Some(user) = &self.as_user {
+            config.auth_info.impersonate = Some(user.clone());
+        }
+        if !self.as_group.is_empty() {
+            config.auth_info.impersonate_groups = Some(self.as_group.clone());
+        }
+    }
+
     pub async fn session(&self) -> Result<Session, CliError> {
-        let config = self.config().await?;
+        let mut config = self.config().await?;
+        self.impersonate(&mut config);
         let namespace = self
             .namespace
             .clone()
@@ -203,6 +220,25 @@ users:
             ..GlobalArgs::default()
         };
         assert!(matches!(g.session().await, Err(CliError::Config(_))));
+    }
+
+    #[tokio::test]
+    async fn as_and_as_group_impersonate() {
+        let f = write_config();
+        let g = GlobalArgs {
+            kubeconfig: Some(f.path().to_owned()),
+            as_user: Some("jane".into()),
+            as_group: vec!["devs".into(), "ops".into()],
+            ..GlobalArgs::default()
+        };
+        let mut c = g.config().await.unwrap();
+        assert_eq!(c.auth_info.impersonate, None);
+        g.impersonate(&mut c);
+        assert_eq!(c.auth_info.impersonate.as_deref(), Some("jane"));
+        assert_eq!(
+            c.auth_info.impersonate_groups,
+            Some(vec!["devs".to_string(), "ops".to_string()])
+        );
     }
 
     #[tokio::test]

@@ -8,6 +8,7 @@ use anyhow::Context;
 mod apiserver;
 mod crd;
 mod report;
+mod start;
 
 /// Arguments.
 #[derive(clap::Args, Debug)]
@@ -24,6 +25,9 @@ pub enum Bench {
     Apiserver(apiserver::ApiserverArgs),
     /// virt-launcher: start → guest banner against bare QEMU in the same run, memory beside QEMU.
     Launcher(LauncherArgs),
+    /// VM start density on the local cluster: VMs created 100 ms apart → Running, guest
+    /// answering; API writes per start; control-plane memory.
+    Start(start::StartArgs),
 }
 
 /// Arguments of the launcher benchmark.
@@ -71,6 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match args.bench {
         Bench::Apiserver(a) => apiserver::run(a),
         Bench::Launcher(a) => launcher(a),
+        Bench::Start(a) => start::run(a),
     }
 }
 

@@ -310,6 +310,31 @@ pub struct Devices {
     pub network_interface_multiqueue: Option<bool>,
     /// Multi-queue virtio-blk.
     pub block_multi_queue: Option<bool>,
+    /// Panic notifiers: a guest kernel panic stops the guest and fails the VMI instead of
+    /// going unnoticed (KubeVirt's `panicDevices`).
+    pub panic_devices: Option<Vec<PanicDevice>>,
+}
+
+/// A device through which the guest reports a kernel panic to the host.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PanicDevice {
+    /// The device model (default `isa`).
+    pub model: Option<PanicDeviceModel>,
+}
+
+/// Model of a panic device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PanicDeviceModel {
+    /// QEMU's pvpanic on the ISA bus (I/O port 0x505).
+    #[default]
+    Isa,
+    /// Hyper-V's crash MSRs (Windows guests).
+    Hyperv,
+    /// QEMU's pvpanic as a PCI device.
+    Pvpanic,
 }
 
 /// A virtio random number generator.

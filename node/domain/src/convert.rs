@@ -512,11 +512,48 @@ fn misc_devices(spec: &DomainSpec, d: &mut Domain) {
             },
         });
     }
+    d.devices.panic = panic_devices(spec);
+}
+
+/// The VMI's panic devices; on_crash (destroy) turns a reported panic into a crashed
+/// domain, so the VMI fails instead of the guest rebooting unnoticed.
+fn panic_devices(spec: &DomainSpec) -> Vec<Panic> {
+    spec.devices
+        .panic_devices
+        .iter()
+        .flatten()
+        .map(|p| {
+            let model = match p.model.unwrap_or_default() {
+                vmi::PanicDeviceModel::Isa => "isa",
+                vmi::PanicDeviceModel::Hyperv => "hyperv",
+                vmi::PanicDeviceModel::Pvpanic => "pvpanic",
+            };
+            Panic {
+                model: model.into(),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn panic_devices_default_to_isa_and_keep_their_model() {
+        let mut spec = DomainSpec::default();
+        spec.devices.panic_devices = Some(vec![
+            vmi::PanicDevice::default(),
+            vmi::PanicDevice {
+                model: Some(vmi::PanicDeviceModel::Hyperv),
+            },
+        ]);
+        let panics = panic_devices(&spec);
+        let models: Vec<&str> = panics.iter().map(|p| p.model.as_str()).collect();
+        assert_eq!(models, ["isa", "hyperv"]);
+        // None asked for, none added: a panic then reboots the guest as before.
+        assert!(panic_devices(&DomainSpec::default()).is_empty());
+    }
 
     #[test]
     fn device_names_follow_the_kernel() {

@@ -280,6 +280,9 @@ pub struct Devices {
     /// Random number generators.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rng: Vec<Rng>,
+    /// Panic notifiers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub panic: Vec<Panic>,
 }
 
 /// Where a disk's data lives.
@@ -633,6 +636,14 @@ pub struct VideoModel {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemBalloon {
     /// `virtio` or `none`.
+    #[serde(rename = "@model")]
+    pub model: String,
+}
+
+/// `<panic model='isa'/>`: the guest reports a kernel panic, libvirt applies `on_crash`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Panic {
+    /// `isa`, `hyperv` or `pvpanic`.
     #[serde(rename = "@model")]
     pub model: String,
 }

@@ -29,6 +29,18 @@ done
 
 echo "kubevirt-rs guest ready"
 
+# Test hooks on the kernel command line: a guest that powers itself off cleanly, or one
+# whose kernel panics (reported through a panic device, if the VM has one), N seconds
+# after the banner.
+for a in $(cat /proc/cmdline); do
+    case "$a" in
+        kubevirt-rs.poweroff-after=*)
+            ( sleep "${a#*=}"; echo "kubevirt-rs guest: powering off"; sync; poweroff -f ) & ;;
+        kubevirt-rs.panic-after=*)
+            ( sleep "${a#*=}"; echo "kubevirt-rs guest: panicking"; echo c >/proc/sysrq-trigger ) & ;;
+    esac
+done
+
 # cloud-init NoCloud: print what the config drive carries so tests can see it arrive.
 dev=$(findfs LABEL=cidata 2>/dev/null)
 if [ -z "$dev" ]; then

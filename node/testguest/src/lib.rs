@@ -29,7 +29,8 @@ pub const KERNEL_ARGS: &str = "console=ttyS0 quiet panic=-1";
 /// Marker written at the start of `disk.qcow2`, so a guest can prove it sees the disk.
 pub const DISK_MARKER: &str = "kubevirt-rs-test-disk";
 
-/// Kernel modules the guest needs (virtio disks, the NoCloud ISO, the ACPI power button);
+/// Kernel modules the guest needs (virtio disks, the NoCloud ISO, the ACPI power button,
+/// the panic device);
 /// the cloud kernel builds them as modules. Dependencies are added from `modules.dep`.
 const MODULES: &[&str] = &[
     "kernel/drivers/virtio/virtio_pci.ko",
@@ -40,6 +41,8 @@ const MODULES: &[&str] = &[
     "kernel/fs/isofs/isofs.ko",
     "kernel/drivers/acpi/button.ko",
     "kernel/drivers/input/evdev.ko",
+    // pvpanic on the ISA bus (ACPI QEMU0001): a panic reaches libvirt as a crash.
+    "kernel/drivers/misc/pvpanic/pvpanic-mmio.ko",
 ];
 
 /// Errors while building the guest.
