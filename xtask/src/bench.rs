@@ -7,6 +7,7 @@ use anyhow::Context;
 
 mod apiserver;
 mod crd;
+mod migrate;
 mod report;
 mod start;
 
@@ -28,6 +29,9 @@ pub enum Bench {
     /// VM start density on the local cluster: VMs created 100 ms apart → Running, guest
     /// answering; API writes per start; control-plane memory.
     Start(start::StartArgs),
+    /// Live migration of an idle 256 MiB guest between the two local nodes, against bare
+    /// QEMU → QEMU in the same run.
+    Migrate(migrate::MigrateArgs),
 }
 
 /// Arguments of the launcher benchmark.
@@ -76,6 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Bench::Apiserver(a) => apiserver::run(a),
         Bench::Launcher(a) => launcher(a),
         Bench::Start(a) => start::run(a),
+        Bench::Migrate(a) => migrate::run(a),
     }
 }
 

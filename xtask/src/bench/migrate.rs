@@ -1,0 +1,493 @@
+//! `cargo xtask bench migrate`: live migration of an idle 256 MiB guest (the test guest,
+//! TCG) between the two nodes of the local cluster (`cargo xtask cluster up --nodes 2`,
+//! kubevirt-rs deployed), against the floor measured in the same run: bare QEMU to QEMU
+//! on this machine (QMP `migrate` over a unix socket, same kernel, initramfs and memory).
+//!
+//! Per cluster run: the VMIM's creation → `Succeeded` (polled every 100 ms), libvirt's job
+//! (`startTimestamp` → `endTimestamp` are whole seconds, so the transfer comes from the
+//! VMIM's phase stamps only as a breakdown), the guest's downtime (`downtimeMs`, libvirt's
+//! measured figure) and the bytes moved. Per bare run: QEMU's own `total-time` and
+//! `downtime` from `query-migrate`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use super::report::{Machine, percentile};
+
+pub const HEADING: &str = "## Live migration (cargo xtask bench migrate)";
+const TEST_GUEST: &str = "localhost/kubevirt-rs/test-guest:latest";
+const VM: &str = "mover";
+
+/// Arguments of `cargo xtask bench migrate`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct MigrateArgs {
+    /// Migrations per variant (the cluster VM goes back and forth).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Kubeconfig of the cluster (default: $KUBECONFIG, then the local cluster's).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Only print the figures; leave docs/benchmarks.md alone.
+    #[arg(long)]
+    pub no_docs: bool,
+}
+
+/// One migration's figures.
+#[derive(Clone, Debug, Default)]
+pub struct Sample {
+    /// Request → done, as the client saw it.
+    pub total: Duration,
+    /// The guest's pause at the switchover.
+    pub downtime_ms: Option<u64>,
+    /// Bytes sent.
+    pub bytes: Option<u64>,
+    /// The transfer alone (QEMU's `total-time`; for the cluster, Running → Succeeded
+    /// from the VMIM's phase stamps, whole seconds).
+    pub transfer: Option<Duration>,
+}
+
+fn median<T: Copy + Ord>(v: &[T]) -> Option<T> {
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    percentile(&s, 50.0)
+}
+
+fn secs(d: Option<Duration>) -> String {
+    d.map_or("n/a".into(), |d| format!("{:.2} s", d.as_secs_f64()))
+}
+
+/// The figures as a markdown table: medians, then every run.
+pub fn table(cluster: &[Sample], bare: &[Sample]) -> String {
+    let row = |name: &str, s: &[Sample]| {
+        let total = median(&s.iter().map(|x| x.total).collect::<Vec<_>>());
+        let transfer = median(&s.iter().filter_map(|x| x.transfer).collect::<Vec<_>>());
+        let down = median(&s.iter().filter_map(|x| x.downtime_ms).collect::<Vec<_>>());
+        let bytes = median(&s.iter().filter_map(|x| x.bytes).collect::<Vec<_>>());
+        let runs: Vec<String> = s
+            .iter()
+            .map(|x| {
+                format!(
+                    "{:.2} s / {}",
+                    x.total.as_secs_f64(),
+                    x.downtime_ms.map_or("n/a".into(), |d| format!("{d} ms"))
+                )
+            })
+            .collect();
+        format!(
+            "| {name} | {} | {} | {} | {} | {} |\n",
+            secs(total),
+            secs(transfer),
+            down.map_or("n/a".into(), |d| format!("{d} ms")),
+            bytes.map_or("n/a".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
+            runs.join(", ")
+        )
+    };
+    format!(
+        "| variant | total (median) | transfer (median) | downtime (median) | moved (median) | runs: total / downtime |\n\
+         |---|---|---|---|---|---|\n{}{}",
+        row(
+            "kubevirt-rs: `kubectl virt migrate` → VMIM Succeeded",
+            cluster
+        ),
+        row("bare QEMU → QEMU (QMP migrate, unix socket)", bare),
+    )
+}
+
+// ---- bare QEMU ----
+
+struct Qmp {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Qmp {
+    fn connect(path: &Path) -> anyhow::Result<Self> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let s = loop {
+            match UnixStream::connect(path) {
+                Ok(s) => break s,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => return Err(e).with_context(|| format!("QMP {}", path.display())),
+            }
+        };
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let mut q = Qmp {
+            reader: BufReader::new(s.try_clone()?),
+            writer: s,
+        };
+        q.read()?; // greeting
+        q.call("qmp_capabilities", json!({}))?;
+        Ok(q)
+    }
+
+    fn read(&mut self) -> anyhow::Result<Value> {
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            bail!("QMP closed");
+        }
+        Ok(serde_json::from_str(&line)?)
+    }
+
+    fn call(&mut self, cmd: &str, args: Value) -> anyhow::Result<Value> {
+        let mut req = serde_json::to_vec(&json!({"execute": cmd, "arguments": args}))?;
+        req.push(b'\n');
+        self.writer.write_all(&req)?;
+        loop {
+            let v = self.read()?;
+            if v.get("event").is_some() {
+                continue;
+            }
+            if let Some(e) = v.get("error") {
+                bail!("QMP {cmd}: {e}");
+            }
+            return Ok(v["return"].clone());
+        }
+    }
+}
+
+struct Qemu(Child);
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn qemu(
+    g: &virt_testguest::Guest,
+    dir: &Path,
+    name: &str,
+    incoming: Option<&Path>,
+) -> anyhow::Result<Qemu> {
+    let mut c = Command::new("qemu-system-x86_64");
+    c.args([
+        "-accel", "tcg", "-M", "q35", "-m", "256", "-display", "none",
+    ])
+    .args(["-nodefaults", "-no-user-config", "-monitor", "none"])
+    .arg("-serial")
+    .arg(format!(
+        "file:{}",
+        dir.join(format!("{name}.log")).display()
+    ))
+    .arg("-qmp")
+    .arg(format!(
+        "unix:{},server=on,wait=off",
+        dir.join(format!("{name}.qmp")).display()
+    ))
+    .arg("-kernel")
+    .arg(&g.kernel)
+    .arg("-initrd")
+    .arg(&g.initrd)
+    .args(["-append", virt_testguest::KERNEL_ARGS]);
+    if let Some(sock) = incoming {
+        c.arg("-incoming").arg(format!("unix:{}", sock.display()));
+    }
+    let child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
+    Ok(Qemu(child))
+}
+
+fn bare_once(g: &virt_testguest::Guest, dir: &Path) -> anyhow::Result<Sample> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir)?;
+    let sock = dir.join("migrate.sock");
+    let _src = qemu(g, dir, "src", None)?;
+    let _dst = qemu(g, dir, "dst", Some(&sock))?;
+    let log = dir.join("src.log");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !std::fs::read_to_string(&log).is_ok_and(|s| s.contains(virt_testguest::BANNER)) {
+        if Instant::now() > deadline {
+            bail!("bare QEMU: no banner within 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Idle, as the cluster's guest is.
+    std::thread::sleep(Duration::from_secs(2));
+    let mut src = Qmp::connect(&dir.join("src.qmp"))?;
+    let t0 = Instant::now();
+    src.call(
+        "migrate",
+        json!({"uri": format!("unix:{}", sock.display())}),
+    )?;
+    loop {
+        let st = src.call("query-migrate", json!({}))?;
+        match st["status"].as_str() {
+            Some("completed") => {
+                return Ok(Sample {
+                    total: t0.elapsed(),
+                    downtime_ms: st["downtime"].as_u64(),
+                    bytes: st["ram"]["transferred"].as_u64(),
+                    transfer: st["total-time"].as_u64().map(Duration::from_millis),
+                });
+            }
+            Some("failed") | Some("cancelled") => bail!("bare QEMU migration: {st}"),
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+        if t0.elapsed() > Duration::from_secs(120) {
+            bail!("bare QEMU migration did not complete within 120 s");
+        }
+    }
+}
+
+// ---- the cluster ----
+
+struct Kube {
+    kubectl: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Kube {
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> anyhow::Result<String> {
+        let mut child = Command::new(&self.kubectl)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running {}", self.kubectl.display()))?;
+        if let Some(text) = stdin {
+            child
+                .stdin
+                .take()
+                .context("kubectl stdin")?
+                .write_all(text.as_bytes())?;
+        }
+        drop(child.stdin.take());
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn json(&self, args: &[&str]) -> anyhow::Result<Value> {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        Ok(serde_json::from_str(&self.run(&a, None)?)?)
+    }
+}
+
+fn kubectl_binary() -> PathBuf {
+    std::fs::read_dir(crate::target_dir().join("k8s"))
+        .ok()
+        .and_then(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.path().join("bin/kubectl"))
+                .find(|p| p.exists())
+        })
+        .unwrap_or_else(|| PathBuf::from("kubectl"))
+}
+
+fn vm_manifest(ns: &str) -> String {
+    json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": VM, "namespace": ns},
+        "spec": {"runStrategy": "Always", "template": {"spec": {
+            "terminationGracePeriodSeconds": 5,
+            "domain": {
+                "memory": {"guest": "256Mi"},
+                "devices": {},
+                "firmware": {"kernelBoot": {
+                    "kernelArgs": virt_testguest::KERNEL_ARGS,
+                    "container": {"image": TEST_GUEST, "imagePullPolicy": "IfNotPresent",
+                        "kernelPath": "/vmlinuz", "initrdPath": "/initramfs.gz"}
+                }}
+            }
+        }}}
+    })
+    .to_string()
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+fn phase_time(vmim: &Value, phase: &str) -> Option<i64> {
+    vmim["status"]["phaseTransitionTimestamps"]
+        .as_array()?
+        .iter()
+        .find(|p| p["phase"] == phase)?["phaseTransitionTimestamp"]
+        .as_str()?
+        .parse::<k8s_openapi::jiff::Timestamp>()
+        .ok()
+        .map(|t| t.as_second())
+}
+
+fn cluster_once(kube: &Kube, ns: &str, n: usize) -> anyhow::Result<Sample> {
+    let name = format!("bench-{n}");
+    let vmim = json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstanceMigration",
+        "metadata": {"name": name, "namespace": ns, "labels": {"kubevirt.io/vmi-name": VM}},
+        "spec": {"vmiName": VM}
+    })
+    .to_string();
+    let t0 = Instant::now();
+    kube.run(&["create", "-f", "-"], Some(&vmim))?;
+    let mut last = Value::Null;
+    wait_for("the migration to end", Duration::from_secs(300), || {
+        last = kube
+            .json(&["-n", ns, "get", "virtualmachineinstancemigrations", &name])
+            .unwrap_or(Value::Null);
+        matches!(
+            last["status"]["phase"].as_str(),
+            Some("Succeeded" | "Failed")
+        )
+    })?;
+    let total = t0.elapsed();
+    if last["status"]["phase"] != "Succeeded" {
+        bail!(
+            "migration {name} failed: {}",
+            last["status"]["migrationState"]["failureReason"]
+        );
+    }
+    let vmi = kube.json(&["-n", ns, "get", "vmi", VM])?;
+    let ms = &vmi["status"]["migrationState"];
+    let transfer = match (phase_time(&last, "Running"), phase_time(&last, "Succeeded")) {
+        (Some(a), Some(b)) if b >= a => Some(Duration::from_secs((b - a) as u64)),
+        _ => None,
+    };
+    Ok(Sample {
+        total,
+        downtime_ms: ms["downtimeMs"].as_u64(),
+        bytes: ms["dataProcessedBytes"].as_u64(),
+        transfer,
+    })
+}
+
+/// Runs the benchmark.
+pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
+    let runs = args.runs.max(1);
+    let guest = virt_testguest::ensure(&virt_testguest::default_dir())?;
+    let kubeconfig = args
+        .kubeconfig
+        .clone()
+        .or_else(|| std::env::var_os("KUBECONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| crate::target_dir().join("cluster/kubeconfig"));
+    let kube = Kube {
+        kubectl: kubectl_binary(),
+        kubeconfig,
+    };
+    let nodes = kube.run(&["get", "nodes", "-o", "name"], None)?;
+    if nodes.lines().count() < 2 {
+        bail!(
+            "live migration needs two nodes: cargo xtask cluster up --nodes 2 && cargo xtask deploy"
+        );
+    }
+    let ns = format!("bench-migrate-{}", std::process::id());
+    kube.run(&["create", "namespace", &ns], None)?;
+    let result = (|| -> anyhow::Result<Vec<Sample>> {
+        kube.run(&["apply", "-f", "-"], Some(&vm_manifest(&ns)))?;
+        wait_for("the VM to run", Duration::from_secs(300), || {
+            kube.run(
+                &[
+                    "-n",
+                    &ns,
+                    "get",
+                    "vmi",
+                    VM,
+                    "-o",
+                    "jsonpath={.status.phase}",
+                ],
+                None,
+            )
+            .is_ok_and(|p| p == "Running")
+        })?;
+        // Booted and idle (the banner comes ~2 s after Running under TCG).
+        std::thread::sleep(Duration::from_secs(10));
+        let mut out = Vec::new();
+        for n in 0..runs {
+            let s = cluster_once(&kube, &ns, n)?;
+            eprintln!("cluster run {n}: {s:?}");
+            out.push(s);
+            // The source pod goes with its grace period; let the node settle.
+            std::thread::sleep(Duration::from_secs(5));
+        }
+        Ok(out)
+    })();
+    let _ = kube.run(&["delete", "namespace", &ns, "--wait=false"], None);
+    let cluster = result?;
+    let dir =
+        std::env::temp_dir().join(format!("kubevirt-rs-bench-migrate-{}", std::process::id()));
+    let mut bare = Vec::new();
+    for n in 0..runs {
+        let s = bare_once(&guest, &dir)?;
+        eprintln!("bare run {n}: {s:?}");
+        bare.push(s);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let table = table(&cluster, &bare);
+    print!("{table}");
+    if args.no_docs {
+        return Ok(());
+    }
+    let machine = Machine::probe();
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let section = format!(
+        "{HEADING}\n\nCommand: `cargo xtask bench migrate --runs {runs}`; {date}; machine: {machine}. \
+         An idle test guest (busybox initramfs, 256 MiB, TCG) migrated {runs} times between the \
+         two nodes of the local cluster (both kubelets on this machine; the stream goes \
+         launcher → virt-handler's mTLS proxy → the other handler → the target launcher over the \
+         bridge), against bare QEMU → QEMU in the same run (QMP `migrate` over a unix socket, \
+         no TLS, no libvirt). Total = request → done as a client sees it (VMIM created → \
+         `Succeeded`, polled every 100 ms; QMP `migrate` → `completed`, polled every 20 ms); \
+         the cluster's total includes the target pod (scheduling, image copy, its libvirtd) and \
+         the hand-offs through the API. Transfer: QEMU's `total-time`; for the cluster the VMIM's \
+         `Running` → `Succeeded` stamps (whole seconds). Downtime: libvirt's/QEMU's measured pause.\n\n{table}"
+    );
+    let path = super::write_section(HEADING, &section)?;
+    eprintln!("figures written to {}", path.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_has_medians_and_runs() {
+        let s = |t: u64, d: u64| Sample {
+            total: Duration::from_millis(t),
+            downtime_ms: Some(d),
+            bytes: Some(100 << 20),
+            transfer: Some(Duration::from_millis(t / 2)),
+        };
+        let t = table(&[s(9000, 50), s(7000, 40), s(8000, 60)], &[s(1000, 10)]);
+        assert!(t.contains("| 8.00 s | 4.00 s | 50 ms | 100.0 MiB |"), "{t}");
+        assert!(
+            t.contains("9.00 s / 50 ms, 7.00 s / 40 ms, 8.00 s / 60 ms"),
+            "{t}"
+        );
+    }
+}
