@@ -187,15 +187,26 @@ fn dynamic_api(
     Ok((api, name))
 }
 
+/// The documents of a rendered YAML stream (`---` lines separate them; PEM blocks inside
+/// block scalars end in `-----` too, so only a whole line counts).
 fn parse_docs(yaml: &str) -> Result<Vec<serde_json::Value>, Error> {
-    yaml.split("---\n")
-        .map(str::trim)
-        .filter(|d| !d.is_empty() && d.lines().any(|l| !l.starts_with('#')))
-        .map(|d| {
-            serde_saphyr::from_str(d)
-                .map_err(|e| Error::Other(format!("parsing rendered YAML: {e}")))
-        })
-        .collect()
+    let mut docs = Vec::new();
+    let mut cur = String::new();
+    for line in yaml.lines().chain(std::iter::once("---")) {
+        if line == "---" {
+            if cur.lines().any(|l| !l.trim().is_empty() && !l.starts_with('#')) {
+                docs.push(
+                    serde_saphyr::from_str(&cur)
+                        .map_err(|e| Error::Other(format!("parsing rendered YAML: {e}")))?,
+                );
+            }
+            cur.clear();
+        } else {
+            cur.push_str(line);
+            cur.push('\n');
+        }
+    }
+    Ok(docs)
 }
 
 async fn apply_all(client: &Client, docs: &[serde_json::Value]) -> Result<(), Error> {
@@ -833,6 +844,24 @@ async fn uninstall(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn rendered_secrets_parse_back_with_their_pem_blocks() {
+        let handler = HandlerTls::issue().unwrap();
+        let mut yaml = String::new();
+        components::handler_secrets(&mut yaml, &handler).unwrap();
+        let auth = ClusterAuth {
+            client_ca: handler.ca.clone(),
+            requestheader_ca: handler.ca.clone(),
+            allowed_names: "front-proxy-client".into(),
+        };
+        let tls = render::issue_serving_cert().unwrap();
+        yaml.push_str(&render::cluster_manifest(&tls, &auth).unwrap());
+        let docs = parse_docs(&yaml).unwrap();
+        assert_eq!(docs.len(), 2 + 2 + 2);
+        let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+        assert_eq!(cm["data"]["client-ca-file"], handler.ca.as_str());
+    }
 
     #[test]
     fn uninstall_knows_every_object_and_its_resource() {
