@@ -538,7 +538,7 @@ async fn open_vnc(
                     }
                 }
             });
-            pump(ws, out_rx, Some(in_tx), stop, ping, "VNC connection closed").await;
+            pump(ws, out_rx, Some(in_tx), stop, ping, &|| "VNC connection closed").await;
             reader.abort();
             writer.abort();
             if let Ok(mut m) = vnc_map.lock()
@@ -555,13 +555,17 @@ async fn open_vnc(
 /// messages, binary messages go to `input` (dropped for observers; other message kinds
 /// are skipped, as KubeVirt's clients do). Pings every `ping_every`; a ping unanswered
 /// until the next one closes the session. `stop` closes it with [`TAKEN_OVER`].
+/// Close reason of a console whose guest live-migrated to another node.
+pub const MIGRATED_AWAY: &str =
+    "the VMI migrated to another node; reconnect to reach it there";
+
 async fn pump(
     mut ws: WebSocket,
     mut out: mpsc::Receiver<Bytes>,
     input: Option<mpsc::Sender<Bytes>>,
     stop: CancellationToken,
     ping_every: Duration,
-    eof_reason: &'static str,
+    eof_reason: &(dyn Fn() -> &'static str + Send + Sync),
 ) {
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
     // After a long blocking send, catch-up ticks would find the fresh ping unanswered and
@@ -573,14 +577,14 @@ async fn pump(
             _ = stop.cancelled() => break Some((1000, TAKEN_OVER)),
             chunk = out.recv() => match chunk {
                 Some(b) => if ws.send(Message::Binary(b)).await.is_err() { break None },
-                None => break Some((1000, eof_reason)),
+                None => break Some((1000, eof_reason())),
             },
             msg = ws.recv() => match msg {
                 Some(Ok(Message::Binary(b))) => {
                     if let Some(tx) = &input
                         && tx.send(b).await.is_err()
                     {
-                        break Some((1000, eof_reason));
+                        break Some((1000, eof_reason()));
                     }
                 }
                 Some(Ok(Message::Pong(_))) => awaiting_pong = false,
@@ -657,7 +661,15 @@ async fn console_session(
         });
         Some(in_tx)
     };
-    pump(ws, out_rx, input, stop, ping, "console connection closed").await;
+    let migrated = hub.migrated.clone();
+    let reason = move || {
+        if migrated.load(Ordering::Acquire) {
+            MIGRATED_AWAY
+        } else {
+            "console connection closed"
+        }
+    };
+    pump(ws, out_rx, input, stop, ping, &reason).await;
     forward.abort();
     hub.release(id);
 }
@@ -671,6 +683,8 @@ struct ConsoleHub {
     writer: Mutex<Option<(u64, CancellationToken)>>,
     /// The console socket hit EOF.
     closed: CancellationToken,
+    /// ... because the guest live-migrated to another node (set before `closed`).
+    migrated: Arc<std::sync::atomic::AtomicBool>,
     /// Cancelled on drop: ends the reader task.
     dropped: CancellationToken,
 }
@@ -735,9 +749,14 @@ impl AppState {
             input: tokio::sync::Mutex::new(w),
             writer: Mutex::new(None),
             closed: CancellationToken::new(),
+            migrated: Arc::default(),
             dropped: CancellationToken::new(),
         });
         let (closed, dropped) = (hub.closed.clone(), hub.dropped.clone());
+        let (migrated, launcher) = (
+            hub.migrated.clone(),
+            crate::client::LauncherClient::new(self.paths.cmd(uid)),
+        );
         tokio::spawn(async move {
             let mut buf = vec![0u8; CHUNK];
             loop {
@@ -750,6 +769,22 @@ impl AppState {
                     Ok(n) => {
                         let _ = out.send(Bytes::copy_from_slice(&buf[..n]));
                     }
+                }
+            }
+            // QEMU's console ends when the guest has left for a migration target; the
+            // launcher says so (cluster-flow.md §6.6: consoles end, reconnect follows).
+            // The launcher may still report `running` for a moment after the switchover.
+            for _ in 0..5 {
+                use virt_domain::protocol::{DomainState, Request, Response};
+                match launcher.call(&Request::GetStatus).await {
+                    Ok(Response::Status(s)) if s.state == DomainState::Migrated => {
+                        migrated.store(true, Ordering::Release);
+                        break;
+                    }
+                    Ok(Response::Status(s)) if s.state == DomainState::Running => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    _ => break,
                 }
             }
             closed.cancel();
