@@ -439,13 +439,34 @@ mod tests {
         // Nor does an unknown stream name from a good client.
         let tcp = TcpStream::connect(target.addr()).await.unwrap();
         let mut t = TlsConnector::from(pki.client.clone())
-            .connect(name, tcp)
+            .connect(name.clone(), tcp)
             .await
             .unwrap();
         t.write_all(b"../../etc/passwd\nx").await.unwrap();
         let mut b = [0u8; 1];
         assert!(matches!(t.read(&mut b).await, Ok(0) | Err(_)));
         assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+        // The target's facts come through the tunnel, to a client of the CA only.
+        let facts = virt_domain::protocol::MigrationTarget {
+            work_dir: "/var/run/kubevirt-rs/work/virt-launcher-x".into(),
+            console_socket: "/var/run/kubevirt-rs/sockets/console.sock".into(),
+            vnc_socket: None,
+        };
+        std::fs::write(
+            dst.path().join(TARGET_FILE),
+            serde_json::to_vec(&facts).unwrap(),
+        )
+        .unwrap();
+        let got = fetch_target(target.addr(), pki.client.clone(), name.clone())
+            .await
+            .unwrap();
+        assert_eq!(got, facts);
+        assert!(
+            fetch_target(target.addr(), pki.rogue.clone(), name.clone())
+                .await
+                .is_err()
+        );
 
         // Closing the source proxy removes its sockets and cuts the stream.
         source.close();
