@@ -159,6 +159,27 @@ fn operator_diagnosis(c: &Cluster) -> String {
 /// No KubeVirt resource with a finalizer nobody will remove, no operator, no operand: what an
 /// earlier run or `cargo xtask deploy` left.
 fn clean_slate(c: &Cluster) {
+    // The operator first: a running one would put its finalizer back.
+    let _ = c.kubectl(&[
+        "-n",
+        "kubevirt",
+        "delete",
+        "deployment",
+        "virt-operator",
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=60s",
+    ]);
+    let _ = c.kubectl(&[
+        "-n",
+        "kubevirt",
+        "wait",
+        "--for=delete",
+        "pod",
+        "-l",
+        "app.kubernetes.io/name=virt-operator",
+        "--timeout=60s",
+    ]);
     let _ = c.kubectl(&[
         "-n",
         "kubevirt",
@@ -169,19 +190,21 @@ fn clean_slate(c: &Cluster) {
         "-p",
         r#"{"metadata":{"finalizers":[]}}"#,
     ]);
-    let _ = c.kubectl(&[
-        "delete",
-        "-f",
-        &path(INSTALL),
-        "--ignore-not-found",
-        "--wait=false",
-    ]);
+    // APIServices before the namespace: one pointing at a deleted Service fails discovery,
+    // and the namespace controller does not finish a deletion while discovery fails.
     let _ = c.kubectl(&[
         "delete",
         "apiservice",
         "v1.kubevirt.io",
         "v1.subresources.kubevirt.io",
         "--ignore-not-found",
+    ]);
+    let _ = c.kubectl(&[
+        "delete",
+        "-f",
+        &path(INSTALL),
+        "--ignore-not-found",
+        "--wait=false",
     ]);
     let _ = c.kubectl(&[
         "delete",
