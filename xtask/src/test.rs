@@ -112,7 +112,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !args.no_e2e {
         let xtask = std::env::current_exe().context("locating xtask")?;
         let up = Command::new(&xtask)
-            .args(["cluster", "up"])
+            // Two nodes: the live migration e2e tests move VMs between them.
+            .args(["cluster", "up", "--nodes", "2"])
             .status()
             .context("cluster up")?;
         if up.success() {

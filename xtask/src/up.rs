@@ -20,6 +20,9 @@ pub struct Args {
     /// How long the demo VM may take to run.
     #[arg(long, default_value_t = 300)]
     pub timeout_seconds: u64,
+    /// Nodes of the local cluster (1, or 2 for live migration; `cargo xtask cluster up`).
+    #[arg(long, default_value_t = 1)]
+    pub nodes: u32,
 }
 
 /// The demo VM: runs the test guest (busybox initramfs, kernelBoot from the test-guest image)
@@ -186,7 +189,7 @@ fn demo_diagnosis(k: &deploy::Kubectl) -> String {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let start = Instant::now();
-    let kubeconfig = cluster::ensure_up(None)?;
+    let kubeconfig = cluster::ensure_up_nodes(None, args.nodes)?;
     println!("cluster up ({:.1} s)", start.elapsed().as_secs_f64());
     let report = deploy::deploy(&deploy::Args {
         kubeconfig: Some(kubeconfig.clone()),

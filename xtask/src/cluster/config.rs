@@ -7,7 +7,17 @@ use super::{
 /// containerd 1.6 (config version 2), entirely under our work dir so that it coexists with a
 /// system containerd and leaves nothing behind.
 pub fn containerd(layout: &Layout) -> String {
-    let d = layout.state.join("containerd");
+    containerd_at(
+        layout,
+        &layout.state.join("containerd"),
+        &layout.containerd_socket,
+    )
+}
+
+/// A containerd with its own root and state under `d`, serving on `sock`; the CNI setup (and
+/// with it the IPAM store, whose file lock keeps two containerds from handing out one pod IP
+/// twice) is the cluster's.
+pub fn containerd_at(layout: &Layout, d: &std::path::Path, sock: &std::path::Path) -> String {
     format!(
         r#"version = 2
 root = "{root}"
@@ -53,7 +63,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 "#,
         root = d.join("root").display(),
         state = d.join("state").display(),
-        sock = layout.containerd_socket.display(),
+        sock = sock.display(),
         pause = PAUSE_IMAGE,
         cni = layout.state.join("cni/net.d").display(),
         opt = d.join("opt").display(),
@@ -95,15 +105,46 @@ pub fn cni(layout: &Layout) -> String {
 /// KubeletConfiguration: everything on loopback, cgroupfs on this cgroup v1 host, state under
 /// our work dir wherever kubelet lets us choose.
 pub fn kubelet(layout: &Layout) -> String {
+    kubelet_for(
+        layout,
+        &KubeletSpec {
+            port: super::KUBELET_PORT,
+            healthz_port: super::KUBELET_HEALTHZ_PORT,
+            containerd_socket: layout.containerd_socket.clone(),
+            state: layout.state.clone(),
+            cgroup_root: None,
+        },
+    )
+}
+
+/// What differs between the kubelets of one machine.
+pub struct KubeletSpec {
+    pub port: u16,
+    pub healthz_port: u16,
+    pub containerd_socket: std::path::PathBuf,
+    /// Pod logs and volume plugins go below.
+    pub state: std::path::PathBuf,
+    /// A cgroup root of its own (`/` when unset): a kubelet removes pod cgroups it does
+    /// not know under its `kubepods`, so two must never share one.
+    pub cgroup_root: Option<String>,
+}
+
+/// KubeletConfiguration of one kubelet.
+pub fn kubelet_for(layout: &Layout, k: &KubeletSpec) -> String {
     let pki = layout.state.join("pki");
+    let cgroup_root = k
+        .cgroup_root
+        .as_ref()
+        .map(|r| format!("cgroupRoot: {r}\n"))
+        .unwrap_or_default();
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 127.0.0.1
-port: 10250
+port: {port}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
-healthzPort: 10248
+healthzPort: {healthz}
 authentication:
   anonymous:
     enabled: false
@@ -116,7 +157,7 @@ authorization:
 tlsCertFile: {pki}/kubelet.crt
 tlsPrivateKeyFile: {pki}/kubelet.key
 cgroupDriver: cgroupfs
-failCgroupV1: false
+{cgroup_root}failCgroupV1: false
 containerRuntimeEndpoint: unix://{sock}
 podLogsDir: {state}/pod-logs
 volumePluginDir: {state}/volume-plugins
@@ -134,7 +175,9 @@ evictionHard:
   nodefs.inodesFree: 2%
 "#,
         pki = pki.display(),
-        sock = layout.containerd_socket.display(),
-        state = layout.state.display(),
+        sock = k.containerd_socket.display(),
+        state = k.state.display(),
+        port = k.port,
+        healthz = k.healthz_port,
     )
 }

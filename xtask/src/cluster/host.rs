@@ -319,6 +319,15 @@ fn kubepods_cgroups() -> Vec<PathBuf> {
             seen.push(k);
         }
     }
+    // The second node's cgroup root (its kubepods below it).
+    for d in super::node2::cgroup_dirs() {
+        if let Ok(d) = d.canonicalize()
+            && d.is_dir()
+            && !seen.contains(&d)
+        {
+            seen.push(d);
+        }
+    }
     seen
 }
 

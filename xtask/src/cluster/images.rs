@@ -158,9 +158,27 @@ pub fn pause_archive(layout: &Layout) -> anyhow::Result<PathBuf> {
     Ok(archive)
 }
 
-/// Imports an OCI archive into the cluster's containerd (CRI namespace `k8s.io`).
+/// Imports an OCI archive into every node's containerd (CRI namespace `k8s.io`).
+pub fn import_all(layout: &Layout, archive: &Path) -> anyhow::Result<()> {
+    import(layout, archive)?;
+    if super::node2::running(layout) {
+        import(&super::node2::node_layout(layout), archive)?;
+    }
+    Ok(())
+}
+
+/// Tags an image in every node's containerd.
+pub fn tag_all(layout: &Layout, from: &str, to: &str) -> anyhow::Result<()> {
+    tag(layout, from, to)?;
+    if super::node2::running(layout) {
+        tag(&super::node2::node_layout(layout), from, to)?;
+    }
+    Ok(())
+}
+
+/// Imports an OCI archive into the containerd of `layout` (CRI namespace `k8s.io`).
 pub fn import(layout: &Layout, archive: &Path) -> anyhow::Result<()> {
-    if super::daemon::running_pid(layout, "containerd").is_none() {
+    if !layout.containerd_socket.exists() {
         bail!("the cluster's containerd is not running (run `cargo xtask cluster up` first)");
     }
     run(Command::new("ctr")

@@ -20,6 +20,7 @@ mod host;
 mod images;
 mod kube_build;
 mod net;
+mod node2;
 mod pki;
 
 pub use images::{ImageFile, ImageSpec, PAUSE_IMAGE};
@@ -60,7 +61,8 @@ enum Cmd {
         /// Where to write the admin kubeconfig [default: target/cluster/kubeconfig].
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
-        /// Number of nodes (only 1 is supported).
+        /// Number of nodes: 1, or 2 (a second kubelet on this machine; see
+        /// docs/local-cluster.md). A running second node is kept either way.
         #[arg(long, default_value_t = 1)]
         nodes: u32,
     },
@@ -80,11 +82,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let layout = Layout::discover()?;
     match args.command {
         Cmd::Up { kubeconfig, nodes } => {
-            if nodes != 1 {
-                bail!("only single-node clusters are supported for now (--nodes 1)");
-            }
             let _lock = layout.lock()?;
-            up(&layout, kubeconfig).map(|_| ())
+            up(&layout, kubeconfig, nodes).map(|_| ())
         }
         Cmd::Down => {
             let _lock = layout.lock()?;
@@ -103,7 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// cluster's containerd, so that pods can use the image with `imagePullPolicy: Never` or
 /// `IfNotPresent`. Name images fully (`localhost/…:tag`).
 pub fn import_image(archive: &Path) -> anyhow::Result<()> {
-    images::import(&Layout::discover()?, archive)
+    images::import_all(&Layout::discover()?, archive)
 }
 
 // Library API for other xtask commands (images, e2e helpers); not every one is called yet.
@@ -126,7 +125,7 @@ pub fn build_image(name: &str, spec: &ImageSpec<'_>, archive: &Path) -> anyhow::
 
 /// Gives an image of the running cluster's containerd another name.
 pub fn tag_image(from: &str, to: &str) -> anyhow::Result<()> {
-    images::tag(&Layout::discover()?, from, to)
+    images::tag_all(&Layout::discover()?, from, to)
 }
 
 /// Builds the pinned Kubernetes binaries unless they are cached, and returns their
@@ -141,9 +140,14 @@ pub fn ensure_kubernetes_binaries() -> anyhow::Result<PathBuf> {
 #[allow(dead_code)]
 /// Brings the cluster up (or reuses it) and returns the path of the admin kubeconfig.
 pub fn ensure_up(kubeconfig: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    ensure_up_nodes(kubeconfig, 1)
+}
+
+/// [`ensure_up`] with `nodes` nodes (1 or 2).
+pub fn ensure_up_nodes(kubeconfig: Option<PathBuf>, nodes: u32) -> anyhow::Result<PathBuf> {
     let layout = Layout::discover()?;
     let _lock = layout.lock()?;
-    up(&layout, kubeconfig)
+    up(&layout, kubeconfig, nodes)
 }
 
 /// Paths of everything we own.
@@ -409,11 +413,19 @@ fn start(
     Ok(())
 }
 
-fn up(layout: &Layout, kubeconfig: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+fn up(layout: &Layout, kubeconfig: Option<PathBuf>, nodes: u32) -> anyhow::Result<PathBuf> {
+    if !(1..=2).contains(&nodes) {
+        bail!("--nodes {nodes}: 1 or 2 nodes are supported");
+    }
     let progress = Progress::new();
     check_prerequisites()?;
     let bin = kube_build::ensure(layout, &progress)?;
-    let result = start_all(layout, &progress, &bin, kubeconfig);
+    let result = start_all(layout, &progress, &bin, kubeconfig).and_then(|kc| {
+        if nodes == 2 {
+            node2::up(layout, &progress, &bin, &node_name()?)?;
+        }
+        Ok(kc)
+    });
     if result.is_err() {
         eprintln!(
             "cluster up failed; logs are in {}. `cargo xtask cluster down` removes what was started.",
@@ -780,7 +792,9 @@ fn start_all(
 /// Names of our daemons in stop order.
 const STOP_ORDER: &[&str] = &[
     "kube-proxy",
+    node2::KUBELET,
     "kubelet",
+    node2::CONTAINERD,
     "containerd",
     "kube-scheduler",
     "kube-controller-manager",
@@ -798,6 +812,7 @@ fn down(layout: &Layout) -> anyhow::Result<()> {
         .ok();
     let apiserver_up = daemon::running_pid(layout, "kube-apiserver").is_some();
     let kubelet_up = daemon::running_pid(layout, "kubelet").is_some();
+    let l2 = node2::node_layout(layout);
     if let (Some(bin), true, true) = (&bin, apiserver_up, kubelet_up) {
         // Let kubelet tear the pods down itself (CNI DEL, volume unmounts); stop the controllers
         // first so that nothing recreates them.
@@ -818,12 +833,15 @@ fn down(layout: &Layout) -> anyhow::Result<()> {
             ],
         );
         let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline && !host::containerd_tasks(layout).is_empty() {
+        while Instant::now() < deadline
+            && !(host::containerd_tasks(layout).is_empty()
+                && host::containerd_tasks(&l2).is_empty())
+        {
             std::thread::sleep(Duration::from_millis(300));
         }
         progress.step("pods deleted");
     }
-    for name in ["kube-proxy", "kubelet"] {
+    for name in ["kube-proxy", node2::KUBELET, "kubelet"] {
         if daemon::stop(layout, name, Duration::from_secs(15))? {
             progress.step(&format!("{name} stopped"));
         }
@@ -837,6 +855,10 @@ fn down(layout: &Layout) -> anyhow::Result<()> {
     if daemon::running_pid(layout, "containerd").is_some() {
         host::remove_containerd_workloads(layout);
         progress.step("containerd tasks and containers removed");
+    }
+    if node2::running(layout) {
+        host::remove_containerd_workloads(&l2);
+        progress.step("node 2: containerd tasks and containers removed");
     }
     for name in STOP_ORDER {
         if daemon::stop(layout, name, Duration::from_secs(15))? {

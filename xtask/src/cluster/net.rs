@@ -95,6 +95,17 @@ fn bridge_exists() -> bool {
     fs::metadata(format!("/sys/class/net/{BRIDGE}")).is_ok()
 }
 
+/// Adds another host address on the bridge (a second node's IP; kubelet wants its node IP
+/// on an interface). Removed with the bridge.
+pub fn add_address(ip: &str) -> anyhow::Result<()> {
+    let addr = format!("{ip}/32");
+    let shown = run("ip", &["-4", "addr", "show", "dev", BRIDGE])?;
+    if !shown.contains(&format!("inet {addr}")) {
+        run("ip", &["addr", "add", &addr, "dev", BRIDGE])?;
+    }
+    Ok(())
+}
+
 /// Creates the bridge, the firewall rules, the blackhole route and the sysctls. Idempotent.
 pub fn up() -> anyhow::Result<()> {
     if !bridge_exists() {

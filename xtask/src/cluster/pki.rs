@@ -150,6 +150,30 @@ impl Pki {
         Ok(())
     }
 
+    /// The client identity `name` of another node's kubelet (`system:node:<node>`, group
+    /// `system:nodes`, as the Node authorizer and NodeRestriction want), signed by the
+    /// cluster CA on disk; kept once written, like every certificate here.
+    pub fn ensure_node_client(&self, name: &str, node: &str) -> anyhow::Result<()> {
+        if self.path(&format!("{name}.crt")).exists() && self.path(&format!("{name}.key")).exists()
+        {
+            return Ok(());
+        }
+        let read =
+            |f: &str| fs::read_to_string(self.path(f)).with_context(|| format!("reading {f}"));
+        let key = KeyPair::from_pem(&read("ca.key")?)?;
+        // The same subject and key make the same issuer: leaves verify against ca.crt.
+        let cert = CertificateParams::from_ca_cert_pem(&read("ca.crt")?)?.self_signed(&key)?;
+        let ca = Ca { cert, key };
+        self.leaf(
+            &ca,
+            name,
+            &format!("system:node:{node}"),
+            Some("system:nodes"),
+            &[],
+            Usage::Client,
+        )
+    }
+
     fn leaf(
         &self,
         ca: &Ca,
