@@ -108,6 +108,8 @@ pub fn kubelet(layout: &Layout) -> String {
     kubelet_for(
         layout,
         &KubeletSpec {
+            address: super::BRIDGE_IP.into(),
+            cert: "kubelet".into(),
             port: super::KUBELET_PORT,
             healthz_port: super::KUBELET_HEALTHZ_PORT,
             containerd_socket: layout.containerd_socket.clone(),
@@ -119,6 +121,11 @@ pub fn kubelet(layout: &Layout) -> String {
 
 /// What differs between the kubelets of one machine.
 pub struct KubeletSpec {
+    /// Where the kubelet API listens: the node IP, which kube-apiserver dials for logs,
+    /// exec and port-forward (`--kubelet-preferred-address-types=InternalIP`).
+    pub address: String,
+    /// Serving certificate and key in `pki/` (`<cert>.crt`, SAN = the node IP).
+    pub cert: String,
     pub port: u16,
     pub healthz_port: u16,
     pub containerd_socket: std::path::PathBuf,
@@ -140,7 +147,7 @@ pub fn kubelet_for(layout: &Layout, k: &KubeletSpec) -> String {
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: {address}
 port: {port}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -154,8 +161,8 @@ authentication:
     clientCAFile: {pki}/ca.crt
 authorization:
   mode: Webhook
-tlsCertFile: {pki}/kubelet.crt
-tlsPrivateKeyFile: {pki}/kubelet.key
+tlsCertFile: {pki}/{cert}.crt
+tlsPrivateKeyFile: {pki}/{cert}.key
 cgroupDriver: cgroupfs
 {cgroup_root}failCgroupV1: false
 containerRuntimeEndpoint: unix://{sock}
@@ -178,6 +185,8 @@ evictionHard:
         sock = k.containerd_socket.display(),
         state = k.state.display(),
         port = k.port,
+        address = k.address,
+        cert = k.cert,
         healthz = k.healthz_port,
     )
 }

@@ -555,9 +555,9 @@ fn start_all(
             p("apiserver-kubelet-client.key")
         ))
         .arg(format!("--kubelet-certificate-authority={}", p("ca.crt")))
-        // The node's hostname resolves to 127.0.0.1 here, so logs/exec/port-forward stay on
-        // loopback where kubelet listens.
-        .arg("--kubelet-preferred-address-types=Hostname")
+        // Each kubelet serves its API on its node IP on our bridge (two kubelets on one
+        // machine cannot both own a hostname that resolves to loopback).
+        .arg("--kubelet-preferred-address-types=InternalIP")
         .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
         .arg(format!("--service-account-key-file={}", p("sa.pub")))
         .arg(format!(

@@ -158,6 +158,7 @@ pub fn up(layout: &Layout, progress: &Progress, bin: &Path, first: &str) -> anyh
 
     let pki = super::pki::Pki::new(layout);
     pki.ensure_node_client("kubelet-client-2", &node)?;
+    pki.ensure_node_serving("kubelet-2", &node, NODE2_IP)?;
     let kubeconfig = layout.kubeconfigs.join("kubelet-client-2.kubeconfig");
     pki.write_kubeconfig(
         "kubelet-client-2",
@@ -198,6 +199,8 @@ pub fn up(layout: &Layout, progress: &Progress, bin: &Path, first: &str) -> anyh
         config::kubelet_for(
             layout,
             &KubeletSpec {
+                address: NODE2_IP.into(),
+                cert: "kubelet-2".into(),
                 port: KUBELET_PORT,
                 healthz_port: KUBELET_HEALTHZ_PORT,
                 containerd_socket: l2.containerd_socket.clone(),

@@ -154,16 +154,10 @@ impl Pki {
     /// `system:nodes`, as the Node authorizer and NodeRestriction want), signed by the
     /// cluster CA on disk; kept once written, like every certificate here.
     pub fn ensure_node_client(&self, name: &str, node: &str) -> anyhow::Result<()> {
-        if self.path(&format!("{name}.crt")).exists() && self.path(&format!("{name}.key")).exists()
-        {
+        if self.has(name) {
             return Ok(());
         }
-        let read =
-            |f: &str| fs::read_to_string(self.path(f)).with_context(|| format!("reading {f}"));
-        let key = KeyPair::from_pem(&read("ca.key")?)?;
-        // The same subject and key make the same issuer: leaves verify against ca.crt.
-        let cert = CertificateParams::from_ca_cert_pem(&read("ca.crt")?)?.self_signed(&key)?;
-        let ca = Ca { cert, key };
+        let ca = self.load_ca()?;
         self.leaf(
             &ca,
             name,
@@ -172,6 +166,30 @@ impl Pki {
             &[],
             Usage::Client,
         )
+    }
+
+    /// Another node's kubelet serving certificate `name` (SANs: its name and node IP).
+    pub fn ensure_node_serving(&self, name: &str, node: &str, ip: &str) -> anyhow::Result<()> {
+        if self.has(name) {
+            return Ok(());
+        }
+        let ca = self.load_ca()?;
+        let sans = vec![node.to_string(), ip.to_string()];
+        self.leaf(&ca, name, node, None, &sans, Usage::Server)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.path(&format!("{name}.crt")).exists() && self.path(&format!("{name}.key")).exists()
+    }
+
+    /// The cluster CA from disk (for certificates added after the first `up`).
+    fn load_ca(&self) -> anyhow::Result<Ca> {
+        let read =
+            |f: &str| fs::read_to_string(self.path(f)).with_context(|| format!("reading {f}"));
+        let key = KeyPair::from_pem(&read("ca.key")?)?;
+        // The same subject and key make the same issuer: leaves verify against ca.crt.
+        let cert = CertificateParams::from_ca_cert_pem(&read("ca.crt")?)?.self_signed(&key)?;
+        Ok(Ca { cert, key })
     }
 
     fn leaf(
