@@ -1,0 +1,521 @@
+//! The reconciler against a real kube-apiserver (with its etcd; no kubelet or controllers, so
+//! the test plays their part by writing workload status): install applies everything with
+//! the finalizer and status, the APIServices only once virt-apiserver has a replica, Deployed
+//! once all is rolled out; an imageTag change is a new target version; deleting the KubeVirt
+//! resource removes every object and then the finalizer.
+//!
+//! kube-apiserver: `$KUBE_APISERVER_BIN`, else `target/k8s/*/bin/kube-apiserver` (built by
+//! `cargo xtask cluster up`); etcd: Debian's `etcd-server`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use virt_operator::kubevirt::KubeVirt;
+use virt_operator::metrics::Metrics;
+use virt_operator::reconcile::{self, Ctx};
+use virt_operator::status::Defaults;
+
+fn kube_apiserver_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("KUBE_APISERVER_BIN") {
+        return p.into();
+    }
+    let k8s = virt_operator::workspace_root().join("target/k8s");
+    std::fs::read_dir(&k8s)
+        .ok()
+        .and_then(|v| {
+            v.filter_map(Result::ok)
+                .map(|v| v.path().join("bin/kube-apiserver"))
+                .find(|p| p.exists())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no kube-apiserver under {}: run `cargo xtask cluster up` once",
+                k8s.display()
+            )
+        })
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct KubeApi {
+    _apiserver: Proc,
+    _etcd: Proc,
+    dir: tempfile::TempDir,
+    client: Client,
+}
+
+async fn start() -> KubeApi {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
+    let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let etcd = Proc(
+        Command::new("/usr/bin/etcd")
+            .arg("--data-dir")
+            .arg(d.join("etcd"))
+            .args([
+                "--listen-client-urls",
+                &etcd_url,
+                "--advertise-client-urls",
+                &etcd_url,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+            ])
+            .args(["--initial-cluster", &format!("default={peer_url}")])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.join("etcd.log")).unwrap())
+            .spawn()
+            .expect("etcd (Debian's etcd-server)"),
+    );
+    let token = "operator-test-token";
+    std::fs::write(
+        d.join("tokens.csv"),
+        format!("{token},admin,admin-uid,system:masters\n"),
+    )
+    .unwrap();
+    let key = d.join("sa.key");
+    let ok = Command::new("openssl")
+        .args(["genrsa", "-out"])
+        .arg(&key)
+        .arg("2048")
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl");
+    assert!(ok.success(), "openssl genrsa failed");
+    let apiserver = Proc(
+        Command::new(kube_apiserver_bin())
+            .args(["--etcd-servers", &etcd_url, "--bind-address", "127.0.0.1"])
+            .args(["--secure-port", &api_port.to_string()])
+            .arg("--cert-dir")
+            .arg(d.join("certs"))
+            .arg("--token-auth-file")
+            .arg(d.join("tokens.csv"))
+            .args([
+                "--authorization-mode",
+                "AlwaysAllow",
+                "--allow-privileged=true",
+            ])
+            .args(["--service-account-issuer", "https://kubernetes.default.svc"])
+            .arg("--service-account-key-file")
+            .arg(&key)
+            .arg("--service-account-signing-key-file")
+            .arg(&key)
+            .args([
+                "--service-cluster-ip-range",
+                "10.0.0.0/24",
+                "--endpoint-reconciler-type",
+                "none",
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.join("kube-apiserver.log")).unwrap())
+            .spawn()
+            .expect("kube-apiserver"),
+    );
+    let kubeconfig = d.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: t\n\
+             clusters: [{{name: t, cluster: {{server: 'https://127.0.0.1:{api_port}', insecure-skip-tls-verify: true}}}}]\n\
+             users: [{{name: t, user: {{token: {token}}}}}]\n\
+             contexts: [{{name: t, context: {{cluster: t, user: t}}}}]\n"
+        ),
+    )
+    .unwrap();
+    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let client = Client::try_from(cfg).unwrap();
+    let api = KubeApi {
+        _apiserver: apiserver,
+        _etcd: etcd,
+        dir,
+        client,
+    };
+    eventually("kube-apiserver ready", || async {
+        Api::<Namespace>::all(api.client.clone())
+            .list(&Default::default())
+            .await
+            .ok()
+    })
+    .await;
+    api
+}
+
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} not reached within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What kubelet and the workload controllers would report: every replica updated and ready.
+async fn roll_out(client: &Client) {
+    let pp = PatchParams::default();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "kubevirt");
+    for d in deployments.list(&Default::default()).await.unwrap() {
+        let n = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let status = json!({"status": {"observedGeneration": d.metadata.generation, "replicas": n,
+            "updatedReplicas": n, "readyReplicas": n, "availableReplicas": n}});
+        deployments
+            .patch_status(
+                d.metadata.name.as_deref().unwrap(),
+                &pp,
+                &Patch::Merge(status),
+            )
+            .await
+            .unwrap();
+    }
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), "kubevirt");
+    for s in sts.list(&Default::default()).await.unwrap() {
+        let status = json!({"status": {"observedGeneration": s.metadata.generation, "replicas": 1,
+            "readyReplicas": 1, "updatedReplicas": 1, "currentRevision": "r", "updateRevision": "r"}});
+        sts.patch_status(
+            s.metadata.name.as_deref().unwrap(),
+            &pp,
+            &Patch::Merge(status),
+        )
+        .await
+        .unwrap();
+    }
+    let ds: Api<DaemonSet> = Api::namespaced(client.clone(), "kubevirt");
+    for d in ds.list(&Default::default()).await.unwrap() {
+        let status = json!({"status": {"observedGeneration": d.metadata.generation,
+            "desiredNumberScheduled": 1, "currentNumberScheduled": 1, "numberMisscheduled": 0,
+            "numberReady": 1, "updatedNumberScheduled": 1, "numberAvailable": 1}});
+        ds.patch_status(
+            d.metadata.name.as_deref().unwrap(),
+            &pp,
+            &Patch::Merge(status),
+        )
+        .await
+        .unwrap();
+    }
+    let apis: Api<APIService> = Api::all(client.clone());
+    for a in apis.list(&Default::default()).await.unwrap() {
+        if a.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.ends_with("kubevirt.io") && n.starts_with("v1."))
+        {
+            let status = json!({"status": {"conditions": [{"type": "Available", "status": "True",
+                "reason": "Passed", "message": "test", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+            apis.patch_status(
+                a.metadata.name.as_deref().unwrap(),
+                &pp,
+                &Patch::Merge(status),
+            )
+            .await
+            .unwrap();
+        }
+    }
+}
+
+fn kv_status(kv: &KubeVirt) -> (String, String, String) {
+    let s = kv.status.clone().unwrap_or_default();
+    (
+        s.phase.unwrap_or_default(),
+        s.target_kube_virt_version.unwrap_or_default(),
+        s.observed_kube_virt_version.unwrap_or_default(),
+    )
+}
+
+#[tokio::test]
+async fn install_upgrade_and_uninstall_against_a_real_kube_apiserver() {
+    let api = start().await;
+    let c = api.client.clone();
+    let pp = PostParams::default();
+    Api::<Namespace>::all(c.clone())
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": "kubevirt"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    // kube-apiserver publishes it with --requestheader-* flags; this one runs without.
+    let ca = virt_certs::Ca::generate("front-proxy", time::Duration::days(1)).unwrap();
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "extension-apiserver-authentication"},
+        "data": {"client-ca-file": ca.cert_pem(), "requestheader-client-ca-file": ca.cert_pem(),
+                 "requestheader-allowed-names": "[\"front-proxy-client\"]"}
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(c.clone(), "kube-system")
+        .create(&pp, &cm)
+        .await
+        .unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(c.clone());
+    crds.create(&pp, &virt_operator::kubevirt::crd())
+        .await
+        .unwrap();
+    let kvs: Api<KubeVirt> = Api::namespaced(c.clone(), "kubevirt");
+    eventually("KubeVirt served", || async {
+        kvs.list(&Default::default()).await.ok()
+    })
+    .await;
+
+    let ctx = Arc::new(Ctx {
+        client: c.clone(),
+        recorder: None,
+        defaults: Defaults {
+            registry: "localhost/kubevirt-rs".into(),
+            tag: "latest".into(),
+            version: "0.1.0".into(),
+        },
+        metrics: Arc::new(Metrics::default()),
+        etcd_volume_size: "1Gi".into(),
+    });
+    let stop = CancellationToken::new();
+    let operator = tokio::spawn(reconcile::run(ctx, stop.clone()));
+
+    let cr: KubeVirt = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1alpha3", "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+        "spec": {"configuration": {"developerConfiguration": {"useEmulation": true}}}
+    }))
+    .unwrap();
+    kvs.create(&pp, &cr).await.unwrap();
+
+    // Everything but the APIServices, while no virt-apiserver replica is available.
+    let kv = eventually("Deploying with the workloads applied", || async {
+        let kv = kvs.get("kubevirt").await.ok()?;
+        let deployed = Api::<Deployment>::namespaced(c.clone(), "kubevirt")
+            .get_opt("virt-controller")
+            .await
+            .ok()??;
+        (kv_status(&kv).0 == "Deploying" && deployed.metadata.name.is_some()).then_some(kv)
+    })
+    .await;
+    assert!(
+        kv.metadata
+            .finalizers
+            .unwrap_or_default()
+            .iter()
+            .any(|f| f == virt_operator::kubevirt::FINALIZER)
+    );
+    assert_eq!(kv_status(&kvs.get("kubevirt").await.unwrap()).1, "0.1.0");
+    let apis: Api<APIService> = Api::all(c.clone());
+    assert!(
+        apis.get_opt("v1.kubevirt.io").await.unwrap().is_none(),
+        "APIService before a replica serves"
+    );
+    let sts = Api::<StatefulSet>::namespaced(c.clone(), "kubevirt")
+        .get("kubevirt-etcd")
+        .await
+        .unwrap();
+    let sts_spec = sts.spec.unwrap();
+    assert!(
+        sts_spec.volume_claim_templates.is_none(),
+        "no StorageClass here: emptyDir"
+    );
+    let apiserver = Api::<Deployment>::namespaced(c.clone(), "kubevirt")
+        .get("kubevirt-apiserver")
+        .await
+        .unwrap();
+    let args = apiserver.spec.unwrap().template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert!(
+        args.iter()
+            .any(|a| a.starts_with("--etcd-servers=https://10.0.0.")),
+        "{args:?}"
+    );
+    assert!(args.iter().any(|a| a.starts_with("--etcd-cafile=")));
+    let controller = Api::<Deployment>::namespaced(c.clone(), "kubevirt")
+        .get("virt-controller")
+        .await
+        .unwrap();
+    let cargs = controller.spec.unwrap().template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert!(
+        cargs.contains(&"--allow-emulation=true".to_string()),
+        "{cargs:?}"
+    );
+    for s in [
+        "kubevirt-apiserver-tls",
+        "kubevirt-etcd-server",
+        "kubevirt-etcd-client",
+        "virt-handler-certs",
+    ] {
+        Api::<Secret>::namespaced(c.clone(), "kubevirt")
+            .get(s)
+            .await
+            .unwrap();
+    }
+
+    // Replicas available: the APIServices, with a caBundle. (No virt-apiserver really serves
+    // here, so kube-apiserver's availability check keeps them unavailable and the KubeVirt
+    // resource Deploying: the cluster e2e test sees Deployed.)
+    let a = eventually("APIServices applied", || {
+        let c = c.clone();
+        let apis = apis.clone();
+        async move {
+            roll_out(&c).await;
+            apis.get_opt("v1.subresources.kubevirt.io").await.ok()??;
+            apis.get_opt("v1.kubevirt.io").await.ok()?
+        }
+    })
+    .await;
+    assert!(!a.spec.unwrap().ca_bundle.unwrap().0.is_empty());
+    let kv = kvs.get("kubevirt").await.unwrap();
+    let conds = kv.status.clone().unwrap().conditions.unwrap();
+    let progressing = conds.iter().find(|c| c.type_ == "Progressing").unwrap();
+    assert_eq!(progressing.status, kubevirt_api::ConditionStatus::True);
+    let uid = Api::<Secret>::namespaced(c.clone(), "kubevirt")
+        .get("kubevirt-apiserver-tls")
+        .await
+        .unwrap()
+        .metadata
+        .uid;
+
+    // Upgrade: a new tag is a new target; the images follow; certificates stay.
+    kvs.patch(
+        "kubevirt",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"imageTag": "v2"}})),
+    )
+    .await
+    .unwrap();
+    eventually("upgrade targeted", || async {
+        let kv = kvs.get("kubevirt").await.ok()?;
+        let d = Api::<Deployment>::namespaced(c.clone(), "kubevirt")
+            .get("virt-controller")
+            .await
+            .ok()?;
+        let image = d.spec?.template.spec?.containers[0].image.clone()?;
+        (kv_status(&kv).1 == "v2" && image == "localhost/kubevirt-rs/virt-controller:v2")
+            .then_some(())
+    })
+    .await;
+    let sts = Api::<StatefulSet>::namespaced(c.clone(), "kubevirt")
+        .get("kubevirt-etcd")
+        .await
+        .unwrap();
+    assert_eq!(
+        sts.spec.unwrap().template.spec.unwrap().containers[0]
+            .image
+            .as_deref(),
+        Some("localhost/kubevirt-rs/etcd:latest"),
+        "etcd keeps its tag"
+    );
+    let uid2 = Api::<Secret>::namespaced(c.clone(), "kubevirt")
+        .get("kubevirt-apiserver-tls")
+        .await
+        .unwrap()
+        .metadata
+        .uid;
+    assert_eq!(uid, uid2);
+
+    // Uninstall: the APIService goes (no VM API served here: nothing to block), then all.
+    kvs.delete("kubevirt", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("KubeVirt gone", || async {
+        kvs.get_opt("kubevirt").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(apis.get_opt("v1.kubevirt.io").await.unwrap().is_none());
+    assert!(
+        apis.get_opt("v1.subresources.kubevirt.io")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    for name in ["virt-controller", "kubevirt-apiserver"] {
+        assert!(
+            Api::<Deployment>::namespaced(c.clone(), "kubevirt")
+                .get_opt(name)
+                .await
+                .unwrap()
+                .is_none(),
+            "{name}"
+        );
+    }
+    assert!(
+        Api::<StatefulSet>::namespaced(c.clone(), "kubevirt")
+            .get_opt("kubevirt-etcd")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    for name in [
+        "virt-controller",
+        "virt-handler",
+        "kubevirt-apiserver",
+        "kubevirt.io:edit",
+    ] {
+        assert!(
+            Api::<ClusterRole>::all(c.clone())
+                .get_opt(name)
+                .await
+                .unwrap()
+                .is_none(),
+            "{name}"
+        );
+    }
+    let secrets = Api::<Secret>::namespaced(c.clone(), "kubevirt")
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert!(
+        secrets.items.is_empty(),
+        "{:?}",
+        secrets
+            .items
+            .iter()
+            .map(|s| s.metadata.name.clone())
+            .collect::<Vec<_>>()
+    );
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), operator).await;
+    let _ = Path::new(api.dir.path()).exists();
+}
