@@ -194,7 +194,10 @@ fn parse_docs(yaml: &str) -> Result<Vec<serde_json::Value>, Error> {
     let mut cur = String::new();
     for line in yaml.lines().chain(std::iter::once("---")) {
         if line == "---" {
-            if cur.lines().any(|l| !l.trim().is_empty() && !l.starts_with('#')) {
+            if cur
+                .lines()
+                .any(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            {
                 docs.push(
                     serde_saphyr::from_str(&cur)
                         .map_err(|e| Error::Other(format!("parsing rendered YAML: {e}")))?,
