@@ -11,372 +11,65 @@
 // The helpers below serve only these tests: a failure is a test failure.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::OnceLock;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+mod common;
 
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
 use e2e::Cluster;
 
-/// How long a VM may take to boot: image copy, a cold QEMU capabilities probe (~10 s once per
-/// node), TCG boot of the tiny guest, on a machine shared with builds.
-const BOOT: Duration = Duration::from_secs(240);
-/// Deletions: the launcher's ACPI shutdown waits out the VMI's grace period (5 s below).
-const GONE: Duration = Duration::from_secs(120);
-const TEST_GUEST: &str = "localhost/kubevirt-rs/test-guest:latest";
-
-fn cluster() -> &'static Cluster {
-    Cluster::with_kubevirt().expect("cluster with kubevirt-rs deployed")
-}
-
-/// A namespace of its own per test, deleted at the end (without waiting).
-struct Ns<'a> {
-    c: &'a Cluster,
-    name: String,
-}
-
-impl<'a> Ns<'a> {
-    fn new(c: &'a Cluster, prefix: &str) -> Self {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or_default();
-        let name = format!("e2e-{prefix}-{}-{nanos:x}", std::process::id());
-        c.kubectl(&["create", "namespace", &name])
-            .expect("namespace");
-        Ns { c, name }
-    }
-
-    fn k(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut a = vec!["-n", self.name.as_str()];
-        a.extend_from_slice(args);
-        self.c.kubectl(&a)
-    }
-
-    /// `kubectl virt ARGS` in this namespace (the plugin on PATH).
-    fn virt(&self, args: &[&str]) -> String {
-        // kubectl takes no flags before a plugin's name: KUBECONFIG, and -n after it.
-        let out = Command::new(kubectl_binary())
-            .env("PATH", plugin_path())
-            .env("KUBECONFIG", &self.c.kubeconfig)
-            .arg("virt")
-            .args(args)
-            .args(["-n", &self.name])
-            .output()
-            .expect("running kubectl virt");
-        assert!(
-            out.status.success(),
-            "kubectl virt {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn apply_vm(&self, name: &str, run_strategy: &str) {
-        self.c
-            .kubectl_stdin(
-                &["apply", "-f", "-"],
-                Some(&vm_manifest(name, &self.name, run_strategy)),
-            )
-            .expect("apply VM");
-    }
-
-    /// A jsonpath of an object, empty when it does not exist.
-    fn get(&self, kind: &str, name: &str, jsonpath: &str) -> String {
-        self.k(&[
-            "get",
-            kind,
-            name,
-            "--ignore-not-found",
-            "-o",
-            &format!("jsonpath={jsonpath}"),
-        ])
-        .unwrap_or_default()
-    }
-
-    fn vmi_phase(&self, name: &str) -> String {
-        self.get("vmi", name, "{.status.phase}")
-    }
-
-    fn vmi_uid(&self, name: &str) -> String {
-        self.get("vmi", name, "{.metadata.uid}")
-    }
-
-    fn vm_status(&self, name: &str) -> String {
-        self.get("vm", name, "{.status.printableStatus}")
-    }
-
-    fn launcher_pods(&self, vm: &str) -> Vec<String> {
-        self.k(&[
-            "get",
-            "pods",
-            "-l",
-            &format!("kubevirt.io=virt-launcher,vm.kubevirt.io/name={vm}"),
-            "-o",
-            "name",
-        ])
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
-    }
-
-    /// What the cluster says about a VM that did not get where it should: for the failure message.
-    fn diagnose(&self, vm: &str) -> String {
-        let mut out = String::new();
-        for args in [
-            vec!["get", "vm,vmi,pods", "-o", "wide"],
-            vec!["get", "vmi", vm, "-o", "yaml"],
-            vec!["describe", "pods"],
-            vec![
-                "logs",
-                "-l",
-                "kubevirt.io=virt-launcher",
-                "--all-containers",
-                "--tail=40",
-            ],
-            vec!["get", "events", "--sort-by=.lastTimestamp"],
-        ] {
-            match self.k(&args) {
-                Ok(s) => out.push_str(&s),
-                Err(e) => out.push_str(&format!("{e:#}\n")),
-            }
-        }
-        for args in [
-            [
-                "-n",
-                "kubevirt",
-                "logs",
-                "deployment/virt-controller",
-                "--tail=30",
-            ],
-            [
-                "-n",
-                "kubevirt",
-                "logs",
-                "daemonset/virt-handler",
-                "--tail=30",
-            ],
-        ] {
-            match self.c.kubectl(&args) {
-                Ok(s) => out.push_str(&s),
-                Err(e) => out.push_str(&format!("{e:#}\n")),
-            }
-        }
-        out
-    }
-
-    fn wait(&self, vm: &str, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-        if let Err(e) = self.c.eventually(what, timeout, || Ok(f())) {
-            panic!("{e:#}\n{}", self.diagnose(vm));
-        }
-    }
-
-    fn wait_running(&self, vm: &str) {
-        self.wait(vm, &format!("VMI {vm} Running"), BOOT, || {
-            self.vmi_phase(vm) == "Running"
-        });
-    }
-
-    /// VMI and launcher pod gone, VM status Stopped.
-    fn wait_stopped(&self, vm: &str) {
-        self.wait(vm, &format!("VM {vm} stopped"), GONE, || {
-            self.vmi_uid(vm).is_empty()
-                && self.launcher_pods(vm).is_empty()
-                && self.vm_status(vm) == "Stopped"
-        });
-    }
-}
-
-impl Drop for Ns<'_> {
-    fn drop(&mut self) {
-        let _ = self
-            .c
-            .kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
-    }
-}
-
-fn vm_manifest(name: &str, ns: &str, run_strategy: &str) -> String {
-    serde_json::json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachine",
-        "metadata": {"name": name, "namespace": ns, "labels": {"app": "e2e"}},
-        "spec": {
-            "runStrategy": run_strategy,
-            "template": {"spec": {
-                // The busybox guest ignores the ACPI button: a short grace keeps stops quick.
-                "terminationGracePeriodSeconds": 5,
-                "domain": {
-                    "memory": {"guest": "128Mi"},
-                    "devices": {},
-                    "firmware": {"kernelBoot": {
-                        "kernelArgs": virt_testguest::KERNEL_ARGS,
-                        "container": {
-                            "image": TEST_GUEST,
-                            "imagePullPolicy": "IfNotPresent",
-                            "kernelPath": "/vmlinuz",
-                            "initrdPath": "/initramfs.gz"
-                        }
-                    }}
-                }
-            }}
-        }
-    })
+/// The virt-controller Lease's holder.
+fn controller_leader(c: &Cluster) -> String {
+    c.kubectl(&[
+        "-n",
+        "kubevirt",
+        "get",
+        "lease",
+        "virt-controller",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ])
+    .unwrap_or_default()
+    .trim()
     .to_string()
 }
 
-fn workspace_target() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(t) => e2e::workspace_root().join(t),
-        None => e2e::workspace_root().join("target"),
-    }
+/// Names of the running virt-controller pods.
+fn controller_pods(c: &Cluster) -> Vec<String> {
+    c.kubectl(&[
+        "-n",
+        "kubevirt",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=virt-controller",
+        "--field-selector",
+        "status.phase=Running",
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    ])
+    .unwrap_or_default()
+    .split_whitespace()
+    .map(str::to_string)
+    .collect()
 }
 
-fn kubectl_binary() -> PathBuf {
-    std::fs::read_dir(workspace_target().join("k8s"))
-        .ok()
-        .and_then(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.path().join("bin/kubectl"))
-                .find(|p| p.exists())
-        })
-        .unwrap_or_else(|| PathBuf::from("kubectl"))
-}
-
-/// PATH with the freshly built `kubectl-virt` first (built once per test binary).
-fn plugin_path() -> String {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "kubectl-virt", "--bin", "kubectl-virt"])
-            .current_dir(e2e::workspace_root())
-            .status()
-            .expect("cargo build -p kubectl-virt");
-        assert!(status.success(), "cargo build -p kubectl-virt failed");
-    });
-    format!(
-        "{}:{}",
-        workspace_target().join("debug").display(),
-        std::env::var("PATH").unwrap_or_default()
-    )
-}
-
-/// `kubectl virt console` in a detached tmux session: keys in, screen out.
-struct Console {
-    session: String,
-}
-
-impl Console {
-    fn open(ns: &Ns<'_>, vmi: &str) -> Console {
-        let session = format!("e2e-console-{}-{vmi}", std::process::id());
-        let _ = Command::new("tmux")
-            .args(["kill-session", "-t", &session])
-            .output();
-        let cmd = format!(
-            "exec env PATH='{}' KUBECONFIG='{}' '{}' virt console '{vmi}' -n '{}'",
-            plugin_path(),
-            ns.c.kubeconfig.display(),
-            kubectl_binary().display(),
-            ns.name,
-        );
-        let out = Command::new("tmux")
-            .args(["new-session", "-d", "-x", "160", "-y", "50", "-s", &session])
-            .arg(cmd)
-            .output()
-            .expect("tmux (apt-get install tmux)");
-        assert!(
-            out.status.success(),
-            "tmux: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // Keep the pane after the plugin exits, to see that it did.
-        let _ = Command::new("tmux")
-            .args(["set-option", "-t", &session, "remain-on-exit", "on"])
-            .output();
-        Console { session }
-    }
-
-    fn screen(&self) -> String {
-        let out = Command::new("tmux")
-            .args([
-                "capture-pane",
-                "-p",
-                "-J",
-                "-S",
-                "-200",
-                "-t",
-                &self.session,
-            ])
-            .output()
-            .expect("tmux capture-pane");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Types text (literally) and Enter.
-    fn line(&self, text: &str) {
-        let ok = Command::new("tmux")
-            .args(["send-keys", "-t", &self.session, "-l", text])
-            .status()
-            .expect("tmux send-keys")
-            .success()
-            && Command::new("tmux")
-                .args(["send-keys", "-t", &self.session, "Enter"])
-                .status()
-                .expect("tmux send-keys")
-                .success();
-        assert!(ok, "tmux send-keys failed");
-    }
-
-    fn key(&self, key: &str) {
-        assert!(
-            Command::new("tmux")
-                .args(["send-keys", "-t", &self.session, key])
-                .status()
-                .expect("tmux send-keys")
-                .success()
-        );
-    }
-
-    fn exited(&self) -> bool {
-        Command::new("tmux")
-            .args(["list-panes", "-t", &self.session, "-F", "#{pane_dead}"])
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "1")
-    }
-
-    /// Waits until the screen shows `text`.
-    fn expect(&self, ns: &Ns<'_>, vm: &str, text: &str, timeout: Duration) {
-        if let Err(e) =
-            ns.c.eventually(&format!("console showing {text:?}"), timeout, || {
-                Ok(self.screen().contains(text))
-            })
-        {
-            panic!("{e:#}\nscreen:\n{}\n{}", self.screen(), ns.diagnose(vm));
+/// The host PID of the virt-controller process of `pod` (the local cluster runs its
+/// containers on this machine): the process whose environment names the pod.
+fn controller_pid(pod: &str) -> Option<u32> {
+    let want = format!("POD_NAME={pod}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        if comm.trim() != "virt-controller" {
+            return None;
         }
-    }
-}
-
-impl Drop for Console {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["kill-session", "-t", &self.session])
-            .output();
-    }
-}
-
-/// Runs `echo $((a*b))` in the guest and waits for the product on its own line.
-fn compute(console: &Console, ns: &Ns<'_>, vm: &str, a: u32, b: u32) {
-    console.line(&format!("echo $(({a}*{b}))"));
-    let want = format!("\n{}", a * b);
-    if let Err(e) =
-        ns.c.eventually("the guest's answer", Duration::from_secs(60), || {
-            Ok(console.screen().contains(&want))
-        })
-    {
-        panic!("{e:#}\nscreen:\n{}\n{}", console.screen(), ns.diagnose(vm));
-    }
+        let env = std::fs::read(e.path().join("environ")).ok()?;
+        env.split(|b| *b == 0)
+            .any(|kv| kv == want.as_bytes())
+            .then_some(pid)
+    })
 }
 
 #[test]
@@ -408,7 +101,6 @@ fn vm_always_boots_and_its_console_answers() {
     );
     assert_eq!(ns.vmi_phase("boot"), "Running");
 }
-
 #[test]
 #[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]
 fn banner_on_the_console_from_the_first_boot() {
@@ -425,7 +117,6 @@ fn banner_on_the_console_from_the_first_boot() {
     ns.wait_running("banner");
     console.expect(&ns, "banner", virt_testguest::BANNER, BOOT);
 }
-
 #[test]
 #[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]
 fn stop_start_restart_through_the_plugin() {
@@ -451,7 +142,6 @@ fn stop_start_restart_through_the_plugin() {
         ns.launcher_pods("life").len() == 1
     });
 }
-
 #[test]
 #[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]
 fn halted_vm_never_starts() {
@@ -479,7 +169,6 @@ fn halted_vm_never_starts() {
     assert_eq!(ns.vmi_uid("halted"), "");
     assert!(ns.launcher_pods("halted").is_empty());
 }
-
 #[test]
 #[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]
 fn deleting_the_vm_deletes_its_vmi_and_pod() {
@@ -496,7 +185,6 @@ fn deleting_the_vm_deletes_its_vmi_and_pod() {
             && ns.launcher_pods("gone").is_empty()
     });
 }
-
 #[test]
 #[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]
 fn console_survives_90_seconds_idle() {
@@ -518,7 +206,6 @@ fn console_survives_90_seconds_idle() {
     );
     compute(&console, &ns, "idle", 7, 191);
 }
-
 #[test]
 #[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]
 fn pause_and_unpause_show_in_kubectl_get_vm() {
@@ -551,4 +238,171 @@ fn pause_and_unpause_show_in_kubectl_get_vm() {
     console.line("");
     console.expect(&ns, "pause", virt_testguest::PROMPT.trim(), BOOT);
     compute(&console, &ns, "pause", 6, 7);
+}
+#[test]
+#[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]
+fn rerun_on_failure_restarts_a_guest_whose_kernel_panics() {
+    let c = cluster();
+    let ns = Ns::new(c, "rerun");
+    let guest = Guest {
+        panic_after: Some(10),
+        panic_device: true,
+        ..Guest::default()
+    };
+    ns.apply_guest("rerun", "RerunOnFailure", &guest);
+    ns.wait_running("rerun");
+    let first = ns.vmi_uid("rerun");
+    let watch = VmiWatch::start(&ns);
+    ns.wait("rerun", "a new VMI Running after the panic", BOOT, || {
+        let uid = ns.vmi_uid("rerun");
+        !uid.is_empty() && uid != first && ns.vmi_phase("rerun") == "Running"
+    });
+    let seen = watch.seen();
+    let failed = seen
+        .iter()
+        .find(|s| s.uid == first && s.phase == "Failed")
+        .unwrap_or_else(|| panic!("the first VMI never showed Failed: {seen:?}"));
+    assert!(
+        failed.reason.contains("Crashed"),
+        "failure reason {:?}",
+        failed.reason
+    );
+    ns.wait("rerun", "the failed VMI's launcher pod gone", GONE, || {
+        ns.launcher_pods("rerun").len() == 1
+    });
+}
+#[test]
+#[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]
+fn once_does_not_restart_a_guest_whose_kernel_panics() {
+    let c = cluster();
+    let ns = Ns::new(c, "once");
+    let guest = Guest {
+        panic_after: Some(5),
+        panic_device: true,
+        ..Guest::default()
+    };
+    ns.apply_guest("once", "Once", &guest);
+    ns.wait_running("once");
+    let first = ns.vmi_uid("once");
+    ns.wait("once", "VMI once Failed", BOOT, || {
+        ns.vmi_phase("once") == "Failed"
+    });
+    let reason = ns.get("vmi", "once", "{.status.reason}");
+    assert!(reason.contains("Crashed"), "failure reason {reason:?}");
+    ns.wait("once", "VM once Stopped", GONE, || {
+        ns.vm_status("once") == "Stopped"
+    });
+    std::thread::sleep(SETTLE);
+    assert_eq!(ns.vmi_uid("once"), first, "Once started another VMI");
+    assert_eq!(ns.vmi_phase("once"), "Failed");
+    assert_eq!(ns.vm_status("once"), "Stopped");
+}
+#[test]
+#[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]
+fn rerun_on_failure_leaves_a_guest_that_powered_off_stopped() {
+    let c = cluster();
+    let ns = Ns::new(c, "poweroff");
+    let guest = Guest {
+        poweroff_after: Some(5),
+        ..Guest::default()
+    };
+    ns.apply_guest("off", "RerunOnFailure", &guest);
+    ns.wait_running("off");
+    let first = ns.vmi_uid("off");
+    let watch = VmiWatch::start(&ns);
+    // KubeVirt's behaviour: the Succeeded VMI is removed and nothing replaces it.
+    ns.wait_stopped("off");
+    let seen = watch.seen();
+    assert!(
+        seen.iter()
+            .any(|s| s.uid == first && s.phase == "Succeeded"),
+        "the VMI never showed Succeeded: {seen:?}"
+    );
+    std::thread::sleep(SETTLE);
+    assert_eq!(
+        ns.vmi_uid("off"),
+        "",
+        "RerunOnFailure restarted a clean power-off"
+    );
+    assert_eq!(ns.vm_status("off"), "Stopped");
+    assert!(ns.launcher_pods("off").is_empty());
+}
+#[test]
+#[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]
+fn killing_the_controller_leader_mid_start_lets_the_other_replica_finish() {
+    let c = cluster();
+    let ns = Ns::new(c, "leader");
+    let mut leader = String::new();
+    let mut others = Vec::new();
+    ns.wait(
+        "lead",
+        "two virt-controller replicas, one leading",
+        GONE,
+        || {
+            leader = controller_leader(c);
+            let pods = controller_pods(c);
+            others = pods.iter().filter(|p| **p != leader).cloned().collect();
+            pods.contains(&leader) && !others.is_empty()
+        },
+    );
+
+    ns.apply_vm("lead", "Always");
+    // Mid-start: the VMI exists and does not run yet (its pod is created, scheduled, the
+    // guest boots; several controller writes are still to come).
+    ns.wait("lead", "VMI lead created", GONE, || {
+        !ns.vmi_uid("lead").is_empty()
+    });
+    let phase_at_kill = ns.vmi_phase("lead");
+    assert_ne!(
+        phase_at_kill, "Running",
+        "too late to kill the leader mid-start"
+    );
+    let killed = std::time::Instant::now();
+    // SIGKILL: no chance to release the Lease, so the other replica must wait it out.
+    // Then the pod goes, so that a restarted container (same identity) cannot take it back.
+    if c.local
+        && let Some(pid) = controller_pid(&leader)
+    {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    c.kubectl(&[
+        "-n",
+        "kubevirt",
+        "delete",
+        "pod",
+        &leader,
+        "--grace-period=0",
+        "--force",
+        "--wait=false",
+    ])
+    .expect("delete the leader pod");
+
+    let mut new_leader = String::new();
+    ns.wait("lead", "another replica holding the Lease", GONE, || {
+        new_leader = controller_leader(c);
+        !new_leader.is_empty() && new_leader != leader
+    });
+    let failover = killed.elapsed();
+    assert!(
+        others.contains(&new_leader),
+        "{new_leader} took over, not one of {others:?}"
+    );
+    ns.wait_running("lead");
+    let running = killed.elapsed();
+    // Exactly one instance: no second VMI, no second launcher pod, also a moment later.
+    std::thread::sleep(Duration::from_secs(5));
+    let vmis = ns
+        .k(&["get", "vmi", "-o", "name"])
+        .unwrap_or_default()
+        .lines()
+        .count();
+    assert_eq!(vmis, 1);
+    assert_eq!(ns.launcher_pods("lead").len(), 1, "{}", ns.diagnose("lead"));
+    assert_eq!(ns.vmi_phase("lead"), "Running");
+    println!(
+        "leader {leader} killed at VMI phase {phase_at_kill:?}: {new_leader} leads after \
+         {:.1} s, VMI Running {:.1} s after the kill",
+        failover.as_secs_f64(),
+        running.as_secs_f64()
+    );
 }

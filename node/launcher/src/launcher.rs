@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use kubevirt_api::VirtualMachineInstance;
 use kubevirt_api::defaults::{DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS, default_vmi};
 use kubevirt_api::validation::validate_vmi;
+use kubevirt_api::vmi::StartStrategy;
 use tokio_util::sync::CancellationToken;
 use virt_domain::protocol::{
     DomainState, LauncherStatus, MIGRATION_DIR, MIGRATION_NS_DIR, MigrationStream, MigrationTarget,
@@ -401,7 +402,8 @@ pub async fn run(
         })
         .await
     } else {
-        drive(&handle, xml, grace, &shutdown, || {
+        let start_paused = vmi.spec.start_strategy == Some(StartStrategy::Paused);
+        drive(&handle, xml, start_paused, grace, &shutdown, || {
             tracing::info!(domain = %name, elapsed_ms = t0.elapsed().as_millis() as u64, "domain started");
             on_running(running);
         })
@@ -440,6 +442,7 @@ fn remove_stale_socket(path: &Path) {
 async fn drive(
     handle: &DomainHandle,
     xml: String,
+    start_paused: bool,
     grace: Duration,
     shutdown: &CancellationToken,
     started: impl FnOnce(),
@@ -447,6 +450,10 @@ async fn drive(
     handle.define(xml).await?;
     let state = handle.state();
     handle.start().await?;
+    // spec.startStrategy: Paused — the guest waits for an unpause (start --paused).
+    if start_paused {
+        handle.pause().await?;
+    }
     started();
     watch_until_end(handle, state, grace, shutdown).await
 }
@@ -563,6 +570,7 @@ mod tests {
         let out = drive(
             &h,
             "<domain/>".into(),
+            false,
             Duration::from_secs(5),
             &token,
             || {},
@@ -586,6 +594,7 @@ mod tests {
         let out = drive(
             &h,
             "<domain/>".into(),
+            false,
             Duration::from_millis(300),
             &token,
             || {},
@@ -598,6 +607,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_paused_start_pauses_before_the_guest_counts_as_started() {
+        let f = FakeBackend::default();
+        let h = fake(&f).await;
+        let token = CancellationToken::new();
+        token.cancel();
+        let seen = f.clone();
+        let out = drive(
+            &h,
+            "<domain/>".into(),
+            true,
+            Duration::from_secs(5),
+            &token,
+            move || assert_eq!(seen.calls(), ["define", "start", "suspend"]),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out, Outcome::ShutDown);
+    }
+
+    #[tokio::test]
     async fn a_crash_ends_the_run_with_its_reason() {
         let f = FakeBackend::default();
         let h = fake(&f).await;
@@ -606,6 +635,7 @@ mod tests {
         let out = drive(
             &h,
             "<domain/>".into(),
+            false,
             Duration::from_secs(5),
             &token,
             move || {

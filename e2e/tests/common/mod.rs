@@ -1,0 +1,496 @@
+//! Helpers shared by the cluster e2e tests of VMs (vm_lifecycle.rs, plugin.rs): a namespace
+//! per test, the test guest's VM manifest, `kubectl virt` on PATH, a console in tmux.
+
+// The helpers below serve only the tests: a failure is a test failure. Each test binary
+// uses a different subset.
+#![allow(clippy::expect_used, clippy::unwrap_used, dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use e2e::Cluster;
+
+/// How long a VM may take to boot: image copy, a cold QEMU capabilities probe (~10 s once per
+/// node), TCG boot of the tiny guest, on a machine shared with builds.
+pub const BOOT: Duration = Duration::from_secs(240);
+/// Deletions: the launcher's ACPI shutdown waits out the VMI's grace period (5 s below).
+pub const GONE: Duration = Duration::from_secs(120);
+pub const TEST_GUEST: &str = "localhost/kubevirt-rs/test-guest:latest";
+
+pub fn cluster() -> &'static Cluster {
+    Cluster::with_kubevirt().expect("cluster with kubevirt-rs deployed")
+}
+
+/// A namespace of its own per test, deleted at the end (without waiting).
+pub struct Ns<'a> {
+    pub c: &'a Cluster,
+    pub name: String,
+}
+
+impl<'a> Ns<'a> {
+    pub fn new(c: &'a Cluster, prefix: &str) -> Self {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        let name = format!("e2e-{prefix}-{}-{nanos:x}", std::process::id());
+        c.kubectl(&["create", "namespace", &name])
+            .expect("namespace");
+        Ns { c, name }
+    }
+
+    pub fn k(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut a = vec!["-n", self.name.as_str()];
+        a.extend_from_slice(args);
+        self.c.kubectl(&a)
+    }
+
+    /// `kubectl virt ARGS` in this namespace (the plugin on PATH).
+    pub fn virt(&self, args: &[&str]) -> String {
+        // kubectl takes no flags before a plugin's name: KUBECONFIG, and -n after it.
+        let out = Command::new(kubectl_binary())
+            .env("PATH", plugin_path())
+            .env("KUBECONFIG", &self.c.kubeconfig)
+            .arg("virt")
+            .args(args)
+            .args(["-n", &self.name])
+            .output()
+            .expect("running kubectl virt");
+        assert!(
+            out.status.success(),
+            "kubectl virt {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl virt ARGS` in this namespace: exit code, stdout, stderr.
+    pub fn virt_result(&self, args: &[&str]) -> (Option<i32>, String, String) {
+        let mut a = args.to_vec();
+        a.extend(["-n", self.name.as_str()]);
+        kubectl_virt(self.c, &a)
+    }
+
+    pub fn apply_vm(&self, name: &str, run_strategy: &str) {
+        self.apply_guest(name, run_strategy, &Guest::default());
+    }
+
+    pub fn apply_guest(&self, name: &str, run_strategy: &str, guest: &Guest) {
+        self.c
+            .kubectl_stdin(
+                &["apply", "-f", "-"],
+                Some(&vm_manifest(name, &self.name, run_strategy, guest)),
+            )
+            .expect("apply VM");
+    }
+
+    /// A jsonpath of an object, empty when it does not exist.
+    pub fn get(&self, kind: &str, name: &str, jsonpath: &str) -> String {
+        self.k(&[
+            "get",
+            kind,
+            name,
+            "--ignore-not-found",
+            "-o",
+            &format!("jsonpath={jsonpath}"),
+        ])
+        .unwrap_or_default()
+    }
+
+    pub fn vmi_phase(&self, name: &str) -> String {
+        self.get("vmi", name, "{.status.phase}")
+    }
+
+    pub fn vmi_uid(&self, name: &str) -> String {
+        self.get("vmi", name, "{.metadata.uid}")
+    }
+
+    pub fn vm_status(&self, name: &str) -> String {
+        self.get("vm", name, "{.status.printableStatus}")
+    }
+
+    pub fn launcher_pods(&self, vm: &str) -> Vec<String> {
+        self.k(&[
+            "get",
+            "pods",
+            "-l",
+            &format!("kubevirt.io=virt-launcher,vm.kubevirt.io/name={vm}"),
+            "-o",
+            "name",
+        ])
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+    }
+
+    /// What the cluster says about a VM that did not get where it should: for the failure message.
+    pub fn diagnose(&self, vm: &str) -> String {
+        let mut out = String::new();
+        for args in [
+            vec!["get", "vm,vmi,pods", "-o", "wide"],
+            vec!["get", "vmi", vm, "-o", "yaml"],
+            vec!["describe", "pods"],
+            vec![
+                "logs",
+                "-l",
+                "kubevirt.io=virt-launcher",
+                "--all-containers",
+                "--tail=40",
+            ],
+            vec!["get", "events", "--sort-by=.lastTimestamp"],
+        ] {
+            match self.k(&args) {
+                Ok(s) => out.push_str(&s),
+                Err(e) => out.push_str(&format!("{e:#}\n")),
+            }
+        }
+        for args in [
+            [
+                "-n",
+                "kubevirt",
+                "logs",
+                "deployment/virt-controller",
+                "--tail=30",
+            ],
+            [
+                "-n",
+                "kubevirt",
+                "logs",
+                "daemonset/virt-handler",
+                "--tail=30",
+            ],
+        ] {
+            match self.c.kubectl(&args) {
+                Ok(s) => out.push_str(&s),
+                Err(e) => out.push_str(&format!("{e:#}\n")),
+            }
+        }
+        out
+    }
+
+    pub fn wait(&self, vm: &str, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+        if let Err(e) = self.c.eventually(what, timeout, || Ok(f())) {
+            panic!("{e:#}\n{}", self.diagnose(vm));
+        }
+    }
+
+    pub fn wait_running(&self, vm: &str) {
+        self.wait(vm, &format!("VMI {vm} Running"), BOOT, || {
+            self.vmi_phase(vm) == "Running"
+        });
+    }
+
+    /// VMI and launcher pod gone, VM status Stopped.
+    pub fn wait_stopped(&self, vm: &str) {
+        self.wait(vm, &format!("VM {vm} stopped"), GONE, || {
+            self.vmi_uid(vm).is_empty()
+                && self.launcher_pods(vm).is_empty()
+                && self.vm_status(vm) == "Stopped"
+        });
+    }
+}
+
+impl Drop for Ns<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .c
+            .kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
+    }
+}
+
+/// How the test guest behaves, through its kernel command line (node/testguest's init).
+#[derive(Default)]
+pub struct Guest {
+    /// `kubevirt-rs.poweroff-after=N`: powers itself off cleanly N s after the banner.
+    pub poweroff_after: Option<u32>,
+    /// `kubevirt-rs.panic-after=N`: its kernel panics N s after the banner.
+    pub panic_after: Option<u32>,
+    /// An ISA panic device, so that the panic reaches libvirt (`on_crash`) as a crash.
+    pub panic_device: bool,
+}
+
+impl Guest {
+    pub fn kernel_args(&self) -> String {
+        let mut args = virt_testguest::KERNEL_ARGS.to_string();
+        if let Some(n) = self.poweroff_after {
+            args.push_str(&format!(" kubevirt-rs.poweroff-after={n}"));
+        }
+        if let Some(n) = self.panic_after {
+            args.push_str(&format!(" kubevirt-rs.panic-after={n}"));
+        }
+        args
+    }
+
+    pub fn devices(&self) -> serde_json::Value {
+        if self.panic_device {
+            serde_json::json!({"panicDevices": [{"model": "isa"}]})
+        } else {
+            serde_json::json!({})
+        }
+    }
+}
+
+pub fn vm_manifest(name: &str, ns: &str, run_strategy: &str, guest: &Guest) -> String {
+    serde_json::json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": "e2e"}},
+        "spec": {
+            "runStrategy": run_strategy,
+            "template": {"spec": {
+                // The busybox guest ignores the ACPI button: a short grace keeps stops quick.
+                "terminationGracePeriodSeconds": 5,
+                "domain": {
+                    "memory": {"guest": "128Mi"},
+                    "devices": guest.devices(),
+                    "firmware": {"kernelBoot": {
+                        "kernelArgs": guest.kernel_args(),
+                        "container": {
+                            "image": TEST_GUEST,
+                            "imagePullPolicy": "IfNotPresent",
+                            "kernelPath": "/vmlinuz",
+                            "initrdPath": "/initramfs.gz"
+                        }
+                    }}
+                }
+            }}
+        }
+    })
+    .to_string()
+}
+
+pub fn workspace_target() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(t) => e2e::workspace_root().join(t),
+        None => e2e::workspace_root().join("target"),
+    }
+}
+
+/// `kubectl virt ARGS` as given (no namespace added): exit code, stdout, stderr.
+pub fn kubectl_virt(c: &Cluster, args: &[&str]) -> (Option<i32>, String, String) {
+    // kubectl takes no flags before a plugin's name: KUBECONFIG, and -n after it.
+    let out = Command::new(kubectl_binary())
+        .env("PATH", plugin_path())
+        .env("KUBECONFIG", &c.kubeconfig)
+        .arg("virt")
+        .args(args)
+        .output()
+        .expect("running kubectl virt");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub fn kubectl_binary() -> PathBuf {
+    std::fs::read_dir(workspace_target().join("k8s"))
+        .ok()
+        .and_then(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin/kubectl"))
+                .find(|p| p.exists())
+        })
+        .unwrap_or_else(|| PathBuf::from("kubectl"))
+}
+
+/// PATH with the freshly built `kubectl-virt` first (built once per test binary).
+pub fn plugin_path() -> String {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "kubectl-virt", "--bin", "kubectl-virt"])
+            .current_dir(e2e::workspace_root())
+            .status()
+            .expect("cargo build -p kubectl-virt");
+        assert!(status.success(), "cargo build -p kubectl-virt failed");
+    });
+    format!(
+        "{}:{}",
+        workspace_target().join("debug").display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// `kubectl virt console` in a detached tmux session: keys in, screen out.
+pub struct Console {
+    pub session: String,
+}
+
+impl Console {
+    pub fn open(ns: &Ns<'_>, vmi: &str) -> Console {
+        let session = format!("e2e-console-{}-{vmi}", std::process::id());
+        let _ = Command::new("tmux")
+            .args(["kill-session", "-t", &session])
+            .output();
+        let cmd = format!(
+            "exec env PATH='{}' KUBECONFIG='{}' '{}' virt console '{vmi}' -n '{}'",
+            plugin_path(),
+            ns.c.kubeconfig.display(),
+            kubectl_binary().display(),
+            ns.name,
+        );
+        let out = Command::new("tmux")
+            .args(["new-session", "-d", "-x", "160", "-y", "50", "-s", &session])
+            .arg(cmd)
+            .output()
+            .expect("tmux (apt-get install tmux)");
+        assert!(
+            out.status.success(),
+            "tmux: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Keep the pane after the plugin exits, to see that it did.
+        let _ = Command::new("tmux")
+            .args(["set-option", "-t", &session, "remain-on-exit", "on"])
+            .output();
+        Console { session }
+    }
+
+    pub fn screen(&self) -> String {
+        let out = Command::new("tmux")
+            .args([
+                "capture-pane",
+                "-p",
+                "-J",
+                "-S",
+                "-200",
+                "-t",
+                &self.session,
+            ])
+            .output()
+            .expect("tmux capture-pane");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Types text (literally) and Enter.
+    pub fn line(&self, text: &str) {
+        let ok = Command::new("tmux")
+            .args(["send-keys", "-t", &self.session, "-l", text])
+            .status()
+            .expect("tmux send-keys")
+            .success()
+            && Command::new("tmux")
+                .args(["send-keys", "-t", &self.session, "Enter"])
+                .status()
+                .expect("tmux send-keys")
+                .success();
+        assert!(ok, "tmux send-keys failed");
+    }
+
+    pub fn key(&self, key: &str) {
+        assert!(
+            Command::new("tmux")
+                .args(["send-keys", "-t", &self.session, key])
+                .status()
+                .expect("tmux send-keys")
+                .success()
+        );
+    }
+
+    pub fn exited(&self) -> bool {
+        Command::new("tmux")
+            .args(["list-panes", "-t", &self.session, "-F", "#{pane_dead}"])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "1")
+    }
+
+    /// Waits until the screen shows `text`.
+    pub fn expect(&self, ns: &Ns<'_>, vm: &str, text: &str, timeout: Duration) {
+        if let Err(e) =
+            ns.c.eventually(&format!("console showing {text:?}"), timeout, || {
+                Ok(self.screen().contains(text))
+            })
+        {
+            panic!("{e:#}\nscreen:\n{}\n{}", self.screen(), ns.diagnose(vm));
+        }
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["kill-session", "-t", &self.session])
+            .output();
+    }
+}
+
+/// Runs `echo $((a*b))` in the guest and waits for the product on its own line.
+pub fn compute(console: &Console, ns: &Ns<'_>, vm: &str, a: u32, b: u32) {
+    console.line(&format!("echo $(({a}*{b}))"));
+    let want = format!("\n{}", a * b);
+    if let Err(e) =
+        ns.c.eventually("the guest's answer", Duration::from_secs(60), || {
+            Ok(console.screen().contains(&want))
+        })
+    {
+        panic!("{e:#}\nscreen:\n{}\n{}", console.screen(), ns.diagnose(vm));
+    }
+}
+
+/// Every VMI state a namespace goes through, from `kubectl get vmi -w -o json`: states that
+/// last less than a poll interval (a failed VMI that the controller deletes at once) are seen.
+pub struct VmiWatch {
+    pub child: std::process::Child,
+    pub out: PathBuf,
+}
+
+/// One observed state: uid, phase, reason.
+#[derive(Debug)]
+pub struct Seen {
+    pub uid: String,
+    pub phase: String,
+    pub reason: String,
+}
+
+impl VmiWatch {
+    pub fn start(ns: &Ns<'_>) -> VmiWatch {
+        let out = std::env::temp_dir().join(format!("{}-vmi-watch.json", ns.name));
+        let file = std::fs::File::create(&out).expect("watch output file");
+        let child = Command::new(kubectl_binary())
+            .env("KUBECONFIG", &ns.c.kubeconfig)
+            .args(["-n", &ns.name, "get", "vmi", "-w", "-o", "json"])
+            .stdout(file)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("kubectl get vmi -w");
+        VmiWatch { child, out }
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        serde_json::Deserializer::from_str(&text)
+            .into_iter::<serde_json::Value>()
+            .map_while(Result::ok)
+            .map(|v| {
+                let s = |p: &str| {
+                    v.pointer(p)
+                        .and_then(|x| x.as_str())
+                        .unwrap_or("")
+                        .to_string()
+                };
+                Seen {
+                    uid: s("/metadata/uid"),
+                    phase: s("/status/phase"),
+                    reason: s("/status/reason"),
+                }
+            })
+            .collect()
+    }
+}
+
+impl Drop for VmiWatch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.out);
+    }
+}
+
+/// Long enough for a wrong restart decision to show (the controller reacts within a second).
+pub const SETTLE: Duration = Duration::from_secs(20);
