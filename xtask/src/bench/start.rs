@@ -429,7 +429,7 @@ fn apiserver_metrics(kube: &Kube) -> anyhow::Result<String> {
         "get",
         "pods",
         "-l",
-        "app.kubernetes.io/name=virt-apiserver",
+        "app.kubernetes.io/name=kubevirt-apiserver",
         "--field-selector",
         "status.phase=Running",
         "-o",
