@@ -499,6 +499,8 @@ const LAUNCHER_PROGRAMS: &[&str] = &[
     "/usr/sbin/libvirtd",
     "/usr/bin/qemu-system-x86_64",
     "/usr/bin/qemu-img",
+    // Cancels a migration (virDomainAbortJob; the launcher has no binding of its own).
+    "/usr/bin/virsh",
     "/usr/bin/xorriso",
     "/usr/bin/unshare",
     "/usr/bin/setpriv",

@@ -22,7 +22,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstanceMigrationState as State};
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use virt_domain::protocol::{
     DomainState, MIGRATION_DIR, MigrateRequest, MigrationOptions, MigrationStatus, Request,
@@ -31,10 +31,9 @@ use virt_domain::protocol::{
 
 use crate::client::LauncherClient;
 use crate::migration::{
-    prepare_target, run_source, source_patch, target_detected_patch, target_ready_patch,
-    target_socket_dir,
+    prepare_target, source_patch, target_detected_patch, target_ready_patch, target_socket_dir,
 };
-use crate::migration_proxy::{TARGET_FILE, client_tls, fetch_target, server_tls};
+use crate::migration_proxy::{SourceProxy, TARGET_FILE, client_tls, fetch_target, server_tls};
 use crate::server::TlsFiles;
 
 /// Label virt-controller puts on a VMI at the hand-off: the node receiving it.
@@ -284,62 +283,70 @@ async fn transfer(
     let tls = client_tls(&p.cert, &p.key, &p.ca).map_err(|e| e.to_string())?;
     let server_name =
         rustls_pki_types::ServerName::try_from("virt-handler").map_err(|e| e.to_string())?;
-    let target = fetch_target(addr, tls.clone(), server_name)
+    let target = fetch_target(addr, tls.clone(), server_name.clone())
         .await
         .map_err(|e| e.to_string())?;
     tracing::info!(%addr, ?target, ?options, "starting outgoing migration");
     let launcher = LauncherClient::new(dir.join("cmd.sock"));
-    let (tx, mut rx) = mpsc::unbounded_channel::<MigrationStatus>();
-    let request = MigrateRequest { target, options };
-    let run = run_source(
-        &launcher,
-        dir.join(MIGRATION_DIR),
-        addr,
-        tls,
-        request,
-        move |st| {
-            let _ = tx.send(st.clone());
-        },
-    );
-    let drive = async {
-        tokio::pin!(run);
-        let mut asked = false;
-        loop {
-            tokio::select! {
-                r = &mut run => break r,
-                _ = cancel.cancelled(), if !asked => {
-                    asked = true;
-                    match launcher.call(&Request::CancelMigration).await {
-                        Ok(Response::Ok) => tracing::info!("migration cancel sent"),
-                        other => tracing::warn!(reply = ?other, "migration cancel refused"),
+    // Our own proxy (not `run_source`'s): closing it is the cancel of last resort.
+    let proxy = SourceProxy::start(dir.join(MIGRATION_DIR), addr, tls, server_name)
+        .map_err(|e| e.to_string())?;
+    match launcher
+        .call(&Request::Migrate(MigrateRequest { target, options }))
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        Response::Ok => {}
+        Response::Error { message } => return Err(format!("launcher: {message}")),
+        other => return Err(format!("launcher: unexpected reply {other:?}")),
+    }
+    let mut events = launcher
+        .watch_migration()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut known = w.current().unwrap_or_default();
+    let mut asked = false;
+    let last = loop {
+        let st = tokio::select! {
+            st = events.next() => st,
+            _ = cancel.cancelled(), if !asked => {
+                asked = true;
+                match launcher.call(&Request::CancelMigration).await {
+                    Ok(Response::Ok) => tracing::info!("migration cancel sent"),
+                    other => {
+                        // Cutting the tunnel always ends the transfer; the guest stays.
+                        tracing::warn!(reply = ?other, "migration cancel refused; closing the tunnel");
+                        proxy.close();
                     }
                 }
+                continue;
             }
+        };
+        let st = match st {
+            Ok(Some(st)) => st,
+            Ok(None) | Err(_) => MigrationStatus::Failed {
+                reason: "the launcher closed the migration stream".into(),
+            },
+        };
+        // An aborted transfer is a cancel, whatever libvirt called its end.
+        let st = match st {
+            MigrationStatus::Failed { .. } if asked => MigrationStatus::Cancelled,
+            st => st,
+        };
+        if let Some(cur) = w.current() {
+            known.abort_requested = cur.abort_requested;
+        }
+        if let Some(patch) = source_patch(&known, &st, &now())
+            && w.patch(&patch).await
+        {
+            merge(&mut known, &patch);
+        }
+        if st.is_final() {
+            break st;
         }
     };
-    let write = async {
-        let mut known = w.current().unwrap_or_default();
-        while let Some(st) = rx.recv().await {
-            // Drain to the newest report: the API server need not see every one.
-            let mut st = st;
-            while let Ok(next) = rx.try_recv() {
-                if st.is_final() {
-                    break;
-                }
-                st = next;
-            }
-            if let Some(cur) = w.current() {
-                known.abort_requested = cur.abort_requested;
-            }
-            if let Some(patch) = source_patch(&known, &st, &now())
-                && w.patch(&patch).await
-            {
-                merge(&mut known, &patch);
-            }
-        }
-    };
-    let (r, ()) = tokio::join!(drive, write);
-    r.map_err(|e| e.to_string())
+    proxy.close();
+    Ok(last)
 }
 
 /// Target side of migration `migration` of VMI `name`; its target launcher is in `dir`.

@@ -102,9 +102,13 @@ async fn connection(
                 message: "this launcher was not started with --migration-target".into(),
             },
             Request::Migrate(m) => {
-                if running.migration_target {
+                // A target that received its guest runs it like any launcher and may send
+                // it on (migrating back); one still waiting has nothing to send.
+                if running.migration_target
+                    && running.handle.state().borrow().state == DomainState::Pending
+                {
                     Response::Error {
-                        message: "a migration target cannot migrate".into(),
+                        message: "this migration target has not received the guest yet".into(),
                     }
                 } else {
                     tracing::info!(target = ?m.target, options = ?m.options, "migrating");
