@@ -468,6 +468,28 @@ async fn live_migration_moves_the_running_guest() {
     );
     assert!(out.contains("moved-disk"), "disk write not carried: {out}");
     eprintln!("uptime before {before}, after {after}");
+    // And on again from the former target (migrating back): a launcher that received
+    // its guest sends it on like any other.
+    drop(cb);
+    let mut c = Launcher::start(&v, &images, true);
+    let tc = prepare(&mut c);
+    let _p2 = proxies(&b, &c);
+    migrate(&b, tc, MigrationOptions::default());
+    let seen = tokio::task::block_in_place(|| watch(&b, Duration::from_secs(180)));
+    assert!(
+        matches!(seen.last(), Some(MigrationStatus::Completed { .. })),
+        "second migration: {seen:?}\nfrom:\n{}\nto:\n{}",
+        b.logs(),
+        c.logs()
+    );
+    let mut cc = c.console();
+    cc.prompt();
+    let again = cc.uptime();
+    assert!(again > after, "uptime went back: {after} → {again}");
+    c.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(c.wait_exit(Duration::from_secs(30)), 0, "{}", c.logs());
+    let _ = std::fs::remove_file(c.path("outcome.json"));
+    c.assert_clean();
     b.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(b.wait_exit(Duration::from_secs(30)), 0, "{}", b.logs());
     let _ = std::fs::remove_file(b.path("outcome.json"));
