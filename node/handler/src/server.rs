@@ -538,7 +538,15 @@ async fn open_vnc(
                     }
                 }
             });
-            pump(ws, out_rx, Some(in_tx), stop, ping, &|| "VNC connection closed").await;
+            pump(
+                ws,
+                out_rx,
+                Some(in_tx),
+                stop,
+                ping,
+                &|| "VNC connection closed",
+            )
+            .await;
             reader.abort();
             writer.abort();
             if let Ok(mut m) = vnc_map.lock()
@@ -556,8 +564,7 @@ async fn open_vnc(
 /// are skipped, as KubeVirt's clients do). Pings every `ping_every`; a ping unanswered
 /// until the next one closes the session. `stop` closes it with [`TAKEN_OVER`].
 /// Close reason of a console whose guest live-migrated to another node.
-pub const MIGRATED_AWAY: &str =
-    "the VMI migrated to another node; reconnect to reach it there";
+pub const MIGRATED_AWAY: &str = "the VMI migrated to another node; reconnect to reach it there";
 
 async fn pump(
     mut ws: WebSocket,
