@@ -475,6 +475,18 @@ pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    /// The floor half alone: `cargo test -p xtask -- --ignored bare_qemu_migrates`.
+    #[test]
+    #[ignore = "boots two QEMUs (TCG)"]
+    fn bare_qemu_migrates() {
+        let guest = virt_testguest::ensure(&virt_testguest::default_dir()).expect("guest");
+        let dir = std::env::temp_dir().join(format!("xtask-bare-mig-{}", std::process::id()));
+        let s = bare_once(&guest, &dir).expect("bare migration");
+        let _ = std::fs::remove_dir_all(&dir);
+        eprintln!("{s:?}");
+        assert!(s.bytes.unwrap_or(0) > 0);
+    }
+
     #[test]
     fn table_has_medians_and_runs() {
         let s = |t: u64, d: u64| Sample {
