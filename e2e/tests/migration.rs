@@ -3,11 +3,10 @@
 //! back; a cancelled migration and one whose target launcher is killed leave the guest
 //! running on the source; a VM that cannot migrate says why and `migrate` is refused.
 //!
-//! Status (2026-11-30 10:17 UTC, first run on the two-node cluster): the move (and the
-//! console/uptime checks after it), the kill -9 of the target launcher and the
-//! LiveMigratable refusal passed; migrating back and the cancel failed, for causes since
-//! fixed (a launcher that received its guest refused to send it on; the launcher image had
-//! no `virsh`, so the cancel could not reach libvirt) but not re-run here yet.
+//! Status (2026-11-30, two-node local cluster): all four pass — the move, the kill -9 and
+//! the refusal at 10:17 UTC; the move back and the cancel at 10:38 UTC after fixing their
+//! causes (a launcher that received its guest refused to send it on; the launcher image had
+//! no `virsh`, so the cancel could not reach libvirt).
 //!
 //! Needs root, tmux and the packages of docs/local-cluster.md. Uses the cluster named by
 //! KUBECONFIG or brings the local one up with two nodes. Run with
