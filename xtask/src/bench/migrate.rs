@@ -92,7 +92,7 @@ pub fn table(cluster: &[Sample], bare: &[Sample]) -> String {
         "| variant | total (median) | transfer (median) | downtime (median) | moved (median) | runs: total / downtime |\n\
          |---|---|---|---|---|---|\n{}{}",
         row(
-            "kubevirt-rs: `kubectl virt migrate` → VMIM Succeeded",
+            "kubevirt-rs: VMIM created → Succeeded",
             cluster
         ),
         row("bare QEMU → QEMU (QMP migrate, unix socket)", bare),
