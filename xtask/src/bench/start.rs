@@ -554,7 +554,12 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
         != ""
     {
         eprintln!("deleting the namespace {ns} of an earlier run…");
-        kube.run(&["delete", "namespace", ns, "--wait=true", "--timeout=600s"])?;
+        kube.run(&["delete", "namespace", ns, "--wait=false"])?;
+        // Creating in a namespace that is still terminating is refused: wait until it is gone.
+        wait_for("the old namespace gone", timeout, || {
+            kube.run(&["get", "namespace", ns, "--ignore-not-found", "-o", "name"])
+                .is_ok_and(|o| o.trim().is_empty())
+        })?;
     }
     kube.run(&["create", "namespace", ns])?;
 
