@@ -535,6 +535,23 @@ fn launcher_pods(kube: &Kube, ns: &str) -> anyhow::Result<Vec<Value>> {
     Ok(v["items"].as_array().cloned().unwrap_or_default())
 }
 
+/// Deletes the benchmark's namespace when dropped (without waiting), unless `--keep`.
+struct NamespaceGuard<'a> {
+    kube: Kube,
+    ns: &'a str,
+    keep: bool,
+}
+
+impl Drop for NamespaceGuard<'_> {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = self
+                .kube
+                .run(&["delete", "namespace", self.ns, "--wait=false"]);
+        }
+    }
+}
+
 pub fn run(args: StartArgs) -> anyhow::Result<()> {
     let kubeconfig = args
         .kubeconfig
@@ -562,6 +579,15 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
         })?;
     }
     kube.run(&["create", "namespace", ns])?;
+    // On any early return too: no VMs left running for the next user of the cluster.
+    let _cleanup = NamespaceGuard {
+        kube: Kube {
+            kubectl: kube.kubectl.clone(),
+            kubeconfig: kubeconfig.clone(),
+        },
+        ns,
+        keep: args.keep,
+    };
 
     // The primer (as in KubeVirt's job): warms the image and QEMU caches, and its pod says
     // what each VM requests.
