@@ -15,17 +15,17 @@
 // The helpers below serve only these tests: a failure is a test failure.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use common::{Console, Ns, TEST_GUEST};
 use e2e::Cluster;
 
-const BOOT: Duration = Duration::from_secs(240);
 /// A migration: target pod (image copy, libvirtd), then the transfer of a 128 MiB guest.
 const MIGRATE: Duration = Duration::from_secs(240);
-const TEST_GUEST: &str = "localhost/kubevirt-rs/test-guest:latest";
 const VMIM: &str = "virtualmachineinstancemigrations";
 /// Bandwidth annotation of virt-handler (MiB/s): slow enough to act mid-transfer.
 const BANDWIDTH: &str = "kubevirt-rs.io/migration-bandwidth-mib";
@@ -46,70 +46,24 @@ fn cluster() -> &'static Cluster {
     c
 }
 
-/// A namespace of its own per test, deleted at the end (without waiting).
-struct Ns<'a> {
-    c: &'a Cluster,
-    name: String,
+/// What the migration tests ask of a test namespace, beyond the shared helpers.
+trait MigrationNs {
+    fn apply(&self, manifest: &str);
+    fn node_of(&self, vm: &str) -> String;
+    fn migration_state(&self, vm: &str, field: &str) -> String;
+    /// Phases of the VM's migrations, oldest first.
+    fn vmim_phases(&self, vm: &str) -> Vec<String>;
+    /// The VM's launcher pods with their nodes.
+    fn launcher_pods_by_node(&self, vm: &str) -> Vec<(String, String)>;
+    /// Waits for the newest migration of `vm` to end and returns its phase.
+    fn wait_migration_end(&self, vm: &str, timeout: Duration) -> String;
 }
 
-impl<'a> Ns<'a> {
-    fn new(c: &'a Cluster, prefix: &str) -> Self {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or_default();
-        let name = format!("e2e-{prefix}-{}-{nanos:x}", std::process::id());
-        c.kubectl(&["create", "namespace", &name])
-            .expect("namespace");
-        Ns { c, name }
-    }
-
-    fn k(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut a = vec!["-n", self.name.as_str()];
-        a.extend_from_slice(args);
-        self.c.kubectl(&a)
-    }
-
-    /// `kubectl virt ARGS` in this namespace: success, stdout, stderr.
-    fn virt_result(&self, args: &[&str]) -> (bool, String, String) {
-        let out = Command::new(kubectl_binary())
-            .env("PATH", plugin_path())
-            .env("KUBECONFIG", &self.c.kubeconfig)
-            .arg("virt")
-            .args(args)
-            .args(["-n", &self.name])
-            .output()
-            .expect("running kubectl virt");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-
-    fn virt(&self, args: &[&str]) -> String {
-        let (ok, out, err) = self.virt_result(args);
-        assert!(ok, "kubectl virt {}: {err}{out}", args.join(" "));
-        out
-    }
-
+impl MigrationNs for Ns<'_> {
     fn apply(&self, manifest: &str) {
         self.c
             .kubectl_stdin(&["apply", "-f", "-"], Some(manifest))
             .expect("apply");
-    }
-
-    /// A jsonpath of an object, empty when it does not exist.
-    fn get(&self, kind: &str, name: &str, jsonpath: &str) -> String {
-        self.k(&[
-            "get",
-            kind,
-            name,
-            "--ignore-not-found",
-            "-o",
-            &format!("jsonpath={jsonpath}"),
-        ])
-        .unwrap_or_default()
     }
 
     fn node_of(&self, vm: &str) -> String {
@@ -120,7 +74,6 @@ impl<'a> Ns<'a> {
         self.get("vmi", vm, &format!("{{.status.migrationState.{field}}}"))
     }
 
-    /// Phases of the VM's migrations, oldest first.
     fn vmim_phases(&self, vm: &str) -> Vec<String> {
         self.k(&[
             "get",
@@ -137,7 +90,7 @@ impl<'a> Ns<'a> {
         .collect()
     }
 
-    fn launcher_pods(&self, vm: &str) -> Vec<(String, String)> {
+    fn launcher_pods_by_node(&self, vm: &str) -> Vec<(String, String)> {
         self.k(&[
             "get",
             "pods",
@@ -155,57 +108,6 @@ impl<'a> Ns<'a> {
         .collect()
     }
 
-    fn diagnose(&self, vm: &str) -> String {
-        let mut out = String::new();
-        for args in [
-            vec!["get", "vm,vmi,pods", "-o", "wide"],
-            vec!["get", VMIM, "-o", "yaml"],
-            vec!["get", "vmi", vm, "-o", "yaml"],
-            vec!["get", "events", "--sort-by=.lastTimestamp"],
-        ] {
-            match self.k(&args) {
-                Ok(s) => out.push_str(&s),
-                Err(e) => out.push_str(&format!("{e:#}\n")),
-            }
-        }
-        for args in [
-            vec![
-                "-n",
-                "kubevirt",
-                "logs",
-                "deployment/virt-controller",
-                "--tail=40",
-            ],
-            vec![
-                "-n",
-                "kubevirt",
-                "logs",
-                "-l",
-                "kubevirt.io=virt-handler",
-                "--tail=40",
-            ],
-        ] {
-            match self.c.kubectl(&args) {
-                Ok(s) => out.push_str(&s),
-                Err(e) => out.push_str(&format!("{e:#}\n")),
-            }
-        }
-        out
-    }
-
-    fn wait(&self, vm: &str, what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-        if let Err(e) = self.c.eventually(what, timeout, || Ok(f())) {
-            panic!("{e:#}\n{}", self.diagnose(vm));
-        }
-    }
-
-    fn wait_running(&self, vm: &str) {
-        self.wait(vm, &format!("VMI {vm} Running"), BOOT, || {
-            self.get("vmi", vm, "{.status.phase}") == "Running"
-        });
-    }
-
-    /// Waits for the newest migration of `vm` to end and returns its phase.
     fn wait_migration_end(&self, vm: &str, timeout: Duration) -> String {
         let mut last = String::new();
         self.wait(vm, "the migration to end", timeout, || {
@@ -213,14 +115,6 @@ impl<'a> Ns<'a> {
             last == "Succeeded" || last == "Failed"
         });
         last
-    }
-}
-
-impl Drop for Ns<'_> {
-    fn drop(&mut self) {
-        let _ = self
-            .c
-            .kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
     }
 }
 
@@ -266,148 +160,31 @@ fn vm_manifest(name: &str, ns: &str, annotations: serde_json::Value, host_disk: 
     vm.to_string()
 }
 
-fn workspace_target() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(t) => e2e::workspace_root().join(t),
-        None => e2e::workspace_root().join("target"),
-    }
-}
-
-fn kubectl_binary() -> PathBuf {
-    std::fs::read_dir(workspace_target().join("k8s"))
-        .ok()
-        .and_then(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.path().join("bin/kubectl"))
-                .find(|p| p.exists())
-        })
-        .unwrap_or_else(|| PathBuf::from("kubectl"))
-}
-
-/// PATH with the freshly built `kubectl-virt` first (built once per test binary).
-fn plugin_path() -> String {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "kubectl-virt", "--bin", "kubectl-virt"])
-            .current_dir(e2e::workspace_root())
-            .status()
-            .expect("cargo build -p kubectl-virt");
-        assert!(status.success(), "cargo build -p kubectl-virt failed");
-    });
-    format!(
-        "{}:{}",
-        workspace_target().join("debug").display(),
-        std::env::var("PATH").unwrap_or_default()
-    )
-}
-
-/// `kubectl virt console` in a detached tmux session: keys in, screen out.
-struct Console {
-    session: String,
-}
-
-impl Console {
-    fn open(ns: &Ns<'_>, vmi: &str) -> Console {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let session = format!("e2e-mig-{}-{vmi}-{n}", std::process::id());
-        let cmd = format!(
-            "exec env PATH='{}' KUBECONFIG='{}' '{}' virt console '{vmi}' -n '{}'",
-            plugin_path(),
-            ns.c.kubeconfig.display(),
-            kubectl_binary().display(),
-            ns.name,
-        );
-        let out = Command::new("tmux")
-            .args(["new-session", "-d", "-x", "160", "-y", "50", "-s", &session])
-            .arg(cmd)
-            .output()
-            .expect("tmux (apt-get install tmux)");
-        assert!(
-            out.status.success(),
-            "tmux: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let _ = Command::new("tmux")
-            .args(["set-option", "-t", &session, "remain-on-exit", "on"])
-            .output();
-        Console { session }
-    }
-
-    fn screen(&self) -> String {
-        let out = Command::new("tmux")
-            .args([
-                "capture-pane",
-                "-p",
-                "-J",
-                "-S",
-                "-500",
-                "-t",
-                &self.session,
-            ])
-            .output()
-            .expect("tmux capture-pane");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn line(&self, text: &str) {
-        for args in [
-            vec!["send-keys", "-t", &self.session, "-l", text],
-            vec!["send-keys", "-t", &self.session, "Enter"],
-        ] {
-            assert!(
-                Command::new("tmux")
-                    .args(&args)
-                    .status()
-                    .expect("tmux send-keys")
-                    .success()
+/// The guest's uptime in whole seconds, read through the console.
+fn uptime(console: &Console, ns: &Ns<'_>, vm: &str) -> u64 {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let tag = format!(
+        "up{}=",
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        // Sent again until answered: the first keys may arrive before the session.
+        console.line(&format!("echo {tag}$(cut -d. -f1 /proc/uptime)"));
+        let wait_until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < wait_until {
+            if let Some(v) = tagged_number(&console.screen(), &tag) {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "no uptime from the guest\nscreen:\n{}\n{}",
+                console.screen(),
+                ns.diagnose(vm)
             );
         }
-    }
-
-    fn exited(&self) -> bool {
-        Command::new("tmux")
-            .args(["list-panes", "-t", &self.session, "-F", "#{pane_dead}"])
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "1")
-    }
-
-    /// The guest's uptime in whole seconds, read through the console.
-    fn uptime(&self, ns: &Ns<'_>, vm: &str) -> u64 {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let tag = format!(
-            "up{}=",
-            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        );
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            // Sent again until answered: the first keys may arrive before the session.
-            self.line(&format!("echo {tag}$(cut -d. -f1 /proc/uptime)"));
-            let wait_until = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < wait_until {
-                if let Some(v) = tagged_number(&self.screen(), &tag) {
-                    return v;
-                }
-                std::thread::sleep(Duration::from_millis(300));
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "no uptime from the guest\nscreen:\n{}\n{}",
-                    self.screen(),
-                    ns.diagnose(vm)
-                );
-            }
-        }
-    }
-}
-
-impl Drop for Console {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["kill-session", "-t", &self.session])
-            .output();
     }
 }
 
@@ -443,7 +220,7 @@ fn running_vm(ns: &Ns<'_>, vm: &str, annotations: serde_json::Value) -> (String,
     ns.wait_running(vm);
     let node = ns.node_of(vm);
     let console = Console::open(ns, vm);
-    let up = console.uptime(ns, vm);
+    let up = uptime(&console, ns, vm);
     (node, console, up)
 }
 
@@ -453,7 +230,7 @@ fn migrated_vm_keeps_running_on_the_other_node_and_comes_back() {
     let c = cluster();
     let ns = Ns::new(c, "migrate");
     let (first, console, before) = running_vm(&ns, "mover", serde_json::json!({}));
-    let source_pods = ns.launcher_pods("mover");
+    let source_pods = ns.launcher_pods_by_node("mover");
     assert_eq!(source_pods.len(), 1, "{source_pods:?}");
     assert_eq!(
         ns.get(
@@ -485,7 +262,7 @@ fn migrated_vm_keeps_running_on_the_other_node_and_comes_back() {
         "the source launcher pod gone",
         Duration::from_secs(120),
         || {
-            let pods = ns.launcher_pods("mover");
+            let pods = ns.launcher_pods_by_node("mover");
             pods.len() == 1 && pods[0].1 == second && pods[0].0 != source_pods[0].0
         },
     );
@@ -497,7 +274,7 @@ fn migrated_vm_keeps_running_on_the_other_node_and_comes_back() {
         || console.exited(),
     );
     let console = Console::open(&ns, "mover");
-    let after = console.uptime(&ns, "mover");
+    let after = uptime(&console, &ns, "mover");
     assert!(
         after > before,
         "uptime {after} s after ≤ {before} s before: rebooted?"
@@ -513,12 +290,12 @@ fn migrated_vm_keeps_running_on_the_other_node_and_comes_back() {
         "one launcher pod, on the first node",
         Duration::from_secs(120),
         || {
-            let pods = ns.launcher_pods("mover");
+            let pods = ns.launcher_pods_by_node("mover");
             pods.len() == 1 && pods[0].1 == first
         },
     );
     let console = Console::open(&ns, "mover");
-    let again = console.uptime(&ns, "mover");
+    let again = uptime(&console, &ns, "mover");
     assert!(again > after, "uptime {again} s ≤ {after} s: rebooted?");
 }
 
@@ -546,9 +323,9 @@ fn cancelled_migration_leaves_the_guest_on_the_source() {
         "stay",
         "the target pod gone and the VMIM released",
         Duration::from_secs(120),
-        || ns.launcher_pods("stay").len() == 1 && ns.vmim_phases("stay").is_empty(),
+        || ns.launcher_pods_by_node("stay").len() == 1 && ns.vmim_phases("stay").is_empty(),
     );
-    let after = console.uptime(&ns, "stay");
+    let after = uptime(&console, &ns, "stay");
     assert!(after > before, "uptime {after} ≤ {before}");
     assert!(!console.exited(), "the console on the source ended");
     assert_eq!(ns.get("vmi", "stay", "{.status.phase}"), "Running");
@@ -595,7 +372,7 @@ fn killed_target_launcher_fails_the_migration_and_leaves_the_guest_on_the_source
         "victim",
         "no target pod left",
         Duration::from_secs(120),
-        || ns.launcher_pods("victim").len() == 1,
+        || ns.launcher_pods_by_node("victim").len() == 1,
     );
     ns.wait(
         "victim",
@@ -606,7 +383,7 @@ fn killed_target_launcher_fails_the_migration_and_leaves_the_guest_on_the_source
                 && pids_with(&["qemu-system", &format!("{}_victim", ns.name)]).len() <= 1
         },
     );
-    let after = console.uptime(&ns, "victim");
+    let after = uptime(&console, &ns, "victim");
     assert!(after > before, "uptime {after} ≤ {before}");
     assert_eq!(ns.get("vmi", "victim", "{.status.phase}"), "Running");
 }
@@ -634,8 +411,12 @@ fn vm_with_a_local_disk_is_not_live_migratable_and_migrate_is_refused() {
         ns.get("vmi", "pinned", &format!("{cond}.reason}}")),
         "DisksNotLiveMigratable"
     );
-    let (ok, out, err) = ns.virt_result(&["migrate", "pinned"]);
-    assert!(!ok, "migrate of a non-migratable VM succeeded: {out}");
+    let (code, out, err) = ns.virt_result(&["migrate", "pinned"]);
+    assert_eq!(
+        code,
+        Some(1),
+        "migrate of a non-migratable VM succeeded: {out}"
+    );
     assert!(
         err.contains("DisksNotLiveMigratable") || err.contains("HostDisk"),
         "refusal without the reason: {err}"

@@ -133,6 +133,7 @@ impl<'a> Ns<'a> {
         for args in [
             vec!["get", "vm,vmi,pods", "-o", "wide"],
             vec!["get", "vmi", vm, "-o", "yaml"],
+            vec!["get", "virtualmachineinstancemigrations", "-o", "yaml"],
             vec!["describe", "pods"],
             vec![
                 "logs",
@@ -324,7 +325,10 @@ pub struct Console {
 
 impl Console {
     pub fn open(ns: &Ns<'_>, vmi: &str) -> Console {
-        let session = format!("e2e-console-{}-{vmi}", std::process::id());
+        // Unique per console: a test may open a second one on the same VMI (after a migration).
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let session = format!("e2e-console-{}-{vmi}-{n}", std::process::id());
         let _ = Command::new("tmux")
             .args(["kill-session", "-t", &session])
             .output();
