@@ -263,7 +263,7 @@ fn rerun_on_failure_restarts_a_guest_whose_kernel_panics() {
         .find(|s| s.uid == first && s.phase == "Failed")
         .unwrap_or_else(|| panic!("the first VMI never showed Failed: {seen:?}"));
     assert!(
-        failed.reason.contains("Crashed"),
+        failed.reason.starts_with("GuestCrashed") && failed.reason.contains("panic"),
         "failure reason {:?}",
         failed.reason
     );
@@ -288,7 +288,10 @@ fn once_does_not_restart_a_guest_whose_kernel_panics() {
         ns.vmi_phase("once") == "Failed"
     });
     let reason = ns.get("vmi", "once", "{.status.reason}");
-    assert!(reason.contains("Crashed"), "failure reason {reason:?}");
+    assert!(
+        reason.starts_with("GuestCrashed") && reason.contains("panic"),
+        "failure reason {reason:?}"
+    );
     ns.wait("once", "VM once Stopped", GONE, || {
         ns.vm_status("once") == "Stopped"
     });

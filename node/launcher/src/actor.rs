@@ -10,7 +10,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch};
 use virt::connect::Connect;
-use virt::domain::{Domain, DomainState as VirState};
+use virt::domain::{
+    Domain, DomainCrashedReason as Crashed, DomainPausedReason as Paused,
+    DomainShutoffReason as Shutoff, DomainState as VirState, DomainStateReason as Reason,
+    DomainStateReasonEnum,
+};
 use virt::enumutil::Enum;
 use virt_domain::protocol::{DomainState, MigrationMode, MigrationProgress, MigrationStatus};
 
@@ -728,46 +732,14 @@ impl Backend for LibvirtBackend {
 
     fn observe(&mut self) -> Option<Observed> {
         let d = self.domain.as_ref()?;
-        let crashed = |reason: String| {
-            Some(Observed {
-                state: DomainState::Crashed,
-                reason: Some(reason),
-            })
-        };
         match d.state() {
-            Ok((Enum::Known(s), reason)) => {
-                let state = match s {
-                    VirState::Running | VirState::Blocked => DomainState::Running,
-                    // Paused by the migration's switchover: not the user's pause.
-                    VirState::Paused if format!("{reason:?}").contains("Migration") => {
-                        return None;
-                    }
-                    VirState::Paused | VirState::PMSuspended => DomainState::Paused,
-                    VirState::Shutdown => DomainState::ShuttingDown,
-                    VirState::Shutoff => {
-                        let r = format!("{reason:?}");
-                        // Shut off here because it runs on the target now; that is
-                        // reported from the migration's result (with its statistics),
-                        // which arrives a moment after this state.
-                        if r.contains("Migrated") {
-                            return None;
-                        }
-                        if r.contains("Crashed") || r.contains("Failed") {
-                            return crashed(r);
-                        }
-                        DomainState::Shutoff
-                    }
-                    VirState::Crashed => return crashed(format!("{reason:?}")),
-                    VirState::NoState => DomainState::Pending,
-                };
-                Some(Observed {
-                    state,
-                    reason: None,
-                })
-            }
+            Ok((Enum::Known(s), reason)) => classify(s, reason),
             Ok((Enum::Unknown(_), _)) => None,
             // The daemon or QEMU went away under us.
-            Err(e) => crashed(e.message().to_string()),
+            Err(e) => Some(Observed {
+                state: DomainState::Crashed,
+                reason: Some(e.message().to_string()),
+            }),
         }
     }
 
@@ -788,5 +760,115 @@ impl Backend for LibvirtBackend {
         if let Some(mut d) = self.daemon.take() {
             d.stop();
         }
+    }
+}
+
+/// What a libvirt domain state and its reason mean for the VMI; `None` while a migration's
+/// switchover owns the state (its result is reported from the migration, with statistics).
+fn classify(state: VirState, reason: DomainStateReasonEnum) -> Option<Observed> {
+    let reason = match reason {
+        Enum::Known(r) => Some(r),
+        Enum::Unknown(_) => None,
+    };
+    let crashed = |why: &str| {
+        Some(Observed {
+            state: DomainState::Crashed,
+            reason: Some(why.to_string()),
+        })
+    };
+    let state = match state {
+        VirState::Running | VirState::Blocked => DomainState::Running,
+        // Paused by the migration's switchover: not the user's pause.
+        VirState::Paused
+            if matches!(reason, Some(Reason::Paused(Enum::Known(Paused::Migration)))) =>
+        {
+            return None;
+        }
+        VirState::Paused | VirState::PMSuspended => DomainState::Paused,
+        VirState::Shutdown => DomainState::ShuttingDown,
+        VirState::Shutoff => match reason {
+            // It runs on the target now.
+            Some(Reason::Shutoff(Enum::Known(Shutoff::Migrated))) => return None,
+            Some(Reason::Shutoff(Enum::Known(Shutoff::Crashed))) => {
+                return crashed("the guest crashed (its panic device reported a kernel panic)");
+            }
+            Some(Reason::Shutoff(Enum::Known(Shutoff::Failed))) => {
+                return crashed("QEMU failed to run the guest");
+            }
+            _ => DomainState::Shutoff,
+        },
+        VirState::Crashed => {
+            return crashed(match reason {
+                Some(Reason::Crashed(Enum::Known(Crashed::Panicked))) => {
+                    "the guest kernel panicked"
+                }
+                _ => "the guest crashed",
+            });
+        }
+        VirState::NoState => DomainState::Pending,
+    };
+    Some(Observed {
+        state,
+        reason: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn known(r: Reason) -> DomainStateReasonEnum {
+        Enum::Known(r)
+    }
+
+    #[test]
+    fn a_panic_reads_as_a_sentence_not_a_libvirt_value() {
+        let o = classify(
+            VirState::Shutoff,
+            known(Reason::Shutoff(Enum::Known(Shutoff::Crashed))),
+        )
+        .expect("observed");
+        assert_eq!(o.state, DomainState::Crashed);
+        let why = o.reason.expect("a reason");
+        assert!(
+            why.contains("kernel panic") && !why.contains("Known("),
+            "{why}"
+        );
+        let o = classify(
+            VirState::Crashed,
+            known(Reason::Crashed(Enum::Known(Crashed::Panicked))),
+        )
+        .expect("observed");
+        assert_eq!(o.reason.as_deref(), Some("the guest kernel panicked"));
+    }
+
+    #[test]
+    fn a_clean_poweroff_is_shutoff_and_a_migration_is_left_to_its_result() {
+        let o = classify(
+            VirState::Shutoff,
+            known(Reason::Shutoff(Enum::Known(Shutoff::Shutdown))),
+        )
+        .expect("observed");
+        assert_eq!((o.state, o.reason), (DomainState::Shutoff, None));
+        assert!(
+            classify(
+                VirState::Shutoff,
+                known(Reason::Shutoff(Enum::Known(Shutoff::Migrated)))
+            )
+            .is_none()
+        );
+        assert!(
+            classify(
+                VirState::Paused,
+                known(Reason::Paused(Enum::Known(Paused::Migration)))
+            )
+            .is_none()
+        );
+        let user = classify(
+            VirState::Paused,
+            known(Reason::Paused(Enum::Known(Paused::User))),
+        )
+        .expect("observed");
+        assert_eq!(user.state, DomainState::Paused);
     }
 }
