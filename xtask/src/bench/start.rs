@@ -332,6 +332,12 @@ impl ConsoleProbe {
     fn get(&self) -> Option<(Instant, bool)> {
         *self.answered.lock().ok()?
     }
+
+    /// The plugin ended without the guest answering (a dropped connection or its own
+    /// `--timeout` on a loaded machine): the probe must be started again.
+    fn gave_up(&mut self) -> bool {
+        self.get().is_none() && matches!(self.child.try_wait(), Ok(Some(_)))
+    }
 }
 
 impl Drop for ConsoleProbe {
@@ -646,6 +652,10 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
                         probes: &mut [Option<ConsoleProbe>]|
      -> anyhow::Result<()> {
         for ((name, _), probe) in created.iter().zip(probes.iter_mut()) {
+            // A retried probe sees the prompt, not the banner: its time is an upper bound.
+            if probe.as_mut().is_some_and(ConsoleProbe::gave_up) {
+                *probe = None;
+            }
             if probe.is_none() && watch.get(name).is_some() {
                 *probe = Some(ConsoleProbe::start(&plugin, &kubeconfig, ns, name)?);
             }
