@@ -40,13 +40,16 @@ impl NamespaceLifecycle {
             tracing::warn!(error = %e, namespace = %ns, "Namespace lookup failed");
             ApiError::internal("namespace lookup failed")
         })?;
-        // A missing namespace is answered from the cache only briefly: it may be created now.
         let phase = found.map(|n| {
             n.status
                 .and_then(|s| s.phase)
                 .unwrap_or_else(|| "Active".into())
         });
-        self.cache.insert(ns.to_string(), phase.clone()).await;
+        // Only a yes is cached: a refusal (missing, terminating) is always checked live, since
+        // a namespace deleted and created again within the cache's life would be refused.
+        if phase.as_deref() == Some("Active") {
+            self.cache.insert(ns.to_string(), phase.clone()).await;
+        }
         Ok(phase)
     }
 
