@@ -91,10 +91,7 @@ pub fn table(cluster: &[Sample], bare: &[Sample]) -> String {
     format!(
         "| variant | total (median) | transfer (median) | downtime (median) | moved (median) | runs: total / downtime |\n\
          |---|---|---|---|---|---|\n{}{}",
-        row(
-            "kubevirt-rs: VMIM created → Succeeded",
-            cluster
-        ),
+        row("kubevirt-rs: VMIM created → Succeeded", cluster),
         row("bare QEMU → QEMU (QMP migrate, unix socket)", bare),
     )
 }
