@@ -12,10 +12,13 @@ use e2e::{Cluster, busybox_image};
 fn node_is_ready() {
     let c = Cluster::get().expect("cluster");
     let jsonpath = r#"jsonpath={.items[*].status.conditions[?(@.type=="Ready")].status}"#;
-    c.eventually("node Ready", Duration::from_secs(60), || {
-        Ok(c.kubectl(&["get", "nodes", "-o", jsonpath])?.trim() == "True")
+    // Every node (the local cluster may have two).
+    c.eventually("every node Ready", Duration::from_secs(60), || {
+        let statuses = c.kubectl(&["get", "nodes", "-o", jsonpath])?;
+        let mut all = statuses.split_whitespace().peekable();
+        Ok(all.peek().is_some() && all.all(|s| s == "True"))
     })
-    .expect("node Ready");
+    .expect("nodes Ready");
 }
 
 #[test]

@@ -120,7 +120,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ok &= run_tests(
                 "e2e tests on the local cluster",
                 cargo()
-                    .args(["test", "-p", "e2e", "--", "--ignored", "--test-threads=1"])
+                    .args([
+                        "test",
+                        "-p",
+                        "e2e",
+                        "--no-fail-fast",
+                        "--",
+                        "--ignored",
+                        "--test-threads=1",
+                    ])
                     .env("KUBECONFIG", root.join("target/cluster/kubeconfig")),
                 &mut tally,
             )?;
