@@ -134,7 +134,8 @@ impl Kubectl {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    fn json(&self, args: &[&str]) -> anyhow::Result<Option<serde_json::Value>> {
+    /// An object as JSON, `None` when it does not exist.
+    pub fn json(&self, args: &[&str]) -> anyhow::Result<Option<serde_json::Value>> {
         let mut a = args.to_vec();
         a.extend(["-o", "json", "--ignore-not-found"]);
         let out = self.run(&a, None)?;

@@ -241,57 +241,7 @@ fn bare_once(g: &virt_testguest::Guest, dir: &Path) -> anyhow::Result<Sample> {
 
 // ---- the cluster ----
 
-struct Kube {
-    kubectl: PathBuf,
-    kubeconfig: PathBuf,
-}
-
-impl Kube {
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> anyhow::Result<String> {
-        let mut child = Command::new(&self.kubectl)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("running {}", self.kubectl.display()))?;
-        if let Some(text) = stdin {
-            child
-                .stdin
-                .take()
-                .context("kubectl stdin")?
-                .write_all(text.as_bytes())?;
-        }
-        drop(child.stdin.take());
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "kubectl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    fn json(&self, args: &[&str]) -> anyhow::Result<Value> {
-        let mut a = args.to_vec();
-        a.extend(["-o", "json"]);
-        Ok(serde_json::from_str(&self.run(&a, None)?)?)
-    }
-}
-
-fn kubectl_binary() -> PathBuf {
-    std::fs::read_dir(crate::target_dir().join("k8s"))
-        .ok()
-        .and_then(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| e.path().join("bin/kubectl"))
-                .find(|p| p.exists())
-        })
-        .unwrap_or_else(|| PathBuf::from("kubectl"))
-}
+use crate::deploy::Kubectl as Kube;
 
 fn vm_manifest(ns: &str) -> String {
     json!({
@@ -351,6 +301,8 @@ fn cluster_once(kube: &Kube, ns: &str, n: usize) -> anyhow::Result<Sample> {
     wait_for("the migration to end", Duration::from_secs(300), || {
         last = kube
             .json(&["-n", ns, "get", "virtualmachineinstancemigrations", &name])
+            .ok()
+            .flatten()
             .unwrap_or(Value::Null);
         matches!(
             last["status"]["phase"].as_str(),
@@ -364,7 +316,9 @@ fn cluster_once(kube: &Kube, ns: &str, n: usize) -> anyhow::Result<Sample> {
             last["status"]["migrationState"]["failureReason"]
         );
     }
-    let vmi = kube.json(&["-n", ns, "get", "vmi", VM])?;
+    let vmi = kube
+        .json(&["-n", ns, "get", "vmi", VM])?
+        .context("the VMI is gone")?;
     let ms = &vmi["status"]["migrationState"];
     let transfer = match (phase_time(&last, "Running"), phase_time(&last, "Succeeded")) {
         (Some(a), Some(b)) if b >= a => Some(Duration::from_secs((b - a) as u64)),
@@ -387,10 +341,7 @@ pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
         .clone()
         .or_else(|| std::env::var_os("KUBECONFIG").map(PathBuf::from))
         .unwrap_or_else(|| crate::target_dir().join("cluster/kubeconfig"));
-    let kube = Kube {
-        kubectl: kubectl_binary(),
-        kubeconfig,
-    };
+    let kube = Kube::new(kubeconfig);
     let nodes = kube.run(&["get", "nodes", "-o", "name"], None)?;
     if nodes.lines().count() < 2 {
         bail!(
