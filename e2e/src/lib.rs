@@ -213,20 +213,29 @@ impl Cluster {
             bail!("KUBECONFIG names another cluster: set E2E_IMAGE_LOAD to load images into it");
         }
         // What `cargo xtask cluster import` does, without a nested cargo (slow while other
-        // builds hold the build directory lock).
-        let out = Command::new("ctr")
-            .arg("--address")
-            .arg(target_dir().join("cluster/state/run/containerd.sock"))
-            .args(["--namespace", "k8s.io", "images", "import"])
-            .arg(archive)
-            .output()
-            .context("running ctr")?;
-        if !out.status.success() {
-            bail!(
-                "importing {}: {}",
-                archive.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+        // builds hold the build directory lock): into every node's containerd (a second
+        // node has its own, `containerd-2.sock`), or a pod scheduled there finds no image.
+        let run = target_dir().join("cluster/state/run");
+        for socket in ["containerd.sock", "containerd-2.sock"] {
+            let socket = run.join(socket);
+            if socket != run.join("containerd.sock") && !socket.exists() {
+                continue;
+            }
+            let out = Command::new("ctr")
+                .arg("--address")
+                .arg(&socket)
+                .args(["--namespace", "k8s.io", "images", "import"])
+                .arg(archive)
+                .output()
+                .context("running ctr")?;
+            if !out.status.success() {
+                bail!(
+                    "importing {} into {}: {}",
+                    archive.display(),
+                    socket.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
         }
         Ok(())
     }
