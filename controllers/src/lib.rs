@@ -10,6 +10,7 @@
 //! [`leader`] keeps a single active replica with a coordination.k8s.io Lease.
 
 pub mod backoff;
+pub mod client;
 pub mod context;
 pub mod leader;
 pub mod metrics;

@@ -88,19 +88,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt().with_env_filter(filter).init();
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = match &args.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .context("loading kubeconfig")?;
-            kube::Client::try_from(cfg).context("building client")?
-        }
-        None => kube::Client::try_default()
-            .await
-            .context("building client")?,
-    };
+    let client = virt_controllers::client::client(args.kubeconfig.as_deref()).await?;
     let identity = args
         .identity
         .clone()
