@@ -278,6 +278,13 @@ async fn install_upgrade_and_uninstall_against_a_real_kube_apiserver() {
         )
         .await
         .unwrap();
+    // kube-apiserver's system-namespaces controller creates kube-system shortly after
+    // /readyz turns ok, not before it; a fast test got there first once (404).
+    let namespaces = Api::<Namespace>::all(c.clone());
+    eventually("namespace kube-system created by kube-apiserver", || async {
+        namespaces.get_opt("kube-system").await.ok().flatten()
+    })
+    .await;
     // kube-apiserver publishes it with --requestheader-* flags; this one runs without.
     let ca = virt_certs::Ca::generate("front-proxy", time::Duration::days(1)).unwrap();
     let cm: ConfigMap = serde_json::from_value(json!({
