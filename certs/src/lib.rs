@@ -6,6 +6,8 @@
 //! ([`ca_bundle`]) so that callers can keep trusting the previous CA while
 //! leaves signed by it are still in use.
 
+pub mod reload;
+
 use std::fs;
 use std::io::Write;
 use std::net::IpAddr;

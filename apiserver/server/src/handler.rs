@@ -172,7 +172,14 @@ pub enum HandlerConfigError {
     /// A malformed `--handler-address`.
     #[error("--handler-address {0:?}: expected NODE=HOST:PORT")]
     Address(String),
+    /// Loading the files failed otherwise.
+    #[error(transparent)]
+    Reload(virt_certs::reload::ReloadError),
 }
+
+/// The mTLS client configuration towards virt-handlers, rebuilt when the operator rotates
+/// the files (checked per connection).
+pub type HandlerTls = Arc<virt_certs::reload::Reloading<ClientConfig>>;
 
 /// Files of the client identity and the CA that signed virt-handler's certificate.
 #[derive(Debug, Clone, Default)]
@@ -203,25 +210,34 @@ pub fn parse_addresses(flags: &[String]) -> Result<BTreeMap<String, String>, Han
         .collect()
 }
 
-fn read(path: &PathBuf) -> Result<Vec<u8>, HandlerConfigError> {
-    std::fs::read(path).map_err(|source| HandlerConfigError::Read {
-        path: path.clone(),
-        source,
-    })
-}
-
-/// Builds the mTLS client configuration; `None` when no flag was given.
-pub fn client_tls(
-    files: &HandlerTlsFiles,
-) -> Result<Option<Arc<ClientConfig>>, HandlerConfigError> {
-    use rustls_pki_types::pem::PemObject;
-    let (ca, cert, key) = match (&files.ca, &files.cert, &files.key) {
+/// Builds the mTLS client configuration, re-read whenever the files change; `None` when no
+/// flag was given.
+pub fn client_tls(files: &HandlerTlsFiles) -> Result<Option<HandlerTls>, HandlerConfigError> {
+    use virt_certs::reload::{ReloadError, Reloading};
+    let paths = match (&files.ca, &files.cert, &files.key) {
         (None, None, None) => return Ok(None),
-        (Some(a), Some(b), Some(c)) => (read(a)?, read(b)?, read(c)?),
+        (Some(a), Some(b), Some(c)) => vec![a.clone(), b.clone(), c.clone()],
         _ => return Err(HandlerConfigError::Partial),
     };
+    let r = Reloading::new("virt-handler client TLS", paths, |c| {
+        Ok(client_config(&c[0], &c[1], &c[2])?)
+    })
+    .map_err(|e| match e {
+        ReloadError::Read { path, source } => HandlerConfigError::Read { path, source },
+        ReloadError::Build { what, source } => match source.downcast::<HandlerConfigError>() {
+            Ok(typed) => *typed,
+            Err(source) => HandlerConfigError::Reload(ReloadError::Build { what, source }),
+        },
+    })?;
+    Ok(Some(Arc::new(r)))
+}
+
+/// The client configuration from PEM: the CA bundle of virt-handler's certificate and our
+/// client identity.
+fn client_config(ca: &[u8], cert: &[u8], key: &[u8]) -> Result<ClientConfig, HandlerConfigError> {
+    use rustls_pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(&ca) {
+    for c in CertificateDer::pem_slice_iter(ca) {
         roots.add(c.map_err(|_| HandlerConfigError::Pem {
             what: "--handler-ca",
         })?)?;
@@ -231,12 +247,12 @@ pub fn client_tls(
             what: "--handler-ca",
         });
     }
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert)
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
         .collect::<Result<_, _>>()
         .map_err(|_| HandlerConfigError::Pem {
             what: "--handler-client-cert",
         })?;
-    let key = PrivateKeyDer::from_pem_slice(&key).map_err(|_| HandlerConfigError::Pem {
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| HandlerConfigError::Pem {
         what: "--handler-client-key",
     })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -246,13 +262,13 @@ pub fn client_tls(
         .with_client_auth_cert(chain, key)?;
     // Both the actions and the websocket upgrade are HTTP/1.1.
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Some(Arc::new(cfg)))
+    Ok(cfg)
 }
 
 /// Finds and talks to virt-handlers.
 #[derive(Clone)]
 pub struct HandlerClient {
-    tls: Option<Arc<ClientConfig>>,
+    tls: Option<HandlerTls>,
     overrides: Arc<BTreeMap<String, String>>,
     kube: Option<kube::Client>,
     namespace: String,
@@ -287,7 +303,7 @@ impl HandlerClient {
     /// A client with `tls` (None: not configured), fixed addresses by node, and a
     /// kube client to find handler pods in `namespace`.
     pub fn new(
-        tls: Option<Arc<ClientConfig>>,
+        tls: Option<HandlerTls>,
         overrides: BTreeMap<String, String>,
         kube: Option<kube::Client>,
         namespace: String,
@@ -338,7 +354,7 @@ impl HandlerClient {
 
     /// TCP + mTLS to the handler of `node`.
     async fn connect(&self, node: &str) -> Result<(String, TlsStream<TcpStream>), HandlerError> {
-        let tls = self.tls.clone().ok_or(HandlerError::NotConfigured)?;
+        let tls = self.tls.as_ref().ok_or(HandlerError::NotConfigured)?.get();
         let addr = self.resolve(node).await?;
         let unreachable = |detail: String| HandlerError::Unreachable {
             node: node.to_string(),

@@ -96,25 +96,40 @@ async fn main() -> anyhow::Result<()> {
     let auth = AuthConfig::new(request_header, client_ca, kube, args.allow_client_ca_users);
 
     let etcd_tls = match (&args.etcd_cafile, &args.etcd_certfile, &args.etcd_keyfile) {
-        (Some(ca), Some(cert), Some(key)) => {
-            let read = |p: &std::path::PathBuf| {
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
-            };
-            Some(storage::EtcdTls {
-                ca_pem: read(ca)?,
-                cert_pem: read(cert)?,
-                key_pem: read(key)?,
-            })
-        }
+        (Some(ca), Some(cert), Some(key)) => Some(Arc::new(
+            virt_certs::reload::Reloading::new(
+                "etcd client TLS (--etcd-cafile, --etcd-certfile, --etcd-keyfile)",
+                vec![ca.clone(), cert.clone(), key.clone()],
+                |c| {
+                    Ok(storage::EtcdTls {
+                        ca_pem: String::from_utf8(c[0].clone())?,
+                        cert_pem: String::from_utf8(c[1].clone())?,
+                        key_pem: String::from_utf8(c[2].clone())?,
+                    })
+                },
+            )
+            .context("etcd client TLS")?,
+        )),
         (None, None, None) => None,
         _ => anyhow::bail!("--etcd-cafile, --etcd-certfile and --etcd-keyfile go together"),
     };
-    let storage = storage::Storage::connect_tls(&args.etcd_servers, etcd_tls.as_ref())
-        .await
-        .context("connecting to etcd")?;
+    let storage = storage::Storage::connect_tls(
+        &args.etcd_servers,
+        etcd_tls.as_ref().map(|t| t.get()).as_deref(),
+    )
+    .await
+    .context("connecting to etcd")?;
+    let shutdown = CancellationToken::new();
+    if let Some(t) = etcd_tls {
+        storage.follow_tls_files(
+            args.etcd_servers.clone(),
+            t,
+            std::time::Duration::from_secs(20),
+            shutdown.clone(),
+        );
+    }
     let metrics = Arc::new(metrics::Metrics::default());
     let storage = storage.with_metrics(metrics.storage.clone());
-    let shutdown = CancellationToken::new();
     let state = Arc::new(AppState {
         registry: match &auth.kube {
             Some(k) => rest::Registry::new(storage, &args.etcd_prefix).with_namespace_lifecycle(
@@ -132,9 +147,9 @@ async fn main() -> anyhow::Result<()> {
         bookmark_interval: args.bookmark_interval(),
         subresources: virt_apiserver::subresources::Subresources { handler },
     });
-    let tls = server::tls_config(
-        &read(&args.tls_cert_file)?,
-        &read(&args.tls_private_key_file)?,
+    let tls = server::ServingTls::from_files(
+        args.tls_cert_file.clone(),
+        args.tls_private_key_file.clone(),
         &auth,
     )?;
     let listener = tokio::net::TcpListener::bind(args.bind)

@@ -3,6 +3,7 @@
 //! and graceful shutdown that ends watches cleanly.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -13,6 +14,8 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
+
+use virt_certs::reload::{ReloadError, Reloading};
 
 use crate::auth::{AuthConfig, DeferredClientVerifier};
 
@@ -62,15 +65,47 @@ pub fn tls_config(
     Ok(cfg)
 }
 
+/// The serving configuration, rebuilt from the certificate files when the operator rotates
+/// them (checked per new connection): kube-apiserver's next connection gets the new
+/// certificate while open consoles keep theirs, so a rotation needs no restart.
+#[derive(Clone, Debug)]
+pub struct ServingTls(Arc<Reloading<ServerConfig>>);
+
+impl ServingTls {
+    /// Serves the certificate and key in these files, re-read when they change; clients are
+    /// verified against `auth`'s CAs.
+    pub fn from_files(cert: PathBuf, key: PathBuf, auth: &AuthConfig) -> Result<Self, ReloadError> {
+        let auth = auth.clone();
+        let r = Reloading::new(
+            "serving certificate (--tls-cert-file, --tls-private-key-file)",
+            vec![cert, key],
+            move |c| Ok(tls_config(&c[0], &c[1], &auth)?),
+        )?;
+        Ok(Self(Arc::new(r)))
+    }
+
+    /// A configuration that never changes (tests).
+    pub fn fixed(cfg: ServerConfig) -> Self {
+        Self(Arc::new(Reloading::fixed("serving certificate", cfg)))
+    }
+
+    fn get(&self) -> Arc<ServerConfig> {
+        let cfg = self.0.get();
+        if let Some(e) = self.0.last_error() {
+            tracing::warn!(error = %e, "Serving certificate files changed but cannot be used; keeping the previous ones");
+        }
+        cfg
+    }
+}
+
 /// Accepts connections until `shutdown` is cancelled, then waits for open connections.
 pub async fn serve(
     listener: TcpListener,
-    tls: ServerConfig,
+    tls: ServingTls,
     router: axum::Router,
     auth: AuthConfig,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let acceptor = TlsAcceptor::from(Arc::new(tls));
     let tracker = tokio_util::task::TaskTracker::new();
     loop {
         let (tcp, remote): (_, SocketAddr) = tokio::select! {
@@ -84,7 +119,7 @@ pub async fn serve(
             },
         };
         let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
+        let acceptor = TlsAcceptor::from(tls.get());
         let router = router.clone();
         let auth = auth.clone();
         let shutdown = shutdown.clone();

@@ -3,6 +3,7 @@
 //! revision, so versions are monotonic across objects, lists and watch events.
 //! Every write is a compare-and-swap transaction.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
@@ -105,7 +106,9 @@ pub enum Change {
 /// Handle to etcd. Cheap to clone.
 #[derive(Clone)]
 pub struct Storage {
-    client: Client,
+    /// Replaced whole when the client certificate is rotated ([`Storage::follow_tls_files`]);
+    /// requests and watches already running finish on the connection they started on.
+    client: Arc<std::sync::RwLock<Client>>,
     metrics: Option<crate::metrics::StorageMetrics>,
 }
 
@@ -180,6 +183,14 @@ impl Storage {
         endpoints: &[String],
         tls: Option<&EtcdTls>,
     ) -> Result<Self, StorageError> {
+        let client = Self::dial(endpoints, tls).await?;
+        Ok(Self {
+            client: Arc::new(std::sync::RwLock::new(client)),
+            metrics: None,
+        })
+    }
+
+    async fn dial(endpoints: &[String], tls: Option<&EtcdTls>) -> Result<Client, StorageError> {
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
             .with_timeout(Duration::from_secs(10))
@@ -191,10 +202,56 @@ impl Storage {
                     .identity(etcd_client::Identity::from_pem(&t.cert_pem, &t.key_pem)),
             );
         }
-        let client = Client::connect(endpoints, Some(opts)).await?;
-        Ok(Self {
-            client,
-            metrics: None,
+        Ok(Client::connect(endpoints, Some(opts)).await?)
+    }
+
+    fn client(&self) -> Client {
+        self.client
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Follows the operator's rotation of the etcd client certificate: every `every`, if
+    /// the files behind `tls` changed, connects anew with them and uses that connection
+    /// for every later request. Without it a connection re-established after etcd restarts
+    /// would present the certificate from start-up, expired after a long enough uptime.
+    pub fn follow_tls_files(
+        &self,
+        endpoints: Vec<String>,
+        tls: Arc<virt_certs::reload::Reloading<EtcdTls>>,
+        every: Duration,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let slot = self.client.clone();
+        tokio::spawn(async move {
+            let mut current = tls.get();
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                let latest = tls.get();
+                if let Some(e) = tls.last_error() {
+                    tracing::warn!(error = %e, "etcd client certificate files changed but cannot be used; keeping the previous ones");
+                }
+                if Arc::ptr_eq(&latest, &current) {
+                    continue;
+                }
+                match Self::dial(&endpoints, Some(&latest)).await {
+                    Ok(client) => {
+                        *slot
+                            .write()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = client;
+                        current = latest;
+                        tracing::info!("etcd client certificate rotated: new connection in use");
+                    }
+                    Err(e) => {
+                        // Tried again at the next tick: `current` still differs.
+                        tracing::warn!(error = %e, "Cannot connect to etcd with the rotated client certificate; keeping the old connection");
+                    }
+                }
+            }
         })
     }
 
@@ -217,7 +274,7 @@ impl Storage {
     /// Current revision of the store (a cheap read of a key that never exists).
     pub async fn current_revision(&self) -> Result<i64, StorageError> {
         let resp = self
-            .client
+            .client()
             .kv_client()
             .get("\0kubevirt-rs-revision-probe", None)
             .await?;
@@ -227,7 +284,7 @@ impl Storage {
     /// Reads one key, at the latest revision.
     pub async fn get(&self, key: &str) -> Result<Option<Stored>, StorageError> {
         let start = std::time::Instant::now();
-        let resp = self.client.kv_client().get(key, None).await?;
+        let resp = self.client().kv_client().get(key, None).await?;
         self.observe("get", start, false);
         resp.kvs()
             .first()
@@ -275,7 +332,7 @@ impl Storage {
         let from = if start.is_empty() { prefix } else { start };
         let start = std::time::Instant::now();
         let mut resp = self
-            .client
+            .client()
             .kv_client()
             .get(from, Some(opts))
             .await
@@ -302,7 +359,7 @@ impl Storage {
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key, bytes, None)]);
         let start = std::time::Instant::now();
-        let resp = self.client.kv_client().txn(txn).await?;
+        let resp = self.client().kv_client().txn(txn).await?;
         self.observe("create", start, resp.succeeded());
         Ok(resp
             .succeeded()
@@ -324,7 +381,7 @@ impl Storage {
             .when([Compare::mod_revision(key, CompareOp::Equal, expected)])
             .and_then([TxnOp::put(key, bytes, None)]);
         let start = std::time::Instant::now();
-        let resp = self.client.kv_client().txn(txn).await?;
+        let resp = self.client().kv_client().txn(txn).await?;
         self.observe("update", start, resp.succeeded());
         Ok(resp
             .succeeded()
@@ -337,7 +394,7 @@ impl Storage {
             .when([Compare::mod_revision(key, CompareOp::Equal, expected)])
             .and_then([TxnOp::delete(key, None)]);
         let start = std::time::Instant::now();
-        let resp = self.client.kv_client().txn(txn).await?;
+        let resp = self.client().kv_client().txn(txn).await?;
         self.observe("delete", start, resp.succeeded());
         Ok(resp
             .succeeded()
@@ -346,7 +403,7 @@ impl Storage {
 
     /// Compacts history up to `revision` (used by tests and maintenance).
     pub async fn compact(&self, revision: i64) -> Result<(), StorageError> {
-        self.client
+        self.client()
             .kv_client()
             .compact(
                 revision,
@@ -372,7 +429,7 @@ impl Storage {
         start_revision: i64,
         mut progress: tokio::sync::mpsc::Receiver<()>,
     ) -> impl Stream<Item = Result<Change, StorageError>> + Send + 'static + use<> {
-        let mut client = self.client.watch_client();
+        let mut client = self.client().watch_client();
         async_stream::stream! {
             let opts = WatchOptions::new()
                 .with_range(prefix_end(&prefix))

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -117,99 +117,42 @@ pub struct TlsFiles {
 
 /// Reading the TLS files failed.
 #[derive(Debug, thiserror::Error)]
-pub enum TlsLoadError {
-    /// A file cannot be read.
-    #[error("{path}")]
-    Read {
-        /// File.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The contents are unusable.
-    #[error(transparent)]
-    Tls(#[from] TlsError),
-}
+#[error(transparent)]
+pub struct TlsLoadError(#[from] virt_certs::reload::ReloadError);
 
-type Stamps = Vec<Option<std::time::SystemTime>>;
-
-/// The server's TLS configuration. Built from files, it is re-read when one of them
+/// The server's TLS configuration. Built from files, it is rebuilt when one of them
 /// changes (checked at each new connection, which is rare here): a rotated Secret takes
-/// effect without a restart. A half-written update keeps the previous configuration.
+/// effect without a restart, so open consoles survive a rotation. A half-written update
+/// keeps the previous configuration.
 #[derive(Clone, Debug)]
-pub struct TlsSource {
-    files: Option<TlsFiles>,
-    current: Arc<Mutex<(Stamps, Arc<rustls::ServerConfig>)>>,
-}
+pub struct TlsSource(Arc<virt_certs::reload::Reloading<rustls::ServerConfig>>);
+
+const TLS_WHAT: &str = "virt-handler TLS (--tls-cert, --tls-key, --client-ca)";
 
 impl TlsSource {
     /// A configuration that never changes.
     pub fn fixed(cfg: rustls::ServerConfig) -> Self {
-        Self {
-            files: None,
-            current: Arc::new(Mutex::new((Vec::new(), Arc::new(cfg)))),
-        }
+        Self(Arc::new(virt_certs::reload::Reloading::fixed(
+            TLS_WHAT, cfg,
+        )))
     }
 
     /// Loads `files` (and reloads them when they change).
     pub fn from_files(files: TlsFiles) -> Result<Self, TlsLoadError> {
-        let stamps = Self::stamps(&files);
-        let cfg = Self::load(&files)?;
-        Ok(Self {
-            files: Some(files),
-            current: Arc::new(Mutex::new((stamps, Arc::new(cfg)))),
-        })
+        let paths = vec![files.cert, files.key, files.client_ca];
+        let r = virt_certs::reload::Reloading::new(TLS_WHAT, paths, |c| {
+            Ok(tls_config(&c[0], &c[1], &c[2])?)
+        })?;
+        Ok(Self(Arc::new(r)))
     }
 
-    fn paths(files: &TlsFiles) -> [&Path; 3] {
-        [&files.cert, &files.key, &files.client_ca]
-    }
-
-    fn stamps(files: &TlsFiles) -> Stamps {
-        Self::paths(files)
-            .iter()
-            .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-            .collect()
-    }
-
-    fn load(files: &TlsFiles) -> Result<rustls::ServerConfig, TlsLoadError> {
-        let read = |p: &Path| {
-            std::fs::read(p).map_err(|source| TlsLoadError::Read {
-                path: p.to_path_buf(),
-                source,
-            })
-        };
-        Ok(tls_config(
-            &read(&files.cert)?,
-            &read(&files.key)?,
-            &read(&files.client_ca)?,
-        )?)
-    }
-
-    /// The configuration for a new connection. Blocking file reads, but three small files
-    /// at most, and only per connection.
+    /// The configuration for a new connection.
     fn get(&self) -> Arc<rustls::ServerConfig> {
-        // A panic while reloading cannot leave a half-updated pair: recover the guard.
-        let mut cur = self
-            .current
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(files) = &self.files {
-            let stamps = Self::stamps(files);
-            if stamps != cur.0 {
-                match Self::load(files) {
-                    Ok(cfg) => {
-                        tracing::info!("TLS files changed; reloaded");
-                        *cur = (stamps, Arc::new(cfg));
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "TLS files changed but cannot be loaded; keeping the previous ones")
-                    }
-                }
-            }
+        let cfg = self.0.get();
+        if let Some(e) = self.0.last_error() {
+            tracing::warn!(error = %e, "TLS files changed but cannot be loaded; keeping the previous ones");
         }
-        cur.1.clone()
+        cfg
     }
 }
 
