@@ -40,6 +40,48 @@ pub struct KubeVirtSpec {
     pub infra: Option<ComponentConfig>,
     /// Placement of virt-handler.
     pub workloads: Option<ComponentConfig>,
+    /// Lifetimes and renewal of the operator's self-signed certificates (KubeVirt's
+    /// `certificateRotateStrategy`).
+    pub certificate_rotate_strategy: Option<KubeVirtCertificateRotateStrategy>,
+}
+
+/// How the operator's certificates rotate.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeVirtCertificateRotateStrategy {
+    /// Self-signed CAs and the certificates they issue.
+    pub self_signed: Option<KubeVirtSelfSignConfiguration>,
+}
+
+/// Lifetimes of the self-signed CAs and of the certificates they issue. Durations are Go
+/// `metav1.Duration` strings (`24h0m0s`, `4m`, `1h30m`).
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeVirtSelfSignConfiguration {
+    /// Deprecated. Use ca.duration instead.
+    pub ca_rotate_interval: Option<String>,
+    /// Deprecated. Use server.duration instead.
+    pub cert_rotate_interval: Option<String>,
+    /// Deprecated. Use ca.duration and ca.renewBefore instead.
+    pub ca_overlap_interval: Option<String>,
+    /// CA configuration. CA certificates are kept in the CA bundle as long as they are valid.
+    pub ca: Option<CertConfig>,
+    /// Server (and client) certificate configuration. Certificates are rotated and discarded.
+    pub server: Option<CertConfig>,
+}
+
+/// Lifetime of one kind of certificate.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CertConfig {
+    /// The requested 'duration' (i.e. lifetime) of the Certificate.
+    pub duration: Option<String>,
+    /// The amount of time before the currently issued certificate's "notAfter" time that we
+    /// will begin to attempt to renew the certificate.
+    pub renew_before: Option<String>,
 }
 
 /// Cluster-wide configuration.

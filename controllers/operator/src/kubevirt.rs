@@ -1,8 +1,9 @@
 //! The `KubeVirt` resource virt-operator reconciles, and the one CRD kubevirt-rs ships.
 //!
 //! Its fields are KubeVirt's (`kubevirt.io` KubeVirt: spec.imageTag, imageRegistry,
-//! configuration.developerConfiguration, infra/workloads placement, uninstallStrategy; status
-//! phase, conditions, observed/target version) and the spec types are `kubevirt-api`'s. The
+//! configuration.developerConfiguration, infra/workloads placement, uninstallStrategy,
+//! certificateRotateStrategy; status phase, conditions, observed/target version) and the spec
+//! types are `kubevirt-api`'s. The
 //! CRD serves it as **`kubevirt.io/v1alpha3`** (KubeVirt serves the same schema at v1 and
 //! v1alpha3): kubevirt.io/v1 is served by virt-apiserver through the APIService
 //! `v1.kubevirt.io`, and a CRD version v1 in that group would make kube-apiserver's
@@ -11,7 +12,9 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResource;
 use kube::core::CustomResourceExt;
-use kubevirt_api::kubevirt::{ComponentConfig, KubeVirtConfiguration, KubeVirtStatus};
+use kubevirt_api::kubevirt::{
+    ComponentConfig, KubeVirtCertificateRotateStrategy, KubeVirtConfiguration, KubeVirtStatus,
+};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +69,10 @@ pub struct KubeVirtSpec {
     /// Placement of virt-handler.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workloads: Option<ComponentConfig>,
+    /// Lifetimes and renewal of the self-signed CAs and certificates (docs/deploy.md
+    /// "Certificates").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_rotate_strategy: Option<KubeVirtCertificateRotateStrategy>,
 }
 
 /// The CRD of [`KubeVirt`].

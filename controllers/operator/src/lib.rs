@@ -6,8 +6,10 @@
 pub mod install;
 pub mod kubevirt;
 pub mod metrics;
+pub mod policy;
 pub mod reconcile;
 pub mod render;
+pub mod rotation;
 pub mod status;
 
 /// The workspace root (this crate lives two levels below it); for tests and `gen-manifests`

@@ -11,6 +11,14 @@ struct ResultLabels {
     result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RotationLabels {
+    /// `apiserver`, `handler` or `etcd`.
+    domain: String,
+    /// `leaf` (certificates re-issued from the same CA) or `ca` (a new CA took over).
+    what: String,
+}
+
 /// The operator's metrics and their registry.
 #[derive(Debug)]
 pub struct Metrics {
@@ -18,6 +26,7 @@ pub struct Metrics {
     reconciles: Family<ResultLabels, Counter>,
     duration: Histogram,
     uninstalls: Counter,
+    rotations: Family<RotationLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -37,11 +46,19 @@ impl Default for Metrics {
             duration.clone(),
         );
         registry.register("uninstalls", "Completed uninstalls", uninstalls.clone());
+        let rotations = Family::<RotationLabels, Counter>::default();
+        registry.register(
+            "certificate_rotations",
+            "Certificate rotations by trust domain (apiserver, handler, etcd) and what rotated \
+             (leaf: re-issued from the same CA; ca: a new CA signs)",
+            rotations.clone(),
+        );
         Self {
             registry,
             reconciles,
             duration,
             uninstalls,
+            rotations,
         }
     }
 }
@@ -63,6 +80,16 @@ impl Metrics {
         self.uninstalls.inc();
     }
 
+    /// One rotation in `domain` of `what` (`leaf` or `ca`).
+    pub fn rotated(&self, domain: &str, what: &str) {
+        self.rotations
+            .get_or_create(&RotationLabels {
+                domain: domain.into(),
+                what: what.into(),
+            })
+            .inc();
+    }
+
     /// Text exposition format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -70,5 +97,28 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotations_are_counted_per_domain() {
+        let m = Metrics::default();
+        m.rotated("handler", "leaf");
+        m.rotated("handler", "leaf");
+        m.rotated("etcd", "ca");
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "kubevirt_operator_certificate_rotations_total{domain=\"handler\",what=\"leaf\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(
+            "kubevirt_operator_certificate_rotations_total{domain=\"etcd\",what=\"ca\"} 1"
+        ));
     }
 }

@@ -1,6 +1,7 @@
 //! The KubeVirt reconciler: level-triggered, server-side apply of everything [`crate::render`]
-//! renders, certificates kept in Secrets and rotated before expiry, status and Events; the
-//! finalizer uninstalls (APIServices first).
+//! renders, certificates in Secrets rotated by [`crate::rotation`] (CAs kept with their keys;
+//! no pod restarts for a new leaf), status and Events; the finalizer uninstalls (APIServices
+//! first).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,9 +26,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::kubevirt::{BLOCK_UNINSTALL, FINALIZER, KubeVirt, REMOVE_WORKLOADS};
 use crate::metrics::Metrics;
+use crate::policy::CertPolicy;
 use crate::render::components::{self, HandlerTls};
 use crate::render::etcd::{self, EtcdParams, EtcdTls};
 use crate::render::{self, ClusterAuth, EtcdMode, NAMESPACE, Params, Placement, Tls};
+use crate::rotation::{self, CaStep, Decision, Domain, DomainState};
 use crate::status::{self, Defaults, Observed, Target};
 
 const MANAGER: &str = "virt-operator";
@@ -39,6 +42,8 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error(transparent)]
     Render(#[from] render::RenderError),
+    #[error(transparent)]
+    Rotation(#[from] rotation::RotationError),
     #[error("{0}")]
     Other(String),
 }
@@ -220,13 +225,6 @@ async fn apply_all(client: &Client, docs: &[serde_json::Value]) -> Result<(), Er
     Ok(())
 }
 
-fn secret_data(s: &Secret, key: &str) -> Option<String> {
-    s.data
-        .as_ref()?
-        .get(key)
-        .and_then(|b| String::from_utf8(b.0.clone()).ok())
-}
-
 async fn cluster_auth(client: &Client) -> Result<ClusterAuth, Error> {
     let cm = Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
         .get("extension-apiserver-authentication")
@@ -249,106 +247,169 @@ async fn cluster_auth(client: &Client) -> Result<ClusterAuth, Error> {
     })
 }
 
-/// Certificates of the installation: reused while fresh, else issued anew.
+/// Certificates of the installation after this reconcile's rotation step
+/// ([`crate::rotation`]): the leaf material to render, and what changed.
 struct Certs {
     serving: Tls,
     handler: HandlerTls,
     etcd: EtcdTls,
-    /// caBundle of the APIServices: the serving CA plus a previous one still valid, so a
-    /// rotation never leaves kube-apiserver without the CA of a replica still serving.
+    /// caBundle of the APIServices: the serving trust bundle (every serving CA still valid, so
+    /// a CA rotation never leaves kube-apiserver unable to verify a replica).
     bundle: String,
-    rotated: Vec<&'static str>,
+    /// Per domain that changed: what was decided, and whether leaves existed before (a first
+    /// install is no rotation).
+    changes: Vec<(Domain, Decision, bool)>,
+    /// When the next certificate or CA step is due (`None` with an invalid strategy).
+    next_due: Option<time::OffsetDateTime>,
 }
 
-async fn certificates(client: &Client, etcd_host: &str) -> Result<Certs, Error> {
+/// Reads each trust domain's CA Secret and leaf Secrets, decides and carries out its rotation
+/// step, and writes the CA Secrets (before any leaf signed by or bundle naming a new CA is
+/// written). `policy` is `None` with an invalid strategy: nothing existing is rotated.
+async fn certificates(
+    client: &Client,
+    etcd_host: &str,
+    policy: Option<&CertPolicy>,
+    now: time::OffsetDateTime,
+) -> Result<Certs, Error> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
-    let now = time::OffsetDateTime::now_utc();
-    let mut rotated = Vec::new();
-    let read3 = |s: &Secret| {
-        Some((
-            secret_data(s, "ca.crt")?,
-            secret_data(s, "tls.crt")?,
-            secret_data(s, "tls.key")?,
-        ))
-    };
-    let serving = match secrets
-        .get_opt(render::TLS_SECRET)
-        .await?
-        .as_ref()
-        .and_then(read3)
-    {
-        Some((ca, cert, key)) if render::fresh(&ca, now) && render::fresh(&cert, now) => {
-            Tls { ca, cert, key }
-        }
-        old => {
-            if old.is_some() {
-                rotated.push("serving");
-            }
-            render::issue_serving_cert()?
-        }
-    };
-    let h = secrets.get_opt(components::HANDLER_CERTS).await?;
-    let hc = secrets.get_opt(components::HANDLER_CLIENT).await?;
-    let handler = match (h.as_ref().and_then(read3), hc.as_ref().and_then(read3)) {
-        (Some((ca, server_cert, server_key)), Some((ca2, client_cert, client_key))) => {
-            let t = HandlerTls {
-                ca,
-                server_cert,
-                server_key,
-                client_cert,
-                client_key,
-            };
-            if t.reusable(&ca2, now) {
-                t
-            } else {
-                rotated.push("virt-handler");
-                HandlerTls::issue()?
-            }
-        }
-        _ => HandlerTls::issue()?,
-    };
-    let es = secrets.get_opt(etcd::SERVER_SECRET).await?;
-    let ec = secrets.get_opt(etcd::CLIENT_SECRET).await?;
-    let etcd = match (es.as_ref().and_then(read3), ec.as_ref().and_then(read3)) {
-        (Some((ca, server_cert, server_key)), Some((ca2, client_cert, client_key)))
-            if ca == ca2 =>
-        {
-            let host = es
-                .as_ref()
-                .and_then(|s| s.annotations().get(etcd::HOST_ANNOTATION).cloned())
-                .unwrap_or_default();
-            let t = EtcdTls {
-                host,
-                ca,
-                server_cert,
-                server_key,
-                client_cert,
-                client_key,
-            };
-            if t.reusable(etcd_host, now) {
-                t
-            } else {
-                rotated.push("etcd");
-                EtcdTls::issue(etcd_host)?
-            }
-        }
-        _ => EtcdTls::issue(etcd_host)?,
-    };
-    let previous = Api::<APIService>::all(client.clone())
+    let frozen = policy.is_none();
+    let policy = policy.copied().unwrap_or_default();
+    let previous_ca_bundle = Api::<APIService>::all(client.clone())
         .get_opt(&format!("v1.{}", render::GROUP))
         .await?
         .and_then(|a| a.spec?.ca_bundle)
-        .and_then(|b| String::from_utf8(b.0).ok())
-        .unwrap_or_default();
-    let bundle = virt_certs::ca_bundle_pruned(&[serving.ca.as_str(), previous.as_str()], now)
-        .map_err(render::RenderError::from)?;
+        .and_then(|b| String::from_utf8(b.0).ok());
+    let mut states = BTreeMap::new();
+    let mut changes = Vec::new();
+    let mut next_due: Option<time::OffsetDateTime> = None;
+    for domain in Domain::ALL {
+        let specs = rotation::leaf_specs(domain, etcd_host);
+        let ca_stored = secrets.get_opt(domain.ca_secret()).await?;
+        let ca = ca_stored
+            .as_ref()
+            .map(|s| rotation::read_ca_secret(s, now))
+            .unwrap_or_default();
+        let mut leaves = Vec::new();
+        for spec in &specs {
+            leaves.push(
+                secrets
+                    .get_opt(spec.secret)
+                    .await?
+                    .and_then(|s| rotation::read_leaf_secret(&s, etcd::HOST_ANNOTATION)),
+            );
+        }
+        let extra_trust = match domain {
+            Domain::Apiserver => previous_ca_bundle.iter().cloned().collect(),
+            Domain::Handler | Domain::Etcd => Vec::new(),
+        };
+        let stored = DomainState {
+            ca,
+            leaves,
+            extra_trust,
+        };
+        let decision = rotation::decide(&stored, &specs, &policy, now, frozen);
+        let state = rotation::execute(domain, &stored, &specs, &decision, &policy, now)?;
+        let desired = rotation::ca_secret(domain, &state.ca);
+        if rotation::ca_secret_differs(ca_stored.as_ref(), &desired) {
+            let s = serde_json::to_value(&desired).map_err(|e| Error::Other(e.to_string()))?;
+            secrets
+                .patch(domain.ca_secret(), &pp(), &Patch::Apply(&s))
+                .await?;
+        }
+        if !frozen && let Some(t) = rotation::next_due(&state, &policy) {
+            next_due = Some(next_due.map_or(t, |n| n.min(t)));
+        }
+        if decision.changes() {
+            changes.push((domain, decision, stored.leaves.iter().any(Option::is_some)));
+        }
+        states.insert(domain, state);
+    }
+    let leaf = |domain: Domain, i: usize| -> Result<(String, rotation::Leaf), Error> {
+        let st = states
+            .get(&domain)
+            .ok_or_else(|| Error::Other(format!("{}: no certificates", domain.describe())))?;
+        let l = st.leaves.get(i).and_then(Option::as_ref).ok_or_else(|| {
+            Error::Other(format!("{}: certificate {i} missing", domain.describe()))
+        })?;
+        Ok((st.ca.bundle.clone(), l.clone()))
+    };
+    let (bundle, s) = leaf(Domain::Apiserver, 0)?;
+    let serving = Tls {
+        ca: bundle.clone(),
+        cert: s.pem.cert,
+        key: s.pem.key,
+    };
+    let (handler_bundle, hs) = leaf(Domain::Handler, 0)?;
+    let (_, hc) = leaf(Domain::Handler, 1)?;
+    let handler = HandlerTls {
+        ca: handler_bundle,
+        server_cert: hs.pem.cert,
+        server_key: hs.pem.key,
+        client_cert: hc.pem.cert,
+        client_key: hc.pem.key,
+    };
+    let (etcd_bundle, es) = leaf(Domain::Etcd, 0)?;
+    let (_, ec) = leaf(Domain::Etcd, 1)?;
+    let etcd = EtcdTls {
+        host: etcd_host.to_string(),
+        ca: etcd_bundle,
+        server_cert: es.pem.cert,
+        server_key: es.pem.key,
+        client_cert: ec.pem.cert,
+        client_key: ec.pem.key,
+    };
     Ok(Certs {
         serving,
         handler,
         etcd,
         bundle,
-        rotated,
+        changes,
+        next_due,
     })
+}
+
+/// The `CertificateRotated` Event text of one domain's change and what the rotations metric
+/// counts (`ca`, `leaf`, or nothing while a new CA is only published); `None`: a first
+/// install, nothing rotated.
+fn rotation_note(
+    domain: Domain,
+    d: &Decision,
+    had_leaves: bool,
+    delay: time::Duration,
+) -> Option<(String, Option<&'static str>)> {
+    let name = domain.describe();
+    let delay = crate::policy::go_duration(delay);
+    let reissued = d.reissue.iter().any(|r| *r);
+    match d.step {
+        CaStep::StartRotation => Some((
+            format!(
+                "{name} CA is due: a new CA is published in the trust bundle; certificates \
+                 switch to it in {delay}"
+            ),
+            None,
+        )),
+        CaStep::CreatePending => Some((
+            format!(
+                "{name} CA stored with its key (the certificates in use have none): a new CA \
+                 is published in the trust bundle; certificates switch to it in {delay}"
+            ),
+            None,
+        )),
+        CaStep::Activate => Some((
+            format!("{name} CA rotated: certificates re-issued from the new CA"),
+            Some("ca"),
+        )),
+        CaStep::CreateActive if had_leaves => Some((
+            format!("{name} CA created anew (no usable one was stored): certificates re-issued"),
+            Some("ca"),
+        )),
+        CaStep::Keep if had_leaves && reissued => Some((
+            format!("{name} certificates were due: re-issued from the same CA"),
+            Some("leaf"),
+        )),
+        CaStep::Keep | CaStep::CreateActive => None,
+    }
 }
 
 fn placement(c: Option<&kubevirt_api::kubevirt::ComponentConfig>) -> Placement {
@@ -370,12 +431,9 @@ fn render_all(
     auth: &ClusterAuth,
     etcd_params: EtcdParams,
 ) -> Result<(Vec<serde_json::Value>, Vec<serde_json::Value>), Error> {
-    let mut annotations = BTreeMap::new();
-    annotations.insert(
-        "kubevirt-rs.io/serving-cert-sha256".to_string(),
-        sha256_hex(certs.serving.cert.as_bytes()),
-    );
-    annotations.insert(
+    // Certificates are not in here: virt-apiserver and virt-handler re-read their mounted
+    // Secrets, so a rotation restarts nothing. The cluster's CAs are read at start only.
+    let annotations = BTreeMap::from([(
         "kubevirt-rs.io/auth-sha256".to_string(),
         sha256_hex(
             format!(
@@ -384,15 +442,7 @@ fn render_all(
             )
             .as_bytes(),
         ),
-    );
-    annotations.insert(
-        "kubevirt-rs.io/handler-client-sha256".to_string(),
-        sha256_hex(certs.handler.client_cert.as_bytes()),
-    );
-    annotations.insert(
-        "kubevirt-rs.io/etcd-client-sha256".to_string(),
-        sha256_hex(certs.etcd.client_cert.as_bytes()),
-    );
+    )]);
     let dev = kv
         .spec
         .configuration
@@ -405,10 +455,7 @@ fn render_all(
         handler_image: target.handler.clone(),
         launcher_image: target.launcher.clone(),
         pod_annotations: annotations,
-        handler_annotations: BTreeMap::from([(
-            "kubevirt-rs.io/handler-cert-sha256".to_string(),
-            sha256_hex(certs.handler.server_cert.as_bytes()),
-        )]),
+        handler_annotations: BTreeMap::new(),
         controller_annotations: BTreeMap::new(),
         etcd: EtcdMode::StatefulSet(etcd_params),
         image_pull_policy: kv
@@ -496,6 +543,18 @@ fn apiservice_available(a: &APIService) -> bool {
         })
 }
 
+/// When to reconcile a Deployed installation again: when the next certificate step is due
+/// (a little after, so it is due then), at least a second and at most a minute from now.
+fn requeue_after(next_due: Option<time::OffsetDateTime>, now: time::OffsetDateTime) -> Duration {
+    const MAX: Duration = Duration::from_secs(60);
+    let Some(due) = next_due else {
+        return MAX;
+    };
+    let wait = due - now + time::Duration::milliseconds(200);
+    let wait = Duration::try_from(wait).unwrap_or(Duration::ZERO);
+    wait.clamp(Duration::from_secs(1), MAX)
+}
+
 async fn install(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
     let client = &ctx.client;
     let kvs: Api<KubeVirt> = Api::namespaced(client.clone(), NAMESPACE);
@@ -540,24 +599,57 @@ async fn install(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
         .filter(|ip| !ip.is_empty() && ip != "None")
         .ok_or_else(|| Error::Other("etcd Service has no cluster IP yet".into()))?;
     let auth = cluster_auth(client).await?;
-    let certs = certificates(client, &host).await?;
-    for what in &certs.rotated {
-        ctx.event(
-            kv,
-            EventType::Normal,
-            "CertificateRotated",
-            format!("{what} certificates were due for rotation: issued new ones"),
-        )
-        .await;
+    let policy = CertPolicy::from_spec(kv.spec.certificate_rotate_strategy.as_ref());
+    let invalid_config = policy.as_ref().err().map(ToString::to_string);
+    if let Some(why) = &invalid_config {
+        let already = kv
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| {
+                c.iter().any(|c| {
+                    c.type_ == "Degraded"
+                        && c.reason.as_deref() == Some(status::INVALID_CONFIGURATION)
+                        && c.message.as_deref() == Some(why.as_str())
+                })
+            });
+        if !already {
+            ctx.event(
+                kv,
+                EventType::Warning,
+                status::INVALID_CONFIGURATION,
+                format!("{why}; the certificates are kept as they are"),
+            )
+            .await;
+        }
+    }
+    let now = time::OffsetDateTime::now_utc();
+    let certs = certificates(client, &host, policy.as_ref().ok(), now).await?;
+    let delay = policy
+        .as_ref()
+        .map(CertPolicy::propagation_delay)
+        .unwrap_or(crate::policy::PROPAGATION_DELAY);
+    for (domain, decision, had_leaves) in &certs.changes {
+        let Some((note, what)) = rotation_note(*domain, decision, *had_leaves, delay) else {
+            continue;
+        };
+        tracing::info!(domain = domain.label(), "{note}");
+        if let Some(what) = what {
+            ctx.metrics.rotated(domain.label(), what);
+        }
+        ctx.event(kv, EventType::Normal, "CertificateRotated", note)
+            .await;
     }
     let etcd_params = EtcdParams {
         host: host.clone(),
         volume_size: has_default_storage_class(client)
             .await?
             .then(|| ctx.etcd_volume_size.clone()),
+        // etcd re-reads its certificate and key on every handshake but its trusted CA file
+        // only at start: a new trust bundle (a CA rotation) restarts it, a new leaf does not.
         annotations: BTreeMap::from([(
-            "kubevirt-rs.io/etcd-cert-sha256".to_string(),
-            sha256_hex(certs.etcd.server_cert.as_bytes()),
+            "kubevirt-rs.io/etcd-ca-sha256".to_string(),
+            sha256_hex(certs.etcd.ca.as_bytes()),
         )]),
     };
     // A StatefulSet's volumeClaimTemplates cannot change: keep what the existing one has.
@@ -618,14 +710,14 @@ async fn install(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
         apiservices_available,
         apiserver_serving: serving,
         failure: None,
+        invalid_config,
     };
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
     let new_status = status::status(
         kv.status.as_ref(),
         &target,
         &observed,
         kv.meta().generation,
-        now,
+        Time(k8s_openapi::jiff::Timestamp::now()),
     );
     let was_deployed_version = kv
         .status
@@ -651,8 +743,8 @@ async fn install(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
         .await?;
     }
     Ok(if new_status.phase.as_deref() == Some(status::DEPLOYED) {
-        // Certificates are checked again within the minute.
-        Action::requeue(Duration::from_secs(60))
+        // Certificates are checked again within the minute, and when one is due.
+        Action::requeue(requeue_after(certs.next_due, now))
     } else {
         Action::requeue(Duration::from_secs(3))
     })
@@ -695,6 +787,12 @@ fn installed_objects() -> Result<Vec<serde_json::Value>, Error> {
     };
     for s in etcd_tls.secrets() {
         render::push_doc(&mut yaml, &s)?;
+    }
+    for domain in Domain::ALL {
+        render::push_doc(
+            &mut yaml,
+            &rotation::ca_secret(domain, &rotation::CaStore::default()),
+        )?;
     }
     let mut docs = parse_docs(&yaml)?;
     docs.retain(|d| d["kind"] != "Namespace");

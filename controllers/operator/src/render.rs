@@ -99,10 +99,11 @@ pub fn fresh(pem: &str, now: time::OffsetDateTime) -> bool {
     virt_certs::validity_of(pem).is_ok_and(|(nb, na)| !virt_certs::needs_rotation(nb, na, now, 0.8))
 }
 
-/// A new serving CA and certificate for virt-apiserver's Service names.
+/// A new serving CA and certificate for virt-apiserver's Service names (`cargo xtask
+/// deploy`; the operator issues from a kept CA, [`crate::rotation`]).
 pub fn issue_serving_cert() -> Result<Tls> {
     let ca = virt_certs::Ca::generate("kubevirt-apiserver-ca", virt_certs::DEFAULT_CA_VALIDITY)?;
-    let leaf = ca.issue_server(NAME, &service_names(), time::Duration::days(90))?;
+    let leaf = ca.issue_server(NAME, &service_names(), virt_certs::DEFAULT_LEAF_VALIDITY)?;
     Ok(Tls {
         ca: ca.cert_pem().to_string(),
         cert: leaf.cert_pem,

@@ -68,7 +68,13 @@ pub struct Observed {
     pub apiserver_serving: bool,
     /// A workload that is not progressing (e.g. a pod crash-looping), with why.
     pub failure: Option<String>,
+    /// A field of the KubeVirt resource that cannot be applied (e.g. a bad
+    /// certificateRotateStrategy), with why; what it governs is left as it is.
+    pub invalid_config: Option<String>,
 }
+
+/// Reason of the Degraded condition for [`Observed::invalid_config`].
+pub const INVALID_CONFIGURATION: &str = "InvalidConfiguration";
 
 pub const DEPLOYING: &str = "Deploying";
 pub const DEPLOYED: &str = "Deployed";
@@ -130,9 +136,10 @@ pub fn status(
                 &format!("Deploying version {}.", target.version),
             )
         },
-        match &observed.failure {
-            Some(why) => cond("Degraded", true, "ComponentFailing", why),
-            None => cond(
+        match (&observed.failure, &observed.invalid_config) {
+            (Some(why), _) => cond("Degraded", true, "ComponentFailing", why),
+            (None, Some(why)) => cond("Degraded", true, INVALID_CONFIGURATION, why),
+            (None, None) => cond(
                 "Degraded",
                 false,
                 "AllComponentsHealthy",
@@ -209,6 +216,7 @@ mod tests {
             apiservices_available: true,
             apiserver_serving: true,
             failure: None,
+            invalid_config: None,
         };
         let s = status(Some(&s), &t, &ok, Some(1), now());
         assert_eq!(s.phase.as_deref(), Some(DEPLOYED));
@@ -233,7 +241,7 @@ mod tests {
         let t2 = target(&spec, &defaults());
         let rolling = Observed {
             rolled_out: false,
-            ..ok
+            ..ok.clone()
         };
         let s2 = status(Some(&s), &t2, &rolling, Some(2), now());
         assert_eq!(s2.phase.as_deref(), Some(DEPLOYING));
@@ -241,5 +249,26 @@ mod tests {
         assert_eq!(s2.target_kube_virt_version.as_deref(), Some("v2"));
         assert_eq!(avail(&s2, "Available"), ConditionStatus::True);
         assert_eq!(avail(&s2, "Progressing"), ConditionStatus::True);
+
+        // A bad field degrades the installation but leaves it deployed.
+        let bad = Observed {
+            invalid_config: Some("spec.x: invalid duration \"x\"".into()),
+            ..ok
+        };
+        let s3 = status(Some(&s), &t, &bad, Some(3), now());
+        assert_eq!(s3.phase.as_deref(), Some(DEPLOYED));
+        let degraded = s3
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == "Degraded")
+            .unwrap();
+        assert_eq!(degraded.status, ConditionStatus::True);
+        assert_eq!(degraded.reason.as_deref(), Some(INVALID_CONFIGURATION));
+        assert_eq!(
+            degraded.message.as_deref(),
+            Some("spec.x: invalid duration \"x\"")
+        );
     }
 }

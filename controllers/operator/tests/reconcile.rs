@@ -266,60 +266,90 @@ fn kv_status(kv: &KubeVirt) -> (String, String, String) {
     )
 }
 
+/// What kube-apiserver and the operator's install give a cluster: the `kubevirt` namespace,
+/// the authentication ConfigMap, the KubeVirt CRD served; then the operator running.
+struct Operator {
+    kvs: Api<KubeVirt>,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Operator {
+    async fn start(c: &Client) -> Self {
+        let pp = PostParams::default();
+        Api::<Namespace>::all(c.clone())
+            .create(
+                &pp,
+                &serde_json::from_value(json!({"metadata": {"name": "kubevirt"}})).unwrap(),
+            )
+            .await
+            .unwrap();
+        // kube-apiserver's system-namespaces controller creates kube-system shortly after
+        // /readyz turns ok, not before it; a fast test got there first once (404).
+        let namespaces = Api::<Namespace>::all(c.clone());
+        eventually(
+            "namespace kube-system created by kube-apiserver",
+            || async { namespaces.get_opt("kube-system").await.ok().flatten() },
+        )
+        .await;
+        // kube-apiserver publishes it with --requestheader-* flags; this one runs without.
+        let ca = virt_certs::Ca::generate("front-proxy", time::Duration::days(1)).unwrap();
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "extension-apiserver-authentication"},
+            "data": {"client-ca-file": ca.cert_pem(), "requestheader-client-ca-file": ca.cert_pem(),
+                     "requestheader-allowed-names": "[\"front-proxy-client\"]"}
+        }))
+        .unwrap();
+        Api::<ConfigMap>::namespaced(c.clone(), "kube-system")
+            .create(&pp, &cm)
+            .await
+            .unwrap();
+        let crds: Api<CustomResourceDefinition> = Api::all(c.clone());
+        crds.create(&pp, &virt_operator::kubevirt::crd())
+            .await
+            .unwrap();
+        let kvs: Api<KubeVirt> = Api::namespaced(c.clone(), "kubevirt");
+        eventually("KubeVirt served", || async {
+            kvs.list(&Default::default()).await.ok()
+        })
+        .await;
+
+        let metrics = Arc::new(Metrics::default());
+        let ctx = Arc::new(Ctx {
+            client: c.clone(),
+            recorder: None,
+            defaults: Defaults {
+                registry: "localhost/kubevirt-rs".into(),
+                tag: "latest".into(),
+                version: "0.1.0".into(),
+            },
+            metrics: metrics.clone(),
+            etcd_volume_size: "1Gi".into(),
+        });
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(reconcile::run(ctx, stop.clone()));
+        Self {
+            kvs,
+            metrics,
+            stop,
+            task,
+        }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+    }
+}
+
 #[tokio::test]
 async fn install_upgrade_and_uninstall_against_a_real_kube_apiserver() {
     let api = start().await;
     let c = api.client.clone();
     let pp = PostParams::default();
-    Api::<Namespace>::all(c.clone())
-        .create(
-            &pp,
-            &serde_json::from_value(json!({"metadata": {"name": "kubevirt"}})).unwrap(),
-        )
-        .await
-        .unwrap();
-    // kube-apiserver's system-namespaces controller creates kube-system shortly after
-    // /readyz turns ok, not before it; a fast test got there first once (404).
-    let namespaces = Api::<Namespace>::all(c.clone());
-    eventually("namespace kube-system created by kube-apiserver", || async {
-        namespaces.get_opt("kube-system").await.ok().flatten()
-    })
-    .await;
-    // kube-apiserver publishes it with --requestheader-* flags; this one runs without.
-    let ca = virt_certs::Ca::generate("front-proxy", time::Duration::days(1)).unwrap();
-    let cm: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "extension-apiserver-authentication"},
-        "data": {"client-ca-file": ca.cert_pem(), "requestheader-client-ca-file": ca.cert_pem(),
-                 "requestheader-allowed-names": "[\"front-proxy-client\"]"}
-    }))
-    .unwrap();
-    Api::<ConfigMap>::namespaced(c.clone(), "kube-system")
-        .create(&pp, &cm)
-        .await
-        .unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(c.clone());
-    crds.create(&pp, &virt_operator::kubevirt::crd())
-        .await
-        .unwrap();
-    let kvs: Api<KubeVirt> = Api::namespaced(c.clone(), "kubevirt");
-    eventually("KubeVirt served", || async {
-        kvs.list(&Default::default()).await.ok()
-    })
-    .await;
-
-    let ctx = Arc::new(Ctx {
-        client: c.clone(),
-        recorder: None,
-        defaults: Defaults {
-            registry: "localhost/kubevirt-rs".into(),
-            tag: "latest".into(),
-            version: "0.1.0".into(),
-        },
-        metrics: Arc::new(Metrics::default()),
-        etcd_volume_size: "1Gi".into(),
-    });
-    let stop = CancellationToken::new();
-    let operator = tokio::spawn(reconcile::run(ctx, stop.clone()));
+    let operator = Operator::start(&c).await;
+    let kvs = operator.kvs.clone();
 
     let cr: KubeVirt = serde_json::from_value(json!({
         "apiVersion": "kubevirt.io/v1alpha3", "kind": "KubeVirt",
@@ -522,7 +552,253 @@ async fn install_upgrade_and_uninstall_against_a_real_kube_apiserver() {
             .map(|s| s.metadata.name.clone())
             .collect::<Vec<_>>()
     );
-    stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(10), operator).await;
+    operator.stop().await;
     let _ = Path::new(api.dir.path()).exists();
+}
+
+fn data(s: &Secret, key: &str) -> String {
+    s.data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| String::from_utf8(b.0.clone()).unwrap())
+        .unwrap_or_default()
+}
+
+/// Pod-template annotations and generation of every workload: a change rolls pods.
+async fn templates(c: &Client) -> Vec<(String, Option<i64>, String)> {
+    let mut out = Vec::new();
+    for d in Api::<Deployment>::namespaced(c.clone(), "kubevirt")
+        .list(&Default::default())
+        .await
+        .unwrap()
+    {
+        let a = d.spec.and_then(|s| s.template.metadata?.annotations);
+        out.push((
+            d.metadata.name.unwrap(),
+            d.metadata.generation,
+            format!("{a:?}"),
+        ));
+    }
+    for d in Api::<DaemonSet>::namespaced(c.clone(), "kubevirt")
+        .list(&Default::default())
+        .await
+        .unwrap()
+    {
+        let a = d.spec.and_then(|s| s.template.metadata?.annotations);
+        out.push((
+            d.metadata.name.unwrap(),
+            d.metadata.generation,
+            format!("{a:?}"),
+        ));
+    }
+    for d in Api::<StatefulSet>::namespaced(c.clone(), "kubevirt")
+        .list(&Default::default())
+        .await
+        .unwrap()
+    {
+        let a = d.spec.and_then(|s| s.template.metadata?.annotations);
+        out.push((
+            d.metadata.name.unwrap(),
+            d.metadata.generation,
+            format!("{a:?}"),
+        ));
+    }
+    out.sort();
+    out
+}
+
+const LEAVES: [(&str, &str, virt_operator::rotation::LeafKind); 5] = [
+    (
+        "kubevirt-apiserver-tls",
+        "kubevirt-rs-apiserver-ca",
+        virt_operator::rotation::LeafKind::Server,
+    ),
+    (
+        "virt-handler-certs",
+        "kubevirt-rs-handler-ca",
+        virt_operator::rotation::LeafKind::Peer,
+    ),
+    (
+        "virt-apiserver-handler-client",
+        "kubevirt-rs-handler-ca",
+        virt_operator::rotation::LeafKind::Client,
+    ),
+    (
+        "kubevirt-etcd-server",
+        "kubevirt-rs-etcd-ca",
+        virt_operator::rotation::LeafKind::Server,
+    ),
+    (
+        "kubevirt-etcd-client",
+        "kubevirt-rs-etcd-ca",
+        virt_operator::rotation::LeafKind::Client,
+    ),
+];
+
+/// `certificateRotateStrategy.selfSigned.server: {duration: 1m, renewBefore: 50s}`: every leaf
+/// is re-issued ~10 s after it was issued, from the same CA (CA Secrets, every `ca.crt` and the
+/// APIServices' caBundle stay), and no pod template changes. A bad duration then stops
+/// rotation and shows as Degraded.
+#[tokio::test]
+async fn leaf_certificates_rotate_from_the_same_ca_without_touching_pod_templates() {
+    let api = start().await;
+    let c = api.client.clone();
+    let operator = Operator::start(&c).await;
+    let kvs = operator.kvs.clone();
+    let secrets: Api<Secret> = Api::namespaced(c.clone(), "kubevirt");
+    let cr: KubeVirt = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1alpha3", "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+        "spec": {"certificateRotateStrategy": {"selfSigned": {
+            "server": {"duration": "1m", "renewBefore": "50s"}}}}
+    }))
+    .unwrap();
+    kvs.create(&PostParams::default(), &cr).await.unwrap();
+    let apis: Api<APIService> = Api::all(c.clone());
+    eventually("installed with both APIServices", || {
+        let c = c.clone();
+        let apis = apis.clone();
+        async move {
+            roll_out(&c).await;
+            apis.get_opt("v1.subresources.kubevirt.io").await.ok()??;
+            apis.get_opt("v1.kubevirt.io").await.ok()?
+        }
+    })
+    .await;
+    let ca_bundle = || async {
+        let a = apis.get("v1.kubevirt.io").await.unwrap();
+        String::from_utf8(a.spec.unwrap().ca_bundle.unwrap().0).unwrap()
+    };
+    let snapshot = || async {
+        let mut v = Vec::new();
+        for (leaf, _, _) in LEAVES {
+            let s = secrets.get(leaf).await.unwrap();
+            v.push((data(&s, "tls.crt"), data(&s, "ca.crt")));
+        }
+        v
+    };
+    let mut cas = Vec::new();
+    for ca in [
+        "kubevirt-rs-apiserver-ca",
+        "kubevirt-rs-handler-ca",
+        "kubevirt-rs-etcd-ca",
+    ] {
+        let s = secrets.get(ca).await.unwrap();
+        assert!(!data(&s, "tls.key").is_empty(), "{ca} keeps its key");
+        assert!(data(&s, "next.crt").is_empty(), "{ca}: no rotation pending");
+        cas.push(s.data.clone());
+    }
+    let before = snapshot().await;
+    let bundle_before = ca_bundle().await;
+    let templates_before = templates(&c).await;
+    let ca_of = |i: usize| {
+        let bundle = &before[i].1;
+        assert_eq!(
+            bundle.matches("BEGIN CERTIFICATE").count(),
+            1,
+            "{}",
+            LEAVES[i].0
+        );
+        bundle.clone()
+    };
+    assert_eq!(bundle_before, ca_of(0));
+    assert!(
+        !templates_before
+            .iter()
+            .any(|(_, _, a)| a.contains("cert-sha256")),
+        "{templates_before:?}"
+    );
+
+    let start = std::time::Instant::now();
+    let after = eventually("every leaf re-issued", || async {
+        roll_out(&c).await;
+        let now = snapshot().await;
+        now.iter()
+            .zip(&before)
+            .all(|(n, b)| n.0 != b.0)
+            .then_some(now)
+    })
+    .await;
+    let took = start.elapsed();
+    eprintln!(
+        "every leaf re-issued {:.1} s after the first check",
+        took.as_secs_f64()
+    );
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+    let now = time::OffsetDateTime::now_utc();
+    for (i, (leaf, ca_secret, kind)) in LEAVES.iter().enumerate() {
+        assert_eq!(after[i].1, before[i].1, "{leaf}: ca.crt unchanged");
+        let ca = data(&secrets.get(ca_secret).await.unwrap(), "tls.crt");
+        assert!(
+            virt_operator::rotation::verifies(&after[i].0, &[&ca], *kind, now),
+            "{leaf} is signed by {ca_secret}"
+        );
+        let (nb, na) = virt_certs::validity_of(&after[i].0).unwrap();
+        // One minute (and the 5 minutes' clock-skew allowance before now).
+        assert_eq!((na - nb).whole_seconds(), 360, "{leaf}");
+    }
+    for (i, ca) in [
+        "kubevirt-rs-apiserver-ca",
+        "kubevirt-rs-handler-ca",
+        "kubevirt-rs-etcd-ca",
+    ]
+    .iter()
+    .enumerate()
+    {
+        assert_eq!(
+            secrets.get(ca).await.unwrap().data,
+            cas[i],
+            "{ca} unchanged"
+        );
+    }
+    assert_eq!(
+        ca_bundle().await,
+        bundle_before,
+        "APIService caBundle unchanged"
+    );
+    assert_eq!(
+        templates(&c).await,
+        templates_before,
+        "no pod template changed"
+    );
+    let metrics = operator.metrics.encode();
+    for domain in ["apiserver", "handler", "etcd"] {
+        assert!(
+            metrics.contains(&format!(
+                "kubevirt_operator_certificate_rotations_total{{domain=\"{domain}\",what=\"leaf\"}}"
+            )),
+            "{metrics}"
+        );
+    }
+
+    // A bad duration: Degraded names the field, and the certificates are kept as they are.
+    kvs.patch(
+        "kubevirt",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"spec": {"certificateRotateStrategy": {"selfSigned": {
+            "server": {"duration": "x"}}}}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let message = eventually("Degraded for the bad duration", || async {
+        let kv = kvs.get("kubevirt").await.ok()?;
+        let c = kv.status?.conditions?;
+        let d = c.into_iter().find(|c| c.type_ == "Degraded")?;
+        (d.status == kubevirt_api::ConditionStatus::True).then_some(d.message?)
+    })
+    .await;
+    assert_eq!(
+        message,
+        "spec.certificateRotateStrategy.selfSigned.server.duration: invalid duration \"x\""
+    );
+    let frozen = snapshot().await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(
+        snapshot().await,
+        frozen,
+        "no rotation with an invalid strategy"
+    );
+    operator.stop().await;
 }

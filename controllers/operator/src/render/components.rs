@@ -497,14 +497,16 @@ impl HandlerTls {
     }
 
     /// A new CA, serving certificate for `virt-handler` and client certificate for
-    /// `virt-apiserver`.
+    /// `virt-apiserver` (`cargo xtask deploy`; the operator issues from a kept CA,
+    /// `crate::rotation`).
     pub fn issue() -> Result<Self> {
         let ca =
             virt_certs::Ca::generate("kubevirt-rs-handler-ca", virt_certs::DEFAULT_CA_VALIDITY)?;
+        let leaf = virt_certs::DEFAULT_LEAF_VALIDITY;
         // Serving (virt-apiserver → handler) and client (handler → handler, live
         // migration) with one identity.
-        let server = ca.issue_peer(HANDLER, &[HANDLER], time::Duration::days(90))?;
-        let client = ca.issue_client::<&str>("virt-apiserver", &[], time::Duration::days(90))?;
+        let server = ca.issue_peer(HANDLER, &[HANDLER], leaf)?;
+        let client = ca.issue_client::<&str>("virt-apiserver", &[], leaf)?;
         Ok(Self {
             ca: ca.cert_pem().to_string(),
             server_cert: server.cert_pem,

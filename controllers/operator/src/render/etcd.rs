@@ -45,7 +45,8 @@ pub struct EtcdParams {
     pub host: String,
     /// Size of the PVC; `None`: an emptyDir.
     pub volume_size: Option<String>,
-    /// Of the etcd pod template (certificate hashes: etcd does not reload them).
+    /// Of the etcd pod template (the operator's: a hash of the trust bundle, which etcd reads
+    /// only at start; its certificate and key it re-reads on every handshake).
     pub annotations: BTreeMap<String, String>,
 }
 
@@ -349,11 +350,13 @@ impl std::fmt::Debug for EtcdTls {
 }
 
 impl EtcdTls {
-    /// A new CA and both certificates; the server's for `host` and the Service names.
+    /// A new CA and both certificates; the server's for `host` and the Service names (tests;
+    /// the operator issues from a kept CA, `crate::rotation`).
     pub fn issue(host: &str) -> Result<Self> {
         let ca = virt_certs::Ca::generate("kubevirt-rs-etcd-ca", virt_certs::DEFAULT_CA_VALIDITY)?;
-        let server = ca.issue_server(ETCD, &server_names(host), time::Duration::days(90))?;
-        let client = ca.issue_client::<&str>("virt-apiserver", &[], time::Duration::days(90))?;
+        let leaf = virt_certs::DEFAULT_LEAF_VALIDITY;
+        let server = ca.issue_server(ETCD, &server_names(host), leaf)?;
+        let client = ca.issue_client::<&str>("virt-apiserver", &[], leaf)?;
         Ok(Self {
             host: host.to_string(),
             ca: ca.cert_pem().to_string(),
@@ -435,6 +438,6 @@ mod tests {
         let now = time::OffsetDateTime::now_utc();
         assert!(t.reusable("10.96.0.20", now));
         assert!(!t.reusable("10.96.0.21", now));
-        assert!(!t.reusable("10.96.0.20", now + time::Duration::days(80)));
+        assert!(!t.reusable("10.96.0.20", now + time::Duration::days(25)));
     }
 }
