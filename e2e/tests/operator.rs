@@ -15,92 +15,13 @@ use std::time::{Duration, Instant};
 
 use e2e::Cluster;
 
+mod common;
+use common::{BOOT, GONE, Ns};
+
 const INSTALL: &str = "manifests/virt-operator.yaml";
 const CR: &str = "manifests/kubevirt-cr.yaml";
 const UPGRADE_TAG: &str = "e2e-upgrade";
 const PART_OF: &str = "app.kubernetes.io/part-of=kubevirt-rs";
-/// Image copy, a cold QEMU capabilities probe, TCG boot on a machine shared with builds.
-const BOOT: Duration = Duration::from_secs(240);
-const GONE: Duration = Duration::from_secs(120);
-
-/// The test guest VM (kernelBoot from the test-guest image, TCG).
-fn vm_manifest(name: &str, ns: &str) -> String {
-    serde_json::json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachine",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "runStrategy": "Always",
-            "template": {"spec": {
-                "terminationGracePeriodSeconds": 5,
-                "domain": {
-                    "memory": {"guest": "128Mi"},
-                    "devices": {},
-                    "firmware": {"kernelBoot": {
-                        "kernelArgs": virt_testguest::KERNEL_ARGS,
-                        "container": {
-                            "image": "localhost/kubevirt-rs/test-guest:latest",
-                            "imagePullPolicy": "IfNotPresent",
-                            "kernelPath": "/vmlinuz",
-                            "initrdPath": "/initramfs.gz"
-                        }
-                    }}
-                }
-            }}
-        }
-    })
-    .to_string()
-}
-
-/// A namespace of the test's own, deleted (without waiting) at the end.
-struct Ns<'a> {
-    c: &'a Cluster,
-    name: String,
-}
-
-impl<'a> Ns<'a> {
-    fn new(c: &'a Cluster) -> Self {
-        let name = format!("e2e-operator-{}", std::process::id());
-        c.kubectl(&["create", "namespace", &name])
-            .expect("namespace");
-        Ns { c, name }
-    }
-
-    fn k(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut a = vec!["-n", self.name.as_str()];
-        a.extend_from_slice(args);
-        self.c.kubectl(&a)
-    }
-
-    fn vmi(&self, vm: &str, jsonpath: &str) -> String {
-        self.k(&[
-            "get",
-            "vmi",
-            vm,
-            "--ignore-not-found",
-            "-o",
-            &format!("jsonpath={jsonpath}"),
-        ])
-        .unwrap_or_default()
-    }
-
-    fn vmi_phase(&self, vm: &str) -> String {
-        self.vmi(vm, "{.status.phase}")
-    }
-
-    fn vmi_uid(&self, vm: &str) -> String {
-        self.vmi(vm, "{.metadata.uid}")
-    }
-}
-
-impl Drop for Ns<'_> {
-    fn drop(&mut self) {
-        let _ = self
-            .c
-            .kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
-    }
-}
-
 fn path(rel: &str) -> String {
     e2e::workspace_root()
         .join(rel)
@@ -301,6 +222,207 @@ fn leftovers(c: &Cluster) -> Vec<String> {
     left
 }
 
+/// Pod name → restart count of a component.
+fn restarts(c: &Cluster, component: &str) -> Vec<(String, String)> {
+    let out = c
+        .kubectl(&[
+            "-n",
+            "kubevirt",
+            "get",
+            "pods",
+            "-l",
+            &format!("app.kubernetes.io/name={component}"),
+            "-o",
+            r#"jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].restartCount} {.status.podIP}{"\n"}{end}"#,
+        ])
+        .unwrap_or_default();
+    let mut v: Vec<(String, String)> = out
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?.to_string(), f.next()?.to_string()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn pod_ips(c: &Cluster, component: &str) -> Vec<String> {
+    c.kubectl(&[
+        "-n",
+        "kubevirt",
+        "get",
+        "pods",
+        "-l",
+        &format!("app.kubernetes.io/name={component}"),
+        "-o",
+        "jsonpath={.items[*].status.podIP}",
+    ])
+    .unwrap_or_default()
+    .split_whitespace()
+    .map(str::to_string)
+    .collect()
+}
+
+fn secret_field(c: &Cluster, secret: &str, key: &str) -> Vec<u8> {
+    let b64 = c
+        .kubectl(&[
+            "-n",
+            "kubevirt",
+            "get",
+            "secret",
+            secret,
+            "-o",
+            &format!("jsonpath={{.data.{}}}", key.replace('.', "\\.")),
+        ])
+        .unwrap_or_default();
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .unwrap_or_default()
+}
+
+/// The certificate a server presents to a new connection, verified against `ca_pem` for
+/// `server_name` (the name kube-apiserver or virt-apiserver use); no client certificate is
+/// sent, which is enough to see the server's.
+fn presented(addr: &str, ca_pem: &[u8], server_name: &str) -> anyhow::Result<Vec<u8>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        roots.add(cert?)?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut conn = rustls::ClientConnection::new(
+        Arc::new(cfg),
+        ServerName::try_from(server_name)?.to_owned(),
+    )?;
+    let mut tcp = std::net::TcpStream::connect_timeout(&addr.parse()?, Duration::from_secs(5))?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp)?;
+    }
+    let der = conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .ok_or_else(|| anyhow::anyhow!("{addr} presented no certificate"))?;
+    Ok(der.to_vec())
+}
+
+fn pem_der(pem: &[u8]) -> Vec<u8> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::from_pem_slice(pem)
+        .map(|d| d.to_vec())
+        .unwrap_or_default()
+}
+
+/// The certificates virt-apiserver and every virt-handler present now, keyed by address.
+fn presented_now(c: &Cluster) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    let mut out = Vec::new();
+    let api_ca = secret_field(c, "kubevirt-apiserver-tls", "ca.crt");
+    for ip in pod_ips(c, "kubevirt-apiserver") {
+        let addr = format!("{ip}:8443");
+        let der = presented(&addr, &api_ca, "kubevirt-apiserver.kubevirt.svc")?;
+        out.push((addr, der));
+    }
+    let handler_ca = secret_field(c, "virt-handler-certs", "ca.crt");
+    for ip in pod_ips(c, "virt-handler") {
+        let addr = format!("{ip}:8186");
+        let der = presented(&addr, &handler_ca, "virt-handler")?;
+        out.push((addr, der));
+    }
+    Ok(out)
+}
+
+/// The operator renews every leaf certificate while a console is open: virt-apiserver and
+/// every virt-handler present the new ones to new connections without a restart, the open
+/// console keeps working, and a new console works too.
+fn rotation_keeps_an_open_console(c: &Cluster, ns: &Ns<'_>, vm: &str) {
+    let components = ["kubevirt-apiserver", "virt-handler", "kubevirt-etcd"];
+    let pods_before: Vec<_> = components.iter().map(|n| restarts(c, n)).collect();
+    let console = common::Console::open(ns, vm);
+    common::compute(&console, ns, vm, 6, 7);
+    let t0 = Instant::now();
+    let before = presented_now(c).expect("TLS to virt-apiserver and virt-handler pods");
+    assert!(before.len() >= 2, "no pods to dial: {before:?}");
+    let secrets = [
+        "kubevirt-apiserver-tls",
+        "virt-handler-certs",
+        "virt-apiserver-handler-client",
+        "kubevirt-etcd-server",
+        "kubevirt-etcd-client",
+    ];
+    let leaves_before: Vec<Vec<u8>> = secrets
+        .iter()
+        .map(|s| secret_field(c, s, "tls.crt"))
+        .collect();
+    // Renewed a minute after issue, then up to ~1.5 min for kubelet to update the volumes.
+    let mut now = Vec::new();
+    if let Err(e) = c.eventually(
+        "every server presenting a renewed certificate",
+        Duration::from_secs(300),
+        || {
+            now = presented_now(c)?;
+            Ok(now.len() == before.len()
+                && now
+                    .iter()
+                    .zip(&before)
+                    .all(|((a, new), (b, old))| a == b && new != old))
+        },
+    ) {
+        panic!(
+            "{e:#}
+before: {:?}
+now: {:?}
+{}",
+            before.iter().map(|(a, _)| a).collect::<Vec<_>>(),
+            now.iter().map(|(a, _)| a).collect::<Vec<_>>(),
+            operator_diagnosis(c)
+        );
+    }
+    let rotated_after = t0.elapsed();
+    for (secret, old) in secrets.iter().zip(&leaves_before) {
+        let new = secret_field(c, secret, "tls.crt");
+        assert_ne!(pem_der(&new), pem_der(old), "{secret} was not renewed");
+    }
+    assert!(!console.exited(), "the console closed during the rotation");
+    common::compute(&console, ns, vm, 7, 8);
+    let pods_after: Vec<_> = components.iter().map(|n| restarts(c, n)).collect();
+    assert_eq!(
+        pods_before, pods_after,
+        "a component restarted (pod, restarts)"
+    );
+    drop(console);
+    // New connections through every hop with the renewed certificates.
+    c.kubectl(&["get", "vms", "-A"])
+        .expect("kubectl get vms after the rotation");
+    let second = common::Console::open(ns, vm);
+    common::compute(&second, ns, vm, 8, 9);
+    let events = c
+        .kubectl(&[
+            "-n",
+            "kubevirt",
+            "get",
+            "events",
+            "--field-selector",
+            "reason=CertificateRotated",
+            "-o",
+            "name",
+        ])
+        .unwrap_or_default();
+    println!(
+        "rotation: every server presented a renewed certificate {:.1} s after the console opened; \
+         console kept working, no restart; {} CertificateRotated events",
+        rotated_after.as_secs_f64(),
+        events.lines().count()
+    );
+}
+
 #[test]
 #[ignore = "needs root and a cluster: cargo test -p e2e --test operator -- --ignored"]
 fn install_upgrade_uninstall_through_one_kubevirt_resource() {
@@ -321,7 +443,17 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         "--timeout=60s",
     ])
     .expect("CRD established");
-    c.kubectl(&["apply", "-f", &path(CR)])
+    // The shipped KubeVirt resource, with leaf certificates that live 4 minutes and are
+    // renewed 3 minutes before they end: rotations every minute or so while the test runs.
+    let mut cr: serde_json::Value = serde_json::from_str(
+        &c.kubectl(&["create", "--dry-run=client", "-o", "json", "-f", &path(CR)])
+            .expect("read the KubeVirt manifest"),
+    )
+    .expect("KubeVirt manifest as JSON");
+    cr["spec"]["certificateRotateStrategy"] = serde_json::json!({
+        "selfSigned": {"server": {"duration": "4m", "renewBefore": "3m"}}
+    });
+    c.kubectl_stdin(&["apply", "-f", "-"], Some(&cr.to_string()))
         .expect("apply KubeVirt");
     if let Err(e) = c.eventually("KubeVirt Available", Duration::from_secs(180), || {
         Ok(kv_available(c) && kv_field(c, "{.status.phase}") == "Deployed")
@@ -356,10 +488,15 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
     assert_eq!(etcd_mode, "1");
 
     // A VM to keep running through the upgrade.
-    let ns = Ns::new(c);
+    let ns = Ns::new(c, "operator");
     c.kubectl_stdin(
         &["apply", "-f", "-"],
-        Some(&vm_manifest("survivor", &ns.name)),
+        Some(&common::vm_manifest(
+            "survivor",
+            &ns.name,
+            "Always",
+            &common::Guest::default(),
+        )),
     )
     .expect("apply VM");
     if let Err(e) = c.eventually("VMI Running", BOOT, || {
@@ -372,6 +509,8 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         );
     }
     let uid = ns.vmi_uid("survivor");
+
+    rotation_keeps_an_open_console(c, &ns, "survivor");
 
     // Upgrade while `kubectl get vm` loops: not one request may fail.
     let stop = Arc::new(AtomicBool::new(false));
