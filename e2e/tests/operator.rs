@@ -613,6 +613,51 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         "the VM was restarted by the upgrade"
     );
 
+    // A version whose images do not exist: Degraded names the stuck pods, the API stays up
+    // on the previous pods, and going back heals it.
+    let set_tag = |tag: &str| {
+        c.kubectl(&[
+            "-n",
+            "kubevirt",
+            "patch",
+            "kubevirt",
+            "kubevirt",
+            "--type=merge",
+            "-p",
+            &format!(r#"{{"spec":{{"imageTag":"{tag}"}}}}"#),
+        ])
+        .expect("patch imageTag")
+    };
+    set_tag("e2e-missing");
+    let degraded = |c: &Cluster| {
+        (
+            kv_field(c, r#"{.status.conditions[?(@.type=="Degraded")].status}"#),
+            kv_field(c, r#"{.status.conditions[?(@.type=="Degraded")].message}"#),
+        )
+    };
+    if let Err(e) = c.eventually(
+        "Degraded naming an image pull",
+        Duration::from_secs(180),
+        || {
+            let (status, message) = degraded(c);
+            Ok(status == "True" && message.contains("Image"))
+        },
+    ) {
+        panic!("{e:#}\n{}", operator_diagnosis(c));
+    }
+    println!("missing images: Degraded: {}", degraded(c).1);
+    ns.k(&["get", "vm", "survivor", "-o", "name"])
+        .expect("the API is served while the new version cannot start");
+    set_tag(UPGRADE_TAG);
+    if let Err(e) = c.eventually("healed", Duration::from_secs(300), || {
+        Ok(degraded(c).0 == "False"
+            && kv_field(c, "{.status.phase}") == "Deployed"
+            && kv_field(c, "{.status.observedKubeVirtVersion}") == UPGRADE_TAG)
+    }) {
+        panic!("{e:#}\n{}", operator_diagnosis(c));
+    }
+    assert_eq!(ns.vmi_uid("survivor"), uid, "the VM was restarted");
+
     // Uninstall is refused while a VM exists (BlockUninstallIfWorkloadsExist)...
     c.kubectl(&[
         "-n",

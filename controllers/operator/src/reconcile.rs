@@ -10,7 +10,7 @@ use std::time::Duration;
 use base64::Engine;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod, Secret, Service};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
@@ -705,11 +705,14 @@ async fn install(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
         .as_ref()
         .is_some_and(daemonset_done);
     let apiserver_done = apiserver.as_ref().is_some_and(deployment_done);
+    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .list(&ListParams::default())
+        .await?;
     let observed = Observed {
         rolled_out: etcd_done && apiserver_done && controller_done && handler_done,
         apiservices_available,
         apiserver_serving: serving,
-        failure: None,
+        failure: status::pod_failure(&pods.items),
         invalid_config,
     };
     let new_status = status::status(

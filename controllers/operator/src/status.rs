@@ -76,6 +76,74 @@ pub struct Observed {
 /// Reason of the Degraded condition for [`Observed::invalid_config`].
 pub const INVALID_CONFIGURATION: &str = "InvalidConfiguration";
 
+/// Container states that do not heal by waiting: the kubelet backs off and retries, but
+/// something (an image, a flag, a crashing binary) has to change first.
+const STUCK: &[&str] = &[
+    "CrashLoopBackOff",
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// Why the deployment is failing, from its pods: the containers stuck in a state that needs
+/// a change to heal (crash loops, image pulls), one sentence per pod, at most three, in
+/// pod-name order so the condition does not flap between reconciles.
+pub fn pod_failure(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> {
+    let mut found: Vec<(String, String)> = Vec::new();
+    for pod in pods {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let Some(st) = &pod.status else { continue };
+        let statuses = st
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .chain(st.container_statuses.iter().flatten());
+        for cs in statuses {
+            let Some(waiting) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
+                continue;
+            };
+            let reason = waiting.reason.as_deref().unwrap_or_default();
+            if !STUCK.contains(&reason) {
+                continue;
+            }
+            let mut why = format!("pod {name}: container {} is in {reason}", cs.name);
+            if cs.restart_count > 0 {
+                why.push_str(&format!(" ({} restarts", cs.restart_count));
+                if let Some(t) = cs.last_state.as_ref().and_then(|s| s.terminated.as_ref()) {
+                    why.push_str(&format!(", last exit code {}", t.exit_code));
+                    if let Some(r) = t.reason.as_deref().filter(|r| !r.is_empty()) {
+                        why.push_str(&format!(" ({r})"));
+                    }
+                }
+                why.push(')');
+            }
+            if let Some(m) = waiting.message.as_deref().filter(|m| !m.is_empty()) {
+                why.push_str(&format!(": {m}"));
+            }
+            found.push((name.clone(), why));
+            break;
+        }
+    }
+    if found.is_empty() {
+        return None;
+    }
+    found.sort();
+    let total = found.len();
+    let mut text = found
+        .into_iter()
+        .take(3)
+        .map(|(_, w)| w)
+        .collect::<Vec<_>>()
+        .join("; ");
+    if total > 3 {
+        text.push_str(&format!("; and {} more pods", total - 3));
+    }
+    Some(text)
+}
+
 pub const DEPLOYING: &str = "Deploying";
 pub const DEPLOYED: &str = "Deployed";
 pub const DELETING: &str = "Deleting";
@@ -270,5 +338,66 @@ mod tests {
             degraded.message.as_deref(),
             Some("spec.x: invalid duration \"x\"")
         );
+    }
+
+    fn pod(name: &str, statuses: serde_json::Value) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "status": {"containerStatuses": statuses}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn crash_loops_and_image_pulls_are_failures_waiting_pods_are_not() {
+        let healthy = pod(
+            "virt-controller-a",
+            serde_json::json!([{"name": "c", "ready": true, "restartCount": 0, "image": "i", "imageID": "",
+                "state": {"running": {}}}]),
+        );
+        let creating = pod(
+            "virt-handler-b",
+            serde_json::json!([{"name": "h", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                "state": {"waiting": {"reason": "ContainerCreating"}}}]),
+        );
+        assert_eq!(pod_failure(&[healthy.clone(), creating.clone()]), None);
+        let crashing = pod(
+            "kubevirt-apiserver-x",
+            serde_json::json!([{"name": "apiserver", "ready": false, "restartCount": 4, "image": "i", "imageID": "",
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 1m20s restarting failed container"}},
+                "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}]),
+        );
+        let pulling = pod(
+            "virt-handler-a",
+            serde_json::json!([{"name": "handler", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"x:nope\""}}}]),
+        );
+        assert_eq!(
+            pod_failure(&[healthy, creating, pulling, crashing]).as_deref(),
+            Some(
+                "pod kubevirt-apiserver-x: container apiserver is in CrashLoopBackOff (4 restarts, \
+                 last exit code 1 (Error)): back-off 1m20s restarting failed container; \
+                 pod virt-handler-a: container handler is in ImagePullBackOff: Back-off pulling image \"x:nope\""
+            )
+        );
+    }
+
+    #[test]
+    fn many_failing_pods_are_summarised() {
+        let pods: Vec<_> = (0..5)
+            .map(|i| {
+                pod(
+                    &format!("p{i}"),
+                    serde_json::json!([{"name": "c", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+                        "state": {"waiting": {"reason": "ErrImagePull"}}}]),
+                )
+            })
+            .collect();
+        let text = pod_failure(&pods).unwrap();
+        assert!(
+            text.starts_with("pod p0: container c is in ErrImagePull; pod p1"),
+            "{text}"
+        );
+        assert!(text.ends_with("; and 2 more pods"), "{text}");
     }
 }
