@@ -599,6 +599,25 @@ async fn install(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
         .filter(|ip| !ip.is_empty() && ip != "None")
         .ok_or_else(|| Error::Other("etcd Service has no cluster IP yet".into()))?;
     let auth = cluster_auth(client).await?;
+    let gates = kv
+        .spec
+        .configuration
+        .as_ref()
+        .and_then(|c| c.developer_configuration.as_ref())
+        .and_then(|d| d.feature_gates.clone())
+        .unwrap_or_default();
+    // Once per spec change: the status records the generation it was computed from.
+    let spec_changed =
+        kv.status.as_ref().and_then(|s| s.observed_generation) != kv.meta().generation;
+    if spec_changed && let Some(note) = status::feature_gates_note(&gates) {
+        ctx.event(
+            kv,
+            EventType::Warning,
+            status::UNSUPPORTED_FEATURE_GATES,
+            note,
+        )
+        .await;
+    }
     let policy = CertPolicy::from_spec(kv.spec.certificate_rotate_strategy.as_ref());
     let invalid_config = policy.as_ref().err().map(ToString::to_string);
     if let Some(why) = &invalid_config {

@@ -144,6 +144,40 @@ pub fn pod_failure(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> {
     Some(text)
 }
 
+/// KubeVirt feature gates whose feature kubevirt-rs has, always on (KubeVirt graduated them).
+const ALWAYS_ON_GATES: &[&str] = &["LiveMigration"];
+
+/// Reason of the Warning Event for [`feature_gates_note`].
+pub const UNSUPPORTED_FEATURE_GATES: &str = "UnsupportedFeatureGates";
+
+/// What to tell a user whose KubeVirt resource enables feature gates: kubevirt-rs gates
+/// nothing, so a gate either names a feature that is always on here or one it does not
+/// have; saying so beats silently accepting a gate the user relies on. `None` when every
+/// gate is one of the always-on ones.
+pub fn feature_gates_note(gates: &[String]) -> Option<String> {
+    let mut missing: Vec<&str> = gates
+        .iter()
+        .map(String::as_str)
+        .filter(|g| !ALWAYS_ON_GATES.contains(g))
+        .collect();
+    missing.sort_unstable();
+    missing.dedup();
+    if missing.is_empty() {
+        return None;
+    }
+    let (verb, pronoun) = if missing.len() == 1 {
+        ("is", "it has")
+    } else {
+        ("are", "they have")
+    };
+    Some(format!(
+        "spec.configuration.developerConfiguration.featureGates: {} {verb} not implemented by \
+         kubevirt-rs; {pronoun} no effect (always on: {})",
+        missing.join(", "),
+        ALWAYS_ON_GATES.join(", ")
+    ))
+}
+
 pub const DEPLOYING: &str = "Deploying";
 pub const DEPLOYED: &str = "Deployed";
 pub const DELETING: &str = "Deleting";
@@ -399,5 +433,30 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("; and 2 more pods"), "{text}");
+    }
+
+    #[test]
+    fn feature_gates_we_lack_are_named_always_on_ones_are_not() {
+        let g = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(feature_gates_note(&[]), None);
+        assert_eq!(feature_gates_note(&g(&["LiveMigration"])), None);
+        assert_eq!(
+            feature_gates_note(&g(&[
+                "Snapshot",
+                "LiveMigration",
+                "HotplugVolumes",
+                "Snapshot"
+            ]))
+            .as_deref(),
+            Some(
+                "spec.configuration.developerConfiguration.featureGates: HotplugVolumes, Snapshot \
+                 are not implemented by kubevirt-rs; they have no effect (always on: LiveMigration)"
+            )
+        );
+        assert!(
+            feature_gates_note(&g(&["Sidecar"]))
+                .unwrap()
+                .contains("Sidecar is not implemented by kubevirt-rs; it has no effect")
+        );
     }
 }
