@@ -557,18 +557,21 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
             }
         })
     };
+    let set_tag = |tag: &str| {
+        c.kubectl(&[
+            "-n",
+            "kubevirt",
+            "patch",
+            "kubevirt",
+            "kubevirt",
+            "--type=merge",
+            "-p",
+            &format!(r#"{{"spec":{{"imageTag":"{tag}"}}}}"#),
+        ])
+        .expect("patch imageTag")
+    };
     let t1 = Instant::now();
-    c.kubectl(&[
-        "-n",
-        "kubevirt",
-        "patch",
-        "kubevirt",
-        "kubevirt",
-        "--type=merge",
-        "-p",
-        &format!(r#"{{"spec":{{"imageTag":"{UPGRADE_TAG}"}}}}"#),
-    ])
-    .expect("patch imageTag");
+    set_tag(UPGRADE_TAG);
     let upgraded = c.eventually("upgrade deployed", Duration::from_secs(300), || {
         Ok(
             kv_field(c, "{.status.observedKubeVirtVersion}") == UPGRADE_TAG
@@ -615,19 +618,6 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
 
     // A version whose images do not exist: Degraded names the stuck pods, the API stays up
     // on the previous pods, and going back heals it.
-    let set_tag = |tag: &str| {
-        c.kubectl(&[
-            "-n",
-            "kubevirt",
-            "patch",
-            "kubevirt",
-            "kubevirt",
-            "--type=merge",
-            "-p",
-            &format!(r#"{{"spec":{{"imageTag":"{tag}"}}}}"#),
-        ])
-        .expect("patch imageTag")
-    };
     set_tag("e2e-missing");
     let degraded = |c: &Cluster| {
         (

@@ -285,6 +285,24 @@ pub fn go_duration(d: Duration) -> String {
 }
 
 #[cfg(test)]
+impl CertPolicy {
+    /// Leaves renewed 30 min before their end under a CA renewed only 6 min before its own:
+    /// the case the caps of [`CertPolicy::leaf`] and the propagation delay exist for.
+    pub(crate) fn short_ca_long_leaf_renewal() -> Self {
+        CertPolicy {
+            ca: Lifetime {
+                duration: Duration::hours(2),
+                renew_before: Duration::minutes(6),
+            },
+            server: Lifetime {
+                duration: Duration::hours(1),
+                renew_before: Duration::minutes(30),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
@@ -512,16 +530,7 @@ mod tests {
     fn leaf_renewal_and_delay_stay_within_the_cas() {
         // renewBefore of leaves longer than half the CA's: cut, so that a leaf cut at its
         // CA's notAfter is not due when issued.
-        let p = CertPolicy {
-            ca: Lifetime {
-                duration: Duration::hours(2),
-                renew_before: Duration::minutes(6),
-            },
-            server: Lifetime {
-                duration: Duration::hours(1),
-                renew_before: Duration::minutes(30),
-            },
-        };
+        let p = CertPolicy::short_ca_long_leaf_renewal();
         assert_eq!(p.leaf().renew_before, Duration::minutes(3));
         assert_eq!(p.propagation_delay(), Duration::minutes(3));
     }

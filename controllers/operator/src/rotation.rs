@@ -1094,16 +1094,7 @@ mod tests {
     fn a_leaf_cut_at_its_cas_end_is_not_reissued_in_a_loop() {
         // Leaves renewed 30 min before their end, the CA only 6 min before its end: a leaf
         // issued late in the CA's life is cut at the CA's notAfter.
-        let p = CertPolicy {
-            ca: Lifetime {
-                duration: Duration::hours(2),
-                renew_before: Duration::minutes(6),
-            },
-            server: Lifetime {
-                duration: Duration::hours(1),
-                renew_before: Duration::minutes(30),
-            },
-        };
+        let p = CertPolicy::short_ca_long_leaf_renewal();
         let specs = handler_specs();
         let t = now();
         let (_, installed) = step(

@@ -19,7 +19,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use kube::{Api, Client};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -567,41 +569,24 @@ fn data(s: &Secret, key: &str) -> String {
 /// Pod-template annotations and generation of every workload: a change rolls pods.
 async fn templates(c: &Client) -> Vec<(String, Option<i64>, String)> {
     let mut out = Vec::new();
-    for d in Api::<Deployment>::namespaced(c.clone(), "kubevirt")
-        .list(&Default::default())
-        .await
-        .unwrap()
-    {
-        let a = d.spec.and_then(|s| s.template.metadata?.annotations);
-        out.push((
-            d.metadata.name.unwrap(),
-            d.metadata.generation,
-            format!("{a:?}"),
-        ));
-    }
-    for d in Api::<DaemonSet>::namespaced(c.clone(), "kubevirt")
-        .list(&Default::default())
-        .await
-        .unwrap()
-    {
-        let a = d.spec.and_then(|s| s.template.metadata?.annotations);
-        out.push((
-            d.metadata.name.unwrap(),
-            d.metadata.generation,
-            format!("{a:?}"),
-        ));
-    }
-    for d in Api::<StatefulSet>::namespaced(c.clone(), "kubevirt")
-        .list(&Default::default())
-        .await
-        .unwrap()
-    {
-        let a = d.spec.and_then(|s| s.template.metadata?.annotations);
-        out.push((
-            d.metadata.name.unwrap(),
-            d.metadata.generation,
-            format!("{a:?}"),
-        ));
+    for (kind, plural) in [
+        ("Deployment", "deployments"),
+        ("DaemonSet", "daemonsets"),
+        ("StatefulSet", "statefulsets"),
+    ] {
+        let ar =
+            ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("apps", "v1", kind), plural);
+        for o in Api::<DynamicObject>::namespaced_with(c.clone(), "kubevirt", &ar)
+            .list(&Default::default())
+            .await
+            .unwrap()
+        {
+            out.push((
+                o.metadata.name.clone().unwrap(),
+                o.metadata.generation,
+                o.data["spec"]["template"]["metadata"]["annotations"].to_string(),
+            ));
+        }
     }
     out.sort();
     out
