@@ -147,6 +147,24 @@ impl Cluster {
         self.kubectl_stdin(args, None)
     }
 
+    /// A jsonpath over the pods of one kubevirt-rs component (`app.kubernetes.io/name`) in
+    /// namespace kubevirt; `running_only` skips pods not (or no longer) Running.
+    pub fn component_pods(
+        &self,
+        component: &str,
+        running_only: bool,
+        jsonpath: &str,
+    ) -> anyhow::Result<String> {
+        let selector = format!("app.kubernetes.io/name={component}");
+        let jsonpath = format!("jsonpath={jsonpath}");
+        let mut args = vec!["-n", "kubevirt", "get", "pods", "-l", selector.as_str()];
+        if running_only {
+            args.push("--field-selector=status.phase=Running");
+        }
+        args.extend(["-o", jsonpath.as_str()]);
+        self.kubectl(&args)
+    }
+
     /// Runs kubectl with `stdin` as its input (e.g. `apply -f -`).
     pub fn kubectl_stdin(&self, args: &[&str], stdin: Option<&str>) -> anyhow::Result<String> {
         let mut child = Command::new(&self.kubectl)

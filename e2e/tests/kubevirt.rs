@@ -251,18 +251,8 @@ fn service_account_needs_kubevirt_edit_role() {
 
 /// The pod IP of virt-apiserver (on our bridge for the local cluster).
 fn apiserver_pod_ip(c: &Cluster) -> String {
-    c.kubectl(&[
-        "-n",
-        "kubevirt",
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=kubevirt-apiserver",
-        "--field-selector=status.phase=Running",
-        "-o",
-        "jsonpath={.items[0].status.podIP}",
-    ])
-    .expect("virt-apiserver pod IP")
+    c.component_pods("kubevirt-apiserver", true, "{.items[0].status.podIP}")
+        .expect("virt-apiserver pod IP")
 }
 
 fn curl_status(args: &[&str]) -> String {

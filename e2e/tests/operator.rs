@@ -225,16 +225,11 @@ fn leftovers(c: &Cluster) -> Vec<String> {
 /// Pod name → restart count of a component.
 fn restarts(c: &Cluster, component: &str) -> Vec<(String, String)> {
     let out = c
-        .kubectl(&[
-            "-n",
-            "kubevirt",
-            "get",
-            "pods",
-            "-l",
-            &format!("app.kubernetes.io/name={component}"),
-            "-o",
-            r#"jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].restartCount} {.status.podIP}{"\n"}{end}"#,
-        ])
+        .component_pods(
+            component,
+            false,
+            r#"{range .items[*]}{.metadata.name} {.status.containerStatuses[0].restartCount}{"\n"}{end}"#,
+        )
         .unwrap_or_default();
     let mut v: Vec<(String, String)> = out
         .lines()
@@ -248,20 +243,11 @@ fn restarts(c: &Cluster, component: &str) -> Vec<(String, String)> {
 }
 
 fn pod_ips(c: &Cluster, component: &str) -> Vec<String> {
-    c.kubectl(&[
-        "-n",
-        "kubevirt",
-        "get",
-        "pods",
-        "-l",
-        &format!("app.kubernetes.io/name={component}"),
-        "-o",
-        "jsonpath={.items[*].status.podIP}",
-    ])
-    .unwrap_or_default()
-    .split_whitespace()
-    .map(str::to_string)
-    .collect()
+    c.component_pods(component, false, "{.items[*].status.podIP}")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
 }
 
 fn secret_field(c: &Cluster, secret: &str, key: &str) -> Vec<u8> {

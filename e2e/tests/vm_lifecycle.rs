@@ -37,22 +37,11 @@ fn controller_leader(c: &Cluster) -> String {
 
 /// Names of the running virt-controller pods.
 fn controller_pods(c: &Cluster) -> Vec<String> {
-    c.kubectl(&[
-        "-n",
-        "kubevirt",
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=virt-controller",
-        "--field-selector",
-        "status.phase=Running",
-        "-o",
-        "jsonpath={.items[*].metadata.name}",
-    ])
-    .unwrap_or_default()
-    .split_whitespace()
-    .map(str::to_string)
-    .collect()
+    c.component_pods("virt-controller", true, "{.items[*].metadata.name}")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
 }
 
 /// The host PID of the virt-controller process of `pod` (the local cluster runs its
