@@ -424,8 +424,29 @@ impl Drop for Console {
     }
 }
 
-/// Runs `echo $((a*b))` in the guest and waits for the product on its own line.
+/// Presses Enter until the guest's shell shows its prompt: a VMI is Running before its
+/// guest has booted, and keys typed before the shell starts are lost.
+pub fn wait_for_shell(console: &Console, ns: &Ns<'_>, vm: &str) {
+    let prompt = virt_testguest::PROMPT.trim();
+    let mut last_enter: Option<std::time::Instant> = None;
+    if let Err(e) = ns.c.eventually("the guest's shell prompt", BOOT, || {
+        if console.screen().contains(prompt) {
+            return Ok(true);
+        }
+        if last_enter.is_none_or(|t| t.elapsed() >= Duration::from_secs(3)) {
+            console.line("");
+            last_enter = Some(std::time::Instant::now());
+        }
+        Ok(false)
+    }) {
+        panic!("{e:#}\nscreen:\n{}\n{}", console.screen(), ns.diagnose(vm));
+    }
+}
+
+/// Runs `echo $((a*b))` in the guest (once its shell is up) and waits for the product on
+/// its own line.
 pub fn compute(console: &Console, ns: &Ns<'_>, vm: &str, a: u32, b: u32) {
+    wait_for_shell(console, ns, vm);
     console.line(&format!("echo $(({a}*{b}))"));
     let want = format!("\n{}", a * b);
     if let Err(e) =
