@@ -110,6 +110,11 @@ fn compute_running(p: &Pod) -> bool {
         .is_some_and(|s| s.running.is_some())
 }
 
+/// The pod runs and so does its compute container: the VMI is Scheduled.
+fn launched(p: &Pod) -> bool {
+    pod_phase(p) == "Running" && compute_running(p)
+}
+
 fn pod_uid(p: &Pod) -> String {
     p.metadata.uid.clone().unwrap_or_default()
 }
@@ -439,7 +444,7 @@ pub fn derive_status(
             set(&mut conditions, conditions::READY, reason, &message);
         } else {
             let bound = node_of(pod).is_some();
-            if bound && pod_phase(pod) == "Running" && compute_running(pod) {
+            if bound && launched(pod) {
                 next = Phase::Scheduled;
                 status.node_name = node_of(pod).map(str::to_string);
             } else {
@@ -510,9 +515,21 @@ pub fn derive_status(
         status.phase_transition_timestamps = Some(stamps);
     }
     status.conditions = (!conditions.is_empty()).then_some(conditions);
+    // A pod's node is recorded once it is launched, which is when the VMI turns
+    // Scheduled anyway: recording it at binding, a moment earlier, cost every start
+    // a status write of its own. Once recorded it stays.
+    let known = old.active_pods.clone().unwrap_or_default();
     let active: BTreeMap<String, String> = ours
         .iter()
-        .map(|p| (pod_uid(p), node_of(p).unwrap_or_default().to_string()))
+        .map(|p| {
+            let uid = pod_uid(p);
+            let node = match known.get(&uid).filter(|n| !n.is_empty()) {
+                Some(n) => n.clone(),
+                None if launched(p) => node_of(p).unwrap_or_default().to_string(),
+                None => String::new(),
+            };
+            (uid, node)
+        })
         .collect();
     status.active_pods = (!active.is_empty()).then_some(active);
     status

@@ -375,6 +375,9 @@ fn scheduling_names_the_pod_and_scheduled_the_node() {
 
     let mut v = vmi("Scheduling");
     v.status = Some(s);
+    // Bound but not started: nothing new to write (the node comes with Scheduled).
+    let bound = derive_status(&v, &[bound_not_started_pod()], None, now());
+    assert_eq!(Some(&bound), v.status.as_ref());
     let s = derive_status(&v, &[running_pod()], None, now());
     assert_eq!(s.phase, Phase::Scheduled);
     assert_eq!(s.node_name.as_deref(), Some("n1"));
