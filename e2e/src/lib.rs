@@ -24,17 +24,51 @@ fn target_dir() -> PathBuf {
     }
 }
 
-/// Runs `cargo xtask ARGS` in the workspace.
+/// Runs `cargo xtask ARGS` in the workspace. Its output is passed on as it comes (so libtest
+/// shows it with a failing test) and its last lines are part of the error: a CI summary that
+/// shows only the panic message still names the cause.
 pub fn xtask(args: &[&str]) -> anyhow::Result<()> {
+    const TAIL: usize = 25;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
+    let mut child = Command::new(cargo)
         .arg("xtask")
         .args(args)
         .current_dir(workspace_root())
-        .status()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .context("running cargo xtask")?;
+    let tail = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+    let forward = |pipe: Box<dyn std::io::Read + Send>| {
+        let tail = tail.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+                if t.len() == TAIL {
+                    t.pop_front();
+                }
+                t.push_back(line);
+            }
+        })
+    };
+    let readers = [
+        child.stdout.take().map(|p| forward(Box::new(p))),
+        child.stderr.take().map(|p| forward(Box::new(p))),
+    ];
+    let status = child.wait().context("waiting for cargo xtask")?;
+    for r in readers.into_iter().flatten() {
+        let _ = r.join();
+    }
     if !status.success() {
-        bail!("cargo xtask {} failed ({status})", args.join(" "));
+        let t = tail.lock().unwrap_or_else(|p| p.into_inner());
+        let lines: Vec<&str> = t.iter().map(String::as_str).collect();
+        bail!(
+            "cargo xtask {} failed ({status}); its last lines:\n{}",
+            args.join(" "),
+            lines.join("\n")
+        );
     }
     Ok(())
 }

@@ -76,11 +76,90 @@ fn run_tests(name: &str, cmd: &mut Command, tally: &mut Tally) -> anyhow::Result
     Ok(child.wait()?.success())
 }
 
+/// A fresh build (debug tests, release images, the cluster's state) takes about 15 GB of
+/// target/; below this a run is likely to end in "no space left on device" part-way.
+const LOW_DISK_BYTES: u64 = 20 << 30;
+
+/// Free bytes on the filesystem holding `path`.
+fn free_bytes(path: &std::path::Path) -> Option<u64> {
+    let s = nix::sys::statvfs::statvfs(path).ok()?;
+    Some(s.blocks_available() as u64 * s.fragment_size() as u64)
+}
+
+/// Says how much disk is left, loudly when it is little: an image import or a build that
+/// fails for want of space otherwise looks like a product failure.
+fn report_disk(when: &str, path: &std::path::Path) {
+    let Some(free) = free_bytes(path) else { return };
+    let gib = free as f64 / f64::from(1u32 << 30);
+    if free < LOW_DISK_BYTES {
+        eprintln!(
+            "WARNING {when}: only {gib:.1} GiB free on the filesystem of {}; a full run needs \
+             about 20 GiB (builds, images, the cluster's containerd)",
+            path.display()
+        );
+    } else {
+        eprintln!(
+            "{when}: {gib:.1} GiB free on the filesystem of {}",
+            path.display()
+        );
+    }
+}
+
+/// What the cluster looked like when e2e tests failed, printed last so that a CI summary that
+/// shows only the end of the log still shows it.
+fn cluster_diagnostics(root: &std::path::Path) {
+    let kubeconfig = root.join("target/cluster/kubeconfig");
+    let kubectl = crate::deploy::kubectl_binary();
+    eprintln!("==> cluster state after failed e2e tests");
+    report_disk("now", root);
+    for args in [
+        &["get", "nodes", "-o", "wide"][..],
+        &[
+            "get",
+            "pods",
+            "-A",
+            "-o",
+            "wide",
+            "--field-selector=status.phase!=Succeeded",
+        ][..],
+        &[
+            "get",
+            "events",
+            "-A",
+            "--field-selector=type=Warning",
+            "--sort-by=.lastTimestamp",
+        ][..],
+    ] {
+        match Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(args)
+            .output()
+        {
+            Ok(out) => {
+                let text = String::from_utf8_lossy(&out.stdout);
+                let lines: Vec<&str> = text.lines().collect();
+                eprintln!("$ kubectl {}", args.join(" "));
+                // The newest events are last; a wedged cluster has hundreds.
+                for l in &lines[lines.len().saturating_sub(25)..] {
+                    eprintln!("{l}");
+                }
+                let err = String::from_utf8_lossy(&out.stderr);
+                if !err.trim().is_empty() {
+                    eprintln!("{}", err.trim());
+                }
+            }
+            Err(e) => eprintln!("kubectl {}: {e}", args.join(" ")),
+        }
+    }
+}
+
 /// Runs everything.
 pub fn run(args: Args) -> anyhow::Result<()> {
     crate::deps::ensure()?;
     let root = crate::workspace_root();
     std::env::set_current_dir(&root).context("entering the workspace")?;
+    report_disk("at start", &root);
     if !args.no_lint {
         step(
             "cargo fmt --check",
@@ -116,8 +195,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .args(["cluster", "up", "--nodes", "2"])
             .status()
             .context("cluster up")?;
+        report_disk("before the e2e tests", &root);
         if up.success() {
-            ok &= run_tests(
+            let e2e_ok = run_tests(
                 "e2e tests on the local cluster",
                 cargo()
                     .args([
@@ -132,6 +212,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     .env("KUBECONFIG", root.join("target/cluster/kubeconfig")),
                 &mut tally,
             )?;
+            if !e2e_ok {
+                cluster_diagnostics(&root);
+            }
+            ok &= e2e_ok;
         } else {
             eprintln!("cluster up failed; logs in target/cluster/logs");
             tally.failed += 1;
