@@ -72,6 +72,10 @@ pub fn render_vmi(
             .filter(|l: &BTreeMap<String, String>| !l.is_empty()),
         annotations: (!annotations.is_empty()).then_some(annotations),
         owner_references: Some(vec![owner_reference(vm)?]),
+        // Born with the VMI controller's finalizer (as KubeVirt's VM controller does): the VMI
+        // controller would add it before creating the pod anyway, and that is a write per start
+        // saved.
+        finalizers: Some(vec![crate::vmi::decide::FINALIZER.to_string()]),
         ..ObjectMeta::default()
     };
     Ok(vmi)
@@ -141,7 +145,8 @@ mod tests {
                         "uid": "vm-uid",
                         "controller": true,
                         "blockOwnerDeletion": true
-                    }]
+                    }],
+                    "finalizers": ["kubevirt.io/virtualMachineControllerFinalize"]
                 },
                 "spec": {"domain": {"devices": {}}, "terminationGracePeriodSeconds": 5}
             })
