@@ -358,7 +358,8 @@ fn source_migration(
     if let Some(m) = node.outgoing.get(uid) {
         m.vmi.send_replace(vmi.clone());
     }
-    match source_step(ms, &cfg.node_name, running.as_deref()) {
+    let step = source_step(ms, &cfg.node_name, running.as_deref());
+    match step.clone() {
         SourceStep::Nothing => {}
         SourceStep::Cancel { uid: muid } => {
             if let Some(m) = node.outgoing.get(uid)
@@ -368,31 +369,41 @@ fn source_migration(
                 m.cancel.cancel();
             }
         }
-        SourceStep::Start { uid: muid, address } => {
-            // A migration this handler already ran (the VMI may lag behind our writes).
+        SourceStep::Start { uid: muid, .. } | SourceStep::Follow { uid: muid } => {
+            // A migration this handler already ran or followed (the VMI may lag behind our
+            // writes): following is only for what a previous handler started.
             if node.outgoing.get(uid).is_some_and(|m| m.uid == muid) {
                 return;
             }
-            let dir_name = node.monitors.get(uid).map_or_else(
+            let dir = cfg.paths.dir(&node.monitors.get(uid).map_or_else(
                 || crate::cluster_migration::launcher_dir_name(uid, vmi, &cfg.node_name),
                 |m| m.dir.clone(),
-            );
+            ));
             let (tx, rx) = watch::channel(vmi.clone());
             let cancel = CancellationToken::new();
+            let api = Api::namespaced(client.clone(), ns);
             let span = tracing::info_span!("migration", %ns, name = %vmi.name_any(), migration = %muid, role = "source");
-            let task = tokio::spawn(tracing::Instrument::instrument(
-                crate::cluster_migration::outgoing(
-                    Api::namespaced(client.clone(), ns),
+            let work: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match step {
+                SourceStep::Start { address, .. } => Box::pin(crate::cluster_migration::outgoing(
+                    api,
                     vmi.name_any(),
                     muid.clone(),
                     address,
-                    cfg.paths.dir(&dir_name),
+                    dir,
                     mcfg.clone(),
                     rx,
                     cancel.clone(),
-                ),
-                span,
-            ));
+                )),
+                _ => Box::pin(crate::cluster_migration::follow(
+                    api,
+                    vmi.name_any(),
+                    muid.clone(),
+                    dir,
+                    rx,
+                    cancel.clone(),
+                )),
+            };
+            let task = tokio::spawn(tracing::Instrument::instrument(work, span));
             node.outgoing.insert(
                 uid.to_string(),
                 Migration {

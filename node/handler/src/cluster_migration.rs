@@ -115,6 +115,13 @@ pub enum SourceStep {
         /// Migration uid.
         uid: String,
     },
+    /// Migration `uid` started from this node, but not by this handler (it restarted since):
+    /// ask the launcher how it stands and report that, instead of leaving the VMI's state
+    /// unfinished until the controller's timeouts end it.
+    Follow {
+        /// Migration uid.
+        uid: String,
+    },
 }
 
 /// The source handler's next step for state `ms` on `node`; `running` is the uid of the
@@ -132,17 +139,15 @@ pub fn source_step(ms: &State, node: &str, running: Option<&str>) -> SourceStep 
         }
         return SourceStep::Nothing;
     }
+    if ms.is_finished() {
+        return SourceStep::Nothing;
+    }
     match &ms.target_node_address {
-        Some(address)
-            if ms.start_timestamp.is_none()
-                && !ms.is_finished()
-                && ms.abort_requested != Some(true) =>
-        {
-            SourceStep::Start {
-                uid,
-                address: address.clone(),
-            }
-        }
+        _ if ms.start_timestamp.is_some() => SourceStep::Follow { uid },
+        Some(address) if ms.abort_requested != Some(true) => SourceStep::Start {
+            uid,
+            address: address.clone(),
+        },
         _ => SourceStep::Nothing,
     }
 }
@@ -300,13 +305,76 @@ async fn transfer(
         Response::Error { message } => return Err(format!("launcher: {message}")),
         other => return Err(format!("launcher: unexpected reply {other:?}")),
     }
-    let mut events = launcher
+    let events = launcher
         .watch_migration()
         .await
         .map_err(|e| e.to_string())?;
+    let last = report(w, &launcher, events, cancel, Some(&proxy), |st| st).await;
+    proxy.close();
+    Ok(last)
+}
+
+/// Source side of migration `migration` of VMI `name` that this handler did not start (it
+/// restarted since): the launcher in `dir` says how it stands, and that is written. Its
+/// tunnel went with the previous handler, so a transfer still running ends soon; an idle
+/// launcher never began.
+pub(crate) async fn follow(
+    api: Api<VirtualMachineInstance>,
+    name: String,
+    migration: String,
+    dir: PathBuf,
+    vmi: watch::Receiver<VirtualMachineInstance>,
+    cancel: CancellationToken,
+) {
+    let w = StateWriter {
+        api,
+        name,
+        migration,
+        vmi,
+    };
+    let launcher = LauncherClient::new(dir.join("cmd.sock"));
+    let events = match launcher.watch_migration().await {
+        Ok(ev) => ev,
+        Err(e) => {
+            // Gone launchers are the pod's business (the VMI fails or moves with it).
+            tracing::warn!(error = %e, "cannot ask the launcher about the migration it ran");
+            return;
+        }
+    };
+    tracing::info!("following a migration started before this handler's restart");
+    let last = report(&w, &launcher, events, cancel, None, |st| match st {
+        MigrationStatus::Idle => MigrationStatus::Failed {
+            reason: RESTARTED_BEFORE_START.into(),
+        },
+        MigrationStatus::Failed { reason } => MigrationStatus::Failed {
+            reason: format!("{RESTARTED_DURING}: {reason}"),
+        },
+        st => st,
+    })
+    .await;
+    tracing::info!(outcome = ?last, "followed migration ended");
+}
+
+/// Failure reason of a migration whose source handler restarted before the launcher began.
+pub const RESTARTED_BEFORE_START: &str =
+    "virt-handler restarted before the migration began; the guest stays on the source";
+/// Prefix of the failure reason of a migration cut by its source handler's restart.
+pub const RESTARTED_DURING: &str = "virt-handler restarted during the migration";
+
+/// Writes the launcher's migration reports (`events`, each passed through `map`) into the
+/// VMI until one is final (an idle report is final here too: nothing runs), and returns it.
+/// A cancel asks the launcher to abort; if it refuses, closing `proxy` cuts the transfer.
+async fn report(
+    w: &StateWriter,
+    launcher: &LauncherClient,
+    mut events: crate::client::MigrationEvents,
+    cancel: CancellationToken,
+    proxy: Option<&SourceProxy>,
+    map: impl Fn(MigrationStatus) -> MigrationStatus,
+) -> MigrationStatus {
     let mut known = w.current().unwrap_or_default();
     let mut asked = false;
-    let last = loop {
+    loop {
         let st = tokio::select! {
             st = events.next() => st,
             _ = cancel.cancelled(), if !asked => {
@@ -316,14 +384,16 @@ async fn transfer(
                     other => {
                         // Cutting the tunnel always ends the transfer; the guest stays.
                         tracing::warn!(reply = ?other, "migration cancel refused; closing the tunnel");
-                        proxy.close();
+                        if let Some(p) = proxy {
+                            p.close();
+                        }
                     }
                 }
                 continue;
             }
         };
         let st = match st {
-            Ok(Some(st)) => st,
+            Ok(Some(st)) => map(st),
             Ok(None) | Err(_) => MigrationStatus::Failed {
                 reason: "the launcher closed the migration stream".into(),
             },
@@ -341,12 +411,10 @@ async fn transfer(
         {
             merge(&mut known, &patch);
         }
-        if st.is_final() {
-            break st;
+        if st.is_final() || st == MigrationStatus::Idle {
+            return st;
         }
-    };
-    proxy.close();
-    Ok(last)
+    }
 }
 
 /// Target side of migration `migration` of VMI `name`; its target launcher is in `dir`.
@@ -475,8 +543,16 @@ mod tests {
             source_step(&abort, "a", Some("m1")),
             SourceStep::Cancel { uid: "m1".into() }
         );
-        // Asked to abort before it started here: the controller ends it alone.
-        assert_eq!(source_step(&abort, "a", None), SourceStep::Nothing);
+        // Started here by a handler that restarted since: the new one follows it (and
+        // cancels it on the next event).
+        assert_eq!(
+            source_step(&abort, "a", None),
+            SourceStep::Follow { uid: "m1".into() }
+        );
+        // Asked to abort before it started: the controller ends it alone.
+        let early_abort = ms(json!({"migrationUid": "m1", "sourceNode": "a",
+            "targetNodeAddress": "x:1", "abortRequested": true}));
+        assert_eq!(source_step(&early_abort, "a", None), SourceStep::Nothing);
         let done = ms(json!({"migrationUid": "m1", "sourceNode": "a",
             "targetNodeAddress": "x:1", "completed": true}));
         assert_eq!(source_step(&done, "a", None), SourceStep::Nothing);
