@@ -1,7 +1,7 @@
 //! Live migration on the two-node local cluster (`cargo xtask cluster up --nodes 2`):
 //! `kubectl virt migrate` moves a running guest to the other node without a reboot and
 //! back; a cancelled migration, one whose target launcher is killed and one whose source
-//! virt-handler restarts leave the guest running on the source; a VM that cannot migrate says why and `migrate` is refused.
+//! or target virt-handler restarts leave the guest running on the source; a VM that cannot migrate says why and `migrate` is refused.
 //!
 //! Status (2026-11-30, two-node local cluster): all four pass — the move, the kill -9 and
 //! the refusal at 10:17 UTC; the move back and the cancel at 10:38 UTC after fixing their
@@ -391,26 +391,40 @@ fn killed_target_launcher_fails_the_migration_and_leaves_the_guest_on_the_source
 #[test]
 #[ignore = "needs root and a two-node cluster: cargo test -p e2e --test migration -- --ignored"]
 fn restarted_source_handler_fails_the_migration_and_leaves_the_guest_on_the_source() {
+    handler_restart_mid_migration("sourceNode");
+}
+
+#[test]
+#[ignore = "needs root and a two-node cluster: cargo test -p e2e --test migration -- --ignored"]
+fn restarted_target_handler_fails_the_migration_and_leaves_the_guest_on_the_source() {
+    handler_restart_mid_migration("targetNode");
+}
+
+/// Deletes the virt-handler pod of the migration's `side` (`sourceNode` or `targetNode`)
+/// mid-transfer: the migration fails with a reason, the guest keeps running on the source
+/// (no reboot), the target pod goes.
+fn handler_restart_mid_migration(side: &str) {
     let c = cluster();
-    let ns = Ns::new(c, "hrestart");
+    let ns = Ns::new(c, if side == "sourceNode" { "hsrc" } else { "htgt" });
     let (node, console, before) = running_vm(&ns, "steady", serde_json::json!({BANDWIDTH: "1"}));
     ns.virt(&["migrate", "steady"]);
     ns.wait("steady", "the transfer to start", MIGRATE, || {
         !ns.migration_state("steady", "startTimestamp").is_empty()
     });
-    let on_source = format!("{{.items[?(@.spec.nodeName==\"{node}\")].metadata.name}}");
+    let restarted = ns.migration_state("steady", side);
+    let on_node = format!("{{.items[?(@.spec.nodeName==\"{restarted}\")].metadata.name}}");
     let handler = c
-        .component_pods("virt-handler", true, &on_source)
+        .component_pods("virt-handler", true, &on_node)
         .expect("handler pods");
-    assert!(!handler.is_empty(), "no virt-handler on {node}");
-    // The DaemonSet starts a new handler; the old one took the migration's tunnel with it.
+    assert!(!handler.is_empty(), "no virt-handler on {restarted}");
+    // The DaemonSet starts a new handler; the old one took its end of the tunnel with it.
     let deleted = Instant::now();
     c.kubectl(&["-n", "kubevirt", "delete", "pod", &handler, "--wait=false"])
-        .expect("delete the source's virt-handler");
+        .expect("delete a virt-handler");
     assert_eq!(ns.wait_migration_end("steady", MIGRATE), "Failed");
     let reason = ns.migration_state("steady", "failureReason");
     eprintln!(
-        "migration Failed {:.1} s after the source's virt-handler was deleted: {reason}",
+        "migration Failed {:.1} s after the virt-handler of the {side} was deleted: {reason}",
         deleted.elapsed().as_secs_f64()
     );
     assert!(
@@ -425,14 +439,14 @@ fn restarted_source_handler_fails_the_migration_and_leaves_the_guest_on_the_sour
         Duration::from_secs(120),
         || ns.launcher_pods_by_node("steady").len() == 1,
     );
-    // The console went through the old handler; the new one serves a new console.
+    // A console through a deleted handler ended; the new one serves a new console.
     drop(console);
     ns.wait(
         "steady",
-        "a new virt-handler on the source",
+        "a new virt-handler",
         Duration::from_secs(120),
         || {
-            c.component_pods("virt-handler", true, &on_source)
+            c.component_pods("virt-handler", true, &on_node)
                 // Only the new one: the old is listed Running until it has exited.
                 .is_ok_and(|p| !p.is_empty() && !p.contains(' ') && p != handler)
         },
