@@ -4,13 +4,10 @@
 //! once all is rolled out; an imageTag change is a new target version; deleting the KubeVirt
 //! resource removes every object and then the finalizer.
 //!
-//! kube-apiserver: `$KUBE_APISERVER_BIN`, else `target/k8s/*/bin/kube-apiserver` (built by
-//! `cargo xtask cluster up`); etcd: Debian's `etcd-server`.
+//! kube-apiserver and etcd: [`kube_testenv`] (it waits for `kube-system` too).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,171 +27,19 @@ use virt_operator::metrics::Metrics;
 use virt_operator::reconcile::{self, Ctx};
 use virt_operator::status::Defaults;
 
-fn kube_apiserver_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("KUBE_APISERVER_BIN") {
-        return p.into();
-    }
-    let k8s = virt_operator::workspace_root().join("target/k8s");
-    std::fs::read_dir(&k8s)
-        .ok()
-        .and_then(|v| {
-            v.filter_map(Result::ok)
-                .map(|v| v.path().join("bin/kube-apiserver"))
-                .find(|p| p.exists())
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "no kube-apiserver under {}: run `cargo xtask cluster up` once",
-                k8s.display()
-            )
-        })
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct KubeApi {
-    _apiserver: Proc,
-    _etcd: Proc,
-    dir: tempfile::TempDir,
-    client: Client,
-}
+use kube_testenv::KubeApi;
 
 async fn start() -> KubeApi {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
-    let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let etcd = Proc(
-        Command::new("/usr/bin/etcd")
-            .arg("--data-dir")
-            .arg(d.join("etcd"))
-            .args([
-                "--listen-client-urls",
-                &etcd_url,
-                "--advertise-client-urls",
-                &etcd_url,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer_url,
-                "--initial-advertise-peer-urls",
-                &peer_url,
-            ])
-            .args(["--initial-cluster", &format!("default={peer_url}")])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.join("etcd.log")).unwrap())
-            .spawn()
-            .expect("etcd (Debian's etcd-server)"),
-    );
-    let token = "operator-test-token";
-    std::fs::write(
-        d.join("tokens.csv"),
-        format!("{token},admin,admin-uid,system:masters\n"),
-    )
-    .unwrap();
-    let key = d.join("sa.key");
-    let ok = Command::new("openssl")
-        .args(["genrsa", "-out"])
-        .arg(&key)
-        .arg("2048")
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl");
-    assert!(ok.success(), "openssl genrsa failed");
-    let apiserver = Proc(
-        Command::new(kube_apiserver_bin())
-            .args(["--etcd-servers", &etcd_url, "--bind-address", "127.0.0.1"])
-            .args(["--secure-port", &api_port.to_string()])
-            .arg("--cert-dir")
-            .arg(d.join("certs"))
-            .arg("--token-auth-file")
-            .arg(d.join("tokens.csv"))
-            .args([
-                "--authorization-mode",
-                "AlwaysAllow",
-                "--allow-privileged=true",
-            ])
-            .args(["--service-account-issuer", "https://kubernetes.default.svc"])
-            .arg("--service-account-key-file")
-            .arg(&key)
-            .arg("--service-account-signing-key-file")
-            .arg(&key)
-            .args([
-                "--service-cluster-ip-range",
-                "10.0.0.0/24",
-                "--endpoint-reconciler-type",
-                "none",
-            ])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.join("kube-apiserver.log")).unwrap())
-            .spawn()
-            .expect("kube-apiserver"),
-    );
-    let kubeconfig = d.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: t\n\
-             clusters: [{{name: t, cluster: {{server: 'https://127.0.0.1:{api_port}', insecure-skip-tls-verify: true}}}}]\n\
-             users: [{{name: t, user: {{token: {token}}}}}]\n\
-             contexts: [{{name: t, context: {{cluster: t, user: t}}}}]\n"
-        ),
-    )
-    .unwrap();
-    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    let client = Client::try_from(cfg).unwrap();
-    let api = KubeApi {
-        _apiserver: apiserver,
-        _etcd: etcd,
-        dir,
-        client,
-    };
-    eventually("kube-apiserver ready", || async {
-        Api::<Namespace>::all(api.client.clone())
-            .list(&Default::default())
-            .await
-            .ok()
-    })
-    .await;
-    api
+    KubeApi::start("operator-test-token").await
 }
 
-async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+/// Polls `f` until it returns Some, for at most 60 s.
+async fn eventually<T, F, Fut>(what: &str, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what} not reached within 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    kube_testenv::eventually(what, Duration::from_secs(60), f).await
 }
 
 /// What kubelet and the workload controllers would report: every replica updated and ready.
@@ -287,14 +132,6 @@ impl Operator {
             )
             .await
             .unwrap();
-        // kube-apiserver's system-namespaces controller creates kube-system shortly after
-        // /readyz turns ok, not before it; a fast test got there first once (404).
-        let namespaces = Api::<Namespace>::all(c.clone());
-        eventually(
-            "namespace kube-system created by kube-apiserver",
-            || async { namespaces.get_opt("kube-system").await.ok().flatten() },
-        )
-        .await;
         // kube-apiserver publishes it with --requestheader-* flags; this one runs without.
         let ca = virt_certs::Ca::generate("front-proxy", time::Duration::days(1)).unwrap();
         let cm: ConfigMap = serde_json::from_value(json!({
@@ -555,7 +392,6 @@ async fn install_upgrade_and_uninstall_against_a_real_kube_apiserver() {
             .collect::<Vec<_>>()
     );
     operator.stop().await;
-    let _ = Path::new(api.dir.path()).exists();
 }
 
 fn data(s: &Secret, key: &str) -> String {
