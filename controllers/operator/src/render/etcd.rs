@@ -367,14 +367,6 @@ impl EtcdTls {
         })
     }
 
-    /// Whether all three are fresh and the serving certificate names `host`.
-    pub fn reusable(&self, host: &str, now: time::OffsetDateTime) -> bool {
-        self.host == host
-            && super::fresh(&self.ca, now)
-            && super::fresh(&self.server_cert, now)
-            && super::fresh(&self.client_cert, now)
-    }
-
     /// The two Secrets.
     pub fn secrets(&self) -> Vec<Secret> {
         [
@@ -433,11 +425,21 @@ mod tests {
     }
 
     #[test]
-    fn etcd_certificates_name_the_service_ip_and_are_reused_until_it_changes() {
+    fn etcd_secrets_carry_the_host_they_were_issued_for() {
         let t = EtcdTls::issue("10.96.0.20").unwrap();
         let now = time::OffsetDateTime::now_utc();
-        assert!(t.reusable("10.96.0.20", now));
-        assert!(!t.reusable("10.96.0.21", now));
-        assert!(!t.reusable("10.96.0.20", now + time::Duration::days(25)));
+        assert!(
+            [&t.ca, &t.server_cert, &t.client_cert]
+                .iter()
+                .all(|p| super::super::fresh(p, now))
+        );
+        for s in t.secrets() {
+            let host = s
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(HOST_ANNOTATION));
+            assert_eq!(host.map(String::as_str), Some("10.96.0.20"));
+        }
     }
 }
