@@ -9,7 +9,8 @@
 //!   the serving certificate Secret, the ConfigMap with the cluster's client and front-proxy CAs,
 //!   and the APIServices whose caBundle is our serving CA.
 //!
-//! Here: reading what the cluster already has (certificates to reuse, its CAs), applying, waiting.
+//! Here: reading what the cluster already has (certificates and their CAs, the cluster's
+//! CAs), rotating certificates as virt-operator does, applying, waiting.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -21,8 +22,8 @@ use anyhow::{Context, bail};
 use base64::Engine;
 use sha2::{Digest, Sha256};
 use virt_operator::render::{
-    self, ClusterAuth, GROUP, MANIFEST, NAME, NAMESPACE, Params, SUBRESOURCES_GROUP, TLS_SECRET,
-    Tls, components, components::HandlerTls,
+    self, ClusterAuth, GROUP, MANIFEST, NAME, NAMESPACE, Params, SUBRESOURCES_GROUP, Tls,
+    components, components::HandlerTls,
 };
 
 use crate::images;
@@ -198,27 +199,19 @@ pub fn deploy(args: &Args) -> anyhow::Result<Report> {
 
     check_no_crd(&k)?;
     let auth = cluster_auth(&k)?;
-    let tls = serving_cert(&k)?;
-    let handler_tls = handler_tls(&k)?;
+    let (tls, handler_tls, ca_secrets) = certificates(&k)?;
 
     let mut annotations = BTreeMap::new();
-    // Neither virt-apiserver nor etcd reload files: a changed certificate or CA must restart the
-    // pod, which a changed pod template does.
-    annotations.insert(
-        "kubevirt-rs.io/serving-cert-sha256".to_string(),
-        sha256_hex(tls.cert.as_bytes()),
-    );
+    // virt-apiserver and virt-handler follow rotated certificate files (virt_certs::reload),
+    // so certificates restart nothing; the cluster's client and front-proxy CAs are read once
+    // at start: a change must restart the pod, which a changed pod template does.
     annotations.insert(
         "kubevirt-rs.io/auth-sha256".to_string(),
         sha256_hex(serde_json::to_string(&auth)?.as_bytes()),
     );
-    annotations.insert(
-        "kubevirt-rs.io/handler-client-sha256".to_string(),
-        sha256_hex(handler_tls.client_cert.as_bytes()),
-    );
     // A new virt-apiserver pod is a new, empty etcd whose resourceVersions start again at 1:
     // watches resumed from the old store's versions would wait for revisions that never come.
-    // So whatever replaces that pod (image, certificates, CAs) restarts the watchers too.
+    // So whatever replaces that pod (image, the cluster's CAs) restarts the watchers too.
     let store = (
         "kubevirt-rs.io/apiserver-sha256".to_string(),
         sha256_hex(
@@ -231,13 +224,7 @@ pub fn deploy(args: &Args) -> anyhow::Result<Report> {
             .as_bytes(),
         ),
     );
-    let handler_annotations = BTreeMap::from([
-        (
-            "kubevirt-rs.io/handler-cert-sha256".to_string(),
-            sha256_hex(handler_tls.server_cert.as_bytes()),
-        ),
-        store.clone(),
-    ]);
+    let handler_annotations = BTreeMap::from([store.clone()]);
     let controller_annotations = BTreeMap::from([store]);
     let params = Params {
         apiserver_image: built.apiserver.clone(),
@@ -251,6 +238,8 @@ pub fn deploy(args: &Args) -> anyhow::Result<Report> {
         ..Params::default()
     };
     let mut yaml = render::static_manifest(&params)?;
+    // The CAs (with their keys) before the leaves they signed and the bundles naming them.
+    yaml.push_str(&ca_secrets);
     yaml.push_str(&render::cluster_manifest(&tls, &auth)?);
     components::handler_secrets(&mut yaml, &handler_tls)?;
     let dir = crate::target_dir().join("deploy");
@@ -446,62 +435,64 @@ fn cluster_auth(k: &Kubectl) -> anyhow::Result<ClusterAuth> {
     })
 }
 
-/// Reuses the certificate in the cluster while it is valid (a new one would restart the pod on
-/// every deploy), else issues a new CA and certificate.
-fn serving_cert(k: &Kubectl) -> anyhow::Result<Tls> {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    if let Some(secret) = k.json(&["-n", NAMESPACE, "get", "secret", TLS_SECRET])? {
-        let field = |key: &str| -> Option<String> {
-            let v = secret["data"][key].as_str()?;
-            String::from_utf8(b64.decode(v).ok()?).ok()
-        };
-        if let (Some(ca), Some(cert), Some(key)) =
-            (field("ca.crt"), field("tls.crt"), field("tls.key"))
-        {
-            let now = time::OffsetDateTime::now_utc();
-            if render::fresh(&cert, now) && render::fresh(&ca, now) {
-                return Ok(Tls { ca, cert, key });
-            }
-            println!("serving certificate due for rotation: issuing a new one");
-        }
-    }
-    Ok(render::issue_serving_cert()?)
-}
-
-/// Reuses both virt-handler mTLS secrets while they are fresh and share their CA (new ones would
-/// restart pods on every deploy), else issues a new CA and both certificates.
-fn handler_tls(k: &Kubectl) -> anyhow::Result<HandlerTls> {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let read = |secret: &str| -> anyhow::Result<Option<(String, String, String)>> {
-        let Some(s) = k.json(&["-n", NAMESPACE, "get", "secret", secret])? else {
-            return Ok(None);
-        };
-        let field = |key: &str| -> Option<String> {
-            let v = s["data"][key].as_str()?;
-            String::from_utf8(b64.decode(v).ok()?).ok()
-        };
-        Ok(
-            match (field("ca.crt"), field("tls.crt"), field("tls.key")) {
-                (Some(ca), Some(c), Some(key)) => Some((ca, c, key)),
-                _ => None,
-            },
-        )
+/// The certificates of the two trust domains a dev deploy has (virt-apiserver serving,
+/// virt-handler mTLS; its etcd runs in virt-apiserver's pod without TLS), decided and issued
+/// exactly as virt-operator does (`virt_operator::rotation`: one kept CA per domain, leaves
+/// renewed from it when due, a new CA published before it signs), from the Secrets and the
+/// APIService caBundle in the cluster. Returns the material to render and the CA Secrets,
+/// which the same apply writes first.
+fn certificates(k: &Kubectl) -> anyhow::Result<(Tls, HandlerTls, String)> {
+    use virt_operator::rotation::{self, Domain};
+    let secret = |name: &str| -> anyhow::Result<Option<k8s_openapi::api::core::v1::Secret>> {
+        k.json(&["-n", NAMESPACE, "get", "secret", name])?
+            .map(serde_json::from_value)
+            .transpose()
+            .with_context(|| format!("reading Secret {NAMESPACE}/{name}"))
     };
-    if let (Some((ca, server_cert, server_key)), Some((ca2, client_cert, client_key))) = (
-        read(components::HANDLER_CERTS)?,
-        read(components::HANDLER_CLIENT)?,
-    ) {
-        let tls = HandlerTls {
-            ca,
-            server_cert,
-            server_key,
-            client_cert,
-            client_key,
+    let published_bundle = k
+        .json(&["get", "apiservice", &format!("v1.{GROUP}")])?
+        .and_then(|a| a["spec"]["caBundle"].as_str().map(str::to_string))
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        .and_then(|b| String::from_utf8(b).ok());
+    let policy = virt_operator::policy::CertPolicy::default();
+    let now = time::OffsetDateTime::now_utc();
+    let mut ca_secrets = String::new();
+    let mut states = BTreeMap::new();
+    for domain in [Domain::Apiserver, Domain::Handler] {
+        // No etcd domain here: the host only matters to etcd's certificates.
+        let specs = rotation::leaf_specs(domain, "");
+        let ca = secret(domain.ca_secret())?;
+        let leaves = specs
+            .iter()
+            .map(|s| secret(s.secret))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let extra = match domain {
+            Domain::Apiserver => published_bundle.iter().cloned().collect(),
+            _ => Vec::new(),
         };
-        if tls.reusable(&ca2, time::OffsetDateTime::now_utc()) {
-            return Ok(tls);
+        let r = rotation::rotate(
+            domain,
+            &specs,
+            ca.as_ref(),
+            &leaves,
+            extra,
+            &policy,
+            now,
+            false,
+        )?;
+        if r.decision.changes() {
+            println!("{} certificates: {:?}", domain.describe(), r.decision.step);
         }
-        println!("virt-handler certificates due for rotation: issuing new ones");
+        render::push_doc(&mut ca_secrets, &rotation::ca_secret(domain, &r.state.ca))?;
+        states.insert(domain, r.state);
     }
-    Ok(HandlerTls::issue()?)
+    let serving = states
+        .get(&Domain::Apiserver)
+        .and_then(rotation::serving_tls)
+        .context("no virt-apiserver serving certificate was issued")?;
+    let handler = states
+        .get(&Domain::Handler)
+        .and_then(rotation::handler_tls)
+        .context("no virt-handler certificates were issued")?;
+    Ok((serving, handler, ca_secrets))
 }

@@ -30,7 +30,7 @@ use crate::policy::CertPolicy;
 use crate::render::components::{self, HandlerTls};
 use crate::render::etcd::{self, EtcdParams, EtcdTls};
 use crate::render::{self, ClusterAuth, EtcdMode, NAMESPACE, Params, Placement, Tls};
-use crate::rotation::{self, CaStep, Decision, Domain, DomainState};
+use crate::rotation::{self, CaStep, Decision, Domain};
 use crate::status::{self, Defaults, Observed, Target};
 
 const MANAGER: &str = "virt-operator";
@@ -286,79 +286,48 @@ async fn certificates(
     for domain in Domain::ALL {
         let specs = rotation::leaf_specs(domain, etcd_host);
         let ca_stored = secrets.get_opt(domain.ca_secret()).await?;
-        let ca = ca_stored
-            .as_ref()
-            .map(|s| rotation::read_ca_secret(s, now))
-            .unwrap_or_default();
         let mut leaves = Vec::new();
         for spec in &specs {
-            leaves.push(
-                secrets
-                    .get_opt(spec.secret)
-                    .await?
-                    .and_then(|s| rotation::read_leaf_secret(&s, etcd::HOST_ANNOTATION)),
-            );
+            leaves.push(secrets.get_opt(spec.secret).await?);
         }
         let extra_trust = match domain {
             Domain::Apiserver => previous_ca_bundle.iter().cloned().collect(),
             Domain::Handler | Domain::Etcd => Vec::new(),
         };
-        let stored = DomainState {
-            ca,
-            leaves,
+        let r = rotation::rotate(
+            domain,
+            &specs,
+            ca_stored.as_ref(),
+            &leaves,
             extra_trust,
-        };
-        let decision = rotation::decide(&stored, &specs, &policy, now, frozen);
-        let state = rotation::execute(domain, &stored, &specs, &decision, &policy, now)?;
-        let desired = rotation::ca_secret(domain, &state.ca);
+            &policy,
+            now,
+            frozen,
+        )?;
+        let desired = rotation::ca_secret(domain, &r.state.ca);
         if rotation::ca_secret_differs(ca_stored.as_ref(), &desired) {
             let s = serde_json::to_value(&desired).map_err(|e| Error::Other(e.to_string()))?;
             secrets
                 .patch(domain.ca_secret(), &pp(), &Patch::Apply(&s))
                 .await?;
         }
-        if !frozen && let Some(t) = rotation::next_due(&state, &policy) {
+        if !frozen && let Some(t) = rotation::next_due(&r.state, &policy) {
             next_due = Some(next_due.map_or(t, |n| n.min(t)));
         }
-        if decision.changes() {
-            changes.push((domain, decision, stored.leaves.iter().any(Option::is_some)));
+        if r.decision.changes() {
+            changes.push((domain, r.decision, r.had_leaves));
         }
-        states.insert(domain, state);
+        states.insert(domain, r.state);
     }
-    let leaf = |domain: Domain, i: usize| -> Result<(String, rotation::Leaf), Error> {
-        let st = states
-            .get(&domain)
-            .ok_or_else(|| Error::Other(format!("{}: no certificates", domain.describe())))?;
-        let l = st.leaves.get(i).and_then(Option::as_ref).ok_or_else(|| {
-            Error::Other(format!("{}: certificate {i} missing", domain.describe()))
-        })?;
-        Ok((st.ca.bundle.clone(), l.clone()))
-    };
-    let (bundle, s) = leaf(Domain::Apiserver, 0)?;
-    let serving = Tls {
-        ca: bundle.clone(),
-        cert: s.pem.cert,
-        key: s.pem.key,
-    };
-    let (handler_bundle, hs) = leaf(Domain::Handler, 0)?;
-    let (_, hc) = leaf(Domain::Handler, 1)?;
-    let handler = HandlerTls {
-        ca: handler_bundle,
-        server_cert: hs.pem.cert,
-        server_key: hs.pem.key,
-        client_cert: hc.pem.cert,
-        client_key: hc.pem.key,
-    };
-    let (etcd_bundle, es) = leaf(Domain::Etcd, 0)?;
-    let (_, ec) = leaf(Domain::Etcd, 1)?;
-    let etcd = EtcdTls {
-        host: etcd_host.to_string(),
-        ca: etcd_bundle,
-        server_cert: es.pem.cert,
-        server_key: es.pem.key,
-        client_cert: ec.pem.cert,
-        client_key: ec.pem.key,
-    };
+    let missing = |d: Domain| Error::Other(format!("{}: certificates missing", d.describe()));
+    let state = |d: Domain| states.get(&d).ok_or_else(|| missing(d));
+    let serving = rotation::serving_tls(state(Domain::Apiserver)?)
+        .ok_or_else(|| missing(Domain::Apiserver))?;
+    let bundle = serving.ca.clone();
+    let handler =
+        rotation::handler_tls(state(Domain::Handler)?).ok_or_else(|| missing(Domain::Handler))?;
+    let etcd =
+        rotation::etcd_tls(state(Domain::Etcd)?, etcd_host).ok_or_else(|| missing(Domain::Etcd))?;
     Ok(Certs {
         serving,
         handler,
@@ -970,7 +939,7 @@ mod tests {
 
     #[test]
     fn rendered_secrets_parse_back_with_their_pem_blocks() {
-        let handler = HandlerTls::issue().unwrap();
+        let handler = rotation::handler_tls(&rotation::first_install(Domain::Handler, "")).unwrap();
         let mut yaml = String::new();
         components::handler_secrets(&mut yaml, &handler).unwrap();
         let auth = ClusterAuth {
@@ -978,7 +947,7 @@ mod tests {
             requestheader_ca: handler.ca.clone(),
             allowed_names: "front-proxy-client".into(),
         };
-        let tls = render::issue_serving_cert().unwrap();
+        let tls = rotation::serving_tls(&rotation::first_install(Domain::Apiserver, "")).unwrap();
         yaml.push_str(&render::cluster_manifest(&tls, &auth).unwrap());
         let docs = parse_docs(&yaml).unwrap();
         assert_eq!(docs.len(), 2 + 2 + 2);

@@ -94,23 +94,6 @@ pub fn service_names() -> Vec<String> {
     ]
 }
 
-/// Whether a certificate (or CA) is still good for a while: less than 80 % of its life used.
-pub fn fresh(pem: &str, now: time::OffsetDateTime) -> bool {
-    virt_certs::validity_of(pem).is_ok_and(|(nb, na)| !virt_certs::needs_rotation(nb, na, now, 0.8))
-}
-
-/// A new serving CA and certificate for virt-apiserver's Service names (`cargo xtask
-/// deploy`; the operator issues from a kept CA, [`crate::rotation`]).
-pub fn issue_serving_cert() -> Result<Tls> {
-    let ca = virt_certs::Ca::generate("kubevirt-apiserver-ca", virt_certs::DEFAULT_CA_VALIDITY)?;
-    let leaf = ca.issue_server(NAME, &service_names(), virt_certs::DEFAULT_LEAF_VALIDITY)?;
-    Ok(Tls {
-        ca: ca.cert_pem().to_string(),
-        cert: leaf.cert_pem,
-        key: leaf.key_pem,
-    })
-}
-
 /// What differs between the committed manifest and a deploy.
 #[derive(Debug, Clone)]
 pub struct Params {
@@ -198,7 +181,7 @@ impl Default for Params {
     }
 }
 
-pub(crate) fn push_doc<T: serde::Serialize>(out: &mut String, obj: &T) -> Result<()> {
+pub fn push_doc<T: serde::Serialize>(out: &mut String, obj: &T) -> Result<()> {
     out.push_str("---\n");
     out.push_str(&serde_saphyr::to_string(obj).map_err(|e| RenderError::Yaml(e.to_string()))?);
     if !out.ends_with('\n') {

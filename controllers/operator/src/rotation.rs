@@ -687,6 +687,112 @@ pub fn read_leaf_secret(s: &Secret, host_annotation: &str) -> Option<Leaf> {
     })
 }
 
+/// One domain after its rotation step.
+#[derive(Debug, Clone)]
+pub struct Rotated {
+    pub decision: Decision,
+    /// What to store and render.
+    pub state: DomainState,
+    /// Whether any leaf Secret existed before (a first install is no rotation).
+    pub had_leaves: bool,
+}
+
+/// The whole step for one domain from its Secrets as stored (the CA Secret and one per
+/// [`leaf_specs`] entry, in order): read, [`decide`], [`execute`]. Pure: virt-operator reads
+/// the Secrets through the API, `cargo xtask deploy` through kubectl; both write
+/// [`ca_secret`] of the result before any leaf it signed.
+#[allow(clippy::too_many_arguments)]
+pub fn rotate(
+    domain: Domain,
+    specs: &[LeafSpec],
+    ca: Option<&Secret>,
+    leaves: &[Option<Secret>],
+    extra_trust: Vec<String>,
+    policy: &CertPolicy,
+    now: OffsetDateTime,
+    frozen: bool,
+) -> Result<Rotated, RotationError> {
+    let stored = DomainState {
+        ca: ca.map(|s| read_ca_secret(s, now)).unwrap_or_default(),
+        leaves: leaves
+            .iter()
+            .map(|s| {
+                s.as_ref()
+                    .and_then(|s| read_leaf_secret(s, etcd::HOST_ANNOTATION))
+            })
+            .collect(),
+        extra_trust,
+    };
+    let decision = decide(&stored, specs, policy, now, frozen);
+    let state = execute(domain, &stored, specs, &decision, policy, now)?;
+    Ok(Rotated {
+        decision,
+        state,
+        had_leaves: stored.leaves.iter().any(Option::is_some),
+    })
+}
+
+/// A first install's state of `domain` (nothing stored before), for tests of what is rendered
+/// from it.
+#[cfg(test)]
+pub(crate) fn first_install(domain: Domain, etcd_host: &str) -> DomainState {
+    let specs = leaf_specs(domain, etcd_host);
+    let none = vec![None; specs.len()];
+    let now = OffsetDateTime::now_utc();
+    rotate(
+        domain,
+        &specs,
+        None,
+        &none,
+        Vec::new(),
+        &CertPolicy::default(),
+        now,
+        false,
+    )
+    .map(|r| r.state)
+    .unwrap_or_default()
+}
+
+fn leaf_at(st: &DomainState, i: usize) -> Option<&Leaf> {
+    st.leaves.get(i).and_then(Option::as_ref)
+}
+
+/// virt-apiserver's serving material of an [`Domain::Apiserver`] state (`ca`: the trust
+/// bundle, also the APIServices' `caBundle`).
+pub fn serving_tls(st: &DomainState) -> Option<render::Tls> {
+    let l = leaf_at(st, 0)?;
+    Some(render::Tls {
+        ca: st.ca.bundle.clone(),
+        cert: l.pem.cert.clone(),
+        key: l.pem.key.clone(),
+    })
+}
+
+/// The virt-handler mTLS material of a [`Domain::Handler`] state.
+pub fn handler_tls(st: &DomainState) -> Option<components::HandlerTls> {
+    let (server, client) = (leaf_at(st, 0)?, leaf_at(st, 1)?);
+    Some(components::HandlerTls {
+        ca: st.ca.bundle.clone(),
+        server_cert: server.pem.cert.clone(),
+        server_key: server.pem.key.clone(),
+        client_cert: client.pem.cert.clone(),
+        client_key: client.pem.key.clone(),
+    })
+}
+
+/// The etcd material of a [`Domain::Etcd`] state whose server certificate names `host`.
+pub fn etcd_tls(st: &DomainState, host: &str) -> Option<etcd::EtcdTls> {
+    let (server, client) = (leaf_at(st, 0)?, leaf_at(st, 1)?);
+    Some(etcd::EtcdTls {
+        host: host.to_string(),
+        ca: st.ca.bundle.clone(),
+        server_cert: server.pem.cert.clone(),
+        server_key: server.pem.key.clone(),
+        client_cert: client.pem.cert.clone(),
+        client_key: client.pem.key.clone(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]

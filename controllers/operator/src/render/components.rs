@@ -483,40 +483,6 @@ pub struct HandlerTls {
     pub client_key: String,
 }
 
-impl HandlerTls {
-    /// Whether all three certificates are fresh and both leaves come from one CA (`ca2` is
-    /// the CA stored with the client certificate).
-    pub fn reusable(&self, ca2: &str, now: time::OffsetDateTime) -> bool {
-        self.ca == ca2
-            && super::fresh(&self.ca, now)
-            && super::fresh(&self.server_cert, now)
-            && super::fresh(&self.client_cert, now)
-            // The handlers' certificate is also their client identity towards each
-            // other (the migration tunnel); older serving-only ones are replaced.
-            && virt_certs::has_client_auth(&self.server_cert).unwrap_or(false)
-    }
-
-    /// A new CA, serving certificate for `virt-handler` and client certificate for
-    /// `virt-apiserver` (`cargo xtask deploy`; the operator issues from a kept CA,
-    /// `crate::rotation`).
-    pub fn issue() -> Result<Self> {
-        let ca =
-            virt_certs::Ca::generate("kubevirt-rs-handler-ca", virt_certs::DEFAULT_CA_VALIDITY)?;
-        let leaf = virt_certs::DEFAULT_LEAF_VALIDITY;
-        // Serving (virt-apiserver → handler) and client (handler → handler, live
-        // migration) with one identity.
-        let server = ca.issue_peer(HANDLER, &[HANDLER], leaf)?;
-        let client = ca.issue_client::<&str>("virt-apiserver", &[], leaf)?;
-        Ok(Self {
-            ca: ca.cert_pem().to_string(),
-            server_cert: server.cert_pem,
-            server_key: server.key_pem,
-            client_cert: client.cert_pem,
-            client_key: client.key_pem,
-        })
-    }
-}
-
 /// The two secrets of [`HandlerTls`].
 pub fn handler_secrets(out: &mut String, tls: &HandlerTls) -> Result<()> {
     for (name, component, cert, key) in [

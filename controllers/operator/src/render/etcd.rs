@@ -350,23 +350,6 @@ impl std::fmt::Debug for EtcdTls {
 }
 
 impl EtcdTls {
-    /// A new CA and both certificates; the server's for `host` and the Service names (tests;
-    /// the operator issues from a kept CA, `crate::rotation`).
-    pub fn issue(host: &str) -> Result<Self> {
-        let ca = virt_certs::Ca::generate("kubevirt-rs-etcd-ca", virt_certs::DEFAULT_CA_VALIDITY)?;
-        let leaf = virt_certs::DEFAULT_LEAF_VALIDITY;
-        let server = ca.issue_server(ETCD, &server_names(host), leaf)?;
-        let client = ca.issue_client::<&str>("virt-apiserver", &[], leaf)?;
-        Ok(Self {
-            host: host.to_string(),
-            ca: ca.cert_pem().to_string(),
-            server_cert: server.cert_pem,
-            server_key: server.key_pem,
-            client_cert: client.cert_pem,
-            client_key: client.key_pem,
-        })
-    }
-
     /// The two Secrets.
     pub fn secrets(&self) -> Vec<Secret> {
         [
@@ -426,13 +409,13 @@ mod tests {
 
     #[test]
     fn etcd_secrets_carry_the_host_they_were_issued_for() {
-        let t = EtcdTls::issue("10.96.0.20").unwrap();
+        let st = crate::rotation::first_install(crate::rotation::Domain::Etcd, "10.96.0.20");
+        let t = crate::rotation::etcd_tls(&st, "10.96.0.20").unwrap();
         let now = time::OffsetDateTime::now_utc();
-        assert!(
-            [&t.ca, &t.server_cert, &t.client_cert]
-                .iter()
-                .all(|p| super::super::fresh(p, now))
-        );
+        for pem in [&t.server_cert, &t.client_cert] {
+            let (nb, na) = virt_certs::validity_of(pem).unwrap();
+            assert!(nb <= now && now < na);
+        }
         for s in t.secrets() {
             let host = s
                 .metadata
