@@ -362,7 +362,8 @@ pub const RESTARTED_BEFORE_START: &str =
 pub const RESTARTED_DURING: &str = "virt-handler restarted during the migration";
 
 /// Writes the launcher's migration reports (`events`, each passed through `map`) into the
-/// VMI until one is final (an idle report is final here too: nothing runs), and returns it.
+/// VMI until one is final, and returns it. A stream that ends first (after an idle report,
+/// the launcher ends it) is a failure.
 /// A cancel asks the launcher to abort; if it refuses, closing `proxy` cuts the transfer.
 async fn report(
     w: &StateWriter,
@@ -411,7 +412,7 @@ async fn report(
         {
             merge(&mut known, &patch);
         }
-        if st.is_final() || st == MigrationStatus::Idle {
+        if st.is_final() {
             return st;
         }
     }

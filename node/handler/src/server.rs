@@ -393,20 +393,20 @@ async fn open_console(
     let Some(uid) = st.registry.uid(&ns, &name) else {
         return not_found(&ns, &name);
     };
-    let (hub, rx) = match st.hub(&uid).await {
+    let id = st.ids.fetch_add(1, Ordering::Relaxed);
+    let (hub, feed) = match st.hub(&uid, (!q.read_only).then_some(id)).await {
         Ok(h) => h,
         Err(e) => {
             return conflict(format!("console of VMI {ns}/{name} is not available: {e}"));
         }
     };
-    let id = st.ids.fetch_add(1, Ordering::Relaxed);
     let ping = st.ping_every;
     let open = st.metrics.sessions("console");
     ws.protocols([PLAIN_PROTOCOL])
         .on_upgrade(move |ws| async move {
             open.inc();
             tracing::info!(%ns, %name, session = id, read_only = q.read_only, "console session opened");
-            console_session(ws, hub, rx, id, q.read_only, ping).await;
+            console_session(ws, hub, feed, id, ping).await;
             open.dec();
             tracing::info!(%ns, %name, session = id, "console session closed");
         })
@@ -563,53 +563,46 @@ async fn pump(
     }
 }
 
-async fn console_session(
-    ws: WebSocket,
-    hub: Arc<ConsoleHub>,
-    mut rx: broadcast::Receiver<Bytes>,
-    id: u64,
-    read_only: bool,
-    ping: Duration,
-) {
-    let stop = if read_only {
-        CancellationToken::new()
-    } else {
-        hub.claim(id)
-    };
-    let (out_tx, out_rx) = mpsc::channel::<Bytes>(64);
-    let closed = hub.closed.clone();
-    let forward = tokio::spawn(async move {
-        loop {
-            let b = tokio::select! {
-                _ = closed.cancelled() => return,
-                r = rx.recv() => match r {
-                    Ok(b) => b,
-                    // A slow session loses output rather than stalling the guest's console.
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        tracing::debug!(chunks = n, "console session lagging; output dropped");
-                        continue;
+async fn console_session(ws: WebSocket, hub: Arc<ConsoleHub>, feed: Feed, id: u64, ping: Duration) {
+    let (out_rx, stop, input, forward) = match feed {
+        // The writer's output is paced: the hub waits for it, so nothing is lost (the guest's
+        // serial line waits instead, as a real one with flow control does).
+        Feed::Writer { rx, stop } => {
+            let (in_tx, mut in_rx) = mpsc::channel::<Bytes>(64);
+            let hub = hub.clone();
+            tokio::spawn(async move {
+                while let Some(b) = in_rx.recv().await {
+                    if !hub.write(id, &b).await {
+                        break;
                     }
-                    Err(broadcast::error::RecvError::Closed) => return,
-                },
-            };
-            if out_tx.send(b).await.is_err() {
-                return;
-            }
-        }
-    });
-    let input = if read_only {
-        None
-    } else {
-        let (in_tx, mut in_rx) = mpsc::channel::<Bytes>(64);
-        let hub = hub.clone();
-        tokio::spawn(async move {
-            while let Some(b) = in_rx.recv().await {
-                if !hub.write(id, &b).await {
-                    break;
                 }
-            }
-        });
-        Some(in_tx)
+            });
+            (rx, stop, Some(in_tx), None)
+        }
+        Feed::Observer(mut rx) => {
+            let (out_tx, out_rx) = mpsc::channel::<Bytes>(64);
+            let closed = hub.closed.clone();
+            let forward = tokio::spawn(async move {
+                loop {
+                    let b = tokio::select! {
+                        _ = closed.cancelled() => return,
+                        r = rx.recv() => match r {
+                            Ok(b) => b,
+                            // A slow observer loses output rather than stalling the guest.
+                            Err(broadcast::error::RecvError::Lagged(n)) => {
+                                tracing::debug!(chunks = n, "console observer lagging; output dropped");
+                                continue;
+                            }
+                            Err(broadcast::error::RecvError::Closed) => return,
+                        },
+                    };
+                    if out_tx.send(b).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            (out_rx, CancellationToken::new(), None, Some(forward))
+        }
     };
     let migrated = hub.migrated.clone();
     let reason = move || {
@@ -620,17 +613,36 @@ async fn console_session(
         }
     };
     pump(ws, out_rx, input, stop, ping, &reason).await;
-    forward.abort();
+    if let Some(f) = forward {
+        f.abort();
+    }
     hub.release(id);
 }
+
+/// What a console session reads from its hub.
+enum Feed {
+    /// The writer: every chunk, paced by how fast the session takes them; `stop` is cancelled
+    /// when another writer takes over.
+    Writer {
+        rx: mpsc::Receiver<Bytes>,
+        stop: CancellationToken,
+    },
+    /// A read-only observer: a copy that skips what it was too slow for.
+    Observer(broadcast::Receiver<Bytes>),
+}
+
+/// The current writer of a hub: its session id, its takeover token and its output channel.
+type WriterSlot = Arc<Mutex<Option<(u64, CancellationToken, mpsc::Sender<Bytes>)>>>;
 
 /// One connection to a VMI's console socket, shared by its sessions. Dropped with the
 /// last session, which closes the connection so QEMU accepts the next one.
 #[derive(Debug)]
 struct ConsoleHub {
+    /// Copies for observers.
     out: broadcast::Sender<Bytes>,
     input: tokio::sync::Mutex<OwnedWriteHalf>,
-    writer: Mutex<Option<(u64, CancellationToken)>>,
+    /// The writer, whose output the reader waits for.
+    writer: WriterSlot,
     /// The console socket hit EOF.
     closed: CancellationToken,
     /// ... because the guest live-migrated to another node (set before `closed`).
@@ -647,19 +659,20 @@ impl Drop for ConsoleHub {
 
 impl ConsoleHub {
     /// Makes `id` the writer; the previous writer's token is cancelled (it gets closed).
-    fn claim(&self, id: u64) -> CancellationToken {
-        let token = CancellationToken::new();
+    fn claim(&self, id: u64) -> Feed {
+        let stop = CancellationToken::new();
+        let (tx, rx) = mpsc::channel(64);
         if let Ok(mut w) = self.writer.lock()
-            && let Some((_, old)) = w.replace((id, token.clone()))
+            && let Some((_, old, _)) = w.replace((id, stop.clone(), tx))
         {
             old.cancel();
         }
-        token
+        Feed::Writer { rx, stop }
     }
 
     fn release(&self, id: u64) {
         if let Ok(mut w) = self.writer.lock()
-            && w.as_ref().is_some_and(|(cur, _)| *cur == id)
+            && w.as_ref().is_some_and(|(cur, ..)| *cur == id)
         {
             *w = None;
         }
@@ -670,38 +683,45 @@ impl ConsoleHub {
         let current = self
             .writer
             .lock()
-            .map(|w| w.as_ref().is_some_and(|(cur, _)| *cur == id))
+            .map(|w| w.as_ref().is_some_and(|(cur, ..)| *cur == id))
             .unwrap_or(false);
         current && self.input.lock().await.write_all(b).await.is_ok()
     }
 }
 
 impl AppState {
-    /// The console hub of `uid` and a subscription to its output. The subscription is
-    /// taken before the hub's reader starts, so a new session misses nothing QEMU sends
-    /// after the connection is made.
+    /// The console hub of `uid` and the session's feed: the writer's (`writer`: its session
+    /// id) or an observer's. Taken before the hub's reader starts, so a new session misses
+    /// nothing QEMU sends after the connection is made.
     async fn hub(
         &self,
         uid: &str,
-    ) -> std::io::Result<(Arc<ConsoleHub>, broadcast::Receiver<Bytes>)> {
+        writer: Option<u64>,
+    ) -> std::io::Result<(Arc<ConsoleHub>, Feed)> {
+        let feed = |h: &ConsoleHub| match writer {
+            Some(id) => h.claim(id),
+            None => Feed::Observer(h.out.subscribe()),
+        };
         let mut hubs = self.consoles.lock().await;
         if let Some(h) = hubs.get(uid).and_then(Weak::upgrade)
             && !h.closed.is_cancelled()
         {
-            let rx = h.out.subscribe();
-            return Ok((h, rx));
+            let f = feed(&h);
+            return Ok((h, f));
         }
         let sock = tokio::net::UnixStream::connect(self.paths.console(uid)).await?;
         let (mut r, w) = sock.into_split();
-        let (out, rx) = broadcast::channel(1024);
+        let (out, _) = broadcast::channel(1024);
         let hub = Arc::new(ConsoleHub {
             out: out.clone(),
             input: tokio::sync::Mutex::new(w),
-            writer: Mutex::new(None),
+            writer: WriterSlot::default(),
             closed: CancellationToken::new(),
             migrated: Arc::default(),
             dropped: CancellationToken::new(),
         });
+        let first = feed(&hub);
+        let slot = hub.writer.clone();
         let (closed, dropped) = (hub.closed.clone(), hub.dropped.clone());
         let (migrated, launcher) = (
             hub.migrated.clone(),
@@ -717,7 +737,21 @@ impl AppState {
                 match n {
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
-                        let _ = out.send(Bytes::copy_from_slice(&buf[..n]));
+                        let chunk = Bytes::copy_from_slice(&buf[..n]);
+                        // No observer is no error.
+                        let _ = out.send(chunk.clone());
+                        let writer = slot
+                            .lock()
+                            .ok()
+                            .and_then(|w| w.as_ref().map(|(.., tx)| tx.clone()));
+                        if let Some(tx) = writer {
+                            // Waits while the writer's session is behind; a closed session
+                            // (gone, or taken over meanwhile) just misses the chunk.
+                            tokio::select! {
+                                _ = dropped.cancelled() => break,
+                                _ = tx.send(chunk) => {}
+                            }
+                        }
                     }
                 }
             }
@@ -738,9 +772,13 @@ impl AppState {
                 }
             }
             closed.cancel();
+            // The writer's channel ends too: its session closes with the reason.
+            if let Ok(mut w) = slot.lock() {
+                *w = None;
+            }
         });
         hubs.retain(|_, h| h.strong_count() > 0);
         hubs.insert(uid.to_string(), Arc::downgrade(&hub));
-        Ok((hub, rx))
+        Ok((hub, first))
     }
 }
