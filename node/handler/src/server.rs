@@ -527,6 +527,8 @@ async fn pump(
             _ = stop.cancelled() => break Some((1000, TAKEN_OVER)),
             chunk = out.recv() => match chunk {
                 Some(b) => if ws.send(Message::Binary(b)).await.is_err() { break None },
+                // A taken-over writer's channel ends with the takeover: say which it was.
+                None if stop.is_cancelled() => break Some((1000, TAKEN_OVER)),
                 None => break Some((1000, eof_reason())),
             },
             msg = ws.recv() => match msg {
