@@ -196,22 +196,12 @@ impl Harness {
     }
 
     /// Polls `f` until it returns Some, for at most 20 s.
-    async fn eventually<T, F, Fut>(&self, what: &str, mut f: F) -> T
+    async fn eventually<T, F, Fut>(&self, what: &str, f: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(v) = f().await {
-                return v;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        kube_testenv::eventually(what, Duration::from_secs(20), f).await
     }
 
     async fn vmi_uid(&self, name: &str) -> String {
