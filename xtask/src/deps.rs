@@ -1,82 +1,148 @@
 //! Debian packages the project needs, installed on demand so that a fresh machine
-//! (and CI) needs nothing but the repository and a Rust toolchain.
+//! (and CI) needs nothing but the repository, Rust and Go.
 
+use std::collections::BTreeSet;
 use std::process::Command;
 
 use anyhow::Context;
 
-/// Packages for building and testing everything, with why each is needed.
-pub const PACKAGES: &[(&str, &str)] = &[
-    (
+use crate::Needs;
+
+/// One Debian package and why the project needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Package {
+    pub name: &'static str,
+    pub why: &'static str,
+    /// Needed to compile the workspace (build scripts, linking), not only to run things.
+    pub build: bool,
+}
+
+const fn build(name: &'static str, why: &'static str) -> Package {
+    Package {
+        name,
+        why,
+        build: true,
+    }
+}
+
+const fn run(name: &'static str, why: &'static str) -> Package {
+    Package {
+        name,
+        why,
+        build: false,
+    }
+}
+
+/// Packages for building and testing everything.
+pub const PACKAGES: &[Package] = &[
+    build("protobuf-compiler", "etcd-client build (protoc)"),
+    build("pkg-config", "virt crate build"),
+    build("libvirt-dev", "virt crate build"),
+    build("gcc", "C parts of ring and virt-sys; the pause image"),
+    build("libc6-dev", "linking; the pause image"),
+    run(
         "etcd-server",
         "etcd for virt-apiserver and the local cluster",
     ),
-    ("protobuf-compiler", "etcd-client build"),
-    ("pkg-config", "virt crate build"),
-    ("libvirt-dev", "virt crate build"),
-    ("libvirt-daemon-system", "libvirt daemons for virt-launcher"),
-    ("qemu-system-x86", "QEMU for guests"),
-    ("qemu-utils", "qemu-img for overlays and empty disks"),
-    ("xorriso", "cloud-init NoCloud ISO"),
-    ("busybox-static", "test guest initramfs and test images"),
-    ("linux-image-cloud-amd64", "test guest kernel"),
-    ("cpio", "test guest initramfs"),
-    ("containerd", "local cluster container runtime"),
-    ("runc", "local cluster OCI runtime"),
-    ("containernetworking-plugins", "local cluster pod network"),
-    ("buildah", "building images without Docker"),
-    ("iptables", "local cluster network isolation"),
-    ("nftables", "local cluster network isolation"),
-    ("iproute2", "local cluster bridge"),
-    ("gcc", "pause image"),
-    ("libc6-dev", "pause image"),
-    ("tmux", "interactive console tests"),
-    ("curl", "health checks in scripts and e2e tests"),
-    ("binutils", "strip for small images"),
-    (
+    run("libvirt-daemon-system", "libvirt daemons for virt-launcher"),
+    run(
+        "libvirt-clients",
+        "virt-xml-validate: the domain XML golden files are checked against libvirt's schema",
+    ),
+    run("qemu-system-x86", "QEMU for guests"),
+    run("qemu-utils", "qemu-img for overlays and empty disks"),
+    run("xorriso", "cloud-init NoCloud ISO"),
+    run("busybox-static", "test guest initramfs and test images"),
+    run("linux-image-cloud-amd64", "test guest kernel"),
+    run("cpio", "test guest initramfs"),
+    run("containerd", "local cluster container runtime"),
+    run("runc", "local cluster OCI runtime"),
+    run("containernetworking-plugins", "local cluster pod network"),
+    run("buildah", "building images without Docker"),
+    run("iptables", "local cluster network isolation"),
+    run("nftables", "local cluster network isolation"),
+    run("iproute2", "local cluster bridge"),
+    run("tmux", "interactive console tests"),
+    run("curl", "health checks in scripts and e2e tests"),
+    run("binutils", "strip for small images"),
+    run(
         "dmidecode",
         "libvirtd in the virt-launcher image reads SMBIOS with it",
     ),
 ];
 
-fn installed(pkg: &str) -> bool {
-    Command::new("dpkg-query")
-        .args(["-W", "-f=${Status}", pkg])
+/// The packages of `names` that are installed, in one dpkg-query call (one per package
+/// would add a noticeable pause to every `cargo xtask …`).
+pub fn installed(names: &[&str]) -> BTreeSet<String> {
+    let Ok(out) = Command::new("dpkg-query")
+        .args(["-W", "-f=${Package} ${Status}\n"])
+        .args(names)
         .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+    else {
+        return BTreeSet::new();
+    };
+    // dpkg-query exits 1 when a package was never known, but still reports the others.
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.ends_with("install ok installed"))
+        .filter_map(|l| l.split_whitespace().next())
+        // Multi-arch packages may be reported as name:arch.
+        .map(|p| p.split(':').next().unwrap_or(p).to_string())
+        .collect()
 }
 
-/// Installs every missing package with apt-get (needs root).
-pub fn ensure() -> anyhow::Result<()> {
-    let missing: Vec<&str> = PACKAGES
+/// The packages `needs` asks for that are not installed.
+pub fn missing(needs: Needs) -> Vec<&'static str> {
+    let wanted: Vec<&str> = PACKAGES
         .iter()
-        .map(|(p, _)| *p)
-        .filter(|p| !installed(p))
+        .filter(|p| p.build || needs == Needs::All)
+        .map(|p| p.name)
         .collect();
+    let have = installed(&wanted);
+    wanted.into_iter().filter(|p| !have.contains(*p)).collect()
+}
+
+/// Whether this process runs as root (apt-get needs it).
+pub fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// Installs every missing package `needs` asks for with apt-get (needs root).
+pub fn ensure(needs: Needs) -> anyhow::Result<()> {
+    let missing = missing(needs);
     if missing.is_empty() {
         return Ok(());
     }
-    eprintln!("==> installing Debian packages: {}", missing.join(" "));
-    let is_root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
     anyhow::ensure!(
-        is_root,
-        "missing Debian packages {missing:?}; run as root or install them with apt-get"
+        std::path::Path::new("/usr/bin/apt-get").exists(),
+        "missing packages {missing:?} and no apt-get: kubevirt-rs's tooling expects Debian 12"
     );
+    anyhow::ensure!(
+        is_root(),
+        "missing Debian packages {missing:?}; run as root or install them with \
+         `apt-get install {}`",
+        missing.join(" ")
+    );
+    install(&missing)
+}
+
+/// `apt-get update` and `apt-get install` of `packages`, non-interactively.
+pub fn install(packages: &[&str]) -> anyhow::Result<()> {
+    eprintln!("==> installing Debian packages: {}", packages.join(" "));
     let status = Command::new("apt-get")
-        .arg("update")
-        .arg("-qq")
+        .args(["update", "-qq"])
         .status()
         .context("running apt-get update")?;
     anyhow::ensure!(status.success(), "apt-get update failed");
     let status = Command::new("apt-get")
         .args(["install", "-y", "-qq", "--no-install-recommends"])
-        .args(&missing)
+        .args(packages)
         .env("DEBIAN_FRONTEND", "noninteractive")
         .status()
         .context("running apt-get install")?;
-    anyhow::ensure!(status.success(), "apt-get install {missing:?} failed");
+    anyhow::ensure!(status.success(), "apt-get install {packages:?} failed");
     Ok(())
 }

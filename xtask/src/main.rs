@@ -1,101 +1,103 @@
-//! `cargo xtask …`: developer and CI tooling. Each subcommand lives in its own module.
+//! `cargo xtask …`: the launcher. It compiles with only a Rust toolchain, installs the Debian
+//! packages a subcommand needs (protoc, libvirt-dev, … — which building the real tooling
+//! needs), then replaces itself with `cargo run -p xtask-devkit -- <the same arguments>`, where
+//! every subcommand lives. `fresh-check` runs here because it must not depend on the host
+//! having the project's packages.
 
-use clap::{Parser, Subcommand};
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, ExitCode};
 
-mod bench;
-mod cluster;
-mod deploy;
-mod deps;
-mod dev_apiserver;
-mod guest;
-mod images;
-mod test;
-mod up;
+use xtask::{Needs, SUBCOMMANDS, deps, subcommand};
 
-#[derive(Parser, Debug)]
-#[command(name = "cargo xtask", about = "kubevirt-rs developer tooling")]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
+mod fresh_check;
 
-#[derive(Subcommand, Debug)]
-enum Command {
-    /// Start etcd and virt-apiserver on loopback with a kubeconfig for kubectl.
-    DevApiserver(dev_apiserver::Args),
-    /// Build the tiny test guest (kernel, busybox initramfs, disk) into target/guest.
-    Guest(guest::Args),
-    /// Manage the local single-node Kubernetes cluster.
-    Cluster(cluster::Args),
-    /// Run a benchmark and write the figures to docs/benchmarks.md.
-    Bench(bench::Args),
-    /// Run every check and test (the README's test command; what CI runs).
-    Test(test::Args),
-    /// Install the Debian packages the project needs.
-    Deps,
-    /// Build the container images (virt-apiserver, etcd) and import them into the local cluster.
-    Images(images::Args),
-    /// Deploy kubevirt-rs into the cluster of the current KUBECONFIG.
-    Deploy(deploy::Args),
-    /// Cluster up, images, deploy and a demo VM: everything to try kubevirt-rs locally.
-    Up(up::Args),
-    /// Write manifests/ from the operator's rendering code (what CI checks is current).
-    GenManifests,
-}
-
-fn main() -> anyhow::Result<()> {
-    close_inherited_fds_on_exec();
-    match Cli::parse().command {
-        Command::DevApiserver(a) => dev_apiserver::run(a),
-        Command::Guest(a) => guest::run(a),
-        Command::Cluster(a) => cluster::run(a),
-        Command::Bench(a) => bench::run(a),
-        Command::Test(a) => test::run(a),
-        Command::Deps => deps::ensure(),
-        Command::Images(a) => images::run(a),
-        Command::Deploy(a) => deploy::run(a),
-        Command::Up(a) => up::run(a),
-        Command::GenManifests => {
-            for p in virt_operator::install::write_manifests(&workspace_root())? {
-                println!("wrote {}", p.display());
-            }
-            Ok(())
+fn main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    match run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }
 
-/// Descriptors inherited from the caller (e.g. the cluster lock of `flock
-/// /tmp/kvrs-cluster.lock cargo xtask …`) must not leak into the daemons `cluster up` starts:
-/// they would hold that lock for as long as the cluster runs.
-fn close_inherited_fds_on_exec() {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return;
-    };
-    let fds: Vec<i32> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .filter(|fd| *fd > 2)
-        .collect();
-    for fd in fds {
-        let _ = nix::fcntl::fcntl(
-            fd,
-            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-        );
+fn run(args: Vec<OsString>) -> anyhow::Result<ExitCode> {
+    let first = args.first().and_then(|a| a.to_str());
+    if first.is_none() && !args.is_empty() {
+        // Not UTF-8: let clap in the devkit say what is wrong with it.
+        deps::ensure(Needs::Build)?;
+        return Err(exec_devkit(&args));
+    }
+    match first {
+        None | Some("-h" | "--help") => {
+            print_help();
+            Ok(if first.is_some() {
+                ExitCode::SUCCESS
+            } else {
+                // Like clap without a subcommand: usage, then failure.
+                ExitCode::from(2)
+            })
+        }
+        Some("help") if args.len() == 1 => {
+            print_help();
+            Ok(ExitCode::SUCCESS)
+        }
+        Some("deps") => {
+            deps::ensure(Needs::All)?;
+            println!("all Debian packages kubevirt-rs needs are installed");
+            Ok(ExitCode::SUCCESS)
+        }
+        Some("fresh-check") => fresh_check::run(&args[1..]),
+        Some(name) => {
+            // Unknown names and `help <cmd>` go to the devkit too: its clap answers them.
+            let needs = subcommand(name).map_or(Needs::Build, |s| s.needs);
+            deps::ensure(needs)?;
+            Err(exec_devkit(&args))
+        }
     }
 }
 
-/// The workspace's target directory (honours CARGO_TARGET_DIR).
-pub fn target_dir() -> std::path::PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
+/// Replaces this process with `cargo run -p xtask-devkit -- ARGS`: same PID, stdin and
+/// terminal (`dev-apiserver` and the console commands are interactive), and its exit code is
+/// the devkit's (cargo run execs the program in turn). Returns only when exec failed.
+fn exec_devkit(args: &[OsString]) -> anyhow::Error {
+    let root = xtask::workspace_root();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(&cargo);
+    cmd.arg("run");
+    let built = xtask::target_dir().join("debug/xtask-devkit").exists();
+    if built {
+        // As before the split: a rebuild after an edit says nothing, only the tool speaks.
+        cmd.arg("--quiet");
+    } else {
+        // The first build takes minutes: show cargo's progress rather than a silent wait.
+        eprintln!(
+            "==> building xtask-devkit, the workspace's tooling (first time: about 4 min on 2 cores)"
+        );
+    }
+    cmd.args(["--package", "xtask-devkit", "--manifest-path"])
+        .arg(root.join("Cargo.toml"))
+        .arg("--")
+        .args(args);
+    let err = cmd.exec();
+    anyhow::anyhow!(
+        "running {} run -p xtask-devkit: {err}",
+        cargo.to_string_lossy()
+    )
 }
 
-/// The workspace root (xtask lives one level below it).
-pub fn workspace_root() -> std::path::PathBuf {
-    let manifest = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .parent()
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or(manifest)
+fn print_help() {
+    println!("kubevirt-rs developer tooling\n\nUsage: cargo xtask <COMMAND>\n\nCommands:");
+    let width = SUBCOMMANDS.iter().map(|s| s.name.len()).max().unwrap_or(0);
+    for s in SUBCOMMANDS {
+        println!("  {:width$}  {}", s.name, s.about);
+    }
+    println!(
+        "\n`cargo xtask <COMMAND> --help` shows a command's options. Every command except \
+         fresh-check first installs\nthe Debian packages it needs (as root, with apt-get; \
+         `cargo xtask deps` installs all of them), then\nruns xtask-devkit (xtask/devkit), \
+         which it builds on first use."
+    );
 }

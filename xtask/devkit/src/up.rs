@@ -197,7 +197,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         no_build: args.no_build,
         ..deploy::Args::default()
     })?;
-    let k = deploy::Kubectl::new(kubeconfig.clone());
+    let k = deploy::Kubectl {
+        bin: report.kubectl,
+        kubeconfig: kubeconfig.clone(),
+    };
     if !args.no_demo {
         let yaml = serde_saphyr::to_string(&demo_vm()?).context("rendering the demo VM")?;
         // Server-side apply: creates it once, later runs leave a current object alone.
@@ -216,38 +219,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let took = wait_running(&k, Duration::from_secs(args.timeout_seconds))?;
         println!("demo VMI Running {:.1} s after apply", took.as_secs_f64());
     }
-    let plugin_dir = build_plugin()?;
+    crate::user_bin::build_plugin()?;
+    let bin = crate::user_bin::link(&cluster::kubernetes_bin_dir()?)?;
     let vms = k.run(&["get", "vms", "-A"], None)?;
     println!(
         "\nkubevirt-rs is up ({:.1} s).\n\n{vms}",
         start.elapsed().as_secs_f64()
     );
-    let kubectl = report.kubectl.display();
     println!(
-        "Next:\n  export KUBECONFIG={}\n  export PATH={}:$PATH    # kubectl-virt, the plugin\n  \
-         alias kubectl={kubectl}\n  kubectl get vms\n  \
+        "Next ({} holds kubectl, built for this cluster, and kubectl-virt):\n{}\n  \
+         export KUBECONFIG={}\n  kubectl get vms\n  \
          kubectl get vmi,pods -o wide\n  kubectl virt console demo    # Ctrl+] leaves\n  \
          kubectl virt pause vm demo; \
          kubectl virt unpause vm demo\n  kubectl virt stop demo; kubectl virt start demo\n  \
          kubectl explain vm.spec\n\nStop everything: cargo xtask cluster down",
+        bin.display(),
+        crate::user_bin::path_line(),
         kubeconfig.display(),
-        plugin_dir.display()
     );
     Ok(())
-}
-
-/// Builds the kubectl plugin (`kubectl virt …`); returns the directory to put on PATH.
-fn build_plugin() -> anyhow::Result<std::path::PathBuf> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args(["build", "-p", "kubectl-virt", "--bin", "kubectl-virt"])
-        .current_dir(crate::workspace_root())
-        .status()
-        .context("running cargo build -p kubectl-virt")?;
-    if !status.success() {
-        bail!("cargo build -p kubectl-virt failed");
-    }
-    Ok(crate::target_dir().join("debug"))
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! `cargo xtask test`: the README's test command and what `.ci/run` runs. Formatting,
 //! lints, every unit and integration test (real etcd, libvirt/QEMU, kubectl), then the
-//! end-to-end tests on a real local Kubernetes cluster. Fails when anything fails or
-//! when no test ran at all.
+//! end-to-end tests on a real local Kubernetes cluster. Fails when anything fails, when no
+//! test ran at all, or when the e2e phase passed fewer tests than the e2e crate contains.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -27,6 +27,12 @@ struct Tally {
 }
 
 impl Tally {
+    fn add(&mut self, other: &Tally) {
+        self.passed += other.passed;
+        self.failed += other.failed;
+        self.ignored += other.ignored;
+    }
+
     /// Reads one `test result: ok. 3 passed; 0 failed; 1 ignored; …` line.
     fn add_line(&mut self, line: &str) {
         let Some(rest) = line.trim().strip_prefix("test result: ") else {
@@ -47,6 +53,37 @@ impl Tally {
             }
         }
     }
+}
+
+/// The libtest arguments that select the e2e tests (they are `#[ignore]`d so that
+/// `cargo test --workspace` does not run them without a cluster): the same for listing and
+/// running them, so the count and the run cannot disagree on what "every e2e test" is.
+const E2E_SELECT: &[&str] = &["--ignored"];
+
+/// How many tests the e2e phase must pass: the tests `cargo test -p e2e -- --ignored --list`
+/// lists.
+fn e2e_test_count(test_env: &dyn Fn(&mut Command)) -> anyhow::Result<u64> {
+    eprintln!("==> listing the e2e tests");
+    let mut cmd = cargo();
+    cmd.args(["test", "-p", "e2e", "--"])
+        .args(E2E_SELECT)
+        .arg("--list")
+        .stderr(Stdio::inherit());
+    test_env(&mut cmd);
+    let out = cmd
+        .output()
+        .context("running cargo test -p e2e -- --list")?;
+    anyhow::ensure!(out.status.success(), "listing the e2e tests failed");
+    let n = count_listed(&String::from_utf8_lossy(&out.stdout));
+    anyhow::ensure!(n > 0, "the e2e crate lists no test");
+    Ok(n)
+}
+
+/// Counts the `name: test` lines of libtest's `--list` output.
+fn count_listed(list: &str) -> u64 {
+    list.lines()
+        .filter(|l| l.trim_end().ends_with(": test"))
+        .count() as u64
 }
 
 fn cargo() -> Command {
@@ -156,7 +193,7 @@ fn cluster_diagnostics(root: &std::path::Path) {
 
 /// Runs everything.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    crate::deps::ensure()?;
+    xtask::deps::ensure(xtask::Needs::All)?;
     let root = crate::workspace_root();
     std::env::set_current_dir(&root).context("entering the workspace")?;
     report_disk("at start", &root);
@@ -180,15 +217,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // The controllers' integration tests run their own kube-apiserver: build (or find
     // cached) the pinned Kubernetes binaries first, also with --no-e2e.
     let kube_bin = crate::cluster::ensure_kubernetes_binaries().context("Kubernetes binaries")?;
+    // kubectl for the tests that drive it: the one built for the cluster (a fresh machine has
+    // none in /usr/bin), as $KUBECTL and first in PATH with kubectl-virt (target/bin).
+    let user_bin = crate::user_bin::link(&kube_bin)?;
+    let kubectl = kube_bin.join("kubectl");
+    let path = crate::user_bin::path_env();
+    eprintln!(
+        "tests use KUBECTL={} and PATH={}:…",
+        kubectl.display(),
+        user_bin.display()
+    );
+    let test_env = |cmd: &mut Command| {
+        cmd.env("KUBE_APISERVER_BIN", kube_bin.join("kube-apiserver"))
+            .env("KUBECTL", &kubectl)
+            .env("PATH", &path);
+    };
     let mut tally = Tally::default();
-    let mut ok = run_tests(
-        "cargo test --workspace",
-        cargo()
-            .args(["test", "--workspace", "--no-fail-fast"])
-            .env("KUBE_APISERVER_BIN", kube_bin.join("kube-apiserver")),
-        &mut tally,
-    )?;
+    let mut workspace = cargo();
+    workspace.args(["test", "--workspace", "--no-fail-fast"]);
+    test_env(&mut workspace);
+    let mut ok = run_tests("cargo test --workspace", &mut workspace, &mut tally)?;
     if !args.no_e2e {
+        // What the e2e phase must run: every test of the e2e crate that `--ignored` selects.
+        // Fewer passed than listed (a test binary that did not build, a filter, a panic
+        // before libtest's summary) is a failure, not a smaller green run.
+        let expected = e2e_test_count(&test_env)?;
         let xtask = std::env::current_exe().context("locating xtask")?;
         let up = Command::new(&xtask)
             // Two nodes: the live migration e2e tests move VMs between them.
@@ -196,31 +249,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .status()
             .context("cluster up")?;
         report_disk("before the e2e tests", &root);
+        let mut e2e = Tally::default();
         if up.success() {
-            let e2e_ok = run_tests(
-                "e2e tests on the local cluster",
-                cargo()
-                    .args([
-                        "test",
-                        "-p",
-                        "e2e",
-                        "--no-fail-fast",
-                        "--",
-                        "--ignored",
-                        "--test-threads=1",
-                    ])
-                    .env("KUBECONFIG", root.join("target/cluster/kubeconfig")),
-                &mut tally,
-            )?;
+            let mut cmd = cargo();
+            cmd.args(["test", "-p", "e2e", "--no-fail-fast", "--"])
+                .args(E2E_SELECT)
+                .arg("--test-threads=1")
+                .env("KUBECONFIG", root.join("target/cluster/kubeconfig"));
+            test_env(&mut cmd);
+            let e2e_ok = run_tests("e2e tests on the local cluster", &mut cmd, &mut e2e)?;
             if !e2e_ok {
                 cluster_diagnostics(&root);
             }
             ok &= e2e_ok;
         } else {
             eprintln!("cluster up failed; logs in target/cluster/logs");
-            tally.failed += 1;
+            e2e.failed += 1;
             ok = false;
         }
+        println!(
+            "e2e: {} of {expected} tests passed ({} failed)",
+            e2e.passed, e2e.failed
+        );
+        if e2e.passed < expected {
+            eprintln!(
+                "the e2e phase passed {} of the {expected} tests the e2e crate contains",
+                e2e.passed
+            );
+            ok = false;
+        }
+        tally.add(&e2e);
         let down = Command::new(&xtask)
             .args(["cluster", "down"])
             .status()
@@ -252,5 +310,13 @@ mod tests {
         );
         t.add_line("running 5 tests");
         assert_eq!((t.passed, t.failed, t.ignored), (24, 1, 2));
+    }
+
+    #[test]
+    fn counts_listed_tests_only() {
+        let list = "migration::a_vm_moves: test\nplugin::console: test\n\
+                    src/lib.rs - xtask (line 27): test\nbench_x: benchmark\n\n\
+                    3 tests, 1 benchmark\n";
+        assert_eq!(super::count_listed(list), 3);
     }
 }

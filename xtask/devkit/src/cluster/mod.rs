@@ -82,8 +82,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let layout = Layout::discover()?;
     match args.command {
         Cmd::Up { kubeconfig, nodes } => {
-            let _lock = layout.lock()?;
-            up(&layout, kubeconfig, nodes).map(|_| ())
+            let lock = layout.lock()?;
+            up(&layout, kubeconfig, nodes)?;
+            drop(lock);
+            // kubectl for this cluster and our plugin, on one PATH entry: a fresh machine has
+            // no kubectl at all.
+            crate::user_bin::build_plugin_if_missing()?;
+            crate::user_bin::link(&kubernetes_bin_dir()?)?;
+            println!(
+                "kubectl ({} client) and kubectl-virt:\n{}",
+                kube_build::pinned_version(&layout)?,
+                crate::user_bin::path_line()
+            );
+            Ok(())
         }
         Cmd::Down => {
             let _lock = layout.lock()?;
@@ -137,6 +148,15 @@ pub fn ensure_kubernetes_binaries() -> anyhow::Result<PathBuf> {
     kube_build::ensure(&layout, &Progress::new())
 }
 
+/// Where the pinned Kubernetes binaries are (built by [`ensure_kubernetes_binaries`]).
+pub fn kubernetes_bin_dir() -> anyhow::Result<PathBuf> {
+    let layout = Layout::discover()?;
+    Ok(kube_build::bin_dir(
+        &layout,
+        &kube_build::pinned_version(&layout)?,
+    ))
+}
+
 #[allow(dead_code)]
 /// Brings the cluster up (or reuses it) and returns the path of the admin kubeconfig.
 pub fn ensure_up(kubeconfig: Option<PathBuf>) -> anyhow::Result<PathBuf> {
@@ -176,10 +196,7 @@ pub struct Layout {
 
 impl Layout {
     fn discover() -> anyhow::Result<Self> {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .context("xtask has no parent directory")?
-            .to_path_buf();
+        let root = crate::workspace_root();
         let target = match std::env::var_os("CARGO_TARGET_DIR") {
             Some(t) => root.join(t),
             None => root.join("target"),

@@ -197,11 +197,11 @@ pub(super) fn rerun_release() -> anyhow::Result<()> {
     eprintln!("building a release xtask for the benchmark client");
     let status =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(["build", "--quiet", "--release", "-p", "xtask"])
+            .args(["build", "--quiet", "--release", "-p", "xtask-devkit"])
             .status()
             .context("running cargo build")?;
     anyhow::ensure!(status.success(), "building the release xtask failed");
-    let exe = crate::target_dir().join("release").join("xtask");
+    let exe = crate::target_dir().join("release").join("xtask-devkit");
     let status = std::process::Command::new(&exe)
         .args(std::env::args_os().skip(1))
         .status()

@@ -423,7 +423,7 @@ pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    /// The floor half alone: `cargo test -p xtask -- --ignored bare_qemu_migrates`.
+    /// The floor half alone: `cargo test -p xtask-devkit -- --ignored bare_qemu_migrates`.
     #[test]
     #[ignore = "boots two QEMUs (TCG)"]
     fn bare_qemu_migrates() {
