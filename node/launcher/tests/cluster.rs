@@ -1,7 +1,7 @@
 //! virt-handler in cluster mode, all parts real: etcd + virt-apiserver (DevEnv), a real
 //! virt-launcher started the way its pod starts it (sockets in `<root>/sockets/<uid>/`),
 //! real libvirt + QEMU (TCG) with the test guest, and the handler as a separate process
-//! (this test binary re-executed), so that it can be killed with SIGKILL.
+//! (`test-helpers/handler_child.rs`), so that it can be killed with SIGKILL.
 //!
 //! The virt-apiserver binary: `$VIRT_APISERVER_BIN`, else `target/<profile>/virt-apiserver`
 //! (`cargo build -p virt-apiserver`; `cargo test --workspace` builds it).
@@ -103,59 +103,6 @@ impl Certs {
     }
 }
 
-/// Not a test on its own: with `HANDLER_NODE_CHILD` set, this binary is a cluster-mode
-/// virt-handler (what `virt-handler --node-name …` runs), configured by the variables below.
-#[test]
-fn handler_node_main() {
-    let Ok(root) = std::env::var("HANDLER_NODE_CHILD") else {
-        return;
-    };
-    let env = |k: &str| std::env::var(k).unwrap();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async move {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let kc = kube::config::Kubeconfig::read_from(env("HANDLER_KUBECONFIG")).unwrap();
-        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .unwrap();
-        let tls = virt_handler::server::TlsSource::from_files(virt_handler::server::TlsFiles {
-            cert: env("HANDLER_TLS_CERT").into(),
-            key: env("HANDLER_TLS_KEY").into(),
-            client_ca: env("HANDLER_CLIENT_CA").into(),
-        })
-        .unwrap();
-        let listener = tokio::net::TcpListener::bind(env("HANDLER_LISTEN"))
-            .await
-            .unwrap();
-        let opts = virt_handler::NodeOptions {
-            client: Client::try_from(cfg).unwrap(),
-            cluster: virt_handler::cluster::ClusterConfig {
-                node_name: NODE.into(),
-                paths: virt_handler::cluster::Paths {
-                    run_root: root.into(),
-                },
-                stale_dir_age: Duration::from_secs(600),
-                migration: None,
-            },
-            listener,
-            tls,
-            ping_every: Duration::from_secs(env("HANDLER_PING").parse().unwrap()),
-            metrics_listener: Some(
-                tokio::net::TcpListener::bind(env("HANDLER_METRICS"))
-                    .await
-                    .unwrap(),
-            ),
-        };
-        virt_handler::run_node(opts, Default::default())
-            .await
-            .unwrap();
-    });
-}
-
 struct Env {
     // Children first: they are killed before the API server stops.
     handler: Option<Child>,
@@ -232,14 +179,11 @@ impl Env {
             .append(true)
             .open(self.tmp.path().join("handler.log"))
             .unwrap();
-        let child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "handler_node_main",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("HANDLER_NODE_CHILD", self.root.path())
+        // A cluster-mode virt-handler in its own process, so that it can be SIGKILLed.
+        let child = Command::new(env!("CARGO_BIN_EXE_test-handler-child"))
+            .arg("node")
+            .env("HANDLER_NODE_NAME", NODE)
+            .env("HANDLER_NODE_ROOT", self.root.path())
             .env("HANDLER_KUBECONFIG", &self.kubeconfig)
             .env("HANDLER_TLS_CERT", &self.certs.server_cert)
             .env("HANDLER_TLS_KEY", &self.certs.server_key)

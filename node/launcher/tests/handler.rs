@@ -68,15 +68,19 @@ fn vmi(name: &str) -> VirtualMachineInstance {
     .unwrap()
 }
 
-fn handler(state: &std::path::Path) -> Handler {
-    Handler::new(HandlerConfig {
+fn handler_config(state: &std::path::Path) -> HandlerConfig {
+    HandlerConfig {
         state_dir: state.to_path_buf(),
         launcher_bin: env!("CARGO_BIN_EXE_virt-launcher").into(),
         launcher_args: vec![
             "--image-dir".into(),
             format!("guest:latest={}", guest_dir().display()),
         ],
-    })
+    }
+}
+
+fn handler(state: &std::path::Path) -> Handler {
+    Handler::new(handler_config(state))
 }
 
 async fn wait_for(
@@ -263,40 +267,20 @@ async fn restarted_handler_readopts_the_running_guest() {
     assert_no_qemu(&key).await;
 }
 
-/// Not a test on its own: when `HANDLER_CHILD_STATE` is set, this test binary acts as a
-/// virt-handler process (so a test can `kill -9` a real handler process and start another).
-#[test]
-fn handler_process_main() {
-    let Ok(state) = std::env::var("HANDLER_CHILD_STATE") else {
-        return;
-    };
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async move {
-        let h = handler(std::path::Path::new(&state));
-        h.adopt().await.unwrap();
-        if let Ok(file) = std::env::var("HANDLER_CHILD_VMI") {
-            let vmi: VirtualMachineInstance =
-                serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
-            h.start(&vmi).await.unwrap();
-        }
-        std::future::pending::<()>().await;
-    });
-}
-
 fn spawn_handler_process(
     state: &std::path::Path,
     vmi: Option<&std::path::Path>,
 ) -> std::process::Child {
-    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "handler_process_main",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("HANDLER_CHILD_STATE", state)
-    .stdout(std::process::Stdio::null())
-    .stderr(std::process::Stdio::null());
+    // A standalone virt-handler in its own process (test-helpers/handler_child.rs), so
+    // that a test can `kill -9` a real handler process and start another.
+    let config = handler_config(state);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_test-handler-child"));
+    cmd.arg("standalone")
+        .env("HANDLER_CHILD_STATE", state)
+        .env("HANDLER_LAUNCHER", &config.launcher_bin)
+        .env("HANDLER_LAUNCHER_ARGS", config.launcher_args.join("\n"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
     if let Some(v) = vmi {
         cmd.env("HANDLER_CHILD_VMI", v);
     }
