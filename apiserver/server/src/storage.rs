@@ -17,7 +17,7 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum StorageError {
     /// etcd could not be reached or answered with an error.
-    #[error("etcd request failed")]
+    #[error("etcd request failed: {0}")]
     Etcd(#[from] etcd_client::Error),
     /// The requested revision was compacted away.
     #[error("required revision {0} has been compacted")]
@@ -102,6 +102,12 @@ pub enum Change {
     /// No change, but the store has reached `revision` (bookmark source).
     Progress(i64),
 }
+
+/// Largest gRPC message accepted from etcd. etcd batches up to 1000 revisions into
+/// one watch response, each event with its previous value: a watch resuming a few
+/// hundred VMI updates back easily exceeds gRPC's 4 MiB default, which tonic reports
+/// as an error that used to end the watch with a 500 on every retry.
+const MAX_RECEIVE_BYTES: usize = i32::MAX as usize;
 
 /// Handle to etcd. Cheap to clone.
 #[derive(Clone)]
@@ -212,6 +218,15 @@ impl Storage {
             .clone()
     }
 
+    /// The KV client without gRPC's 4 MiB default receive limit: a LIST page, a
+    /// deletecollection's read or a revision's worth of watch events can be larger
+    /// (kube-apiserver lifts the limit the same way, to 2 GiB).
+    fn kv(&self) -> etcd_client::KvClient {
+        self.client()
+            .kv_client()
+            .max_decoding_message_size(MAX_RECEIVE_BYTES)
+    }
+
     /// Follows the operator's rotation of the etcd client certificate: every `every`, if
     /// the files behind `tls` changed, connects anew with them and uses that connection
     /// for every later request. Without it a connection re-established after etcd restarts
@@ -273,18 +288,14 @@ impl Storage {
 
     /// Current revision of the store (a cheap read of a key that never exists).
     pub async fn current_revision(&self) -> Result<i64, StorageError> {
-        let resp = self
-            .client()
-            .kv_client()
-            .get("\0kubevirt-rs-revision-probe", None)
-            .await?;
+        let resp = self.kv().get("\0kubevirt-rs-revision-probe", None).await?;
         Ok(resp.header().map(|h| h.revision()).unwrap_or_default())
     }
 
     /// Reads one key, at the latest revision.
     pub async fn get(&self, key: &str) -> Result<Option<Stored>, StorageError> {
         let start = std::time::Instant::now();
-        let resp = self.client().kv_client().get(key, None).await?;
+        let resp = self.kv().get(key, None).await?;
         self.observe("get", start, false);
         resp.kvs()
             .first()
@@ -332,8 +343,7 @@ impl Storage {
         let from = if start.is_empty() { prefix } else { start };
         let start = std::time::Instant::now();
         let mut resp = self
-            .client()
-            .kv_client()
+            .kv()
             .get(from, Some(opts))
             .await
             .map_err(|e| classify(e, revision))?;
@@ -359,7 +369,7 @@ impl Storage {
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key, bytes, None)]);
         let start = std::time::Instant::now();
-        let resp = self.client().kv_client().txn(txn).await?;
+        let resp = self.kv().txn(txn).await?;
         self.observe("create", start, resp.succeeded());
         Ok(resp
             .succeeded()
@@ -381,7 +391,7 @@ impl Storage {
             .when([Compare::mod_revision(key, CompareOp::Equal, expected)])
             .and_then([TxnOp::put(key, bytes, None)]);
         let start = std::time::Instant::now();
-        let resp = self.client().kv_client().txn(txn).await?;
+        let resp = self.kv().txn(txn).await?;
         self.observe("update", start, resp.succeeded());
         Ok(resp
             .succeeded()
@@ -394,7 +404,7 @@ impl Storage {
             .when([Compare::mod_revision(key, CompareOp::Equal, expected)])
             .and_then([TxnOp::delete(key, None)]);
         let start = std::time::Instant::now();
-        let resp = self.client().kv_client().txn(txn).await?;
+        let resp = self.kv().txn(txn).await?;
         self.observe("delete", start, resp.succeeded());
         Ok(resp
             .succeeded()
@@ -403,8 +413,7 @@ impl Storage {
 
     /// Compacts history up to `revision` (used by tests and maintenance).
     pub async fn compact(&self, revision: i64) -> Result<(), StorageError> {
-        self.client()
-            .kv_client()
+        self.kv()
             .compact(
                 revision,
                 Some(etcd_client::CompactionOptions::new().with_physical()),
@@ -429,7 +438,10 @@ impl Storage {
         start_revision: i64,
         mut progress: tokio::sync::mpsc::Receiver<()>,
     ) -> impl Stream<Item = Result<Change, StorageError>> + Send + 'static + use<> {
-        let mut client = self.client().watch_client();
+        let mut client = self
+            .client()
+            .watch_client()
+            .max_decoding_message_size(MAX_RECEIVE_BYTES);
         async_stream::stream! {
             let opts = WatchOptions::new()
                 .with_range(prefix_end(&prefix))
@@ -438,7 +450,7 @@ impl Storage {
                 .with_progress_notify();
             let (mut watcher, mut stream) = match client.watch(prefix.as_bytes().to_vec(), Some(opts)).await {
                 Ok(w) => w.split(),
-                Err(e) => { yield Err(StorageError::Etcd(e)); return; }
+                Err(e) => { yield Err(classify(e, start_revision)); return; }
             };
             loop {
                 tokio::select! {
@@ -457,9 +469,11 @@ impl Storage {
                                 yield Err(StorageError::Cancelled("stream closed".into()));
                                 break;
                             }
-                            Err(e) => { yield Err(StorageError::Etcd(e)); break; }
+                            Err(e) => { yield Err(classify(e, start_revision)); break; }
                         };
-                        if resp.compact_revision() > 0 {
+                        if resp.compact_revision() > 0
+                            || (resp.canceled() && resp.cancel_reason().contains("compacted"))
+                        {
                             yield Err(StorageError::Compacted(resp.compact_revision()));
                             break;
                         }

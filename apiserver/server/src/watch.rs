@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -99,14 +100,18 @@ fn error_event(e: &ApiError) -> Event {
     }
 }
 
-/// Starts a watch. Errors detected before streaming are returned as `Err`.
+/// Starts a watch. Invalid parameters are returned as `Err` (an HTTP error before any
+/// stream); every later failure — a resourceVersion too old or too new for the store,
+/// storage errors — ends an established stream with an ERROR event, as kube-apiserver
+/// does. Clients depend on that form: kube-runtime's watcher re-lists on an ERROR
+/// event with 410 but retries an HTTP 410 at the same resourceVersion forever.
 pub async fn watch(
     registry: Registry,
     def: &'static ResourceDef,
     ns: Option<String>,
     params: WatchParams,
     shutdown: CancellationToken,
-) -> ApiResult<impl Stream<Item = Event> + Send + 'static> {
+) -> ApiResult<BoxStream<'static, Event>> {
     validate(&params)?;
     let rv = params
         .list
@@ -114,16 +119,38 @@ pub async fn watch(
         .as_deref()
         .filter(|s| !s.is_empty())
         .map(str::to_string);
-    let initial = match params.send_initial_events {
-        Some(b) => b,
-        None => rv.is_none() || rv.as_deref() == Some("0"),
-    };
     let start_rv: i64 = match rv.as_deref() {
         None | Some("0") => 0,
         Some(r) => r
             .parse()
             .map_err(|_| ApiError::bad_request(format!("invalid resource version: {r:?}")))?,
     };
+    match start(
+        registry,
+        def,
+        ns,
+        params,
+        rv.is_none() || start_rv == 0,
+        start_rv,
+        shutdown,
+    )
+    .await
+    {
+        Ok(events) => Ok(events),
+        Err(e) => Ok(futures::stream::once(async move { error_event(&e) }).boxed()),
+    }
+}
+
+async fn start(
+    registry: Registry,
+    def: &'static ResourceDef,
+    ns: Option<String>,
+    params: WatchParams,
+    no_rv: bool,
+    start_rv: i64,
+    shutdown: CancellationToken,
+) -> ApiResult<BoxStream<'static, Event>> {
+    let initial = params.send_initial_events.unwrap_or(no_rv);
     let mut initial_items = Vec::new();
     let mut from = start_rv;
     if !initial && start_rv > 0 {
@@ -132,7 +159,10 @@ pub async fn watch(
         // empty etcd) would hear nothing for hours. After kube-apiserver's 3 s grace
         // the client gets 410 Gone, on which every client (client-go, kube-rs)
         // re-lists; a 504 "too large" would make kube-rs retry the same version.
-        if registry.wait_for_revision(start_rv).await.is_err() {
+        if let Err(e) = registry.wait_for_revision(start_rv).await {
+            if e.code != 504 {
+                return Err(e);
+            }
             let current = registry.storage().current_revision().await.unwrap_or(0);
             return Err(ApiError::expired(format!(
                 "too large resource version: {start_rv}, current: {current} \
@@ -221,12 +251,15 @@ pub async fn watch(
                                 yield Event { type_: "DELETED", object: obj };
                             }
                         }
-                        Err(StorageError::Compacted(_)) => {
-                            yield error_event(&ApiError::expired(format!("too old resource version: {start_rv}")));
+                        Err(StorageError::Compacted(compacted)) => {
+                            // The form of kube-apiserver's message, which clients match.
+                            yield error_event(&ApiError::expired(format!(
+                                "too old resource version: {last_rv} ({compacted})"
+                            )));
                             break;
                         }
                         Err(e) => {
-                            tracing::warn!(error = %e, "Watch ended by storage error");
+                            tracing::warn!(error = %e, resource = def.plural, "Watch ended by storage error");
                             yield error_event(&ApiError::internal("watch ended: storage unavailable"));
                             break;
                         }
@@ -234,7 +267,8 @@ pub async fn watch(
                 }
             }
         }
-    })
+    }
+    .boxed())
 }
 
 #[cfg(test)]
