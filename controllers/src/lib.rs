@@ -17,5 +17,6 @@ pub mod metrics;
 pub mod migration;
 pub mod vm;
 pub mod vmi;
+pub mod watch;
 
 pub use context::{Config, Context, FIELD_MANAGER};

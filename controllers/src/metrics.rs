@@ -54,6 +54,8 @@ pub struct Metrics {
     pod_actions: Family<ActionLabels, Counter>,
     vmi_status_writes: Counter,
     phase_transitions: Family<PhaseLabels, Histogram, fn() -> Histogram>,
+    /// Failures and fresh lists of the watches of our API.
+    pub watches: virt_watch::WatchMetrics,
 }
 
 impl Default for Metrics {
@@ -105,6 +107,8 @@ impl Default for Metrics {
             "Histogram of VM phase transitions duration from creation time in seconds",
             phase_transitions.clone(),
         );
+        let watches = virt_watch::WatchMetrics::default();
+        watches.register(registry.sub_registry_with_prefix("virt_controller"));
         Self {
             registry,
             reconciles,
@@ -114,6 +118,7 @@ impl Default for Metrics {
             pod_actions,
             vmi_status_writes,
             phase_transitions,
+            watches,
         }
     }
 }

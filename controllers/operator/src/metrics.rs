@@ -27,6 +27,8 @@ pub struct Metrics {
     duration: Histogram,
     uninstalls: Counter,
     rotations: Family<RotationLabels, Counter>,
+    /// Failures and fresh lists of the operator's watches.
+    pub watches: virt_watch::WatchMetrics,
 }
 
 impl Default for Metrics {
@@ -53,12 +55,15 @@ impl Default for Metrics {
              (leaf: re-issued from the same CA; ca: a new CA signs)",
             rotations.clone(),
         );
+        let watches = virt_watch::WatchMetrics::default();
+        watches.register(&mut registry);
         Self {
             registry,
             reconciles,
             duration,
             uninstalls,
             rotations,
+            watches,
         }
     }
 }

@@ -17,7 +17,7 @@ use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
 };
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
@@ -97,7 +97,7 @@ pub async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
             kube::runtime::reflector::ObjectRef::<KubeVirt>::new("kubevirt").within(NAMESPACE),
         )
     };
-    Controller::new(kvs, watcher::Config::default())
+    virt_controllers::watch::controller(kvs, "kubevirts", &ctx.metrics.watches)
         .watches(
             Api::<Deployment>::namespaced(client.clone(), NAMESPACE),
             labels.clone(),

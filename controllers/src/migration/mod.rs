@@ -16,7 +16,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{Controller, controller, watcher};
+use kube::runtime::{controller, watcher};
 use kube::{Api, ResourceExt};
 use kubevirt_api::migration::names;
 use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstanceMigration};
@@ -50,8 +50,14 @@ pub async fn run(ctx: Arc<Context>, cfg: MigrationConfig, shutdown: Cancellation
         "starting VirtualMachineInstanceMigration controller"
     );
     let workers = ctx.config.workers;
+    let controller = crate::watch::controller(vmims, "vmims", &ctx.metrics.watches);
+    let vmi_changes = crate::watch::objects(
+        vmis,
+        watcher::Config::default(),
+        "migration-vmis",
+        &ctx.metrics.watches,
+    );
     let state = Arc::new(Migrations::new(ctx, cfg));
-    let controller = Controller::new(vmims, watcher::Config::default());
     let store = controller.store();
     controller
         // Target pods are controlled by their migration until it succeeds.
@@ -60,7 +66,7 @@ pub async fn run(ctx: Arc<Context>, cfg: MigrationConfig, shutdown: Cancellation
             watcher::Config::default().labels(names::MIGRATION_JOB_LABEL),
         )
         // virt-handler reports in the VMI: every migration of that VMI looks again.
-        .watches(vmis, watcher::Config::default(), move |vmi| {
+        .watches_stream(vmi_changes, move |vmi| {
             let ns = vmi.namespace();
             let name = vmi.name_any();
             store

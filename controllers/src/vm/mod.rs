@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::Api;
-use kube::runtime::{Controller, controller, watcher};
+use kube::runtime::{controller, watcher};
 use kubevirt_api::{VirtualMachine, VirtualMachineInstance};
 use tokio_util::sync::CancellationToken;
 
@@ -31,8 +31,13 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         workers = ctx.config.workers,
         "starting VirtualMachine controller"
     );
-    Controller::new(vms, watcher::Config::default())
-        .owns(vmis, watcher::Config::default())
+    crate::watch::controller(vms, "vms", &ctx.metrics.watches)
+        .owns_stream(crate::watch::objects(
+            vmis,
+            watcher::Config::default(),
+            "vm-vmis",
+            &ctx.metrics.watches,
+        ))
         .with_config(controller::Config::default().concurrency(ctx.config.workers))
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile::reconcile, reconcile::error_policy, ctx)

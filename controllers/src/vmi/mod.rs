@@ -16,7 +16,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::runtime::{Controller, controller, watcher};
+use kube::runtime::{controller, watcher};
 use kubevirt_api::VirtualMachineInstance;
 use tokio_util::sync::CancellationToken;
 
@@ -49,7 +49,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         allow_emulation = ctx.config.launcher.allow_emulation,
         "starting VirtualMachineInstance controller"
     );
-    Controller::new(vmis, watcher::Config::default())
+    crate::watch::controller(vmis, "vmis", &ctx.metrics.watches)
         // A pod event (bound, started, failed, deleted) reconciles its VMI through the
         // controller ownerReference.
         .owns(

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use kubevirt_api::{
@@ -192,8 +191,12 @@ pub async fn run(
         })?;
     let all: Api<VirtualMachineInstance> = Api::all(client.clone());
     let selector = format!("status.nodeName={}", cfg.node_name);
-    let stream = watcher::watcher(all.clone(), watcher::Config::default().fields(&selector))
-        .default_backoff();
+    let stream = virt_watch::watch(
+        all.clone(),
+        watcher::Config::default().fields(&selector),
+        "vmis",
+        metrics.watches.clone(),
+    );
     tokio::pin!(stream);
     // VMIs migrating to this node (their nodeName is still the source's).
     let label = format!(
@@ -201,8 +204,12 @@ pub async fn run(
         crate::cluster_migration::TARGET_NODE_LABEL,
         cfg.node_name
     );
-    let incoming =
-        watcher::watcher(all, watcher::Config::default().labels(&label)).default_backoff();
+    let incoming = virt_watch::watch(
+        all,
+        watcher::Config::default().labels(&label),
+        "incoming-migrations",
+        metrics.watches.clone(),
+    );
     tokio::pin!(incoming);
     let mut node = Node::default();
     let mut listed: HashSet<String> = HashSet::new();

@@ -44,6 +44,8 @@ pub struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
     /// Open websocket sessions.
     pub sessions: Family<SessionLabels, Gauge>,
+    /// Failures and fresh lists of the VMI watches.
+    pub watches: virt_watch::WatchMetrics,
 }
 
 impl Default for Metrics {
@@ -71,6 +73,8 @@ impl Default for Metrics {
             "Open console and VNC sessions",
             sessions.clone(),
         );
+        let watches = virt_watch::WatchMetrics::default();
+        watches.register(&mut registry);
         Self {
             registry,
             vmis,
@@ -78,6 +82,7 @@ impl Default for Metrics {
             launchers_gone,
             requests,
             sessions,
+            watches,
         }
     }
 }

@@ -1,0 +1,215 @@
+//! kube-runtime watchers that never stay blind.
+//!
+//! `kube::runtime::watcher` re-lists after a 410 that arrives as an ERROR event on an
+//! open stream, but any other failure — an HTTP 410 when a watch starts, a 500 on every
+//! attempt, a stream that keeps ending with errors — is retried at the same
+//! resourceVersion forever: the watcher then sees nothing new until the process is
+//! restarted (a virt-handler that misses its node's VMIs and incoming migrations).
+//! [`watch`] wraps it: errors still reach the caller (for its logs), with a bounded
+//! back-off between attempts, and after a 410 of any form or [`MAX_FAILURES`] failures
+//! in a row it starts over with a fresh list, saying so in a log line and a metric.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use kube::Api;
+use kube::runtime::watcher::{self, Event};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use serde::de::DeserializeOwned;
+
+/// Failures in a row after which the watcher starts over with a fresh list.
+pub const MAX_FAILURES: u32 = 5;
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Labels of the watch metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchLabels {
+    /// Which watch of the process (e.g. `vmis`, `incoming-migrations`).
+    pub watch: String,
+    /// Why it started over: `expired` (410) or `failures`; empty for errors.
+    pub reason: String,
+}
+
+/// Counters of watch failures and fresh lists. Cheap to clone (shared counters).
+#[derive(Clone, Debug, Default)]
+pub struct WatchMetrics {
+    /// Errors returned by the watcher.
+    pub errors: Family<WatchLabels, Counter>,
+    /// Fresh lists forced after a 410 or repeated failures.
+    pub relists: Family<WatchLabels, Counter>,
+}
+
+impl WatchMetrics {
+    /// Registers the counters as `<prefix>_watch_errors_total` and
+    /// `<prefix>_watch_relists_total`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "watch_errors",
+            "Errors returned by API watches",
+            self.errors.clone(),
+        );
+        registry.register(
+            "watch_relists",
+            "API watches started over with a fresh list (after 410 Gone or repeated failures)",
+            self.relists.clone(),
+        );
+    }
+}
+
+/// What to do after a watcher error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// Keep the watcher (it resumes where it was), after a back-off.
+    Retry,
+    /// Drop the watcher and list again: the resourceVersion is gone.
+    RelistExpired,
+    /// Drop the watcher and list again: too many failures in a row.
+    RelistFailures,
+}
+
+/// True when the error says the resourceVersion is no longer available, whether the
+/// server said it on an open stream or as the HTTP status of the request.
+pub fn is_gone(err: &watcher::Error) -> bool {
+    match err {
+        watcher::Error::WatchError(status) => status.code == 410,
+        watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e)
+        | watcher::Error::InitialListFailed(e) => {
+            matches!(e, kube::Error::Api(status) if status.code == 410)
+        }
+        watcher::Error::NoResourceVersion => false,
+    }
+}
+
+/// Decides the recovery after the `failures`-th error in a row (counting this one).
+pub fn recovery(err: &watcher::Error, failures: u32) -> Recovery {
+    if is_gone(err) {
+        Recovery::RelistExpired
+    } else if failures >= MAX_FAILURES {
+        Recovery::RelistFailures
+    } else {
+        Recovery::Retry
+    }
+}
+
+/// The back-off before the next attempt after `failures` errors in a row.
+pub fn backoff(failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(16);
+    FIRST_BACKOFF.saturating_mul(1 << exp).min(MAX_BACKOFF)
+}
+
+struct State<K: Clone + DeserializeOwned + Debug + Send + 'static> {
+    api: Api<K>,
+    config: watcher::Config,
+    name: &'static str,
+    metrics: WatchMetrics,
+    inner: futures::stream::BoxStream<'static, watcher::Result<Event<K>>>,
+    failures: u32,
+    pause: Option<Duration>,
+}
+
+/// Watches `api` like `kube::runtime::watcher(api, config)`, recovering on its own (see
+/// the crate docs). `name` labels the log lines and metrics.
+pub fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    name: &'static str,
+    metrics: WatchMetrics,
+) -> impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let inner = watcher::watcher(api.clone(), config.clone()).boxed();
+    let state = State {
+        api,
+        config,
+        name,
+        metrics,
+        inner,
+        failures: 0,
+        pause: None,
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        if let Some(pause) = st.pause.take() {
+            tokio::time::sleep(pause).await;
+        }
+        let item = st.inner.next().await?;
+        match &item {
+            Ok(_) => st.failures = 0,
+            Err(err) => {
+                st.failures += 1;
+                let labels = |reason: &str| WatchLabels {
+                    watch: st.name.to_string(),
+                    reason: reason.to_string(),
+                };
+                st.metrics.errors.get_or_create(&labels("")).inc();
+                let recovery = recovery(err, st.failures);
+                let reason = match recovery {
+                    Recovery::Retry => None,
+                    Recovery::RelistExpired => Some("expired"),
+                    Recovery::RelistFailures => Some("failures"),
+                };
+                if let Some(reason) = reason {
+                    tracing::warn!(
+                        watch = st.name,
+                        reason,
+                        failures = st.failures,
+                        error = %err,
+                        "watch starts over with a fresh list"
+                    );
+                    st.metrics.relists.get_or_create(&labels(reason)).inc();
+                    st.inner = watcher::watcher(st.api.clone(), st.config.clone()).boxed();
+                }
+                // Even an expired watch waits a little: a server answering 410 to every
+                // list would otherwise be hammered.
+                st.pause = Some(backoff(st.failures));
+                if recovery != Recovery::Retry {
+                    st.failures = st.failures.min(MAX_FAILURES - 1);
+                }
+            }
+        }
+        Some((item, st))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    fn status(code: u16) -> Box<Status> {
+        Box::new(Status::failure("x", "y").with_code(code))
+    }
+
+    #[test]
+    fn gone_in_any_form_relists_at_once() {
+        let in_stream = watcher::Error::WatchError(status(410));
+        let at_start = watcher::Error::WatchStartFailed(kube::Error::Api(status(410)));
+        assert_eq!(recovery(&in_stream, 1), Recovery::RelistExpired);
+        assert_eq!(recovery(&at_start, 1), Recovery::RelistExpired);
+    }
+
+    #[test]
+    fn other_errors_retry_then_relist() {
+        let e = watcher::Error::WatchError(status(500));
+        for n in 1..MAX_FAILURES {
+            assert_eq!(recovery(&e, n), Recovery::Retry, "failure {n}");
+        }
+        assert_eq!(recovery(&e, MAX_FAILURES), Recovery::RelistFailures);
+        let start = watcher::Error::WatchStartFailed(kube::Error::Api(status(503)));
+        assert_eq!(recovery(&start, MAX_FAILURES), Recovery::RelistFailures);
+    }
+
+    #[test]
+    fn backoff_grows_and_is_bounded() {
+        assert_eq!(backoff(1), FIRST_BACKOFF);
+        assert_eq!(backoff(2), FIRST_BACKOFF * 2);
+        assert!(backoff(4) > backoff(3));
+        assert_eq!(backoff(40), MAX_BACKOFF);
+    }
+}
