@@ -36,6 +36,12 @@ const fn run(name: &'static str, why: &'static str) -> Package {
 /// Packages for building and testing everything.
 pub const PACKAGES: &[Package] = &[
     build("protobuf-compiler", "etcd-client build (protoc)"),
+    // protoc's own Recommends, which --no-install-recommends leaves out; without it etcd-client's
+    // build fails with "google/protobuf/descriptor.proto: File not found" (fresh-check found it).
+    build(
+        "libprotobuf-dev",
+        "etcd-client build (google/protobuf/*.proto, the well-known types protoc imports)",
+    ),
     build("pkg-config", "virt crate build"),
     build("libvirt-dev", "virt crate build"),
     build("gcc", "C parts of ring and virt-sys; the pause image"),
