@@ -218,7 +218,9 @@ static RESOURCES: [ResourceDef; 3] = [
         short_names: &["vm", "vms"],
         has_status: true,
         actions: &["start", "stop", "restart", "migrate"],
-        streams: &["portforward"],
+        // No portforward: it is not served (no pod network path from here), and what is
+        // listed here is advertised in discovery and granted by the RBAC roles.
+        streams: &[],
         decode: decode::<VirtualMachine>,
         default: |v| with_typed::<VirtualMachine>(v, defaults::default_vm),
         validate: |v| validate_with::<VirtualMachine>(v, validation::validate_vm),

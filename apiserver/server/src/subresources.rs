@@ -163,6 +163,39 @@ fn push_request(vm: &mut Value, req: Value) {
     }
 }
 
+/// The handler of a subresource. [`Subresources::handle`] dispatches on it with an
+/// exhaustive match, so a route without a handler does not compile; a test checks that
+/// every subresource discovery, OpenAPI and RBAC advertise (the resource table) has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Start,
+    Stop,
+    Restart,
+    Migrate,
+    /// pause, unpause, softreboot: forwarded to the VMI's virt-handler.
+    VmiAction,
+    /// console, vnc: relayed to the VMI's virt-handler.
+    VmiStream,
+}
+
+fn route(plural: &str, sub: &str) -> Option<Route> {
+    match (plural, sub) {
+        ("virtualmachines", "start") => Some(Route::Start),
+        ("virtualmachines", "stop") => Some(Route::Stop),
+        ("virtualmachines", "restart") => Some(Route::Restart),
+        ("virtualmachines", "migrate") => Some(Route::Migrate),
+        ("virtualmachineinstances", "pause" | "unpause" | "softreboot") => Some(Route::VmiAction),
+        ("virtualmachineinstances", "console" | "vnc") => Some(Route::VmiStream),
+        _ => None,
+    }
+}
+
+async fn body_bytes(body: axum::body::Body) -> ApiResult<axum::body::Bytes> {
+    axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .map_err(|_| ApiError::too_large("limit is 65536 bytes"))
+}
+
 impl Subresources {
     /// Dispatches a request under subresources.kubevirt.io/v1.
     pub async fn handle(
@@ -179,9 +212,11 @@ impl Subresources {
         let sub = info.subresource.as_str();
         let is_action = def.actions.contains(&sub);
         let is_stream = def.streams.contains(&sub);
-        if info.is_collection || info.namespace.is_empty() || !(is_action || is_stream) {
-            return Err(ApiError::path_not_found());
-        }
+        // Served when the resource table advertises it and a handler serves it.
+        let route = route(def.plural, sub)
+            .filter(|_| (is_action || is_stream) && !info.is_collection)
+            .filter(|_| !info.namespace.is_empty())
+            .ok_or_else(ApiError::path_not_found)?;
         let method = req.method().clone();
         if is_action && method != http::Method::PUT {
             return Err(ApiError::method_not_allowed());
@@ -192,23 +227,27 @@ impl Subresources {
         let _ = query;
         let (mut parts, body) = req.into_parts();
         let (ns, name) = (info.namespace.as_str(), info.name.as_str());
-        if is_stream {
-            // VM port-forward is not served (no pod network path from here yet).
-            if def.plural != "virtualmachineinstances" {
-                return Err(ApiError::path_not_found());
+        match route {
+            Route::VmiStream => self.stream(st, &mut parts, ns, name, sub).await,
+            Route::Start => {
+                let opts = parse_body(&body_bytes(body).await?)?;
+                self.start(st, ns, name, opts).await
             }
-            return self.stream(st, &mut parts, ns, name, sub).await;
-        }
-        let bytes = axum::body::to_bytes(body, 64 * 1024)
-            .await
-            .map_err(|_| ApiError::too_large("limit is 65536 bytes"))?;
-        match (def.plural, sub) {
-            ("virtualmachines", "start") => self.start(st, ns, name, parse_body(&bytes)?).await,
-            ("virtualmachines", "stop") => self.stop(st, ns, name, parse_body(&bytes)?).await,
-            ("virtualmachines", "restart") => self.restart(st, ns, name, parse_body(&bytes)?).await,
-            ("virtualmachines", "migrate") => self.migrate(st, ns, name, parse_body(&bytes)?).await,
-            ("virtualmachineinstances", action @ ("pause" | "unpause" | "softreboot")) => {
-                let opts: DryRunOnly = parse_body(&bytes)?;
+            Route::Stop => {
+                let opts = parse_body(&body_bytes(body).await?)?;
+                self.stop(st, ns, name, opts).await
+            }
+            Route::Restart => {
+                let opts = parse_body(&body_bytes(body).await?)?;
+                self.restart(st, ns, name, opts).await
+            }
+            Route::Migrate => {
+                let opts = parse_body(&body_bytes(body).await?)?;
+                self.migrate(st, ns, name, opts).await
+            }
+            Route::VmiAction => {
+                let action = sub;
+                let opts: DryRunOnly = parse_body(&body_bytes(body).await?)?;
                 let dry_run = dry(&opts.dry_run)?;
                 let vmi = st.registry.get(vmi_def(), ns, name).await?;
                 self.vmi_must_run(&vmi, name)?;
@@ -245,7 +284,6 @@ impl Subresources {
                 }
                 Ok(StatusCode::OK.into_response())
             }
-            _ => Err(ApiError::path_not_found()),
         }
     }
 
@@ -598,5 +636,64 @@ impl Subresources {
         };
         st.registry.create(vmim_def(), ns, body, &wopts).await?;
         Ok(accepted())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::expect_used)]
+    use super::*;
+
+    /// What discovery and the RBAC roles advertise (the resource table) is served: a
+    /// subresource listed there without a handler would answer 404 to every request.
+    #[test]
+    fn every_advertised_subresource_has_a_handler() {
+        for def in ResourceDef::all() {
+            for a in def.actions {
+                let r = route(def.plural, a);
+                assert!(
+                    r.is_some_and(|r| r != Route::VmiStream),
+                    "{}/{a} is advertised as an action but served as {r:?}",
+                    def.plural
+                );
+            }
+            for s in def.streams {
+                assert_eq!(
+                    route(def.plural, s),
+                    Some(Route::VmiStream),
+                    "{}/{s} is advertised as a stream but not served as one",
+                    def.plural
+                );
+            }
+        }
+    }
+
+    /// The same for the OpenAPI document of subresources.kubevirt.io, which keeps its own
+    /// list: every path it describes is in the resource table and has a handler.
+    #[test]
+    fn every_subresource_in_openapi_has_a_handler() {
+        let doc = virt_apimachinery::openapi::openapi_v3_group_version(
+            virt_apimachinery::openapi::V3_SUBRESOURCES,
+        )
+        .expect("the subresources document");
+        let prefix = "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/";
+        let mut checked = 0;
+        for path in doc["paths"].as_object().expect("paths").keys() {
+            let Some(rest) = path.strip_prefix(prefix) else {
+                continue;
+            };
+            let parts: Vec<&str> = rest.split('/').collect();
+            let [plural, "{name}", sub] = parts[..] else {
+                panic!("unexpected subresource path {path}");
+            };
+            let def = ResourceDef::by_plural(plural).expect("a resource of the table");
+            assert!(
+                def.actions.contains(&sub) || def.streams.contains(&sub),
+                "{path} is in OpenAPI but not in the resource table"
+            );
+            assert!(route(plural, sub).is_some(), "{path} has no handler");
+            checked += 1;
+        }
+        assert!(checked >= 9, "only {checked} subresource paths in OpenAPI");
     }
 }
