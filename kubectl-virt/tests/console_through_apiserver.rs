@@ -5,6 +5,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::kubectl;
+
 #[path = "../../apiserver/server/tests/handler_peer/mod.rs"]
 mod handler_peer;
 
@@ -29,29 +33,6 @@ fn apiserver_bin() -> PathBuf {
         bin.display()
     );
     bin
-}
-
-fn kubectl(env: &DevEnv, args: &[&str], stdin: Option<&str>) {
-    use std::io::Write;
-    let mut child = Command::new("kubectl")
-        .env("KUBECONFIG", &env.kubeconfig)
-        .env("HOME", std::env::temp_dir())
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(s) = stdin {
-        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Guest-like bytes without the escape byte (0x1d), which would end the session.

@@ -1,4 +1,5 @@
-//! kubectl (the real /usr/bin/kubectl) against a real virt-apiserver and etcd.
+//! The real kubectl (`$KUBECTL` or the local cluster's, see `common::kubectl_binary`)
+//! against a real virt-apiserver and etcd.
 
 mod common;
 
@@ -96,7 +97,7 @@ fn kubectl_workflow() {
     assert!(all.contains("virtualmachine.kubevirt.io/testvm"), "{all}");
 
     // A watch sees the label change as a MODIFIED event.
-    let mut watch = Command::new("kubectl")
+    let mut watch = Command::new(common::kubectl_binary())
         .env("KUBECONFIG", &env.kubeconfig)
         .args(["get", "vm", "testvm", "-w", "--output-watch-events"])
         .stdout(Stdio::piped())

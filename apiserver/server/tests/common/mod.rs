@@ -2,7 +2,7 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
@@ -47,6 +47,33 @@ pub fn vm(name: &str) -> Value {
     })
 }
 
+/// kubectl for these tests: `$KUBECTL` (`cargo xtask test` exports the cluster's), else the
+/// one `cargo xtask cluster up` builds under `target/k8s/<version>/bin/`. Never a guess on
+/// PATH: a fresh machine has none, and another version would test something else.
+pub fn kubectl_binary() -> PathBuf {
+    if let Some(k) = std::env::var_os("KUBECTL").filter(|k| !k.is_empty()) {
+        return k.into();
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |t| root.join(t));
+    let mut found: Vec<PathBuf> = std::fs::read_dir(target.join("k8s"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin/kubectl"))
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found.pop().unwrap_or_else(|| {
+        panic!(
+            "no kubectl: set KUBECTL to one, or build the cluster's with `cargo xtask cluster up` \
+             (it lands in {}/k8s/<version>/bin/)",
+            target.display()
+        )
+    })
+}
+
 pub struct Kubectl<'a> {
     pub kubeconfig: &'a Path,
 }
@@ -64,7 +91,8 @@ impl Kubectl<'_> {
 
     pub fn run_stdin(&self, args: &[&str], stdin: Option<&str>) -> Out {
         use std::io::Write;
-        let mut child = Command::new("kubectl")
+        let kubectl = kubectl_binary();
+        let mut child = Command::new(&kubectl)
             .env("KUBECONFIG", self.kubeconfig)
             .env("HOME", std::env::temp_dir())
             .args(args)
@@ -72,7 +100,7 @@ impl Kubectl<'_> {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
-            .expect("kubectl on PATH");
+            .unwrap_or_else(|e| panic!("running {}: {e}", kubectl.display()));
         if let Some(s) = stdin {
             child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
         }

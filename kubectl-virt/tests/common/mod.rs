@@ -1,0 +1,63 @@
+//! kubectl for the tests that drive the real API server (real_server.rs,
+//! console_through_apiserver.rs).
+
+// A failure here is a test failure.
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use virt_apiserver::devenv::DevEnv;
+
+/// kubectl for these tests: `$KUBECTL` (`cargo xtask test` exports the cluster's), else the
+/// one `cargo xtask cluster up` builds under `target/k8s/<version>/bin/`. Never a guess on
+/// PATH: a fresh machine has none, and another version would test something else.
+pub fn kubectl_binary() -> PathBuf {
+    if let Some(k) = std::env::var_os("KUBECTL").filter(|k| !k.is_empty()) {
+        return k.into();
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |t| root.join(t));
+    let mut found: Vec<PathBuf> = std::fs::read_dir(target.join("k8s"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin/kubectl"))
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found.pop().unwrap_or_else(|| {
+        panic!(
+            "no kubectl: set KUBECTL to one, or build the cluster's with `cargo xtask cluster up` \
+             (it lands in {}/k8s/<version>/bin/)",
+            target.display()
+        )
+    })
+}
+
+/// Runs kubectl against `env` and returns its stdout; fails the test when kubectl fails.
+pub fn kubectl(env: &DevEnv, args: &[&str], stdin: Option<&str>) -> String {
+    use std::io::Write;
+    let bin = kubectl_binary();
+    let mut child = Command::new(&bin)
+        .env("KUBECONFIG", &env.kubeconfig)
+        .env("HOME", std::env::temp_dir())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {}: {e}", bin.display()));
+    if let Some(s) = stdin {
+        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
