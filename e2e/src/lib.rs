@@ -96,21 +96,22 @@ impl Cluster {
     }
 
     fn connect() -> anyhow::Result<Cluster> {
-        let kubectl = kubectl_binary();
+        let kubectl = find_kubectl();
         if let Some(kc) = std::env::var_os("KUBECONFIG").filter(|k| !k.is_empty()) {
             let kubeconfig = PathBuf::from(kc);
             let ours = target_dir().join("cluster/kubeconfig");
             let local = kubeconfig.canonicalize().ok() == ours.canonicalize().ok() && ours.exists();
             return Ok(Cluster {
                 kubeconfig,
-                kubectl,
+                kubectl: kubectl?,
                 local,
             });
         }
         xtask(&["cluster", "up"])?;
         Ok(Cluster {
             kubeconfig: target_dir().join("cluster/kubeconfig"),
-            kubectl: kubectl_binary(),
+            // `cluster up` has built one if there was none.
+            kubectl: find_kubectl()?,
             local: true,
         })
     }
@@ -167,6 +168,11 @@ impl Cluster {
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         ))
+    }
+
+    /// The kubectl binary the helpers run.
+    pub fn kubectl_path(&self) -> &Path {
+        &self.kubectl
     }
 
     /// The local cluster's PKI directory (front-proxy client certificate etc.), if this is it.
@@ -293,17 +299,34 @@ impl Cluster {
     }
 }
 
-/// kubectl matching the local cluster's version if it was built, else the one in PATH.
-pub fn kubectl_binary() -> PathBuf {
+/// kubectl for the tests: `$KUBECTL` (`cargo xtask test` exports the cluster's), else the
+/// one `cargo xtask cluster up` builds under `target/k8s/<version>/bin/`. Never a guess on
+/// PATH: a fresh machine has none, and another version would test something else.
+pub fn find_kubectl() -> anyhow::Result<PathBuf> {
+    if let Some(k) = std::env::var_os("KUBECTL").filter(|k| !k.is_empty()) {
+        return Ok(k.into());
+    }
     let k8s = target_dir().join("k8s");
-    std::fs::read_dir(&k8s)
-        .ok()
-        .and_then(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.path().join("bin/kubectl"))
-                .find(|p| p.exists())
-        })
-        .unwrap_or_else(|| PathBuf::from("kubectl"))
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&k8s)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin/kubectl"))
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found.pop().with_context(|| {
+        format!(
+            "no kubectl: set KUBECTL to one, or build the cluster's with `cargo xtask cluster up` \
+             (it lands in {}/<version>/bin/)",
+            k8s.display()
+        )
+    })
+}
+
+/// [`find_kubectl`] for a test: fails it, saying how to get one, when there is none.
+pub fn kubectl_binary() -> PathBuf {
+    find_kubectl().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// Builds an image FROM scratch holding busybox-static (as /bin/busybox, the entrypoint) and

@@ -84,7 +84,8 @@ impl MigrationNs for Ns<'_> {
             "-o",
             "jsonpath={range .items[*]}{.status.phase}{\"\\n\"}{end}",
         ])
-        .unwrap_or_default()
+        // A failed listing is not "no migration".
+        .unwrap_or_else(|e| panic!("{e:#}"))
         .lines()
         .map(str::to_string)
         .collect()
@@ -99,7 +100,8 @@ impl MigrationNs for Ns<'_> {
             "-o",
             "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName}{\"\\n\"}{end}",
         ])
-        .unwrap_or_default()
+        // A failed listing is not "no pods".
+        .unwrap_or_else(|e| panic!("{e:#}"))
         .lines()
         .filter_map(|l| {
             let (p, n) = l.split_once(' ')?;
@@ -160,27 +162,28 @@ fn vm_manifest(name: &str, ns: &str, annotations: serde_json::Value, host_disk: 
     vm.to_string()
 }
 
-/// The guest's uptime in whole seconds, read through the console.
-fn uptime(console: &Console, ns: &Ns<'_>, vm: &str) -> u64 {
+/// The guest kernel's boot id, read through the console: a new one on every boot, also
+/// a reboot inside the same QEMU (which keeps the VMI and its uid).
+fn boot_id(console: &Console, ns: &Ns<'_>, vm: &str) -> String {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let tag = format!(
-        "up{}=",
+        "boot{}=",
         N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         // Sent again until answered: the first keys may arrive before the session.
-        console.line(&format!("echo {tag}$(cut -d. -f1 /proc/uptime)"));
+        console.line(&format!("echo {tag}$(cat /proc/sys/kernel/random/boot_id)"));
         let wait_until = Instant::now() + Duration::from_secs(5);
         while Instant::now() < wait_until {
-            if let Some(v) = tagged_number(&console.screen(), &tag) {
-                return v;
+            if let Some(id) = tagged_uuid(&console.screen(), &tag) {
+                return id;
             }
             std::thread::sleep(Duration::from_millis(300));
         }
         if Instant::now() > deadline {
             panic!(
-                "no uptime from the guest\nscreen:\n{}\n{}",
+                "no boot id from the guest\nscreen:\n{}\n{}",
                 console.screen(),
                 ns.diagnose(vm)
             );
@@ -188,15 +191,32 @@ fn uptime(console: &Console, ns: &Ns<'_>, vm: &str) -> u64 {
     }
 }
 
-/// The number right after `tag` on the screen (the typed command has `$(` there instead).
-fn tagged_number(screen: &str, tag: &str) -> Option<u64> {
+/// The UUID right after `tag` on the screen (the typed command has `$(` there instead).
+fn tagged_uuid(screen: &str, tag: &str) -> Option<String> {
     screen.match_indices(tag).find_map(|(i, _)| {
-        let digits: String = screen[i + tag.len()..]
+        let id: String = screen[i + tag.len()..]
             .chars()
-            .take_while(char::is_ascii_digit)
+            .take_while(|c| c.is_ascii_hexdigit() || *c == '-')
             .collect();
-        digits.parse().ok()
+        (id.len() == 36).then_some(id)
     })
+}
+
+/// What identifies one run of a guest: the VMI (a restart by the controller makes a new
+/// one) and the guest kernel's boot (a reboot inside the same VMI changes it).
+#[derive(Debug, PartialEq, Eq)]
+struct GuestRun {
+    vmi_uid: String,
+    boot_id: String,
+}
+
+fn guest_run(console: &Console, ns: &Ns<'_>, vm: &str) -> GuestRun {
+    let vmi_uid = ns.vmi_uid(vm);
+    assert!(!vmi_uid.is_empty(), "VMI {vm} is gone");
+    GuestRun {
+        vmi_uid,
+        boot_id: boot_id(console, ns, vm),
+    }
 }
 
 /// PIDs of processes whose command line contains every one of `needles`.
@@ -214,14 +234,19 @@ fn pids_with(needles: &[&str]) -> Vec<i32> {
         .collect()
 }
 
-/// Starts a VM and waits until it runs and its console answers; returns the node.
-fn running_vm(ns: &Ns<'_>, vm: &str, annotations: serde_json::Value) -> (String, Console, u64) {
+/// Starts a VM and waits until it runs and its console answers; returns the node, the
+/// console and what identifies this run of the guest.
+fn running_vm(
+    ns: &Ns<'_>,
+    vm: &str,
+    annotations: serde_json::Value,
+) -> (String, Console, GuestRun) {
     ns.apply(&vm_manifest(vm, &ns.name, annotations, false));
     ns.wait_running(vm);
     let node = ns.node_of(vm);
     let console = Console::open(ns, vm);
-    let up = uptime(&console, ns, vm);
-    (node, console, up)
+    let run = guest_run(&console, ns, vm);
+    (node, console, run)
 }
 
 #[test]
@@ -274,10 +299,10 @@ fn migrated_vm_keeps_running_on_the_other_node_and_comes_back() {
         || console.exited(),
     );
     let console = Console::open(&ns, "mover");
-    let after = uptime(&console, &ns, "mover");
-    assert!(
-        after > before,
-        "uptime {after} s after ≤ {before} s before: rebooted?"
+    assert_eq!(
+        guest_run(&console, &ns, "mover"),
+        before,
+        "not the same guest after the migration: restarted or rebooted"
     );
     assert_eq!(ns.get("vmi", "mover", "{.status.phase}"), "Running");
 
@@ -295,8 +320,11 @@ fn migrated_vm_keeps_running_on_the_other_node_and_comes_back() {
         },
     );
     let console = Console::open(&ns, "mover");
-    let again = uptime(&console, &ns, "mover");
-    assert!(again > after, "uptime {again} s ≤ {after} s: rebooted?");
+    assert_eq!(
+        guest_run(&console, &ns, "mover"),
+        before,
+        "not the same guest after the migration back: restarted or rebooted"
+    );
 }
 
 #[test]
@@ -325,8 +353,11 @@ fn cancelled_migration_leaves_the_guest_on_the_source() {
         Duration::from_secs(120),
         || ns.launcher_pods_by_node("stay").len() == 1 && ns.vmim_phases("stay").is_empty(),
     );
-    let after = uptime(&console, &ns, "stay");
-    assert!(after > before, "uptime {after} ≤ {before}");
+    assert_eq!(
+        guest_run(&console, &ns, "stay"),
+        before,
+        "not the same guest after the cancel: restarted or rebooted"
+    );
     assert!(!console.exited(), "the console on the source ended");
     assert_eq!(ns.get("vmi", "stay", "{.status.phase}"), "Running");
 }
@@ -383,8 +414,11 @@ fn killed_target_launcher_fails_the_migration_and_leaves_the_guest_on_the_source
                 && pids_with(&["qemu-system", &format!("{}_victim", ns.name)]).len() <= 1
         },
     );
-    let after = uptime(&console, &ns, "victim");
-    assert!(after > before, "uptime {after} ≤ {before}");
+    assert_eq!(
+        guest_run(&console, &ns, "victim"),
+        before,
+        "not the same guest after the failed migration: restarted or rebooted"
+    );
     assert_eq!(ns.get("vmi", "victim", "{.status.phase}"), "Running");
 }
 
@@ -452,10 +486,10 @@ fn handler_restart_mid_migration(side: &str) {
         },
     );
     let console = Console::open(&ns, "steady");
-    let after = uptime(&console, &ns, "steady");
-    assert!(
-        after > before,
-        "uptime {after} ≤ {before}: the guest rebooted"
+    assert_eq!(
+        guest_run(&console, &ns, "steady"),
+        before,
+        "not the same guest after the {side}'s virt-handler restarted: restarted or rebooted"
     );
     assert_eq!(ns.get("vmi", "steady", "{.status.phase}"), "Running");
 }
@@ -500,8 +534,11 @@ fn vm_with_a_local_disk_is_not_live_migratable_and_migrate_is_refused() {
 }
 
 #[test]
-fn tagged_numbers_are_read_from_the_screen() {
-    let screen = "/ # echo up3=$(cut -d. -f1 /proc/uptime)\nup3=152\n/ # ";
-    assert_eq!(tagged_number(screen, "up3="), Some(152));
-    assert_eq!(tagged_number(screen, "up4="), None);
+fn boot_ids_are_read_from_the_screen() {
+    let id = "0f6c1c0e-3a51-4f7e-9a55-2b1d3c4e5f60";
+    let screen = format!("/ # echo boot3=$(cat /proc/sys/kernel/random/boot_id)\nboot3={id}\n/ # ");
+    assert_eq!(tagged_uuid(&screen, "boot3=").as_deref(), Some(id));
+    assert_eq!(tagged_uuid(&screen, "boot4="), None);
+    // Cut off by the edge of the screen: not an id.
+    assert_eq!(tagged_uuid("boot5=0f6c1c0e-3a51", "boot5="), None);
 }

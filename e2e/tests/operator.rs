@@ -162,19 +162,19 @@ impl Drop for Restore<'_> {
     }
 }
 
-fn leftovers(c: &Cluster) -> Vec<String> {
+/// What an uninstall left behind; an error when a kubectl call failed (a failed listing is
+/// not "nothing left").
+fn leftovers(c: &Cluster) -> anyhow::Result<Vec<String>> {
     let mut left = Vec::new();
     for name in ["v1.kubevirt.io", "v1.subresources.kubevirt.io"] {
-        let found = c
-            .kubectl(&[
-                "get",
-                "apiservice",
-                name,
-                "--ignore-not-found",
-                "-o",
-                "name",
-            ])
-            .unwrap_or_default();
+        let found = c.kubectl(&[
+            "get",
+            "apiservice",
+            name,
+            "--ignore-not-found",
+            "-o",
+            "name",
+        ])?;
         if !found.trim().is_empty() {
             left.push(format!("apiservice/{name}"));
         }
@@ -190,39 +190,34 @@ fn leftovers(c: &Cluster) -> Vec<String> {
             args.extend(["-n", ns]);
         }
         args.extend(["get", kind, "-l", PART_OF, "-o", "name"]);
-        let out = c.kubectl(&args).unwrap_or_default();
+        let out = c.kubectl(&args)?;
         left.extend(out.lines().map(str::to_string));
     }
-    let ns = c
-        .kubectl(&[
-            "get",
-            "namespace",
-            "kubevirt",
-            "--ignore-not-found",
-            "-o",
-            "name",
-        ])
-        .unwrap_or_default();
+    let ns = c.kubectl(&[
+        "get",
+        "namespace",
+        "kubevirt",
+        "--ignore-not-found",
+        "-o",
+        "name",
+    ])?;
     left.extend(ns.lines().map(str::to_string));
-    let pods = c
-        .kubectl(&["get", "pods", "-A", "-l", PART_OF, "-o", "name"])
-        .unwrap_or_default();
+    let pods = c.kubectl(&["get", "pods", "-A", "-l", PART_OF, "-o", "name"])?;
     left.extend(pods.lines().map(str::to_string));
-    let crd = c
-        .kubectl(&[
-            "get",
-            "crd",
-            "kubevirts.kubevirt.io",
-            "--ignore-not-found",
-            "-o",
-            "name",
-        ])
-        .unwrap_or_default();
+    let crd = c.kubectl(&[
+        "get",
+        "crd",
+        "kubevirts.kubevirt.io",
+        "--ignore-not-found",
+        "-o",
+        "name",
+    ])?;
     left.extend(crd.lines().map(str::to_string));
-    left
+    Ok(left)
 }
 
-/// Pod name → restart count of a component.
+/// Pod name → restart count of a component; a failed kubectl call fails the test (two
+/// failed listings would compare equal: "nothing restarted").
 fn restarts(c: &Cluster, component: &str) -> Vec<(String, String)> {
     let out = c
         .component_pods(
@@ -230,7 +225,7 @@ fn restarts(c: &Cluster, component: &str) -> Vec<(String, String)> {
             false,
             r#"{range .items[*]}{.metadata.name} {.status.containerStatuses[0].restartCount}{"\n"}{end}"#,
         )
-        .unwrap_or_default();
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let mut v: Vec<(String, String)> = out
         .lines()
         .filter_map(|l| {
@@ -505,7 +500,7 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
     let looper = {
         let (stop, ok, failed, errors) = (stop.clone(), ok.clone(), failed.clone(), errors.clone());
         let kubeconfig = c.kubeconfig.clone();
-        let kubectl = e2e::kubectl_binary();
+        let kubectl = c.kubectl_path().to_path_buf();
         let ns = ns.name.clone();
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
@@ -657,8 +652,11 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
     // ...and proceeds once the VM is gone.
     ns.k(&["delete", "vm", "survivor", "--wait=true", "--timeout=120s"])
         .expect("delete VM");
-    c.eventually("VMI gone", GONE, || Ok(ns.vmi_uid("survivor").is_empty()))
-        .expect("VMI gone");
+    // A failed call is retried, not read as "gone".
+    c.eventually("VMI gone", GONE, || {
+        Ok(ns.try_get("vmi", "survivor", "{.metadata.uid}")?.is_empty())
+    })
+    .expect("VMI gone");
     let t2 = Instant::now();
     if let Err(e) = c.eventually("KubeVirt gone", Duration::from_secs(120), || {
         Ok(kv_field(c, "{.metadata.name}").is_empty())
@@ -676,9 +674,11 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
     drop(ns);
     let mut left = Vec::new();
     let gone = c.eventually("nothing left", Duration::from_secs(120), || {
-        left = leftovers(c);
+        left = leftovers(c)?;
         Ok(left.is_empty())
     });
-    assert!(gone.is_ok(), "left after uninstall: {left:?}");
+    if let Err(e) = gone {
+        panic!("{e:#}\nleft after uninstall: {left:?}");
+    }
     println!("uninstalled in {:.1} s", t2.elapsed().as_secs_f64());
 }

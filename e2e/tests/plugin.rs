@@ -32,7 +32,7 @@ struct PipedConsole {
 
 impl PipedConsole {
     fn open(ns: &Ns<'_>, vmi: &str) -> PipedConsole {
-        let mut child = Command::new(kubectl_binary())
+        let mut child = Command::new(ns.c.kubectl_path())
             .env("PATH", plugin_path())
             .env("KUBECONFIG", &ns.c.kubeconfig)
             .args(["virt", "console", vmi, "-n", &ns.name])
@@ -206,7 +206,7 @@ fn vnc_proxy_only_answers_an_rfb_handshake() {
     ns.apply_vm("vnc", "Always");
     ns.wait_running("vnc");
     let port = free_port();
-    let mut proxy = Command::new(kubectl_binary())
+    let mut proxy = Command::new(c.kubectl_path())
         .env("PATH", plugin_path())
         .env("KUBECONFIG", &c.kubeconfig)
         .args(["virt", "vnc", "vnc", "--proxy-only", "--port"])

@@ -352,11 +352,22 @@ fn killing_the_controller_leader_mid_start_lets_the_other_replica_finish() {
     let killed = std::time::Instant::now();
     // SIGKILL: no chance to release the Lease, so the other replica must wait it out.
     // Then the pod goes, so that a restarted container (same identity) cannot take it back.
-    if c.local
-        && let Some(pid) = controller_pid(&leader)
-    {
-        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-    }
+    // A pod delete alone would let the leader release the Lease: without the kill this
+    // test fails rather than testing the gentler case.
+    assert!(
+        c.local,
+        "SIGKILLing the leader needs the local cluster (its containers run on this machine)"
+    );
+    let pid = controller_pid(&leader)
+        .unwrap_or_else(|| panic!("no virt-controller process of pod {leader} on this machine"));
+    let status = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(
+        status.success(),
+        "kill -9 {pid} (virt-controller of {leader}) failed"
+    );
     c.kubectl(&[
         "-n",
         "kubevirt",

@@ -50,7 +50,7 @@ impl<'a> Ns<'a> {
     /// `kubectl virt ARGS` in this namespace (the plugin on PATH).
     pub fn virt(&self, args: &[&str]) -> String {
         // kubectl takes no flags before a plugin's name: KUBECONFIG, and -n after it.
-        let out = Command::new(kubectl_binary())
+        let out = Command::new(self.c.kubectl_path())
             .env("PATH", plugin_path())
             .env("KUBECONFIG", &self.c.kubeconfig)
             .arg("virt")
@@ -87,8 +87,9 @@ impl<'a> Ns<'a> {
             .expect("apply VM");
     }
 
-    /// A jsonpath of an object, empty when it does not exist.
-    pub fn get(&self, kind: &str, name: &str, jsonpath: &str) -> String {
+    /// A jsonpath of an object: "" when kubectl succeeded and the object does not exist,
+    /// an error (kubectl's stderr) when kubectl failed, e.g. a 503 of the aggregated API.
+    pub fn try_get(&self, kind: &str, name: &str, jsonpath: &str) -> anyhow::Result<String> {
         self.k(&[
             "get",
             kind,
@@ -97,7 +98,13 @@ impl<'a> Ns<'a> {
             "-o",
             &format!("jsonpath={jsonpath}"),
         ])
-        .unwrap_or_default()
+    }
+
+    /// [`Self::try_get`] for tests: a failed kubectl call fails the test with its stderr,
+    /// so that an API that errors never reads as "the object is gone".
+    pub fn get(&self, kind: &str, name: &str, jsonpath: &str) -> String {
+        self.try_get(kind, name, jsonpath)
+            .unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     pub fn vmi_phase(&self, name: &str) -> String {
@@ -112,6 +119,7 @@ impl<'a> Ns<'a> {
         self.get("vm", name, "{.status.printableStatus}")
     }
 
+    /// The VM's launcher pods; a failed kubectl call fails the test (never "no pods").
     pub fn launcher_pods(&self, vm: &str) -> Vec<String> {
         self.k(&[
             "get",
@@ -121,7 +129,7 @@ impl<'a> Ns<'a> {
             "-o",
             "name",
         ])
-        .unwrap_or_default()
+        .unwrap_or_else(|e| panic!("{e:#}"))
         .lines()
         .map(str::to_string)
         .collect()
@@ -274,7 +282,7 @@ pub fn workspace_target() -> PathBuf {
 /// `kubectl virt ARGS` as given (no namespace added): exit code, stdout, stderr.
 pub fn kubectl_virt(c: &Cluster, args: &[&str]) -> (Option<i32>, String, String) {
     // kubectl takes no flags before a plugin's name: KUBECONFIG, and -n after it.
-    let out = Command::new(kubectl_binary())
+    let out = Command::new(c.kubectl_path())
         .env("PATH", plugin_path())
         .env("KUBECONFIG", &c.kubeconfig)
         .arg("virt")
@@ -286,17 +294,6 @@ pub fn kubectl_virt(c: &Cluster, args: &[&str]) -> (Option<i32>, String, String)
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-pub fn kubectl_binary() -> PathBuf {
-    std::fs::read_dir(workspace_target().join("k8s"))
-        .ok()
-        .and_then(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.path().join("bin/kubectl"))
-                .find(|p| p.exists())
-        })
-        .unwrap_or_else(|| PathBuf::from("kubectl"))
 }
 
 /// PATH with the freshly built `kubectl-virt` first (built once per test binary).
@@ -336,7 +333,7 @@ impl Console {
             "exec env PATH='{}' KUBECONFIG='{}' '{}' virt console '{vmi}' -n '{}'",
             plugin_path(),
             ns.c.kubeconfig.display(),
-            kubectl_binary().display(),
+            ns.c.kubectl_path().display(),
             ns.name,
         );
         let out = Command::new("tmux")
@@ -477,7 +474,7 @@ impl VmiWatch {
     pub fn start(ns: &Ns<'_>) -> VmiWatch {
         let out = std::env::temp_dir().join(format!("{}-vmi-watch.json", ns.name));
         let file = std::fs::File::create(&out).expect("watch output file");
-        let child = Command::new(kubectl_binary())
+        let child = Command::new(ns.c.kubectl_path())
             .env("KUBECONFIG", &ns.c.kubeconfig)
             .args(["-n", &ns.name, "get", "vmi", "-w", "-o", "json"])
             .stdout(file)
