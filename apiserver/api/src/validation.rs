@@ -160,6 +160,75 @@ fn is_dns1123_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// KubeVirt's wording for a name that must be a DNS-1123 label (Kubernetes'
+/// `IsDNS1123Label` message).
+const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', \
+     and must start and end with an alphanumeric character (e.g. 'my-name', or '123-abc', regex used for \
+     validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+
+/// Volume, disk, interface and network names are DNS-1123 labels: the launcher uses a
+/// volume's name as a file name in its work directory (`../x` would leave it) and
+/// libvirt aliases are built from disk and interface names.
+fn check_name(errs: &mut Vec<FieldError>, field: String, name: &str) {
+    if !name.is_empty() && !is_dns1123_label(name) {
+        errs.push(FieldError::invalid(field, name, DNS1123_LABEL_MSG));
+    }
+}
+
+/// hostDisk rules (KubeVirt's, plus what the node needs to stay safe): a type of `Disk`
+/// (the image must exist) or `DiskOrCreate` (created with `capacity`, which is then
+/// required and only then allowed), an absolute path without `..` components so the
+/// path names exactly what the admin who enabled the gate expects.
+fn check_host_disk(errs: &mut Vec<FieldError>, p: &str, hd: &crate::vmi::HostDisk) {
+    let p = format!("{p}.hostDisk");
+    if hd.path.is_empty() {
+        errs.push(FieldError::required(format!("{p}.path"), ""));
+    } else if !hd.path.starts_with('/') {
+        errs.push(FieldError::invalid(
+            format!("{p}.path"),
+            &hd.path,
+            "must be an absolute path",
+        ));
+    } else if hd.path.split('/').any(|c| c == "..") {
+        errs.push(FieldError::invalid(
+            format!("{p}.path"),
+            &hd.path,
+            "must not contain '..'",
+        ));
+    }
+    match hd.type_.as_str() {
+        "Disk" => {
+            if hd.capacity.is_some() {
+                errs.push(FieldError::forbidden(
+                    format!("{p}.capacity"),
+                    "only allowed with type DiskOrCreate",
+                ));
+            }
+        }
+        "DiskOrCreate" => match &hd.capacity {
+            None => errs.push(FieldError::required(
+                format!("{p}.capacity"),
+                "type DiskOrCreate creates the image with this size",
+            )),
+            Some(c) => {
+                if quantity::parse_bytes(&c.0).map(|b| b == 0).unwrap_or(true) {
+                    errs.push(FieldError::invalid(
+                        format!("{p}.capacity"),
+                        &c.0,
+                        "must be a positive quantity",
+                    ));
+                }
+            }
+        },
+        "" => errs.push(FieldError::required(format!("{p}.type"), "")),
+        other => errs.push(FieldError::not_supported(
+            format!("{p}.type"),
+            other,
+            &["Disk", "DiskOrCreate"],
+        )),
+    }
+}
+
 /// Errors of a DNS-1123 subdomain (object names), empty if valid.
 pub fn dns1123_subdomain_errors(s: &str) -> Vec<String> {
     let mut errs = Vec::new();
@@ -412,6 +481,10 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
         } else if !volume_names.insert(v.name.as_str()) {
             errs.push(FieldError::duplicate(format!("{p}.name"), &v.name));
         }
+        check_name(&mut errs, format!("{p}.name"), &v.name);
+        if let Some(hd) = &v.host_disk {
+            check_host_disk(&mut errs, &p, hd);
+        }
         let sources = v.source_names();
         match sources.len() {
             0 => errs.push(FieldError::required(
@@ -496,6 +569,7 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
         if !disk_names.insert(d.name.as_str()) {
             errs.push(FieldError::duplicate(format!("{p}.name"), &d.name));
         }
+        check_name(&mut errs, format!("{p}.name"), &d.name);
         if !volume_names.contains(d.name.as_str()) {
             errs.push(FieldError::not_found(format!("{p}.name"), &d.name));
         }
@@ -535,6 +609,7 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
         } else if !network_names.insert(n.name.as_str()) {
             errs.push(FieldError::duplicate(format!("{p}.name"), &n.name));
         }
+        check_name(&mut errs, format!("{p}.name"), &n.name);
         let kinds = [n.pod.is_some(), n.multus.is_some()]
             .iter()
             .filter(|b| **b)
@@ -553,6 +628,7 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
         if !iface_names.insert(iface.name.as_str()) {
             errs.push(FieldError::duplicate(format!("{p}.name"), &iface.name));
         }
+        check_name(&mut errs, format!("{p}.name"), &iface.name);
         if !network_names.contains(iface.name.as_str()) {
             errs.push(FieldError::not_found(format!("{p}.name"), &iface.name));
         }
@@ -709,6 +785,115 @@ mod tests {
         let errs = validate_vmi_spec(&s, "spec");
         assert_eq!(errs[0].field, "spec.volumes[0]");
         assert_eq!(errs[0].kind, ErrorType::Required);
+    }
+
+    fn spec_with_volume(v: Volume) -> VirtualMachineInstanceSpec {
+        let mut s = spec_with_memory("64Mi");
+        s.volumes = Some(vec![v]);
+        s
+    }
+
+    fn host_disk(path: &str, type_: &str, capacity: Option<&str>) -> Volume {
+        Volume {
+            name: "h".into(),
+            host_disk: Some(crate::vmi::HostDisk {
+                path: path.into(),
+                type_: type_.into(),
+                capacity: capacity.map(|c| Quantity(c.into())),
+                shared: None,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn volume_disk_network_and_interface_names_are_dns1123_labels() {
+        let mut s = spec_with_volume(Volume {
+            name: "../x".into(),
+            empty_disk: Some(crate::vmi::EmptyDiskSource {
+                capacity: Quantity("1Mi".into()),
+            }),
+            ..Default::default()
+        });
+        s.domain.devices.disks = Some(vec![Disk {
+            name: "../x".into(),
+            ..Default::default()
+        }]);
+        s.networks = Some(vec![crate::vmi::Network {
+            name: "Pod_Net".into(),
+            pod: Some(Default::default()),
+            ..Default::default()
+        }]);
+        s.domain.devices.interfaces = Some(vec![crate::vmi::Interface {
+            name: "Pod_Net".into(),
+            ..Default::default()
+        }]);
+        let fields: Vec<(String, ErrorType)> = validate_vmi_spec(&s, "spec")
+            .into_iter()
+            .map(|e| (e.field, e.kind))
+            .collect();
+        assert_eq!(
+            fields,
+            vec![
+                ("spec.volumes[0].name".to_string(), ErrorType::Invalid),
+                (
+                    "spec.domain.devices.disks[0].name".to_string(),
+                    ErrorType::Invalid
+                ),
+                ("spec.networks[0].name".to_string(), ErrorType::Invalid),
+                (
+                    "spec.domain.devices.interfaces[0].name".to_string(),
+                    ErrorType::Invalid
+                ),
+            ]
+        );
+        let long = spec_with_volume(Volume {
+            name: "a".repeat(64),
+            empty_disk: Some(crate::vmi::EmptyDiskSource {
+                capacity: Quantity("1Mi".into()),
+            }),
+            ..Default::default()
+        });
+        assert_eq!(validate_vmi_spec(&long, "spec").len(), 1);
+    }
+
+    #[test]
+    fn host_disk_type_path_and_capacity_rules() {
+        let ok = |v| validate_vmi_spec(&spec_with_volume(v), "spec");
+        assert!(ok(host_disk("/var/lib/vm/a.img", "Disk", None)).is_empty());
+        assert!(ok(host_disk("/var/lib/vm/a.img", "DiskOrCreate", Some("1Gi"))).is_empty());
+        let one = |v, field: &str, kind| {
+            let errs = ok(v);
+            assert_eq!(errs.len(), 1, "{errs:?}");
+            assert_eq!((errs[0].field.as_str(), errs[0].kind), (field, kind));
+        };
+        let path = "spec.volumes[0].hostDisk.path";
+        one(host_disk("", "Disk", None), path, ErrorType::Required);
+        one(host_disk("a.img", "Disk", None), path, ErrorType::Invalid);
+        one(
+            host_disk("/var/../dev/sda", "Disk", None),
+            path,
+            ErrorType::Invalid,
+        );
+        let cap = "spec.volumes[0].hostDisk.capacity";
+        one(
+            host_disk("/a", "DiskOrCreate", None),
+            cap,
+            ErrorType::Required,
+        );
+        one(
+            host_disk("/a", "DiskOrCreate", Some("0")),
+            cap,
+            ErrorType::Invalid,
+        );
+        one(
+            host_disk("/a", "Disk", Some("1Gi")),
+            cap,
+            ErrorType::Forbidden,
+        );
+        let ty = "spec.volumes[0].hostDisk.type";
+        one(host_disk("/a", "", None), ty, ErrorType::Required);
+        one(host_disk("/a", "Block", None), ty, ErrorType::NotSupported);
     }
 
     #[test]
