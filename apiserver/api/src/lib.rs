@@ -10,6 +10,7 @@ pub mod common;
 pub mod defaults;
 pub mod kubevirt;
 pub mod migration;
+pub mod policy;
 pub mod quantity;
 pub mod validation;
 pub mod vm;

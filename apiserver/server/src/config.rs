@@ -105,6 +105,11 @@ pub struct Args {
     /// virt-handler's port on its pod IP.
     #[arg(long, default_value_t = virt_handler_port())]
     pub handler_port: u16,
+    /// KubeVirt feature gates in force, comma separated (virt-operator passes the
+    /// KubeVirt resource's `spec.configuration.developerConfiguration.featureGates`).
+    /// Only `HostDisk` changes anything here: without it hostDisk volumes are refused.
+    #[arg(long, env = "VIRT_APISERVER_FEATURE_GATES", value_delimiter = ',')]
+    pub feature_gates: Vec<String>,
     /// Log format: text or json.
     #[arg(long, env = "VIRT_APISERVER_LOG_FORMAT", default_value = "text")]
     pub log_format: String,

@@ -159,6 +159,11 @@ pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
         Ok(user) => match st.auth.authorize(&user, &info).await {
             Err(e) => e.into_response(),
             Ok(()) => {
+                // The input policy depends on who writes (kubevirt_api::policy); the
+                // registry learns it through the request's extensions.
+                let mut req = req;
+                req.extensions_mut()
+                    .insert(st.registry.actor(&user.name, &user.groups));
                 let agent = req
                     .headers()
                     .get(header::USER_AGENT)
@@ -279,6 +284,7 @@ async fn route(
     agent: &str,
 ) -> ApiResult<Response> {
     let headers = req.headers().clone();
+    let actor = actor_of(&req);
     if !info.is_resource {
         return non_resource(st, info, &headers);
     }
@@ -300,7 +306,7 @@ async fn route(
             Method::GET => list(st, def, info, query, &accept).await,
             Method::POST if !ns.is_empty() => {
                 let body = read_object_body(st, def, req).await?;
-                let opts = write_options(query, agent, false)?;
+                let opts = write_options(query, agent, false, actor)?;
                 let w = st.registry.create(def, ns, body, &opts).await?;
                 written(def, w, &accept)
             }
@@ -340,7 +346,7 @@ async fn route(
                 }
                 Method::PUT => {
                     let body = read_object_body(st, def, req).await?;
-                    let opts = write_options(query, agent, false)?;
+                    let opts = write_options(query, agent, false, actor)?;
                     let w = st
                         .registry
                         .update(def, ns, &info.name, body, status_only, &opts)
@@ -789,7 +795,20 @@ async fn read_object_body(st: &AppState, def: &ResourceDef, req: Request) -> Api
     }
 }
 
-fn write_options(query: &Query, agent: &str, apply: bool) -> ApiResult<WriteOptions> {
+/// The policy actor `handle` recorded for this request (a plain user if none).
+fn actor_of(req: &Request) -> kubevirt_api::policy::Actor {
+    req.extensions()
+        .get::<kubevirt_api::policy::Actor>()
+        .copied()
+        .unwrap_or_default()
+}
+
+fn write_options(
+    query: &Query,
+    agent: &str,
+    apply: bool,
+    actor: kubevirt_api::policy::Actor,
+) -> ApiResult<WriteOptions> {
     let dry_run = match query.get("dryRun") {
         None | Some("") => false,
         Some("All") => true,
@@ -849,6 +868,7 @@ fn write_options(query: &Query, agent: &str, apply: bool) -> ApiResult<WriteOpti
     })
 }
 
+        actor,
 #[allow(clippy::too_many_arguments)]
 async fn patch(
     st: &AppState,
@@ -863,6 +883,7 @@ async fn patch(
     let (headers, bytes) = read_body(st, req).await?;
     let ct = content_type(&headers);
     let ns = info.namespace.as_str();
+    let actor = actor_of(&req);
     let force = query.bool("force").map_err(ApiError::bad_request)?;
     if ct != APPLY_PATCH && force.is_some() {
         return Err(ApiError::invalid(
@@ -886,7 +907,7 @@ async fn patch(
             }
             let p: json_patch::Patch =
                 serde_json::from_value(ops).map_err(|e| bad(e.to_string()))?;
-            let opts = write_options(query, agent, false)?;
+            let opts = write_options(query, agent, false, actor)?;
             st.registry
                 .patch(def, ns, &info.name, &Patch::Json(p), status_only, &opts)
                 .await?
@@ -896,14 +917,14 @@ async fn patch(
             if !p.is_object() {
                 return Err(bad("a merge patch must be a JSON object".into()));
             }
-            let opts = write_options(query, agent, false)?;
+            let opts = write_options(query, agent, false, actor)?;
             st.registry
                 .patch(def, ns, &info.name, &Patch::Merge(p), status_only, &opts)
                 .await?
         }
         APPLY_PATCH => {
             let applied = parse_yaml(&bytes).map_err(bad)?;
-            let opts = write_options(query, agent, true)?;
+            let opts = write_options(query, agent, true, actor)?;
             st.registry
                 .apply(
                     def,

@@ -130,12 +130,20 @@ async fn main() -> anyhow::Result<()> {
     }
     let metrics = Arc::new(metrics::Metrics::default());
     let storage = storage.with_metrics(metrics.storage.clone());
+    let (gates, unenforced) = kubevirt_api::policy::FeatureGates::from_names(&args.feature_gates);
+    tracing::info!(host_disk = gates.host_disk, ?unenforced, "Feature gates");
+    // Our components' service accounts live in our own namespace.
+    let policy = rest::Policy {
+        gates,
+        components_namespace: args.handler_namespace.clone(),
+    };
+    let registry = rest::Registry::new(storage, &args.etcd_prefix).with_policy(policy);
     let state = Arc::new(AppState {
         registry: match &auth.kube {
-            Some(k) => rest::Registry::new(storage, &args.etcd_prefix).with_namespace_lifecycle(
+            Some(k) => registry.with_namespace_lifecycle(
                 virt_apiserver::admission::NamespaceLifecycle::new(k.clone()),
             ),
-            None => rest::Registry::new(storage, &args.etcd_prefix),
+            None => registry,
         },
         discovery: discovery::Discovery::build(),
         openapi: openapi::build(),

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Status, StatusDetails};
+use kubevirt_api::policy::{Actor, FeatureGates};
 use kubevirt_api::validation::{FieldError, validate_object_meta};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -46,6 +47,8 @@ pub struct WriteOptions {
     pub field_validation: FieldValidation,
     /// Field manager recorded in managedFields.
     pub field_manager: String,
+    /// Who writes, for the input policy ([`kubevirt_api::policy`]).
+    pub actor: Actor,
 }
 
 /// Result of a write: the object and warnings for the client.
@@ -150,6 +153,26 @@ pub struct Registry {
     storage: Storage,
     prefix: String,
     namespaces: Option<crate::admission::NamespaceLifecycle>,
+    policy: Policy,
+}
+
+/// Configuration of the input policy: the enforced feature gates and the namespace
+/// whose kubevirt-rs service accounts count as components.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// Feature gates from the KubeVirt configuration (`--feature-gates`).
+    pub gates: FeatureGates,
+    /// Namespace of the components' service accounts.
+    pub components_namespace: String,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            gates: FeatureGates::default(),
+            components_namespace: "kubevirt".into(),
+        }
+    }
 }
 
 fn gr(def: &ResourceDef) -> Gr<'static> {
@@ -211,7 +234,20 @@ impl Registry {
             storage,
             prefix: prefix.trim_end_matches('/').to_string(),
             namespaces: None,
+            policy: Policy::default(),
         }
+    }
+
+    /// Enforces the input policy with these gates and components.
+    #[must_use]
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The policy actor of an authenticated user.
+    pub fn actor(&self, user: &str, groups: &[String]) -> Actor {
+        Actor::of(user, groups, &self.policy.components_namespace)
     }
 
     /// Enforces namespace lifecycle on create (needs kube-apiserver).
@@ -316,13 +352,27 @@ impl Registry {
         Ok((pruned, warnings))
     }
 
-    fn validate(&self, def: &ResourceDef, obj: &Value) -> ApiResult<()> {
+    /// Validation and input policy of writing `obj` over `old` (None on create).
+    fn validate(
+        &self,
+        def: &ResourceDef,
+        old: Option<&Value>,
+        obj: &Value,
+        actor: Actor,
+    ) -> ApiResult<()> {
         let name = meta_str(obj, "name").unwrap_or("").to_string();
         let meta: ObjectMeta =
             serde_json::from_value(obj.get("metadata").cloned().unwrap_or(json!({})))
                 .map_err(|e| ApiError::bad_request(format!("invalid metadata: {e}")))?;
         let mut errs = validate_object_meta(&meta, "metadata");
         errs.extend((def.validate)(obj));
+        errs.extend(kubevirt_api::policy::admit(
+            def.kind,
+            old,
+            obj,
+            actor,
+            &self.policy.gates,
+        ));
         if errs.is_empty() {
             Ok(())
         } else {
@@ -376,7 +426,7 @@ impl Registry {
         if let Some(prefix) = &generate {
             set_meta(&mut obj, "name", Some(json!(generate_name(prefix))));
         }
-        self.validate(def, &obj)?;
+        self.validate(def, None, &obj, opts.actor)?;
         if let Some(n) = &self.namespaces {
             n.admit_create(ns, def.plural, meta_str(&obj, "name").unwrap_or(""))
                 .await?;
@@ -511,7 +561,9 @@ impl Registry {
     }
 
     /// Merges an incoming full object (PUT or patched result) onto the current one,
-    /// applying every update rule. `status_only` is the /status subresource.
+    /// applying every update rule. `status_only` is the /status subresource; `actor`
+    /// is who writes, for the input policy (kept out of `Via`, which server code builds).
+    #[allow(clippy::too_many_arguments)]
     fn prepare_update(
         &self,
         def: &ResourceDef,
@@ -520,6 +572,7 @@ impl Registry {
         current: &Value,
         incoming: &Value,
         via: Via<'_>,
+        actor: Actor,
     ) -> ApiResult<Value> {
         let Via {
             status_only,
@@ -631,8 +684,10 @@ impl Registry {
                 ));
             }
         }
+        // /status takes nothing but status from the request, so the policy (spec and
+        // metadata) has nothing to check there.
         if !status_only {
-            self.validate(def, &new)?;
+            self.validate(def, Some(current), &new, actor)?;
         }
         if objects::spec_part(&new, def.has_status) != objects::spec_part(current, def.has_status) {
             let g = current
@@ -686,6 +741,7 @@ impl Registry {
                         status_only,
                         manager: &opts.field_manager,
                     },
+                    opts.actor,
                 )
             })
             .await?;
@@ -713,7 +769,8 @@ impl Registry {
         self.guaranteed_update(def, ns, name, dry_run, |cur| {
             let mut next = cur.clone();
             f(&mut next)?;
-            self.prepare_update(def, ns, name, cur, &next, via)
+            // Server code: the action subresource was authorized for what it writes.
+            self.prepare_update(def, ns, name, cur, &next, via, Actor::Server)
         })
         .await
     }
@@ -740,7 +797,7 @@ impl Registry {
                 }
                 let (decoded, w) = self.decode_body(def, doc, opts.field_validation)?;
                 warnings = w;
-                self.prepare_update(def, ns, name, cur, &decoded, Via { status_only, manager: &opts.field_manager })
+                self.prepare_update(def, ns, name, cur, &decoded, Via { status_only, manager: &opts.field_manager }, opts.actor)
             })
             .await?;
         Ok(Written {
@@ -815,6 +872,7 @@ impl Registry {
                         status_only,
                         manager: "",
                     },
+                    opts.actor,
                 )?;
                 // prepare_update must not record an Update entry for an apply.
                 crate::managed::copy_managed_fields(&merged, &mut next);

@@ -1,0 +1,458 @@
+//! Input policy of the API, as KubeVirt's admission webhooks enforce it: what a writer
+//! may put into a VM, VMI or VMIM beyond the object being valid in itself (that is
+//! [`crate::validation`]). Pure functions over the stored JSON, so the API server calls
+//! them on create and on every kind of update (PUT, JSON/merge patch, server-side apply)
+//! with the object before and after, and the requester's [`Actor`].
+//!
+//! The rules, and why:
+//! - `hostDisk` volumes need the `HostDisk` feature gate (off by default, as in
+//!   KubeVirt): a hostDisk is a path on the node, so without the gate anyone allowed to
+//!   create a VM could hand a node's files or devices to a guest.
+//! - A VMI's spec cannot change after creation, except by virt-apiserver itself (its
+//!   action subresources: a forced restart shortens the grace period). KubeVirt lets only
+//!   its own service accounts change a VMI spec, and only for hotplug, which kubevirt-rs
+//!   does not have; a spec edit would otherwise reach the node at the next migration
+//!   (the target launcher is rendered from the spec) without any of the create checks.
+//! - A VMIM's spec cannot change after creation (KubeVirt: "update of Migration object's
+//!   spec is restricted"): the controller decided on the spec it saw.
+//! - Labels and annotations under `kubevirt.io/` and `kubevirt-rs.io/` on VMs (also in
+//!   their template) and VMIs are written only by kubevirt-rs components, except the
+//!   ones KubeVirt documents for users ([`USER_SETTABLE`]): components trust them
+//!   (`kubevirt.io/nodeName` says which virt-handler owns a VMI,
+//!   `kubevirt.io/migrationTargetNodeName` which node receives it).
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::validation::FieldError;
+
+/// Name of the feature gate that allows `hostDisk` volumes (KubeVirt's name).
+pub const HOST_DISK_GATE: &str = "HostDisk";
+
+/// Where the gates come from, for error messages.
+const GATES_FIELD: &str = "spec.configuration.developerConfiguration.featureGates";
+
+/// Service accounts of kubevirt-rs components (rendered by virt-operator and
+/// `cargo xtask deploy` in virt-apiserver's namespace). Their requests may write the
+/// reserved labels and annotations.
+pub const COMPONENT_SERVICE_ACCOUNTS: [&str; 4] = [
+    "kubevirt-apiserver",
+    "virt-controller",
+    "virt-handler",
+    "virt-operator",
+];
+
+/// Reserved key prefixes: only components write keys under them, [`USER_SETTABLE`] excepted.
+pub const RESERVED_PREFIXES: [&str; 2] = ["kubevirt.io/", "kubevirt-rs.io/"];
+
+/// Keys under the reserved prefixes that users set: KubeVirt's documented user labels
+/// (`kubevirt.io/domain`, `kubevirt.io/size`, `kubevirt.io/vm`, `kubevirt.io/os`, used in
+/// its examples and preset selectors) and user annotations, and kubevirt-rs's own knobs.
+pub const USER_SETTABLE: [&str; 10] = [
+    "kubevirt.io/domain",
+    "kubevirt.io/size",
+    "kubevirt.io/vm",
+    "kubevirt.io/os",
+    "kubevirt.io/allow-pod-bridge-network-live-migration",
+    "kubevirt.io/keep-launcher-alive-after-failure",
+    "kubevirt.io/libvirt-log-filters",
+    "kubevirt.io/ignitiondata",
+    "kubevirt.io/placePCIDevicesOnRootComplex",
+    // Read by virt-handler from the VMI: the migration's bandwidth (docs/node.md).
+    "kubevirt-rs.io/migration-bandwidth-mib",
+];
+
+/// Who is writing, as far as the policy cares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Actor {
+    /// Anyone else: every rule applies.
+    #[default]
+    User,
+    /// A kubevirt-rs service account or `system:masters`: may write reserved keys.
+    Component,
+    /// virt-apiserver's own read-modify-writes (action subresources), already
+    /// authorized for what they do: may also change a VMI's spec.
+    Server,
+}
+
+impl Actor {
+    /// The actor of an authenticated user: a component when it is one of
+    /// [`COMPONENT_SERVICE_ACCOUNTS`] in `namespace` or in `system:masters`.
+    pub fn of(user: &str, groups: &[String], namespace: &str) -> Self {
+        let sa = user
+            .strip_prefix("system:serviceaccount:")
+            .and_then(|rest| rest.split_once(':'));
+        let component_sa = sa.is_some_and(|(ns, name)| {
+            ns == namespace && COMPONENT_SERVICE_ACCOUNTS.contains(&name)
+        });
+        if component_sa || groups.iter().any(|g| g == "system:masters") {
+            Self::Component
+        } else {
+            Self::User
+        }
+    }
+
+    fn may_write_reserved(self) -> bool {
+        matches!(self, Self::Component | Self::Server)
+    }
+}
+
+/// The KubeVirt feature gates the API enforces.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FeatureGates {
+    /// `HostDisk`: hostDisk volumes are allowed.
+    pub host_disk: bool,
+}
+
+impl FeatureGates {
+    /// Gates from their KubeVirt names; returns the names this server does not enforce
+    /// (they are not errors: KubeVirt has many gates for features kubevirt-rs lacks).
+    pub fn from_names<S: AsRef<str>>(names: &[S]) -> (Self, Vec<String>) {
+        let mut gates = Self::default();
+        let mut other = Vec::new();
+        for n in names.iter().map(AsRef::as_ref).filter(|n| !n.is_empty()) {
+            if n == HOST_DISK_GATE {
+                gates.host_disk = true;
+            } else {
+                other.push(n.to_string());
+            }
+        }
+        (gates, other)
+    }
+}
+
+/// Kinds the policy knows, by `kind`.
+const VM: &str = "VirtualMachine";
+const VMI: &str = "VirtualMachineInstance";
+const VMIM: &str = "VirtualMachineInstanceMigration";
+
+/// Every policy error of writing `new` over `old` (None on create) as `actor`.
+pub fn admit(
+    kind: &str,
+    old: Option<&Value>,
+    new: &Value,
+    actor: Actor,
+    gates: &FeatureGates,
+) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    match kind {
+        VM => {
+            let path = "spec.template.spec";
+            errs.extend(host_disk_gate(
+                old.and_then(|o| o.pointer("/spec/template/spec")),
+                new.pointer("/spec/template/spec"),
+                path,
+                gates,
+            ));
+            if !actor.may_write_reserved() {
+                errs.extend(reserved_keys(
+                    old.and_then(|o| o.get("metadata")),
+                    new.get("metadata"),
+                    "metadata",
+                ));
+                errs.extend(reserved_keys(
+                    old.and_then(|o| o.pointer("/spec/template/metadata")),
+                    new.pointer("/spec/template/metadata"),
+                    "spec.template.metadata",
+                ));
+            }
+        }
+        VMI => {
+            errs.extend(host_disk_gate(
+                old.and_then(|o| o.get("spec")),
+                new.get("spec"),
+                "spec",
+                gates,
+            ));
+            if let Some(old) = old
+                && actor != Actor::Server
+            {
+                errs.extend(immutable_spec(old.get("spec"), new.get("spec")));
+            }
+            if !actor.may_write_reserved() {
+                errs.extend(reserved_keys(
+                    old.and_then(|o| o.get("metadata")),
+                    new.get("metadata"),
+                    "metadata",
+                ));
+            }
+        }
+        VMIM => {
+            if let Some(old) = old {
+                errs.extend(immutable_spec(old.get("spec"), new.get("spec")));
+            }
+        }
+        _ => {}
+    }
+    errs
+}
+
+/// hostDisk volumes of `new` (a VMI spec at `path`) that need the gate: all on create,
+/// on update only those not already there unchanged, so objects created while the gate
+/// was on can still be updated (finalizers removed, labels written) after it is off.
+fn host_disk_gate(
+    old: Option<&Value>,
+    new: Option<&Value>,
+    path: &str,
+    gates: &FeatureGates,
+) -> Vec<FieldError> {
+    if gates.host_disk {
+        return Vec::new();
+    }
+    let volumes = |spec: Option<&Value>| -> Vec<Value> {
+        spec.and_then(|s| s.get("volumes"))
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let before = volumes(old);
+    volumes(new)
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.get("hostDisk").is_some())
+        .filter(|(_, v)| !before.contains(v))
+        .map(|(i, _)| {
+            FieldError::forbidden(
+                format!("{path}.volumes[{i}].hostDisk"),
+                &format!(
+                    "hostDisk volumes need the {HOST_DISK_GATE} feature gate, which is not enabled \
+                     in the KubeVirt configuration ({GATES_FIELD})"
+                ),
+            )
+        })
+        .collect()
+}
+
+/// One `Forbidden: field is immutable` per top-level spec field that differs.
+fn immutable_spec(old: Option<&Value>, new: Option<&Value>) -> Vec<FieldError> {
+    let empty = serde_json::Map::new();
+    let fields = |v: Option<&Value>| v.and_then(Value::as_object).unwrap_or(&empty).clone();
+    let (old, new) = (fields(old), fields(new));
+    let mut keys: Vec<&String> = old.keys().chain(new.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter(|k| old.get(*k) != new.get(*k))
+        .map(|k| FieldError::forbidden(format!("spec.{k}"), "field is immutable"))
+        .collect()
+}
+
+fn string_map(meta: Option<&Value>, field: &str) -> BTreeMap<String, String> {
+    meta.and_then(|m| m.get(field))
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether only kubevirt-rs components may set `key`.
+pub fn is_reserved(key: &str) -> bool {
+    RESERVED_PREFIXES.iter().any(|p| key.starts_with(p)) && !USER_SETTABLE.contains(&key)
+}
+
+/// Reserved labels and annotations that a non-component adds, changes or removes
+/// between `old` and `new` metadata at `path`.
+fn reserved_keys(old: Option<&Value>, new: Option<&Value>, path: &str) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    for field in ["labels", "annotations"] {
+        let (before, after) = (string_map(old, field), string_map(new, field));
+        let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        for k in keys.into_iter().filter(|k| is_reserved(k)) {
+            if before.get(k) != after.get(k) {
+                errs.push(FieldError::forbidden(
+                    format!("{path}.{field}[{k}]"),
+                    &format!(
+                        "{k} is reserved: only kubevirt-rs components set, change or remove it"
+                    ),
+                ));
+            }
+        }
+    }
+    errs
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::validation::ErrorType;
+    use serde_json::json;
+
+    fn vmi(volumes: Value, labels: Value) -> Value {
+        json!({"metadata": {"name": "v", "labels": labels},
+               "spec": {"domain": {"devices": {}}, "volumes": volumes}})
+    }
+
+    fn host_disk() -> Value {
+        json!([{"name": "h", "hostDisk": {"path": "/dev/sda", "type": "Disk"}}])
+    }
+
+    const OFF: FeatureGates = FeatureGates { host_disk: false };
+    const ON: FeatureGates = FeatureGates { host_disk: true };
+
+    #[test]
+    fn gates_parse_by_kubevirt_name() {
+        let (g, other) = FeatureGates::from_names(&["LiveMigration", "HostDisk", ""]);
+        assert!(g.host_disk);
+        assert_eq!(other, vec!["LiveMigration".to_string()]);
+        assert!(!FeatureGates::from_names::<&str>(&[]).0.host_disk);
+    }
+
+    #[test]
+    fn host_disk_needs_the_gate_for_everyone() {
+        let new = vmi(host_disk(), json!({}));
+        for actor in [Actor::User, Actor::Component, Actor::Server] {
+            let errs = admit(VMI, None, &new, actor, &OFF);
+            assert_eq!(errs.len(), 1, "{actor:?}");
+            assert_eq!(errs[0].field, "spec.volumes[0].hostDisk");
+            assert_eq!(errs[0].kind, ErrorType::Forbidden);
+            assert!(errs[0].message.contains("HostDisk feature gate"));
+        }
+        assert!(admit(VMI, None, &new, Actor::User, &ON).is_empty());
+        let vm = json!({"metadata": {}, "spec": {"template": {"spec": {"volumes": host_disk()}}}});
+        let errs = admit(VM, None, &vm, Actor::User, &OFF);
+        assert_eq!(errs[0].field, "spec.template.spec.volumes[0].hostDisk");
+    }
+
+    #[test]
+    fn an_existing_host_disk_does_not_block_updates_once_the_gate_is_off() {
+        let vm = json!({"metadata": {}, "spec": {"running": false,
+            "template": {"spec": {"volumes": host_disk()}}}});
+        let mut started = vm.clone();
+        started["spec"]["running"] = json!(true);
+        assert!(admit(VM, Some(&vm), &started, Actor::User, &OFF).is_empty());
+        // A changed hostDisk is a new one.
+        let mut moved = vm.clone();
+        moved["spec"]["template"]["spec"]["volumes"][0]["hostDisk"]["path"] = json!("/etc");
+        assert_eq!(admit(VM, Some(&vm), &moved, Actor::User, &OFF).len(), 1);
+    }
+
+    #[test]
+    fn vmi_spec_is_immutable_except_for_the_server() {
+        let old = vmi(json!([]), json!({}));
+        let new = vmi(host_disk(), json!({}));
+        for actor in [Actor::User, Actor::Component] {
+            let errs = admit(VMI, Some(&old), &new, actor, &ON);
+            assert_eq!(
+                errs,
+                vec![FieldError::forbidden("spec.volumes", "field is immutable")]
+            );
+            assert_eq!(
+                errs[0].to_string(),
+                "spec.volumes: Forbidden: field is immutable"
+            );
+        }
+        assert!(admit(VMI, Some(&old), &new, Actor::Server, &ON).is_empty());
+        // Removing a field is a change too; metadata and status are not the spec.
+        let mut no_volumes = old.clone();
+        no_volumes["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("volumes");
+        assert_eq!(
+            admit(VMI, Some(&old), &no_volumes, Actor::User, &ON).len(),
+            1
+        );
+        let mut relabelled = old.clone();
+        relabelled["metadata"]["labels"] = json!({"app": "x"});
+        relabelled["status"] = json!({"phase": "Running"});
+        assert!(admit(VMI, Some(&old), &relabelled, Actor::User, &ON).is_empty());
+    }
+
+    #[test]
+    fn vmim_spec_is_immutable_for_everyone() {
+        let old = json!({"metadata": {}, "spec": {"vmiName": "a"}});
+        let new = json!({"metadata": {"labels": {"x": "y"}}, "spec": {"vmiName": "b"}});
+        for actor in [Actor::User, Actor::Component, Actor::Server] {
+            let errs = admit(VMIM, Some(&old), &new, actor, &OFF);
+            assert_eq!(
+                errs,
+                vec![FieldError::forbidden("spec.vmiName", "field is immutable")]
+            );
+        }
+        assert!(admit(VMIM, None, &new, Actor::User, &OFF).is_empty());
+    }
+
+    #[test]
+    fn reserved_keys_are_for_components() {
+        let new = vmi(json!([]), json!({"kubevirt.io/nodeName": "n1", "app": "a"}));
+        let errs = admit(VMI, None, &new, Actor::User, &OFF);
+        assert_eq!(errs.len(), 1);
+        assert_eq!(errs[0].field, "metadata.labels[kubevirt.io/nodeName]");
+        assert!(errs[0].message.contains("kubevirt.io/nodeName is reserved"));
+        assert!(admit(VMI, None, &new, Actor::Component, &OFF).is_empty());
+
+        // Unchanged reserved keys are fine in a user's update; changes and removals not.
+        let kept = vmi(json!([]), json!({"kubevirt.io/nodeName": "n1", "app": "b"}));
+        assert!(admit(VMI, Some(&new), &kept, Actor::User, &OFF).is_empty());
+        let moved = vmi(json!([]), json!({"kubevirt.io/nodeName": "n2"}));
+        assert_eq!(admit(VMI, Some(&new), &moved, Actor::User, &OFF).len(), 1);
+        let removed = vmi(json!([]), json!({}));
+        assert_eq!(admit(VMI, Some(&new), &removed, Actor::User, &OFF).len(), 1);
+        assert!(admit(VMI, Some(&new), &removed, Actor::Component, &OFF).is_empty());
+    }
+
+    #[test]
+    fn reserved_keys_on_vms_and_their_templates_and_user_knobs() {
+        let vm = json!({
+            "metadata": {"labels": {"kubevirt.io/vm": "x"},
+                         "annotations": {"kubevirt.io/created-by": "me"}},
+            "spec": {"template": {
+                "metadata": {"labels": {"kubevirt.io/domain": "d", "kubevirt.io/migrationTargetNodeName": "n"},
+                             "annotations": {"kubevirt-rs.io/migration-bandwidth-mib": "64",
+                                             "kubevirt-rs.io/vmi": "x",
+                                             "kubevirt.io/allow-pod-bridge-network-live-migration": ""}},
+                "spec": {}}}
+        });
+        let fields: Vec<String> = admit(VM, None, &vm, Actor::User, &OFF)
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(
+            fields,
+            vec![
+                "metadata.annotations[kubevirt.io/created-by]",
+                "spec.template.metadata.labels[kubevirt.io/migrationTargetNodeName]",
+                "spec.template.metadata.annotations[kubevirt-rs.io/vmi]",
+            ]
+        );
+        assert!(admit(VM, None, &vm, Actor::Component, &OFF).is_empty());
+        // Similar prefixes are not reserved.
+        assert!(!is_reserved("vm.kubevirt.io/name"));
+        assert!(!is_reserved("kubevirt.iox/a"));
+        assert!(is_reserved("kubevirt.io/schedulable"));
+    }
+
+    #[test]
+    fn components_are_our_service_accounts_and_masters() {
+        let none: Vec<String> = Vec::new();
+        for sa in COMPONENT_SERVICE_ACCOUNTS {
+            let user = format!("system:serviceaccount:kubevirt:{sa}");
+            assert_eq!(Actor::of(&user, &none, "kubevirt"), Actor::Component);
+            assert_eq!(Actor::of(&user, &none, "other"), Actor::User);
+        }
+        assert_eq!(
+            Actor::of("system:serviceaccount:kubevirt:default", &none, "kubevirt"),
+            Actor::User
+        );
+        assert_eq!(
+            Actor::of(
+                "system:serviceaccount:kubevirt:virt-handler:x",
+                &none,
+                "kubevirt"
+            ),
+            Actor::User
+        );
+        assert_eq!(Actor::of("alice", &none, "kubevirt"), Actor::User);
+        assert_eq!(
+            Actor::of("admin", &["system:masters".to_string()], "kubevirt"),
+            Actor::Component
+        );
+    }
+}
