@@ -1,14 +1,31 @@
-//! KubeVirt: the install/upgrade resource reconciled by virt-operator. Unlike the VM kinds
-//! it is a CRD served by kube-apiserver, so the operator works before our API server runs.
+//! KubeVirt: the install/upgrade resource reconciled by virt-operator, with every field of
+//! KubeVirt's `KubeVirtSpec`. It is stored by kube-apiserver as a CRD at
+//! `kubevirt.io/v1alpha3` ([`crd_v1alpha3`]), so the operator works before our API server
+//! runs; virt-apiserver serves the same objects at `kubevirt.io/v1` by forwarding to that CRD
+//! (docs/deploy.md). Fields kubevirt-rs does not implement are typed where KubeVirt types
+//! them, or kept as free-form objects, so a KubeVirt user's resource is never rejected; the
+//! operator names the ones set in an Event and a condition.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResource;
+use kube::core::CustomResourceExt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_with::skip_serializing_none;
 
 use crate::common::Condition;
 
-/// Specification of a kubevirt-rs installation.
+/// The version kube-apiserver serves the KubeVirt CRD at (v1 belongs to virt-apiserver's
+/// APIService, see docs/deploy.md).
+pub const CRD_VERSION: &str = "v1alpha3";
+/// `apiVersion` of KubeVirt objects as kube-apiserver stores them.
+pub const CRD_API_VERSION: &str = "kubevirt.io/v1alpha3";
+/// Plural resource name of KubeVirt.
+pub const PLURAL: &str = "kubevirts";
+
+/// Specification of a kubevirt-rs installation: KubeVirt's `KubeVirtSpec`, field for field.
 #[skip_serializing_none]
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
@@ -19,30 +36,129 @@ use crate::common::Condition;
     singular = "kubevirt",
     shortname = "kv",
     shortname = "kvs",
+    category = "all",
     namespaced,
     status = "KubeVirtStatus",
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
-    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.observedKubeVirtVersion"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct KubeVirtSpec {
-    /// Image tag of the components (defaults to the operator's own version).
+    /// The image tag to use for the container images installed. Defaults to the same tag as
+    /// the operator's container image.
     pub image_tag: Option<String>,
-    /// Image registry of the components.
+    /// The image registry to pull the container images from. Defaults to the same registry
+    /// the operator's container image is pulled from.
     pub image_registry: Option<String>,
-    /// `Always`, `IfNotPresent` or `Never`.
+    /// The ImagePullPolicy to use: `Always`, `IfNotPresent` or `Never`.
     pub image_pull_policy: Option<String>,
-    /// Cluster-wide configuration.
-    pub configuration: Option<KubeVirtConfiguration>,
+    /// The imagePullSecrets to pull the container images with (not implemented by
+    /// kubevirt-rs: kept and reported).
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub image_pull_secrets: Option<Vec<k8s_openapi::api::core::v1::LocalObjectReference>>,
+    /// The namespace Prometheus is deployed in (not implemented: kept and reported).
+    pub monitor_namespace: Option<String>,
+    /// The namespace the service monitor is deployed in (not implemented: kept and
+    /// reported).
+    pub service_monitor_namespace: Option<String>,
+    /// The Prometheus service account that needs read access to KubeVirt endpoints (not
+    /// implemented: kept and reported).
+    pub monitor_account: Option<String>,
+    /// How workloads are updated after an upgrade (not implemented: VMs keep running on
+    /// the launcher they started with; kept and reported).
+    pub workload_update_strategy: Option<KubeVirtWorkloadUpdateStrategy>,
     /// `BlockUninstallIfWorkloadsExist` (default) or `RemoveWorkloads`.
     pub uninstall_strategy: Option<String>,
-    /// Placement of the control-plane components.
+    /// Lifetimes and renewal of the operator's self-signed certificates.
+    pub certificate_rotate_strategy: Option<KubeVirtCertificateRotateStrategy>,
+    /// The `app.kubernetes.io/version` label of the components (not implemented: kept and
+    /// reported).
+    pub product_version: Option<String>,
+    /// The `app.kubernetes.io/part-of` label of the components (not implemented: kept and
+    /// reported).
+    pub product_name: Option<String>,
+    /// The `app.kubernetes.io/component` label of the components (not implemented: kept and
+    /// reported).
+    pub product_component: Option<String>,
+    /// Cluster-wide configuration (KubeVirt's virt-config).
+    pub configuration: Option<KubeVirtConfiguration>,
+    /// Placement of the control-plane components (etcd, virt-apiserver, virt-controller).
     pub infra: Option<ComponentConfig>,
     /// Placement of virt-handler.
     pub workloads: Option<ComponentConfig>,
-    /// Lifetimes and renewal of the operator's self-signed certificates (KubeVirt's
-    /// `certificateRotateStrategy`).
-    pub certificate_rotate_strategy: Option<KubeVirtCertificateRotateStrategy>,
+    /// Patches and flags applied to the rendered components (not implemented: kept and
+    /// reported).
+    pub customize_components: Option<CustomizeComponents>,
+}
+
+/// How workloads are updated after an upgrade.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeVirtWorkloadUpdateStrategy {
+    /// Methods that may disrupt workloads during automated updates: `LiveMigrate`,
+    /// `Evict`. An empty list means no automated workload updating.
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub workload_update_methods: Option<Vec<String>>,
+    /// Number of VMIs that can be forcibly updated per batchEvictionInterval (KubeVirt's
+    /// default 10).
+    pub batch_eviction_size: Option<i64>,
+    /// Interval between batches of shutdowns (a Go duration, KubeVirt's default 1m).
+    pub batch_eviction_interval: Option<String>,
+}
+
+/// Patches and flags for the rendered components.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CustomizeComponents {
+    /// Patches to the rendered objects.
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub patches: Option<Vec<CustomizeComponentsPatch>>,
+    /// Replacement command-line flags of the Deployments and DaemonSets.
+    pub flags: Option<Flags>,
+}
+
+/// Replacement flags per component.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Flags {
+    /// virt-api flags.
+    pub api: Option<BTreeMap<String, String>>,
+    /// virt-controller flags.
+    pub controller: Option<BTreeMap<String, String>>,
+    /// virt-handler flags.
+    pub handler: Option<BTreeMap<String, String>>,
+}
+
+/// One patch to a rendered object.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CustomizeComponentsPatch {
+    /// Name of the patched object.
+    #[serde(default)]
+    pub resource_name: String,
+    /// Kind of the patched object.
+    #[serde(default)]
+    pub resource_type: String,
+    /// The patch.
+    #[serde(default)]
+    pub patch: String,
+    /// `json`, `merge` or `strategic`.
+    #[serde(default, rename = "type")]
+    pub type_: String,
+}
+
+/// The CRD kube-apiserver stores KubeVirt objects in: this type's schema at
+/// [`CRD_VERSION`] (the only CRD kubevirt-rs ships; see the module docs for why not v1).
+pub fn crd_v1alpha3() -> CustomResourceDefinition {
+    let mut crd = KubeVirt::crd();
+    for v in &mut crd.spec.versions {
+        v.name = CRD_VERSION.to_string();
+    }
+    crd
 }
 
 /// How the operator's certificates rotate.
@@ -84,24 +200,37 @@ pub struct CertConfig {
     pub renew_before: Option<String>,
 }
 
-/// Cluster-wide configuration.
+/// Cluster-wide configuration. What kubevirt-rs implements is typed; every other field of
+/// KubeVirt's `KubeVirtConfiguration` (migrations, network, smbios, …) is kept as given in
+/// [`Self::other`] and reported by the operator, never rejected.
 #[skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct KubeVirtConfiguration {
     /// Developer settings.
     pub developer_configuration: Option<DeveloperConfiguration>,
+    /// The other fields of KubeVirt's configuration, as given.
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub other: BTreeMap<String, serde_json::Value>,
 }
 
-/// Developer settings.
+/// Developer settings. As with [`KubeVirtConfiguration`], KubeVirt's other developer fields
+/// (logVerbosity, memoryOvercommit, …) are kept in [`Self::other`].
 #[skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct DeveloperConfiguration {
     /// Fall back to software emulation (TCG) when KVM is unusable.
     pub use_emulation: Option<bool>,
     /// Enabled feature gates.
     pub feature_gates: Option<Vec<String>>,
+    /// The other developer fields, as given.
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub other: BTreeMap<String, serde_json::Value>,
 }
 
 /// Placement of a group of components.
@@ -111,7 +240,7 @@ pub struct DeveloperConfiguration {
 pub struct ComponentConfig {
     /// Node placement.
     pub node_placement: Option<NodePlacement>,
-    /// Replicas of the control-plane components.
+    /// Replicas of the control-plane components (not implemented: kept and reported).
     pub replicas: Option<u8>,
 }
 
@@ -143,4 +272,85 @@ pub struct KubeVirtStatus {
     pub observed_kube_virt_version: Option<String>,
     /// Generation acted on.
     pub observed_generation: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// The kubevirt-cr.yaml KubeVirt's releases ship, unchanged.
+    const KUBEVIRT_CR: &str = "apiVersion: kubevirt.io/v1
+kind: KubeVirt
+metadata: {name: kubevirt, namespace: kubevirt}
+spec:
+  certificateRotateStrategy: {}
+  configuration:
+    developerConfiguration:
+      featureGates: []
+  customizeComponents: {}
+  imagePullPolicy: IfNotPresent
+  workloadUpdateStrategy: {}
+";
+
+    #[test]
+    fn kubevirts_own_cr_round_trips_unchanged() {
+        let kv: KubeVirt = serde_saphyr::from_str(KUBEVIRT_CR).unwrap();
+        let back = serde_json::to_value(&kv).unwrap();
+        let want: serde_json::Value = serde_saphyr::from_str(KUBEVIRT_CR).unwrap();
+        assert_eq!(back["spec"], want["spec"]);
+    }
+
+    #[test]
+    fn configuration_fields_we_do_not_type_are_kept() {
+        let spec = serde_json::json!({"configuration": {
+            "developerConfiguration": {"useEmulation": true, "logVerbosity": {"virtLauncher": 4}},
+            "migrations": {"parallelMigrationsPerCluster": 5}},
+            "workloads": {"replicas": 3}});
+        let s: KubeVirtSpec = serde_json::from_value(spec.clone()).unwrap();
+        let c = s.configuration.as_ref().unwrap();
+        assert!(c.other.contains_key("migrations"));
+        assert_eq!(
+            c.developer_configuration.as_ref().unwrap().use_emulation,
+            Some(true)
+        );
+        assert_eq!(serde_json::to_value(&s).unwrap(), spec);
+    }
+
+    #[test]
+    fn the_crd_is_v1alpha3_and_keeps_unknown_configuration() {
+        let crd = crd_v1alpha3();
+        assert_eq!(crd.spec.versions.len(), 1);
+        let v = &crd.spec.versions[0];
+        assert_eq!(v.name, CRD_VERSION);
+        let schema = serde_json::to_value(v.schema.as_ref().unwrap()).unwrap();
+        let spec = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        for f in [
+            "certificateRotateStrategy",
+            "configuration",
+            "customizeComponents",
+            "imagePullPolicy",
+            "imagePullSecrets",
+            "imageRegistry",
+            "imageTag",
+            "infra",
+            "monitorAccount",
+            "monitorNamespace",
+            "productComponent",
+            "productName",
+            "productVersion",
+            "serviceMonitorNamespace",
+            "uninstallStrategy",
+            "workloadUpdateStrategy",
+            "workloads",
+        ] {
+            assert!(spec.get(f).is_some(), "{f} missing from the CRD schema");
+        }
+        let conf = &spec["configuration"];
+        assert_eq!(conf["x-kubernetes-preserve-unknown-fields"], true, "{conf}");
+        assert_eq!(
+            conf["properties"]["developerConfiguration"]["x-kubernetes-preserve-unknown-fields"],
+            true
+        );
+    }
 }

@@ -22,9 +22,9 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha512};
 
 use kubevirt_api::{
-    VirtualMachineInstanceMigrationSpec, VirtualMachineInstanceMigrationStatus,
-    VirtualMachineInstanceSpec, VirtualMachineInstanceStatus, VirtualMachineSpec,
-    VirtualMachineStatus,
+    KubeVirtSpec, KubeVirtStatus, VirtualMachineInstanceMigrationSpec,
+    VirtualMachineInstanceMigrationStatus, VirtualMachineInstanceSpec,
+    VirtualMachineInstanceStatus, VirtualMachineSpec, VirtualMachineStatus,
 };
 
 /// Group of the kinds.
@@ -202,10 +202,11 @@ pub fn kind_schema(kind: &str) -> Option<Value> {
 // ---------------------------------------------------------------------------------------
 
 /// The kinds of `kubevirt.io/v1` with published schemas.
-pub const KIND_NAMES: [&str; 3] = [
+pub const KIND_NAMES: [&str; 4] = [
     "VirtualMachine",
     "VirtualMachineInstance",
     "VirtualMachineInstanceMigration",
+    "KubeVirt",
 ];
 
 struct KindDef {
@@ -217,7 +218,7 @@ struct KindDef {
     status: fn() -> Value,
 }
 
-const KINDS: [KindDef; 3] = [
+const KINDS: [KindDef; 4] = [
     KindDef {
         kind: "VirtualMachine",
         plural: "virtualmachines",
@@ -241,6 +242,16 @@ const KINDS: [KindDef; 3] = [
         spec_required: true,
         spec: inline_schema::<VirtualMachineInstanceMigrationSpec>,
         status: inline_schema::<VirtualMachineInstanceMigrationStatus>,
+    },
+    // Served by forwarding to the v1alpha3 CRD in kube-apiserver; the schema is the same
+    // type's, so `kubectl explain kubevirt.spec` reads the fields kube-apiserver accepts.
+    KindDef {
+        kind: "KubeVirt",
+        plural: "kubevirts",
+        description: "KubeVirt represents the object deploying all kubevirt-rs components (stored by kube-apiserver as kubevirt.io/v1alpha3, served here at kubevirt.io/v1).",
+        spec_required: true,
+        spec: inline_schema::<KubeVirtSpec>,
+        status: inline_schema::<KubeVirtStatus>,
     },
 ];
 

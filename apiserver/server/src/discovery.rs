@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha512};
 
 use crate::kinds::ResourceDef;
+use crate::kubevirts::PLURAL as KUBEVIRTS;
 use crate::rest::GROUP;
 use kubevirt_api::SUBRESOURCES_GROUP;
 
@@ -79,6 +80,14 @@ fn resource_list() -> Value {
             "kind":r.kind,"verbs":["get","patch","update"]}),
         );
     }
+    resources.push(
+        json!({"name":KUBEVIRTS,"singularName":"kubevirt","namespaced":true,"kind":"KubeVirt",
+        "verbs":VERBS,"shortNames":["kv","kvs"],"categories":["all"]}),
+    );
+    resources.push(
+        json!({"name":format!("{KUBEVIRTS}/status"),"singularName":"","namespaced":true,
+        "kind":"KubeVirt","verbs":["get","patch","update"]}),
+    );
     json!({"kind":"APIResourceList","apiVersion":"v1","groupVersion":format!("{GROUP}/v1"),"resources":resources})
 }
 
@@ -115,6 +124,13 @@ fn aggregated(version: &str) -> Value {
                 "verbs":VERBS,"shortNames":r.short_names,"categories":["all"],
                 "subresources":[{"subresource":"status","responseKind":gvk,"verbs":["get","patch","update"]}]})
         })
+        .chain(std::iter::once({
+            // Forwarded to the v1alpha3 CRD (crate::kubevirts), same verbs as our kinds.
+            let gvk = json!({"group":GROUP,"version":"v1","kind":"KubeVirt"});
+            json!({"resource":KUBEVIRTS,"responseKind":gvk,"scope":"Namespaced","singularResource":"kubevirt",
+                "verbs":VERBS,"shortNames":["kv","kvs"],"categories":["all"],
+                "subresources":[{"subresource":"status","responseKind":gvk,"verbs":["get","patch","update"]}]})
+        }))
         .collect();
     let sub: Vec<Value> = ResourceDef::all()
         .iter()
@@ -168,6 +184,7 @@ mod tests {
             .map(|r| r["name"].as_str().unwrap())
             .collect();
         assert!(names.contains(&"virtualmachines/status"));
+        assert!(names.contains(&"kubevirts") && names.contains(&"kubevirts/status"));
         let vm = &v["resources"][0];
         assert_eq!(vm["shortNames"], json!(["vm", "vms"]));
         assert_eq!(vm["categories"], json!(["all"]));

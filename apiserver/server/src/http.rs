@@ -294,6 +294,9 @@ async fn route(
     if info.group != crate::rest::GROUP || info.version != "v1" {
         return Err(ApiError::path_not_found());
     }
+    if info.resource == crate::kubevirts::PLURAL {
+        return crate::kubevirts::handle(st, info, req).await;
+    }
     let def = ResourceDef::by_plural(&info.resource).ok_or_else(ApiError::path_not_found)?;
     let accept = request::parse_accept(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let ns = info.namespace.as_str();
@@ -726,7 +729,7 @@ impl Drop for LongRunning {
     }
 }
 
-async fn read_body(st: &AppState, req: Request) -> ApiResult<(HeaderMap, Bytes)> {
+pub(crate) async fn read_body(st: &AppState, req: Request) -> ApiResult<(HeaderMap, Bytes)> {
     use http_body_util::BodyExt;
     let headers = req.headers().clone();
     let mut body = req.into_body();

@@ -17,6 +17,7 @@ pub mod error;
 pub mod handler;
 pub mod http;
 pub mod kinds;
+pub mod kubevirts;
 pub mod managed;
 pub mod metrics;
 pub mod objects;

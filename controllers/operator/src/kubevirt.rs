@@ -1,27 +1,25 @@
 //! The `KubeVirt` resource virt-operator reconciles, and the one CRD kubevirt-rs ships.
 //!
-//! Its fields are KubeVirt's (`kubevirt.io` KubeVirt: spec.imageTag, imageRegistry,
-//! configuration.developerConfiguration, infra/workloads placement, uninstallStrategy,
-//! certificateRotateStrategy; status phase, conditions, observed/target version) and the spec
-//! types are `kubevirt-api`'s. The
+//! Its fields are KubeVirt's (every field of `KubeVirtSpec`; status phase, conditions,
+//! observed/target version) and the spec types are `kubevirt-api`'s. The
 //! CRD serves it as **`kubevirt.io/v1alpha3`** (KubeVirt serves the same schema at v1 and
 //! v1alpha3): kubevirt.io/v1 is served by virt-apiserver through the APIService
 //! `v1.kubevirt.io`, and a CRD version v1 in that group would make kube-apiserver's
 //! autoregister controller claim that APIService for itself (docs/deploy.md).
 
+use std::borrow::Cow;
+
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::CustomResource;
-use kube::core::CustomResourceExt;
-use kubevirt_api::kubevirt::{
-    ComponentConfig, KubeVirtCertificateRotateStrategy, KubeVirtConfiguration, KubeVirtStatus,
-};
-use schemars::JsonSchema;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+pub use kubevirt_api::kubevirt::KubeVirtSpec;
+use kubevirt_api::kubevirt::KubeVirtStatus;
 use serde::{Deserialize, Serialize};
 
 /// The version the CRD serves.
-pub const VERSION: &str = "v1alpha3";
+pub const VERSION: &str = kubevirt_api::kubevirt::CRD_VERSION;
 /// `apiVersion` of KubeVirt objects.
-pub const API_VERSION: &str = "kubevirt.io/v1alpha3";
+pub const API_VERSION: &str = kubevirt_api::kubevirt::CRD_API_VERSION;
 /// Finalizer that makes deleting the KubeVirt resource uninstall everything first.
 pub const FINALIZER: &str = "kubevirt.io/virtOperatorFinalizer";
 /// Uninstall is refused while VirtualMachines or VirtualMachineInstances exist.
@@ -29,55 +27,104 @@ pub const BLOCK_UNINSTALL: &str = "BlockUninstallIfWorkloadsExist";
 /// Uninstall deletes VirtualMachines and VirtualMachineInstances with everything else.
 pub const REMOVE_WORKLOADS: &str = "RemoveWorkloads";
 
-/// Specification of a kubevirt-rs installation.
-#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[kube(
-    group = "kubevirt.io",
-    version = "v1alpha3",
-    kind = "KubeVirt",
-    plural = "kubevirts",
-    singular = "kubevirt",
-    shortname = "kv",
-    shortname = "kvs",
-    category = "all",
-    namespaced,
-    status = "KubeVirtStatus",
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
-    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
-    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.observedKubeVirtVersion"}"#
-)]
-#[serde(rename_all = "camelCase")]
-pub struct KubeVirtSpec {
-    /// Image tag of the components (defaults to the images the operator was deployed with).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_tag: Option<String>,
-    /// Image registry of the components, e.g. `localhost/kubevirt-rs`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_registry: Option<String>,
-    /// `Always`, `IfNotPresent` or `Never`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_pull_policy: Option<String>,
-    /// Cluster-wide configuration.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub configuration: Option<KubeVirtConfiguration>,
-    /// `BlockUninstallIfWorkloadsExist` (default) or `RemoveWorkloads`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uninstall_strategy: Option<String>,
-    /// Placement of the control-plane components (etcd, virt-apiserver, virt-controller).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub infra: Option<ComponentConfig>,
-    /// Placement of virt-handler.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workloads: Option<ComponentConfig>,
-    /// Lifetimes and renewal of the self-signed CAs and certificates (docs/deploy.md
-    /// "Certificates").
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub certificate_rotate_strategy: Option<KubeVirtCertificateRotateStrategy>,
+/// A KubeVirt object as the operator reads it from kube-apiserver, at
+/// [`API_VERSION`]: `kubevirt-api`'s spec and status (one schema for v1 and v1alpha3), with a
+/// `kube::Resource` of its own because the derived one is v1, which only virt-apiserver
+/// serves (and the operator must work before it runs).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct KubeVirt {
+    /// Standard object metadata.
+    pub metadata: ObjectMeta,
+    /// Desired installation.
+    #[serde(default)]
+    pub spec: KubeVirtSpec,
+    /// Observed installation.
+    #[serde(default)]
+    pub status: Option<KubeVirtStatus>,
+}
+
+impl KubeVirt {
+    /// A KubeVirt object named `name` with `spec`.
+    pub fn new(name: &str, spec: KubeVirtSpec) -> Self {
+        Self {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                ..ObjectMeta::default()
+            },
+            spec,
+            status: None,
+        }
+    }
+}
+
+/// With `apiVersion` and `kind` always written (kube-apiserver refuses an object without
+/// them), as kube's derive does.
+impl Serialize for KubeVirt {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("KubeVirt", 5)?;
+        st.serialize_field("apiVersion", API_VERSION)?;
+        st.serialize_field("kind", "KubeVirt")?;
+        st.serialize_field("metadata", &self.metadata)?;
+        st.serialize_field("spec", &self.spec)?;
+        if let Some(status) = &self.status {
+            st.serialize_field("status", status)?;
+        } else {
+            st.skip_field("status")?;
+        }
+        st.end()
+    }
+}
+
+impl kube::Resource for KubeVirt {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "KubeVirt".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        kubevirt_api::GROUP.into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        VERSION.into()
+    }
+    fn api_version(_: &()) -> Cow<'_, str> {
+        API_VERSION.into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        kubevirt_api::kubevirt::PLURAL.into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
 }
 
 /// The CRD of [`KubeVirt`].
 pub fn crd() -> CustomResourceDefinition {
-    let mut crd = KubeVirt::crd();
+    let mut crd = kubevirt_api::kubevirt::crd_v1alpha3();
     crd.metadata.labels = Some(crate::render::part_of_labels("virt-operator"));
     crd
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn written_at_v1alpha3_with_its_kind_and_read_from_any_version() {
+        let v = serde_json::to_value(KubeVirt::new("kubevirt", KubeVirtSpec::default())).unwrap();
+        assert_eq!(v["apiVersion"], API_VERSION);
+        assert_eq!(v["kind"], "KubeVirt");
+        assert!(v.get("status").is_none());
+        let kv: KubeVirt = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+            "metadata": {"name": "kubevirt"}, "spec": {"imageTag": "t"}}))
+        .unwrap();
+        assert_eq!(kv.spec.image_tag.as_deref(), Some("t"));
+    }
 }

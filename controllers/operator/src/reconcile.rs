@@ -433,6 +433,10 @@ fn render_all(
             .clone()
             .unwrap_or_else(|| "IfNotPresent".into()),
         allow_emulation: dev.and_then(|d| d.use_emulation).unwrap_or(false),
+        feature_gates: render::apiserver_feature_gates(
+            dev.and_then(|d| d.feature_gates.as_deref())
+                .unwrap_or_default(),
+        ),
         infra: placement(kv.spec.infra.as_ref()),
         workloads: placement(kv.spec.workloads.as_ref()),
     };
@@ -568,22 +572,16 @@ async fn install(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
         .filter(|ip| !ip.is_empty() && ip != "None")
         .ok_or_else(|| Error::Other("etcd Service has no cluster IP yet".into()))?;
     let auth = cluster_auth(client).await?;
-    let gates = kv
-        .spec
-        .configuration
-        .as_ref()
-        .and_then(|c| c.developer_configuration.as_ref())
-        .and_then(|d| d.feature_gates.clone())
-        .unwrap_or_default();
     // Once per spec change: the status records the generation it was computed from.
     let spec_changed =
         kv.status.as_ref().and_then(|s| s.observed_generation) != kv.meta().generation;
-    if spec_changed && let Some(note) = status::feature_gates_note(&gates) {
+    let unsupported = status::unsupported_note(&kv.spec);
+    if spec_changed && let Some(note) = &unsupported {
         ctx.event(
             kv,
             EventType::Warning,
-            status::UNSUPPORTED_FEATURE_GATES,
-            note,
+            status::UNSUPPORTED_FIELDS,
+            note.clone(),
         )
         .await;
     }
@@ -702,6 +700,7 @@ async fn install(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
         apiserver_serving: serving,
         failure: status::pod_failure(&pods.items),
         invalid_config,
+        unsupported,
     };
     let new_status = status::status(
         kv.status.as_ref(),

@@ -119,6 +119,25 @@ pub struct Params {
     pub infra: Placement,
     /// Placement of virt-handler.
     pub workloads: Placement,
+    /// KubeVirt feature gates virt-apiserver enforces (`--feature-gates`, see
+    /// [`apiserver_feature_gates`]); none (every gate off) in `cargo xtask deploy`.
+    pub feature_gates: Vec<String>,
+}
+
+/// The KubeVirt feature gates virt-apiserver enforces: `HostDisk` (hostDisk volumes).
+pub const APISERVER_GATES: &[&str] = &[kubevirt_api::policy::HOST_DISK_GATE];
+
+/// The gates of a KubeVirt resource's `developerConfiguration.featureGates` that go to
+/// virt-apiserver: only those it enforces, so that any other gate does not roll its pods.
+pub fn apiserver_feature_gates(gates: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = gates
+        .iter()
+        .filter(|g| APISERVER_GATES.contains(&g.as_str()))
+        .cloned()
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// Where virt-apiserver's etcd runs.
@@ -177,6 +196,7 @@ impl Default for Params {
             allow_emulation: true,
             infra: Placement::default(),
             workloads: Placement::default(),
+            feature_gates: Vec::new(),
         }
     }
 }
@@ -402,6 +422,10 @@ fn deployment(p: &Params) -> Deployment {
             ]
             .into_iter()
             .chain(components::apiserver_handler_flags())
+            .chain(
+                (!p.feature_gates.is_empty())
+                    .then(|| format!("--feature-gates={}", p.feature_gates.join(","))),
+            )
             .collect(),
         ),
         env: Some(vec![EnvVar {
@@ -555,11 +579,31 @@ pub fn static_manifest(p: &Params) -> Result<String> {
         &mut out,
         &ClusterRole {
             metadata: meta(NAME, None),
-            rules: Some(vec![rule(
-                "",
-                strings(&["namespaces"]),
-                &["get", "list", "watch"],
-            )]),
+            rules: Some(vec![
+                rule("", strings(&["namespaces"]), &["get", "list", "watch"]),
+                // kubevirt.io/v1 kubevirts are served by forwarding to the v1alpha3 CRD with
+                // these credentials, after authorizing the user (docs/deploy.md): the same
+                // verbs as the resource itself.
+                rule(
+                    GROUP,
+                    strings(&[kubevirt_api::kubevirt::PLURAL]),
+                    &[
+                        "get",
+                        "list",
+                        "watch",
+                        "create",
+                        "update",
+                        "patch",
+                        "delete",
+                        "deletecollection",
+                    ],
+                ),
+                rule(
+                    GROUP,
+                    strings(&["kubevirts/status"]),
+                    &["get", "update", "patch"],
+                ),
+            ]),
             ..ClusterRole::default()
         },
     )?;
@@ -702,6 +746,27 @@ mod tests {
         assert!(
             committed == committed_manifest().unwrap(),
             "{MANIFEST} is stale: run `cargo xtask deploy --render`"
+        );
+    }
+
+    #[test]
+    fn feature_gates_reach_virt_apiserver_only_when_it_enforces_them() {
+        assert!(
+            !static_manifest(&Params::default())
+                .unwrap()
+                .contains("--feature-gates")
+        );
+        let gates: Vec<String> = ["Snapshot", "HostDisk", "LiveMigration", "HostDisk"]
+            .map(String::from)
+            .into();
+        let p = Params {
+            feature_gates: apiserver_feature_gates(&gates),
+            ..Params::default()
+        };
+        assert!(
+            static_manifest(&p)
+                .unwrap()
+                .contains("- --feature-gates=HostDisk\n")
         );
     }
 

@@ -71,6 +71,8 @@ pub struct Observed {
     /// A field of the KubeVirt resource that cannot be applied (e.g. a bad
     /// certificateRotateStrategy), with why; what it governs is left as it is.
     pub invalid_config: Option<String>,
+    /// What the resource sets that is kept but not implemented ([`unsupported_note`]).
+    pub unsupported: Option<String>,
 }
 
 /// Reason of the Degraded condition for [`Observed::invalid_config`].
@@ -147,18 +149,108 @@ pub fn pod_failure(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> {
 /// KubeVirt feature gates whose feature kubevirt-rs has, always on (KubeVirt graduated them).
 const ALWAYS_ON_GATES: &[&str] = &["LiveMigration"];
 
-/// Reason of the Warning Event for [`feature_gates_note`].
-pub const UNSUPPORTED_FEATURE_GATES: &str = "UnsupportedFeatureGates";
+/// Reason of the Warning Event, and type of the status condition, naming what a KubeVirt
+/// resource sets that kubevirt-rs keeps but does not implement ([`unsupported_note`]).
+pub const UNSUPPORTED_FIELDS: &str = "UnsupportedFields";
+/// Reason of the [`UNSUPPORTED_FIELDS`] condition.
+pub const NOT_IMPLEMENTED: &str = "NotImplemented";
 
-/// What to tell a user whose KubeVirt resource enables feature gates: kubevirt-rs gates
-/// nothing, so a gate either names a feature that is always on here or one it does not
-/// have; saying so beats silently accepting a gate the user relies on. `None` when every
-/// gate is one of the always-on ones.
-pub fn feature_gates_note(gates: &[String]) -> Option<String> {
+/// Top-level spec fields kubevirt-rs accepts with KubeVirt's schema but does not act on.
+const UNIMPLEMENTED_SPEC_FIELDS: &[&str] = &[
+    "imagePullSecrets",
+    "monitorNamespace",
+    "serviceMonitorNamespace",
+    "monitorAccount",
+    "workloadUpdateStrategy",
+    "productVersion",
+    "productName",
+    "productComponent",
+    "customizeComponents",
+];
+
+/// Whether a JSON value says anything: `{}`, `[]`, `""` and null (what KubeVirt's own
+/// kubevirt-cr.yaml writes for fields left at their defaults) do not.
+fn is_set(v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::Null => false,
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => a.iter().any(is_set),
+        Value::Object(m) => m.values().any(is_set),
+        Value::Bool(_) | Value::Number(_) => true,
+    }
+}
+
+/// The paths of the fields `spec` sets that kubevirt-rs keeps but does not implement, in a
+/// stable order. Feature gates are [`unsupported_note`]'s, not listed here.
+pub fn unimplemented_fields(spec: &KubeVirtSpec) -> Vec<String> {
+    let v = serde_json::to_value(spec).unwrap_or_default();
+    let mut out: Vec<String> = UNIMPLEMENTED_SPEC_FIELDS
+        .iter()
+        .filter(|f| v.get(**f).is_some_and(is_set))
+        .map(|f| format!("spec.{f}"))
+        .collect();
+    for c in ["infra", "workloads"] {
+        if v.pointer(&format!("/{c}/replicas")).is_some_and(is_set) {
+            out.push(format!("spec.{c}.replicas"));
+        }
+    }
+    if let Some(conf) = &spec.configuration {
+        if let Some(dev) = &conf.developer_configuration {
+            out.extend(
+                dev.other
+                    .iter()
+                    .filter(|(_, v)| is_set(v))
+                    .map(|(k, _)| format!("spec.configuration.developerConfiguration.{k}")),
+            );
+        }
+        out.extend(
+            conf.other
+                .iter()
+                .filter(|(_, v)| is_set(v))
+                .map(|(k, _)| format!("spec.configuration.{k}")),
+        );
+    }
+    out
+}
+
+/// What to tell a user whose KubeVirt resource sets what kubevirt-rs does not implement:
+/// the fields (kept as given, no effect) and the feature gates (kubevirt-rs enforces only
+/// HostDisk, so any other gate names a feature that is always on here or one it lacks).
+/// Saying so beats silently accepting something the user relies on; rejecting it would
+/// break KubeVirt users' own resources. `None` when everything set takes effect.
+pub fn unsupported_note(spec: &KubeVirtSpec) -> Option<String> {
+    let mut parts = Vec::new();
+    let fields = unimplemented_fields(spec);
+    if !fields.is_empty() {
+        let (verb, pronoun) = if fields.len() == 1 {
+            ("is", "it has")
+        } else {
+            ("are", "they have")
+        };
+        parts.push(format!(
+            "{} {verb} kept but not implemented by kubevirt-rs; {pronoun} no effect",
+            fields.join(", ")
+        ));
+    }
+    let gates = spec
+        .configuration
+        .as_ref()
+        .and_then(|c| c.developer_configuration.as_ref())
+        .and_then(|d| d.feature_gates.clone())
+        .unwrap_or_default();
+    if let Some(g) = feature_gates_note(&gates) {
+        parts.push(g);
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+fn feature_gates_note(gates: &[String]) -> Option<String> {
     let mut missing: Vec<&str> = gates
         .iter()
         .map(String::as_str)
-        .filter(|g| !ALWAYS_ON_GATES.contains(g))
+        // HostDisk is a real gate: virt-apiserver enforces it (render::APISERVER_GATES).
+        .filter(|g| !ALWAYS_ON_GATES.contains(g) && !crate::render::APISERVER_GATES.contains(g))
         .collect();
     missing.sort_unstable();
     missing.dedup();
@@ -249,6 +341,10 @@ pub fn status(
             ),
         },
     ];
+    // Present only while there is something to name: the usual resource has nothing.
+    if let Some(note) = &observed.unsupported {
+        conditions.push(cond(UNSUPPORTED_FIELDS, true, NOT_IMPLEMENTED, note));
+    }
     let prev_conditions = previous
         .and_then(|s| s.conditions.clone())
         .unwrap_or_default();
@@ -319,6 +415,7 @@ mod tests {
             apiserver_serving: true,
             failure: None,
             invalid_config: None,
+            unsupported: None,
         };
         let s = status(Some(&s), &t, &ok, Some(1), now());
         assert_eq!(s.phase.as_deref(), Some(DEPLOYED));
@@ -435,14 +532,27 @@ mod tests {
         assert!(text.ends_with("; and 2 more pods"), "{text}");
     }
 
+    fn spec(v: serde_json::Value) -> KubeVirtSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
     #[test]
     fn feature_gates_we_lack_are_named_always_on_ones_are_not() {
-        let g = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(feature_gates_note(&[]), None);
-        assert_eq!(feature_gates_note(&g(&["LiveMigration"])), None);
+        let gates = |g: &[&str]| {
+            spec(
+                serde_json::json!({"configuration": {"developerConfiguration": {"featureGates": g}}}),
+            )
+        };
+        assert_eq!(unsupported_note(&gates(&[])), None);
+        assert_eq!(unsupported_note(&gates(&["LiveMigration"])), None);
         assert_eq!(
-            feature_gates_note(&g(&[
+            unsupported_note(&gates(&["HostDisk", "LiveMigration"])),
+            None
+        );
+        assert_eq!(
+            unsupported_note(&gates(&[
                 "Snapshot",
+                "HostDisk",
                 "LiveMigration",
                 "HotplugVolumes",
                 "Snapshot"
@@ -454,9 +564,80 @@ mod tests {
             )
         );
         assert!(
-            feature_gates_note(&g(&["Sidecar"]))
+            unsupported_note(&gates(&["Sidecar"]))
                 .unwrap()
                 .contains("Sidecar is not implemented by kubevirt-rs; it has no effect")
+        );
+    }
+
+    #[test]
+    fn kubevirts_own_cr_sets_nothing_unimplemented() {
+        // KubeVirt's kubevirt-cr.yaml: empty objects say nothing.
+        let s = spec(serde_json::json!({"certificateRotateStrategy": {},
+            "configuration": {"developerConfiguration": {"featureGates": []}},
+            "customizeComponents": {}, "imagePullPolicy": "IfNotPresent",
+            "workloadUpdateStrategy": {}}));
+        assert_eq!(unimplemented_fields(&s), Vec::<String>::new());
+        assert_eq!(unsupported_note(&s), None);
+    }
+
+    #[test]
+    fn unimplemented_fields_are_named_implemented_ones_are_not() {
+        let s = spec(serde_json::json!({
+            "imageTag": "v1", "imagePullPolicy": "Always", "uninstallStrategy": "RemoveWorkloads",
+            "monitorNamespace": "monitoring", "productName": "",
+            "workloadUpdateStrategy": {"workloadUpdateMethods": ["LiveMigrate"]},
+            "customizeComponents": {"patches": []},
+            "infra": {"replicas": 3, "nodePlacement": {"nodeSelector": {"a": "b"}}},
+            "configuration": {
+                "developerConfiguration": {"useEmulation": true, "featureGates": ["Snapshot"],
+                    "logVerbosity": {"virtLauncher": 4}},
+                "migrations": {"parallelMigrationsPerCluster": 5},
+                "network": {}}}));
+        assert_eq!(
+            unimplemented_fields(&s),
+            [
+                "spec.monitorNamespace",
+                "spec.workloadUpdateStrategy",
+                "spec.infra.replicas",
+                "spec.configuration.developerConfiguration.logVerbosity",
+                "spec.configuration.migrations",
+            ]
+        );
+        let note = unsupported_note(&s).unwrap();
+        assert!(
+            note.starts_with(
+                "spec.monitorNamespace, spec.workloadUpdateStrategy, spec.infra.replicas, \
+                 spec.configuration.developerConfiguration.logVerbosity, \
+                 spec.configuration.migrations are kept but not implemented by kubevirt-rs; \
+                 they have no effect; spec.configuration.developerConfiguration.featureGates: \
+                 Snapshot is not implemented"
+            ),
+            "{note}"
+        );
+        // The condition names them, and goes when they do.
+        let t = target(&s, &defaults());
+        let observed = Observed {
+            unsupported: Some(note.clone()),
+            ..Observed::default()
+        };
+        let st = status(None, &t, &observed, Some(1), now());
+        let c = st
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == UNSUPPORTED_FIELDS)
+            .unwrap();
+        assert_eq!(c.status, ConditionStatus::True);
+        assert_eq!(c.reason.as_deref(), Some(NOT_IMPLEMENTED));
+        assert_eq!(c.message.as_deref(), Some(note.as_str()));
+        let st = status(Some(&st), &t, &Observed::default(), Some(2), now());
+        assert!(
+            !st.conditions
+                .unwrap()
+                .iter()
+                .any(|c| c.type_ == UNSUPPORTED_FIELDS)
         );
     }
 }

@@ -3,7 +3,7 @@
 //! semantics, APIService objects): virt-controller's and virt-operator's.
 //!
 //! Each [`KubeApi`] is its own etcd and kube-apiserver on free loopback ports (static token,
-//! AlwaysAllow, no controller-manager, scheduler or kubelet: tests play their parts),
+//! AlwaysAllow or RBAC, no controller-manager, scheduler or kubelet: tests play their parts),
 //! stopped on drop.
 //!
 //! kube-apiserver: `$KUBE_APISERVER_BIN` (set by `cargo xtask test`), else
@@ -84,6 +84,16 @@ impl KubeApi {
     /// ready and has created its system namespaces (`kube-system` appears just after
     /// `/readyz`).
     pub async fn start(token: &str) -> Self {
+        Self::start_with(token, "AlwaysAllow").await
+    }
+
+    /// [`KubeApi::start`] with RBAC authorization, for tests that need a SubjectAccessReview
+    /// to deny (the `token` user is in `system:masters` and still may do anything).
+    pub async fn start_rbac(token: &str) -> Self {
+        Self::start_with(token, "RBAC").await
+    }
+
+    async fn start_with(token: &str, authorization_mode: &str) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
@@ -127,7 +137,7 @@ impl KubeApi {
                 .arg(d.join("certs"))
                 .arg("--token-auth-file")
                 .arg(d.join("tokens.csv"))
-                .args(["--authorization-mode", "AlwaysAllow"])
+                .args(["--authorization-mode", authorization_mode])
                 // Launcher pods are privileged.
                 .arg("--allow-privileged=true")
                 .args(["--service-account-issuer", "https://kubernetes.default.svc"])

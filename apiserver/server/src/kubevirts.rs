@@ -1,0 +1,411 @@
+//! `kubevirts` at `kubevirt.io/v1`: a thin proxy over the `kubevirt.io/v1alpha3` CRD in
+//! kube-apiserver.
+//!
+//! Why: KubeVirt users apply their KubeVirt resource at `kubevirt.io/v1`, but that
+//! group-version belongs to this server's APIService (a CRD version v1 in the group would
+//! make kube-apiserver's autoregister controller take the APIService away, docs/deploy.md).
+//! kube-apiserver keeps storing the objects (the operator reads them there, also while this
+//! server is down); this server only authorizes the user (the usual SubjectAccessReview, in
+//! [`crate::http::handle`], before [`handle`] runs), forwards the request with its own
+//! credentials to `/apis/kubevirt.io/v1alpha3/...`, and rewrites `apiVersion` between the two
+//! versions in request bodies, responses, list items, Table rows and watch events. Status
+//! codes, Status errors, resourceVersions, query parameters and the Accept header pass
+//! through unchanged, so kube-apiserver's CRD semantics (validation, pruning, patch types,
+//! server-side apply, Table output, watch) are the resource's.
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::Response;
+use bytes::Bytes;
+use futures::StreamExt;
+use http::{Method, StatusCode, header};
+use serde_json::Value;
+
+use crate::error::{ApiError, ApiResult};
+use crate::http::AppState;
+use crate::request::RequestInfo;
+
+/// `apiVersion` clients see.
+pub const SERVED: &str = "kubevirt.io/v1";
+/// `apiVersion` kube-apiserver stores.
+pub const STORED: &str = kubevirt_api::kubevirt::CRD_API_VERSION;
+/// Plural of the resource handled here.
+pub const PLURAL: &str = kubevirt_api::kubevirt::PLURAL;
+
+/// The request headers worth forwarding: what kube-apiserver negotiates on. Authentication
+/// headers are not forwarded: the request is made with this server's credentials.
+const FORWARDED_HEADERS: [header::HeaderName; 2] = [header::CONTENT_TYPE, header::ACCEPT];
+
+/// Rewrites the `apiVersion` of one object, and of its managedFields entries (kube-apiserver
+/// records the version a manager wrote with, and refuses an update whose managedFields name
+/// a version the CRD does not serve), from `from` to `to`. Nothing else: an ownerReference
+/// to a `kubevirt.io/v1` VirtualMachine must stay as it is.
+fn rewrite_object(obj: &mut Value, from: &str, to: &str) {
+    let Value::Object(m) = obj else {
+        return;
+    };
+    if m.get("apiVersion").and_then(Value::as_str) == Some(from) {
+        m.insert("apiVersion".into(), Value::String(to.into()));
+    }
+    if let Some(Value::Array(entries)) = m
+        .get_mut("metadata")
+        .and_then(|md| md.get_mut("managedFields"))
+    {
+        for e in entries {
+            if e.get("apiVersion").and_then(Value::as_str) == Some(from)
+                && let Some(e) = e.as_object_mut()
+            {
+                e.insert("apiVersion".into(), Value::String(to.into()));
+            }
+        }
+    }
+}
+
+/// A request body on its way to kube-apiserver: the object (create, update, merge patch,
+/// apply patch) at v1alpha3; in a JSON patch, the values of operations on `/apiVersion`.
+pub fn rewrite_request(body: &mut Value) {
+    match body {
+        Value::Array(ops) => {
+            for op in ops {
+                if op.get("path").and_then(Value::as_str) == Some("/apiVersion")
+                    && op.get("value").and_then(Value::as_str) == Some(SERVED)
+                    && let Some(op) = op.as_object_mut()
+                {
+                    op.insert("value".into(), Value::String(STORED.into()));
+                }
+            }
+        }
+        obj => rewrite_object(obj, SERVED, STORED),
+    }
+}
+
+/// A response from kube-apiserver on its way to the client: an object, a list (its items),
+/// a Table (the objects of its rows, with `includeObject=Object`) or a Status (unchanged),
+/// at v1.
+pub fn rewrite_response(body: &mut Value) {
+    rewrite_object(body, STORED, SERVED);
+    if let Some(Value::Array(items)) = body.get_mut("items") {
+        for item in items {
+            rewrite_object(item, STORED, SERVED);
+        }
+    }
+    if body.get("kind").and_then(Value::as_str) == Some("Table")
+        && let Some(Value::Array(rows)) = body.get_mut("rows")
+    {
+        for row in rows {
+            if let Some(obj) = row.get_mut("object") {
+                rewrite_object(obj, STORED, SERVED);
+            }
+        }
+    }
+}
+
+/// One watch event line (`{"type":…,"object":…}` and its newline) at v1; a line that is not
+/// JSON passes unchanged.
+pub fn rewrite_watch_line(line: &[u8]) -> Bytes {
+    let Ok(mut ev) = serde_json::from_slice::<Value>(line) else {
+        return Bytes::copy_from_slice(line);
+    };
+    if let Some(obj) = ev.get_mut("object") {
+        rewrite_response(obj);
+    }
+    let mut out = serde_json::to_vec(&ev).unwrap_or_else(|_| line.to_vec());
+    out.push(b'\n');
+    Bytes::from(out)
+}
+
+/// The kube-apiserver path of a `kubevirt.io/v1` path.
+pub fn stored_path(path: &str) -> String {
+    let served = format!("/apis/{SERVED}/");
+    match path.strip_prefix(&served) {
+        Some(rest) => format!("/apis/{STORED}/{rest}"),
+        None => path.to_string(),
+    }
+}
+
+fn media_type(headers: &http::HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|c| c.split(';').next())
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// The body of a request at v1alpha3. JSON and YAML bodies are decoded, rewritten and sent
+/// as JSON (valid YAML too, so `application/apply-patch+yaml` and `application/yaml` keep
+/// their content type); anything else passes unchanged and kube-apiserver judges it.
+fn request_body(content_type: &str, bytes: Bytes) -> Bytes {
+    if bytes.is_empty() {
+        return bytes;
+    }
+    let parsed: Option<Value> = if content_type.ends_with("yaml") {
+        std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|t| serde_saphyr::from_str::<Value>(t).ok())
+    } else if content_type.ends_with("json") || content_type.is_empty() {
+        serde_json::from_slice(&bytes).ok()
+    } else {
+        None
+    };
+    match parsed {
+        Some(mut v) => {
+            rewrite_request(&mut v);
+            serde_json::to_vec(&v).map(Bytes::from).unwrap_or(bytes)
+        }
+        // Malformed: kube-apiserver's decoding error is the one the client should see.
+        None => bytes,
+    }
+}
+
+fn unreachable(e: impl std::fmt::Display) -> ApiError {
+    ApiError::unavailable(format!(
+        "kube-apiserver, which stores kubevirts.kubevirt.io (served here at {SERVED} over \
+         {STORED}), is unreachable: {e}"
+    ))
+}
+
+/// Serves one authorized request for `kubevirts` (any verb, main resource or `/status`).
+pub async fn handle(st: &AppState, info: &RequestInfo, req: Request) -> ApiResult<Response> {
+    let Some(kube) = st.auth.kube.clone() else {
+        return Err(ApiError::unavailable(format!(
+            "kubevirts are stored by kube-apiserver as {STORED}, and this server runs without \
+             one (--standalone)"
+        )));
+    };
+    if !matches!(info.subresource.as_str(), "" | "status") {
+        return Err(ApiError::path_not_found());
+    }
+    let method = req.method().clone();
+    let uri = match req.uri().query() {
+        Some(q) => format!("{}?{q}", stored_path(req.uri().path())),
+        None => stored_path(req.uri().path()),
+    };
+    let mut forward = http::Request::builder().method(method.clone()).uri(&uri);
+    for h in FORWARDED_HEADERS {
+        if let Some(v) = req.headers().get(&h) {
+            forward = forward.header(h, v.clone());
+        }
+    }
+    let content_type = media_type(req.headers());
+    let body = if matches!(method, Method::GET | Method::HEAD) {
+        Bytes::new()
+    } else {
+        let (_, bytes) = crate::http::read_body(st, req).await?;
+        request_body(&content_type, bytes)
+    };
+    let forward = forward
+        .body(kube::client::Body::from(body.to_vec()))
+        .map_err(|e| ApiError::internal(format!("building the request to kube-apiserver: {e}")))?;
+    tracing::debug!(%method, uri, "Forwarding to kube-apiserver");
+    let resp = kube.send(forward).await.map_err(|e| {
+        tracing::warn!(error = %e, uri, "kube-apiserver unreachable");
+        unreachable(e)
+    })?;
+    let (parts, body) = resp.into_parts();
+    let mut out = Response::builder().status(parts.status);
+    for (name, value) in &parts.headers {
+        // Length and encoding are the rewritten body's own.
+        if matches!(
+            *name,
+            header::CONTENT_LENGTH | header::TRANSFER_ENCODING | header::CONNECTION
+        ) {
+            continue;
+        }
+        out = out.header(name, value.clone());
+    }
+    let resp_type = media_type(&parts.headers);
+    let watching = info.verb == "watch" && parts.status == StatusCode::OK;
+    let body = if watching && resp_type.ends_with("json") {
+        watch_body(body)
+    } else {
+        let bytes = body.collect_bytes().await.map_err(unreachable)?;
+        Body::from(response_body(&resp_type, bytes))
+    };
+    out.body(body)
+        .map_err(|e| ApiError::internal(format!("building the response: {e}")))
+}
+
+/// A whole (non-watch) response body at v1.
+fn response_body(content_type: &str, bytes: Bytes) -> Bytes {
+    if content_type.ends_with("json") {
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(mut v) => {
+                rewrite_response(&mut v);
+                serde_json::to_vec(&v).map(Bytes::from).unwrap_or(bytes)
+            }
+            Err(_) => bytes,
+        }
+    } else if content_type.ends_with("yaml") {
+        let parsed = std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|t| serde_saphyr::from_str::<Value>(t).ok());
+        match parsed {
+            Some(mut v) => {
+                rewrite_response(&mut v);
+                serde_saphyr::to_string(&v)
+                    .map(Bytes::from)
+                    .unwrap_or(bytes)
+            }
+            None => bytes,
+        }
+    } else {
+        bytes
+    }
+}
+
+/// A watch stream at v1, event by event: kube-apiserver ends every event with a newline, so
+/// each complete line is rewritten and sent at once (an event is never held back waiting for
+/// the next).
+fn watch_body(body: kube::client::Body) -> Body {
+    use http_body_util::BodyExt;
+    let mut upstream = body.into_data_stream();
+    let stream = async_stream::stream! {
+        let mut pending: Vec<u8> = Vec::new();
+        while let Some(chunk) = upstream.next().await {
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => {
+                    // The client sees the watch end and re-establishes it, as after any
+                    // dropped watch.
+                    tracing::debug!(error = %e, "kube-apiserver watch stream ended");
+                    break;
+                }
+            };
+            pending.extend_from_slice(&chunk);
+            while let Some(i) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=i).collect();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                yield Ok::<Bytes, std::io::Error>(rewrite_watch_line(&line));
+            }
+        }
+        if !pending.iter().all(u8::is_ascii_whitespace) {
+            yield Ok(rewrite_watch_line(&pending));
+        }
+    };
+    Body::from_stream(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn paths_move_to_the_stored_version() {
+        assert_eq!(
+            stored_path("/apis/kubevirt.io/v1/namespaces/kubevirt/kubevirts/kubevirt/status"),
+            "/apis/kubevirt.io/v1alpha3/namespaces/kubevirt/kubevirts/kubevirt/status"
+        );
+        assert_eq!(
+            stored_path("/apis/kubevirt.io/v1/watch/kubevirts"),
+            "/apis/kubevirt.io/v1alpha3/watch/kubevirts"
+        );
+        assert_eq!(stored_path("/apis/kubevirt.io/v1"), "/apis/kubevirt.io/v1");
+    }
+
+    #[test]
+    fn requests_go_to_v1alpha3_with_their_managed_fields_owner_references_stay() {
+        let mut obj = json!({"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+            "metadata": {"name": "kubevirt",
+                "managedFields": [{"manager": "kubectl", "apiVersion": "kubevirt.io/v1"},
+                                  {"manager": "x", "apiVersion": "kubevirt.io/v1alpha3"}],
+                "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                    "name": "vm", "uid": "u"}]},
+            "spec": {"imagePullPolicy": "IfNotPresent"}});
+        rewrite_request(&mut obj);
+        assert_eq!(obj["apiVersion"], STORED);
+        assert_eq!(obj["metadata"]["managedFields"][0]["apiVersion"], STORED);
+        assert_eq!(obj["metadata"]["managedFields"][1]["apiVersion"], STORED);
+        assert_eq!(
+            obj["metadata"]["ownerReferences"][0]["apiVersion"],
+            "kubevirt.io/v1"
+        );
+        assert_eq!(obj["spec"]["imagePullPolicy"], "IfNotPresent");
+
+        // A merge patch without apiVersion is left alone; a JSON patch's apiVersion value moves.
+        let mut merge = json!({"spec": {"imageTag": "v2"}});
+        rewrite_request(&mut merge);
+        assert_eq!(merge, json!({"spec": {"imageTag": "v2"}}));
+        let mut ops = json!([{"op": "test", "path": "/apiVersion", "value": "kubevirt.io/v1"},
+            {"op": "replace", "path": "/spec/imageTag", "value": "kubevirt.io/v1"}]);
+        rewrite_request(&mut ops);
+        assert_eq!(ops[0]["value"], STORED);
+        assert_eq!(ops[1]["value"], "kubevirt.io/v1");
+    }
+
+    #[test]
+    fn responses_objects_lists_tables_and_statuses() {
+        let mut obj = json!({"apiVersion": STORED, "kind": "KubeVirt", "metadata": {"name": "a",
+            "resourceVersion": "42", "managedFields": [{"apiVersion": STORED}]}});
+        rewrite_response(&mut obj);
+        assert_eq!(obj["apiVersion"], SERVED);
+        assert_eq!(obj["metadata"]["managedFields"][0]["apiVersion"], SERVED);
+        assert_eq!(obj["metadata"]["resourceVersion"], "42");
+
+        let mut list = json!({"apiVersion": STORED, "kind": "KubeVirtList",
+            "metadata": {"resourceVersion": "7", "continue": "c"},
+            "items": [{"apiVersion": STORED, "kind": "KubeVirt"}, {"apiVersion": STORED}]});
+        rewrite_response(&mut list);
+        assert_eq!(list["apiVersion"], SERVED);
+        assert!(
+            list["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|i| i["apiVersion"] == SERVED)
+        );
+        assert_eq!(list["metadata"]["continue"], "c");
+
+        let mut table = json!({"apiVersion": "meta.k8s.io/v1", "kind": "Table",
+            "rows": [{"cells": ["kubevirt"], "object": {"apiVersion": STORED, "kind": "KubeVirt"}},
+                     {"cells": ["x"], "object": {"apiVersion": "meta.k8s.io/v1",
+                        "kind": "PartialObjectMetadata"}}]});
+        rewrite_response(&mut table);
+        assert_eq!(table["apiVersion"], "meta.k8s.io/v1");
+        assert_eq!(table["rows"][0]["object"]["apiVersion"], SERVED);
+        assert_eq!(table["rows"][1]["object"]["apiVersion"], "meta.k8s.io/v1");
+
+        let status = json!({"apiVersion": "v1", "kind": "Status", "code": 404,
+            "reason": "NotFound", "details": {"group": "kubevirt.io", "kind": "kubevirts"}});
+        let mut s = status.clone();
+        rewrite_response(&mut s);
+        assert_eq!(s, status);
+    }
+
+    #[test]
+    fn watch_lines_carry_v1_objects() {
+        let line = br#"{"type":"ADDED","object":{"apiVersion":"kubevirt.io/v1alpha3","kind":"KubeVirt","metadata":{"name":"kubevirt","resourceVersion":"9"}}}
+"#;
+        let out = rewrite_watch_line(line);
+        assert!(out.ends_with(b"\n"));
+        let ev: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(ev["type"], "ADDED");
+        assert_eq!(ev["object"]["apiVersion"], SERVED);
+        assert_eq!(ev["object"]["metadata"]["resourceVersion"], "9");
+        // An ERROR event's Status is passed as it is.
+        let err = br#"{"type":"ERROR","object":{"apiVersion":"v1","kind":"Status","code":410}}"#;
+        let ev: Value = serde_json::from_slice(&rewrite_watch_line(err)).unwrap();
+        assert_eq!(ev["object"]["code"], 410);
+        assert_eq!(
+            rewrite_watch_line(b"not json"),
+            Bytes::from_static(b"not json")
+        );
+    }
+
+    #[test]
+    fn yaml_and_apply_bodies_are_rewritten_as_json() {
+        let yaml =
+            b"apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata: {name: kubevirt}\nspec: {}\n";
+        let out = request_body("application/apply-patch+yaml", Bytes::from_static(yaml));
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["apiVersion"], STORED);
+        // Garbage is kube-apiserver's to refuse.
+        let bad = Bytes::from_static(b"{not json");
+        assert_eq!(request_body("application/json", bad.clone()), bad);
+    }
+}
