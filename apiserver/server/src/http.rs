@@ -868,10 +868,10 @@ fn write_options(
         dry_run,
         field_validation,
         field_manager,
+        actor,
     })
 }
 
-        actor,
 #[allow(clippy::too_many_arguments)]
 async fn patch(
     st: &AppState,
@@ -883,10 +883,10 @@ async fn patch(
     status_only: bool,
     accept: &[request::MediaRange],
 ) -> ApiResult<Response> {
+    let actor = actor_of(&req);
     let (headers, bytes) = read_body(st, req).await?;
     let ct = content_type(&headers);
     let ns = info.namespace.as_str();
-    let actor = actor_of(&req);
     let force = query.bool("force").map_err(ApiError::bad_request)?;
     if ct != APPLY_PATCH && force.is_some() {
         return Err(ApiError::invalid(
