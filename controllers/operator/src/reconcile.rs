@@ -1,7 +1,7 @@
 //! The KubeVirt reconciler: level-triggered, server-side apply of everything [`crate::render`]
 //! renders, certificates in Secrets rotated by [`crate::rotation`] (CAs kept with their keys;
-//! no pod restarts for a new leaf), status and Events; the finalizer uninstalls (APIServices
-//! first).
+//! no pod restarts for a new leaf), status and Events; the finalizer uninstalls everything
+//! but the API layer, which [`bootstrap`] keeps up while no KubeVirt resource exists.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -71,6 +71,11 @@ impl Ctx {
         let Some(r) = &self.recorder else {
             return;
         };
+        // The API layer's bootstrap reconciles the operator's defaults, not a stored object:
+        // there is nothing to attach an Event to.
+        if kv.metadata.uid.is_none() {
+            return;
+        }
         let reference: ObjectReference = kv.object_ref(&());
         let ev = Event {
             type_,
@@ -85,8 +90,9 @@ impl Ctx {
     }
 }
 
-/// Runs the controller until `stop`.
+/// Runs the controller until `stop`, and [`bootstrap`] next to it.
 pub async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
+    let boot = tokio::spawn(bootstrap(ctx.clone(), stop.clone()));
     let client = ctx.client.clone();
     let kvs: Api<KubeVirt> = Api::namespaced(client.clone(), NAMESPACE);
     let labels = watcher::Config::default().labels("app.kubernetes.io/part-of=kubevirt-rs");
@@ -121,6 +127,104 @@ pub async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
             }
         })
         .await;
+    if let Err(e) = boot.await {
+        tracing::warn!(error = %e, "API layer bootstrap task failed");
+    }
+}
+
+/// Which objects a reconcile applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// Everything a KubeVirt resource asks for.
+    All,
+    /// Only the API layer ([`is_api_layer`]): what serves `kubevirt.io/v1` (KubeVirt
+    /// included) before any KubeVirt resource exists and after it is deleted.
+    ApiLayer,
+}
+
+/// Whether a rendered object belongs to the API layer: etcd, virt-apiserver (with its RBAC,
+/// PDB and Service), the APIServices, and the certificates and CA ConfigMap they use (all
+/// Secrets: virt-apiserver mounts the handler client certificate too, and keeping the CAs
+/// lets a re-install reuse them). Everything else (virt-controller, virt-handler, the user
+/// roles) comes and goes with the KubeVirt resource.
+pub fn is_api_layer(doc: &serde_json::Value) -> bool {
+    let kind = doc["kind"].as_str().unwrap_or_default();
+    let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+    matches!(kind, "Secret" | "ConfigMap" | "APIService")
+        || name.starts_with(render::NAME)
+        || name.starts_with(etcd::ETCD)
+}
+
+/// How often [`bootstrap`] looks: soon while the API layer comes up, then about as often
+/// as a Deployed installation is reconciled (certificates are renewed from here too).
+const BOOTSTRAP_PENDING: Duration = Duration::from_secs(3);
+const BOOTSTRAP_IDLE: Duration = Duration::from_secs(30);
+
+/// While no KubeVirt resource exists, keeps the API layer up from the operator's own
+/// defaults (its image registry and tag), so that `kubevirt.io/v1` — and with it the
+/// `KubeVirt` kind at v1, which virt-apiserver serves — is there for the user's first
+/// `kubectl apply` (docs/deploy.md "Install"). Once a KubeVirt resource exists its reconcile
+/// owns everything, the API layer included (then following the resource's settings); after
+/// it is deleted the API layer is left running and this loop takes it over again.
+///
+/// A KubeVirt resource created between this loop's check and its apply can see the API
+/// layer applied once more with the defaults: harmless, its own reconcile (triggered by the
+/// creation and by the Deployment change) applies its settings right after.
+async fn bootstrap(ctx: Arc<Ctx>, stop: CancellationToken) {
+    let kvs: Api<KubeVirt> = Api::namespaced(ctx.client.clone(), NAMESPACE);
+    loop {
+        let wait = match kvs.list(&ListParams::default()).await {
+            Ok(l) if l.items.is_empty() => {
+                let mut kv = KubeVirt::new("kubevirt", crate::kubevirt::KubeVirtSpec::default());
+                kv.metadata.namespace = Some(NAMESPACE.into());
+                match install(&kv, &ctx, Scope::ApiLayer).await {
+                    Ok(Action { .. }) if api_layer_available(&ctx.client).await => BOOTSTRAP_IDLE,
+                    Ok(_) => BOOTSTRAP_PENDING,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "bringing up the API layer (no KubeVirt resource yet)");
+                        BOOTSTRAP_PENDING
+                    }
+                }
+            }
+            Ok(_) => BOOTSTRAP_IDLE,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing KubeVirt resources");
+                BOOTSTRAP_PENDING
+            }
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+async fn api_layer_available(client: &Client) -> bool {
+    let apis: Api<APIService> = Api::all(client.clone());
+    for group in [render::GROUP, render::SUBRESOURCES_GROUP] {
+        match apis.get_opt(&format!("v1.{group}")).await {
+            Ok(Some(a)) if apiservice_available(&a) => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// Makes every cluster-scoped object (APIServices, ClusterRoles, ClusterRoleBindings) and
+/// every object outside the install namespace (the RoleBinding in kube-system) a dependent
+/// of the install namespace, a cluster-scoped object of manifests/virt-operator.yaml: they
+/// cannot be owned by the namespaced KubeVirt resource, and the API layer outlives that
+/// resource, so without this `kubectl delete -f manifests/virt-operator.yaml` would leave
+/// them behind. Kubernetes' garbage collector deletes them once the namespace is gone.
+fn owned_by_namespace(docs: &mut [serde_json::Value], ns_uid: &str) {
+    for d in docs {
+        if d["metadata"]["namespace"].as_str() == Some(NAMESPACE) {
+            continue;
+        }
+        d["metadata"]["ownerReferences"] = serde_json::json!([{
+            "apiVersion": "v1", "kind": "Namespace", "name": NAMESPACE, "uid": ns_uid,
+        }]);
+    }
 }
 
 fn error_policy(_kv: Arc<KubeVirt>, e: &Error, ctx: Arc<Ctx>) -> Action {
@@ -134,7 +238,7 @@ async fn reconcile(kv: Arc<KubeVirt>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let r = if kv.meta().deletion_timestamp.is_some() {
         uninstall(&kv, &ctx).await
     } else {
-        install(&kv, &ctx).await
+        install(&kv, &ctx, Scope::All).await
     };
     ctx.metrics.observe(start.elapsed().as_secs_f64());
     if r.is_ok() {
@@ -528,11 +632,13 @@ fn requeue_after(next_due: Option<time::OffsetDateTime>, now: time::OffsetDateTi
     wait.clamp(Duration::from_secs(1), MAX)
 }
 
-async fn install(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
+/// Applies what `kv` asks for, limited to `scope`. With [`Scope::ApiLayer`] `kv` is the
+/// operator's defaults, not a stored object: no finalizer, Events or status.
+async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error> {
     let client = &ctx.client;
     let kvs: Api<KubeVirt> = Api::namespaced(client.clone(), NAMESPACE);
     let name = kv.name_any();
-    if !kv.finalizers().iter().any(|f| f == FINALIZER) {
+    if scope == Scope::All && !kv.finalizers().iter().any(|f| f == FINALIZER) {
         let mut fins = kv.finalizers().to_vec();
         fins.push(FINALIZER.into());
         kvs.patch(
@@ -654,7 +760,18 @@ async fn install(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
         }
         None => etcd_params,
     };
-    let (docs, apiservices) = render_all(kv, &target, &certs, &auth, etcd_params)?;
+    let (mut docs, mut apiservices) = render_all(kv, &target, &certs, &auth, etcd_params)?;
+    if scope == Scope::ApiLayer {
+        docs.retain(is_api_layer);
+    }
+    let ns_uid = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .get(NAMESPACE)
+        .await?
+        .metadata
+        .uid
+        .unwrap_or_default();
+    owned_by_namespace(&mut docs, &ns_uid);
+    owned_by_namespace(&mut apiservices, &ns_uid);
     apply_all(client, &docs).await?;
 
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
@@ -668,6 +785,9 @@ async fn install(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
     // The APIServices only once a replica serves: discovery never points at nothing.
     if serving {
         apply_all(client, &apiservices).await?;
+    }
+    if scope == Scope::ApiLayer {
+        return Ok(Action::requeue(BOOTSTRAP_IDLE));
     }
     let apis: Api<APIService> = Api::all(client.clone());
     let mut apiservices_available = true;
@@ -877,38 +997,13 @@ async fn uninstall(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
             return Ok(Action::requeue(Duration::from_secs(10)));
         }
     }
+    // Everything but the API layer, which stays while the operator runs: kubevirt.io/v1 (and
+    // the KubeVirt kind at v1) remains served for a re-install, and [`bootstrap`] takes it
+    // over once this resource is gone. etcd's data (and PVC) stays with it.
     let docs = installed_objects()?;
-    // APIServices first, and gone before the server behind them: discovery never points at a
-    // dead server.
-    let mut remaining = 0;
-    for d in docs.iter().filter(|d| d["kind"] == "APIService") {
-        let (api, obj) = dynamic_api(client, d)?;
-        match api.delete(&obj, &DeleteParams::default()).await {
-            Ok(_) => remaining += 1,
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    if remaining > 0 {
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    }
-    for d in docs.iter().filter(|d| d["kind"] != "APIService") {
+    for d in docs.iter().filter(|d| !is_api_layer(d)) {
         let (api, obj) = dynamic_api(client, d)?;
         match api.delete(&obj, &DeleteParams::background()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let pvcs: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
-        Api::namespaced(client.clone(), NAMESPACE);
-    let etcd_claims =
-        ListParams::default().labels(&format!("app.kubernetes.io/name={}", etcd::ETCD));
-    for pvc in pvcs.list(&etcd_claims).await?.items {
-        match pvcs
-            .delete(&pvc.name_any(), &DeleteParams::background())
-            .await
-        {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => return Err(e.into()),
@@ -952,6 +1047,66 @@ mod tests {
         assert_eq!(docs.len(), 2 + 2 + 2);
         let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
         assert_eq!(cm["data"]["client-ca-file"], handler.ca.as_str());
+    }
+
+    #[test]
+    fn the_api_layer_is_etcd_virt_apiserver_the_apiservices_and_certificates() {
+        let docs = installed_objects().unwrap();
+        let layer: std::collections::BTreeSet<String> = docs
+            .iter()
+            .filter(|d| is_api_layer(d))
+            .map(|d| {
+                format!(
+                    "{}/{}",
+                    d["kind"].as_str().unwrap(),
+                    d["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect();
+        for want in [
+            "APIService/v1.kubevirt.io",
+            "APIService/v1.subresources.kubevirt.io",
+            "StatefulSet/kubevirt-etcd",
+            "Service/kubevirt-etcd",
+            "Deployment/kubevirt-apiserver",
+            "Service/kubevirt-apiserver",
+            "PodDisruptionBudget/kubevirt-apiserver",
+            "ServiceAccount/kubevirt-apiserver",
+            "ClusterRole/kubevirt-apiserver",
+            "ClusterRoleBinding/kubevirt-apiserver:system:auth-delegator",
+            "RoleBinding/kubevirt-apiserver:auth-reader",
+            "Secret/kubevirt-apiserver-tls",
+            "Secret/kubevirt-rs-apiserver-ca",
+            "Secret/virt-apiserver-handler-client",
+            "ConfigMap/kubevirt-apiserver-auth",
+        ] {
+            assert!(layer.contains(want), "{want} missing from {layer:?}");
+        }
+        for not in [
+            "Deployment/virt-controller",
+            "DaemonSet/virt-handler",
+            "ClusterRole/virt-controller",
+            "ClusterRole/kubevirt.io:edit",
+        ] {
+            assert!(!layer.contains(not), "{not} in the API layer");
+        }
+    }
+
+    #[test]
+    fn objects_outside_the_namespace_are_owned_by_it() {
+        let mut docs = installed_objects().unwrap();
+        owned_by_namespace(&mut docs, "ns-uid");
+        for d in &docs {
+            let owners = &d["metadata"]["ownerReferences"];
+            if d["metadata"]["namespace"] == NAMESPACE {
+                assert!(owners.is_null(), "{d}");
+            } else {
+                assert_eq!(owners[0]["kind"], "Namespace", "{d}");
+                assert_eq!(owners[0]["uid"], "ns-uid");
+            }
+        }
+        assert!(docs.iter().any(|d| d["kind"] == "APIService"
+            && d["metadata"]["ownerReferences"][0]["name"] == NAMESPACE));
     }
 
     #[test]

@@ -196,6 +196,43 @@ async fn install_upgrade_and_uninstall_against_a_real_kube_apiserver() {
         "spec": {"configuration": {"developerConfiguration": {"useEmulation": true}}}
     }))
     .unwrap();
+    // Before any KubeVirt resource: the API layer only, from the operator's defaults (so the
+    // user's KubeVirt at kubevirt.io/v1 has a server), cluster-scoped objects owned by the
+    // namespace (garbage-collected with manifests/virt-operator.yaml).
+    let deployments = Api::<Deployment>::namespaced(c.clone(), "kubevirt");
+    let boot = eventually("API layer bootstrapped", || async {
+        deployments.get_opt("kubevirt-apiserver").await.ok()?
+    })
+    .await;
+    assert_eq!(
+        boot.spec.unwrap().template.spec.unwrap().containers[0]
+            .image
+            .as_deref(),
+        Some("localhost/kubevirt-rs/virt-apiserver:latest")
+    );
+    assert!(
+        deployments
+            .get_opt("virt-controller")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let ns_uid = Api::<Namespace>::all(c.clone())
+        .get("kubevirt")
+        .await
+        .unwrap()
+        .metadata
+        .uid;
+    let role = Api::<ClusterRole>::all(c.clone())
+        .get("kubevirt-apiserver")
+        .await
+        .unwrap();
+    let owner = &role.metadata.owner_references.unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), Some(owner.uid.clone())),
+        ("Namespace", ns_uid)
+    );
+
     kvs.create(&pp, &cr).await.unwrap();
 
     // Everything but the APIServices, while no virt-apiserver replica is available.
@@ -331,7 +368,8 @@ async fn install_upgrade_and_uninstall_against_a_real_kube_apiserver() {
         .uid;
     assert_eq!(uid, uid2);
 
-    // Uninstall: the APIService goes (no VM API served here: nothing to block), then all.
+    // Uninstall (no VM API served here: nothing to block): everything but the API layer,
+    // which stays while the operator runs, so kubevirt.io/v1 stays served for a re-install.
     kvs.delete("kubevirt", &DeleteParams::default())
         .await
         .unwrap();
@@ -339,36 +377,22 @@ async fn install_upgrade_and_uninstall_against_a_real_kube_apiserver() {
         kvs.get_opt("kubevirt").await.ok()?.is_none().then_some(())
     })
     .await;
-    assert!(apis.get_opt("v1.kubevirt.io").await.unwrap().is_none());
+    let deployments = Api::<Deployment>::namespaced(c.clone(), "kubevirt");
     assert!(
-        apis.get_opt("v1.subresources.kubevirt.io")
+        deployments
+            .get_opt("virt-controller")
             .await
             .unwrap()
             .is_none()
     );
-    for name in ["virt-controller", "kubevirt-apiserver"] {
-        assert!(
-            Api::<Deployment>::namespaced(c.clone(), "kubevirt")
-                .get_opt(name)
-                .await
-                .unwrap()
-                .is_none(),
-            "{name}"
-        );
-    }
     assert!(
-        Api::<StatefulSet>::namespaced(c.clone(), "kubevirt")
-            .get_opt("kubevirt-etcd")
+        Api::<DaemonSet>::namespaced(c.clone(), "kubevirt")
+            .get_opt("virt-handler")
             .await
             .unwrap()
             .is_none()
     );
-    for name in [
-        "virt-controller",
-        "virt-handler",
-        "kubevirt-apiserver",
-        "kubevirt.io:edit",
-    ] {
+    for name in ["virt-controller", "virt-handler", "kubevirt.io:edit"] {
         assert!(
             Api::<ClusterRole>::all(c.clone())
                 .get_opt(name)
@@ -378,19 +402,38 @@ async fn install_upgrade_and_uninstall_against_a_real_kube_apiserver() {
             "{name}"
         );
     }
-    let secrets = Api::<Secret>::namespaced(c.clone(), "kubevirt")
-        .list(&Default::default())
+    assert!(apis.get_opt("v1.kubevirt.io").await.unwrap().is_some());
+    assert!(
+        apis.get_opt("v1.subresources.kubevirt.io")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        deployments
+            .get_opt("kubevirt-apiserver")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        Api::<StatefulSet>::namespaced(c.clone(), "kubevirt")
+            .get_opt("kubevirt-etcd")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    Api::<Secret>::namespaced(c.clone(), "kubevirt")
+        .get("kubevirt-apiserver-tls")
         .await
         .unwrap();
-    assert!(
-        secrets.items.is_empty(),
-        "{:?}",
-        secrets
-            .items
-            .iter()
-            .map(|s| s.metadata.name.clone())
-            .collect::<Vec<_>>()
-    );
+    // The API layer is the bootstrap's again: back at the operator's default tag.
+    eventually("API layer back at the default tag", || async {
+        let d = deployments.get("kubevirt-apiserver").await.ok()?;
+        let image = d.spec?.template.spec?.containers[0].image.clone()?;
+        (image == "localhost/kubevirt-rs/virt-apiserver:latest").then_some(())
+    })
+    .await;
     operator.stop().await;
 }
 
