@@ -71,6 +71,15 @@ fn cluster_rules() -> Vec<PolicyRule> {
             &["get", "list", "watch"],
         ),
         rule(&[""], &["namespaces"], &["get", "list", "watch"]),
+        // The KubeVirt CRD's uid: it owns the cluster-scoped objects (reconcile::owned_by_crd).
+        PolicyRule {
+            resource_names: Some(vec!["kubevirts.kubevirt.io".into()]),
+            ..rule(
+                &["apiextensions.k8s.io"],
+                &["customresourcedefinitions"],
+                &["get"],
+            )
+        },
         rule(
             &["kubevirt.io"],
             &["virtualmachines", "virtualmachineinstances"],

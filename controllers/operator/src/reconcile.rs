@@ -12,6 +12,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod, Secret, Service};
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube::api::{
@@ -212,20 +213,29 @@ async fn api_layer_available(client: &Client) -> bool {
 
 /// Makes every cluster-scoped object (APIServices, ClusterRoles, ClusterRoleBindings) and
 /// every object outside the install namespace (the RoleBinding in kube-system) a dependent
-/// of the install namespace, a cluster-scoped object of manifests/virt-operator.yaml: they
+/// of the KubeVirt CRD, a cluster-scoped object of manifests/virt-operator.yaml: they
 /// cannot be owned by the namespaced KubeVirt resource, and the API layer outlives that
-/// resource, so without this `kubectl delete -f manifests/virt-operator.yaml` would leave
-/// them behind. Kubernetes' garbage collector deletes them once the namespace is gone.
-fn owned_by_namespace(docs: &mut [serde_json::Value], ns_uid: &str) {
+/// resource, so without an owner `kubectl delete -f manifests/virt-operator.yaml` would
+/// leave them behind. Kubernetes' garbage collector deletes them once the CRD is gone.
+///
+/// Why the CRD and not the namespace: the namespace controller does not finish deleting a
+/// namespace while an APIService is unavailable (its discovery fails), and the APIServices'
+/// server runs in that namespace — owned by the namespace they would wait for each other.
+/// The CRD goes at once (after its KubeVirt objects), and with it the APIServices.
+fn owned_by_crd(docs: &mut [serde_json::Value], crd_uid: &str) {
     for d in docs {
         if d["metadata"]["namespace"].as_str() == Some(NAMESPACE) {
             continue;
         }
         d["metadata"]["ownerReferences"] = serde_json::json!([{
-            "apiVersion": "v1", "kind": "Namespace", "name": NAMESPACE, "uid": ns_uid,
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "name": KUBEVIRT_CRD, "uid": crd_uid,
         }]);
     }
 }
+
+/// Name of the KubeVirt CRD.
+const KUBEVIRT_CRD: &str = "kubevirts.kubevirt.io";
 
 fn error_policy(_kv: Arc<KubeVirt>, e: &Error, ctx: Arc<Ctx>) -> Action {
     tracing::warn!(error = %e, "reconcile failed");
@@ -764,14 +774,16 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
     if scope == Scope::ApiLayer {
         docs.retain(is_api_layer);
     }
-    let ns_uid = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
-        .get(NAMESPACE)
+    // A missing CRD (manifests/virt-operator.yaml being deleted) fails the reconcile: nothing
+    // is applied that the garbage collector would delete again at once.
+    let crd_uid = Api::<CustomResourceDefinition>::all(client.clone())
+        .get(KUBEVIRT_CRD)
         .await?
         .metadata
         .uid
         .unwrap_or_default();
-    owned_by_namespace(&mut docs, &ns_uid);
-    owned_by_namespace(&mut apiservices, &ns_uid);
+    owned_by_crd(&mut docs, &crd_uid);
+    owned_by_crd(&mut apiservices, &crd_uid);
     apply_all(client, &docs).await?;
 
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
@@ -1093,20 +1105,21 @@ mod tests {
     }
 
     #[test]
-    fn objects_outside_the_namespace_are_owned_by_it() {
+    fn objects_outside_the_namespace_are_owned_by_the_crd() {
         let mut docs = installed_objects().unwrap();
-        owned_by_namespace(&mut docs, "ns-uid");
+        owned_by_crd(&mut docs, "crd-uid");
         for d in &docs {
             let owners = &d["metadata"]["ownerReferences"];
             if d["metadata"]["namespace"] == NAMESPACE {
                 assert!(owners.is_null(), "{d}");
             } else {
-                assert_eq!(owners[0]["kind"], "Namespace", "{d}");
-                assert_eq!(owners[0]["uid"], "ns-uid");
+                assert_eq!(owners[0]["kind"], "CustomResourceDefinition", "{d}");
+                assert_eq!(owners[0]["name"], KUBEVIRT_CRD);
+                assert_eq!(owners[0]["uid"], "crd-uid");
             }
         }
         assert!(docs.iter().any(|d| d["kind"] == "APIService"
-            && d["metadata"]["ownerReferences"][0]["name"] == NAMESPACE));
+            && d["metadata"]["ownerReferences"][0]["name"] == KUBEVIRT_CRD));
     }
 
     #[test]

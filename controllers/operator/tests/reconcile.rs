@@ -198,7 +198,7 @@ async fn install_upgrade_and_uninstall_against_a_real_kube_apiserver() {
     .unwrap();
     // Before any KubeVirt resource: the API layer only, from the operator's defaults (so the
     // user's KubeVirt at kubevirt.io/v1 has a server), cluster-scoped objects owned by the
-    // namespace (garbage-collected with manifests/virt-operator.yaml).
+    // CRD (garbage-collected with manifests/virt-operator.yaml).
     let deployments = Api::<Deployment>::namespaced(c.clone(), "kubevirt");
     let boot = eventually("API layer bootstrapped", || async {
         deployments.get_opt("kubevirt-apiserver").await.ok()?
@@ -217,8 +217,8 @@ async fn install_upgrade_and_uninstall_against_a_real_kube_apiserver() {
             .unwrap()
             .is_none()
     );
-    let ns_uid = Api::<Namespace>::all(c.clone())
-        .get("kubevirt")
+    let crd_uid = Api::<CustomResourceDefinition>::all(c.clone())
+        .get("kubevirts.kubevirt.io")
         .await
         .unwrap()
         .metadata
@@ -230,7 +230,7 @@ async fn install_upgrade_and_uninstall_against_a_real_kube_apiserver() {
     let owner = &role.metadata.owner_references.unwrap()[0];
     assert_eq!(
         (owner.kind.as_str(), Some(owner.uid.clone())),
-        ("Namespace", ns_uid)
+        ("CustomResourceDefinition", crd_uid)
     );
 
     kvs.create(&pp, &cr).await.unwrap();
