@@ -32,9 +32,12 @@ pub const STORED: &str = kubevirt_api::kubevirt::CRD_API_VERSION;
 /// Plural of the resource handled here.
 pub const PLURAL: &str = kubevirt_api::kubevirt::PLURAL;
 
-/// The request headers worth forwarding: what kube-apiserver negotiates on. Authentication
-/// headers are not forwarded: the request is made with this server's credentials.
-const FORWARDED_HEADERS: [header::HeaderName; 2] = [header::CONTENT_TYPE, header::ACCEPT];
+/// The request headers worth forwarding: what kube-apiserver negotiates on, and the
+/// User-Agent it names a field manager after when the client sets no `fieldManager`.
+/// Authentication headers are not forwarded: the request is made with this server's
+/// credentials.
+const FORWARDED_HEADERS: [header::HeaderName; 3] =
+    [header::CONTENT_TYPE, header::ACCEPT, header::USER_AGENT];
 
 /// Rewrites the `apiVersion` of one object, and of its managedFields entries (kube-apiserver
 /// records the version a manager wrote with, and refuses an update whose managedFields name
