@@ -221,7 +221,7 @@ pub async fn handle(st: &AppState, info: &RequestInfo, req: Request) -> ApiResul
     let resp_type = media_type(&parts.headers);
     let watching = info.verb == "watch" && parts.status == StatusCode::OK;
     let body = if watching && resp_type.ends_with("json") {
-        watch_body(body)
+        watch_body(body, st.shutdown.clone())
     } else {
         let bytes = body.collect_bytes().await.map_err(unreachable)?;
         Body::from(response_body(&resp_type, bytes))
@@ -260,13 +260,19 @@ fn response_body(content_type: &str, bytes: Bytes) -> Bytes {
 
 /// A watch stream at v1, event by event: kube-apiserver ends every event with a newline, so
 /// each complete line is rewritten and sent at once (an event is never held back waiting for
-/// the next).
-fn watch_body(body: kube::client::Body) -> Body {
+/// the next). It ends at `shutdown`, like this server's own watches: a graceful shutdown
+/// waits for open requests, and the client re-establishes the watch on another replica.
+fn watch_body(body: kube::client::Body, shutdown: tokio_util::sync::CancellationToken) -> Body {
     use http_body_util::BodyExt;
     let mut upstream = body.into_data_stream();
     let stream = async_stream::stream! {
         let mut pending: Vec<u8> = Vec::new();
-        while let Some(chunk) = upstream.next().await {
+        loop {
+            let chunk = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                c = upstream.next() => c,
+            };
+            let Some(chunk) = chunk else { break };
             let chunk = match chunk {
                 Ok(c) => c,
                 Err(e) => {

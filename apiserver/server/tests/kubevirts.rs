@@ -86,10 +86,32 @@ async fn kubevirt_cr_at_v1_is_served_over_the_v1alpha3_crd() {
     })
     .await;
 
+    // Before virt-apiserver serves kubevirt.io/v1 (here: talking to kube-apiserver alone, as
+    // kubectl does through the aggregator while the APIService is missing), KubeVirt's file
+    // fails with the message docs/deploy.md quotes; v1alpha3 already works.
+    let dir = tempfile::tempdir().unwrap();
+    let cr = dir.path().join("kubevirt-cr.yaml");
+    std::fs::write(&cr, KUBEVIRT_CR).unwrap();
+    let kube_kubeconfig = kube.dir.path().join("kubeconfig");
+    let direct = common::Kubectl {
+        kubeconfig: &kube_kubeconfig,
+    };
+    let early = direct.run(&["apply", "-f", cr.to_str().unwrap()]);
+    assert!(!early.ok);
+    assert!(
+        early
+            .stderr
+            .contains(r#"no matches for kind "KubeVirt" in version "kubevirt.io/v1""#),
+        "{}",
+        early.stderr
+    );
+    let out = direct.ok(&["get", "kubevirts.v1alpha3.kubevirt.io", "-A"]);
+    assert!(out.is_empty() || out.contains("No resources"), "{out}");
+
     let env = DevEnv::start(Options {
         apiserver_bin: env!("CARGO_BIN_EXE_virt-apiserver").into(),
         allow_client_ca_users: false,
-        kube_kubeconfig: Some(kube.dir.path().join("kubeconfig")),
+        kube_kubeconfig: Some(kube_kubeconfig.clone()),
         ..Default::default()
     })
     .expect("start etcd and virt-apiserver");
@@ -100,9 +122,6 @@ async fn kubevirt_cr_at_v1_is_served_over_the_v1alpha3_crd() {
     let url = |p: &str| format!("{}{p}", env.server_url);
 
     // The user's own file, unchanged, with kubectl (client-side apply: GET, then POST).
-    let dir = tempfile::tempdir().unwrap();
-    let cr = dir.path().join("kubevirt-cr.yaml");
-    std::fs::write(&cr, KUBEVIRT_CR).unwrap();
     let out = kubectl.ok(&["apply", "-f", cr.to_str().unwrap()]);
     assert!(
         out.contains("kubevirt.kubevirt.io/kubevirt created"),
