@@ -27,8 +27,8 @@ fn start(extra_args: &[&str]) -> DevEnv {
     .expect("start etcd and virt-apiserver (is Debian's etcd-server installed?)")
 }
 
-/// A client-CA identity named `user` (the dev environment grants client-CA users full
-/// access, so the policy is the only thing that tells them apart).
+/// A client-CA identity named `user` (authorized by the test's kube-apiserver, which
+/// allows everything, so the policy is the only thing that tells users apart).
 fn identity(env: &DevEnv, user: &str, group: &str) -> ClientFiles {
     let certs = env.dir().join("certs");
     let read = |f: &str| std::fs::read_to_string(certs.join(f)).unwrap();
@@ -132,7 +132,8 @@ async fn host_disk_needs_the_gate_and_names_are_dns_labels() {
     let base = &env.server_url;
     let sda = json!({"path": "/dev/sda", "type": "Disk"});
 
-    // Gate off (the default): refused for users and cluster admins alike, nothing stored.
+    // Gate off (the default): refused for everyone (the dev user and system:masters are
+    // components), nothing stored.
     for c in [admin(&env), masters(&env)] {
         let (code, s) = json_of(
             c.post(format!("{base}{VMS}"))
@@ -232,7 +233,8 @@ async fn vmi_and_vmim_specs_are_immutable() {
     assert_eq!(code, 201, "{created}");
     let rv = created["metadata"]["resourceVersion"].clone();
 
-    // Adding a volume to the VMI, by every kind of write and every kind of writer.
+    // Adding a volume to the VMI, by every kind of write and every kind of writer (the
+    // dev user, system:masters, virt-controller's service account: components all).
     let extra = json!([
         {"name": "root", "containerDisk": {"image": "localhost/kubevirt-rs/test-guest:latest"}},
         {"name": "extra", "emptyDisk": {"capacity": "1Mi"}}
@@ -312,7 +314,22 @@ async fn vmi_and_vmim_specs_are_immutable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reserved_labels_and_annotations_are_for_components() {
-    let env = start(&[]);
+    // Users are told apart from components only with a real authorizer: without one, only
+    // system:masters and --allow-client-ca-users users (full access) get in. kube-apiserver
+    // allows everything here, so the dev user is an ordinary user.
+    let kube = kube_testenv::KubeApi::start("policy-test-token").await;
+    let kube_kubeconfig = kube.dir.path().join("kubeconfig");
+    let env = tokio::task::spawn_blocking(move || {
+        DevEnv::start(Options {
+            apiserver_bin: env!("CARGO_BIN_EXE_virt-apiserver").into(),
+            allow_client_ca_users: false,
+            kube_kubeconfig: Some(kube_kubeconfig),
+            ..Default::default()
+        })
+        .expect("start etcd and virt-apiserver")
+    })
+    .await
+    .unwrap();
     let base = &env.server_url;
     let user = admin(&env);
 
