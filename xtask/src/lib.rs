@@ -73,6 +73,11 @@ pub const SUBCOMMANDS: &[Subcommand] = &[
         needs: Needs::All,
     },
     Subcommand {
+        name: "soak",
+        about: "VM churn on the local cluster across etcd compactions; fails when an operation stalls",
+        needs: Needs::All,
+    },
+    Subcommand {
         name: "gen-manifests",
         about: "Write manifests/ from the operator's rendering code (what CI checks is current)",
         needs: Needs::Build,

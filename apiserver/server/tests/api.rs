@@ -706,16 +706,24 @@ async fn paging_watch_resume_bookmarks_and_compaction() {
     );
 
     // A version this storage never reached (a client that watched a previous, reset
-    // etcd) is 410 Gone after the grace, so the client lists again instead of
-    // waiting for a revision that may never come.
+    // etcd) is 410 Gone after the grace — an ERROR event on the established stream, the
+    // form clients re-list on — instead of waiting for a revision that may never come.
     let future = now + 1_000_000;
     let r = c
         .get(format!("{url}?watch=1&resourceVersion={future}"))
         .send()
         .await
         .unwrap();
-    let (code, s) = json_of(r).await;
-    assert_eq!((code, s["reason"].as_str()), (410, Some("Expired")), "{s}");
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    let ev: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(ev["type"], "ERROR", "{text}");
+    let s = &ev["object"];
+    assert_eq!(
+        (&s["code"], s["reason"].as_str()),
+        (&json!(410), Some("Expired")),
+        "{s}"
+    );
     assert!(
         s["message"]
             .as_str()

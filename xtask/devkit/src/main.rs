@@ -11,6 +11,7 @@ mod deploy;
 mod dev_apiserver;
 mod guest;
 mod images;
+mod soak;
 mod test;
 mod up;
 mod user_bin;
@@ -47,6 +48,8 @@ enum Command {
     Deploy(deploy::Args),
     /// Cluster up, images, deploy and a demo VM: everything to try kubevirt-rs locally.
     Up(up::Args),
+    /// VM churn on the local cluster across etcd compactions; fails when an operation stalls.
+    Soak(soak::Args),
     /// Write manifests/ from the operator's rendering code (what CI checks is current).
     GenManifests,
 }
@@ -64,6 +67,7 @@ fn main() -> anyhow::Result<()> {
         Command::Images(a) => images::run(a),
         Command::Deploy(a) => deploy::run(a),
         Command::Up(a) => up::run(a),
+        Command::Soak(a) => soak::run(a),
         Command::GenManifests => {
             for p in virt_operator::install::write_manifests(&workspace_root())? {
                 println!("wrote {}", p.display());
