@@ -130,7 +130,15 @@ impl Cluster {
 
     fn deploy_kubevirt(&self) -> anyhow::Result<()> {
         let kubeconfig = self.kubeconfig.to_string_lossy().into_owned();
-        let mut args = vec!["deploy", "--kubeconfig", &kubeconfig];
+        // HostDisk: the migration tests need a VM whose disk cannot move (the gate's
+        // refusal itself is tested against the real server in apiserver/server/tests).
+        let mut args = vec![
+            "deploy",
+            "--kubeconfig",
+            &kubeconfig,
+            "--feature-gates",
+            "HostDisk",
+        ];
         let load = std::env::var("E2E_IMAGE_LOAD").ok();
         if let Some(cmd) = &load {
             args.extend(["--load-cmd", cmd]);

@@ -50,6 +50,10 @@ pub struct Args {
     /// How long to wait for the APIServices to become Available.
     #[arg(long, default_value_t = 180)]
     pub timeout_seconds: u64,
+    /// KubeVirt feature gates to enable, as in the KubeVirt resource's
+    /// `configuration.developerConfiguration.featureGates` (e.g. `HostDisk`); none by default.
+    #[arg(long, value_delimiter = ',')]
+    pub feature_gates: Vec<String>,
 }
 
 /// What a deploy measured.
@@ -235,6 +239,7 @@ pub fn deploy(args: &Args) -> anyhow::Result<Report> {
         pod_annotations: annotations,
         handler_annotations,
         controller_annotations,
+        feature_gates: render::apiserver_feature_gates(&args.feature_gates),
         ..Params::default()
     };
     let mut yaml = render::static_manifest(&params)?;
