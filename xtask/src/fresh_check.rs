@@ -575,6 +575,12 @@ impl Mounts {
         // From here on, Drop unmounts whatever was mounted, also when a later mount fails.
         let r = |rel: &str| mounts.root.join(rel.trim_start_matches('/'));
         let at = |rel: &str| -> anyhow::Result<String> { Ok(path_str(&r(rel))?.to_string()) };
+        // "/" inside must be a mount point, as on a real machine: `unshare --mount` (the
+        // launcher's private libvirtd) makes "/" private first and fails with "cannot change
+        // root filesystem propagation: Invalid argument" on a plain directory.
+        let root = path_str(&mounts.root)?.to_string();
+        host("mount", &["--bind", &root, &root])?;
+        host("mount", &["--make-private", &root])?;
         host("mount", &["-t", "proc", "proc", &at("proc")?])?;
         // /sys with its cgroup mounts, /dev with pts, shm and kvm (the launcher tests boot
         // guests). rslave: unmounting them here must never propagate to the host's mounts.
