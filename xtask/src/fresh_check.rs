@@ -582,13 +582,14 @@ impl Mounts {
         host("mount", &["--bind", &root, &root])?;
         host("mount", &["--make-private", &root])?;
         host("mount", &["-t", "proc", "proc", &at("proc")?])?;
-        // /sys with its cgroup mounts, /dev with pts, shm and kvm (the launcher tests boot
-        // guests). rslave: unmounting them here must never propagate to the host's mounts.
-        for d in ["sys", "dev"] {
-            let host_dir = format!("/{d}");
-            host("mount", &["--rbind", &host_dir, &at(d)?])?;
-            host("mount", &["--make-rslave", &at(d)?])?;
-        }
+        // /sys with its cgroup mounts. rslave: unmounting them here must never propagate to
+        // the host's mounts.
+        host("mount", &["--rbind", "/sys", &at("sys")?])?;
+        host("mount", &["--make-rslave", &at("sys")?])?;
+        // A /dev of its own, never the host's: package scripts change device nodes (qemu's
+        // postinst chgrps /dev/kvm to the chroot's kvm group, which is another group on the
+        // host), and those must be the chroot's own nodes.
+        private_dev(&r("dev"))?;
         // The host's toolchains, read-only: the check may use them, never change them.
         for p in [RUSTUP_HOME, CARGO_BIN, GO_ROOT] {
             host("mount", &["--bind", p, &at(p)?])?;
@@ -596,6 +597,92 @@ impl Mounts {
         }
         Ok(mounts)
     }
+}
+
+/// Device nodes the steps use (the launcher tests boot guests: kvm, tun), made in the chroot's
+/// own /dev with the host's numbers and modes, when the host has them.
+const DEVICES: &[&str] = &[
+    "null",
+    "zero",
+    "full",
+    "random",
+    "urandom",
+    "tty",
+    "kvm",
+    "net/tun",
+    "fuse",
+    "vhost-net",
+];
+
+/// tmpfs on `dev` with [`DEVICES`], a devpts instance of its own, /dev/shm and the usual links.
+fn private_dev(dev: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let d = path_str(dev)?;
+    host(
+        "mount",
+        &["-t", "tmpfs", "-o", "mode=755,nosuid", "tmpfs", d],
+    )?;
+    for name in DEVICES {
+        let Ok(meta) = fs::metadata(Path::new("/dev").join(name)) else {
+            continue;
+        };
+        let rdev = meta.rdev();
+        // Linux's dev_t encoding (glibc's major()/minor()).
+        let major = ((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff);
+        let minor = (rdev & 0xff) | ((rdev >> 12) & !0xff);
+        let node = dev.join(name);
+        if let Some(parent) = node.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        let mode = format!("{:o}", meta.permissions().mode() & 0o777);
+        host(
+            "mknod",
+            &[
+                "-m",
+                &mode,
+                path_str(&node)?,
+                "c",
+                &major.to_string(),
+                &minor.to_string(),
+            ],
+        )?;
+    }
+    for sub in ["pts", "shm"] {
+        fs::create_dir_all(dev.join(sub))?;
+    }
+    host(
+        "mount",
+        &[
+            "-t",
+            "devpts",
+            "-o",
+            "newinstance,ptmxmode=0666,mode=620",
+            "devpts",
+            path_str(&dev.join("pts"))?,
+        ],
+    )?;
+    host(
+        "mount",
+        &[
+            "-t",
+            "tmpfs",
+            "-o",
+            "mode=1777,nosuid,nodev",
+            "tmpfs",
+            path_str(&dev.join("shm"))?,
+        ],
+    )?;
+    for (link, to) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(to, dev.join(link))
+            .with_context(|| format!("linking /dev/{link}"))?;
+    }
+    Ok(())
 }
 
 impl Drop for Mounts {
