@@ -1,6 +1,9 @@
 //! Discovery documents, built once at start-up and served from memory (the aggregator's
 //! availability probe must never wait on etcd).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use serde_json::{Value, json};
 use sha2::{Digest, Sha512};
 
@@ -41,6 +44,18 @@ impl Doc {
     }
 }
 
+/// The documents that list `kubevirts` (forwarded to the KubeVirt CRD, crate::kubevirts):
+/// served instead of [`Discovery`]'s own while kube-apiserver serves that CRD.
+#[derive(Debug, Clone)]
+pub struct WithKubeVirts {
+    /// `/apis` APIGroupDiscoveryList v2.
+    pub aggregated_v2: Doc,
+    /// `/apis` APIGroupDiscoveryList v2beta1.
+    pub aggregated_v2beta1: Doc,
+    /// `/apis/kubevirt.io/v1`.
+    pub resources: Doc,
+}
+
 /// All discovery documents.
 #[derive(Debug, Clone)]
 pub struct Discovery {
@@ -60,6 +75,13 @@ pub struct Discovery {
     pub sub_resources: Doc,
     /// `/api`.
     pub core_versions: Doc,
+    /// The documents listing `kubevirts` too.
+    pub with_kubevirts: WithKubeVirts,
+    /// Whether kube-apiserver serves the KubeVirt CRD (`kubevirt.io/v1alpha3`), the storage of
+    /// `kubevirts` (crate::kubevirts::follow_crd keeps it current). Without it — no operator
+    /// install, `cargo xtask deploy`, `--standalone` — `kubevirts` is not advertised: a listed
+    /// resource that cannot be listed stalls the garbage collector's and `kubectl get all`.
+    pub kubevirts_served: Arc<AtomicBool>,
 }
 
 fn group_doc(name: &str) -> Value {
@@ -68,7 +90,7 @@ fn group_doc(name: &str) -> Value {
         "preferredVersion":{"groupVersion":format!("{name}/v1"),"version":"v1"}})
 }
 
-fn resource_list() -> Value {
+fn resource_list(kubevirts: bool) -> Value {
     let mut resources = Vec::new();
     for r in ResourceDef::all() {
         resources.push(
@@ -80,14 +102,16 @@ fn resource_list() -> Value {
             "kind":r.kind,"verbs":["get","patch","update"]}),
         );
     }
-    resources.push(
-        json!({"name":KUBEVIRTS,"singularName":"kubevirt","namespaced":true,"kind":"KubeVirt",
-        "verbs":VERBS,"shortNames":["kv","kvs"],"categories":["all"]}),
-    );
-    resources.push(
-        json!({"name":format!("{KUBEVIRTS}/status"),"singularName":"","namespaced":true,
-        "kind":"KubeVirt","verbs":["get","patch","update"]}),
-    );
+    if kubevirts {
+        resources.push(
+            json!({"name":KUBEVIRTS,"singularName":"kubevirt","namespaced":true,"kind":"KubeVirt",
+            "verbs":VERBS,"shortNames":["kv","kvs"],"categories":["all"]}),
+        );
+        resources.push(
+            json!({"name":format!("{KUBEVIRTS}/status"),"singularName":"","namespaced":true,
+            "kind":"KubeVirt","verbs":["get","patch","update"]}),
+        );
+    }
     json!({"kind":"APIResourceList","apiVersion":"v1","groupVersion":format!("{GROUP}/v1"),"resources":resources})
 }
 
@@ -115,7 +139,7 @@ fn sub_resource_list() -> Value {
     json!({"kind":"APIResourceList","apiVersion":"v1","groupVersion":format!("{SUBRESOURCES_GROUP}/v1"),"resources":resources})
 }
 
-fn aggregated(version: &str) -> Value {
+fn aggregated(version: &str, kubevirts: bool) -> Value {
     let kv: Vec<Value> = ResourceDef::all()
         .iter()
         .map(|r| {
@@ -124,7 +148,7 @@ fn aggregated(version: &str) -> Value {
                 "verbs":VERBS,"shortNames":r.short_names,"categories":["all"],
                 "subresources":[{"subresource":"status","responseKind":gvk,"verbs":["get","patch","update"]}]})
         })
-        .chain(std::iter::once({
+        .chain(kubevirts.then(|| {
             // Forwarded to the v1alpha3 CRD (crate::kubevirts), same verbs as our kinds.
             let gvk = json!({"group":GROUP,"version":"v1","kind":"KubeVirt"});
             json!({"resource":KUBEVIRTS,"responseKind":gvk,"scope":"Namespaced","singularResource":"kubevirt",
@@ -157,15 +181,52 @@ impl Discovery {
         let groups = json!({"kind":"APIGroupList","apiVersion":"v1","groups":[group_doc(GROUP), group_doc(SUBRESOURCES_GROUP)]});
         Self {
             group_list: Doc::new(&groups),
-            aggregated_v2: Doc::new(&aggregated("v2")),
-            aggregated_v2beta1: Doc::new(&aggregated("v2beta1")),
+            aggregated_v2: Doc::new(&aggregated("v2", false)),
+            aggregated_v2beta1: Doc::new(&aggregated("v2beta1", false)),
             group: Doc::new(&group_doc(GROUP)),
-            resources: Doc::new(&resource_list()),
+            resources: Doc::new(&resource_list(false)),
             sub_group: Doc::new(&group_doc(SUBRESOURCES_GROUP)),
             sub_resources: Doc::new(&sub_resource_list()),
             core_versions: Doc::new(
                 &json!({"kind":"APIVersions","versions":[],"serverAddressByClientCIDRs":[]}),
             ),
+            with_kubevirts: WithKubeVirts {
+                aggregated_v2: Doc::new(&aggregated("v2", true)),
+                aggregated_v2beta1: Doc::new(&aggregated("v2beta1", true)),
+                resources: Doc::new(&resource_list(true)),
+            },
+            kubevirts_served: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn kubevirts(&self) -> bool {
+        self.kubevirts_served.load(Ordering::Relaxed)
+    }
+
+    /// `/apis` APIGroupDiscoveryList v2, as served now.
+    pub fn current_aggregated_v2(&self) -> &Doc {
+        if self.kubevirts() {
+            &self.with_kubevirts.aggregated_v2
+        } else {
+            &self.aggregated_v2
+        }
+    }
+
+    /// `/apis` APIGroupDiscoveryList v2beta1, as served now.
+    pub fn current_aggregated_v2beta1(&self) -> &Doc {
+        if self.kubevirts() {
+            &self.with_kubevirts.aggregated_v2beta1
+        } else {
+            &self.aggregated_v2beta1
+        }
+    }
+
+    /// `/apis/kubevirt.io/v1`, as served now.
+    pub fn current_resources(&self) -> &Doc {
+        if self.kubevirts() {
+            &self.with_kubevirts.resources
+        } else {
+            &self.resources
         }
     }
 }
@@ -176,7 +237,7 @@ mod tests {
 
     #[test]
     fn resource_list_has_short_names_and_status() {
-        let v = resource_list();
+        let v = resource_list(true);
         let names: Vec<&str> = v["resources"]
             .as_array()
             .unwrap()
@@ -185,14 +246,27 @@ mod tests {
             .collect();
         assert!(names.contains(&"virtualmachines/status"));
         assert!(names.contains(&"kubevirts") && names.contains(&"kubevirts/status"));
+        let without = resource_list(false).to_string();
+        assert!(!without.contains("kubevirts"));
         let vm = &v["resources"][0];
         assert_eq!(vm["shortNames"], json!(["vm", "vms"]));
         assert_eq!(vm["categories"], json!(["all"]));
     }
 
     #[test]
+    fn kubevirts_are_advertised_only_while_their_crd_is_served() {
+        let d = Discovery::build();
+        let has = |doc: &Doc| String::from_utf8_lossy(&doc.body).contains("\"kubevirts\"");
+        assert!(!has(d.current_resources()) && !has(d.current_aggregated_v2()));
+        d.kubevirts_served.store(true, Ordering::Relaxed);
+        assert!(has(d.current_resources()) && has(d.current_aggregated_v2()));
+        assert!(has(d.current_aggregated_v2beta1()));
+        assert_ne!(d.current_resources().etag, d.resources.etag);
+    }
+
+    #[test]
     fn aggregated_lists_subresource_group() {
-        let v = aggregated("v2");
+        let v = aggregated("v2", false);
         assert_eq!(v["items"][1]["metadata"]["name"], json!(SUBRESOURCES_GROUP));
         let vm = &v["items"][1]["versions"][0]["resources"][0];
         let subs: Vec<&str> = vm["subresources"]

@@ -406,8 +406,8 @@ fn non_resource(st: &AppState, info: &RequestInfo, headers: &HeaderMap) -> ApiRe
             for m in &ranges {
                 if m.param("as") == Some("APIGroupDiscoveryList") && m.param("g") == Some("apidiscovery.k8s.io") && m.accepts("json") {
                     match m.param("v") {
-                        Some("v2") => return Ok(serve_doc(&d.aggregated_v2, headers, "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList")),
-                        Some("v2beta1") => return Ok(serve_doc(&d.aggregated_v2beta1, headers, "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList")),
+                        Some("v2") => return Ok(serve_doc(d.current_aggregated_v2(), headers, "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList")),
+                        Some("v2beta1") => return Ok(serve_doc(d.current_aggregated_v2beta1(), headers, "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList")),
                         _ => continue,
                     }
                 }
@@ -419,7 +419,7 @@ fn non_resource(st: &AppState, info: &RequestInfo, headers: &HeaderMap) -> ApiRe
         }
         "/api" => Ok(serve_doc(&d.core_versions, headers, "application/json")),
         "/apis/kubevirt.io" => Ok(serve_doc(&d.group, headers, "application/json")),
-        "/apis/kubevirt.io/v1" => Ok(serve_doc(&d.resources, headers, "application/json")),
+        "/apis/kubevirt.io/v1" => Ok(serve_doc(d.current_resources(), headers, "application/json")),
         "/apis/subresources.kubevirt.io" => Ok(serve_doc(&d.sub_group, headers, "application/json")),
         "/apis/subresources.kubevirt.io/v1" => Ok(serve_doc(&d.sub_resources, headers, "application/json")),
         "/version" => Ok(respond(StatusCode::OK, "application/json", serde_json::to_vec(&version_info()).unwrap_or_default())),

@@ -126,6 +126,68 @@ pub fn stored_path(path: &str) -> String {
     }
 }
 
+/// How often [`follow_crd`] looks at kube-apiserver.
+const CRD_PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Keeps `served` telling whether kube-apiserver serves the KubeVirt CRD at [`STORED`] (its
+/// group-version discovery answers), so discovery lists `kubevirts` exactly while they can be
+/// read ([`crate::discovery::Discovery::kubevirts_served`]). The first look happens before
+/// this returns (at most 5 s: the first discovery document served is right), then every
+/// [`CRD_PROBE_INTERVAL`] until `shutdown`; an unreachable kube-apiserver changes nothing.
+pub async fn follow_crd(
+    kube: kube::Client,
+    served: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let first = tokio::time::timeout(std::time::Duration::from_secs(5), probe_crd(&kube)).await;
+    record(&served, first.unwrap_or(None));
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(CRD_PROBE_INTERVAL) => {}
+            }
+            record(&served, probe_crd(&kube).await);
+        }
+    });
+}
+
+/// Whether kube-apiserver serves [`STORED`]; `None` when it cannot tell.
+async fn probe_crd(kube: &kube::Client) -> Option<bool> {
+    let req = http::Request::get(format!("/apis/{STORED}"))
+        .body(kube::client::Body::empty())
+        .ok()?;
+    match kube.send(req).await {
+        Ok(r) if r.status().is_success() => Some(true),
+        Ok(r) if r.status() == StatusCode::NOT_FOUND => Some(false),
+        Ok(r) => {
+            tracing::debug!(status = %r.status(), "probing the KubeVirt CRD");
+            None
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "probing the KubeVirt CRD");
+            None
+        }
+    }
+}
+
+fn record(served: &std::sync::atomic::AtomicBool, now: Option<bool>) {
+    use std::sync::atomic::Ordering;
+    if let Some(now) = now
+        && served.swap(now, Ordering::Relaxed) != now
+    {
+        tracing::info!(
+            "KubeVirt CRD ({STORED}) {}: kubevirts at {SERVED} {}",
+            if now { "served" } else { "not served" },
+            if now {
+                "advertised"
+            } else {
+                "no longer advertised"
+            }
+        );
+    }
+}
+
 fn media_type(headers: &http::HeaderMap) -> String {
     headers
         .get(header::CONTENT_TYPE)
@@ -171,11 +233,9 @@ fn unreachable(e: impl std::fmt::Display) -> ApiError {
 
 /// Serves one authorized request for `kubevirts` (any verb, main resource or `/status`).
 pub async fn handle(st: &AppState, info: &RequestInfo, req: Request) -> ApiResult<Response> {
+    // Without kube-apiserver (--standalone) there is no storage: not advertised, not found.
     let Some(kube) = st.auth.kube.clone() else {
-        return Err(ApiError::unavailable(format!(
-            "kubevirts are stored by kube-apiserver as {STORED}, and this server runs without \
-             one (--standalone)"
-        )));
+        return Err(ApiError::path_not_found());
     };
     if !matches!(info.subresource.as_str(), "" | "status") {
         return Err(ApiError::path_not_found());

@@ -155,6 +155,14 @@ async fn main() -> anyhow::Result<()> {
         bookmark_interval: args.bookmark_interval(),
         subresources: virt_apiserver::subresources::Subresources { handler },
     });
+    if let Some(k) = &state.auth.kube {
+        virt_apiserver::kubevirts::follow_crd(
+            k.clone(),
+            state.discovery.kubevirts_served.clone(),
+            shutdown.clone(),
+        )
+        .await;
+    }
     let tls = server::ServingTls::from_files(
         args.tls_cert_file.clone(),
         args.tls_private_key_file.clone(),
