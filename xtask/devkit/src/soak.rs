@@ -258,7 +258,10 @@ impl EtcdForward {
             .context("kubectl port-forward to etcd")?;
         let mut line = String::new();
         if let Some(out) = child.stdout.take() {
-            BufReader::new(out).read_line(&mut line)?;
+            let mut out = BufReader::new(out);
+            out.read_line(&mut line)?;
+            // kubectl writes a line per connection: a closed pipe would end it at the first.
+            std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
         }
         if !line.contains("Forwarding from") {
             let _ = child.kill();
