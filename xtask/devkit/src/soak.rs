@@ -76,10 +76,13 @@ fn op_for(round: usize, vm: usize) -> Op {
 }
 
 /// The revision to compact at, keeping one period of history: the revision seen one tick
-/// ago (etcd's periodic compactor does the same with its retention).
-fn compaction_target(history: &mut Vec<i64>, now: i64) -> Option<i64> {
+/// ago (etcd's periodic compactor does the same with its retention), unless etcd is
+/// already compacted that far.
+fn compaction_target(history: &mut Vec<i64>, now: i64, compacted: i64) -> Option<i64> {
     history.push(now);
-    (history.len() >= 2).then(|| history[history.len() - 2])
+    (history.len() >= 2)
+        .then(|| history[history.len() - 2])
+        .filter(|at| *at > compacted)
 }
 
 fn vm_manifest(name: &str) -> String {
@@ -309,6 +312,7 @@ fn compactor(
         .enable_all()
         .build()?;
     let mut history = Vec::new();
+    let mut compacted = 0;
     let mut next = Instant::now() + period;
     while !stop.load(Ordering::Relaxed) {
         if Instant::now() < next {
@@ -331,12 +335,13 @@ fn compactor(
             history.push(now);
             now
         } else {
-            match compaction_target(&mut history, now) {
+            match compaction_target(&mut history, now, compacted) {
                 Some(at) => at,
                 None => continue,
             }
         };
         rt.block_on(fwd.tick(Some(at)))?;
+        compacted = at;
         let n = done.fetch_add(1, Ordering::Relaxed) + 1;
         eprintln!("[soak] etcd compaction {n} at revision {at} (store at {now})");
     }
@@ -494,8 +499,10 @@ mod tests {
     #[test]
     fn compaction_keeps_one_period_of_history() {
         let mut h = Vec::new();
-        assert_eq!(compaction_target(&mut h, 10), None);
-        assert_eq!(compaction_target(&mut h, 25), Some(10));
-        assert_eq!(compaction_target(&mut h, 40), Some(25));
+        assert_eq!(compaction_target(&mut h, 10, 0), None);
+        assert_eq!(compaction_target(&mut h, 25, 0), Some(10));
+        assert_eq!(compaction_target(&mut h, 40, 10), Some(25));
+        // Compacted further already (after a kill, at the then current revision).
+        assert_eq!(compaction_target(&mut h, 50, 45), None);
     }
 }
