@@ -55,6 +55,8 @@ pub const PACKAGES: &[Package] = &[
         "libvirt-clients",
         "virt-xml-validate: the domain XML golden files are checked against libvirt's schema",
     ),
+    // virt-xml-validate runs xmllint, which libvirt-clients does not pull in.
+    run("libxml2-utils", "xmllint, which virt-xml-validate runs"),
     run("qemu-system-x86", "QEMU for guests"),
     run("qemu-utils", "qemu-img for overlays and empty disks"),
     run("xorriso", "cloud-init NoCloud ISO"),
