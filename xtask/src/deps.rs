@@ -55,6 +55,12 @@ pub const PACKAGES: &[Package] = &[
         "libvirt-clients",
         "virt-xml-validate: the domain XML golden files are checked against libvirt's schema",
     ),
+    run(
+        "libxml2-utils",
+        "xmllint, which virt-xml-validate runs (only a Recommends of libvirt-clients)",
+    ),
+    // A minimal Debian (debootstrap's minbase, containers) has no /bin/kill; fresh-check found it.
+    run("procps", "kill, used by tests and the cluster tooling"),
     // virt-xml-validate runs xmllint, which libvirt-clients does not pull in.
     run("libxml2-utils", "xmllint, which virt-xml-validate runs"),
     run("qemu-system-x86", "QEMU for guests"),
