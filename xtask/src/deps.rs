@@ -55,10 +55,6 @@ pub const PACKAGES: &[Package] = &[
         "libvirt-clients",
         "virt-xml-validate: the domain XML golden files are checked against libvirt's schema",
     ),
-    run(
-        "libxml2-utils",
-        "xmllint, which virt-xml-validate runs (only a Recommends of libvirt-clients)",
-    ),
     // A minimal Debian (debootstrap's minbase, containers) has no /bin/kill; fresh-check found it.
     run("procps", "kill, used by tests and the cluster tooling"),
     // virt-xml-validate runs xmllint, which libvirt-clients does not pull in.
@@ -159,4 +155,16 @@ pub fn install(packages: &[&str]) -> anyhow::Result<()> {
         .context("running apt-get install")?;
     anyhow::ensure!(status.success(), "apt-get install {packages:?} failed");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_package_is_listed_once() {
+        let mut names: Vec<&str> = super::PACKAGES.iter().map(|p| p.name).collect();
+        names.sort_unstable();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(before, names.len(), "a package is listed twice");
+    }
 }
