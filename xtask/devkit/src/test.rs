@@ -79,6 +79,18 @@ fn e2e_test_count(test_env: &dyn Fn(&mut Command)) -> anyhow::Result<u64> {
     Ok(n)
 }
 
+/// Whether the e2e phase passed every test the e2e crate lists: a test binary that did not
+/// build or died before its summary passes nothing and fails nothing, so only the count shows it.
+fn e2e_complete(e2e: &Tally, expected: u64) -> Result<(), String> {
+    if e2e.passed < expected {
+        return Err(format!(
+            "the e2e phase passed {} of the {expected} tests the e2e crate contains",
+            e2e.passed
+        ));
+    }
+    Ok(())
+}
+
 /// Counts the `name: test` lines of libtest's `--list` output.
 fn count_listed(list: &str) -> u64 {
     list.lines()
@@ -271,11 +283,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "e2e: {} of {expected} tests passed ({} failed)",
             e2e.passed, e2e.failed
         );
-        if e2e.passed < expected {
-            eprintln!(
-                "the e2e phase passed {} of the {expected} tests the e2e crate contains",
-                e2e.passed
-            );
+        if let Err(e) = e2e_complete(&e2e, expected) {
+            eprintln!("{e}");
             ok = false;
         }
         tally.add(&e2e);
@@ -310,6 +319,18 @@ mod tests {
         );
         t.add_line("running 5 tests");
         assert_eq!((t.passed, t.failed, t.ignored), (24, 1, 2));
+    }
+
+    /// The failure this check exists for: one of two e2e binaries ends without a summary
+    /// (killed, or it did not build), the other passes; nothing "failed".
+    #[test]
+    fn an_e2e_run_with_a_missing_binary_is_incomplete() {
+        let mut e2e = Tally::default();
+        e2e.add_line("test result: ok. 30 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out");
+        assert_eq!(e2e.failed, 0);
+        assert!(super::e2e_complete(&e2e, 36).is_err());
+        e2e.add_line("test result: ok. 6 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out");
+        assert_eq!(super::e2e_complete(&e2e, 36), Ok(()));
     }
 
     #[test]
