@@ -657,6 +657,15 @@ impl Backend for LibvirtBackend {
                 .spawn(move || {
                     while !done.load(std::sync::atomic::Ordering::SeqCst) {
                         std::thread::sleep(Duration::from_millis(500));
+                        // With no job (cancelled, failed or just ended), libvirt answers
+                        // job_stats with no parameters and a null array, which the `virt`
+                        // crate turns into a Vec from a null pointer: an abort in builds
+                        // with UB checks (seen after a cancel). GetJobInfo has no array.
+                        if d.job_info()
+                            .is_ok_and(|i| i.r#type == virt::sys::VIR_DOMAIN_JOB_NONE as i32)
+                        {
+                            continue;
+                        }
                         match d.job_stats(0) {
                             Ok(s) => {
                                 if stats_tx.send(progress_of(&s)).is_err() {
