@@ -13,7 +13,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,27 +51,6 @@ async fn release_finalizers(client: Client, shutdown: CancellationToken) {
     }
 }
 
-fn apiserver_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("VIRT_APISERVER_BIN") {
-        return p.into();
-    }
-    // target/<profile>/deps/<this test> → target/<profile>/virt-apiserver
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("virt-apiserver");
-    assert!(
-        bin.exists(),
-        "{} not found: run `cargo build -p virt-apiserver` (or `cargo test --workspace`), \
-         or set VIRT_APISERVER_BIN",
-        bin.display()
-    );
-    bin
-}
-
 struct Harness {
     // Dropped last: stops virt-apiserver and etcd.
     _env: DevEnv,
@@ -88,7 +66,8 @@ impl Harness {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let env = tokio::task::spawn_blocking(|| {
             DevEnv::start(Options {
-                apiserver_bin: apiserver_bin(),
+                apiserver_bin: virt_apiserver::devenv::apiserver_bin_beside_test()
+                    .expect("virt-apiserver binary"),
                 ..Options::default()
             })
             .expect("start etcd and virt-apiserver (is Debian's etcd-server installed?)")

@@ -43,6 +43,29 @@ pub fn free_port() -> Result<u16, DevEnvError> {
     Ok(l.local_addr().map_err(io("reading the free port"))?.port())
 }
 
+/// The virt-apiserver binary for another crate's integration test: `VIRT_APISERVER_BIN`,
+/// else the one cargo built beside the running test (`target/<profile>/deps/<test>` →
+/// `target/<profile>/virt-apiserver`; `cargo test --workspace` builds it).
+pub fn apiserver_bin_beside_test() -> Result<PathBuf, DevEnvError> {
+    if let Some(p) = std::env::var_os("VIRT_APISERVER_BIN") {
+        return Ok(p.into());
+    }
+    let exe = std::env::current_exe().map_err(io("locating the test binary"))?;
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("virt-apiserver"))
+        .filter(|b| b.exists())
+        .ok_or_else(|| {
+            DevEnvError::NotReady(format!(
+                "no virt-apiserver beside {}: run `cargo build -p virt-apiserver` (or \
+                 `cargo test --workspace`), or set VIRT_APISERVER_BIN",
+                exe.display()
+            ))
+        })?;
+    Ok(bin)
+}
+
 /// Options of the environment.
 #[derive(Debug, Clone)]
 pub struct Options {

@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -17,31 +16,12 @@ use serde_json::json;
 use virt_apiserver::devenv::{DevEnv, Options};
 use virt_watch::{WatchLabels, WatchMetrics};
 
-fn apiserver_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("VIRT_APISERVER_BIN") {
-        return p.into();
-    }
-    // target/<profile>/deps/<this test> → target/<profile>/virt-apiserver
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("virt-apiserver");
-    assert!(
-        bin.exists(),
-        "{} not found: run `cargo build -p virt-apiserver` or set VIRT_APISERVER_BIN",
-        bin.display()
-    );
-    bin
-}
-
 async fn start() -> (DevEnv, Client) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let env = tokio::task::spawn_blocking(|| {
         DevEnv::start(Options {
-            apiserver_bin: apiserver_bin(),
+            apiserver_bin: virt_apiserver::devenv::apiserver_bin_beside_test()
+                .expect("virt-apiserver binary"),
             ..Options::default()
         })
         .expect("start etcd and virt-apiserver (is Debian's etcd-server installed?)")

@@ -18,25 +18,6 @@ use tokio::net::UnixListener;
 use virt_apiserver::devenv::{DevEnv, Options, free_port};
 use virt_domain::protocol::{DomainEvent, DomainState, LauncherStatus, Request, Response};
 
-fn apiserver_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("VIRT_APISERVER_BIN") {
-        return p.into();
-    }
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("virt-apiserver");
-    assert!(
-        bin.exists(),
-        "{} not found: run `cargo build -p virt-apiserver` or set VIRT_APISERVER_BIN",
-        bin.display()
-    );
-    bin
-}
-
 struct Kill(Child);
 impl Drop for Kill {
     fn drop(&mut self) {
@@ -206,7 +187,8 @@ async fn binary_follows_a_launcher_socket_and_serves_metrics() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let api_env = tokio::task::spawn_blocking(|| {
         DevEnv::start(Options {
-            apiserver_bin: apiserver_bin(),
+            apiserver_bin: virt_apiserver::devenv::apiserver_bin_beside_test()
+                .expect("virt-apiserver binary"),
             ..Options::default()
         })
         .expect("start etcd and virt-apiserver")

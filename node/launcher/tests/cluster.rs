@@ -27,26 +27,6 @@ const NODE: &str = "node-a";
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn apiserver_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("VIRT_APISERVER_BIN") {
-        return p.into();
-    }
-    // target/<profile>/deps/<this test> → target/<profile>/virt-apiserver
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("virt-apiserver");
-    assert!(
-        bin.exists(),
-        "{} not found: run `cargo build -p virt-apiserver` or set VIRT_APISERVER_BIN",
-        bin.display()
-    );
-    bin
-}
-
 fn guest_dir() -> PathBuf {
     assert!(
         nix::unistd::geteuid().is_root(),
@@ -135,7 +115,8 @@ impl Env {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let api = tokio::task::spawn_blocking(|| {
             DevEnv::start(Options {
-                apiserver_bin: apiserver_bin(),
+                apiserver_bin: virt_apiserver::devenv::apiserver_bin_beside_test()
+                    .expect("virt-apiserver binary"),
                 ..Options::default()
             })
             .expect("start etcd and virt-apiserver (is Debian's etcd-server installed?)")
