@@ -66,6 +66,33 @@ pub fn apiserver_bin_beside_test() -> Result<PathBuf, DevEnvError> {
     Ok(bin)
 }
 
+/// kubectl for integration tests: `$KUBECTL` (`cargo xtask test` exports the cluster's), else
+/// the newest one `cargo xtask cluster up` built under `target/k8s/<version>/bin/`. Never a
+/// guess on PATH: a fresh machine has none, and another version would test something else.
+pub fn kubectl_for_tests() -> Result<PathBuf, DevEnvError> {
+    if let Some(k) = std::env::var_os("KUBECTL").filter(|k| !k.is_empty()) {
+        return Ok(k.into());
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |t| root.join(t));
+    let mut found: Vec<PathBuf> = std::fs::read_dir(target.join("k8s"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bin/kubectl"))
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found.pop().ok_or_else(|| {
+        DevEnvError::NotReady(format!(
+            "no kubectl: set KUBECTL to one, or build the cluster's with `cargo xtask cluster up` \
+             (it lands in {}/k8s/<version>/bin/)",
+            target.display()
+        ))
+    })
+}
+
 /// Options of the environment.
 #[derive(Debug, Clone)]
 pub struct Options {

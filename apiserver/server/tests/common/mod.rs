@@ -51,27 +51,7 @@ pub fn vm(name: &str) -> Value {
 /// one `cargo xtask cluster up` builds under `target/k8s/<version>/bin/`. Never a guess on
 /// PATH: a fresh machine has none, and another version would test something else.
 pub fn kubectl_binary() -> PathBuf {
-    if let Some(k) = std::env::var_os("KUBECTL").filter(|k| !k.is_empty()) {
-        return k.into();
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), |t| root.join(t));
-    let mut found: Vec<PathBuf> = std::fs::read_dir(target.join("k8s"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("bin/kubectl"))
-        .filter(|p| p.is_file())
-        .collect();
-    found.sort();
-    found.pop().unwrap_or_else(|| {
-        panic!(
-            "no kubectl: set KUBECTL to one, or build the cluster's with `cargo xtask cluster up` \
-             (it lands in {}/k8s/<version>/bin/)",
-            target.display()
-        )
-    })
+    virt_apiserver::devenv::kubectl_for_tests().unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub struct Kubectl<'a> {
