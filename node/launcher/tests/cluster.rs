@@ -513,7 +513,8 @@ async fn assert_nothing_left(domain: &str, work: &Path) {
 async fn cluster_mode_end_to_end() {
     let _g = SERIAL.lock().await;
     let mut env = Env::start(15).await;
-    let name = "cl";
+    // Per-process, so that the "nothing left" check never sees another run's QEMU.
+    let name = &format!("cl-{}", std::process::id());
     let domain = format!("{NS}_{name}");
     let vmi = env.create_vmi(name).await;
     let uid = Env::uid(&vmi);
@@ -730,7 +731,8 @@ async fn idle_console_survives_on_pings() {
     let _g = SERIAL.lock().await;
     // 15 s pings as in production: ≥ 40 s idle means at least two pings answered.
     let mut env = Env::start(15).await;
-    let name = "idle";
+    // Per-process, so that the "nothing left" check never sees another run's QEMU.
+    let name = &format!("idle-{}", std::process::id());
     let domain = format!("{NS}_{name}");
     let vmi = env.create_vmi(name).await;
     env.start_handler();

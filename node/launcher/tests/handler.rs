@@ -49,11 +49,18 @@ fn guest_dir() -> PathBuf {
         .dir
 }
 
+/// The namespace of this run's VMIs: the launcher names a domain `<namespace>_<name>`
+/// and QEMU's command line carries it, so a per-process namespace keeps the "no QEMU
+/// left behind" checks from seeing another run's guests on the same host.
+fn ns() -> String {
+    format!("handler-{}", std::process::id())
+}
+
 fn vmi(name: &str) -> VirtualMachineInstance {
     serde_json::from_value(json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstance",
-        "metadata": {"name": name, "namespace": "handler"},
+        "metadata": {"name": name, "namespace": ns()},
         "spec": {
             "terminationGracePeriodSeconds": 20,
             "domain": {
@@ -316,7 +323,7 @@ async fn kill_9_of_the_handler_process_loses_no_vm() {
     let _logs = DumpOnPanic(state.path().to_path_buf());
     let vmi_file = state.path().join("input.json");
     std::fs::write(&vmi_file, serde_json::to_vec(&vmi("orphan")).unwrap()).unwrap();
-    let key = "handler_orphan";
+    let key = &format!("{}_orphan", ns());
     let status_file = state.path().join(key).join("status.json");
 
     let mut first = spawn_handler_process(state.path(), Some(&vmi_file));

@@ -40,7 +40,7 @@ fn vmi(name: &str) -> Value {
     json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstance",
-        "metadata": {"name": name, "namespace": "mig", "uid": "0b7a9c1e-2f4d-4e63-9a51-6d0c2b8f1a11"},
+        "metadata": {"name": name, "namespace": format!("mig-{}", std::process::id()), "uid": "0b7a9c1e-2f4d-4e63-9a51-6d0c2b8f1a11"},
         "spec": {
             "terminationGracePeriodSeconds": 10,
             "domain": {

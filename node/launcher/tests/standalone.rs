@@ -38,7 +38,7 @@ fn vmi(name: &str, grace: i64, kernel_args: &str, disks: Value, volumes: Value) 
     json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstance",
-        "metadata": {"name": name, "namespace": "test"},
+        "metadata": {"name": name, "namespace": format!("test-{}", std::process::id())},
         "spec": {
             "terminationGracePeriodSeconds": grace,
             "domain": {
