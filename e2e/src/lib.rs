@@ -116,9 +116,8 @@ impl Cluster {
         })
     }
 
-    /// The cluster with kubevirt-rs deployed (`cargo xtask deploy`: idempotent, so a deployment
-    /// that is current is only checked). For a cluster that is not our local one, the images are
-    /// loaded with `E2E_IMAGE_LOAD`.
+    /// The cluster with kubevirt-rs installed through virt-operator (`cargo xtask deploy`:
+    /// idempotent, so an installation that is current is only checked).
     pub fn with_kubevirt() -> anyhow::Result<&'static Cluster> {
         let c = Self::get()?;
         KUBEVIRT
@@ -128,22 +127,18 @@ impl Cluster {
         Ok(c)
     }
 
-    fn deploy_kubevirt(&self) -> anyhow::Result<()> {
+    /// (Re)installs kubevirt-rs as every e2e test expects it (`cargo xtask deploy`).
+    pub fn deploy_kubevirt(&self) -> anyhow::Result<()> {
         let kubeconfig = self.kubeconfig.to_string_lossy().into_owned();
         // HostDisk: the migration tests need a VM whose disk cannot move (the gate's
         // refusal itself is tested against the real server in apiserver/server/tests).
-        let mut args = vec![
+        xtask(&[
             "deploy",
             "--kubeconfig",
             &kubeconfig,
             "--feature-gates",
             "HostDisk",
-        ];
-        let load = std::env::var("E2E_IMAGE_LOAD").ok();
-        if let Some(cmd) = &load {
-            args.extend(["--load-cmd", cmd]);
-        }
-        xtask(&args)
+        ])
     }
 
     /// Runs kubectl and returns whether it succeeded, its stdout and its stderr: for the tests

@@ -1,10 +1,12 @@
-//! virt-operator end to end: install from manifests/ plus one KubeVirt resource, upgrade to
-//! another version while a VM runs and `kubectl get vm` loops, uninstall by deleting the
-//! KubeVirt resource and the operator manifests.
+//! virt-operator end to end as a KubeVirt user meets it: manifests/virt-operator.yaml, the
+//! documented `kubectl wait`, then KubeVirt's own kubevirt-cr.yaml unchanged (at
+//! `kubevirt.io/v1`); upgrade to another version by `spec.imageTag` while a VM runs and
+//! `kubectl get vm` loops; uninstall by deleting the KubeVirt resource and the operator
+//! manifests.
 //!
-//! Replaces whatever `cargo xtask deploy` left in namespace kubevirt (objects of another field
-//! manager would survive the operator's server-side apply) and deploys with `cargo xtask
-//! deploy` again at the end, so the other e2e tests find the cluster as they expect. Run with
+//! Uninstalls what `cargo xtask deploy` installed first (the installation under test must
+//! start from nothing) and deploys with `cargo xtask deploy` again at the end, so the other
+//! e2e tests find the cluster as they expect. Run with
 //! `cargo test -p e2e --test operator -- --ignored --test-threads=1` under the cluster lock.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -19,7 +21,22 @@ mod common;
 use common::{BOOT, GONE, Ns};
 
 const INSTALL: &str = "manifests/virt-operator.yaml";
-const CR: &str = "manifests/kubevirt-cr.yaml";
+/// The kubevirt-cr.yaml KubeVirt's releases ship, byte for byte what its users apply.
+const KUBEVIRT_CR: &str = "\
+apiVersion: kubevirt.io/v1
+kind: KubeVirt
+metadata:
+  name: kubevirt
+  namespace: kubevirt
+spec:
+  certificateRotateStrategy: {}
+  configuration:
+    developerConfiguration:
+      featureGates: []
+  customizeComponents: {}
+  imagePullPolicy: IfNotPresent
+  workloadUpdateStrategy: {}
+";
 const UPGRADE_TAG: &str = "e2e-upgrade";
 const PART_OF: &str = "app.kubernetes.io/part-of=kubevirt-rs";
 fn path(rel: &str) -> String {
@@ -155,8 +172,7 @@ struct Restore<'a>(&'a Cluster);
 impl Drop for Restore<'_> {
     fn drop(&mut self) {
         clean_slate(self.0);
-        let kc = self.0.kubeconfig.to_string_lossy().into_owned();
-        if let Err(e) = e2e::xtask(&["deploy", "--kubeconfig", &kc]) {
+        if let Err(e) = self.0.deploy_kubevirt() {
             eprintln!("restoring cargo xtask deploy failed: {e:#}");
         }
     }
@@ -424,20 +440,50 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         "--timeout=60s",
     ])
     .expect("CRD established");
-    // The shipped KubeVirt resource, with leaf certificates that live 4 minutes and are
-    // renewed 3 minutes before they end: rotations every minute or so while the test runs.
-    let mut cr: serde_json::Value = serde_json::from_str(
-        &c.kubectl(&["create", "--dry-run=client", "-o", "json", "-f", &path(CR)])
-            .expect("read the KubeVirt manifest"),
-    )
-    .expect("KubeVirt manifest as JSON");
-    cr["spec"]["certificateRotateStrategy"] = serde_json::json!({
-        "selfSigned": {"server": {"duration": "4m", "renewBefore": "3m"}}
-    });
-    c.kubectl_stdin(&["apply", "-f", "-"], Some(&cr.to_string()))
-        .expect("apply KubeVirt");
+    // KubeVirt's install guide waits here too; v1 is served by virt-apiserver, which the
+    // operator brings up before any KubeVirt resource exists.
+    c.kubectl(&[
+        "wait",
+        "--for=condition=Available",
+        "apiservice/v1.kubevirt.io",
+        "--timeout=180s",
+    ])
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", operator_diagnosis(c)));
+    c.kubectl_stdin(&["apply", "-f", "-"], Some(KUBEVIRT_CR))
+        .expect("apply KubeVirt's own kubevirt-cr.yaml");
     if let Err(e) = c.eventually("KubeVirt Available", Duration::from_secs(180), || {
         Ok(kv_available(c) && kv_field(c, "{.status.phase}") == "Deployed")
+    }) {
+        panic!("{e:#}\n{}", operator_diagnosis(c));
+    }
+    let api_version = kv_field(c, "{.apiVersion}");
+    assert_eq!(api_version, "kubevirt.io/v1");
+    let explained = c
+        .kubectl(&["explain", "kubevirt.spec", "--api-version=kubevirt.io/v1"])
+        .expect("kubectl explain kubevirt.spec at v1");
+    assert!(
+        explained.contains("workloadUpdateStrategy") && explained.contains("VERSION:  v1"),
+        "{explained}"
+    );
+    // This machine has no KVM (a user's KubeVirt would need the same), and leaf certificates
+    // that live 4 minutes and are renewed 3 minutes before they end: rotations every minute
+    // or so while the test runs. Written at v1, as a user's tools would.
+    c.kubectl(&[
+        "-n",
+        "kubevirt",
+        "patch",
+        "kubevirt.v1.kubevirt.io",
+        "kubevirt",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"configuration":{"developerConfiguration":{"useEmulation":true}},
+            "certificateRotateStrategy":{"selfSigned":{"server":{"duration":"4m","renewBefore":"3m"}}}}}"#,
+    ])
+    .expect("patch the KubeVirt resource at v1");
+    if let Err(e) = c.eventually("KubeVirt Available again", Duration::from_secs(180), || {
+        Ok(kv_available(c)
+            && kv_field(c, "{.status.phase}") == "Deployed"
+            && kv_field(c, "{.status.observedGeneration}") == kv_field(c, "{.metadata.generation}"))
     }) {
         panic!("{e:#}\n{}", operator_diagnosis(c));
     }

@@ -38,21 +38,20 @@ fn nodes(c: &Cluster) -> Vec<String> {
         .collect()
 }
 
-/// `kubectl port-forward` to etcd (loopback-only inside the virt-apiserver pod).
+/// virt-operator's etcd (StatefulSet kubevirt-etcd) through `kubectl port-forward`, with
+/// virt-apiserver's client certificate (etcd's serving certificate names 127.0.0.1).
 struct EtcdForward {
     child: std::process::Child,
-    url: String,
+    rt: tokio::runtime::Runtime,
+    storage: virt_apiserver::storage::Storage,
 }
 
 impl EtcdForward {
     fn open(c: &Cluster) -> Self {
-        let pod = c
-            .component_pods("kubevirt-apiserver", true, "{.items[0].metadata.name}")
-            .expect("virt-apiserver pod");
         let port = virt_apiserver::devenv::free_port().unwrap();
         let mut child = Command::new(c.kubectl_path())
             .env("KUBECONFIG", &c.kubeconfig)
-            .args(["-n", "kubevirt", "port-forward", &format!("pod/{pod}")])
+            .args(["-n", "kubevirt", "port-forward", "pod/kubevirt-etcd-0"])
             .arg(format!("{port}:2379"))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -64,41 +63,54 @@ impl EtcdForward {
         assert!(line.contains("Forwarding from"), "port-forward: {line}");
         // kubectl writes a line per connection: a closed pipe would end it at the first.
         std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-        EtcdForward {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        }
-    }
-
-    /// etcd's JSON gateway (etcd 3.4: `/v3/…`).
-    fn post(&self, path: &str, body: Value) -> Value {
+        let secret = |key: &str| {
+            let b64 = c
+                .kubectl(&[
+                    "-n",
+                    "kubevirt",
+                    "get",
+                    "secret",
+                    "kubevirt-etcd-client",
+                    "-o",
+                    &format!("jsonpath={{.data.{}}}", key.replace('.', "\\.")),
+                ])
+                .expect("etcd client Secret");
+            use base64::Engine;
+            String::from_utf8(
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64.trim())
+                    .expect("base64"),
+            )
+            .expect("PEM")
+        };
+        let tls = virt_apiserver::storage::EtcdTls {
+            ca_pem: secret("ca.crt"),
+            cert_pem: secret("tls.crt"),
+            key_pem: secret("tls.key"),
+        };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
-        rt.block_on(async {
-            let r = reqwest::Client::new()
-                .post(format!("{}{path}", self.url))
-                .json(&body)
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("etcd {path}: {e}"));
-            assert!(r.status().is_success(), "etcd {path}: {}", r.status());
-            r.json().await.unwrap()
-        })
+        let storage = rt
+            .block_on(virt_apiserver::storage::Storage::connect_tls(
+                &[format!("https://127.0.0.1:{port}")],
+                Some(&tls),
+            ))
+            .expect("connecting to etcd");
+        EtcdForward { child, rt, storage }
     }
 
     fn revision(&self) -> i64 {
-        // A key that never exists: the header carries the store's revision.
-        let v = self.post("/v3/kv/range", json!({"key": "AGt2LXByb2Jl"}));
-        v["header"]["revision"].as_str().unwrap().parse().unwrap()
+        self.rt
+            .block_on(self.storage.current_revision())
+            .expect("etcd revision")
     }
 
     fn compact(&self, revision: i64) {
-        self.post(
-            "/v3/kv/compaction",
-            json!({"revision": revision.to_string(), "physical": true}),
-        );
+        self.rt
+            .block_on(self.storage.compact(revision))
+            .expect("etcd compaction");
     }
 }
 
@@ -243,8 +255,8 @@ fn handlers_recover_from_a_compaction_past_their_watches() {
     ns.k(&["delete", "vm", "-l", "app=filler"])
         .expect("delete fillers");
 
-    // Every watch drops (virt-apiserver killed; kubelet restarts the container, the etcd
-    // sidecar and its data stay) and etcd forgets what they knew before they return.
+    // Every watch drops (every virt-apiserver killed; kubelet restarts the containers, etcd
+    // and its data stay) and etcd forgets what they knew before they return.
     let etcd = EtcdForward::open(c);
     assert!(
         e2e::kill_in_containers("virt-apiserver") > 0,

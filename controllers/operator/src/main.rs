@@ -52,6 +52,14 @@ struct RunArgs {
     /// Size of etcd's PVC where a default StorageClass exists.
     #[arg(long, env = "VIRT_OPERATOR_ETCD_VOLUME_SIZE", default_value = "1Gi")]
     etcd_volume_size: String,
+    /// Without a default StorageClass: the directory (on the node etcd is pinned to) under
+    /// which etcd keeps each installation's data.
+    #[arg(
+        long,
+        env = "VIRT_OPERATOR_ETCD_HOST_DIR",
+        default_value = "/var/lib/kubevirt-rs"
+    )]
+    etcd_host_dir: String,
     /// Only one replica acts, chosen with a coordination.k8s.io Lease.
     #[arg(long, env = "VIRT_OPERATOR_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     leader_elect: bool,
@@ -111,6 +119,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         metrics: metrics.clone(),
         etcd_volume_size: args.etcd_volume_size.clone(),
+        etcd_host_dir: args.etcd_host_dir.clone(),
     });
     let shutdown = CancellationToken::new();
     if !args.metrics_addr.is_empty() {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use base64::Engine;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod, Secret, Service};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -29,7 +29,7 @@ use crate::kubevirt::{BLOCK_UNINSTALL, FINALIZER, KubeVirt, REMOVE_WORKLOADS};
 use crate::metrics::Metrics;
 use crate::policy::CertPolicy;
 use crate::render::components::{self, HandlerTls};
-use crate::render::etcd::{self, EtcdParams, EtcdTls};
+use crate::render::etcd::{self, EtcdParams, EtcdStorage, EtcdTls};
 use crate::render::{self, ClusterAuth, EtcdMode, NAMESPACE, Params, Placement, Tls};
 use crate::rotation::{self, CaStep, Decision, Domain};
 use crate::status::{self, Defaults, Observed, Target};
@@ -57,6 +57,8 @@ pub struct Ctx {
     pub metrics: Arc<Metrics>,
     /// PVC size of etcd where a default StorageClass exists.
     pub etcd_volume_size: String,
+    /// Where etcd's host directories go on a cluster without a default StorageClass.
+    pub etcd_host_dir: String,
 }
 
 impl std::fmt::Debug for Ctx {
@@ -574,6 +576,38 @@ fn render_all(
     Ok((rest, apiservices))
 }
 
+/// Where etcd keeps its data. A StatefulSet's volumeClaimTemplates cannot change, so an
+/// existing one decides: with a claim it stays on its claim; without one it stays in (or moves
+/// to) a host directory. A new one gets a claim when the cluster has a default StorageClass.
+async fn etcd_storage(
+    client: &Client,
+    ctx: &Ctx,
+    existing: Option<&StatefulSet>,
+    installation_uid: &str,
+) -> Result<EtcdStorage, Error> {
+    let has_claim = existing
+        .and_then(|s| s.spec.as_ref())
+        .and_then(|s| s.volume_claim_templates.as_ref())
+        .is_some_and(|v| !v.is_empty());
+    if has_claim || (existing.is_none() && has_default_storage_class(client).await?) {
+        return Ok(EtcdStorage::Claim {
+            size: ctx.etcd_volume_size.clone(),
+        });
+    }
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let current = existing.and_then(etcd::pinned_node);
+    Ok(match etcd::pick_node(current.as_deref(), &nodes) {
+        Some(node) => EtcdStorage::HostPath {
+            node,
+            path: etcd::host_dir(&ctx.etcd_host_dir, installation_uid),
+        },
+        None => EtcdStorage::Ephemeral,
+    })
+}
+
 async fn has_default_storage_class(client: &Client) -> Result<bool, Error> {
     let scs = Api::<StorageClass>::all(client.clone())
         .list(&ListParams::default())
@@ -742,38 +776,6 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         ctx.event(kv, EventType::Normal, "CertificateRotated", note)
             .await;
     }
-    let etcd_params = EtcdParams {
-        host: host.clone(),
-        volume_size: has_default_storage_class(client)
-            .await?
-            .then(|| ctx.etcd_volume_size.clone()),
-        // etcd re-reads its certificate and key on every handshake but its trusted CA file
-        // only at start: a new trust bundle (a CA rotation) restarts it, a new leaf does not.
-        annotations: BTreeMap::from([(
-            "kubevirt-rs.io/etcd-ca-sha256".to_string(),
-            sha256_hex(certs.etcd.ca.as_bytes()),
-        )]),
-    };
-    // A StatefulSet's volumeClaimTemplates cannot change: keep what the existing one has.
-    let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), NAMESPACE);
-    let etcd_params = match sts_api.get_opt(etcd::ETCD).await? {
-        Some(existing) => {
-            let has_pvc = existing
-                .spec
-                .as_ref()
-                .and_then(|s| s.volume_claim_templates.as_ref())
-                .is_some_and(|v| !v.is_empty());
-            EtcdParams {
-                volume_size: has_pvc.then(|| ctx.etcd_volume_size.clone()),
-                ..etcd_params
-            }
-        }
-        None => etcd_params,
-    };
-    let (mut docs, mut apiservices) = render_all(kv, &target, &certs, &auth, etcd_params)?;
-    if scope == Scope::ApiLayer {
-        docs.retain(is_api_layer);
-    }
     // A missing CRD (manifests/virt-operator.yaml being deleted) fails the reconcile: nothing
     // is applied that the garbage collector would delete again at once.
     let crd_uid = Api::<CustomResourceDefinition>::all(client.clone())
@@ -782,6 +784,22 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         .metadata
         .uid
         .unwrap_or_default();
+    let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), NAMESPACE);
+    let existing = sts_api.get_opt(etcd::ETCD).await?;
+    let etcd_params = EtcdParams {
+        host: host.clone(),
+        storage: etcd_storage(client, ctx, existing.as_ref(), &crd_uid).await?,
+        // etcd re-reads its certificate and key on every handshake but its trusted CA file
+        // only at start: a new trust bundle (a CA rotation) restarts it, a new leaf does not.
+        annotations: BTreeMap::from([(
+            "kubevirt-rs.io/etcd-ca-sha256".to_string(),
+            sha256_hex(certs.etcd.ca.as_bytes()),
+        )]),
+    };
+    let (mut docs, mut apiservices) = render_all(kv, &target, &certs, &auth, etcd_params)?;
+    if scope == Scope::ApiLayer {
+        docs.retain(is_api_layer);
+    }
     owned_by_crd(&mut docs, &crd_uid);
     owned_by_crd(&mut apiservices, &crd_uid);
     apply_all(client, &docs).await?;

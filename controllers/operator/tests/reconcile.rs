@@ -165,6 +165,7 @@ impl Operator {
             },
             metrics: metrics.clone(),
             etcd_volume_size: "1Gi".into(),
+            etcd_host_dir: "/var/lib/kubevirt-rs".into(),
         });
         let stop = CancellationToken::new();
         let task = tokio::spawn(reconcile::run(ctx, stop.clone()));

@@ -1,53 +1,40 @@
-//! `cargo xtask deploy`: kubevirt-rs into the cluster of the current KUBECONFIG (see
-//! docs/deploy.md).
+//! `cargo xtask deploy`: kubevirt-rs into the cluster of the current KUBECONFIG the way a user
+//! installs it — virt-operator's manifest, then a KubeVirt resource — with the images built from
+//! this tree (see docs/deploy.md).
 //!
-//! The objects are rendered by the operator's library (`controllers/operator/src/render.rs`,
-//! crate `virt-operator`), in two parts:
-//! - cluster-independent objects (namespace, RBAC, Deployment, Service), committed as
-//!   `manifests/kubevirt-rs.yaml` (`cargo xtask deploy --render`; a test keeps it current);
-//! - per-cluster objects, rendered at deploy time into `target/deploy/` (it holds a private key):
-//!   the serving certificate Secret, the ConfigMap with the cluster's client and front-proxy CAs,
-//!   and the APIServices whose caBundle is our serving CA.
-//!
-//! Here: reading what the cluster already has (certificates and their CAs, the cluster's
-//! CAs), rotating certificates as virt-operator does, applying, waiting.
+//! What it adds to the user's two `kubectl apply`: the images are built and imported into the
+//! local cluster under one tag (a hash of all of them: unchanged code deploys nothing new, any
+//! change rolls the components through the operator, as an upgrade by `imageTag` would), the
+//! operator manifest is rendered for that tag, and it waits until the KubeVirt resource reports
+//! that tag Deployed and Available. A direct install of an older `cargo xtask deploy` (no
+//! operator, etcd in an emptyDir) is removed first: its objects carry fields the operator
+//! would never take back.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use base64::Engine;
 use sha2::{Digest, Sha256};
-use virt_operator::render::{
-    self, ClusterAuth, GROUP, MANIFEST, NAME, NAMESPACE, Params, SUBRESOURCES_GROUP, Tls,
-    components, components::HandlerTls,
-};
+use virt_operator::install::{self, OperatorImage};
+use virt_operator::render::{GROUP, NAMESPACE, SUBRESOURCES_GROUP, components};
 
 use crate::images;
 
 const FIELD_MANAGER: &str = "kubevirt-rs-deploy";
-
+const PART_OF: &str = "app.kubernetes.io/part-of=kubevirt-rs";
 /// Arguments of `cargo xtask deploy`.
 #[derive(clap::Args, Debug, Default)]
 pub struct Args {
     /// Kubeconfig of the cluster [default: $KUBECONFIG, else target/cluster/kubeconfig].
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
-    /// Only (re)write manifests/kubevirt-rs.yaml and exit.
-    #[arg(long)]
-    pub render: bool,
     /// Use the images of the last `cargo xtask images` (target/images/images.json) instead of
     /// building.
     #[arg(long)]
     pub no_build: bool,
-    /// Command that loads an image archive into a cluster that is not our local one (archive
-    /// appended), e.g. `kind load image-archive --name kubevirt-rs`.
-    #[arg(long)]
-    pub load_cmd: Option<String>,
-    /// How long to wait for the APIServices to become Available.
+    /// How long to wait for the install (and for an upgrade to roll out).
     #[arg(long, default_value_t = 180)]
     pub timeout_seconds: u64,
     /// KubeVirt feature gates to enable, as in the KubeVirt resource's
@@ -63,12 +50,6 @@ pub struct Report {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.render {
-        let path = crate::workspace_root().join(MANIFEST);
-        fs::write(&path, render::committed_manifest()?)?;
-        println!("wrote {}", path.display());
-        return Ok(());
-    }
     deploy(&args).map(|_| ())
 }
 
@@ -167,7 +148,25 @@ impl Kubectl {
     }
 }
 
-/// Deploys and waits until the APIServices are Available.
+/// The one tag of a build's component images: a hash of their content-hash names.
+pub fn release_tag(built: &images::Built) -> String {
+    let mut h = Sha256::new();
+    for name in [
+        &built.apiserver,
+        &built.etcd,
+        &built.controller,
+        &built.handler,
+        &built.launcher,
+        &built.operator,
+    ] {
+        h.update(name.as_bytes());
+        h.update(b"\n");
+    }
+    format!("dev-{}", &hex::encode(h.finalize())[..12])
+}
+
+/// Installs (or upgrades) through virt-operator and waits until the KubeVirt resource reports
+/// the built images Deployed and Available.
 pub fn deploy(args: &Args) -> anyhow::Result<Report> {
     let start = Instant::now();
     let kubeconfig = kubeconfig(args.kubeconfig.clone());
@@ -179,147 +178,201 @@ pub fn deploy(args: &Args) -> anyhow::Result<Report> {
             .ok();
     k.run(&["version"], None)
         .with_context(|| format!("cluster of {} not reachable", kubeconfig.display()))?;
-
-    let load = match (&args.load_cmd, local, args.no_build) {
-        (Some(c), _, _) => images::Load::Command(c.clone()),
-        (None, true, _) => images::Load::Local,
-        (None, false, true) => images::Load::None,
-        (None, false, false) => bail!(
-            "{} is not the local cluster: give --load-cmd (e.g. \"kind load image-archive \
-             --name kubevirt-rs\") or load target/images/*.oci.tar yourself and use --no-build",
+    if !local {
+        // The operator deploys `<registry>/<component>:<tag>`: the images must be in the
+        // cluster under that name, which only the local cluster's import gives today.
+        bail!(
+            "{} is not the local cluster (target/cluster/kubeconfig): push the images of \
+             target/images/ to a registry the cluster pulls from, then apply \
+             manifests/virt-operator.yaml and a KubeVirt resource naming that registry and tag \
+             (spec.imageRegistry, spec.imageTag; docs/deploy.md)",
             kubeconfig.display()
-        ),
-    };
+        );
+    }
     let built = if args.no_build {
         let text = fs::read_to_string(images::record_path())
             .context("no images built yet: run `cargo xtask images` first")?;
         let built: images::Built = serde_json::from_str(&text)?;
-        images::load_built(&built, &load)?;
+        images::load_built(&built, &images::Load::Local)?;
         built
     } else {
-        images::ensure(load)?
+        images::ensure(images::Load::Local)?
     };
+    let tag = release_tag(&built);
+    images::tag_components(&built, &tag, &images::Load::Local)?;
     let t_images = start.elapsed();
 
     check_no_crd(&k)?;
-    let auth = cluster_auth(&k)?;
-    let (tls, handler_tls, ca_secrets) = certificates(&k)?;
+    remove_direct_install(&k)?;
 
-    let mut annotations = BTreeMap::new();
-    // virt-apiserver and virt-handler follow rotated certificate files (virt_certs::reload),
-    // so certificates restart nothing; the cluster's client and front-proxy CAs are read once
-    // at start: a change must restart the pod, which a changed pod template does.
-    annotations.insert(
-        "kubevirt-rs.io/auth-sha256".to_string(),
-        sha256_hex(serde_json::to_string(&auth)?.as_bytes()),
-    );
-    // A new virt-apiserver pod is a new, empty etcd whose resourceVersions start again at 1:
-    // watches resumed from the old store's versions would wait for revisions that never come.
-    // So whatever replaces that pod (image, the cluster's CAs) restarts the watchers too.
-    let store = (
-        "kubevirt-rs.io/apiserver-sha256".to_string(),
-        sha256_hex(
-            format!(
-                "{} {} {}",
-                built.apiserver,
-                built.etcd,
-                serde_json::to_string(&annotations)?
-            )
-            .as_bytes(),
-        ),
-    );
-    let handler_annotations = BTreeMap::from([store.clone()]);
-    let controller_annotations = BTreeMap::from([store]);
-    let params = Params {
-        apiserver_image: built.apiserver.clone(),
-        etcd_image: built.etcd.clone(),
-        controller_image: built.controller.clone(),
-        handler_image: built.handler.clone(),
-        launcher_image: built.launcher.clone(),
-        pod_annotations: annotations,
-        handler_annotations,
-        controller_annotations,
-        feature_gates: render::apiserver_feature_gates(&args.feature_gates),
-        ..Params::default()
-    };
-    let mut yaml = render::static_manifest(&params)?;
-    // The CAs (with their keys) before the leaves they signed and the bundles naming them.
-    yaml.push_str(&ca_secrets);
-    yaml.push_str(&render::cluster_manifest(&tls, &auth)?);
-    components::handler_secrets(&mut yaml, &handler_tls)?;
     let dir = crate::target_dir().join("deploy");
     fs::create_dir_all(&dir)?;
-    let file = dir.join("kubevirt-rs.yaml");
-    write_private(&file, &yaml)?;
-
+    let operator_image = install::image(install::DEFAULT_REGISTRY, "virt-operator", &tag);
+    let manifest = install::install_manifest_for(&OperatorImage {
+        image: &operator_image,
+        tag: &tag,
+        version: Some(&tag),
+    })?;
+    let operator_file = dir.join("virt-operator.yaml");
+    fs::write(&operator_file, manifest)?;
     let t_apply = Instant::now();
-    let applied = k.apply(&file, FIELD_MANAGER)?;
-    println!(
-        "applied {} ({} objects)",
-        file.display(),
-        applied.lines().count()
-    );
+    k.apply(&operator_file, FIELD_MANAGER)?;
     k.run(
         &[
-            "-n",
-            NAMESPACE,
-            "rollout",
-            "status",
-            &format!("deployment/{NAME}"),
-            &format!("--timeout={}s", args.timeout_seconds),
+            "wait",
+            "--for=condition=Established",
+            "crd/kubevirts.kubevirt.io",
+            "--timeout=60s",
         ],
         None,
-    )
-    .map_err(|e| anyhow::anyhow!("{e:#}\n{}", diagnose(&k)))?;
-    let t_rollout = t_apply.elapsed();
+    )?;
+    let cr_file = dir.join("kubevirt-cr.json");
+    fs::write(
+        &cr_file,
+        kubevirt_resource(&args.feature_gates)?.to_string(),
+    )?;
+    k.apply(&cr_file, FIELD_MANAGER)?;
+    println!(
+        "applied {} and {}",
+        operator_file.display(),
+        cr_file.display()
+    );
+    let timeout = Duration::from_secs(args.timeout_seconds);
+    wait_deployed(&k, &tag, timeout).map_err(|e| anyhow::anyhow!("{e:#}\n{}", diagnose(&k)))?;
     for api in [format!("v1.{GROUP}"), format!("v1.{SUBRESOURCES_GROUP}")] {
-        wait_available(&k, &api, Duration::from_secs(args.timeout_seconds))
+        wait_available(&k, &api, timeout)
             .map_err(|e| anyhow::anyhow!("{e:#}\n{}", diagnose(&k)))?;
     }
-    for what in [
-        format!("deployment/{}", components::CONTROLLER),
-        format!("daemonset/{}", components::HANDLER),
-    ] {
-        k.run(
-            &[
-                "-n",
-                NAMESPACE,
-                "rollout",
-                "status",
-                &what,
-                &format!("--timeout={}s", args.timeout_seconds),
-            ],
-            None,
-        )
-        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", diagnose(&k)))?;
-    }
     println!(
-        "kubevirt-rs deployed: images {:.1} s, apply → rollout done {:.1} s, → APIServices \
-         Available {:.1} s; total {:.1} s",
+        "kubevirt-rs {tag} deployed through virt-operator: images {:.1} s, apply → KubeVirt \
+         Deployed and Available {:.1} s; total {:.1} s",
         t_images.as_secs_f64(),
-        t_rollout.as_secs_f64(),
         t_apply.elapsed().as_secs_f64(),
         start.elapsed().as_secs_f64()
     );
     Ok(Report { kubectl: k.bin })
 }
 
-fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let _ = fs::remove_file(path);
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    f.write_all(text.as_bytes())?;
-    Ok(())
+/// manifests/kubevirt-cr.yaml with the given feature gates.
+fn kubevirt_resource(feature_gates: &[String]) -> anyhow::Result<serde_json::Value> {
+    let mut cr: serde_json::Value = serde_saphyr::from_str(&install::example_cr()?)
+        .context("manifests/kubevirt-cr.yaml does not parse")?;
+    cr["spec"]["configuration"]["developerConfiguration"]["featureGates"] =
+        serde_json::json!(feature_gates);
+    Ok(cr)
 }
 
-fn sha256_hex(b: &[u8]) -> String {
-    hex::encode(Sha256::digest(b))
+/// Waits until the KubeVirt resource has seen its latest spec and reports `tag` Deployed
+/// and Available, printing each change of its phase on the way.
+fn wait_deployed(k: &Kubectl, tag: &str, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let kv = k.json(&["-n", NAMESPACE, "get", "kubevirt", "kubevirt"])?;
+        let now = kv.as_ref().map(|kv| deploy_state(kv, tag));
+        match now {
+            Some(Ok(())) => return Ok(()),
+            Some(Err(why)) if why != last => {
+                println!("  KubeVirt: {why}");
+                last = why;
+            }
+            _ => {}
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    bail!("KubeVirt resource not Deployed at {tag} within {timeout:?}: {last}")
+}
+
+/// `Ok` when the KubeVirt resource reports `tag` deployed; else what it reports.
+fn deploy_state(kv: &serde_json::Value, tag: &str) -> Result<(), String> {
+    let st = &kv["status"];
+    let phase = st["phase"].as_str().unwrap_or("");
+    let observed = st["observedKubeVirtVersion"].as_str().unwrap_or("");
+    let current = st["observedGeneration"] == kv["metadata"]["generation"];
+    let cond = |t: &str| {
+        st["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == t))
+            .map(|c| {
+                (
+                    c["status"].as_str().unwrap_or("").to_string(),
+                    c["message"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .unwrap_or_default()
+    };
+    let (available, _) = cond("Available");
+    if current && phase == "Deployed" && observed == tag && available == "True" {
+        return Ok(());
+    }
+    let (progressing, message) = cond("Progressing");
+    Err(format!(
+        "phase {phase:?}, version {observed:?}, Available {available:?}, Progressing \
+         {progressing:?} {message}"
+    ))
+}
+
+/// A direct install of an older `cargo xtask deploy` (virt-apiserver without virt-operator):
+/// removed, namespace and all (its etcd was an emptyDir in virt-apiserver's pod, so nothing
+/// that would survive a restart is lost), before the operator installs.
+fn remove_direct_install(k: &Kubectl) -> anyhow::Result<()> {
+    let operator = k.json(&["-n", NAMESPACE, "get", "deployment", "virt-operator"])?;
+    let apiserver = k.json(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "deployment",
+        virt_operator::render::NAME,
+    ])?;
+    if operator.is_some() || apiserver.is_none() {
+        return Ok(());
+    }
+    println!("removing the direct install of an earlier `cargo xtask deploy` (no virt-operator)");
+    // APIServices before the namespace: one pointing at a deleted Service fails discovery,
+    // and the namespace controller does not finish a deletion while discovery fails.
+    k.run(
+        &[
+            "delete",
+            "apiservice",
+            &format!("v1.{GROUP}"),
+            &format!("v1.{SUBRESOURCES_GROUP}"),
+            "--ignore-not-found",
+        ],
+        None,
+    )?;
+    k.run(
+        &[
+            "delete",
+            "namespace",
+            NAMESPACE,
+            "--ignore-not-found",
+            "--timeout=180s",
+        ],
+        None,
+    )?;
+    k.run(
+        &[
+            "delete",
+            "clusterrolebinding,clusterrole",
+            "-l",
+            PART_OF,
+            "--ignore-not-found",
+        ],
+        None,
+    )?;
+    k.run(
+        &[
+            "-n",
+            "kube-system",
+            "delete",
+            "rolebinding,role",
+            "-l",
+            PART_OF,
+            "--ignore-not-found",
+        ],
+        None,
+    )?;
+    Ok(())
 }
 
 /// A CRD serving v1 of our group makes kube-apiserver own `v1.kubevirt.io` itself (reference
@@ -355,31 +408,45 @@ fn check_no_crd(k: &Kubectl) -> anyhow::Result<()> {
 
 fn diagnose(k: &Kubectl) -> String {
     let mut out = String::new();
+    let apiserver = format!("deployment/{}", virt_operator::render::NAME);
+    let controller = format!("deployment/{}", components::CONTROLLER);
+    let handler = format!("daemonset/{}", components::HANDLER);
     for args in [
-        vec!["-n", NAMESPACE, "get", "pods", "-o", "wide"],
+        vec![
+            "-n",
+            NAMESPACE,
+            "get",
+            "kubevirt,pods,sts,pvc",
+            "-o",
+            "wide",
+        ],
+        vec![
+            "-n",
+            NAMESPACE,
+            "get",
+            "kubevirt",
+            "kubevirt",
+            "-o",
+            "jsonpath={.status}",
+        ],
         vec![
             "-n",
             NAMESPACE,
             "logs",
-            &format!("deployment/{NAME}"),
+            "deployment/virt-operator",
+            "--tail=20",
+        ],
+        vec![
+            "-n",
+            NAMESPACE,
+            "logs",
+            &apiserver,
             "--all-containers",
             "--tail=20",
         ],
         vec!["get", "apiservice", "v1.kubevirt.io", "-o", "yaml"],
-        vec![
-            "-n",
-            NAMESPACE,
-            "logs",
-            "deployment/virt-controller",
-            "--tail=20",
-        ],
-        vec![
-            "-n",
-            NAMESPACE,
-            "logs",
-            "daemonset/virt-handler",
-            "--tail=20",
-        ],
+        vec!["-n", NAMESPACE, "logs", &controller, "--tail=20"],
+        vec!["-n", NAMESPACE, "logs", &handler, "--tail=20"],
     ]
     .iter()
     {
@@ -405,99 +472,4 @@ fn wait_available(k: &Kubectl, name: &str, timeout: Duration) -> anyhow::Result<
         std::thread::sleep(Duration::from_millis(200));
     }
     bail!("APIService {name} not Available within {timeout:?}: {last}")
-}
-
-/// The cluster's CAs, copied from kube-system/extension-apiserver-authentication (kube-apiserver
-/// keeps that ConfigMap current on every kind of cluster, kind and kubeadm included).
-fn cluster_auth(k: &Kubectl) -> anyhow::Result<ClusterAuth> {
-    let cm = k
-        .json(&[
-            "-n",
-            "kube-system",
-            "get",
-            "configmap",
-            "extension-apiserver-authentication",
-        ])?
-        .context("kube-system/extension-apiserver-authentication missing: is this a Kubernetes cluster with kube-apiserver?")?;
-    let data = &cm["data"];
-    let get = |key: &str| data[key].as_str().map(str::to_string);
-    let requestheader_ca = get("requestheader-client-ca-file").context(
-        "kube-apiserver runs without --requestheader-client-ca-file: aggregated API servers \
-         cannot authenticate its requests (enable the front proxy: --requestheader-* and \
-         --proxy-client-* flags)",
-    )?;
-    let client_ca = get("client-ca-file")
-        .context("extension-apiserver-authentication has no client-ca-file")?;
-    let names: Vec<String> = get("requestheader-allowed-names")
-        .map(|s| serde_json::from_str(&s))
-        .transpose()
-        .context("requestheader-allowed-names is not a JSON list")?
-        .unwrap_or_default();
-    Ok(ClusterAuth {
-        client_ca,
-        requestheader_ca,
-        allowed_names: names.join(","),
-    })
-}
-
-/// The certificates of the two trust domains a dev deploy has (virt-apiserver serving,
-/// virt-handler mTLS; its etcd runs in virt-apiserver's pod without TLS), decided and issued
-/// exactly as virt-operator does (`virt_operator::rotation`: one kept CA per domain, leaves
-/// renewed from it when due, a new CA published before it signs), from the Secrets and the
-/// APIService caBundle in the cluster. Returns the material to render and the CA Secrets,
-/// which the same apply writes first.
-fn certificates(k: &Kubectl) -> anyhow::Result<(Tls, HandlerTls, String)> {
-    use virt_operator::rotation::{self, Domain};
-    let secret = |name: &str| -> anyhow::Result<Option<k8s_openapi::api::core::v1::Secret>> {
-        k.json(&["-n", NAMESPACE, "get", "secret", name])?
-            .map(serde_json::from_value)
-            .transpose()
-            .with_context(|| format!("reading Secret {NAMESPACE}/{name}"))
-    };
-    let published_bundle = k
-        .json(&["get", "apiservice", &format!("v1.{GROUP}")])?
-        .and_then(|a| a["spec"]["caBundle"].as_str().map(str::to_string))
-        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
-        .and_then(|b| String::from_utf8(b).ok());
-    let policy = virt_operator::policy::CertPolicy::default();
-    let now = time::OffsetDateTime::now_utc();
-    let mut ca_secrets = String::new();
-    let mut states = BTreeMap::new();
-    for domain in [Domain::Apiserver, Domain::Handler] {
-        // No etcd domain here: the host only matters to etcd's certificates.
-        let specs = rotation::leaf_specs(domain, "");
-        let ca = secret(domain.ca_secret())?;
-        let leaves = specs
-            .iter()
-            .map(|s| secret(s.secret))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let extra = match domain {
-            Domain::Apiserver => published_bundle.iter().cloned().collect(),
-            _ => Vec::new(),
-        };
-        let r = rotation::rotate(
-            domain,
-            &specs,
-            ca.as_ref(),
-            &leaves,
-            extra,
-            &policy,
-            now,
-            false,
-        )?;
-        if r.decision.changes() {
-            println!("{} certificates: {:?}", domain.describe(), r.decision.step);
-        }
-        render::push_doc(&mut ca_secrets, &rotation::ca_secret(domain, &r.state.ca))?;
-        states.insert(domain, r.state);
-    }
-    let serving = states
-        .get(&Domain::Apiserver)
-        .and_then(rotation::serving_tls)
-        .context("no virt-apiserver serving certificate was issued")?;
-    let handler = states
-        .get(&Domain::Handler)
-        .and_then(rotation::handler_tls)
-        .context("no virt-handler certificates were issued")?;
-    Ok((serving, handler, ca_secrets))
 }

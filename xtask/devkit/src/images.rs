@@ -362,7 +362,7 @@ pub fn load_built(built: &Built, load: &Load) -> anyhow::Result<()> {
 
 /// Names every component image (operator included) `<repo>:<tag>` in the local cluster: the
 /// names virt-operator deploys (`<registry>/<component>:<imageTag>`).
-fn tag_components(built: &Built, tag: &str, load: &Load) -> anyhow::Result<()> {
+pub fn tag_components(built: &Built, tag: &str, load: &Load) -> anyhow::Result<()> {
     for name in [
         &built.apiserver,
         &built.etcd,

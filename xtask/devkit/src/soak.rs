@@ -222,38 +222,45 @@ impl Soak {
     }
 }
 
-/// `kubectl port-forward` to the etcd of virt-apiserver (it listens on the pod's loopback).
+/// `kubectl port-forward` to virt-operator's etcd (StatefulSet kubevirt-etcd), reached with
+/// virt-apiserver's client certificate (etcd's serving certificate names 127.0.0.1).
 struct EtcdForward {
     child: Child,
     url: String,
+    tls: virt_apiserver::storage::EtcdTls,
 }
 
 impl EtcdForward {
     fn open(k: &Kubectl) -> anyhow::Result<Self> {
-        let pod = k.run(
-            &[
-                "-n",
-                "kubevirt",
-                "get",
-                "pods",
-                "-l",
-                "app.kubernetes.io/name=kubevirt-apiserver",
-                "--field-selector=status.phase=Running",
-                "-o",
-                "jsonpath={.items[0].metadata.name}",
-            ],
-            None,
-        )?;
+        let secret = |key: &str| -> anyhow::Result<String> {
+            let b64 = k.run(
+                &[
+                    "-n",
+                    "kubevirt",
+                    "get",
+                    "secret",
+                    "kubevirt-etcd-client",
+                    "-o",
+                    &format!("jsonpath={{.data.{}}}", key.replace('.', "\\.")),
+                ],
+                None,
+            )?;
+            use base64::Engine;
+            let pem = base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .with_context(|| format!("Secret kubevirt-etcd-client: {key}"))?;
+            Ok(String::from_utf8(pem)?)
+        };
+        let tls = virt_apiserver::storage::EtcdTls {
+            ca_pem: secret("ca.crt")?,
+            cert_pem: secret("tls.crt")?,
+            key_pem: secret("tls.key")?,
+        };
         let port = virt_apiserver::devenv::free_port()?;
         let mut child = Command::new(&k.bin)
             .arg("--kubeconfig")
             .arg(&k.kubeconfig)
-            .args([
-                "-n",
-                "kubevirt",
-                "port-forward",
-                &format!("pod/{}", pod.trim()),
-            ])
+            .args(["-n", "kubevirt", "port-forward", "pod/kubevirt-etcd-0"])
             .arg(format!("{port}:2379"))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -272,15 +279,19 @@ impl EtcdForward {
         }
         Ok(Self {
             child,
-            url: format!("http://127.0.0.1:{port}"),
+            url: format!("https://127.0.0.1:{port}"),
+            tls,
         })
     }
 
     /// The store's revision, and a compaction at `at` when given.
     async fn tick(&self, at: Option<i64>) -> anyhow::Result<i64> {
-        let storage = virt_apiserver::storage::Storage::connect(std::slice::from_ref(&self.url))
-            .await
-            .context("connecting to etcd")?;
+        let storage = virt_apiserver::storage::Storage::connect_tls(
+            std::slice::from_ref(&self.url),
+            Some(&self.tls),
+        )
+        .await
+        .context("connecting to etcd")?;
         let now = storage.current_revision().await?;
         if let Some(at) = at {
             storage.compact(at).await?;

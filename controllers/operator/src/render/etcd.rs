@@ -1,7 +1,7 @@
 //! virt-apiserver's etcd as a StatefulSet of its own (virt-operator): client traffic over
-//! mTLS with a CA of its own, data on a PVC when the cluster has a default StorageClass (an
-//! emptyDir otherwise), so virt-apiserver pods can be replaced and rolled without losing
-//! objects.
+//! mTLS with a CA of its own, data on a PVC when the cluster has a default StorageClass, else
+//! in a host directory of one node the pod is pinned to ([`EtcdStorage`]), so virt-apiserver
+//! pods, etcd's own pod and whole upgrades come and go without losing objects.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +10,7 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentStrategy, RollingUpdateDeployment, StatefulSet, StatefulSetSpec,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, PersistentVolumeClaim,
+    Container, ContainerPort, EmptyDirVolumeSource, HostPathVolumeSource, PersistentVolumeClaim,
     PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
     Secret, Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
@@ -43,11 +43,85 @@ pub const APISERVER_REPLICAS: i32 = 2;
 pub struct EtcdParams {
     /// Host (the Service's cluster IP: our clusters may have no DNS) clients dial.
     pub host: String,
-    /// Size of the PVC; `None`: an emptyDir.
-    pub volume_size: Option<String>,
+    /// Where etcd keeps its data.
+    pub storage: EtcdStorage,
     /// Of the etcd pod template (the operator's: a hash of the trust bundle, which etcd reads
     /// only at start; its certificate and key it re-reads on every handshake).
     pub annotations: BTreeMap<String, String>,
+}
+
+/// Where etcd's data lives.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum EtcdStorage {
+    /// A PVC of this size from the cluster's default StorageClass.
+    Claim { size: String },
+    /// A directory of one node (no StorageClass: a bare kubeadm cluster, our local one): the
+    /// pod is pinned to that node by name. The directory is per installation (see
+    /// [`host_dir`]), so a reinstall starts empty as a reinstall of KubeVirt does.
+    HostPath { node: String, path: String },
+    /// An emptyDir: only while the cluster has no node to pin to (nothing runs then anyway).
+    #[default]
+    Ephemeral,
+}
+
+/// Node label the host-directory mode pins etcd's pod with.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// The host directory of one installation under `base`: named after the uid of the KubeVirt
+/// CRD, which lives exactly as long as the installation (deleting
+/// manifests/virt-operator.yaml deletes it, a reinstall creates a new one).
+pub fn host_dir(base: &str, installation_uid: &str) -> String {
+    format!("{}/etcd-{installation_uid}", base.trim_end_matches('/'))
+}
+
+/// The node to keep etcd's data on: the one it is on already if that node still exists,
+/// else a schedulable Ready node, control-plane nodes first (they are the ones an
+/// administrator keeps), then by name so that every reconcile picks the same.
+pub fn pick_node(
+    current: Option<&str>,
+    nodes: &[k8s_openapi::api::core::v1::Node],
+) -> Option<String> {
+    let name = |n: &k8s_openapi::api::core::v1::Node| n.metadata.name.clone().unwrap_or_default();
+    if let Some(cur) = current
+        && nodes.iter().any(|n| name(n) == cur)
+    {
+        return Some(cur.to_string());
+    }
+    let ready = |n: &k8s_openapi::api::core::v1::Node| {
+        let schedulable = !n
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false);
+        let ready = n
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        schedulable && ready
+    };
+    let control_plane = |n: &k8s_openapi::api::core::v1::Node| {
+        n.metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key("node-role.kubernetes.io/control-plane"))
+    };
+    let mut candidates: Vec<_> = nodes.iter().filter(|n| ready(n)).collect();
+    candidates.sort_by_key(|n| (!control_plane(n), name(n)));
+    candidates.first().map(|n| name(n))
+}
+
+/// The node an existing etcd StatefulSet is pinned to.
+pub fn pinned_node(sts: &StatefulSet) -> Option<String> {
+    sts.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .node_selector
+        .as_ref()?
+        .get(HOSTNAME_LABEL)
+        .cloned()
 }
 
 impl EtcdParams {
@@ -176,8 +250,8 @@ fn statefulset(p: &Params, e: &EtcdParams) -> StatefulSet {
         }),
         ..Volume::default()
     }];
-    let claims = match &e.volume_size {
-        Some(size) => Some(vec![PersistentVolumeClaim {
+    let claims = match &e.storage {
+        EtcdStorage::Claim { size } => Some(vec![PersistentVolumeClaim {
             metadata: ObjectMeta {
                 name: Some("data".into()),
                 labels: Some(part_of_labels(ETCD)),
@@ -196,7 +270,18 @@ fn statefulset(p: &Params, e: &EtcdParams) -> StatefulSet {
             }),
             ..PersistentVolumeClaim::default()
         }]),
-        None => {
+        EtcdStorage::HostPath { path, .. } => {
+            volumes.push(Volume {
+                name: "data".into(),
+                host_path: Some(HostPathVolumeSource {
+                    path: path.clone(),
+                    type_: Some("DirectoryOrCreate".into()),
+                }),
+                ..Volume::default()
+            });
+            None
+        }
+        EtcdStorage::Ephemeral => {
             volumes.push(Volume {
                 name: "data".into(),
                 empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -211,22 +296,18 @@ fn statefulset(p: &Params, e: &EtcdParams) -> StatefulSet {
         enable_service_links: Some(false),
         automount_service_account_token: Some(false),
         termination_grace_period_seconds: Some(30),
-        security_context: Some(PodSecurityContext {
-            run_as_non_root: Some(true),
-            run_as_user: Some(RUN_AS),
-            run_as_group: Some(RUN_AS),
-            fs_group: Some(RUN_AS),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".into(),
-                ..SeccompProfile::default()
-            }),
-            ..PodSecurityContext::default()
-        }),
+        security_context: Some(pod_security(&e.storage)),
         containers: vec![container],
         volumes: Some(volumes),
         ..PodSpec::default()
     };
     p.infra.apply(&mut spec);
+    if let EtcdStorage::HostPath { node, .. } = &e.storage {
+        // Added after the infra placement: whatever else it selects, the data is on this node.
+        spec.node_selector
+            .get_or_insert_with(BTreeMap::new)
+            .insert(HOSTNAME_LABEL.into(), node.clone());
+    }
     StatefulSet {
         metadata: meta(ETCD),
         spec: Some(StatefulSetSpec {
@@ -248,6 +329,36 @@ fn statefulset(p: &Params, e: &EtcdParams) -> StatefulSet {
             ..StatefulSetSpec::default()
         }),
         ..StatefulSet::default()
+    }
+}
+
+/// etcd's pod identity. On a PVC or an emptyDir: an unprivileged user, the volume made its
+/// own through fsGroup. A host directory is created by kubelet as root with mode 0755 and
+/// fsGroup does not apply to it, so there etcd runs as uid 0 — with every capability dropped
+/// (no CAP_DAC_OVERRIDE: it can write only what root owns, i.e. its own directory; no
+/// CAP_CHOWN, no escalation, read-only root filesystem), which is less than a chown init
+/// container running as root with CAP_CHOWN would need.
+fn pod_security(storage: &EtcdStorage) -> PodSecurityContext {
+    let seccomp = Some(SeccompProfile {
+        type_: "RuntimeDefault".into(),
+        ..SeccompProfile::default()
+    });
+    match storage {
+        EtcdStorage::HostPath { .. } => PodSecurityContext {
+            run_as_non_root: Some(false),
+            run_as_user: Some(0),
+            run_as_group: Some(0),
+            seccomp_profile: seccomp,
+            ..PodSecurityContext::default()
+        },
+        EtcdStorage::Claim { .. } | EtcdStorage::Ephemeral => PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(RUN_AS),
+            run_as_group: Some(RUN_AS),
+            fs_group: Some(RUN_AS),
+            seccomp_profile: seccomp,
+            ..PodSecurityContext::default()
+        },
     }
 }
 
@@ -399,12 +510,83 @@ mod tests {
         assert!(text.contains("--client-cert-auth=true"));
         assert!(text.contains("emptyDir"));
         let with_pvc = EtcdParams {
-            volume_size: Some("1Gi".into()),
-            ..e
+            storage: EtcdStorage::Claim { size: "1Gi".into() },
+            ..e.clone()
         };
         let mut out = String::new();
         objects(&mut out, &p, &with_pvc).unwrap();
         assert!(out.contains("volumeClaimTemplates") && !out.contains("emptyDir"));
+        assert!(out.contains("runAsNonRoot: true"));
+    }
+
+    #[test]
+    fn host_directory_mode_pins_the_pod_to_its_node() {
+        let e = EtcdParams {
+            host: "10.96.0.20".into(),
+            storage: EtcdStorage::HostPath {
+                node: "node-a".into(),
+                path: host_dir("/var/lib/kubevirt-rs/", "1234"),
+            },
+            ..EtcdParams::default()
+        };
+        let p = Params {
+            infra: super::super::Placement {
+                node_selector: Some(BTreeMap::from([("infra".into(), "yes".into())])),
+                ..Default::default()
+            },
+            ..Params::default()
+        };
+        let sts = statefulset(&p, &e);
+        assert_eq!(pinned_node(&sts).as_deref(), Some("node-a"));
+        let pod = sts.spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.node_selector.unwrap()["infra"], "yes");
+        let data = pod
+            .volumes
+            .unwrap()
+            .into_iter()
+            .find(|v| v.name == "data")
+            .unwrap();
+        assert_eq!(
+            data.host_path.unwrap().path,
+            "/var/lib/kubevirt-rs/etcd-1234"
+        );
+        let sc = pod.security_context.unwrap();
+        assert_eq!((sc.run_as_user, sc.fs_group), (Some(0), None));
+        let c = &pod.containers[0].security_context.clone().unwrap();
+        assert_eq!(c.capabilities.clone().unwrap().drop.unwrap(), vec!["ALL"]);
+        assert_eq!(c.allow_privilege_escalation, Some(false));
+    }
+
+    fn node(
+        name: &str,
+        ready: bool,
+        control_plane: bool,
+        unschedulable: bool,
+    ) -> k8s_openapi::api::core::v1::Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": if control_plane {
+                serde_json::json!({"node-role.kubernetes.io/control-plane": ""})
+            } else { serde_json::json!({}) }},
+            "spec": {"unschedulable": unschedulable},
+            "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_data_node_stays_while_it_exists() {
+        let nodes = [
+            node("a", true, false, false),
+            node("b", true, true, false),
+            node("c", false, true, false),
+            node("d", true, true, true),
+        ];
+        assert_eq!(pick_node(None, &nodes).as_deref(), Some("b"));
+        // Where the data is wins even when that node is not Ready: moving would lose it.
+        assert_eq!(pick_node(Some("c"), &nodes).as_deref(), Some("c"));
+        assert_eq!(pick_node(Some("gone"), &nodes).as_deref(), Some("b"));
+        assert_eq!(pick_node(None, &nodes[..1]).as_deref(), Some("a"));
+        assert_eq!(pick_node(None, &nodes[2..3]), None);
     }
 
     #[test]

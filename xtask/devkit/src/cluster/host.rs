@@ -33,6 +33,8 @@ const HOST_PATHS: &[&str] = &[
     "/var/log/pods",
     "/usr/libexec/kubernetes",
     "/run/containerd",
+    // virt-operator's etcd data when the cluster has no default StorageClass (hostPath).
+    "/var/lib/kubevirt-rs",
 ];
 
 fn record_path(layout: &Layout) -> PathBuf {
