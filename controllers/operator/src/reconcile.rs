@@ -845,7 +845,11 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         .list(&ListParams::default())
         .await?;
     let observed = Observed {
-        rolled_out: etcd_done && apiserver_done && controller_done && handler_done,
+        rolled_out: etcd_done
+            && apiserver_done
+            && controller_done
+            && handler_done
+            && !status::operand_pods_terminating(&pods.items),
         apiservices_available,
         apiserver_serving: serving,
         failure: status::pod_failure(&pods.items),

@@ -90,6 +90,21 @@ const STUCK: &[&str] = &[
     "RunContainerError",
 ];
 
+/// Whether a pod of an operand (not the operator's own) is still terminating: an old
+/// virt-controller acts until it is gone (it may create a launcher pod from the previous
+/// configuration), so a rollout is not done while one remains.
+pub fn operand_pods_terminating(pods: &[k8s_openapi::api::core::v1::Pod]) -> bool {
+    pods.iter().any(|p| {
+        let operand = p
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app.kubernetes.io/name"))
+            .is_some_and(|n| n != "virt-operator");
+        operand && p.metadata.deletion_timestamp.is_some()
+    })
+}
+
 /// Why the deployment is failing, from its pods: the containers stuck in a state that needs
 /// a change to heal (crash loops, image pulls), one sentence per pod, at most three, in
 /// pod-name order so the condition does not flap between reconciles.
@@ -384,6 +399,21 @@ mod tests {
 
     fn now() -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap())
+    }
+
+    #[test]
+    fn a_terminating_operand_pod_holds_the_rollout_back() {
+        let pod = |name: &str, terminating: bool| -> k8s_openapi::api::core::v1::Pod {
+            serde_json::from_value(serde_json::json!({"metadata": {
+                "name": format!("{name}-x"),
+                "labels": {"app.kubernetes.io/name": name},
+                "deletionTimestamp": if terminating { serde_json::json!("2026-12-01T00:00:00Z") } else { serde_json::Value::Null },
+            }}))
+            .unwrap()
+        };
+        assert!(!operand_pods_terminating(&[pod("virt-controller", false)]));
+        assert!(operand_pods_terminating(&[pod("virt-controller", true)]));
+        assert!(!operand_pods_terminating(&[pod("virt-operator", true)]));
     }
 
     #[test]
