@@ -15,8 +15,9 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use crate::connect::Session;
 use crate::error::{CliError, Target};
-use crate::request::{subresource_path, validate_name};
+use crate::request::validate_name;
 use crate::ws::{self, UpgradeError};
+use kubevirt_api::catalogue::{self, Subresource};
 
 /// Ctrl+] (also what Ctrl+5 sends on most terminals), virtctl's escape.
 pub const ESCAPE_BYTE: u8 = 0x1d;
@@ -36,14 +37,14 @@ pub fn split_escape(chunk: &[u8]) -> (&[u8], bool) {
     }
 }
 
-pub fn console_target(namespace: &str, name: &str, sub: &'static str) -> Target {
+pub fn console_target(namespace: &str, name: &str, sub: &'static Subresource) -> Target {
     Target {
         kind: "VMI",
         group: crate::request::SUBRESOURCES_GROUP,
-        resource: "virtualmachineinstances",
-        subresource: Some(sub),
-        verb: "get",
-        action: if sub == "vnc" {
+        resource: sub.kind.plural,
+        subresource: Some(sub.name),
+        verb: sub.rbac_verb(),
+        action: if *sub == catalogue::VNC {
             "open VNC of"
         } else {
             "connect to the console of"
@@ -59,11 +60,11 @@ pub fn console_target(namespace: &str, name: &str, sub: &'static str) -> Target 
 pub async fn connect_when_running(
     session: &Session,
     name: &str,
-    sub: &'static str,
+    sub: &'static Subresource,
     timeout: Duration,
 ) -> Result<ws::Stream, CliError> {
     validate_name("name", name)?;
-    let path = subresource_path(&session.namespace, "virtualmachineinstances", name, sub);
+    let path = sub.path(&session.namespace, name);
     let target = console_target(&session.namespace, name, sub);
     let deadline = Instant::now() + timeout;
     let mut announced = false;
@@ -187,7 +188,7 @@ pub enum Ended {
 
 /// `kubectl virt console NAME`.
 pub async fn run(session: &Session, name: &str, timeout: Duration) -> Result<Ended, CliError> {
-    let stream = connect_when_running(session, name, "console", timeout).await?;
+    let stream = connect_when_running(session, name, &catalogue::CONSOLE, timeout).await?;
     // The banner goes to stderr so that stdout carries guest output only
     // and can be piped or checksummed.
     eprintln!("Successfully connected to {name} console. The escape sequence is ^]");
@@ -483,10 +484,10 @@ mod tests {
     #[test]
     fn console_path() {
         assert_eq!(
-            subresource_path("ns", "virtualmachineinstances", "vm1", "console"),
+            catalogue::CONSOLE.path("ns", "vm1"),
             "/apis/subresources.kubevirt.io/v1/namespaces/ns/virtualmachineinstances/vm1/console"
         );
-        let t = console_target("ns", "vm1", "console");
+        let t = console_target("ns", "vm1", &catalogue::CONSOLE);
         assert_eq!((t.verb, t.subresource), ("get", Some("console")));
     }
 }

@@ -15,7 +15,7 @@ use crate::request::{
 };
 
 /// Label KubeVirt puts on migrations, and virtctl's migrate-cancel selects by.
-pub const VMI_NAME_LABEL: &str = "kubevirt.io/vmi-name";
+pub use kubevirt_api::migration::names::VMI_NAME_LABEL;
 
 /// Whether a `pause`/`unpause` names a VM or a VMI.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -4,67 +4,15 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
-
 use crate::error::{CliError, Target};
 
 pub const SUBRESOURCES_GROUP: &str = kubevirt_api::SUBRESOURCES_GROUP;
 pub const SUBRESOURCES_VERSION: &str = "v1";
 
-/// `dryRun: ["All"]`, the only value Kubernetes defines.
-const DRY_RUN_ALL: &str = "All";
-
-fn dry_run_all(on: bool) -> Option<Vec<&'static str>> {
-    on.then(|| vec![DRY_RUN_ALL])
-}
-
-// The option bodies below mirror kubevirt.io/api/core/v1 (StartOptions, …)
-// field for field; KubeVirt's server decodes them strictly enough that
-// apiVersion/kind are accepted and unknown fields would be a bug.
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct StartOptions {
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub paused: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dry_run: Option<Vec<&'static str>>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct StopOptions {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grace_period: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dry_run: Option<Vec<&'static str>>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RestartOptions {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grace_period_seconds: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dry_run: Option<Vec<&'static str>>,
-}
-
-/// Also used for unpause: KubeVirt's UnpauseOptions has the same shape.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PauseOptions {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dry_run: Option<Vec<&'static str>>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MigrateOptions {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dry_run: Option<Vec<&'static str>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub added_node_selector: Option<BTreeMap<String, String>>,
-}
+use kubevirt_api::catalogue::{self, Subresource};
+use kubevirt_api::options::{
+    MigrateOptions, PauseOptions, RestartOptions, StartOptions, StopOptions, dry_run_all,
+};
 
 /// A lifecycle action on a VM or VMI, after flag validation.
 #[derive(Clone, Debug, PartialEq)]
@@ -102,24 +50,6 @@ pub struct SubresourceRequest {
     pub target: Target,
 }
 
-/// Percent-encoding is unnecessary: Kubernetes names and namespaces are
-/// DNS labels/subdomains, which we validate before building a path.
-pub fn namespaced_path(group_version: &str, namespace: &str, resource: &str, name: &str) -> String {
-    format!("/apis/{group_version}/namespaces/{namespace}/{resource}/{name}")
-}
-
-pub fn subresource_path(namespace: &str, resource: &str, name: &str, sub: &str) -> String {
-    format!(
-        "{}/{sub}",
-        namespaced_path(
-            &format!("{SUBRESOURCES_GROUP}/{SUBRESOURCES_VERSION}"),
-            namespace,
-            resource,
-            name
-        )
-    )
-}
-
 /// Rejects names that could not be Kubernetes object names, so that a typo
 /// like `vm/x` cannot turn into a different URL.
 pub fn validate_name(what: &str, name: &str) -> Result<(), CliError> {
@@ -146,16 +76,16 @@ pub fn validate_name(what: &str, name: &str) -> Result<(), CliError> {
 }
 
 impl Action {
-    /// The subresource this action calls, and whether it acts on the VMI.
-    fn endpoint(&self) -> (&'static str, bool) {
+    /// The subresource this action calls.
+    fn endpoint(&self) -> &'static Subresource {
         match self {
-            Self::Start { .. } => ("start", false),
-            Self::Stop { .. } => ("stop", false),
-            Self::Restart { .. } => ("restart", false),
-            Self::Migrate { .. } => ("migrate", false),
-            Self::Pause { .. } => ("pause", true),
-            Self::Unpause { .. } => ("unpause", true),
-            Self::SoftReboot => ("softreboot", true),
+            Self::Start { .. } => &catalogue::START,
+            Self::Stop { .. } => &catalogue::STOP,
+            Self::Restart { .. } => &catalogue::RESTART,
+            Self::Migrate { .. } => &catalogue::MIGRATE,
+            Self::Pause { .. } => &catalogue::PAUSE,
+            Self::Unpause { .. } => &catalogue::UNPAUSE,
+            Self::SoftReboot => &catalogue::SOFTREBOOT,
         }
     }
 
@@ -222,24 +152,24 @@ impl Action {
 
     /// The request for this action on the object `name` in `namespace`.
     pub fn request(&self, namespace: &str, name: &str) -> Result<SubresourceRequest, CliError> {
-        let (sub, on_vmi) = self.endpoint();
-        let (resource, kind) = if on_vmi {
-            ("virtualmachineinstances", "VMI")
+        let sub = self.endpoint();
+        let kind = if *sub.kind == catalogue::VIRTUAL_MACHINE_INSTANCE {
+            "VMI"
         } else {
-            ("virtualmachines", "VM")
+            "VM"
         };
         let body = self
             .body()
-            .map_err(|e| CliError::Protocol(format!("encoding {sub} options: {e}")))?;
+            .map_err(|e| CliError::Protocol(format!("encoding {} options: {e}", sub.name)))?;
         Ok(SubresourceRequest {
-            path: subresource_path(namespace, resource, name, sub),
+            path: sub.path(namespace, name),
             body,
             target: Target {
                 kind,
                 group: SUBRESOURCES_GROUP,
-                resource,
-                subresource: Some(sub),
-                verb: "update",
+                resource: sub.kind.plural,
+                subresource: Some(sub.name),
+                verb: sub.rbac_verb(),
                 action: self.verb_for_messages(),
                 name: name.to_owned(),
                 namespace: namespace.to_owned(),

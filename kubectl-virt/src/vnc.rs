@@ -99,7 +99,13 @@ fn spawn_viewer(port: u16) -> Option<tokio::process::Child> {
 
 /// Copies bytes both ways between a viewer and the VMI until either closes.
 async fn bridge(session: &Session, name: &str, tcp: TcpStream) -> Result<(), CliError> {
-    let ws = connect_when_running(session, name, "vnc", CONNECT_TIMEOUT).await?;
+    let ws = connect_when_running(
+        session,
+        name,
+        &kubevirt_api::catalogue::VNC,
+        CONNECT_TIMEOUT,
+    )
+    .await?;
     let (mut sink, mut source) = ws.split();
     let (mut rd, mut wr) = tcp.into_split();
     let ws_err = |e: tokio_tungstenite::tungstenite::Error| CliError::WebSocket {

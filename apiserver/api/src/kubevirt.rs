@@ -23,7 +23,7 @@ pub const CRD_VERSION: &str = "v1alpha3";
 /// `apiVersion` of KubeVirt objects as kube-apiserver stores them.
 pub const CRD_API_VERSION: &str = "kubevirt.io/v1alpha3";
 /// Plural resource name of KubeVirt.
-pub const PLURAL: &str = "kubevirts";
+pub const PLURAL: &str = crate::catalogue::KUBEVIRT.plural;
 
 /// Specification of a kubevirt-rs installation: KubeVirt's `KubeVirtSpec`, field for field.
 #[skip_serializing_none]

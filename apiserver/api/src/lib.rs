@@ -6,10 +6,12 @@
 //! Field names and shapes follow KubeVirt's `kubevirt.io/v1` schema so that existing
 //! VM YAML applies unchanged.
 
+pub mod catalogue;
 pub mod common;
 pub mod defaults;
 pub mod kubevirt;
 pub mod migration;
+pub mod options;
 pub mod policy;
 pub mod quantity;
 pub mod validation;

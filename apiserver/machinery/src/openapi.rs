@@ -21,6 +21,7 @@ use schemars::generate::{SchemaGenerator, SchemaSettings};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha512};
 
+use kubevirt_api::catalogue::{self, Kind, Style};
 use kubevirt_api::{
     KubeVirtSpec, KubeVirtStatus, VirtualMachineInstanceMigrationSpec,
     VirtualMachineInstanceMigrationStatus, VirtualMachineInstanceSpec,
@@ -28,11 +29,11 @@ use kubevirt_api::{
 };
 
 /// Group of the kinds.
-pub const GROUP: &str = "kubevirt.io";
+pub const GROUP: &str = kubevirt_api::GROUP;
 /// Group of the action and streaming subresources.
-pub const SUBRESOURCES_GROUP: &str = "subresources.kubevirt.io";
+pub const SUBRESOURCES_GROUP: &str = kubevirt_api::SUBRESOURCES_GROUP;
 /// The only version served.
-pub const VERSION: &str = "v1";
+pub const VERSION: &str = kubevirt_api::VERSION;
 /// Key of the kinds' document in the v3 root (`/openapi/v3/<key>`).
 pub const V3_KUBEVIRT: &str = "apis/kubevirt.io/v1";
 /// Key of the subresources' document in the v3 root.
@@ -210,35 +211,36 @@ pub const KIND_NAMES: [&str; 4] = [
 ];
 
 struct KindDef {
-    kind: &'static str,
-    plural: &'static str,
-    description: &'static str,
+    /// Names and description (the catalogue's).
+    meta: &'static Kind,
     spec_required: bool,
     spec: fn() -> Value,
     status: fn() -> Value,
 }
 
+impl std::ops::Deref for KindDef {
+    type Target = Kind;
+
+    fn deref(&self) -> &Kind {
+        self.meta
+    }
+}
+
 const KINDS: [KindDef; 4] = [
     KindDef {
-        kind: "VirtualMachine",
-        plural: "virtualmachines",
-        description: "VirtualMachine is a persistent virtual machine definition: a template for VirtualMachineInstances and a run strategy deciding when an instance of it runs. Its status mirrors the state of the current instance.",
+        meta: &catalogue::VIRTUAL_MACHINE,
         spec_required: true,
         spec: inline_schema::<VirtualMachineSpec>,
         status: inline_schema::<VirtualMachineStatus>,
     },
     KindDef {
-        kind: "VirtualMachineInstance",
-        plural: "virtualmachineinstances",
-        description: "VirtualMachineInstance is one running (or about to run) virtual machine: the guest hardware, volumes and networks, and the launcher pod placement.",
+        meta: &catalogue::VIRTUAL_MACHINE_INSTANCE,
         spec_required: true,
         spec: inline_schema::<VirtualMachineInstanceSpec>,
         status: inline_schema::<VirtualMachineInstanceStatus>,
     },
     KindDef {
-        kind: "VirtualMachineInstanceMigration",
-        plural: "virtualmachineinstancemigrations",
-        description: "VirtualMachineInstanceMigration is a request to live-migrate a VirtualMachineInstance to another node; its status follows the migration.",
+        meta: &catalogue::VIRTUAL_MACHINE_INSTANCE_MIGRATION,
         spec_required: true,
         spec: inline_schema::<VirtualMachineInstanceMigrationSpec>,
         status: inline_schema::<VirtualMachineInstanceMigrationStatus>,
@@ -246,9 +248,7 @@ const KINDS: [KindDef; 4] = [
     // Served by forwarding to the v1alpha3 CRD in kube-apiserver; the schema is the same
     // type's, so `kubectl explain kubevirt.spec` reads the fields kube-apiserver accepts.
     KindDef {
-        kind: "KubeVirt",
-        plural: "kubevirts",
-        description: "KubeVirt represents the object deploying all kubevirt-rs components (stored by kube-apiserver as kubevirt.io/v1alpha3, served here at kubevirt.io/v1).",
+        meta: &catalogue::KUBEVIRT,
         spec_required: true,
         spec: inline_schema::<KubeVirtSpec>,
         status: inline_schema::<KubeVirtStatus>,
@@ -1109,78 +1109,6 @@ fn add_kind_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
 // subresources.kubevirt.io
 // ---------------------------------------------------------------------------------------
 
-struct Action {
-    plural: &'static str,
-    parent_kind: &'static str,
-    action: &'static str,
-    /// Kind of the request body; `None` when the action takes no body.
-    options: Option<&'static str>,
-    description: &'static str,
-}
-
-const ACTIONS: [Action; 7] = [
-    Action {
-        plural: "virtualmachines",
-        parent_kind: "VirtualMachine",
-        action: "start",
-        options: Some("StartOptions"),
-        description: "Start a VirtualMachine.",
-    },
-    Action {
-        plural: "virtualmachines",
-        parent_kind: "VirtualMachine",
-        action: "stop",
-        options: Some("StopOptions"),
-        description: "Stop a VirtualMachine.",
-    },
-    Action {
-        plural: "virtualmachines",
-        parent_kind: "VirtualMachine",
-        action: "restart",
-        options: Some("RestartOptions"),
-        description: "Restart a VirtualMachine.",
-    },
-    Action {
-        plural: "virtualmachines",
-        parent_kind: "VirtualMachine",
-        action: "migrate",
-        options: Some("MigrateOptions"),
-        description: "Live-migrate the VirtualMachine's instance to another node.",
-    },
-    Action {
-        plural: "virtualmachineinstances",
-        parent_kind: "VirtualMachineInstance",
-        action: "pause",
-        options: Some("PauseOptions"),
-        description: "Pause a VirtualMachineInstance.",
-    },
-    Action {
-        plural: "virtualmachineinstances",
-        parent_kind: "VirtualMachineInstance",
-        action: "unpause",
-        options: Some("UnpauseOptions"),
-        description: "Unpause a VirtualMachineInstance.",
-    },
-    Action {
-        plural: "virtualmachineinstances",
-        parent_kind: "VirtualMachineInstance",
-        action: "softreboot",
-        options: None,
-        description: "Soft-reboot a VirtualMachineInstance through the guest agent or ACPI.",
-    },
-];
-
-const STREAMS: [(&str, &str); 2] = [
-    (
-        "console",
-        "Open a websocket to the serial console of a VirtualMachineInstance.",
-    ),
-    (
-        "vnc",
-        "Open a websocket to the VNC display of a VirtualMachineInstance.",
-    ),
-];
-
 fn options_schema(kind: &str, description: &str, extra: Value) -> Value {
     let mut properties = json!({
         "apiVersion": { "description": API_VERSION_DESC, "type": "string" },
@@ -1256,62 +1184,53 @@ fn add_subresource_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
         "namespace",
         "object name and auth scope, such as for teams and projects",
     );
-    let name = path_param("name", "name of the object");
+    let name_param = path_param("name", "name of the object");
     let camel = |s: &str| {
         let mut c = s.chars();
         c.next()
             .map(|f| f.to_uppercase().chain(c).collect::<String>())
             .unwrap_or_default()
     };
-    for a in &ACTIONS {
-        let (gvk_value, body) = match a.options {
-            Some(kind) => (
-                gvk(SUBRESOURCES_GROUP, kind),
-                Some((format!("{SUBRESOURCE_PREFIX}{kind}"), vec![JSON])),
-            ),
-            None => (gvk(GROUP, a.parent_kind), None),
-        };
-        let op = Op {
-            method: "put",
-            action: "put",
-            operation_id: format!(
-                "{}{id}Namespaced{}{}",
-                a.action,
-                a.parent_kind,
-                camel(a.action)
-            ),
-            description: a.description.to_string(),
-            tag: tag.clone(),
-            gvk: gvk_value,
-            params: vec![DRY_RUN],
-            body,
-            responses: vec![("202", "Accepted", None)],
-            produces: vec![JSON],
-        };
-        paths.insert(
-            format!("{prefix}/{}/{{name}}/{}", a.plural, a.action),
-            path_item(&[name, ns], &[op], flavor),
-        );
-    }
-    for (stream, description) in STREAMS {
-        let op = Op {
-            method: "get",
-            action: "connect",
-            operation_id: format!(
-                "connect{id}NamespacedVirtualMachineInstance{}",
-                camel(stream)
-            ),
-            description: description.to_string(),
-            tag: tag.clone(),
-            gvk: gvk(GROUP, "VirtualMachineInstance"),
-            params: Vec::new(),
-            body: None,
-            responses: vec![("200", "OK", Some(String::new()))],
-            produces: vec!["*/*"],
+    for sub in catalogue::SUBRESOURCES {
+        let (parent, name) = (sub.kind.kind, sub.name);
+        let op = match sub.style {
+            Style::Action { options } => {
+                let (gvk_value, body) = match options {
+                    Some(kind) => (
+                        gvk(SUBRESOURCES_GROUP, kind),
+                        Some((format!("{SUBRESOURCE_PREFIX}{kind}"), vec![JSON])),
+                    ),
+                    None => (gvk(GROUP, parent), None),
+                };
+                Op {
+                    method: "put",
+                    action: "put",
+                    operation_id: format!("{name}{id}Namespaced{parent}{}", camel(name)),
+                    description: sub.description.to_string(),
+                    tag: tag.clone(),
+                    gvk: gvk_value,
+                    params: vec![DRY_RUN],
+                    body,
+                    responses: vec![("202", "Accepted", None)],
+                    produces: vec![JSON],
+                }
+            }
+            Style::Stream => Op {
+                method: "get",
+                action: "connect",
+                operation_id: format!("connect{id}Namespaced{parent}{}", camel(name)),
+                description: sub.description.to_string(),
+                tag: tag.clone(),
+                gvk: gvk(GROUP, parent),
+                params: Vec::new(),
+                body: None,
+                responses: vec![("200", "OK", Some(String::new()))],
+                produces: vec!["*/*"],
+            },
         };
         paths.insert(
-            format!("{prefix}/virtualmachineinstances/{{name}}/{stream}"),
-            path_item(&[name, ns], &[op], flavor),
+            format!("{prefix}/{}/{{name}}/{name}", sub.kind.plural),
+            path_item(&[name_param, ns], &[op], flavor),
         );
     }
 }

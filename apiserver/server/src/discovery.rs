@@ -8,9 +8,9 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha512};
 
 use crate::kinds::ResourceDef;
-use crate::kubevirts::PLURAL as KUBEVIRTS;
 use crate::rest::GROUP;
 use kubevirt_api::SUBRESOURCES_GROUP;
+use kubevirt_api::catalogue;
 
 const VERBS: [&str; 8] = [
     "create",
@@ -94,8 +94,8 @@ fn resource_list(kubevirts: bool) -> Value {
     let mut resources = Vec::new();
     for r in ResourceDef::all() {
         resources.push(
-            json!({"name":r.plural,"singularName":r.singular,"namespaced":true,"kind":r.kind,
-            "verbs":VERBS,"shortNames":r.short_names,"categories":["all"]}),
+            json!({"name":r.plural,"singularName":r.singular,"namespaced":r.namespaced,"kind":r.kind,
+            "verbs":VERBS,"shortNames":r.short_names,"categories":r.categories}),
         );
         resources.push(
             json!({"name":format!("{}/status",r.plural),"singularName":"","namespaced":true,
@@ -103,27 +103,24 @@ fn resource_list(kubevirts: bool) -> Value {
         );
     }
     if kubevirts {
+        let k = &catalogue::KUBEVIRT;
         resources.push(
-            json!({"name":KUBEVIRTS,"singularName":"kubevirt","namespaced":true,"kind":"KubeVirt",
-            "verbs":VERBS,"shortNames":["kv","kvs"],"categories":["all"]}),
+            json!({"name":k.plural,"singularName":k.singular,"namespaced":k.namespaced,"kind":k.kind,
+            "verbs":VERBS,"shortNames":k.short_names,"categories":k.categories}),
         );
         resources.push(
-            json!({"name":format!("{KUBEVIRTS}/status"),"singularName":"","namespaced":true,
-            "kind":"KubeVirt","verbs":["get","patch","update"]}),
+            json!({"name":format!("{}/status", k.plural),"singularName":"","namespaced":k.namespaced,
+            "kind":k.kind,"verbs":["get","patch","update"]}),
         );
     }
     json!({"kind":"APIResourceList","apiVersion":"v1","groupVersion":format!("{GROUP}/v1"),"resources":resources})
 }
 
-/// Subresource name → verbs, for subresources.kubevirt.io.
+/// Subresource name → verbs, for subresources.kubevirt.io (from the catalogue).
 fn subresource_verbs(r: &ResourceDef) -> Vec<(String, Vec<&'static str>)> {
-    let mut v: Vec<(String, Vec<&'static str>)> = r
-        .actions
-        .iter()
-        .map(|a| (a.to_string(), vec!["update"]))
-        .collect();
-    v.extend(r.streams.iter().map(|s| (s.to_string(), vec!["get"])));
-    v
+    r.subresources()
+        .map(|s| (s.name.to_string(), vec![s.rbac_verb()]))
+        .collect()
 }
 
 fn sub_resource_list() -> Value {
@@ -145,14 +142,15 @@ fn aggregated(version: &str, kubevirts: bool) -> Value {
         .map(|r| {
             let gvk = json!({"group":GROUP,"version":"v1","kind":r.kind});
             json!({"resource":r.plural,"responseKind":gvk,"scope":"Namespaced","singularResource":r.singular,
-                "verbs":VERBS,"shortNames":r.short_names,"categories":["all"],
+                "verbs":VERBS,"shortNames":r.short_names,"categories":r.categories,
                 "subresources":[{"subresource":"status","responseKind":gvk,"verbs":["get","patch","update"]}]})
         })
         .chain(kubevirts.then(|| {
             // Forwarded to the v1alpha3 CRD (crate::kubevirts), same verbs as our kinds.
-            let gvk = json!({"group":GROUP,"version":"v1","kind":"KubeVirt"});
-            json!({"resource":KUBEVIRTS,"responseKind":gvk,"scope":"Namespaced","singularResource":"kubevirt",
-                "verbs":VERBS,"shortNames":["kv","kvs"],"categories":["all"],
+            let k = &catalogue::KUBEVIRT;
+            let gvk = json!({"group":GROUP,"version":"v1","kind":k.kind});
+            json!({"resource":k.plural,"responseKind":gvk,"scope":"Namespaced","singularResource":k.singular,
+                "verbs":VERBS,"shortNames":k.short_names,"categories":k.categories,
                 "subresources":[{"subresource":"status","responseKind":gvk,"verbs":["get","patch","update"]}]})
         }))
         .collect();

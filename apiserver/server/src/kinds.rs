@@ -11,43 +11,19 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-/// Printer column of a Table.
-#[derive(Debug, Clone, Copy)]
-pub struct Column {
-    /// Header (kubectl upper-cases it).
-    pub name: &'static str,
-    /// `string`, `date`, `integer`, `boolean`.
-    pub type_: &'static str,
-    /// `name` for the first column.
-    pub format: &'static str,
-    /// Description shown by `kubectl get -o wide --show-kind`… and explain.
-    pub description: &'static str,
-    /// 0 = always shown, 1 = only with `-o wide`.
-    pub priority: i32,
-}
+pub use kubevirt_api::catalogue::Column;
+use kubevirt_api::catalogue::{self, Kind, Subresource};
 
 /// Decodes a JSON object through the typed struct: pruned JSON and unknown-field paths.
 pub type DecodeFn = fn(&Value) -> Result<(Value, Vec<String>), Vec<FieldError>>;
 
-/// Everything the server needs to know about one resource.
+/// What the server needs beyond the catalogue entry of one stored kind: typed decoding,
+/// defaulting, validation, table cells and selectable fields. Dereferences to the
+/// [`Kind`], so names, columns and flags come from the catalogue only.
 #[derive(Debug)]
 pub struct ResourceDef {
-    /// Plural resource name (URL segment).
-    pub plural: &'static str,
-    /// Singular name.
-    pub singular: &'static str,
-    /// Kind.
-    pub kind: &'static str,
-    /// Kind of the list.
-    pub list_kind: &'static str,
-    /// Short names for kubectl.
-    pub short_names: &'static [&'static str],
-    /// The resource has a `/status` subresource (status ignored on the main resource).
-    pub has_status: bool,
-    /// Action subresources under subresources.kubevirt.io.
-    pub actions: &'static [&'static str],
-    /// Streaming subresources under subresources.kubevirt.io.
-    pub streams: &'static [&'static str],
+    /// The kind's catalogue entry.
+    pub meta: &'static Kind,
     /// Decodes into the typed object and back: returns the pruned JSON and the paths of
     /// unknown fields, or field errors for values of the wrong type.
     pub decode: DecodeFn,
@@ -55,12 +31,18 @@ pub struct ResourceDef {
     pub default: fn(&mut Value),
     /// Validates spec and status (metadata is validated generically).
     pub validate: fn(&Value) -> Vec<FieldError>,
-    /// Printer columns after NAME.
-    pub columns: &'static [Column],
-    /// Cells for the columns after NAME (AGE cells hold the creation timestamp).
+    /// Cells for the catalogue's columns after NAME (AGE cells hold the creation timestamp).
     pub cells: fn(&Value) -> Vec<Value>,
     /// Field selectors beyond metadata.name/namespace.
     pub selectable: &'static [(&'static str, &'static str)],
+}
+
+impl std::ops::Deref for ResourceDef {
+    type Target = Kind;
+
+    fn deref(&self) -> &Kind {
+        self.meta
+    }
 }
 
 impl ResourceDef {
@@ -72,6 +54,16 @@ impl ResourceDef {
     /// The resource with this plural name.
     pub fn by_plural(plural: &str) -> Option<&'static ResourceDef> {
         RESOURCES.iter().find(|r| r.plural == plural)
+    }
+
+    /// The subresources of this kind (catalogue).
+    pub fn subresources(&self) -> impl Iterator<Item = &'static Subresource> {
+        catalogue::subresources_of(self.meta)
+    }
+
+    /// Its subresource `name`, if the catalogue has one.
+    pub fn subresource(&self, name: &str) -> Option<&'static Subresource> {
+        catalogue::subresource(self.meta.plural, name)
     }
 
     /// Value of a selectable field of `obj`, if `field` is selectable on this resource.
@@ -201,60 +193,12 @@ fn age(obj: &Value) -> Value {
     ptr(obj, "/metadata/creationTimestamp")
 }
 
-const AGE: Column = Column {
-    name: "Age",
-    type_: "date",
-    format: "",
-    description: "CreationTimestamp is a timestamp representing the server time when this object was created.",
-    priority: 0,
-};
-
 static RESOURCES: [ResourceDef; 3] = [
     ResourceDef {
-        plural: "virtualmachines",
-        singular: "virtualmachine",
-        kind: "VirtualMachine",
-        list_kind: "VirtualMachineList",
-        short_names: &["vm", "vms"],
-        has_status: true,
-        actions: &["start", "stop", "restart", "migrate"],
-        // No portforward: it is not served (no pod network path from here), and what is
-        // listed here is advertised in discovery and granted by the RBAC roles.
-        streams: &[],
+        meta: &catalogue::VIRTUAL_MACHINE,
         decode: decode::<VirtualMachine>,
         default: |v| with_typed::<VirtualMachine>(v, defaults::default_vm),
         validate: |v| validate_with::<VirtualMachine>(v, validation::validate_vm),
-        columns: &[
-            AGE,
-            Column {
-                name: "Status",
-                type_: "string",
-                format: "",
-                description: "Human Readable Status",
-                priority: 0,
-            },
-            Column {
-                name: "Ready",
-                type_: "string",
-                format: "",
-                description: "Whether the instance is ready",
-                priority: 0,
-            },
-            Column {
-                name: "Node",
-                type_: "string",
-                format: "",
-                description: "Node the instance runs on",
-                priority: 1,
-            },
-            Column {
-                name: "IP",
-                type_: "string",
-                format: "",
-                description: "First IP address of the instance",
-                priority: 1,
-            },
-        ],
         // NODE and IP come from the VM's annotations written by the controller, because a
         // VM carries no instance state of its own (KubeVirt cannot show them at all).
         cells: |o| {
@@ -269,62 +213,10 @@ static RESOURCES: [ResourceDef; 3] = [
         selectable: &[("status.printableStatus", "/status/printableStatus")],
     },
     ResourceDef {
-        plural: "virtualmachineinstances",
-        singular: "virtualmachineinstance",
-        kind: "VirtualMachineInstance",
-        list_kind: "VirtualMachineInstanceList",
-        short_names: &["vmi", "vmis"],
-        has_status: true,
-        actions: &["pause", "unpause", "softreboot"],
-        streams: &["console", "vnc"],
+        meta: &catalogue::VIRTUAL_MACHINE_INSTANCE,
         decode: decode::<VirtualMachineInstance>,
         default: |v| with_typed::<VirtualMachineInstance>(v, defaults::default_vmi),
         validate: |v| validate_with::<VirtualMachineInstance>(v, validation::validate_vmi),
-        columns: &[
-            AGE,
-            Column {
-                name: "Phase",
-                type_: "string",
-                format: "",
-                description: "Phase of the instance",
-                priority: 0,
-            },
-            Column {
-                name: "IP",
-                type_: "string",
-                format: "",
-                description: "First IP address",
-                priority: 0,
-            },
-            Column {
-                name: "NodeName",
-                type_: "string",
-                format: "",
-                description: "Node the instance runs on",
-                priority: 0,
-            },
-            Column {
-                name: "Ready",
-                type_: "string",
-                format: "",
-                description: "Ready condition",
-                priority: 0,
-            },
-            Column {
-                name: "Live-Migratable",
-                type_: "string",
-                format: "",
-                description: "LiveMigratable condition",
-                priority: 1,
-            },
-            Column {
-                name: "Paused",
-                type_: "string",
-                format: "",
-                description: "Paused condition",
-                priority: 1,
-            },
-        ],
         cells: |o| {
             vec![
                 age(o),
@@ -342,36 +234,12 @@ static RESOURCES: [ResourceDef; 3] = [
         ],
     },
     ResourceDef {
-        plural: "virtualmachineinstancemigrations",
-        singular: "virtualmachineinstancemigration",
-        kind: "VirtualMachineInstanceMigration",
-        list_kind: "VirtualMachineInstanceMigrationList",
-        short_names: &["vmim", "vmims"],
-        has_status: true,
-        actions: &[],
-        streams: &[],
+        meta: &catalogue::VIRTUAL_MACHINE_INSTANCE_MIGRATION,
         decode: decode::<VirtualMachineInstanceMigration>,
         default: |v| with_typed::<VirtualMachineInstanceMigration>(v, defaults::default_migration),
         validate: |v| {
             validate_with::<VirtualMachineInstanceMigration>(v, validation::validate_migration)
         },
-        columns: &[
-            Column {
-                name: "Phase",
-                type_: "string",
-                format: "",
-                description: "Phase of the migration",
-                priority: 0,
-            },
-            Column {
-                name: "VMI",
-                type_: "string",
-                format: "",
-                description: "Name of the migrated instance",
-                priority: 0,
-            },
-            AGE,
-        ],
         cells: |o| vec![ptr(o, "/status/phase"), ptr(o, "/spec/vmiName"), age(o)],
         selectable: &[
             ("spec.vmiName", "/spec/vmiName"),
@@ -380,11 +248,16 @@ static RESOURCES: [ResourceDef; 3] = [
     },
 ];
 
-/// Checks the three kinds agree with their kube `Resource` impls (guards typos above).
+/// Checks the three kinds agree with their kube `Resource` impls and are the catalogue's
+/// stored kinds in its order.
 pub fn consistency_check() -> bool {
     VirtualMachine::plural(&()) == RESOURCES[0].plural
         && VirtualMachineInstance::plural(&()) == RESOURCES[1].plural
         && VirtualMachineInstanceMigration::plural(&()) == RESOURCES[2].plural
+        && RESOURCES
+            .iter()
+            .zip(catalogue::STORED)
+            .all(|(r, k)| r.meta == k)
 }
 
 /// A placeholder for an empty status, so `status: {}` reads the same as no status.
@@ -399,6 +272,13 @@ mod tests {
     #[test]
     fn resources_match_kube_metadata() {
         assert!(consistency_check());
+    }
+
+    #[test]
+    fn every_catalogue_column_has_a_cell() {
+        for r in ResourceDef::all() {
+            assert_eq!((r.cells)(&json!({})).len(), r.columns.len(), "{}", r.plural);
+        }
     }
 
     #[test]

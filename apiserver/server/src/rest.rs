@@ -17,10 +17,7 @@ use crate::kinds::ResourceDef;
 use crate::objects::{self, meta_str, set_meta};
 use crate::storage::{Storage, StorageError, Stored};
 
-/// API group of the stored kinds.
-pub const GROUP: &str = "kubevirt.io";
-/// apiVersion of the stored kinds.
-pub const API_VERSION: &str = "kubevirt.io/v1";
+pub use kubevirt_api::{API_VERSION, GROUP};
 /// Attempts of a read-modify-write before giving up on a contended key.
 const MAX_RETRIES: usize = 64;
 /// Generated name suffix alphabet (no vowels, no confusable characters), as Kubernetes.

@@ -32,53 +32,13 @@ pub struct Subresources {
     pub handler: HandlerClient,
 }
 
-/// Body of start.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct StartOptions {
-    paused: Option<bool>,
-    dry_run: Option<Vec<String>>,
-}
-
-/// Body of stop.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct StopOptions {
-    grace_period: Option<i64>,
-    dry_run: Option<Vec<String>>,
-}
-
-/// Body of restart.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RestartOptions {
-    grace_period_seconds: Option<i64>,
-    dry_run: Option<Vec<String>>,
-}
-
-/// Body of migrate.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct MigrateOptions {
-    added_node_selector: Option<std::collections::BTreeMap<String, String>>,
-    dry_run: Option<Vec<String>>,
-}
-
-/// Body of pause/unpause/softreboot.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct DryRunOnly {
-    dry_run: Option<Vec<String>>,
-}
+use kubevirt_api::catalogue::{self, Subresource};
+use kubevirt_api::options::{
+    MigrateOptions, PauseOptions as DryRunOnly, RestartOptions, StartOptions, StopOptions,
+};
 
 fn dry(d: &Option<Vec<String>>) -> ApiResult<bool> {
-    match d.as_deref() {
-        None | Some([]) => Ok(false),
-        Some([x]) if x == "All" => Ok(true),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "invalid dryRun value {other:?}: supported value is [\"All\"]"
-        ))),
-    }
+    kubevirt_api::options::is_dry_run(d.as_deref()).map_err(ApiError::bad_request)
 }
 
 fn vm_def() -> &'static ResourceDef {
@@ -178,16 +138,22 @@ enum Route {
     VmiStream,
 }
 
-fn route(plural: &str, sub: &str) -> Option<Route> {
-    match (plural, sub) {
-        ("virtualmachines", "start") => Some(Route::Start),
-        ("virtualmachines", "stop") => Some(Route::Stop),
-        ("virtualmachines", "restart") => Some(Route::Restart),
-        ("virtualmachines", "migrate") => Some(Route::Migrate),
-        ("virtualmachineinstances", "pause" | "unpause" | "softreboot") => Some(Route::VmiAction),
-        ("virtualmachineinstances", "console" | "vnc") => Some(Route::VmiStream),
-        _ => None,
-    }
+fn route(sub: &Subresource) -> Option<Route> {
+    use catalogue as c;
+    [
+        (&c::START, Route::Start),
+        (&c::STOP, Route::Stop),
+        (&c::RESTART, Route::Restart),
+        (&c::MIGRATE, Route::Migrate),
+        (&c::PAUSE, Route::VmiAction),
+        (&c::UNPAUSE, Route::VmiAction),
+        (&c::SOFTREBOOT, Route::VmiAction),
+        (&c::CONSOLE, Route::VmiStream),
+        (&c::VNC, Route::VmiStream),
+    ]
+    .into_iter()
+    .find(|(s, _)| *s == sub)
+    .map(|(_, r)| r)
 }
 
 async fn body_bytes(body: axum::body::Body) -> ApiResult<axum::body::Bytes> {
@@ -209,21 +175,16 @@ impl Subresources {
             return Ok(axum::Json(crate::http::version_info()).into_response());
         }
         let def = ResourceDef::by_plural(&info.resource).ok_or_else(ApiError::path_not_found)?;
-        let sub = info.subresource.as_str();
-        let is_action = def.actions.contains(&sub);
-        let is_stream = def.streams.contains(&sub);
-        // Served when the resource table advertises it and a handler serves it.
-        let route = route(def.plural, sub)
-            .filter(|_| (is_action || is_stream) && !info.is_collection)
-            .filter(|_| !info.namespace.is_empty())
+        // Served when the catalogue has it and a handler serves it.
+        let entry = def
+            .subresource(&info.subresource)
+            .filter(|_| !info.is_collection && !info.namespace.is_empty())
             .ok_or_else(ApiError::path_not_found)?;
-        let method = req.method().clone();
-        if is_action && method != http::Method::PUT {
+        let route = route(entry).ok_or_else(ApiError::path_not_found)?;
+        if req.method().as_str() != entry.http_method() {
             return Err(ApiError::method_not_allowed());
         }
-        if is_stream && method != http::Method::GET {
-            return Err(ApiError::method_not_allowed());
-        }
+        let sub = entry.name;
         let _ = query;
         let (mut parts, body) = req.into_parts();
         let (ns, name) = (info.namespace.as_str(), info.name.as_str());
@@ -438,7 +399,7 @@ impl Subresources {
         let dry_run = dry(&opts.dry_run)?;
         let vm = st.registry.get(vm_def(), ns, name).await?;
         let vmi = self.current_vmi(st, ns, name).await?;
-        let paused = opts.paused.unwrap_or(false);
+        let paused = opts.paused;
         let start_req = if paused {
             json!({"action": "Start", "data": {"startPaused": "true"}})
         } else {
@@ -628,7 +589,7 @@ impl Subresources {
             spec["addedNodeSelector"] = json!(sel);
         }
         let body = json!({"apiVersion": crate::rest::API_VERSION, "kind": "VirtualMachineInstanceMigration",
-            "metadata": {"generateName": "kubevirt-migrate-vm-", "labels": {"kubevirt.io/vmi-name": name}}, "spec": spec});
+            "metadata": {"generateName": "kubevirt-migrate-vm-", "labels": {(kubevirt_api::migration::names::VMI_NAME_LABEL): name}}, "spec": spec});
         let wopts = WriteOptions {
             dry_run,
             field_manager: MANAGER.into(),
@@ -644,32 +605,24 @@ mod tests {
     #![allow(clippy::expect_used)]
     use super::*;
 
-    /// What discovery and the RBAC roles advertise (the resource table) is served: a
-    /// subresource listed there without a handler would answer 404 to every request.
+    /// Every subresource of the catalogue (what discovery, OpenAPI and the RBAC roles
+    /// advertise) has a handler of its style: one without would answer 404 to every request.
     #[test]
-    fn every_advertised_subresource_has_a_handler() {
-        for def in ResourceDef::all() {
-            for a in def.actions {
-                let r = route(def.plural, a);
-                assert!(
-                    r.is_some_and(|r| r != Route::VmiStream),
-                    "{}/{a} is advertised as an action but served as {r:?}",
-                    def.plural
-                );
-            }
-            for s in def.streams {
-                assert_eq!(
-                    route(def.plural, s),
-                    Some(Route::VmiStream),
-                    "{}/{s} is advertised as a stream but not served as one",
-                    def.plural
-                );
-            }
+    fn every_catalogued_subresource_has_a_handler() {
+        for sub in catalogue::SUBRESOURCES {
+            let r = route(sub);
+            assert!(
+                r.is_some_and(|r| (r == Route::VmiStream) == sub.is_stream()),
+                "{} is catalogued as {:?} but served as {r:?}",
+                sub.resource(),
+                sub.style
+            );
+            assert!(ResourceDef::by_plural(sub.kind.plural).is_some());
         }
     }
 
-    /// The same for the OpenAPI document of subresources.kubevirt.io, which keeps its own
-    /// list: every path it describes is in the resource table and has a handler.
+    /// The OpenAPI document of subresources.kubevirt.io describes exactly the catalogue's
+    /// subresources.
     #[test]
     fn every_subresource_in_openapi_has_a_handler() {
         let doc = virt_apimachinery::openapi::openapi_v3_group_version(
@@ -686,14 +639,15 @@ mod tests {
             let [plural, "{name}", sub] = parts[..] else {
                 panic!("unexpected subresource path {path}");
             };
-            let def = ResourceDef::by_plural(plural).expect("a resource of the table");
-            assert!(
-                def.actions.contains(&sub) || def.streams.contains(&sub),
-                "{path} is in OpenAPI but not in the resource table"
-            );
-            assert!(route(plural, sub).is_some(), "{path} has no handler");
+            let entry = catalogue::subresource(plural, sub)
+                .unwrap_or_else(|| panic!("{path} is in OpenAPI but not in the catalogue"));
+            assert!(route(entry).is_some(), "{path} has no handler");
             checked += 1;
         }
-        assert!(checked >= 9, "only {checked} subresource paths in OpenAPI");
+        assert_eq!(
+            checked,
+            catalogue::SUBRESOURCES.len(),
+            "OpenAPI describes {checked} subresource paths"
+        );
     }
 }

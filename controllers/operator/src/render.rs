@@ -31,7 +31,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{
     APIService, APIServiceSpec, ServiceReference,
 };
-use virt_apiserver::kinds::ResourceDef;
+use kubevirt_api::catalogue;
 
 pub mod components;
 pub mod etcd;
@@ -41,8 +41,7 @@ pub const NAMESPACE: &str = "kubevirt";
 pub const NAME: &str = "kubevirt-apiserver";
 pub const TLS_SECRET: &str = "kubevirt-apiserver-tls";
 pub const AUTH_CONFIGMAP: &str = "kubevirt-apiserver-auth";
-pub const GROUP: &str = "kubevirt.io";
-pub const SUBRESOURCES_GROUP: &str = "subresources.kubevirt.io";
+pub use kubevirt_api::{GROUP, SUBRESOURCES_GROUP};
 const SERVING_PORT: i32 = 8443;
 const ETCD_METRICS_PORT: i32 = 2381;
 pub const DEFAULT_APISERVER_IMAGE: &str = "localhost/kubevirt-rs/virt-apiserver:latest";
@@ -264,25 +263,26 @@ fn role_ref(kind: &str, name: &str) -> RoleRef {
 
 /// User roles. Both kube-apiserver and virt-apiserver (by SubjectAccessReview) check them, so
 /// they name our resources and the subresources of subresources.kubevirt.io exactly as
-/// virt-apiserver serves them; they come from its resource table so they cannot drift.
+/// virt-apiserver serves them; they come from the API catalogue so they cannot drift.
 fn user_roles() -> Vec<ClusterRole> {
-    let plurals: Vec<String> = ResourceDef::all()
+    let plurals: Vec<String> = catalogue::STORED
         .iter()
-        .map(|r| r.plural.to_string())
+        .map(|k| k.plural.to_string())
         .collect();
-    let status: Vec<String> = ResourceDef::all()
+    let status: Vec<String> = catalogue::STORED
         .iter()
-        .filter(|r| r.has_status)
-        .map(|r| format!("{}/status", r.plural))
+        .filter(|k| k.has_status)
+        .map(|k| format!("{}/status", k.plural))
         .collect();
-    let actions: Vec<String> = ResourceDef::all()
-        .iter()
-        .flat_map(|r| r.actions.iter().map(move |a| format!("{}/{a}", r.plural)))
-        .collect();
-    let streams: Vec<String> = ResourceDef::all()
-        .iter()
-        .flat_map(|r| r.streams.iter().map(move |s| format!("{}/{s}", r.plural)))
-        .collect();
+    // Subresources by the verb that calls them: actions `update`; consoles, VNC and
+    // port-forwarding `get` — they reach into the guest, so edit grants them, as in KubeVirt.
+    let mut by_verb: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for sub in catalogue::SUBRESOURCES {
+        by_verb
+            .entry(sub.rbac_verb())
+            .or_default()
+            .push(sub.resource());
+    }
     let read = ["get", "list", "watch"];
     let write = [
         "get",
@@ -299,12 +299,9 @@ fn user_roles() -> Vec<ClusterRole> {
         view_rules.push(rule(GROUP, status, &["get"]));
     }
     let mut edit_rules = vec![rule(GROUP, plurals, &write)];
-    if !actions.is_empty() {
-        edit_rules.push(rule(SUBRESOURCES_GROUP, actions, &["update"]));
-    }
-    if !streams.is_empty() {
-        // Consoles, VNC and port-forwarding reach into the guest: edit, as in KubeVirt.
-        edit_rules.push(rule(SUBRESOURCES_GROUP, streams, &["get"]));
+    // `update` first, as the roles have always listed them.
+    for (verb, resources) in by_verb.into_iter().rev() {
+        edit_rules.push(rule(SUBRESOURCES_GROUP, resources, &[verb]));
     }
     let role = |name: &str, aggregate_to: &str, rules: Vec<PolicyRule>| {
         let mut m = meta(name, None);
@@ -721,6 +718,36 @@ pub fn cluster_manifest(tls: &Tls, auth: &ClusterAuth) -> Result<String> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    /// Every subresource of the catalogue is granted by edit and admin with the verb that
+    /// calls it, nothing else of subresources.kubevirt.io is, and view grants none.
+    #[test]
+    fn user_roles_grant_exactly_the_catalogued_subresources() {
+        let roles = user_roles();
+        let granted = |role: &ClusterRole| -> Vec<(String, String)> {
+            let mut out = Vec::new();
+            for r in role.rules.iter().flatten() {
+                if r.api_groups.as_deref() != Some(&[SUBRESOURCES_GROUP.to_string()][..]) {
+                    continue;
+                }
+                for res in r.resources.iter().flatten() {
+                    for v in &r.verbs {
+                        out.push((res.clone(), v.clone()));
+                    }
+                }
+            }
+            out.sort();
+            out
+        };
+        let mut want: Vec<(String, String)> = catalogue::SUBRESOURCES
+            .iter()
+            .map(|s| (s.resource(), s.rbac_verb().to_string()))
+            .collect();
+        want.sort();
+        assert!(granted(&roles[0]).is_empty(), "view grants subresources");
+        assert_eq!(granted(&roles[1]), want, "edit");
+        assert_eq!(granted(&roles[2]), want, "admin");
+    }
 
     #[test]
     fn feature_gates_reach_virt_apiserver_only_when_it_enforces_them() {

@@ -37,7 +37,8 @@ use crate::migration_proxy::{SourceProxy, TARGET_FILE, client_tls, fetch_target,
 use crate::server::TlsFiles;
 
 /// Label virt-controller puts on a VMI at the hand-off: the node receiving it.
-pub const TARGET_NODE_LABEL: &str = "kubevirt.io/migrationTargetNodeName";
+pub const TARGET_NODE_LABEL: &str =
+    kubevirt_api::migration::names::MIGRATION_TARGET_NODE_NAME_LABEL;
 /// VMI annotation (kubevirt-rs extension): bandwidth limit of its migrations in MiB/s,
 /// KubeVirt's `bandwidthPerMigration` for one VM (tests slow a migration down with it).
 pub const BANDWIDTH_ANNOTATION: &str = "kubevirt-rs.io/migration-bandwidth-mib";

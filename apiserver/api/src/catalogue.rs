@@ -1,0 +1,358 @@
+//! The API catalogue: every kind and every subresource kubevirt-rs serves, declared once.
+//!
+//! Discovery, OpenAPI, the authorisation attributes, the operator's RBAC roles and the
+//! plugin's request paths are derived from these values, so adding a subresource is one
+//! entry here plus its handler. Pure data: no transport.
+
+use crate::{GROUP, SUBRESOURCES_GROUP, VERSION};
+
+/// A printer column of `kubectl get` (a Table column after NAME).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Column {
+    /// Header (kubectl upper-cases it).
+    pub name: &'static str,
+    /// `string`, `date`, `integer`, `boolean`.
+    pub type_: &'static str,
+    /// `name` for the first column.
+    pub format: &'static str,
+    /// Shown by `kubectl explain` and `-o wide --show-kind`.
+    pub description: &'static str,
+    /// 0 = always shown, 1 = only with `-o wide`.
+    pub priority: i32,
+}
+
+const fn column(name: &'static str, description: &'static str, priority: i32) -> Column {
+    Column {
+        name,
+        type_: "string",
+        format: "",
+        description,
+        priority,
+    }
+}
+
+const AGE: Column = Column {
+    name: "Age",
+    type_: "date",
+    format: "",
+    description: "CreationTimestamp is a timestamp representing the server time when this object was created.",
+    priority: 0,
+};
+
+/// A kind of `kubevirt.io/v1`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Kind {
+    pub kind: &'static str,
+    pub list_kind: &'static str,
+    /// Resource name (URL segment).
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub short_names: &'static [&'static str],
+    pub categories: &'static [&'static str],
+    pub namespaced: bool,
+    /// Has a `/status` subresource (status is ignored on the main resource).
+    pub has_status: bool,
+    /// Printer columns after NAME.
+    pub columns: &'static [Column],
+    /// One line for OpenAPI and `kubectl explain`.
+    pub description: &'static str,
+}
+
+pub const VIRTUAL_MACHINE: Kind = Kind {
+    kind: "VirtualMachine",
+    list_kind: "VirtualMachineList",
+    plural: "virtualmachines",
+    singular: "virtualmachine",
+    short_names: &["vm", "vms"],
+    categories: &["all"],
+    namespaced: true,
+    has_status: true,
+    columns: &[
+        AGE,
+        column("Status", "Human Readable Status", 0),
+        column("Ready", "Whether the instance is ready", 0),
+        column("Node", "Node the instance runs on", 1),
+        column("IP", "First IP address of the instance", 1),
+    ],
+    description: "VirtualMachine is a persistent virtual machine definition: a template for VirtualMachineInstances and a run strategy deciding when an instance of it runs. Its status mirrors the state of the current instance.",
+};
+
+pub const VIRTUAL_MACHINE_INSTANCE: Kind = Kind {
+    kind: "VirtualMachineInstance",
+    list_kind: "VirtualMachineInstanceList",
+    plural: "virtualmachineinstances",
+    singular: "virtualmachineinstance",
+    short_names: &["vmi", "vmis"],
+    categories: &["all"],
+    namespaced: true,
+    has_status: true,
+    columns: &[
+        AGE,
+        column("Phase", "Phase of the instance", 0),
+        column("IP", "First IP address", 0),
+        column("NodeName", "Node the instance runs on", 0),
+        column("Ready", "Ready condition", 0),
+        column("Live-Migratable", "LiveMigratable condition", 1),
+        column("Paused", "Paused condition", 1),
+    ],
+    description: "VirtualMachineInstance is one running (or about to run) virtual machine: the guest hardware, volumes and networks, and the launcher pod placement.",
+};
+
+pub const VIRTUAL_MACHINE_INSTANCE_MIGRATION: Kind = Kind {
+    kind: "VirtualMachineInstanceMigration",
+    list_kind: "VirtualMachineInstanceMigrationList",
+    plural: "virtualmachineinstancemigrations",
+    singular: "virtualmachineinstancemigration",
+    short_names: &["vmim", "vmims"],
+    categories: &["all"],
+    namespaced: true,
+    has_status: true,
+    columns: &[
+        column("Phase", "Phase of the migration", 0),
+        column("VMI", "Name of the migrated instance", 0),
+        AGE,
+    ],
+    description: "VirtualMachineInstanceMigration is a request to live-migrate a VirtualMachineInstance to another node; its status follows the migration.",
+};
+
+/// Served by virt-apiserver at `kubevirt.io/v1` over virt-operator's `v1alpha3` CRD (not
+/// stored in our etcd).
+pub const KUBEVIRT: Kind = Kind {
+    kind: "KubeVirt",
+    list_kind: "KubeVirtList",
+    plural: "kubevirts",
+    singular: "kubevirt",
+    short_names: &["kv", "kvs"],
+    categories: &["all"],
+    namespaced: true,
+    has_status: true,
+    columns: &[],
+    description: "KubeVirt represents the object deploying all kubevirt-rs components (stored by kube-apiserver as kubevirt.io/v1alpha3, served here at kubevirt.io/v1).",
+};
+
+/// The kinds stored in virt-apiserver's etcd, in a fixed order.
+pub const STORED: [&Kind; 3] = [
+    &VIRTUAL_MACHINE,
+    &VIRTUAL_MACHINE_INSTANCE,
+    &VIRTUAL_MACHINE_INSTANCE_MIGRATION,
+];
+
+/// Every kind of `kubevirt.io/v1`.
+pub const ALL_KINDS: [&Kind; 4] = [
+    &VIRTUAL_MACHINE,
+    &VIRTUAL_MACHINE_INSTANCE,
+    &VIRTUAL_MACHINE_INSTANCE_MIGRATION,
+    &KUBEVIRT,
+];
+
+/// The kind of this plural name.
+pub fn kind_by_plural(plural: &str) -> Option<&'static Kind> {
+    ALL_KINDS.into_iter().find(|k| k.plural == plural)
+}
+
+/// How a subresource is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    /// `PUT` with an options body (the kind named in OpenAPI, `None` when it takes none);
+    /// RBAC verb `update`.
+    Action { options: Option<&'static str> },
+    /// `GET` upgraded to a websocket; RBAC verb `get` (it reaches into the guest).
+    Stream,
+}
+
+/// A subresource of `subresources.kubevirt.io/v1`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Subresource {
+    pub kind: &'static Kind,
+    pub name: &'static str,
+    pub style: Style,
+    pub description: &'static str,
+}
+
+impl Subresource {
+    /// HTTP method of a call.
+    pub fn http_method(&self) -> &'static str {
+        match self.style {
+            Style::Action { .. } => "PUT",
+            Style::Stream => "GET",
+        }
+    }
+
+    /// The verb RBAC and SubjectAccessReview see.
+    pub fn rbac_verb(&self) -> &'static str {
+        match self.style {
+            Style::Action { .. } => "update",
+            Style::Stream => "get",
+        }
+    }
+
+    /// `virtualmachines/start`, as RBAC rules and discovery name it.
+    pub fn resource(&self) -> String {
+        format!("{}/{}", self.kind.plural, self.name)
+    }
+
+    /// The request path of a call on object `name` in `namespace`. Names and namespaces are
+    /// DNS labels or subdomains (validated by the callers), so nothing needs escaping.
+    pub fn path(&self, namespace: &str, name: &str) -> String {
+        format!(
+            "/apis/{SUBRESOURCES_GROUP}/{VERSION}/namespaces/{namespace}/{}/{name}/{}",
+            self.kind.plural, self.name
+        )
+    }
+
+    pub fn is_stream(&self) -> bool {
+        self.style == Style::Stream
+    }
+}
+
+const fn action(
+    kind: &'static Kind,
+    name: &'static str,
+    options: Option<&'static str>,
+    description: &'static str,
+) -> Subresource {
+    Subresource {
+        kind,
+        name,
+        style: Style::Action { options },
+        description,
+    }
+}
+
+pub const START: Subresource = action(
+    &VIRTUAL_MACHINE,
+    "start",
+    Some("StartOptions"),
+    "Start a VirtualMachine.",
+);
+pub const STOP: Subresource = action(
+    &VIRTUAL_MACHINE,
+    "stop",
+    Some("StopOptions"),
+    "Stop a VirtualMachine.",
+);
+pub const RESTART: Subresource = action(
+    &VIRTUAL_MACHINE,
+    "restart",
+    Some("RestartOptions"),
+    "Restart a VirtualMachine.",
+);
+pub const MIGRATE: Subresource = action(
+    &VIRTUAL_MACHINE,
+    "migrate",
+    Some("MigrateOptions"),
+    "Live-migrate the VirtualMachine's instance to another node.",
+);
+pub const PAUSE: Subresource = action(
+    &VIRTUAL_MACHINE_INSTANCE,
+    "pause",
+    Some("PauseOptions"),
+    "Pause a VirtualMachineInstance.",
+);
+pub const UNPAUSE: Subresource = action(
+    &VIRTUAL_MACHINE_INSTANCE,
+    "unpause",
+    Some("UnpauseOptions"),
+    "Unpause a VirtualMachineInstance.",
+);
+pub const SOFTREBOOT: Subresource = action(
+    &VIRTUAL_MACHINE_INSTANCE,
+    "softreboot",
+    None,
+    "Soft-reboot a VirtualMachineInstance through the guest agent or ACPI.",
+);
+pub const CONSOLE: Subresource = Subresource {
+    kind: &VIRTUAL_MACHINE_INSTANCE,
+    name: "console",
+    style: Style::Stream,
+    description: "Open a websocket to the serial console of a VirtualMachineInstance.",
+};
+pub const VNC: Subresource = Subresource {
+    kind: &VIRTUAL_MACHINE_INSTANCE,
+    name: "vnc",
+    style: Style::Stream,
+    description: "Open a websocket to the VNC display of a VirtualMachineInstance.",
+};
+
+/// Every subresource served under `subresources.kubevirt.io/v1`. What is listed here is
+/// advertised in discovery and OpenAPI and granted by the user roles; virt-apiserver's tests
+/// fail when one has no handler.
+pub const SUBRESOURCES: [&Subresource; 9] = [
+    &START,
+    &STOP,
+    &RESTART,
+    &MIGRATE,
+    &PAUSE,
+    &UNPAUSE,
+    &SOFTREBOOT,
+    &CONSOLE,
+    &VNC,
+];
+
+/// The subresources of one kind.
+pub fn subresources_of(kind: &Kind) -> impl Iterator<Item = &'static Subresource> + '_ {
+    SUBRESOURCES.into_iter().filter(move |s| s.kind == kind)
+}
+
+/// The subresource `name` of the kind with this plural name.
+pub fn subresource(plural: &str, name: &str) -> Option<&'static Subresource> {
+    SUBRESOURCES
+        .into_iter()
+        .find(|s| s.kind.plural == plural && s.name == name)
+}
+
+/// `kubevirt.io/v1`.
+pub fn group_version() -> String {
+    format!("{GROUP}/{VERSION}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::Resource;
+
+    #[test]
+    fn kinds_agree_with_the_types() {
+        use crate::{
+            KubeVirt, VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration,
+        };
+        let types = [
+            (VirtualMachine::kind(&()), VirtualMachine::plural(&())),
+            (
+                VirtualMachineInstance::kind(&()),
+                VirtualMachineInstance::plural(&()),
+            ),
+            (
+                VirtualMachineInstanceMigration::kind(&()),
+                VirtualMachineInstanceMigration::plural(&()),
+            ),
+            (KubeVirt::kind(&()), KubeVirt::plural(&())),
+        ];
+        for (k, (kind, plural)) in ALL_KINDS.iter().zip(types) {
+            assert_eq!((k.kind, k.plural), (&*kind, &*plural));
+            assert_eq!(k.list_kind, format!("{kind}List"));
+            assert_eq!(k.singular, k.kind.to_lowercase());
+        }
+    }
+
+    #[test]
+    fn subresource_names_are_unique_per_kind_and_paths_are_kubevirts() {
+        for (i, a) in SUBRESOURCES.iter().enumerate() {
+            for b in &SUBRESOURCES[i + 1..] {
+                assert!(
+                    a.kind != b.kind || a.name != b.name,
+                    "{} twice",
+                    a.resource()
+                );
+            }
+        }
+        assert_eq!(
+            START.path("ns1", "vm1"),
+            "/apis/subresources.kubevirt.io/v1/namespaces/ns1/virtualmachines/vm1/start"
+        );
+        assert_eq!((CONSOLE.http_method(), CONSOLE.rbac_verb()), ("GET", "get"));
+        assert_eq!((PAUSE.http_method(), PAUSE.rbac_verb()), ("PUT", "update"));
+        assert_eq!(subresource("virtualmachineinstances", "vnc"), Some(&VNC));
+        assert_eq!(subresources_of(&VIRTUAL_MACHINE).count(), 4);
+    }
+}
