@@ -21,9 +21,9 @@ use kube::{Api, Client};
 use kubevirt_api::{PrintableStatus, VirtualMachine, VirtualMachineInstance};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use virt_apiserver::devenv::{DevEnv, Options};
 use virt_controllers::vm::decide::BackoffConfig;
 use virt_controllers::{Config, Context};
+use virt_devenv::{DevEnv, Options};
 
 const NS: &str = "default";
 
@@ -66,7 +66,7 @@ impl Harness {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let env = tokio::task::spawn_blocking(|| {
             DevEnv::start(Options {
-                apiserver_bin: virt_apiserver::devenv::apiserver_bin_beside_test()
+                apiserver_bin: virt_devenv::apiserver_bin_beside_test()
                     .expect("virt-apiserver binary"),
                 ..Options::default()
             })

@@ -7,7 +7,7 @@
 use std::process::Command;
 
 use e2e::{Cluster, workspace_root};
-use virt_apiserver::devenv::{DevEnv, Options};
+use virt_devenv::{DevEnv, Options};
 
 fn apiserver_binary() -> std::path::PathBuf {
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))

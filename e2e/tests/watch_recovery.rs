@@ -48,7 +48,7 @@ struct EtcdForward {
 
 impl EtcdForward {
     fn open(c: &Cluster) -> Self {
-        let port = virt_apiserver::devenv::free_port().unwrap();
+        let port = virt_devenv::free_port().unwrap();
         let mut child = Command::new(c.kubectl_path())
             .env("KUBECONFIG", &c.kubeconfig)
             .args(["-n", "kubevirt", "port-forward", "pod/kubevirt-etcd-0"])

@@ -17,7 +17,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use virt_apiserver::devenv::{DevEnv, HandlerCerts, Options};
+use virt_devenv::{DevEnv, HandlerCerts, Options};
 
 /// virt-apiserver is a workspace binary: `cargo test --workspace` builds it next to us.
 fn apiserver_bin() -> PathBuf {

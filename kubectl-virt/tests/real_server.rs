@@ -10,7 +10,7 @@ use common::kubectl;
 use std::path::PathBuf;
 use std::process::Command;
 
-use virt_apiserver::devenv::{DevEnv, Options};
+use virt_devenv::{DevEnv, Options};
 
 /// virt-apiserver is a workspace binary: `cargo test --workspace` builds it next to us.
 fn apiserver_bin() -> PathBuf {

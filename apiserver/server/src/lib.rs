@@ -11,7 +11,6 @@ pub mod auth;
 pub mod authconfig;
 pub mod config;
 pub mod convert;
-pub mod devenv;
 pub mod discovery;
 pub mod error;
 pub mod handler;

@@ -19,7 +19,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, Message};
-use virt_apiserver::devenv::{DevEnv, HandlerCerts, Options, free_port};
+use virt_devenv::{DevEnv, HandlerCerts, Options, free_port};
 
 const SUB: &str = "/apis/subresources.kubevirt.io/v1/namespaces/default";
 

@@ -20,7 +20,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
-use virt_apiserver::devenv::{DevEnv, Options};
+use virt_devenv::{DevEnv, Options};
 
 /// KubeVirt's released kubevirt-cr.yaml, unchanged.
 const KUBEVIRT_CR: &str = "apiVersion: kubevirt.io/v1

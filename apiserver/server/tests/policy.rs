@@ -9,7 +9,7 @@ mod common;
 
 use common::{VMS, admin, client, vm};
 use serde_json::{Value, json};
-use virt_apiserver::devenv::{ClientFiles, DevEnv, Options};
+use virt_devenv::{ClientFiles, DevEnv, Options};
 
 const VMIS: &str = "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances";
 const VMIMS: &str = "/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstancemigrations";

@@ -23,7 +23,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, Message};
-use virt_apiserver::devenv::{DevEnv, HandlerCerts, Options, free_port};
+use virt_devenv::{DevEnv, HandlerCerts, Options, free_port};
 use virt_domain::protocol::{DomainState, LauncherStatus, Request, Response};
 
 const NODE: &str = "node-a";

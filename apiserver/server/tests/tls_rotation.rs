@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use virt_apiserver::devenv::DevEnv;
+use virt_devenv::DevEnv;
 
 /// The certificate virt-apiserver presents to a new TLS connection.
 async fn presented(env: &DevEnv) -> CertificateDer<'static> {

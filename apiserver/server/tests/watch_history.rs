@@ -38,7 +38,7 @@ fn rv_of(v: &Value) -> i64 {
         .unwrap()
 }
 
-async fn storage(env: &virt_apiserver::devenv::DevEnv) -> virt_apiserver::storage::Storage {
+async fn storage(env: &virt_devenv::DevEnv) -> virt_apiserver::storage::Storage {
     virt_apiserver::storage::Storage::connect(std::slice::from_ref(&env.etcd_url))
         .await
         .unwrap()

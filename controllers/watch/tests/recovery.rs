@@ -13,15 +13,14 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use kubevirt_api::VirtualMachineInstance;
 use serde_json::json;
-use virt_apiserver::devenv::{DevEnv, Options};
+use virt_devenv::{DevEnv, Options};
 use virt_watch::{WatchLabels, WatchMetrics};
 
 async fn start() -> (DevEnv, Client) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let env = tokio::task::spawn_blocking(|| {
         DevEnv::start(Options {
-            apiserver_bin: virt_apiserver::devenv::apiserver_bin_beside_test()
-                .expect("virt-apiserver binary"),
+            apiserver_bin: virt_devenv::apiserver_bin_beside_test().expect("virt-apiserver binary"),
             ..Options::default()
         })
         .expect("start etcd and virt-apiserver (is Debian's etcd-server installed?)")

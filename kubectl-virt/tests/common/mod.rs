@@ -7,13 +7,13 @@
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use virt_apiserver::devenv::DevEnv;
+use virt_devenv::DevEnv;
 
 /// kubectl for these tests: `$KUBECTL` (`cargo xtask test` exports the cluster's), else the
 /// one `cargo xtask cluster up` builds under `target/k8s/<version>/bin/`. Never a guess on
 /// PATH: a fresh machine has none, and another version would test something else.
 pub fn kubectl_binary() -> PathBuf {
-    virt_apiserver::devenv::kubectl_for_tests().unwrap_or_else(|e| panic!("{e}"))
+    virt_devenv::kubectl_for_tests().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Runs kubectl against `env` and returns its stdout; fails the test when kubectl fails.

@@ -15,7 +15,7 @@ use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase}
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
-use virt_apiserver::devenv::{DevEnv, Options, free_port};
+use virt_devenv::{DevEnv, Options, free_port};
 use virt_domain::protocol::{DomainEvent, DomainState, LauncherStatus, Request, Response};
 
 struct Kill(Child);
@@ -187,8 +187,7 @@ async fn binary_follows_a_launcher_socket_and_serves_metrics() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let api_env = tokio::task::spawn_blocking(|| {
         DevEnv::start(Options {
-            apiserver_bin: virt_apiserver::devenv::apiserver_bin_beside_test()
-                .expect("virt-apiserver binary"),
+            apiserver_bin: virt_devenv::apiserver_bin_beside_test().expect("virt-apiserver binary"),
             ..Options::default()
         })
         .expect("start etcd and virt-apiserver")

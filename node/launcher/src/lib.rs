@@ -5,7 +5,8 @@
 pub mod actor;
 pub mod cmd_server;
 pub mod daemon;
-pub mod fake;
+#[cfg(test)]
+mod fake;
 pub mod launcher;
 pub mod probe;
 pub mod relay;

@@ -20,7 +20,7 @@ use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase}
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use virt_apiserver::devenv::{DevEnv, Options};
+use virt_devenv::{DevEnv, Options};
 
 const NS: &str = "default";
 const NODE: &str = "node-a";
@@ -115,7 +115,7 @@ impl Env {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let api = tokio::task::spawn_blocking(|| {
             DevEnv::start(Options {
-                apiserver_bin: virt_apiserver::devenv::apiserver_bin_beside_test()
+                apiserver_bin: virt_devenv::apiserver_bin_beside_test()
                     .expect("virt-apiserver binary"),
                 ..Options::default()
             })
@@ -131,7 +131,7 @@ impl Env {
         let certs = Certs::generate(tmp.path());
         // Short: unix socket paths must stay below 108 bytes.
         let root = tempfile::Builder::new().prefix("vh").tempdir().unwrap();
-        let port = virt_apiserver::devenv::free_port().unwrap();
+        let port = virt_devenv::free_port().unwrap();
         Self {
             handler: None,
             launcher: None,
@@ -142,10 +142,7 @@ impl Env {
             root,
             tmp,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            metrics_addr: SocketAddr::from((
-                [127, 0, 0, 1],
-                virt_apiserver::devenv::free_port().unwrap(),
-            )),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], virt_devenv::free_port().unwrap())),
             ping_secs,
         }
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use virt_apiserver::devenv::{DevEnv, Options};
+use virt_devenv::{DevEnv, Options};
 
 /// Arguments.
 #[derive(clap::Args, Debug)]

@@ -256,7 +256,7 @@ impl EtcdForward {
             cert_pem: secret("tls.crt")?,
             key_pem: secret("tls.key")?,
         };
-        let port = virt_apiserver::devenv::free_port()?;
+        let port = virt_devenv::free_port()?;
         let mut child = Command::new(&k.bin)
             .arg("--kubeconfig")
             .arg(&k.kubeconfig)

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use virt_apiserver::devenv::{ClientFiles, DevEnv, Options};
+use virt_devenv::{ClientFiles, DevEnv, Options};
 
 pub fn start(allow_client_ca_users: bool) -> DevEnv {
     DevEnv::start(Options {
@@ -51,7 +51,7 @@ pub fn vm(name: &str) -> Value {
 /// one `cargo xtask cluster up` builds under `target/k8s/<version>/bin/`. Never a guess on
 /// PATH: a fresh machine has none, and another version would test something else.
 pub fn kubectl_binary() -> PathBuf {
-    virt_apiserver::devenv::kubectl_for_tests().unwrap_or_else(|e| panic!("{e}"))
+    virt_devenv::kubectl_for_tests().unwrap_or_else(|e| panic!("{e}"))
 }
 
 pub struct Kubectl<'a> {

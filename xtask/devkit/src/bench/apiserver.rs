@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::{Value, json};
-use virt_apiserver::devenv::{DevEnv, Options};
+use virt_devenv::{DevEnv, Options};
 
 use super::report::{self, Machine, bytes, p50_p99_max, p50_p99_max_ns};
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use base64::Engine;
 use serde_json::{Value, json};
-use virt_apiserver::devenv::{DevEnv, Options};
+use virt_devenv::{DevEnv, Options};
 
 use super::apiserver::{
     self, ApiserverArgs, Pids, Results, Target, bench, bench_devenv, client, parse_stat,
