@@ -15,6 +15,7 @@ pub mod context;
 pub mod leader;
 pub mod metrics;
 pub mod migration;
+pub mod signal;
 pub mod vm;
 pub mod vmi;
 pub mod watch;

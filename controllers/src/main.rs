@@ -201,12 +201,7 @@ async fn main() -> anyhow::Result<()> {
             }
         });
     }
-    let on_signal = shutdown.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        tracing::info!("shutting down");
-        on_signal.cancel();
-    });
+    virt_controllers::signal::cancel_on_termination(shutdown.clone());
 
     if args.leader_elect {
         let elector = Elector::new(

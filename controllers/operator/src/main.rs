@@ -145,23 +145,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         });
     }
-    let on_signal = shutdown.clone();
-    tokio::spawn(async move {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!(error = %e, "no SIGTERM handler");
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        tracing::info!("shutting down");
-        on_signal.cancel();
-    });
+    virt_controllers::signal::cancel_on_termination(shutdown.clone());
     if args.leader_elect {
         Elector::new(
             client,
