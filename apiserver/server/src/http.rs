@@ -83,7 +83,33 @@ impl std::fmt::Debug for AppState {
 
 /// The router: everything goes through [`handle`].
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new().fallback(handle).with_state(state)
+    guarded(Router::new().fallback(handle).with_state(state))
+}
+
+tokio::task_local! {
+    /// Set while a request's handler runs: the process's panic hook (main.rs) lets such a
+    /// panic unwind to the catch-panic layer; any other panic ends the process.
+    static IN_REQUEST: ();
+}
+
+/// Whether the current code runs inside a request's handler.
+pub fn in_request() -> bool {
+    IN_REQUEST.try_with(|()| ()).is_ok()
+}
+
+/// A panic while handling one request is that request's 500 (a `metav1.Status`); the server
+/// and every other request, watch and console go on.
+pub fn guarded(router: Router) -> Router {
+    router
+        .layer(axum::middleware::from_fn(
+            |req: Request, next: axum::middleware::Next| IN_REQUEST.scope((), next.run(req)),
+        ))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| {
+                ApiError::internal("the server hit a bug handling this request (see its log)")
+                    .into_response()
+            },
+        ))
 }
 
 fn respond(code: StatusCode, content_type: &'static str, body: impl Into<Body>) -> Response {
@@ -972,4 +998,42 @@ async fn delete_options(st: &AppState, query: &Query, req: Request) -> ApiResult
         dry_run: query.get("dryRun").map(|d| vec![d.to_string()]),
         preconditions: None,
     })
+}
+
+#[cfg(test)]
+mod panic_tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+    use tower::ServiceExt;
+
+    /// A handler that panics answers 500 with a Status, and the same router then serves the
+    /// next request; the handler ran with [`in_request`] set, outside it is not.
+    #[tokio::test]
+    async fn a_panicking_request_is_a_500_and_the_server_goes_on() {
+        let app = guarded(Router::new().fallback(|req: Request| async move {
+            assert!(in_request());
+            if req.uri().path() == "/boom" {
+                panic!("bug");
+            }
+            StatusCode::OK
+        }));
+        let r = app
+            .clone()
+            .oneshot(Request::get("/boom").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+        let status: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            (status["kind"].as_str(), status["code"].as_i64()),
+            (Some("Status"), Some(500))
+        );
+        let ok = app
+            .oneshot(Request::get("/fine").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), StatusCode::OK);
+        assert!(!in_request());
+    }
 }

@@ -30,6 +30,15 @@ fn read(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Release builds unwind (Cargo.toml [profile.release]): a panic inside a request's
+    // handler becomes that request's 500 (http::guarded); any other panic ends the process.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |p| {
+        hook(p);
+        if !virt_apiserver::http::in_request() {
+            std::process::abort()
+        }
+    }));
     let args = Args::parse();
     init_tracing(&args.log_format);
     let _ = rustls::crypto::ring::default_provider().install_default();

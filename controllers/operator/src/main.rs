@@ -80,6 +80,13 @@ struct RunArgs {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Release builds unwind (Cargo.toml [profile.release]); a panic must still end the
+    // process, so that kubelet restarts it rather than one task dying silently.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |p| {
+        hook(p);
+        std::process::abort()
+    }));
     match Cli::parse().command {
         Command::GenManifests { root } => {
             for p in install::write_manifests(&root).context("writing manifests")? {

@@ -75,6 +75,13 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Release builds unwind (Cargo.toml [profile.release]); a panic must still end the
+    // process, so that kubelet restarts it rather than one task dying silently.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |p| {
+        hook(p);
+        std::process::abort()
+    }));
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
