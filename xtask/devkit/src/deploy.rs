@@ -151,14 +151,7 @@ impl Kubectl {
 /// The one tag of a build's component images: a hash of their content-hash names.
 pub fn release_tag(built: &images::Built) -> String {
     let mut h = Sha256::new();
-    for name in [
-        &built.apiserver,
-        &built.etcd,
-        &built.controller,
-        &built.handler,
-        &built.launcher,
-        &built.operator,
-    ] {
+    for name in built.components() {
         h.update(name.as_bytes());
         h.update(b"\n");
     }

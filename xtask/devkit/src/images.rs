@@ -60,17 +60,22 @@ pub struct Built {
 }
 
 impl Built {
-    /// Every image with its archive.
-    fn archives(&self) -> anyhow::Result<Vec<(String, PathBuf)>> {
-        let mut out = Vec::new();
-        for name in [
+    /// The component images (what virt-operator deploys, itself included), in a fixed order.
+    pub fn components(&self) -> [&String; 6] {
+        [
             &self.apiserver,
             &self.etcd,
             &self.controller,
             &self.handler,
             &self.launcher,
             &self.operator,
-        ] {
+        ]
+    }
+
+    /// Every image with its archive.
+    fn archives(&self) -> anyhow::Result<Vec<(String, PathBuf)>> {
+        let mut out = Vec::new();
+        for name in self.components() {
             if !name.is_empty() {
                 out.push((name.clone(), archive_path(name)?));
             }
@@ -363,14 +368,7 @@ pub fn load_built(built: &Built, load: &Load) -> anyhow::Result<()> {
 /// Names every component image (operator included) `<repo>:<tag>` in the local cluster: the
 /// names virt-operator deploys (`<registry>/<component>:<imageTag>`).
 pub fn tag_components(built: &Built, tag: &str, load: &Load) -> anyhow::Result<()> {
-    for name in [
-        &built.apiserver,
-        &built.etcd,
-        &built.controller,
-        &built.handler,
-        &built.launcher,
-        &built.operator,
-    ] {
+    for name in built.components() {
         if let Some((repo, _)) = name.rsplit_once(':') {
             tag_latest(name, &format!("{repo}:{tag}"), load)?;
         }
