@@ -70,8 +70,14 @@ pub const PACKAGES: &[Package] = &[
     run("containernetworking-plugins", "local cluster pod network"),
     run("buildah", "building images without Docker"),
     run("iptables", "local cluster network isolation"),
-    run("nftables", "local cluster network isolation"),
-    run("iproute2", "local cluster bridge"),
+    run(
+        "nftables",
+        "local cluster network isolation; the masquerade binding's rules (virt-netsetup)",
+    ),
+    run(
+        "iproute2",
+        "local cluster bridge; the guest's bridge and tap (virt-netsetup)",
+    ),
     run("tmux", "interactive console tests"),
     run("curl", "health checks in scripts and e2e tests"),
     run("binutils", "strip for small images"),

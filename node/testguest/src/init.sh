@@ -27,15 +27,61 @@ for d in /sys/class/input/input*; do
     fi
 done
 
+# Network: every NIC gets its address by DHCP, as a cloud image's would. udhcpc tries in
+# the foreground first (a lease is there before the banner, so tests can use the network as
+# soon as they see it) and keeps trying in the background when nobody answers yet.
+ip link set lo up
+mkdir -p /www
+cat >/etc/udhcpc.script <<'SCRIPT'
+#!/bin/sh
+ev=$1
+case "$ev" in
+    deconfig) ip addr flush dev "$interface"; ip link set "$interface" up ;;
+    bound|renew)
+        ip addr show dev "$interface" | grep -q "inet $ip/" || {
+            ip addr flush dev "$interface"
+            ip addr add "$ip/${mask:-24}" dev "$interface"
+        }
+        [ -n "$mtu" ] && ip link set "$interface" mtu "$mtu"
+        if [ -n "$router" ]; then
+            set -- $router
+            ip route replace default via "$1" dev "$interface"
+        fi
+        : >/etc/resolv.conf
+        [ -n "$domain" ] && echo "search $domain" >>/etc/resolv.conf
+        for d in $dns; do echo "nameserver $d" >>/etc/resolv.conf; done
+        [ "$ev" = renew ] || echo "kubevirt-rs guest: $interface $ip/${mask:-24} gw ${router:-none}" >/dev/console ;;
+esac
+exit 0
+SCRIPT
+chmod +x /etc/udhcpc.script
+for n in /sys/class/net/*; do
+    i=${n##*/}
+    [ "$i" = lo ] && continue
+    ip link set "$i" up
+    udhcpc -i "$i" -s /etc/udhcpc.script -b -t 3 -T 1 -A 2 >/dev/null 2>&1
+done
+# A web server on port 80 answering with the guest's addresses: network tests need a
+# service in the guest, and its reply names the guest they reached.
+ip -4 -o addr show scope global >/www/index.html
+echo "kubevirt-rs guest" >>/www/index.html
+httpd -p 80 -h /www
+
 echo "kubevirt-rs guest ready"
 
 # Test hooks on the kernel command line: a guest that powers itself off cleanly, or one
 # whose kernel panics (reported through a panic device, if the VM has one), N seconds
-# after the banner.
+# after the banner; one that fetches a URL once (network tests: the guest reaches out).
 for a in $(cat /proc/cmdline); do
     case "$a" in
         kubevirt-rs.poweroff-after=*)
             ( sleep "${a#*=}"; echo "kubevirt-rs guest: powering off"; sync; poweroff -f ) & ;;
+        kubevirt-rs.fetch=*)
+            # nc, not wget: static busybox's wget crashes looking up the "http" service
+            # without an NSS configuration.
+            ( t=${a#*=}
+              r=$(printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 5 "${t%:*}" "${t##*:}" 2>&1 | tail -n 1)
+              echo "kubevirt-rs guest: fetched $t: $r" ) & ;;
         kubevirt-rs.panic-after=*)
             ( sleep "${a#*=}"; echo "kubevirt-rs guest: panicking"; echo c >/proc/sysrq-trigger ) & ;;
     esac

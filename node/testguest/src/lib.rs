@@ -29,8 +29,8 @@ pub const KERNEL_ARGS: &str = "console=ttyS0 quiet panic=-1";
 /// Marker written at the start of `disk.qcow2`, so a guest can prove it sees the disk.
 pub const DISK_MARKER: &str = "kubevirt-rs-test-disk";
 
-/// Kernel modules the guest needs (virtio disks, the NoCloud ISO, the ACPI power button,
-/// the panic device);
+/// Kernel modules the guest needs (virtio disks and NIC, the NoCloud ISO, the ACPI power
+/// button, the panic device);
 /// the cloud kernel builds them as modules. Dependencies are added from `modules.dep`.
 const MODULES: &[&str] = &[
     "kernel/drivers/virtio/virtio_pci.ko",
@@ -43,6 +43,8 @@ const MODULES: &[&str] = &[
     "kernel/drivers/input/evdev.ko",
     // pvpanic on the ISA bus (ACPI QEMU0001): a panic reaches libvirt as a crash.
     "kernel/drivers/misc/pvpanic/pvpanic-mmio.ko",
+    // The NIC: pod-network tests and the network benchmark talk to the guest.
+    "kernel/drivers/net/virtio_net.ko",
 ];
 
 /// Errors while building the guest.
@@ -128,8 +130,18 @@ pub fn default_dir() -> PathBuf {
 }
 
 /// Builds the guest into `dir` unless it is already there.
+/// Safe to call from several threads and processes at once (test binaries run in
+/// parallel): the build holds a lock file in `dir`.
 pub fn ensure(dir: &Path) -> Result<Guest, GuestError> {
     let g = Guest::at(dir);
+    if g.is_built() {
+        return Ok(g);
+    }
+    io(dir, fs::create_dir_all(dir))?;
+    let lock_path = dir.join(".build-lock");
+    let lock = io(&lock_path, fs::File::create(&lock_path))?;
+    io(&lock_path, lock.lock())?;
+    // Another caller may have built it while this one waited for the lock.
     if g.is_built() { Ok(g) } else { build(dir) }
 }
 
@@ -341,61 +353,157 @@ fn build_disk(dir: &Path, out: &Path) -> Result<(), GuestError> {
     Ok(())
 }
 
-/// Boots the guest with bare QEMU (TCG, no libvirt) and returns the time from spawning
-/// QEMU to the banner on the serial console: the physical floor for the launcher.
-pub fn bare_qemu_boot_time(g: &Guest, timeout: Duration) -> Result<Duration, GuestError> {
-    use std::io::Read;
-    let start = Instant::now();
-    let mut child = Command::new("qemu-system-x86_64")
-        .args([
-            "-accel",
-            "tcg",
-            "-M",
-            "q35",
-            "-m",
-            "256",
-            "-nographic",
-            "-nodefaults",
-            "-no-user-config",
-        ])
-        .args(["-serial", "stdio", "-monitor", "none"])
-        .arg("-kernel")
-        .arg(&g.kernel)
-        .arg("-initrd")
-        .arg(&g.initrd)
-        .args(["-append", KERNEL_ARGS])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|_| GuestError::Missing {
-            what: "qemu-system-x86_64".into(),
-            hint: "apt-get install qemu-system-x86",
-        })?;
-    let mut stdout = child.stdout.take().ok_or(GuestError::Tool {
-        tool: "qemu".into(),
-        stderr: "no stdout".into(),
-    })?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = stdout.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            seen.extend_from_slice(&buf[..n]);
-            if String::from_utf8_lossy(&seen).contains(BANNER) {
-                let _ = tx.send(start.elapsed());
-                return;
-            }
+/// The guest under bare QEMU (TCG, no libvirt), its serial console collected: the floor
+/// the launcher is measured against, and the guest network tests' VM. Killed on drop.
+pub struct BareVm {
+    child: std::process::Child,
+    console: std::sync::Arc<(std::sync::Mutex<Vec<u8>>, std::sync::Condvar)>,
+    started: Instant,
+}
+
+impl BareVm {
+    /// Starts QEMU on `g` with `extra` arguments (NICs, say); with none the guest has no NIC.
+    /// `prefix` runs QEMU through another program (`ip netns exec NS`), if given;
+    /// `kernel_extra` is appended to the kernel command line (the guest's test hooks).
+    pub fn start(
+        g: &Guest,
+        prefix: &[&str],
+        extra: &[&str],
+        kernel_extra: &str,
+    ) -> Result<Self, GuestError> {
+        use std::io::Read;
+        let (program, prefix_args) = match prefix.split_first() {
+            Some((p, rest)) => (*p, rest),
+            None => ("qemu-system-x86_64", &[][..]),
+        };
+        let mut cmd = Command::new(program);
+        cmd.args(prefix_args);
+        if !prefix.is_empty() {
+            cmd.arg("qemu-system-x86_64");
         }
-    });
-    let r = rx.recv_timeout(timeout);
-    let _ = child.kill();
-    let _ = child.wait();
-    r.map_err(|_| GuestError::Tool {
-        tool: "qemu-system-x86_64".into(),
-        stderr: format!("no banner within {timeout:?}"),
-    })
+        let started = Instant::now();
+        let mut child = cmd
+            .args([
+                "-accel",
+                "tcg",
+                "-M",
+                "q35",
+                "-m",
+                "256",
+                "-nographic",
+                "-nodefaults",
+                "-no-user-config",
+            ])
+            .args(["-serial", "stdio", "-monitor", "none"])
+            .arg("-kernel")
+            .arg(&g.kernel)
+            .arg("-initrd")
+            .arg(&g.initrd)
+            .arg("-append")
+            .arg(format!("{KERNEL_ARGS} {kernel_extra}").trim_end())
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|_| GuestError::Missing {
+                what: program.into(),
+                hint: "apt-get install qemu-system-x86",
+            })?;
+        let mut stdout = child.stdout.take().ok_or(GuestError::Tool {
+            tool: "qemu".into(),
+            stderr: "no stdout".into(),
+        })?;
+        let console =
+            std::sync::Arc::new((std::sync::Mutex::new(Vec::new()), std::sync::Condvar::new()));
+        let sink = console.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let (seen, cv) = &*sink;
+                seen.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend_from_slice(&buf[..n]);
+                cv.notify_all();
+            }
+        });
+        Ok(Self {
+            child,
+            console,
+            started,
+        })
+    }
+
+    /// Waits until the console has shown `text`; returns the time since QEMU was spawned.
+    pub fn wait_for(&self, text: &str, timeout: Duration) -> Result<Duration, GuestError> {
+        let deadline = Instant::now() + timeout;
+        let (seen, cv) = &*self.console;
+        let mut guard = seen.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if String::from_utf8_lossy(&guard).contains(text) {
+                return Ok(self.started.elapsed());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(GuestError::Tool {
+                    tool: "qemu-system-x86_64".into(),
+                    stderr: format!(
+                        "no {text:?} on the console within {timeout:?}; it showed:\n{}",
+                        String::from_utf8_lossy(&guard)
+                    ),
+                });
+            }
+            guard = cv
+                .wait_timeout(guard, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
+    /// Everything the console showed so far.
+    pub fn console(&self) -> String {
+        let (seen, _) = &*self.console;
+        String::from_utf8_lossy(&seen.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+    }
+}
+
+impl std::fmt::Debug for BareVm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BareVm")
+            .field("pid", &self.child.id())
+            .finish()
+    }
+}
+
+impl Drop for BareVm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The console line the guest prints when `iface` got `addr` (`10.0.2.2/24`) by DHCP.
+pub fn lease_line(iface: &str, addr: &str) -> String {
+    format!("kubevirt-rs guest: {iface} {addr} ")
+}
+
+/// Kernel argument making the guest send `GET /` over HTTP to `target` (`IP:PORT`) once it
+/// is up and print [`fetched_line`]`(target)` followed by the last line of the answer:
+/// proves the guest reaches out.
+pub fn fetch_arg(target: &str) -> String {
+    format!("kubevirt-rs.fetch={target}")
+}
+
+/// The start of the console line a [`fetch_arg`] fetch prints.
+pub fn fetched_line(target: &str) -> String {
+    format!("kubevirt-rs guest: fetched {target}: ")
+}
+
+/// Boots the guest with bare QEMU (TCG, no libvirt, no NIC) and returns the time from
+/// spawning QEMU to the banner on the serial console: the physical floor for the launcher.
+pub fn bare_qemu_boot_time(g: &Guest, timeout: Duration) -> Result<Duration, GuestError> {
+    BareVm::start(g, &[], &[], "")?.wait_for(BANNER, timeout)
 }

@@ -1,0 +1,340 @@
+//! The plan realised inside a pod's network namespace. Runs `ip` and `nft` (KubeVirt's
+//! virt-handler uses `nft` the same way) forked from a short-lived thread that entered the
+//! namespace, so the calling process — virt-handler, or a test — never leaves its own.
+//! Needs `CAP_NET_ADMIN` and `CAP_SYS_ADMIN` (setns) on the host: virt-handler's.
+
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use nix::sched::{CloneFlags, setns};
+
+use crate::dhcp;
+use crate::plan::{Cidr, Lease, Mac, NFT_TABLE, NetworkPlan, PodInterface};
+
+/// Why a step of the network set-up failed; each names the step.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// A file or namespace could not be opened or entered.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A command failed.
+    #[error("{step} failed: {stderr}")]
+    Command {
+        /// The step (`ip -batch (create bridge and tap)`).
+        step: String,
+        /// Its error output.
+        stderr: String,
+    },
+    /// What a command printed could not be understood.
+    #[error("{what}: {reason}")]
+    Parse {
+        /// What was read.
+        what: String,
+        /// Why it is not understood.
+        reason: String,
+    },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ExecError {
+    move |source| ExecError::Io {
+        what: what.into(),
+        source,
+    }
+}
+
+/// An open network namespace.
+#[derive(Debug)]
+pub struct NetNs {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl NetNs {
+    /// Opens the namespace at `path` (`/proc/<pid>/ns/net`, `/run/netns/<name>`).
+    pub fn open(path: &Path) -> Result<Self, ExecError> {
+        let f = std::fs::File::open(path).map_err(io_err(format!("open {}", path.display())))?;
+        Ok(Self {
+            fd: f.into(),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The network namespace of process `pid`.
+    pub fn of_pid(pid: u32) -> Result<Self, ExecError> {
+        Self::open(&PathBuf::from(format!("/proc/{pid}/ns/net")))
+    }
+
+    /// Where it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` on a thread that has entered this namespace (sockets it creates live
+    /// there); the calling thread stays where it is.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, ExecError> {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                setns(self.fd.as_fd(), CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| io_err(format!("enter {}", self.path.display()))(e.into()))?;
+                Ok(f())
+            })
+            .join()
+            .unwrap_or_else(|_| {
+                Err(ExecError::Parse {
+                    what: format!("a task in {}", self.path.display()),
+                    reason: "panicked".into(),
+                })
+            })
+        })
+    }
+
+    fn output(
+        &self,
+        step: &str,
+        program: &str,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<String, ExecError> {
+        // A child process starts in the namespace of the thread that forks it.
+        let out = self
+            .run(|| -> std::io::Result<std::process::Output> {
+                let mut child = Command::new(program)
+                    .args(args)
+                    .stdin(if stdin.is_some() {
+                        Stdio::piped()
+                    } else {
+                        Stdio::null()
+                    })
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()?;
+                if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+                    pipe.write_all(text.as_bytes())?;
+                }
+                child.wait_with_output()
+            })?
+            .map_err(io_err(format!("{step}: run {program}")))?;
+        if !out.status.success() {
+            return Err(ExecError::Command {
+                step: step.into(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct IpLink {
+    ifname: String,
+    address: Option<String>,
+    mtu: u32,
+    #[serde(default)]
+    addr_info: Vec<IpAddr>,
+}
+
+#[derive(serde::Deserialize)]
+struct IpAddr {
+    family: String,
+    local: String,
+    prefixlen: u8,
+    #[serde(default)]
+    scope: String,
+}
+
+#[derive(serde::Deserialize)]
+struct IpRoute {
+    gateway: Option<String>,
+}
+
+/// The pod interface `name` as the CNI plugin left it: MAC, first global IPv4 address,
+/// default gateway, MTU.
+pub fn read_pod_interface(ns: &NetNs, name: &str) -> Result<PodInterface, ExecError> {
+    let step = format!("read {name} in {}", ns.path.display());
+    let links: Vec<IpLink> = parse(
+        &step,
+        &ns.output(&step, "ip", &["-j", "address", "show", "dev", name], None)?,
+    )?;
+    let link = links
+        .into_iter()
+        .find(|l| l.ifname == name)
+        .ok_or_else(|| ExecError::Parse {
+            what: step.clone(),
+            reason: "no such interface".into(),
+        })?;
+    let address = link
+        .addr_info
+        .iter()
+        .find(|a| a.family == "inet" && a.scope != "link" && a.scope != "host")
+        .and_then(|a| {
+            Some(Cidr {
+                addr: a.local.parse().ok()?,
+                prefix: a.prefixlen,
+            })
+        })
+        .ok_or_else(|| ExecError::Parse {
+            what: step.clone(),
+            reason: "no IPv4 address".into(),
+        })?;
+    let mac = link
+        .address
+        .as_deref()
+        .and_then(Mac::parse)
+        .ok_or_else(|| ExecError::Parse {
+            what: step.clone(),
+            reason: "no MAC address".into(),
+        })?;
+    let routes: Vec<IpRoute> = parse(
+        &step,
+        &ns.output(
+            &step,
+            "ip",
+            &["-j", "-4", "route", "show", "default", "dev", name],
+            None,
+        )?,
+    )?;
+    let gateway = routes
+        .iter()
+        .find_map(|r| r.gateway.as_deref()?.parse::<Ipv4Addr>().ok());
+    Ok(PodInterface {
+        name: name.to_string(),
+        mac,
+        address,
+        gateway,
+        mtu: link.mtu,
+    })
+}
+
+fn parse<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T, ExecError> {
+    serde_json::from_str(text).map_err(|e| ExecError::Parse {
+        what: what.into(),
+        reason: e.to_string(),
+    })
+}
+
+/// Builds what `plan` needs inside `ns`. On failure everything it created is removed again
+/// (best effort) before the error is returned, so a failed set-up leaves nothing behind.
+pub fn apply(ns: &NetNs, plan: &NetworkPlan) -> Result<(), ExecError> {
+    let r = apply_steps(ns, plan);
+    if r.is_err()
+        && let Err(e) = teardown(ns, plan)
+    {
+        tracing::warn!(netns = %ns.path.display(), error = %e, "cleanup after a failed network set-up");
+    }
+    r
+}
+
+fn apply_steps(ns: &NetNs, plan: &NetworkPlan) -> Result<(), ExecError> {
+    ns.output(
+        "ip -batch (bridge and tap)",
+        "ip",
+        &["-batch", "-"],
+        Some(&plan.ip_batch()),
+    )?;
+    for (key, value) in plan.sysctls() {
+        let path = Path::new("/proc/sys").join(&key);
+        // /proc/sys/net resolves against the namespace of the thread that opens it.
+        ns.run(|| std::fs::write(&path, value))?
+            .map_err(io_err(format!("sysctl {key}={value}")))?;
+    }
+    if let Some(rules) = plan.nft_ruleset() {
+        ns.output("nft (masquerade rules)", "nft", &["-f", "-"], Some(&rules))?;
+    }
+    Ok(())
+}
+
+/// Removes what [`apply`] created (and restores the pod interface for the bridge binding).
+/// Tolerates parts already gone. The namespace itself goes with its pod.
+pub fn teardown(ns: &NetNs, plan: &NetworkPlan) -> Result<(), ExecError> {
+    let mut first_error = None;
+    if plan.nft_ruleset().is_some() {
+        let listed = ns.output("nft list tables", "nft", &["list", "tables"], None);
+        let ours = format!("table ip {NFT_TABLE}");
+        if listed.is_ok_and(|t| t.lines().any(|l| l.trim() == ours))
+            && let Err(e) = ns.output(
+                "nft delete table",
+                "nft",
+                &["delete", "table", "ip", NFT_TABLE],
+                None,
+            )
+        {
+            first_error = Some(e);
+        }
+    }
+    // -force: carry on past lines whose object is already gone; errors still exit non-zero.
+    if let Err(e) = ns.output(
+        "ip -batch (teardown)",
+        "ip",
+        &["-force", "-batch", "-"],
+        Some(&plan.ip_teardown()),
+    ) {
+        let benign = matches!(&e, ExecError::Command { stderr, .. }
+            if stderr.lines().all(|l| l.contains("Cannot find device") || l.contains("File exists") || l.starts_with("Command failed") || l.trim().is_empty()));
+        if !benign && first_error.is_none() {
+            first_error = Some(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// What [`apply`] left in `ns`, for checks: link names and nftables tables.
+pub fn inventory(ns: &NetNs) -> Result<(Vec<String>, Vec<String>), ExecError> {
+    #[derive(serde::Deserialize)]
+    struct Link {
+        ifname: String,
+    }
+    let links: Vec<Link> = parse(
+        "ip link",
+        &ns.output("ip link", "ip", &["-j", "link", "show"], None)?,
+    )?;
+    let tables = ns.output("nft list tables", "nft", &["list", "tables"], None)?;
+    Ok((
+        links.into_iter().map(|l| l.ifname).collect(),
+        tables
+            .lines()
+            .map(|l| l.trim().to_string())
+            .filter(|l| !l.is_empty())
+            .collect(),
+    ))
+}
+
+/// The guest's DHCP server socket: UDP port 67 on `device` inside `ns`. Binding port 67 and
+/// to a device takes privileges the launcher does not have, so virt-handler opens it and
+/// the launcher only ever holds this one socket.
+pub fn dhcp_socket(ns: &NetNs, device: &str) -> Result<UdpSocket, ExecError> {
+    let device = device.to_string();
+    ns.run(move || -> std::io::Result<UdpSocket> {
+        let s = socket2::Socket::new(
+            socket2::Domain::IPV4,
+            socket2::Type::DGRAM,
+            Some(socket2::Protocol::UDP),
+        )?;
+        s.set_reuse_address(true)?;
+        s.set_broadcast(true)?;
+        s.bind_device(Some(device.as_bytes()))?;
+        s.bind(&SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 67).into())?;
+        Ok(s.into())
+    })?
+    .map_err(io_err("open the DHCP socket"))
+}
+
+/// Answers the guest's DHCP requests on `socket` until the socket fails. Blocking; run it on
+/// its own thread.
+pub fn serve_dhcp(socket: &UdpSocket, lease: &Lease) -> std::io::Result<()> {
+    let mut buf = [0u8; 1500];
+    loop {
+        let (n, _) = socket.recv_from(&mut buf)?;
+        if let Some(reply) = dhcp::answer(&buf[..n], lease) {
+            tracing::debug!(kind = ?reply.kind, to = %reply.to, mac = %lease.mac, "DHCP answer");
+            socket.send_to(&reply.bytes, SocketAddrV4::new(reply.to, 68))?;
+        }
+    }
+}
