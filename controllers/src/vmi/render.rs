@@ -554,6 +554,13 @@ pub fn launcher_pod(
                     field_env("POD_IP", "status.podIP"),
                     // Expands the sockets subpath.
                     field_env("NODE_NAME", "spec.nodeName"),
+                    // The interface on the pod network is a tap virt-handler builds in
+                    // this pod (docs/design-node-privilege-and-network.md).
+                    EnvVar {
+                        name: "VIRT_LAUNCHER_NETWORK".into(),
+                        value: Some("pod".into()),
+                        ..EnvVar::default()
+                    },
                 ]),
                 resources: Some(ResourceRequirements {
                     requests: Some(requests),

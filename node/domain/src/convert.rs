@@ -431,12 +431,41 @@ fn interfaces(spec: &DomainSpec, host: &HostFacts, d: &mut Domain) -> Result<(),
                 });
             }
         };
+        let spec_mac = iface.mac_address.as_ref().map(|m| Mac {
+            address: m.to_lowercase().replace('-', ":"),
+        });
+        let (type_, mac, target, mtu) = match host.network {
+            NetworkMode::Pod => {
+                // Only the pod network is realised on a node; secondary (Multus) networks
+                // are refused at the API.
+                let tap = host
+                    .pod_tap
+                    .as_ref()
+                    .filter(|t| t.interface == iface.name)
+                    .ok_or_else(|| ConvertError::Unsupported {
+                        field: format!("spec.domain.devices.interfaces[{i}]"),
+                        value: format!("{}: not on the pod network", iface.name),
+                    })?;
+                (
+                    InterfaceType::Ethernet,
+                    Some(Mac {
+                        address: tap.mac.clone(),
+                    }),
+                    Some(InterfaceTarget {
+                        dev: tap.device.clone(),
+                        managed: "no".into(),
+                    }),
+                    Some(Mtu { size: tap.mtu }),
+                )
+            }
+            _ => (InterfaceType::User, spec_mac, None, None),
+        };
         d.devices.interface.push(Interface {
-            type_: InterfaceType::User,
-            mac: iface.mac_address.as_ref().map(|m| Mac {
-                address: m.to_lowercase().replace('-', ":"),
-            }),
+            type_,
+            mac,
+            target,
             model: Some(Model { type_: model }),
+            mtu,
             boot: iface.boot_order.map(|order| Boot { order }),
             alias: Some(Alias {
                 name: format!("ua-{}", iface.name),

@@ -30,6 +30,23 @@ pub enum NetworkMode {
     /// network's masquerade binding.
     #[default]
     User,
+    /// The pod network as KubeVirt does it: the interface on the VMI's pod network is the
+    /// tap virt-handler made in the pod ([`HostFacts::pod_tap`]); the guest gets its
+    /// address by DHCP from the launcher.
+    Pod,
+}
+
+/// The tap virt-handler prepared for the VMI's pod-network interface.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodTap {
+    /// The VMI interface it belongs to (`default`).
+    pub interface: String,
+    /// Device name (`tap0`).
+    pub device: String,
+    /// The guest NIC's MAC: the one the DHCP lease is for.
+    pub mac: String,
+    /// MTU of the pod network.
+    pub mtu: u32,
 }
 
 /// A volume made ready on the host (overlay created, ISO written, …).
@@ -73,6 +90,8 @@ pub struct HostFacts {
     pub vnc_socket: Option<PathBuf>,
     /// How interfaces are realised.
     pub network: NetworkMode,
+    /// With [`NetworkMode::Pod`]: the pod interface's tap.
+    pub pod_tap: Option<PodTap>,
 }
 
 impl HostFacts {

@@ -10,5 +10,5 @@ pub mod protocol;
 pub mod schema;
 
 pub use convert::{ConvertError, domain_for, domain_name};
-pub use host::{Accel, HostFacts, KernelBootFiles, NetworkMode, PreparedVolume};
+pub use host::{Accel, HostFacts, KernelBootFiles, NetworkMode, PodTap, PreparedVolume};
 pub use schema::{Domain, XmlError};

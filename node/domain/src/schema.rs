@@ -492,15 +492,41 @@ pub struct Interface {
     /// MAC address.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mac: Option<Mac>,
+    /// The host device (`ethernet`: a tap made by someone else).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<InterfaceTarget>,
     /// Model.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<Model<NetModel>>,
+    /// The guest NIC's MTU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<Mtu>,
     /// Boot order.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boot: Option<Boot>,
     /// Alias.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alias: Option<Alias>,
+}
+
+/// `<target dev='tap0' managed='no'/>`: libvirt opens the existing device and neither
+/// creates nor configures it (it could not: the launcher has no network privileges).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterfaceTarget {
+    /// Device name.
+    #[serde(rename = "@dev")]
+    pub dev: String,
+    /// `no`.
+    #[serde(rename = "@managed")]
+    pub managed: String,
+}
+
+/// `<mtu size='1450'/>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mtu {
+    /// Bytes.
+    #[serde(rename = "@size")]
+    pub size: u32,
 }
 
 /// `<mac address='…'/>`.

@@ -8,7 +8,7 @@ use kubevirt_api::VirtualMachineInstance;
 use kubevirt_api::defaults::default_vmi;
 use virt_domain::schema::{DiskFormat, DiskType};
 use virt_domain::{
-    Accel, ConvertError, Domain, HostFacts, KernelBootFiles, NetworkMode, PreparedVolume,
+    Accel, ConvertError, Domain, HostFacts, KernelBootFiles, NetworkMode, PodTap, PreparedVolume,
     domain_for,
 };
 
@@ -76,8 +76,22 @@ fn disks_host() -> HostFacts {
     h
 }
 
+/// The pod network: the tap virt-handler made, the MAC the DHCP lease is for.
+fn podnetwork_host() -> HostFacts {
+    let mut h = HostFacts::x86_64(Accel::Tcg);
+    h.network = NetworkMode::Pod;
+    h.pod_tap = Some(PodTap {
+        interface: "default".into(),
+        device: "tap0".into(),
+        mac: "02:4e:91:0c:7a:33".into(),
+        mtu: 1450,
+    });
+    h
+}
+
 fn cases() -> Vec<(&'static str, HostFacts)> {
     vec![
+        ("podnetwork", podnetwork_host()),
         ("kernelboot", kernelboot_host()),
         ("disks", disks_host()),
         ("minimal", HostFacts::x86_64(Accel::Tcg)),

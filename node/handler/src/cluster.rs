@@ -211,6 +211,12 @@ pub async fn run(
         metrics.watches.clone(),
     );
     tokio::pin!(incoming);
+    let vmis = crate::network::KnownVmis::default();
+    tokio::spawn(crate::network::run(
+        cfg.paths.clone(),
+        vmis.clone(),
+        shutdown.child_token(),
+    ));
     let mut node = Node::default();
     let mut listed: HashSet<String> = HashSet::new();
     let mut listed_in: HashSet<String> = HashSet::new();
@@ -231,9 +237,13 @@ pub async fn run(
                         if let Some(uid) = vmi.uid() {
                             listed_in.insert(uid);
                         }
+                        vmis.insert(&vmi);
                         apply_incoming(&client, &cfg, &mut node, vmi);
                     }
-                    Some(Ok(Event::Apply(vmi))) => apply_incoming(&client, &cfg, &mut node, vmi),
+                    Some(Ok(Event::Apply(vmi))) => {
+                        vmis.insert(&vmi);
+                        apply_incoming(&client, &cfg, &mut node, vmi);
+                    }
                     Some(Ok(Event::Delete(vmi))) => {
                         if let Some(uid) = vmi.uid() {
                             node.incoming.remove(&uid);
@@ -255,11 +265,16 @@ pub async fn run(
                 if let Some(uid) = vmi.uid() {
                     listed.insert(uid);
                 }
+                vmis.insert(&vmi);
                 apply(&client, &cfg, &registry, m, &mut node, vmi);
             }
-            Ok(Event::Apply(vmi)) => apply(&client, &cfg, &registry, m, &mut node, vmi),
+            Ok(Event::Apply(vmi)) => {
+                vmis.insert(&vmi);
+                apply(&client, &cfg, &registry, m, &mut node, vmi);
+            }
             Ok(Event::Delete(vmi)) => {
                 if let Some(uid) = vmi.uid() {
+                    vmis.remove(&uid);
                     gone(&cfg, &registry, &mut node, &uid);
                 }
             }

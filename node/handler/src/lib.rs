@@ -16,6 +16,7 @@ pub mod cluster_migration;
 pub mod metrics;
 pub mod migration;
 pub mod migration_proxy;
+pub mod network;
 pub mod server;
 pub mod status;
 

@@ -137,11 +137,13 @@ pub fn with_pod_interface(
         .find(|n| n.pod.is_some())
         .map(|n| n.name.clone());
     if let Some(name) = pod_net {
+        let uid = vmi.metadata.uid.as_deref().unwrap_or_default();
         status.interfaces = Some(vec![
             kubevirt_api::vmi::VirtualMachineInstanceNetworkInterface {
                 name: Some(name),
                 ip_address: Some(ip.to_string()),
                 ip_addresses: Some(vec![ip.to_string()]),
+                mac: virt_netsetup::plan::guest_mac(&vmi.spec, uid).map(|m| m.to_string()),
                 info_source: Some("domain".into()),
                 ..Default::default()
             },

@@ -24,6 +24,9 @@ pub enum Network {
     User,
     /// No NICs.
     None,
+    /// The pod network: virt-handler builds a tap in this pod, the guest gets its address
+    /// by DHCP (masquerade or bridge binding).
+    Pod,
 }
 
 /// Runs one VirtualMachineInstance under a private libvirt daemon.
@@ -112,6 +115,7 @@ impl Args {
         cfg.network = match self.network {
             Network::User => NetworkMode::User,
             Network::None => NetworkMode::None,
+            Network::Pod => NetworkMode::Pod,
         };
         cfg.cmd_socket = self.cmd_socket;
         if let Some(w) = self.work_dir {

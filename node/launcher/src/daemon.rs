@@ -56,9 +56,17 @@ if [ "$3" = hide-kvm ]; then
         : > "$1/dev/$n"
         mount --bind "/dev/$n" "$1/dev/$n"
     done
+    # QEMU opens the pod network's tap through /dev/net/tun.
+    if [ -e /dev/net/tun ]; then
+        mkdir -p "$1/dev/net"
+        : > "$1/dev/net/tun"
+        mount --bind /dev/net/tun "$1/dev/net/tun"
+    fi
     mount --bind /dev/pts "$1/dev/pts"
     mount -t tmpfs tmpfs "$1/dev/shm"
-    mount --bind "$1/dev" /dev
+    # Recursive: the device nodes bound above are mounts of their own, which a plain
+    # --bind would leave behind (QEMU then saw empty regular files).
+    mount --rbind "$1/dev" /dev
 fi
 set +e
 # Not exec: as PID 1 of the namespace the shell reaps QEMU's daemonised processes,

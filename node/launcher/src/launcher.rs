@@ -40,6 +40,8 @@ pub struct Config {
     pub allow_emulation: bool,
     /// How interfaces are realised.
     pub network: NetworkMode,
+    /// With [`NetworkMode::Pod`], how long to wait for virt-handler's set-up.
+    pub network_wait: Duration,
     /// handler↔launcher command socket.
     pub cmd_socket: Option<PathBuf>,
     /// Where the per-VMI work directory is created.
@@ -65,6 +67,7 @@ impl Config {
             accel: AccelChoice::Auto,
             allow_emulation: true,
             network: NetworkMode::User,
+            network_wait: crate::network::WAIT,
             cmd_socket: None,
             work_parent: std::env::temp_dir(),
             kvm_probe_timeout: Duration::from_secs(3),
@@ -108,6 +111,9 @@ pub enum LauncherError {
     /// No usable accelerator.
     #[error("{0}")]
     Accel(String),
+    /// The pod network is not there.
+    #[error(transparent)]
+    Network(#[from] crate::network::NetworkError),
     /// libvirt failed.
     #[error(transparent)]
     Libvirt(#[from] LibvirtError),
@@ -286,6 +292,15 @@ pub async fn run(
         .map_err(io(&cfg.work_parent))?;
     let work_dir = work.path().to_path_buf();
 
+    // virt-handler builds the network while the volumes are prepared and the accelerator
+    // probed.
+    let network = (cfg.network == NetworkMode::Pod
+        && virt_netsetup::plan::pod_interface(&vmi.spec).is_some())
+    .then(|| {
+        let (sock, wait, stop) = (cfg.cmd_socket.clone(), cfg.network_wait, shutdown.clone());
+        tokio::spawn(async move { crate::network::receive(sock.as_deref(), wait, &stop).await })
+    });
+
     let prepared = {
         let (vmi, images, dir) = (vmi.clone(), cfg.images.clone(), work_dir.clone());
         tokio::task::spawn_blocking(move || volumes::prepare(&vmi, &images, &dir)).await??
@@ -309,6 +324,14 @@ pub async fn run(
     };
     tracing::info!(?accel, reason = %why, "accelerator chosen");
 
+    let pod_tap = match network {
+        Some(task) => Some(
+            task.await
+                .map_err(|e| crate::network::NetworkError::Task(e.to_string()))??
+                .1,
+        ),
+        None => None,
+    };
     let host = HostFacts {
         volumes: prepared.volumes,
         kernel_boot: prepared.kernel_boot,
@@ -322,6 +345,7 @@ pub async fn run(
             .transpose()
             .map_err(io(&work_dir))?,
         network: cfg.network,
+        pod_tap,
         ..HostFacts::x86_64(accel)
     };
     let xml = domain_for(&vmi, &host)?.to_xml()?;

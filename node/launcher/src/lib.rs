@@ -8,6 +8,7 @@ pub mod daemon;
 #[cfg(test)]
 mod fake;
 pub mod launcher;
+pub mod network;
 pub mod probe;
 pub mod relay;
 pub mod volumes;

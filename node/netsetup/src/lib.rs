@@ -5,13 +5,16 @@
 //! - [`dhcp`]: pure — a DHCP request in, the answer for the guest's lease out;
 //! - [`exec`]: the side effects — the plan realised inside a pod's network namespace (with
 //!   `ip` and `nft`, run in that namespace), undone on failure and on teardown, and the
-//!   DHCP socket opened there.
+//!   DHCP socket opened there;
+//! - [`handoff`]: the ready plan and the DHCP socket passed from virt-handler to the
+//!   launcher.
 //!
 //! virt-handler, the only privileged component on a node, runs [`exec`]; the launcher only
 //! ever receives the tap (owned by QEMU's uid) and the DHCP socket.
 
 pub mod dhcp;
 pub mod exec;
+pub mod handoff;
 pub mod plan;
 
 pub use plan::{

@@ -282,6 +282,18 @@ pub fn pod_interface(spec: &VirtualMachineInstanceSpec) -> Option<(usize, &Inter
         .find(|(_, i)| i.name == network.name)
 }
 
+/// The MAC the guest's pod-network NIC has, as far as the spec decides it: the one set on
+/// the interface, else for masquerade the one derived from `mac_seed` (the VMI's uid). For
+/// the bridge binding without one, the guest takes the pod's: `None` here.
+pub fn guest_mac(spec: &VirtualMachineInstanceSpec, mac_seed: &str) -> Option<Mac> {
+    let (_, iface) = pod_interface(spec)?;
+    match iface.mac_address.as_deref() {
+        Some(m) => Mac::parse(m),
+        None if iface.masquerade.is_some() => Some(Mac::derived(mac_seed)),
+        None => None,
+    }
+}
+
 /// Plans the pod-network interface of a VMI; `None` when it has none (no pod network, or no
 /// interface on it).
 pub fn plan(input: PlanInput<'_>) -> Result<Option<NetworkPlan>, PlanError> {
@@ -626,6 +638,7 @@ mod tests {
         // Stable per VMI (the same on a migration target), locally administered.
         assert_eq!(p.lease.mac, Mac::derived("uid-1"));
         assert_eq!(p.lease.mac.0[0], 0x02);
+        assert_eq!(guest_mac(&s, "uid-1"), Some(p.lease.mac));
         let batch = p.ip_batch();
         assert!(
             batch.contains("address add 10.0.2.1/24 dev k6t-eth0"),

@@ -76,6 +76,9 @@ for a in $(cat /proc/cmdline); do
     case "$a" in
         kubevirt-rs.poweroff-after=*)
             ( sleep "${a#*=}"; echo "kubevirt-rs guest: powering off"; sync; poweroff -f ) & ;;
+        kubevirt-rs.listen=*)
+            # One more web server: network tests need a port that must not be reached.
+            httpd -p "${a#*=}" -h /www ;;
         kubevirt-rs.fetch=*)
             # nc, not wget: static busybox's wget crashes looking up the "http" service
             # without an NSS configuration.

@@ -497,6 +497,11 @@ pub fn fetch_arg(target: &str) -> String {
     format!("kubevirt-rs.fetch={target}")
 }
 
+/// Kernel argument making the guest serve its page on `port` too (it always serves port 80).
+pub fn listen_arg(port: u16) -> String {
+    format!("kubevirt-rs.listen={port}")
+}
+
 /// The start of the console line a [`fetch_arg`] fetch prints.
 pub fn fetched_line(target: &str) -> String {
     format!("kubevirt-rs guest: fetched {target}: ")

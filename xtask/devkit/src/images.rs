@@ -100,6 +100,10 @@ pub const TEST_GUEST_IMAGE: &str = "localhost/kubevirt-rs/test-guest:latest";
 /// Debian's etcd (package etcd-server); kube-apiserver 1.34 accepts it, so it is good enough for
 /// our own storage too.
 const ETCD_BINARY: &str = "/usr/bin/etcd";
+/// iproute2's `ip`, in the virt-handler image.
+const HANDLER_IP: &str = "/usr/sbin/ip";
+/// nftables' `nft`, in the virt-handler image.
+const HANDLER_NFT: &str = "/usr/sbin/nft";
 const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// (package, binary) built in release mode for the images.
@@ -179,7 +183,16 @@ pub fn ensure(load: Load) -> anyhow::Result<Built> {
     };
     let apiserver = simple(APISERVER_REPO, "virt-apiserver")?;
     let controller = simple(CONTROLLER_REPO, "virt-controller")?;
-    let handler = simple(HANDLER_REPO, "virt-handler")?;
+    // virt-handler builds the guests' bridges, taps and masquerade rules in the launcher
+    // pods' network namespaces with iproute2 and nftables (virt-netsetup).
+    let handler = image_with(
+        HANDLER_REPO,
+        &stripped("virt-handler")?,
+        "/usr/bin/virt-handler",
+        &["/usr/bin/virt-handler"],
+        &[HANDLER_IP, HANDLER_NFT],
+        &load,
+    )?;
     if !Path::new(ETCD_BINARY).exists() {
         bail!("{ETCD_BINARY} missing (apt-get install etcd-server)");
     }
@@ -275,19 +288,49 @@ fn image(
     entrypoint: &[&str],
     load: &Load,
 ) -> anyhow::Result<String> {
+    image_with(repo, binary, in_image, entrypoint, &[], load)
+}
+
+/// [`image`] plus host `programs`, each at its host path with its shared libraries.
+fn image_with(
+    repo: &str,
+    binary: &Path,
+    in_image: &str,
+    entrypoint: &[&str],
+    programs: &[&str],
+    load: &Load,
+) -> anyhow::Result<String> {
     let mut files = vec![ImageFile {
         host: binary.to_path_buf(),
         image: in_image.to_string(),
     }];
-    for lib in shared_libraries(binary)? {
-        // buildah copies a symlink as a link; the image needs the file under the linked name.
-        let real = lib
-            .canonicalize()
-            .with_context(|| format!("resolving {}", lib.display()))?;
+    let mut elves = vec![binary.to_path_buf()];
+    for p in programs {
+        let host = Path::new(p);
+        if !host.is_file() {
+            bail!("{p} missing (cargo xtask deps installs it)");
+        }
         files.push(ImageFile {
-            host: real,
-            image: lib.to_string_lossy().into_owned(),
+            host: host.canonicalize()?,
+            image: p.to_string(),
         });
+        elves.push(host.to_path_buf());
+    }
+    for elf in &elves {
+        for lib in shared_libraries(elf)? {
+            let image_path = lib.to_string_lossy().into_owned();
+            if files.iter().any(|f| f.image == image_path) {
+                continue;
+            }
+            // buildah copies a symlink as a link; the image needs the file under the linked name.
+            let real = lib
+                .canonicalize()
+                .with_context(|| format!("resolving {}", lib.display()))?;
+            files.push(ImageFile {
+                host: real,
+                image: image_path,
+            });
+        }
     }
     let mut hash = Sha256::new();
     for f in &files {

@@ -408,6 +408,10 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
+                    // Sees the launchers' processes: their network namespaces are
+                    // entered through /proc/<pid>/ns/net, the pid taken from the peer
+                    // credentials of the launcher's socket (docs/design-node-privilege-and-network.md).
+                    host_pid: Some(true),
                     service_account_name: Some(HANDLER.into()),
                     enable_service_links: Some(false),
                     termination_grace_period_seconds: Some(10),
