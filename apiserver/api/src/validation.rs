@@ -621,7 +621,37 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
             ));
         }
     }
+    let pod_networks: Vec<&str> = networks
+        .iter()
+        .filter(|n| n.pod.is_some())
+        .map(|n| n.name.as_str())
+        .collect();
+    for (i, n) in networks.iter().enumerate() {
+        let p = format!("{path}.networks[{i}]");
+        if n.multus.is_some() {
+            errs.push(FieldError::forbidden(
+                format!("{p}.multus"),
+                "Multus networks are not supported by kubevirt-rs; use the pod network",
+            ));
+        }
+        if n.pod.is_some() && pod_networks.first() != Some(&n.name.as_str()) {
+            errs.push(FieldError::forbidden(
+                format!("{p}.pod"),
+                "only one network may be the pod network",
+            ));
+        }
+        if let Some(cidr) = n.pod.as_ref().and_then(|p| p.vm_network_cidr.as_deref())
+            && !is_guest_cidr(cidr)
+        {
+            errs.push(FieldError::invalid(
+                format!("{p}.pod.vmNetworkCIDR"),
+                cidr,
+                "must be an IPv4 CIDR of /30 or larger (room for the gateway and the guest)",
+            ));
+        }
+    }
     let interfaces = spec.domain.devices.interfaces.as_deref().unwrap_or(&[]);
+    let mut on_pod_network = 0;
     let mut iface_names = HashSet::new();
     for (i, iface) in interfaces.iter().enumerate() {
         let p = format!("{domain}.devices.interfaces[{i}]");
@@ -647,6 +677,58 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
                 p.clone(),
                 "must have only one binding method",
             ));
+        }
+        if pod_networks.contains(&iface.name.as_str()) {
+            on_pod_network += 1;
+            if on_pod_network > 1 {
+                errs.push(FieldError::forbidden(
+                    format!("{p}.name"),
+                    "more than one interface is connected to the pod network",
+                ));
+            }
+            let unsupported = [
+                (iface.sriov.is_some(), "sriov"),
+                (iface.passt_binding.is_some(), "passtBinding"),
+                (iface.binding.is_some(), "binding"),
+            ];
+            for (set, field) in unsupported {
+                if set {
+                    errs.push(FieldError::forbidden(
+                        format!("{p}.{field}"),
+                        "not supported on the pod network by kubevirt-rs (masquerade or bridge)",
+                    ));
+                }
+            }
+            if bindings == 0 {
+                errs.push(FieldError::required(
+                    p.clone(),
+                    "an interface on the pod network needs a binding: masquerade or bridge",
+                ));
+            }
+        }
+        if iface.ports.as_ref().is_some_and(|p| !p.is_empty()) && iface.masquerade.is_none() {
+            errs.push(FieldError::forbidden(
+                format!("{p}.ports"),
+                "ports are forwarded by the masquerade binding only",
+            ));
+        }
+        for (j, port) in iface.ports.iter().flatten().enumerate() {
+            if !(1..=65535).contains(&port.port) {
+                errs.push(FieldError::invalid(
+                    format!("{p}.ports[{j}].port"),
+                    &port.port.to_string(),
+                    "must be between 1 and 65535",
+                ));
+            }
+            if let Some(proto) = &port.protocol
+                && !matches!(proto.to_ascii_uppercase().as_str(), "TCP" | "UDP")
+            {
+                errs.push(FieldError::not_supported(
+                    format!("{p}.ports[{j}].protocol"),
+                    proto,
+                    &["TCP", "UDP"],
+                ));
+            }
         }
         if let Some(mac) = &iface.mac_address
             && !is_mac(mac)
@@ -678,6 +760,12 @@ pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<F
         }
     }
     errs
+}
+
+fn is_guest_cidr(s: &str) -> bool {
+    s.split_once('/').is_some_and(|(addr, prefix)| {
+        addr.parse::<std::net::Ipv4Addr>().is_ok() && prefix.parse::<u8>().is_ok_and(|p| p <= 30)
+    })
 }
 
 fn is_mac(s: &str) -> bool {
@@ -826,6 +914,7 @@ mod tests {
         }]);
         s.domain.devices.interfaces = Some(vec![crate::vmi::Interface {
             name: "Pod_Net".into(),
+            masquerade: Some(Default::default()),
             ..Default::default()
         }]);
         let fields: Vec<(String, ErrorType)> = validate_vmi_spec(&s, "spec")
@@ -855,6 +944,97 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(validate_vmi_spec(&long, "spec").len(), 1);
+    }
+
+    #[test]
+    fn pod_network_rules_name_the_field() {
+        use crate::vmi::{Interface, InterfaceBinding, MultusNetwork, Network, PodNetwork, Port};
+        let pod = |name: &str, cidr: Option<&str>| Network {
+            name: name.into(),
+            pod: Some(PodNetwork {
+                vm_network_cidr: cidr.map(str::to_string),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let iface = |name: &str| Interface {
+            name: name.into(),
+            masquerade: Some(InterfaceBinding {}),
+            ..Default::default()
+        };
+        let fields = |s: &VirtualMachineInstanceSpec| -> Vec<(String, ErrorType)> {
+            validate_vmi_spec(s, "spec")
+                .into_iter()
+                .filter(|e| !e.field.starts_with("spec.domain.resources"))
+                .map(|e| (e.field, e.kind))
+                .collect()
+        };
+        let mut s = VirtualMachineInstanceSpec::default();
+        s.networks = Some(vec![pod("default", None)]);
+        s.domain.devices.interfaces = Some(vec![Interface {
+            ports: Some(vec![Port {
+                port: 80,
+                protocol: Some("tcp".into()),
+                name: None,
+            }]),
+            ..iface("default")
+        }]);
+        assert_eq!(fields(&s), vec![], "the usual VM is fine");
+
+        // Two pod networks, a Multus one, a bad CIDR; two interfaces on the pod network, one
+        // without a binding, one with SR-IOV, ports on bridge, a port out of range.
+        let mut s = VirtualMachineInstanceSpec::default();
+        s.networks = Some(vec![
+            pod("default", Some("10.0.2.0/31")),
+            pod("second", None),
+            Network {
+                name: "blue".into(),
+                multus: Some(MultusNetwork {
+                    network_name: "blue".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ]);
+        s.domain.devices.interfaces = Some(vec![
+            Interface {
+                name: "default".into(),
+                ..Default::default()
+            },
+            Interface {
+                masquerade: None,
+                sriov: Some(InterfaceBinding {}),
+                ..iface("second")
+            },
+            Interface {
+                masquerade: None,
+                bridge: Some(InterfaceBinding {}),
+                ports: Some(vec![Port {
+                    port: 0,
+                    protocol: Some("SCTP".into()),
+                    name: None,
+                }]),
+                ..iface("blue")
+            },
+        ]);
+        let d = "spec.domain.devices.interfaces";
+        assert_eq!(
+            fields(&s),
+            vec![
+                (
+                    "spec.networks[0].pod.vmNetworkCIDR".into(),
+                    ErrorType::Invalid
+                ),
+                ("spec.networks[1].pod".into(), ErrorType::Forbidden),
+                ("spec.networks[2].multus".into(), ErrorType::Forbidden),
+                (format!("{d}[0]"), ErrorType::Required),
+                (format!("{d}[1].name"), ErrorType::Forbidden),
+                (format!("{d}[1].sriov"), ErrorType::Forbidden),
+                (format!("{d}[2].ports"), ErrorType::Forbidden),
+                (format!("{d}[2].ports[0].port"), ErrorType::Invalid),
+                (format!("{d}[2].ports[0].protocol"), ErrorType::NotSupported),
+            ]
+        );
     }
 
     #[test]
