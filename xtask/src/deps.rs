@@ -79,6 +79,10 @@ pub const PACKAGES: &[Package] = &[
         "local cluster bridge; the guest's bridge and tap (virt-netsetup)",
     ),
     run("tmux", "interactive console tests"),
+    run(
+        "iperf3",
+        "cargo xtask bench network (host side and the benchmark guest)",
+    ),
     run("curl", "health checks in scripts and e2e tests"),
     run("binutils", "strip for small images"),
     run(

@@ -66,6 +66,8 @@ done
 ip -4 -o addr show scope global >/www/index.html
 echo "kubevirt-rs guest" >>/www/index.html
 httpd -p 80 -h /www
+# The network benchmark's guest carries iperf3 (ensure_with); the everyday one does not.
+[ -x /bin/iperf3 ] && iperf3 -s -D >/dev/null 2>&1
 
 echo "kubevirt-rs guest ready"
 

@@ -109,10 +109,14 @@ impl Guest {
 
     /// Whether every file exists and the initramfs carries the current init script.
     pub fn is_built(&self) -> bool {
+        self.is_built_with(&[])
+    }
+
+    fn is_built_with(&self, extra: &[&str]) -> bool {
         [&self.kernel, &self.initrd, &self.disk]
             .iter()
             .all(|p| p.is_file())
-            && fs::read_to_string(self.dir.join(STAMP)).is_ok_and(|s| s == INIT)
+            && fs::read_to_string(self.dir.join(STAMP)).is_ok_and(|s| s == stamp(extra))
     }
 }
 
@@ -133,8 +137,15 @@ pub fn default_dir() -> PathBuf {
 /// Safe to call from several threads and processes at once (test binaries run in
 /// parallel): the build holds a lock file in `dir`.
 pub fn ensure(dir: &Path) -> Result<Guest, GuestError> {
+    ensure_with(dir, &[])
+}
+
+/// [`ensure`] for a guest that also carries host `programs` (with their shared libraries)
+/// in `/bin`: the network benchmark's guest has `iperf3`, which the everyday guest does
+/// not need (a bigger initramfs boots slower under TCG).
+pub fn ensure_with(dir: &Path, programs: &[&str]) -> Result<Guest, GuestError> {
     let g = Guest::at(dir);
-    if g.is_built() {
+    if g.is_built_with(programs) {
         return Ok(g);
     }
     io(dir, fs::create_dir_all(dir))?;
@@ -142,11 +153,28 @@ pub fn ensure(dir: &Path) -> Result<Guest, GuestError> {
     let lock = io(&lock_path, fs::File::create(&lock_path))?;
     io(&lock_path, lock.lock())?;
     // Another caller may have built it while this one waited for the lock.
-    if g.is_built() { Ok(g) } else { build(dir) }
+    if g.is_built_with(programs) {
+        Ok(g)
+    } else {
+        build_with(dir, programs)
+    }
+}
+
+/// What the stamp file holds: the init script and the extra programs it was built with.
+fn stamp(extra: &[&str]) -> String {
+    if extra.is_empty() {
+        INIT.to_string()
+    } else {
+        format!("{INIT}\n# extra: {}\n", extra.join(" "))
+    }
 }
 
 /// Builds the guest into `dir`, replacing what is there.
 pub fn build(dir: &Path) -> Result<Guest, GuestError> {
+    build_with(dir, &[])
+}
+
+fn build_with(dir: &Path, programs: &[&str]) -> Result<Guest, GuestError> {
     let g = Guest::at(dir);
     io(dir, fs::create_dir_all(dir))?;
     let (kernel, version) = find_kernel()?;
@@ -154,11 +182,35 @@ pub fn build(dir: &Path) -> Result<Guest, GuestError> {
     let tmp = dir.join(".vmlinuz.tmp");
     io(&tmp, fs::copy(&kernel, &tmp))?;
     io(&g.kernel, fs::rename(&tmp, &g.kernel))?;
-    build_initramfs(dir, &version, &g.initrd)?;
+    build_initramfs(dir, &version, &g.initrd, programs)?;
     build_disk(dir, &g.disk)?;
-    let stamp = dir.join(STAMP);
-    io(&stamp, fs::write(&stamp, INIT))?;
+    let stamp_path = dir.join(STAMP);
+    io(&stamp_path, fs::write(&stamp_path, stamp(programs)))?;
     Ok(g)
+}
+
+/// The shared libraries `ldd` names for `program`, and the loader.
+fn shared_libraries(program: &Path) -> Result<Vec<PathBuf>, GuestError> {
+    let out = Command::new("ldd")
+        .arg(program)
+        .output()
+        .map_err(|_| GuestError::Missing {
+            what: "ldd".into(),
+            hint: "apt-get install libc-bin",
+        })?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            // "libx.so => /lib/…/libx.so (0x…)" or "/lib64/ld-linux-x86-64.so.2 (0x…)"
+            let path = l
+                .split("=>")
+                .nth(1)
+                .unwrap_or(l)
+                .split_whitespace()
+                .next()?;
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect())
 }
 
 /// Debian's cloud kernel and its version (`6.1.0-…-cloud-amd64`).
@@ -221,7 +273,12 @@ fn module_closure(modules_dir: &Path) -> Result<Vec<String>, GuestError> {
     Ok(order)
 }
 
-fn build_initramfs(dir: &Path, kernel_version: &str, out: &Path) -> Result<(), GuestError> {
+fn build_initramfs(
+    dir: &Path,
+    kernel_version: &str,
+    out: &Path,
+    programs: &[&str],
+) -> Result<(), GuestError> {
     let bb = busybox()?;
     let root = dir.join(".initramfs-root");
     if root.exists() {
@@ -244,6 +301,29 @@ fn build_initramfs(dir: &Path, kernel_version: &str, out: &Path) -> Result<(), G
     io(&bin, fs::copy(&bb, &bin))?;
     let sh = root.join("bin/sh");
     io(&sh, std::os::unix::fs::symlink("busybox", &sh))?;
+    for program in programs {
+        let host = Path::new(program);
+        let name = host.file_name().ok_or_else(|| GuestError::Missing {
+            what: (*program).into(),
+            hint: "a program path",
+        })?;
+        if !host.is_file() {
+            return Err(GuestError::Missing {
+                what: (*program).into(),
+                hint: "cargo xtask deps installs it",
+            });
+        }
+        let dst = root.join("bin").join(name);
+        io(&dst, fs::copy(host, &dst))?;
+        for lib in shared_libraries(host)? {
+            let dst = root.join(lib.strip_prefix("/").unwrap_or(&lib));
+            if let Some(parent) = dst.parent() {
+                io(parent, fs::create_dir_all(parent))?;
+            }
+            let real = io(&lib, lib.canonicalize())?;
+            io(&dst, fs::copy(&real, &dst))?;
+        }
+    }
     let init = root.join("init");
     io(&init, fs::write(&init, INIT))?;
     io(

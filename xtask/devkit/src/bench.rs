@@ -8,6 +8,7 @@ use anyhow::Context;
 mod apiserver;
 mod crd;
 mod migrate;
+mod network;
 mod report;
 mod start;
 
@@ -32,6 +33,10 @@ pub enum Bench {
     /// Live migration of an idle 256 MiB guest between the two local nodes, against bare
     /// QEMU → QEMU in the same run.
     Migrate(migrate::MigrateArgs),
+    /// The pod network: TCP throughput and HTTP round trips node → guest for masquerade and
+    /// bridge against a bare tap in the same run, and how soon the guest answers after its
+    /// DHCP lease (network namespaces of its own, no cluster).
+    Network(network::NetworkArgs),
 }
 
 /// Arguments of the launcher benchmark.
@@ -56,11 +61,7 @@ fn launcher(args: LauncherArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let machine = report::Machine::probe();
-    let date = std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let date = report::now_utc();
     let body = table.strip_prefix(LAUNCHER_HEADING).unwrap_or(&table);
     let section = format!(
         "{LAUNCHER_HEADING}\n\nCommand: `cargo xtask bench launcher --runs {}`; {date}; machine: {machine}. \
@@ -81,6 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Bench::Launcher(a) => launcher(a),
         Bench::Start(a) => start::run(a),
         Bench::Migrate(a) => migrate::run(a),
+        Bench::Network(a) => network::run(a),
     }
 }
 

@@ -397,11 +397,7 @@ pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let machine = Machine::probe();
-    let date = Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let date = super::report::now_utc();
     let section = format!(
         "{HEADING}\n\nCommand: `cargo xtask bench migrate --runs {runs}`; {date}; machine: {machine}. \
          An idle test guest (busybox initramfs, 256 MiB, TCG) migrated {runs} times between the \

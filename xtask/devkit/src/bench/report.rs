@@ -53,6 +53,34 @@ fn ms_f(v: f64) -> String {
     }
 }
 
+/// The time now, as the figures' sections name it (`2026-12-01 22:40 UTC`).
+pub fn now_utc() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The workspace's commit (short hash, `+dirty` with uncommitted changes), which a figure
+/// names so that it can be traced to the code it measured.
+pub fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(crate::workspace_root())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    let hash = git(&["rev-parse", "--short", "HEAD"]);
+    if git(&["status", "--porcelain", "--untracked-files=no"]).is_empty() {
+        hash
+    } else {
+        format!("{hash}+dirty")
+    }
+}
+
 /// Bytes as KiB/MiB.
 pub fn bytes(n: u64) -> String {
     if n >= 1 << 20 {

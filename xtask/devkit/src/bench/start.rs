@@ -753,11 +753,7 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
     drop(watch);
 
     let machine = Machine::probe();
-    let date = Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let date = report::now_utc();
     let rss = |c: &str| report::bytes(rss_peak.get(c).copied().unwrap_or(0));
     let table = format!(
         "| from the VM create request to | samples | P50 | P95 | P99 | max |\n\

@@ -1,0 +1,442 @@
+//! `cargo xtask bench network`: what the pod network costs the guest. Each run builds, in
+//! network namespaces of its own, a "node" (bridge `br0`, 10.98.0.1/24, where the client
+//! runs) and a "pod" (its `eth0` on a veth into `br0`, as the CNI bridge plugin leaves a pod),
+//! and boots the test guest (with `iperf3`) three ways, alternating:
+//!
+//! - **bare**: QEMU with a tap straight on `br0` — no pod, no binding: the limit;
+//! - **masquerade** and **bridge**: the plan virt-handler applies (`virt_netsetup::exec`, the
+//!   same code) in the pod namespace, the guest on its `tap0`, DHCP from the socket
+//!   virt-handler would hand over.
+//!
+//! Per boot: iperf3 TCP throughput node → guest, HTTP request/response latency (connect,
+//! `GET /`, answer, close) node → guest, and how long after its DHCP lease the guest
+//! answers. Needs root, `ip`, `nft`, `iperf3` and QEMU; sends nothing outside its namespaces.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use kubevirt_api::vmi::{
+    Interface, InterfaceBinding, Network, PodNetwork, VirtualMachineInstanceSpec,
+};
+use virt_netsetup::exec::{self, NetNs};
+use virt_netsetup::plan::{BRIDGE, TAP};
+use virt_netsetup::{Cidr, Dns, Lease, Mac, PlanInput, plan};
+use virt_testguest::{BANNER, BareVm, Guest};
+
+use super::report::{Machine, percentile};
+
+pub const HEADING: &str = "## Pod network (cargo xtask bench network)";
+const NODE_IP: &str = "10.98.0.1";
+const POD_IP: &str = "10.98.0.2";
+const BARE_IP: &str = "10.98.0.3";
+const BOOT: Duration = Duration::from_secs(120);
+/// HTTP round trips per boot.
+const ROUND_TRIPS: usize = 30;
+
+/// Arguments of `cargo xtask bench network`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NetworkArgs {
+    /// Boots per variant (the three variants alternate).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Seconds of each iperf3 measurement.
+    #[arg(long, default_value_t = 5)]
+    pub seconds: u32,
+    /// Only print the figures; leave docs/benchmarks.md alone.
+    #[arg(long)]
+    pub no_docs: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Variant {
+    Bare,
+    Masquerade,
+    Bridge,
+}
+
+impl Variant {
+    const ALL: [Self; 3] = [Self::Bare, Self::Masquerade, Self::Bridge];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Bare => "bare QEMU, tap on the node bridge (the limit)",
+            Self::Masquerade => "kubevirt-rs masquerade (pod IP → NAT → guest)",
+            Self::Bridge => "kubevirt-rs bridge (guest holds the pod IP)",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Sample {
+    variant: Variant,
+    /// iperf3's received rate, Mbit/s.
+    mbits: f64,
+    /// HTTP round trips.
+    round_trips: Vec<Duration>,
+    /// Lease on the console → first HTTP answer.
+    reachable: Duration,
+}
+
+/// The node and pod namespaces of one boot; removed on drop.
+struct Topology {
+    node: String,
+    pod: String,
+}
+
+fn ip(args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("running ip")?;
+    if !out.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+impl Topology {
+    fn new(n: usize) -> anyhow::Result<Self> {
+        let tag = format!("kvb{}-{n}", std::process::id());
+        let t = Self {
+            node: format!("{tag}-node"),
+            pod: format!("{tag}-pod"),
+        };
+        ip(&["netns", "add", &t.node])?;
+        ip(&["netns", "add", &t.pod])?;
+        let (node, pod) = (t.node.as_str(), t.pod.as_str());
+        ip(&["-n", node, "link", "set", "lo", "up"])?;
+        ip(&["-n", node, "link", "add", "br0", "type", "bridge"])?;
+        ip(&[
+            "-n",
+            node,
+            "address",
+            "add",
+            &format!("{NODE_IP}/24"),
+            "dev",
+            "br0",
+        ])?;
+        ip(&["-n", node, "link", "set", "br0", "up"])?;
+        ip(&[
+            "link", "add", "vpod", "netns", node, "type", "veth", "peer", "name", "eth0", "netns",
+            pod,
+        ])?;
+        ip(&["-n", node, "link", "set", "vpod", "master", "br0", "up"])?;
+        ip(&["-n", pod, "link", "set", "lo", "up"])?;
+        ip(&[
+            "-n",
+            pod,
+            "address",
+            "add",
+            &format!("{POD_IP}/24"),
+            "dev",
+            "eth0",
+        ])?;
+        ip(&["-n", pod, "link", "set", "eth0", "up"])?;
+        ip(&["-n", pod, "route", "add", "default", "via", NODE_IP])?;
+        Ok(t)
+    }
+
+    fn ns(name: &str) -> anyhow::Result<NetNs> {
+        Ok(NetNs::open(&PathBuf::from(format!("/run/netns/{name}")))?)
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        for ns in [&self.pod, &self.node] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+fn spec(binding: Variant) -> VirtualMachineInstanceSpec {
+    let mut s = VirtualMachineInstanceSpec::default();
+    let mut iface = Interface {
+        name: "default".into(),
+        ..Default::default()
+    };
+    match binding {
+        Variant::Bridge => iface.bridge = Some(InterfaceBinding {}),
+        _ => iface.masquerade = Some(InterfaceBinding {}),
+    }
+    s.domain.devices.interfaces = Some(vec![iface]);
+    s.networks = Some(vec![Network {
+        name: "default".into(),
+        pod: Some(PodNetwork::default()),
+        ..Default::default()
+    }]);
+    s
+}
+
+/// A booted guest: the VM, the address to measure, and the plan to undo (none for bare).
+struct Booted {
+    vm: BareVm,
+    target: &'static str,
+    undo: Option<(NetNs, virt_netsetup::NetworkPlan)>,
+}
+
+/// Boots the guest for `variant` in `t`.
+fn boot(t: &Topology, g: &Guest, variant: Variant) -> anyhow::Result<Booted> {
+    let (ns_name, tap, lease, target, undo) = match variant {
+        Variant::Bare => {
+            ip(&[
+                "-n", &t.node, "tuntap", "add", "dev", "tapb", "mode", "tap", "vnet_hdr",
+            ])?;
+            ip(&["-n", &t.node, "link", "set", "tapb", "master", "br0", "up"])?;
+            let lease = Lease {
+                mac: Mac::derived("bench-bare"),
+                address: Cidr::parse(&format!("{BARE_IP}/24")).context("cidr")?,
+                gateway: Some(NODE_IP.parse()?),
+                server: NODE_IP.parse()?,
+                dns: Dns::default(),
+                mtu: 1500,
+                hostname: None,
+                lease_secs: u32::MAX,
+            };
+            let sock = exec::dhcp_socket(&Topology::ns(&t.node)?, "br0")?;
+            let l = lease.clone();
+            std::thread::spawn(move || exec::serve_dhcp(&sock, &l));
+            (t.node.clone(), "tapb", lease, BARE_IP, None)
+        }
+        Variant::Masquerade | Variant::Bridge => {
+            let ns = Topology::ns(&t.pod)?;
+            let pod = exec::read_pod_interface(&ns, "eth0")?;
+            let s = spec(variant);
+            let p = plan(PlanInput {
+                spec: &s,
+                mac_seed: "bench",
+                hostname: Some("bench".into()),
+                pod,
+                dns: Dns::default(),
+            })?
+            .context("no pod interface planned")?;
+            exec::apply(&ns, &p)?;
+            let sock = exec::dhcp_socket(&ns, BRIDGE)?;
+            let l = p.lease.clone();
+            std::thread::spawn(move || exec::serve_dhcp(&sock, &l));
+            (t.pod.clone(), TAP, p.lease.clone(), POD_IP, Some((ns, p)))
+        }
+    };
+    let vm = BareVm::start(
+        g,
+        &["ip", "netns", "exec", &ns_name],
+        &[
+            "-netdev",
+            &format!("tap,id=n0,ifname={tap},script=no,downscript=no"),
+            "-device",
+            &format!("virtio-net-pci,netdev=n0,mac={}", lease.mac),
+        ],
+        "",
+    )?;
+    Ok(Booted { vm, target, undo })
+}
+
+fn http_get(addr: SocketAddr) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+fn measure(n: usize, g: &Guest, variant: Variant, seconds: u32) -> anyhow::Result<Sample> {
+    let t = Topology::new(n)?;
+    let node = Topology::ns(&t.node)?;
+    let Booted { vm, target, undo } = boot(&t, g, variant)?;
+    vm.wait_for("kubevirt-rs guest: eth0 ", BOOT)?;
+    let leased = Instant::now();
+    let addr: SocketAddr = format!("{target}:80").parse()?;
+    // Reachable: first full HTTP answer after the lease.
+    let reachable = node.run(|| -> anyhow::Result<Duration> {
+        loop {
+            if http_get(addr).is_ok_and(|p| p.contains("kubevirt-rs guest")) {
+                return Ok(leased.elapsed());
+            }
+            if leased.elapsed() > BOOT {
+                bail!("{variant:?}: the guest never answered on {addr}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })??;
+    vm.wait_for(BANNER, BOOT)?;
+    let round_trips = node.run(|| -> anyhow::Result<Vec<Duration>> {
+        (0..ROUND_TRIPS)
+            .map(|_| {
+                let t0 = Instant::now();
+                let page = http_get(addr)?;
+                if !page.contains("kubevirt-rs guest") {
+                    bail!("unexpected answer: {page}");
+                }
+                Ok(t0.elapsed())
+            })
+            .collect()
+    })??;
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &t.node,
+            "iperf3",
+            "-J",
+            "-c",
+            target,
+            "-t",
+            &seconds.to_string(),
+        ])
+        .output()
+        .context("running iperf3 (apt-get install iperf3)")?;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("iperf3 output: {}", String::from_utf8_lossy(&out.stderr)))?;
+    let bps = json["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .with_context(|| format!("iperf3 gave no rate: {}", json["error"]))?;
+    drop(vm);
+    if let Some((ns, p)) = undo {
+        exec::teardown(&ns, &p)?;
+    }
+    Ok(Sample {
+        variant,
+        mbits: bps / 1e6,
+        round_trips,
+        reachable,
+    })
+}
+
+fn median_f(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// The figures as a markdown table: per variant the median of the runs, the spread, and
+/// the share of the bare limit.
+fn table(samples: &[Sample]) -> String {
+    let bare: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.variant == Variant::Bare)
+        .map(|s| s.mbits)
+        .collect();
+    let bare_median = median_f(&mut bare.clone());
+    let mut out = String::from(
+        "| variant | TCP throughput node → guest (median) | of bare | runs (Mbit/s) | HTTP round trip p50 / p99 | lease → answering (median) |\n|---|---|---|---|---|---|\n",
+    );
+    for v in Variant::ALL {
+        let of: Vec<&Sample> = samples.iter().filter(|s| s.variant == v).collect();
+        let mut rates: Vec<f64> = of.iter().map(|s| s.mbits).collect();
+        let runs = rates
+            .iter()
+            .map(|r| format!("{r:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let m = median_f(&mut rates);
+        let mut rtt: Vec<Duration> = of.iter().flat_map(|s| s.round_trips.clone()).collect();
+        rtt.sort_unstable();
+        let mut reach: Vec<Duration> = of.iter().map(|s| s.reachable).collect();
+        reach.sort_unstable();
+        out.push_str(&format!(
+            "| {} | {m:.0} Mbit/s | {:.0} % | {runs} | {} / {} | {} |\n",
+            v.label(),
+            100.0 * m / bare_median,
+            percentile(&rtt, 50.0).map_or("n/a".into(), ms),
+            percentile(&rtt, 99.0).map_or("n/a".into(), ms),
+            percentile(&reach, 50.0).map_or("n/a".into(), ms),
+        ));
+    }
+    out
+}
+
+/// Runs the benchmark.
+pub fn run(args: NetworkArgs) -> anyhow::Result<()> {
+    for tool in ["ip", "nft", "iperf3", "qemu-system-x86_64"] {
+        if Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()?
+            .stdout
+            .is_empty()
+        {
+            bail!("{tool} not found: cargo xtask deps installs it");
+        }
+    }
+    let dir = crate::target_dir().join("guest-bench");
+    let g = virt_testguest::ensure_with(&dir, &["/usr/bin/iperf3"])?;
+    let mut samples = Vec::new();
+    let mut n = 0;
+    for run in 0..args.runs.max(1) {
+        for v in Variant::ALL {
+            n += 1;
+            let s = measure(n, &g, v, args.seconds)?;
+            eprintln!(
+                "run {}: {v:?}: {:.0} Mbit/s, lease → answering {}",
+                run + 1,
+                s.mbits,
+                ms(s.reachable)
+            );
+            samples.push(s);
+        }
+    }
+    let t = table(&samples);
+    print!("{t}");
+    if args.no_docs {
+        return Ok(());
+    }
+    let machine = Machine::probe();
+    let date = super::report::now_utc();
+    let commit = super::report::commit();
+    let section = format!(
+        "{HEADING}\n\nCommand: `cargo xtask bench network --runs {} --seconds {}`; commit {commit}; {date}; machine: {machine}. \
+         The test guest (busybox initramfs plus iperf3, 256 MiB, TCG) booted {} times per variant, the variants \
+         alternating, each in namespaces of its own: a \"node\" with bridge `br0` where the client runs, and a \"pod\" \
+         whose `eth0` is a veth on `br0`, as the CNI bridge plugin leaves a pod. bare = QEMU with a tap directly on \
+         `br0` (no pod, no binding: the limit); masquerade and bridge = the plan virt-handler applies, by the same code \
+         (`virt_netsetup::exec`), the guest on `tap0` in the pod. Throughput: iperf3 TCP node → guest for {} s (median \
+         of the runs, every run listed); round trip: connect, `GET /` to the guest's busybox httpd, answer, close \
+         ({ROUND_TRIPS} per boot); lease → answering: the guest's DHCP lease on its console → the first full HTTP \
+         answer. Under TCG the guest's emulated CPU is the bottleneck, so these are shares of what this machine can \
+         do, not NIC speeds. Goals (issue 16): masquerade ≥ 80 %, bridge ≥ 90 % of bare; answering ≤ 1 s after the lease.\n\n{t}",
+        args.runs,
+        args.seconds,
+        args.runs.max(1),
+        args.seconds
+    );
+    let path = super::write_section(HEADING, &section)?;
+    eprintln!("figures written to {}", path.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_shows_shares_of_the_bare_limit() {
+        let s = |variant, mbits| Sample {
+            variant,
+            mbits,
+            round_trips: vec![Duration::from_millis(2)],
+            reachable: Duration::from_millis(300),
+        };
+        let t = table(&[
+            s(Variant::Bare, 1000.0),
+            s(Variant::Masquerade, 850.0),
+            s(Variant::Bridge, 950.0),
+            s(Variant::Bare, 900.0),
+            s(Variant::Masquerade, 800.0),
+            s(Variant::Bridge, 900.0),
+        ]);
+        assert!(t.contains("| 1000 Mbit/s | 100 % | 1000, 900 |"), "{t}");
+        assert!(t.contains("| 850 Mbit/s | 85 % | 850, 800 |"), "{t}");
+        assert!(t.contains("300.0 ms"), "{t}");
+    }
+}
