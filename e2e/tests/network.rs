@@ -219,6 +219,16 @@ fn masquerade_vm_serves_pods_and_a_service_and_stays_reachable_through_migration
     );
     let wide = ns.k(&["get", "vmi", "web"]).expect("get vmi");
     assert!(wide.contains(&pod_ip), "{wide}");
+    // The VM's wide view too (NODE and IP, from the instance).
+    ns.wait(
+        "web",
+        "the pod IP in `get vm -o wide`",
+        Duration::from_secs(30),
+        || {
+            ns.k(&["get", "vm", "web", "-o", "wide"])
+                .is_ok_and(|t| t.contains(&pod_ip) && t.contains(&node))
+        },
+    );
     // Port 22 serves the same page in the guest, but is not in `ports:`.
     let refused = http_from(&ns, &far.0, &pod_ip, 22);
     assert!(

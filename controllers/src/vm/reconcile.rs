@@ -265,6 +265,16 @@ pub async fn reconcile(
         write_status(&vms, &current, &status).await?;
         ctx.metrics.status_written();
     }
+    if let Some(patch) = render::display_annotations_patch(&vm, vmi.as_ref()) {
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PatchParams::default()
+        };
+        // Display only: a failure is retried with the next reconcile, never an error.
+        if let Err(e) = vms.patch(&name, &params, &Patch::Merge(&patch)).await {
+            tracing::debug!(error = %e, "writing the node and IP annotations");
+        }
+    }
 
     if let Outcome::Failed { message, reason } = outcome {
         // The Failure condition is written; the retry goes through error_policy's back-off.

@@ -95,6 +95,41 @@ pub fn controlled_by(vmi: &VirtualMachineInstance, vm: &VirtualMachine) -> bool 
     }
 }
 
+/// Annotation with the node the VM's instance runs on (the NODE column of `kubectl get vm
+/// -o wide`; a VM has no instance state of its own).
+pub const NODE_ANNOTATION: &str = "kubevirt.io/node-name";
+/// Annotation with the instance's first IP address (the IP column).
+pub const IP_ANNOTATION: &str = "kubevirt.io/ip-address";
+
+/// The merge patch that makes the VM's display annotations show where its instance runs
+/// and its address (both removed while it has none), or `None` when they already do.
+/// Written only when they change: once when a VM starts, once per migration.
+pub fn display_annotations_patch(
+    vm: &VirtualMachine,
+    vmi: Option<&VirtualMachineInstance>,
+) -> Option<serde_json::Value> {
+    let status = vmi.and_then(|v| v.status.as_ref());
+    let node = status
+        .and_then(|s| s.node_name.clone())
+        .filter(|n| !n.is_empty());
+    let ip = status
+        .and_then(|s| s.interfaces.as_ref())
+        .and_then(|i| i.first())
+        .and_then(|i| i.ip_address.clone())
+        .filter(|ip| !ip.is_empty());
+    let have = vm.annotations();
+    let mut patch = serde_json::Map::new();
+    for (key, want) in [(NODE_ANNOTATION, node), (IP_ANNOTATION, ip)] {
+        if have.get(key) != want.as_ref() {
+            patch.insert(
+                key.to_string(),
+                want.map_or(serde_json::Value::Null, serde_json::Value::String),
+            );
+        }
+    }
+    (!patch.is_empty()).then(|| serde_json::json!({"metadata": {"annotations": patch}}))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -190,5 +225,44 @@ mod tests {
         other.uid = "someone-else".into();
         vmi.metadata.owner_references = Some(vec![other]);
         assert!(!controlled_by(&vmi, &vm()));
+    }
+
+    #[test]
+    fn display_annotations_follow_the_instance() {
+        let vm: VirtualMachine = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "vm1", "namespace": "ns", "annotations": {"other": "x"}},
+            "spec": {}
+        }))
+        .unwrap();
+        let vmi: VirtualMachineInstance = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "vm1", "namespace": "ns"},
+            "spec": {"domain": {"devices": {}}},
+            "status": {"nodeName": "node-a", "interfaces": [{"name": "default", "ipAddress": "10.0.0.7"}]}
+        }))
+        .unwrap();
+        let patch = display_annotations_patch(&vm, Some(&vmi)).unwrap();
+        assert_eq!(
+            patch,
+            serde_json::json!({"metadata": {"annotations": {
+                "kubevirt.io/node-name": "node-a", "kubevirt.io/ip-address": "10.0.0.7"}}})
+        );
+        let mut shown = vm.clone();
+        shown
+            .annotations_mut()
+            .insert(NODE_ANNOTATION.into(), "node-a".into());
+        shown
+            .annotations_mut()
+            .insert(IP_ANNOTATION.into(), "10.0.0.7".into());
+        assert_eq!(
+            display_annotations_patch(&shown, Some(&vmi)),
+            None,
+            "nothing to write"
+        );
+        assert_eq!(
+            display_annotations_patch(&shown, None).unwrap(),
+            serde_json::json!({"metadata": {"annotations": {
+                "kubevirt.io/node-name": null, "kubevirt.io/ip-address": null}}}),
+            "stopped: removed"
+        );
     }
 }
