@@ -969,8 +969,10 @@ mod tests {
                 .map(|e| (e.field, e.kind))
                 .collect()
         };
-        let mut s = VirtualMachineInstanceSpec::default();
-        s.networks = Some(vec![pod("default", None)]);
+        let mut s = VirtualMachineInstanceSpec {
+            networks: Some(vec![pod("default", None)]),
+            ..Default::default()
+        };
         s.domain.devices.interfaces = Some(vec![Interface {
             ports: Some(vec![Port {
                 port: 80,
@@ -983,19 +985,21 @@ mod tests {
 
         // Two pod networks, a Multus one, a bad CIDR; two interfaces on the pod network, one
         // without a binding, one with SR-IOV, ports on bridge, a port out of range.
-        let mut s = VirtualMachineInstanceSpec::default();
-        s.networks = Some(vec![
-            pod("default", Some("10.0.2.0/31")),
-            pod("second", None),
-            Network {
-                name: "blue".into(),
-                multus: Some(MultusNetwork {
-                    network_name: "blue".into(),
+        let mut s = VirtualMachineInstanceSpec {
+            networks: Some(vec![
+                pod("default", Some("10.0.2.0/31")),
+                pod("second", None),
+                Network {
+                    name: "blue".into(),
+                    multus: Some(MultusNetwork {
+                        network_name: "blue".into(),
+                        ..Default::default()
+                    }),
                     ..Default::default()
-                }),
-                ..Default::default()
-            },
-        ]);
+                },
+            ]),
+            ..Default::default()
+        };
         s.domain.devices.interfaces = Some(vec![
             Interface {
                 name: "default".into(),
