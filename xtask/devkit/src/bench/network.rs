@@ -10,7 +10,9 @@
 //!
 //! Per boot: iperf3 TCP throughput node → guest, HTTP request/response latency (connect,
 //! `GET /`, answer, close) node → guest, and how long after its DHCP lease the guest
-//! answers. Needs root, `ip`, `nft`, `iperf3` and QEMU; sends nothing outside its namespaces.
+//! answers. Then, without guests, the memory the plan adds per VM (kernel objects and the
+//! DHCP server). Needs root, `ip`, `nft`, `iperf3` and QEMU; sends nothing outside its
+//! namespaces.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -311,6 +313,76 @@ fn measure(n: usize, g: &Guest, variant: Variant, seconds: u32) -> anyhow::Resul
     })
 }
 
+/// Kernel memory that network objects live in (Slab + VmallocUsed + Percpu of
+/// /proc/meminfo), KiB.
+fn kernel_kib() -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo")?;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            ["Slab", "VmallocUsed", "Percpu"]
+                .contains(&k)
+                .then(|| v.split_whitespace().next()?.parse::<u64>().ok())?
+        })
+        .sum())
+}
+
+/// This process's resident memory, KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// What the pod network adds per VM beyond its pod, averaged over `count` pods: kernel
+/// memory of the plan's objects (bridge, tap, rules, sysctls) and the launcher side's DHCP
+/// server (a thread and its socket). KiB each; no guests involved.
+fn memory_per_vm(variant: Variant, count: usize) -> anyhow::Result<(f64, f64)> {
+    let pods = (0..count)
+        .map(|i| Topology::new(1000 + i))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    std::thread::sleep(Duration::from_millis(500));
+    let kernel_before = kernel_kib()?;
+    let mut plans = Vec::new();
+    for t in &pods {
+        let ns = Topology::ns(&t.pod)?;
+        let pod = exec::read_pod_interface(&ns, "eth0")?;
+        let s = spec(variant);
+        let p = plan(PlanInput {
+            spec: &s,
+            mac_seed: &t.pod,
+            hostname: None,
+            pod,
+            dns: Dns::default(),
+        })?
+        .context("no pod interface planned")?;
+        exec::apply(&ns, &p)?;
+        plans.push((ns, p));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let kernel_after = kernel_kib()?;
+    let rss_before = rss_kib();
+    for (ns, p) in &plans {
+        let sock = exec::dhcp_socket(ns, BRIDGE)?;
+        let lease = p.lease.clone();
+        // Blocks in recv until the process ends: the benchmark is a short-lived process.
+        std::thread::spawn(move || exec::serve_dhcp(&sock, &lease));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let rss_after = rss_kib();
+    for (ns, p) in &plans {
+        exec::teardown(ns, p)?;
+    }
+    let per = |a: u64, b: u64| (a as f64 - b as f64) / count as f64;
+    Ok((per(kernel_after, kernel_before), per(rss_after, rss_before)))
+}
+
 fn median_f(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
@@ -386,7 +458,23 @@ pub fn run(args: NetworkArgs) -> anyhow::Result<()> {
             samples.push(s);
         }
     }
-    let t = table(&samples);
+    let mut memory = String::from(
+        "\nMemory the pod network adds per VM (averaged over 20 pods, no guests): kernel = growth of \
+         Slab + VmallocUsed + Percpu in /proc/meminfo when the plans are applied (bridge, tap, rules); \
+         launcher = resident memory of the DHCP server (its thread and socket). Goal ≤ 5 MiB.\n\n\
+         | binding | kernel | launcher |\n|---|---|---|\n",
+    );
+    for v in [Variant::Masquerade, Variant::Bridge] {
+        let (kernel, launcher) = memory_per_vm(v, 20)?;
+        memory.push_str(&format!(
+            "| {} | {kernel:.0} KiB | {launcher:.0} KiB |\n",
+            match v {
+                Variant::Bridge => "bridge",
+                _ => "masquerade",
+            }
+        ));
+    }
+    let t = format!("{}{memory}", table(&samples));
     print!("{t}");
     if args.no_docs {
         return Ok(());
