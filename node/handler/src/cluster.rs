@@ -618,10 +618,16 @@ async fn monitor(mut w: StatusWriter, launcher: LauncherClient, dir: PathBuf) {
                 answered = true;
                 failing_since = None;
                 w.observe(&Observation::Launcher(s)).await;
+                let following = Instant::now();
                 if follow(&mut w, &launcher).await {
                     return;
                 }
-                // The event stream broke: look again right away.
+                // The event stream broke: look again right away, unless it broke at once —
+                // a launcher that ends every stream must not make the handler spin (it did,
+                // hammering the launcher with a connection pair per iteration).
+                if following.elapsed() < POLL {
+                    tokio::time::sleep(POLL).await;
+                }
                 continue;
             }
             Ok(_) => failing_since = None,

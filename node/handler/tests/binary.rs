@@ -37,6 +37,8 @@ async fn fake_launcher(sock: PathBuf) -> tokio::task::JoinHandle<()> {
             let Ok((s, _)) = listener.accept().await else {
                 return;
             };
+            // Finished connections are reaped: a JoinSet keeps them until joined.
+            while conns.try_join_next().is_some() {}
             conns.spawn(async move {
                 let (r, mut w) = s.into_split();
                 let mut lines = BufReader::new(r).lines();
