@@ -18,7 +18,6 @@
 mod common;
 
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::{Console, Ns, TEST_GUEST};
@@ -31,19 +30,7 @@ const VMIM: &str = "virtualmachineinstancemigrations";
 const BANDWIDTH: &str = "kubevirt-rs.io/migration-bandwidth-mib";
 
 fn cluster() -> &'static Cluster {
-    static TWO: OnceLock<()> = OnceLock::new();
-    TWO.get_or_init(|| {
-        if std::env::var_os("KUBECONFIG").is_none() {
-            e2e::xtask(&["cluster", "up", "--nodes", "2"]).expect("cluster up --nodes 2");
-        }
-    });
-    let c = Cluster::with_kubevirt().expect("cluster with kubevirt-rs deployed");
-    let nodes = c.kubectl(&["get", "nodes", "-o", "name"]).expect("nodes");
-    assert!(
-        nodes.lines().count() >= 2,
-        "live migration needs two nodes (cargo xtask cluster up --nodes 2); have:\n{nodes}"
-    );
-    c
+    common::two_node_cluster()
 }
 
 /// What the migration tests ask of a test namespace, beyond the shared helpers.

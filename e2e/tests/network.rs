@@ -22,13 +22,7 @@ const CLIENT_IMAGE: &str = "localhost/e2e/netclient:v1";
 const MIGRATE: Duration = Duration::from_secs(240);
 
 fn cluster() -> &'static Cluster {
-    static TWO: OnceLock<()> = OnceLock::new();
-    TWO.get_or_init(|| {
-        if std::env::var_os("KUBECONFIG").is_none() {
-            e2e::xtask(&["cluster", "up", "--nodes", "2"]).expect("cluster up --nodes 2");
-        }
-    });
-    let c = Cluster::with_kubevirt().expect("cluster with kubevirt-rs deployed");
+    let c = common::two_node_cluster();
     static IMAGE: OnceLock<()> = OnceLock::new();
     IMAGE.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("e2e-netclient-{}", std::process::id()));

@@ -19,6 +19,25 @@ pub const BOOT: Duration = Duration::from_secs(240);
 pub const GONE: Duration = Duration::from_secs(120);
 pub const TEST_GUEST: &str = "localhost/kubevirt-rs/test-guest:latest";
 
+/// The cluster with two nodes (live migration, cross-node traffic): brings the local one
+/// up with two nodes unless KUBECONFIG names another, deploys kubevirt-rs, and fails when
+/// fewer than two nodes are there.
+pub fn two_node_cluster() -> &'static Cluster {
+    static TWO: OnceLock<()> = OnceLock::new();
+    TWO.get_or_init(|| {
+        if std::env::var_os("KUBECONFIG").is_none() {
+            e2e::xtask(&["cluster", "up", "--nodes", "2"]).expect("cluster up --nodes 2");
+        }
+    });
+    let c = Cluster::with_kubevirt().expect("cluster with kubevirt-rs deployed");
+    let nodes = c.kubectl(&["get", "nodes", "-o", "name"]).expect("nodes");
+    assert!(
+        nodes.lines().count() >= 2,
+        "needs two nodes (cargo xtask cluster up --nodes 2); have:\n{nodes}"
+    );
+    c
+}
+
 pub fn cluster() -> &'static Cluster {
     Cluster::with_kubevirt().expect("cluster with kubevirt-rs deployed")
 }
