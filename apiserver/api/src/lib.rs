@@ -7,6 +7,7 @@
 //! VM YAML applies unchanged.
 
 pub mod catalogue;
+pub mod cloudinit;
 pub mod common;
 pub mod defaults;
 pub mod kubevirt;
@@ -43,3 +44,6 @@ pub const VERSION: &str = "v1";
 pub const API_VERSION: &str = "kubevirt.io/v1";
 /// API group of the action and streaming subresources (start, stop, console, …).
 pub const SUBRESOURCES_GROUP: &str = "subresources.kubevirt.io";
+/// The user (and group) virt-launcher, its libvirt and QEMU run as in a launcher pod
+/// (KubeVirt's `qemu` user; docs/node.md, "Privilege model").
+pub const LAUNCHER_UID: u32 = 107;

@@ -9,7 +9,7 @@ use kubevirt_api::VirtualMachineInstance;
 use serde_json::json;
 
 use super::render::{
-    ImageCopy, LauncherConfig, PodRenderError, copy_script, hostname_of, image_copies,
+    COPY_FN, ImageCopy, LauncherConfig, PodRenderError, copy_script, hostname_of, image_copies,
     launcher_pod, memory_overhead_mib,
 };
 
@@ -120,9 +120,86 @@ fn one_copier_per_image_with_exactly_the_files_used() {
     );
     assert_eq!(
         copy_script(&copies[1], "/var/run/kubevirt-rs/images/1"),
-        "mkdir -p '/var/run/kubevirt-rs/images/1' '/var/run/kubevirt-rs/images/1/images' \
-         && cp -a '/images/data.qcow2' '/var/run/kubevirt-rs/images/1/images/data.qcow2'"
+        format!(
+            "{COPY_FN}; mkdir -p '/var/run/kubevirt-rs/images/1' '/var/run/kubevirt-rs/images/1/images' \
+             && copy '/images/data.qcow2' '/var/run/kubevirt-rs/images/1/images/data.qcow2'"
+        )
     );
+}
+
+/// The copier run for real (the host's sh and find, as busybox's in the pod): regular
+/// files and directories are copied, a symbolic link or FIFO anywhere in what is copied
+/// fails the copy with a message naming it, and nothing of it is copied.
+#[test]
+fn image_copier_takes_regular_files_only() {
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("img");
+    std::fs::create_dir_all(src.join("disk")).unwrap();
+    std::fs::write(src.join("disk/a.img"), b"data").unwrap();
+    std::fs::write(src.join("vmlinuz"), b"kernel").unwrap();
+    let run = |files: &[&str]| {
+        let copy = ImageCopy {
+            image: "i".into(),
+            pull_policy: None,
+            files: files
+                .iter()
+                .map(|f| format!("{}{f}", src.display()))
+                .collect(),
+        };
+        let dest = root.path().join("out");
+        let _ = std::fs::remove_dir_all(&dest);
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(copy_script(&copy, &dest.display().to_string()))
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+            dest,
+        )
+    };
+    let (ok, err, dest) = run(&["/disk", "/vmlinuz"]);
+    assert!(ok, "{err}");
+    let copied = dest.join(src.strip_prefix("/").unwrap());
+    assert_eq!(std::fs::read(copied.join("disk/a.img")).unwrap(), b"data");
+    assert!(
+        std::fs::symlink_metadata(copied.join("vmlinuz"))
+            .unwrap()
+            .is_file()
+    );
+
+    std::os::unix::fs::symlink("/etc/shadow", src.join("disk/b.img")).unwrap();
+    let (ok, err, dest) = run(&["/disk"]);
+    assert!(!ok);
+    assert!(
+        err.contains("disk/b.img in the image is not a regular file"),
+        "{err}"
+    );
+    assert!(
+        !dest
+            .join(src.strip_prefix("/").unwrap())
+            .join("disk")
+            .exists()
+    );
+
+    std::os::unix::fs::symlink("/dev/sda", src.join("kernel")).unwrap();
+    let (ok, err, _) = run(&["/kernel"]);
+    assert!(!ok);
+    assert!(
+        err.contains("/kernel in the image is not a regular file"),
+        "{err}"
+    );
+
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(src.join("fifo"))
+            .status()
+            .unwrap()
+            .success()
+    );
+    let (ok, err, _) = run(&["/fifo"]);
+    assert!(!ok && err.contains("/fifo in the image"), "{err}");
 }
 
 #[test]
@@ -134,7 +211,9 @@ fn image_paths_are_quoted_and_may_not_leave_the_image() {
     };
     assert_eq!(
         copy_script(&c, "/x"),
-        r"mkdir -p '/x' '/x/it'\''s here' && cp -a '/it'\''s here/d.img' '/x/it'\''s here/d.img'"
+        format!(
+            r"{COPY_FN}; mkdir -p '/x' '/x/it'\''s here' && copy '/it'\''s here/d.img' '/x/it'\''s here/d.img'"
+        )
     );
     for bad in ["../etc/shadow", "/disk/../../etc", "/", ""] {
         let mut v = vmi();
@@ -194,4 +273,56 @@ fn a_long_vmi_name_is_no_label_value() {
     let labels = pod.metadata.labels.unwrap();
     assert!(!labels.contains_key("vm.kubevirt.io/name"));
     assert_eq!(labels["kubevirt.io/created-by"], "vmi-uid");
+}
+
+/// Inline cloud-init data never reaches the pod (its annotations are readable by `view`):
+/// it goes into the VMI's own Secret, mounted with the Secrets the VMI names.
+#[test]
+fn cloud_init_data_travels_in_secrets_not_in_the_pod() {
+    let mut v = vmi();
+    let extra: Vec<kubevirt_api::vmi::Volume> = serde_json::from_value(json!([
+        {"name": "ci", "cloudInitNoCloud": {"userData": "#cloud-config\npassword: hunter2\n"}},
+        {"name": "ci2", "cloudInitNoCloud": {"secretRef": {"name": "my-user-data"}}}
+    ]))
+    .unwrap();
+    v.spec.volumes.get_or_insert_default().extend(extra);
+    let pod = launcher_pod(&v, &LauncherConfig::default()).unwrap();
+    let text = serde_json::to_string(&pod).unwrap();
+    assert!(!text.contains("hunter2"), "{text}");
+    let pod = serde_json::to_value(&pod).unwrap();
+    let volumes = pod["spec"]["volumes"].as_array().unwrap();
+    let secrets: Vec<&str> = volumes
+        .iter()
+        .filter_map(|v| v["secret"]["secretName"].as_str())
+        .collect();
+    assert_eq!(secrets, ["kubevirt-rs-cloud-init-vmi-uid", "my-user-data"]);
+    let mounts: Vec<&str> = pod["spec"]["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["mountPath"].as_str())
+        .filter(|p| p.contains("cloud-init"))
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            "/var/run/kubevirt-rs/cloud-init/inline",
+            "/var/run/kubevirt-rs/cloud-init/ci2.user"
+        ]
+    );
+    let secret = super::render::cloud_init_secret(&v).unwrap().unwrap();
+    assert_eq!(
+        secret
+            .string_data
+            .unwrap()
+            .get("ci.userData")
+            .map(String::as_str),
+        Some("#cloud-config\npassword: hunter2\n")
+    );
+    assert_eq!(
+        secret.metadata.owner_references.unwrap()[0].uid,
+        "vmi-uid",
+        "goes with its VMI"
+    );
+    assert!(super::render::cloud_init_secret(&vmi()).unwrap().is_none());
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -224,6 +224,16 @@ pub async fn reconcile(
     let mut create_error: Option<String> = None;
     let mut failure: Option<ReconcileError> = None;
     if plan.create_pod {
+        // The launcher's Secret of inline cloud-init data first: kubelet starts the pod
+        // only once every Secret it mounts exists.
+        if let Err(e) = ensure_cloud_init_secret(&ctx.client, &vmi).await {
+            tracing::warn!(error = %e, "creating the cloud-init Secret failed");
+            events.push((
+                EventType::Warning,
+                "FailedCreate",
+                format!("Error creating the cloud-init Secret: {e}"),
+            ));
+        }
         match render::launcher_pod(&vmi, &ctx.config.launcher) {
             Ok(desired) => {
                 let params = PostParams {
@@ -448,6 +458,28 @@ pub fn error_policy(
     let delay = ctx.backoff.next_delay(&key);
     tracing::warn!(vmi = %vmi.name_any(), error = %error_chain(err), reason = err.reason(), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
+}
+
+/// Creates the VMI's Secret of inline cloud-init data unless it exists (the VMI spec is
+/// immutable, so an existing one is current).
+async fn ensure_cloud_init_secret(
+    client: &kube::Client,
+    vmi: &VirtualMachineInstance,
+) -> Result<(), kube::Error> {
+    let Ok(Some(secret)) = render::cloud_init_secret(vmi) else {
+        return Ok(());
+    };
+    let ns = secret.metadata.namespace.clone().unwrap_or_default();
+    let api = Api::<Secret>::namespaced(client.clone(), &ns);
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PostParams::default()
+    };
+    match api.create(&params, &secret).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

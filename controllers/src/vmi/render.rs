@@ -18,15 +18,16 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, HostPathVolumeSource, LocalObjectReference, ObjectFieldSelector, Pod, PodSpec,
-    ResourceRequirements, SecurityContext, Volume, VolumeMount,
+    Capabilities, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, HostPathVolumeSource, LocalObjectReference, ObjectFieldSelector, Pod,
+    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource,
+    SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
-use kubevirt_api::quantity;
-use kubevirt_api::{API_VERSION, VirtualMachineInstance};
+use kubevirt_api::{API_VERSION, LAUNCHER_UID, VirtualMachineInstance};
+use kubevirt_api::{cloudinit, quantity};
 
 /// Pod annotation carrying the VMI as JSON for the launcher.
 pub const VMI_ANNOTATION: &str = "kubevirt-rs.io/vmi";
@@ -58,9 +59,9 @@ pub fn sockets_subpath(uid: &str) -> String {
     format!("$(NODE_NAME)/sockets/{uid}")
 }
 const IMAGES_DIR: &str = "/var/run/kubevirt-rs/images";
+/// Where the launcher finds cloud-init data from Secrets (`kubevirt_api::cloudinit`).
+const CLOUD_INIT_DIR: &str = "/var/run/kubevirt-rs/cloud-init";
 const LIBVIRT_CACHE_DIR: &str = "/var/cache/kubevirt-rs/libvirt";
-/// virt-launcher's `probe::CACHE_FILE`, the same path on the host and in the pod.
-const KVM_PROBE_FILE: &str = "/run/kubevirt-rs/kvm-probe";
 const VIRT_BIN_DIR: &str = "/virt-bin";
 const BUSYBOX: &str = "/usr/bin/busybox";
 const LAUNCHER_BINARY: &str = "/usr/bin/virt-launcher";
@@ -271,8 +272,17 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// The shell function copying one image path: regular files and directories only. A
+/// symbolic link, device or FIFO in an image is refused with a message naming it (it
+/// becomes the VMI's failure message): the launcher must never open one (a link to a
+/// host device is the class of KubeVirt advisory GHSA-qv98-3369-g364). `find` does not
+/// follow links, the path itself included, so nothing but regular files reaches `cp`.
+pub const COPY_FN: &str = "copy() { bad=$(find \"$1\" ! -type f ! -type d 2>/dev/null | head -n 1); \
+     if [ -n \"$bad\" ]; then echo \"$bad in the image is not a regular file or directory \
+     (symbolic links, devices and FIFOs are refused)\" >&2; exit 1; fi; cp -R \"$1\" \"$2\"; }";
+
 /// The shell script of an image's copier: create the parents, then copy each file
-/// (or directory) to the same path under `dir`.
+/// (or directory) to the same path under `dir`, regular files only ([`COPY_FN`]).
 pub fn copy_script(copy: &ImageCopy, dir: &str) -> String {
     let mut parents: Vec<String> = vec![dir.to_string()];
     for f in &copy.files {
@@ -286,7 +296,7 @@ pub fn copy_script(copy: &ImageCopy, dir: &str) -> String {
         }
     }
     let mut script = format!(
-        "mkdir -p {}",
+        "{COPY_FN}; mkdir -p {}",
         parents
             .iter()
             .map(|p| sh_quote(p))
@@ -295,12 +305,40 @@ pub fn copy_script(copy: &ImageCopy, dir: &str) -> String {
     );
     for f in &copy.files {
         script.push_str(&format!(
-            " && cp -a {} {}",
+            " && copy {} {}",
             sh_quote(f),
             sh_quote(&format!("{dir}{f}"))
         ));
     }
     script
+}
+
+/// The Secret holding the VMI's inline cloud-init data for its launcher pods (none when
+/// it has none), owned by the VMI so that it goes with it.
+pub fn cloud_init_secret(vmi: &VirtualMachineInstance) -> Result<Option<Secret>, PodRenderError> {
+    let name = vmi.name_any();
+    let (Some(ns), Some(uid)) = (vmi.namespace(), vmi.metadata.uid.clone()) else {
+        return Err(PodRenderError::NotPersisted(name));
+    };
+    let data = cloudinit::take_inline(&mut vmi.spec.clone());
+    if data.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Secret {
+        metadata: ObjectMeta {
+            name: Some(cloudinit::secret_name(&uid)),
+            namespace: Some(ns),
+            labels: Some(BTreeMap::from([(
+                CREATED_BY_LABEL.to_string(),
+                uid.clone(),
+            )])),
+            owner_references: Some(vec![owner(vmi, &uid)]),
+            ..ObjectMeta::default()
+        },
+        string_data: Some(data),
+        type_: Some("Opaque".into()),
+        ..Secret::default()
+    }))
 }
 
 /// Renders the launcher pod of `vmi` (contract: docs/cluster-flow.md §2).
@@ -327,12 +365,16 @@ pub fn launcher_pod(
         labels.insert(VM_NAME_LABEL.into(), name.clone());
     }
 
-    // Only what the launcher needs: no status, no managed fields.
+    // Only what the launcher needs: no status, no managed fields, and no inline
+    // cloud-init data (pod annotations are readable by `view`): that goes through
+    // [`cloud_init_secret`].
+    let mut launcher_spec = spec.clone();
+    let inline_cloud_init = !cloudinit::take_inline(&mut launcher_spec).is_empty();
     let for_launcher = serde_json::json!({
         "apiVersion": API_VERSION,
         "kind": "VirtualMachineInstance",
         "metadata": {"name": name, "namespace": ns, "uid": uid},
-        "spec": spec,
+        "spec": launcher_spec,
     });
     let vmi_json = serde_json::to_string(&for_launcher)
         .map_err(|_| PodRenderError::Serialize(name.clone()))?;
@@ -415,10 +457,9 @@ pub fn launcher_pod(
         },
         mount("work", &format!("{RUN_DIR}/work"), false),
         mount("libvirt-cache", LIBVIRT_CACHE_DIR, false),
-        // The launcher's per-boot KVM verdict, a file shared by the node's launchers.
-        // Mounted as a file: the image's /var/run links to /run, so a directory mount at
-        // /run/kubevirt-rs would lie under every other mount above.
-        mount("kvm-probe", KVM_PROBE_FILE, false),
+        // The root filesystem is read-only; libvirt and QEMU write below the work
+        // directory, anything else that wants a temporary file here.
+        mount("tmp", "/tmp", false),
     ];
     let mut volumes = vec![
         Volume {
@@ -441,15 +482,50 @@ pub fn launcher_pod(
         host("sockets", NODES_DIR.into()),
         empty("work"),
         host("libvirt-cache", LIBVIRT_CACHE_DIR.into()),
-        Volume {
-            name: "kvm-probe".into(),
-            host_path: Some(HostPathVolumeSource {
-                path: KVM_PROBE_FILE.into(),
-                type_: Some("FileOrCreate".into()),
-            }),
-            ..Volume::default()
-        },
+        empty("tmp"),
     ];
+
+    // cloud-init data in Secrets: ours of the inline data, and those the VMI names.
+    let secret_volume = |volume: &str, secret: &str| Volume {
+        name: volume.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            default_mode: Some(0o440),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    let mut cloud_init_mounts = Vec::new();
+    if inline_cloud_init {
+        cloud_init_mounts.push((
+            cloudinit::INLINE_DIR.to_string(),
+            cloudinit::secret_name(&uid),
+        ));
+    }
+    for v in spec.volumes.iter().flatten() {
+        for src in [&v.cloud_init_no_cloud, &v.cloud_init_config_drive]
+            .into_iter()
+            .flatten()
+        {
+            for (kind, r) in [
+                (cloudinit::RefKind::User, &src.secret_ref),
+                (cloudinit::RefKind::Network, &src.network_data_secret_ref),
+            ] {
+                if let Some(r) = r {
+                    cloud_init_mounts.push((cloudinit::ref_dir(&v.name, kind), r.name.clone()));
+                }
+            }
+        }
+    }
+    for (n, (dir, secret)) in cloud_init_mounts.iter().enumerate() {
+        let volume = format!("cloud-init-{n}");
+        mounts.push(mount(&volume, &format!("{CLOUD_INIT_DIR}/{dir}"), true));
+        volumes.push(secret_volume(&volume, secret));
+    }
+    if !cloud_init_mounts.is_empty() {
+        args.push("--cloud-init-dir".into());
+        args.push(CLOUD_INIT_DIR.into());
+    }
 
     // containerd 1.6 has no image volumes: like KubeVirt, a static busybox from the
     // launcher image runs inside each disk image and copies the files out.
@@ -471,6 +547,7 @@ pub fn launcher_pod(
             ]),
             volume_mounts: Some(vec![mount("virt-bin", VIRT_BIN_DIR, false)]),
             termination_message_policy: no_term_log(),
+            security_context: Some(unprivileged()),
             ..Container::default()
         });
         for (n, c) in copies.iter().enumerate() {
@@ -489,6 +566,7 @@ pub fn launcher_pod(
                     mount("images", IMAGES_DIR, false),
                 ]),
                 termination_message_policy: no_term_log(),
+                security_context: Some(unprivileged()),
                 ..Container::default()
             });
         }
@@ -561,26 +639,59 @@ pub fn launcher_pod(
                         value: Some("pod".into()),
                         ..EnvVar::default()
                     },
+                    // libvirt's client library reads its configuration below $HOME; the
+                    // root filesystem is read-only.
+                    EnvVar {
+                        name: "HOME".into(),
+                        value: Some(format!("{RUN_DIR}/work")),
+                        ..EnvVar::default()
+                    },
                 ]),
                 resources: Some(ResourceRequirements {
                     requests: Some(requests),
                     limits: (!limits.is_empty()).then_some(limits),
                     ..ResourceRequirements::default()
                 }),
-                // libvirtd needs its own mount and PID namespaces, cgroups and devices.
-                security_context: Some(SecurityContext {
-                    privileged: Some(true),
-                    ..SecurityContext::default()
-                }),
+                // No privilege at all: libvirt runs in session mode as the launcher user,
+                // virt-handler builds the network and the tap device node for it
+                // (docs/node.md, "Privilege model").
+                security_context: Some(unprivileged()),
                 termination_message_policy: Some("FallbackToLogsOnError".into()),
                 volume_mounts: Some(mounts),
                 ..Container::default()
             }],
             volumes: Some(volumes),
+            security_context: Some(PodSecurityContext {
+                run_as_user: Some(LAUNCHER_UID.into()),
+                run_as_group: Some(LAUNCHER_UID.into()),
+                run_as_non_root: Some(true),
+                // emptyDirs (work, images) group-writable by the launcher user.
+                fs_group: Some(LAUNCHER_UID.into()),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    ..SeccompProfile::default()
+                }),
+                ..PodSecurityContext::default()
+            }),
             ..PodSpec::default()
         }),
         status: None,
     })
+}
+
+/// Every container of a launcher pod: what Pod Security Standard `restricted` asks of a
+/// container (no capabilities, no privilege escalation, non-root), and a read-only root.
+fn unprivileged() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Capabilities::default()
+        }),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        ..SecurityContext::default()
+    }
 }
 
 fn field_env(name: &str, path: &str) -> EnvVar {

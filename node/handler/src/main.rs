@@ -34,6 +34,14 @@ struct Args {
         default_value = "/var/run/kubevirt-rs"
     )]
     run_root: PathBuf,
+    /// Host directory of the launchers' shared QEMU capabilities cache; made the launcher
+    /// user's at start.
+    #[arg(
+        long,
+        env = "VIRT_HANDLER_LAUNCHER_CACHE",
+        default_value = "/var/cache/kubevirt-rs/libvirt"
+    )]
+    launcher_cache: PathBuf,
     /// Address of the mTLS server (console, vnc, pause, unpause, softreboot).
     #[arg(long, env = "VIRT_HANDLER_LISTEN", default_value = "0.0.0.0:8186")]
     listen: SocketAddr,
@@ -167,6 +175,9 @@ async fn cluster_main(node_name: String, args: Args) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    if let Err(e) = virt_handler::network::prepare_launcher_cache(&args.launcher_cache) {
+        tracing::warn!(dir = %args.launcher_cache.display(), error = %e, "preparing the launchers' QEMU capabilities cache");
+    }
     let opts = NodeOptions {
         metrics_listener,
         client,

@@ -278,6 +278,13 @@ impl SourceProxy {
                 what: path.display().to_string(),
                 source,
             })?;
+            // The launcher's libvirt and QEMU connect as the unprivileged launcher user;
+            // the directory is the pod's own, so nobody else reaches the socket.
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+                .map_err(|source| ProxyError::Bind {
+                    what: path.display().to_string(),
+                    source,
+                })?;
             let (token, connector, name) = (stop.clone(), connector.clone(), server_name.clone());
             tokio::spawn(async move {
                 let mut conns = JoinSet::new();

@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
-use kubevirt_api::VirtualMachineInstance;
+use kubevirt_api::{LAUNCHER_UID, VirtualMachineInstance};
 use tokio_util::sync::CancellationToken;
 use virt_netsetup::exec::{self, NetNs};
 use virt_netsetup::{Dns, NetworkPlan, PlanInput, handoff, plan};
@@ -69,6 +69,7 @@ pub async fn run(paths: Paths, vmis: KnownVmis, shutdown: CancellationToken) {
             let Ok(dir) = e.file_name().into_string() else {
                 continue;
             };
+            hand_to_launcher(&e.path());
             let sock = e.path().join(handoff::SOCKET);
             if !sock.exists() {
                 continue;
@@ -90,6 +91,111 @@ pub async fn run(paths: Paths, vmis: KnownVmis, shutdown: CancellationToken) {
     }
 }
 
+/// Gives a launcher its socket directory. kubelet creates it (the pod's sockets subpath)
+/// owned by root, and the launcher runs as [`LAUNCHER_UID`] without any capability; it
+/// waits until the directory is its own. Not following links: the directory is created
+/// by kubelet, not by a launcher, but a name is checked before it is trusted.
+fn hand_to_launcher(dir: &Path) {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(meta) = std::fs::symlink_metadata(dir) else {
+        return;
+    };
+    if !meta.is_dir() || (meta.uid() == LAUNCHER_UID && meta.gid() == LAUNCHER_UID) {
+        return;
+    }
+    if let Err(e) = std::os::unix::fs::lchown(dir, Some(LAUNCHER_UID), Some(LAUNCHER_UID)) {
+        tracing::warn!(dir = %dir.display(), error = %e, "handing the socket directory to the launcher");
+    }
+}
+
+/// The network plan of a VMI, in its socket directory: where its guest is on the pod
+/// network.
+pub const PLAN_FILE: &str = "network.json";
+
+/// Why a connection to a guest port cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestConnectError {
+    /// No plan: the VMI has no pod network interface, or its network is not set up yet.
+    #[error("the VMI has no interface on the pod network (or it is not set up yet)")]
+    NoNetwork,
+    /// Only the masquerade binding is reachable from the pod's namespace.
+    #[error(
+        "port-forward reaches guests on the masquerade binding; this VMI's interface uses bridge"
+    )]
+    Bridge,
+    /// The guest answered with a reset.
+    #[error("the guest refused the connection to port {0} (nothing listens there?)")]
+    Refused(u16),
+    /// No answer in time.
+    #[error("the guest did not answer on port {0} within {1:?}")]
+    Timeout(u16, Duration),
+    /// Anything else.
+    #[error("connecting to the guest: {0}")]
+    Other(String),
+}
+
+/// How long a guest has to accept a forwarded connection.
+pub const GUEST_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens a TCP connection to `port` of the guest whose launcher has socket directory
+/// `dir`, from inside the launcher pod's network namespace (the guest's 10.0.2.2 is
+/// reachable only there). The launcher's PID comes from the peer credentials of its
+/// command socket.
+pub async fn connect_guest(
+    dir: PathBuf,
+    port: u16,
+) -> Result<tokio::net::TcpStream, GuestConnectError> {
+    let other = |e: &dyn std::fmt::Display| GuestConnectError::Other(e.to_string());
+    let std_stream = tokio::task::spawn_blocking(move || {
+        let net: NetworkPlan = std::fs::read(dir.join(PLAN_FILE))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .ok_or(GuestConnectError::NoNetwork)?;
+        if net.binding == plan::Binding::Bridge {
+            return Err(GuestConnectError::Bridge);
+        }
+        let cmd = UnixStream::connect(dir.join("cmd.sock")).map_err(|e| other(&e))?;
+        let pid = handoff::peer_pid(&cmd).map_err(|e| other(&e))?;
+        drop(cmd);
+        let netns = NetNs::of_pid(pid).map_err(|e| other(&e))?;
+        let addr = std::net::SocketAddr::from((net.lease.address.addr, port));
+        let s = netns
+            .run(|| std::net::TcpStream::connect_timeout(&addr, GUEST_CONNECT_TIMEOUT))
+            .map_err(|e| other(&e))?
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::ConnectionRefused => GuestConnectError::Refused(port),
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
+                    GuestConnectError::Timeout(port, GUEST_CONNECT_TIMEOUT)
+                }
+                _ => other(&e),
+            })?;
+        s.set_nonblocking(true).map_err(|e| other(&e))?;
+        let _ = s.set_nodelay(true);
+        Ok(s)
+    })
+    .await
+    .map_err(|e| other(&e))??;
+    tokio::net::TcpStream::from_std(std_stream).map_err(|e| other(&e))
+}
+
+/// Makes the node's shared QEMU capabilities cache (a host directory every launcher pod
+/// mounts) the launcher user's, including what root-mode launchers left there. A launcher
+/// that finds it unwritable probes QEMU itself, which costs seconds per start.
+pub fn prepare_launcher_cache(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    fn walk(p: &Path) -> std::io::Result<()> {
+        let meta = std::fs::symlink_metadata(p)?;
+        std::os::unix::fs::lchown(p, Some(LAUNCHER_UID), Some(LAUNCHER_UID))?;
+        if meta.is_dir() {
+            for e in std::fs::read_dir(p)? {
+                walk(&e?.path())?;
+            }
+        }
+        Ok(())
+    }
+    walk(dir)
+}
+
 /// Sets up one launcher's network and tells it the outcome.
 fn serve_one(sock: &Path, vmi: &VirtualMachineInstance) {
     let t0 = Instant::now();
@@ -103,6 +209,14 @@ fn serve_one(sock: &Path, vmi: &VirtualMachineInstance) {
     };
     match set_up(&stream, vmi) {
         Ok((plan, dhcp)) => {
+            // For port-forwarding later (also after a handler restart): where the guest is.
+            if let Some(dir) = sock.parent()
+                && let Err(e) = serde_json::to_vec(&plan)
+                    .map_err(std::io::Error::other)
+                    .and_then(|b| std::fs::write(dir.join(PLAN_FILE), b))
+            {
+                tracing::warn!(vmi = %format!("{ns}/{name}"), error = %e, "recording the network plan");
+            }
             if let Err(e) = handoff::send_ready(&stream, &plan, &dhcp) {
                 tracing::warn!(vmi = %format!("{ns}/{name}"), error = %e, "handing the network over");
                 return;
@@ -129,6 +243,7 @@ fn set_up(
 ) -> Result<(NetworkPlan, std::net::UdpSocket), String> {
     let pid = handoff::peer_pid(stream).map_err(|e| e.to_string())?;
     let netns = NetNs::of_pid(pid).map_err(|e| e.to_string())?;
+    exec::provide_tun(pid).map_err(|e| e.to_string())?;
     let pod = exec::read_pod_interface(&netns, virt_netsetup::plan::POD_INTERFACE)
         .map_err(|e| e.to_string())?;
     // The pod's resolv.conf, as kubelet wrote it for the launcher (cluster DNS, search

@@ -204,6 +204,10 @@ pub fn router(state: AppState) -> Router {
             "/v1/namespaces/{ns}/virtualmachineinstances/{name}/vnc",
             get(vnc),
         )
+        .route(
+            "/v1/namespaces/{ns}/virtualmachineinstances/{name}/portforward/{port}/{protocol}",
+            get(portforward),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state)
 }
@@ -371,6 +375,19 @@ pub struct StreamQuery {
     preserve_session: bool,
 }
 
+/// Largest websocket message or frame a client may send: console input and VNC client
+/// messages are keystrokes, pointer events and small requests (a pasted block at most).
+/// With [`QUEUE`] messages queued each way, a session holds a few MiB at most (the
+/// library's defaults, 64 MiB messages, allowed gigabytes).
+const MAX_CLIENT_MESSAGE: usize = 256 * 1024;
+/// Messages queued per direction of a session before the sender waits.
+const QUEUE: usize = 8;
+
+fn bounded(ws: WebSocketUpgrade) -> WebSocketUpgrade {
+    ws.max_message_size(MAX_CLIENT_MESSAGE)
+        .max_frame_size(MAX_CLIENT_MESSAGE)
+}
+
 async fn console(
     State(st): State<AppState>,
     UrlPath((ns, name)): UrlPath<(String, String)>,
@@ -402,7 +419,8 @@ async fn open_console(
     };
     let ping = st.ping_every;
     let open = st.metrics.sessions("console");
-    ws.protocols([PLAIN_PROTOCOL])
+    bounded(ws)
+        .protocols([PLAIN_PROTOCOL])
         .on_upgrade(move |ws| async move {
             open.inc();
             tracing::info!(%ns, %name, session = id, read_only = q.read_only, "console session opened");
@@ -454,33 +472,13 @@ async fn open_vnc(
     }
     let (ping, vnc_map) = (st.ping_every, st.vnc.clone());
     let open = st.metrics.sessions("vnc");
-    ws.protocols([PLAIN_PROTOCOL])
+    bounded(ws)
+        .protocols([PLAIN_PROTOCOL])
         .on_upgrade(move |ws| async move {
             open.inc();
             tracing::info!(%ns, %name, session = id, "VNC session opened");
-            let (mut r, mut w) = sock.into_split();
-            let (out_tx, out_rx) = mpsc::channel::<Bytes>(64);
-            let (in_tx, mut in_rx) = mpsc::channel::<Bytes>(64);
-            let reader = tokio::spawn(async move {
-                let mut buf = vec![0u8; CHUNK];
-                while let Ok(n) = r.read(&mut buf).await {
-                    if n == 0
-                        || out_tx
-                            .send(Bytes::copy_from_slice(&buf[..n]))
-                            .await
-                            .is_err()
-                    {
-                        break;
-                    }
-                }
-            });
-            let writer = tokio::spawn(async move {
-                while let Some(b) = in_rx.recv().await {
-                    if w.write_all(&b).await.is_err() {
-                        break;
-                    }
-                }
-            });
+            let (r, w) = sock.into_split();
+            let (out_rx, in_tx, tasks) = socket_tasks(r, w);
             pump(
                 ws,
                 out_rx,
@@ -490,8 +488,7 @@ async fn open_vnc(
                 &|| "VNC connection closed",
             )
             .await;
-            reader.abort();
-            writer.abort();
+            drop(tasks);
             if let Ok(mut m) = vnc_map.lock()
                 && m.get(&uid).is_some_and(|(cur, _)| *cur == id)
             {
@@ -499,6 +496,125 @@ async fn open_vnc(
             }
             open.dec();
             tracing::info!(%ns, %name, session = id, "VNC session closed");
+        })
+}
+
+/// Tasks moving bytes between a socket and [`pump`]'s channels: what the socket sends
+/// comes out of the receiver, what goes into the sender is written to it. Dropping or
+/// aborting the set ends both.
+fn socket_tasks<R, W>(
+    mut r: R,
+    mut w: W,
+) -> (
+    mpsc::Receiver<Bytes>,
+    mpsc::Sender<Bytes>,
+    tokio::task::JoinSet<()>,
+)
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (out_tx, out_rx) = mpsc::channel::<Bytes>(QUEUE);
+    let (in_tx, mut in_rx) = mpsc::channel::<Bytes>(QUEUE);
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(async move {
+        let mut buf = vec![0u8; CHUNK];
+        while let Ok(n) = r.read(&mut buf).await {
+            if n == 0
+                || out_tx
+                    .send(Bytes::copy_from_slice(&buf[..n]))
+                    .await
+                    .is_err()
+            {
+                break;
+            }
+        }
+    });
+    tasks.spawn(async move {
+        while let Some(b) = in_rx.recv().await {
+            if w.write_all(&b).await.is_err() {
+                break;
+            }
+        }
+        let _ = w.shutdown().await;
+    });
+    (out_rx, in_tx, tasks)
+}
+
+async fn portforward(
+    State(st): State<AppState>,
+    UrlPath((ns, name, port, protocol)): UrlPath<(String, String, String, String)>,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let metrics = st.metrics.clone();
+    let r = open_portforward(st, ns, name, port, protocol, ws).await;
+    metrics.request("portforward", r.status().as_u16());
+    r
+}
+
+/// One forwarded connection: the guest is dialled before the upgrade is answered, so a
+/// closed port is an HTTP error naming it, not a websocket that closes at once.
+async fn open_portforward(
+    st: AppState,
+    ns: String,
+    name: String,
+    port: String,
+    protocol: String,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let Some(uid) = st.registry.uid(&ns, &name) else {
+        return not_found(&ns, &name);
+    };
+    let Some(port) = port.parse::<u16>().ok().filter(|p| *p > 0) else {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!("invalid port {port:?}: 1-65535"),
+        );
+    };
+    if protocol != "tcp" {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!("protocol {protocol:?} is not supported; use tcp"),
+        );
+    }
+    let tcp = match crate::network::connect_guest(st.paths.dir(&uid), port).await {
+        Ok(s) => s,
+        Err(e) => {
+            let code = match e {
+                crate::network::GuestConnectError::Other(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            let reason = if code == StatusCode::BAD_REQUEST {
+                "BadRequest"
+            } else {
+                "InternalError"
+            };
+            return status(code, reason, format!("VMI {ns}/{name}: {e}"));
+        }
+    };
+    let ping = st.ping_every;
+    let open = st.metrics.sessions("portforward");
+    bounded(ws)
+        .protocols([PLAIN_PROTOCOL])
+        .on_upgrade(move |ws| async move {
+            open.inc();
+            tracing::info!(%ns, %name, port, "port-forward opened");
+            let (r, w) = tcp.into_split();
+            let (out_rx, in_tx, tasks) = socket_tasks(r, w);
+            pump(
+                ws,
+                out_rx,
+                Some(in_tx),
+                CancellationToken::new(),
+                ping,
+                &|| "the guest closed the connection",
+            )
+            .await;
+            drop(tasks);
+            open.dec();
+            tracing::info!(%ns, %name, port, "port-forward closed");
         })
 }
 
@@ -570,7 +686,7 @@ async fn console_session(ws: WebSocket, hub: Arc<ConsoleHub>, feed: Feed, id: u6
         // The writer's output is paced: the hub waits for it, so nothing is lost (the guest's
         // serial line waits instead, as a real one with flow control does).
         Feed::Writer { rx, stop } => {
-            let (in_tx, mut in_rx) = mpsc::channel::<Bytes>(64);
+            let (in_tx, mut in_rx) = mpsc::channel::<Bytes>(QUEUE);
             let hub = hub.clone();
             tokio::spawn(async move {
                 while let Some(b) = in_rx.recv().await {
@@ -582,7 +698,7 @@ async fn console_session(ws: WebSocket, hub: Arc<ConsoleHub>, feed: Feed, id: u6
             (rx, stop, Some(in_tx), None)
         }
         Feed::Observer(mut rx) => {
-            let (out_tx, out_rx) = mpsc::channel::<Bytes>(64);
+            let (out_tx, out_rx) = mpsc::channel::<Bytes>(QUEUE);
             let closed = hub.closed.clone();
             let forward = tokio::spawn(async move {
                 loop {
@@ -663,7 +779,7 @@ impl ConsoleHub {
     /// Makes `id` the writer; the previous writer's token is cancelled (it gets closed).
     fn claim(&self, id: u64) -> Feed {
         let stop = CancellationToken::new();
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, rx) = mpsc::channel(QUEUE);
         if let Ok(mut w) = self.writer.lock()
             && let Some((_, old, _)) = w.replace((id, stop.clone(), tx))
         {

@@ -82,6 +82,9 @@ pub struct Args {
     /// arrive instead of booting it (the migration controller's target pod).
     #[arg(long)]
     migration_target: bool,
+    /// Directory of cloud-init data from Secrets (virt-controller mounts them there).
+    #[arg(long, env = "VIRT_LAUNCHER_CLOUD_INIT_DIR")]
+    cloud_init_dir: Option<PathBuf>,
 }
 
 impl Args {
@@ -123,6 +126,7 @@ impl Args {
         }
         cfg.kvm_probe_timeout = Duration::from_secs(self.kvm_probe_timeout);
         cfg.migration_target = self.migration_target;
+        cfg.cloud_init_dir = self.cloud_init_dir;
         Ok(cfg)
     }
 }

@@ -1,16 +1,25 @@
 //! A private libvirt daemon for one VM, as KubeVirt runs one inside each launcher pod.
 //!
-//! Debian 12 ships only the monolithic `libvirtd`, whose privileged (root) mode has fixed
-//! state paths (/run/libvirt, /var/lib/libvirt, /etc/libvirt). So it runs in its own
-//! mount namespace with tmpfs over the state directories and our own config bound over
-//! /etc/libvirt, and in its own PID namespace so that its QEMU dies with it. Only the
-//! QEMU driver module is loaded (`LIBVIRT_DRIVER_DIR`), which keeps startup and memory
-//! small. The QEMU capabilities cache is shared between launchers, because probing
-//! QEMU takes seconds.
+//! Two modes, chosen by who runs the launcher:
+//! - **Session** (any non-root user; in a pod always uid 107, docs/node.md): libvirt's own
+//!   unprivileged mode. Every path the daemon uses is set through `XDG_*`/`HOME` into the
+//!   launcher's work directory, QEMU runs as the same user, and libvirt touches no cgroup,
+//!   device or namespace. The daemon runs below [`crate::reaper`], which adopts and reaps
+//!   the QEMU libvirt double-forks and takes it along when the launcher dies.
+//! - **Root** (a launcher run by root on a host: tests, `cargo xtask bench launcher`):
+//!   Debian 12's monolithic `libvirtd` has fixed state paths in privileged mode
+//!   (/run/libvirt, /var/lib/libvirt, /etc/libvirt), so it runs in its own mount
+//!   namespace with tmpfs over the state directories and our own config bound over
+//!   /etc/libvirt, and in its own PID namespace so that its QEMU dies with it.
 //!
-//! Lifetime: `setpriv --pdeathsig KILL` ties the daemon to the thread that spawned it
-//! (the libvirt actor thread), and `unshare --kill-child` tears down the PID namespace
-//! — daemon and QEMU — when that dies, so even `kill -9` of the launcher leaves nothing.
+//! In both, only the QEMU driver module is loaded (`LIBVIRT_DRIVER_DIR`), which keeps
+//! startup and memory small, and the QEMU capabilities cache is shared between launchers,
+//! because probing QEMU takes seconds.
+//!
+//! Lifetime: a parent-death signal ties the daemon to the thread that spawned it (the
+//! libvirt actor thread); in root mode `unshare --kill-child` tears down the PID
+//! namespace — daemon and QEMU — when that dies, in session mode the reaper kills its
+//! children, so even `kill -9` of the launcher leaves nothing.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -75,6 +84,13 @@ libvirtd -f "$1/etc/libvirtd.conf" -p "$1/libvirtd.pid"
 exit $?
 "#;
 
+/// Session mode: QEMU runs as the launcher's own user; no security driver (there is no
+/// other user to separate from), no virtlogd (QEMU writes its log file itself).
+const SESSION_QEMU_CONF: &str = r#"# Written by virt-launcher (session mode).
+security_driver = "none"
+stdio_handler = "file"
+"#;
+
 const QEMU_CONF: &str = r#"# Written by virt-launcher: QEMU runs as root inside the launcher's namespaces.
 user = "root"
 group = "root"
@@ -93,19 +109,54 @@ const DRIVER_DIRS: &[&str] = &[
     "/usr/lib/libvirt/connection-driver",
 ];
 
+/// How the daemon runs (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// libvirt's unprivileged session mode, as the launcher's user.
+    Session,
+    /// Privileged libvirtd in private mount and PID namespaces (root on a host).
+    Root,
+}
+
+impl Mode {
+    /// Session unless the launcher runs as root.
+    pub fn for_current_user() -> Self {
+        if nix::unistd::geteuid().is_root() {
+            Self::Root
+        } else {
+            Self::Session
+        }
+    }
+
+    /// The URI path of a daemon in this mode (`qemu:///session`, `qemu:///system`).
+    pub fn uri_path(self) -> &'static str {
+        match self {
+            Self::Session => "session",
+            Self::Root => "system",
+        }
+    }
+}
+
 /// A running private libvirtd.
 #[derive(Debug)]
 pub struct PrivateDaemon {
     child: Child,
     dir: PathBuf,
+    mode: Mode,
+    /// Session mode's short configuration and runtime directory, removed on drop.
+    _short: Option<tempfile::TempDir>,
     /// URI to connect to it.
     pub uri: String,
 }
 
 impl PrivateDaemon {
     /// Starts a daemon whose files live in `dir`; `cache` holds QEMU capabilities.
-    /// With `hide_kvm`, /dev/kvm is invisible to it, so libvirt never touches a KVM that
-    /// may hang (its capability probe would otherwise block for minutes).
+    /// Root mode: with `hide_kvm`, /dev/kvm is invisible to it, so libvirt never touches a
+    /// KVM that may hang (its capability probe would otherwise block for minutes), and
+    /// `migration_dir` is bound on [`MIGRATION_NS_DIR`](virt_domain::protocol::MIGRATION_NS_DIR).
+    /// Session mode sees the devices and paths of the pod as they are: a launcher pod has
+    /// /dev/kvm only when it asked for it, and every launcher pod mounts its migration
+    /// directory at the same path.
     pub fn start(
         dir: &Path,
         cache: &Path,
@@ -136,9 +187,41 @@ impl PrivateDaemon {
              min_workers = 1\nmax_workers = 4\nprio_workers = 1\nadmin_min_workers = 1\nadmin_max_workers = 1\n",
             sock.display()
         );
+        let mode = Mode::for_current_user();
+        // Session mode reads its configuration from $XDG_CONFIG_HOME/libvirt and keeps the
+        // QEMU monitor sockets below it (`libvirt/qemu/lib/domain-N-NAME/monitor.sock`):
+        // a short directory of its own, since a unix socket path has 107 bytes and the
+        // pod's work directory takes half of them.
+        let short = match mode {
+            Mode::Root => None,
+            Mode::Session => Some(tempfile::Builder::new().prefix(".vl-").tempdir().map_err(
+                |source| DaemonError::Io {
+                    path: std::env::temp_dir(),
+                    source,
+                },
+            )?),
+        };
+        let etc = match &short {
+            None => etc,
+            Some(short) => {
+                let e = short.path().join("config/libvirt");
+                io(&e, fs::create_dir_all(&e))?;
+                e
+            }
+        };
         io(&etc, fs::write(etc.join("libvirtd.conf"), conf))?;
-        io(&etc, fs::write(etc.join("qemu.conf"), QEMU_CONF))?;
-        let mut cmd = Command::new("setpriv");
+        let qemu_conf = match mode {
+            Mode::Root => QEMU_CONF,
+            Mode::Session => SESSION_QEMU_CONF,
+        };
+        io(&etc, fs::write(etc.join("qemu.conf"), qemu_conf))?;
+        let mut cmd = match mode {
+            Mode::Root => Command::new("setpriv"),
+            Mode::Session => {
+                let exe = std::env::current_exe().map_err(DaemonError::Spawn)?;
+                Command::new(exe)
+            }
+        };
         if let Some(d) = DRIVER_DIRS
             .iter()
             .map(Path::new)
@@ -162,40 +245,73 @@ impl PrivateDaemon {
             path: log.clone(),
             source,
         })?;
-        cmd.args([
-            "--pdeathsig",
-            "KILL",
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-        ])
-        .args([
-            "--pid",
-            "--fork",
-            "--kill-child=SIGKILL",
-            "--mount-proc",
-            "sh",
-            "-c",
-            SCRIPT,
-            "sh",
-        ])
-        .arg(dir)
-        .arg(cache)
-        .arg(if hide_kvm { "hide-kvm" } else { "keep-kvm" })
-        .arg(migration_dir)
-        .arg(virt_domain::protocol::MIGRATION_NS_DIR)
-        .stdin(Stdio::null())
-        .stdout(log_file)
-        .stderr(log_err);
+        if mode == Mode::Session {
+            // Everything libvirt's session mode keeps goes below `dir`; the QEMU
+            // capabilities cache (`$XDG_CACHE_HOME/libvirt/qemu/capabilities`) is the
+            // shared one.
+            let xdg_cache = dir.join("cache");
+            io(&xdg_cache, fs::create_dir_all(&xdg_cache))?;
+            let link = xdg_cache.join("libvirt");
+            if !link.exists() {
+                io(&link, std::os::unix::fs::symlink(cache, &link))?;
+            }
+            let short = short.as_ref().map(|t| t.path()).unwrap_or(dir);
+            for d in [dir.join("home"), short.join("run")] {
+                io(&d, fs::create_dir_all(&d))?;
+            }
+            cmd.env("HOME", dir.join("home"))
+                .env("XDG_CONFIG_HOME", short.join("config"))
+                .env("XDG_RUNTIME_DIR", short.join("run"))
+                .env("XDG_CACHE_HOME", &xdg_cache)
+                .env("XDG_DATA_HOME", dir.join("home"));
+            // The reaper arms its parent-death signal itself and then checks that its
+            // parent is still this process (no window in which our death goes unseen).
+            cmd.arg(crate::reaper::ARG)
+                .arg(std::process::id().to_string())
+                .args(["--", "libvirtd", "-f"])
+                .arg(etc.join("libvirtd.conf"))
+                .stdin(Stdio::null())
+                .stdout(log_file)
+                .stderr(log_err);
+        } else {
+            cmd.args([
+                "--pdeathsig",
+                "KILL",
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+            ])
+            .args([
+                "--pid",
+                "--fork",
+                "--kill-child=SIGKILL",
+                "--mount-proc",
+                "sh",
+                "-c",
+                SCRIPT,
+                "sh",
+            ])
+            .arg(dir)
+            .arg(cache)
+            .arg(if hide_kvm { "hide-kvm" } else { "keep-kvm" })
+            .arg(migration_dir)
+            .arg(virt_domain::protocol::MIGRATION_NS_DIR)
+            .stdin(Stdio::null())
+            .stdout(log_file)
+            .stderr(log_err);
+        }
         let child = cmd.spawn().map_err(DaemonError::Spawn)?;
         let uri = format!(
-            "qemu:///system?socket={}",
+            "qemu:///{}?socket={}",
+            mode.uri_path(),
             sock.join("libvirt-sock").display()
         );
         let mut d = Self {
             child,
             dir: dir.to_path_buf(),
+            mode,
+            _short: short,
             uri,
         };
         let start = Instant::now();
@@ -234,8 +350,26 @@ impl PrivateDaemon {
         lines.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
 
-    /// Stops the daemon and everything in its PID namespace.
+    /// The mode it runs in.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Stops the daemon and its QEMU.
     pub fn stop(&mut self) {
+        if self.mode == Mode::Session {
+            // The reaper kills the daemon and every QEMU it adopted on SIGTERM.
+            let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+            if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).is_ok() {
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while Instant::now() < deadline {
+                    if !matches!(self.child.try_wait(), Ok(None)) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
         // unshare ignores SIGTERM while it waits for its child; SIGKILL makes the kernel
         // deliver the child's parent-death SIGKILL, which ends the whole PID namespace.
         let _ = self.child.kill();

@@ -5,10 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kubevirt_api::VirtualMachineInstance;
 use kubevirt_api::defaults::{DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS, default_vmi};
 use kubevirt_api::validation::validate_vmi;
 use kubevirt_api::vmi::StartStrategy;
+use kubevirt_api::{VirtualMachineInstance, cloudinit};
 use tokio_util::sync::CancellationToken;
 use virt_domain::protocol::{
     DomainState, LauncherStatus, MIGRATION_DIR, MIGRATION_NS_DIR, MigrationStream, MigrationTarget,
@@ -16,6 +16,7 @@ use virt_domain::protocol::{
 use virt_domain::{Accel, ConvertError, HostFacts, NetworkMode, XmlError, domain_for, domain_name};
 
 use crate::actor::{DomainHandle, LibvirtError, MigrateJob, Target};
+use crate::daemon::Mode;
 use crate::probe::{self, AccelChoice};
 use crate::volumes::{self, ImageDirs, VolumeError};
 
@@ -52,6 +53,8 @@ pub struct Config {
     pub kvm_probe_cache: Option<PathBuf>,
     /// Wait for the guest to arrive by live migration instead of booting it.
     pub migration_target: bool,
+    /// Where the pod mounts cloud-init data from Secrets.
+    pub cloud_init_dir: Option<PathBuf>,
 }
 
 impl Config {
@@ -73,6 +76,7 @@ impl Config {
             kvm_probe_timeout: Duration::from_secs(3),
             kvm_probe_cache: Some(PathBuf::from(probe::CACHE_FILE)),
             migration_target: false,
+            cloud_init_dir: None,
         }
     }
 }
@@ -143,8 +147,12 @@ pub enum Outcome {
     Crashed(String),
 }
 
-/// Loads, defaults and validates a VMI file.
-pub fn load_vmi(path: &Path) -> Result<VirtualMachineInstance, LauncherError> {
+/// Loads, defaults and validates a VMI file; with `cloud_init`, first puts back the
+/// cloud-init data that reached the pod through Secrets (`kubevirt_api::cloudinit`).
+pub fn load_vmi(
+    path: &Path,
+    cloud_init: Option<&Path>,
+) -> Result<VirtualMachineInstance, LauncherError> {
     let text = std::fs::read_to_string(path).map_err(|source| LauncherError::ReadVmi {
         path: path.into(),
         source,
@@ -154,6 +162,16 @@ pub fn load_vmi(path: &Path) -> Result<VirtualMachineInstance, LauncherError> {
             path: path.into(),
             message: e.to_string(),
         })?;
+    if let Some(dir) = cloud_init {
+        let inline = dir.join(cloudinit::INLINE_DIR);
+        cloudinit::restore_inline(&mut vmi.spec, |key| {
+            std::fs::read_to_string(inline.join(key)).ok()
+        });
+        cloudinit::restore_refs(&mut vmi.spec, |sub, key| {
+            std::fs::read_to_string(dir.join(sub).join(key)).ok()
+        })
+        .map_err(LauncherError::InvalidVmi)?;
+    }
     default_vmi(&mut vmi);
     let errs = validate_vmi(&vmi);
     if !errs.is_empty() {
@@ -177,6 +195,9 @@ pub struct Running {
     pub paths: MigrationTarget,
     /// Started with `--migration-target`: waits for the guest instead of booting it.
     pub migration_target: bool,
+    /// The migration directory as libvirt and QEMU see it, and the daemon's mode (the
+    /// target runs the same image, so the same mode).
+    pub migration_ns: (String, Mode),
 }
 
 impl Running {
@@ -188,14 +209,15 @@ impl Running {
     }
 
     /// The libvirt job of a migration to `target` (source side). Every URI names the
-    /// in-namespace migration directory: there, our host directory holds the handler's
-    /// proxy sockets, which lead to the target's.
+    /// migration directory as the daemon sees it (the same path in every launcher): there,
+    /// our host directory holds the handler's proxy sockets, which lead to the target's.
     pub fn migrate_job(
         &self,
         target: &MigrationTarget,
         options: &virt_domain::protocol::MigrationOptions,
     ) -> MigrateJob {
-        let sock = |m: MigrationStream| format!("{MIGRATION_NS_DIR}/{}", m.socket_name());
+        let (ns_dir, mode) = &self.migration_ns;
+        let sock = |m: MigrationStream| format!("{ns_dir}/{}", m.socket_name());
         let mut rewrite = vec![
             (self.paths.work_dir.clone(), target.work_dir.clone()),
             (
@@ -208,7 +230,8 @@ impl Running {
         }
         MigrateJob {
             dest_uri: format!(
-                "qemu+unix:///system?socket={}",
+                "qemu+unix:///{}?socket={}",
+                mode.uri_path(),
                 sock(MigrationStream::Libvirt)
             ),
             uri: format!("unix://{}", sock(MigrationStream::Memory)),
@@ -235,6 +258,55 @@ pub fn migration_dir(cfg: &Config, work_dir: &Path) -> PathBuf {
         })
         .unwrap_or(work_dir)
         .join(MIGRATION_DIR)
+}
+
+/// How long the launcher waits for its socket directory to become its own.
+const SOCKET_DIR_WAIT: Duration = Duration::from_secs(60);
+
+/// Waits until this process may create files in `dir`. In a pod the directory is created
+/// by kubelet, owned by root, and virt-handler hands it to the launcher user within a
+/// moment (the launcher has no capability to take it).
+async fn wait_writable(
+    dir: &Path,
+    timeout: Duration,
+    shutdown: &CancellationToken,
+) -> Result<(), LauncherError> {
+    use nix::unistd::{AccessFlags, access};
+    let start = Instant::now();
+    loop {
+        match access(dir, AccessFlags::W_OK | AccessFlags::X_OK) {
+            Ok(()) => return Ok(()),
+            // Not there yet: the launcher creates it (no handler involved).
+            Err(nix::errno::Errno::ENOENT) => return Ok(()),
+            Err(e) if start.elapsed() >= timeout || shutdown.is_cancelled() => {
+                return Err(LauncherError::Io {
+                    path: dir.into(),
+                    source: std::io::Error::other(format!(
+                        "not writable by uid {} after {timeout:?} ({e}): virt-handler gives \
+                         each launcher its socket directory; is it running on this node?",
+                        nix::unistd::geteuid()
+                    )),
+                });
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// The shared QEMU capabilities cache if this process can write to it, else one in the
+/// work directory (libvirt then probes QEMU again, which costs seconds but works).
+fn usable_cache(shared: &Path, work_dir: &Path) -> PathBuf {
+    use nix::unistd::{AccessFlags, access};
+    if std::fs::create_dir_all(shared).is_ok()
+        && access(shared, AccessFlags::W_OK | AccessFlags::X_OK).is_ok()
+    {
+        return shared.to_path_buf();
+    }
+    tracing::warn!(
+        cache = %shared.display(),
+        "the shared QEMU capabilities cache is not writable; probing QEMU for this VM alone"
+    );
+    work_dir.join("qemu-cache")
 }
 
 /// This pod's IP: `POD_IP` (downward API `status.podIP`) when set, else the first IPv4
@@ -279,12 +351,15 @@ pub async fn run(
     on_running: impl FnOnce(Running),
 ) -> Result<Outcome, LauncherError> {
     let t0 = Instant::now();
-    let vmi = load_vmi(&cfg.vmi)?;
+    let vmi = load_vmi(&cfg.vmi, cfg.cloud_init_dir.as_deref())?;
     let name = domain_name(&vmi);
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| LauncherError::Io { path, source }
     };
+    if let Some(dir) = cfg.cmd_socket.as_deref().and_then(Path::parent) {
+        wait_writable(dir, SOCKET_DIR_WAIT, &shutdown).await?;
+    }
     std::fs::create_dir_all(&cfg.work_parent).map_err(io(&cfg.work_parent))?;
     let work = tempfile::Builder::new()
         .prefix("virt-launcher-")
@@ -358,6 +433,10 @@ pub async fn run(
     }
 
     let mig_dir = std::path::absolute(migration_dir(&cfg, &work_dir)).map_err(io(&work_dir))?;
+    let cache = usable_cache(&cfg.libvirt_cache, &work_dir).join(match accel {
+        Accel::Kvm => "kvm",
+        Accel::Tcg => "tcg",
+    });
     let target = match &cfg.libvirt_uri {
         Some(_) if cfg.migration_target => {
             return Err(LauncherError::Accel(
@@ -367,10 +446,7 @@ pub async fn run(
         Some(uri) => Target::Uri(uri.clone()),
         None => Target::Private {
             dir: work_dir.join("libvirt"),
-            cache: cfg.libvirt_cache.join(match accel {
-                Accel::Kvm => "kvm",
-                Accel::Tcg => "tcg",
-            }),
+            cache,
             hide_kvm: accel == Accel::Tcg,
             migration_dir: mig_dir.clone(),
         },
@@ -418,6 +494,10 @@ pub async fn run(
         status,
         paths,
         migration_target: cfg.migration_target,
+        migration_ns: match Mode::for_current_user() {
+            Mode::Root => (MIGRATION_NS_DIR.to_string(), Mode::Root),
+            Mode::Session => (mig_dir.display().to_string(), Mode::Session),
+        },
     };
     let result = if cfg.migration_target {
         incoming(&handle, name.clone(), grace, &shutdown, || {
@@ -691,7 +771,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("vmi.json");
         std::fs::write(&p, r#"{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachineInstance","metadata":{"name":"x"},"spec":{"domain":{"resources":{"requests":{"memory":"lots"}}}}}"#).unwrap();
-        let e = load_vmi(&p).unwrap_err().to_string();
+        let e = load_vmi(&p, None).unwrap_err().to_string();
         assert!(e.contains("spec.domain.resources.requests.memory"), "{e}");
     }
 }

@@ -10,6 +10,7 @@ mod fake;
 pub mod launcher;
 pub mod network;
 pub mod probe;
+pub mod reaper;
 pub mod relay;
 pub mod volumes;
 

@@ -7,6 +7,16 @@ use tokio_util::sync::CancellationToken;
 use virt_launcher::Outcome;
 
 fn main() -> anyhow::Result<()> {
+    // `virt-launcher reap PARENT -- PROGRAM ARGS…`: the libvirt daemon's subreaper
+    // (virt_launcher::reaper), a mode of this binary so that the image needs no other.
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(virt_launcher::reaper::ARG)
+        && argv.get(3).map(String::as_str) == Some("--")
+        && let Some(program) = argv.get(4)
+    {
+        let parent = argv.get(2).and_then(|p| p.parse().ok());
+        std::process::exit(virt_launcher::reaper::run(program, &argv[5..], parent));
+    }
     // Release builds unwind (Cargo.toml [profile.release]); a panic must still end the
     // process, so that kubelet restarts it rather than one task dying silently.
     let hook = std::panic::take_hook();

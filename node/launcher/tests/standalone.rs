@@ -80,6 +80,12 @@ impl Launcher {
     }
 
     fn start(vmi: &Value, image_dir: &Path) -> Self {
+        Self::start_as(vmi, image_dir, None)
+    }
+
+    /// Starts the launcher as user and group `uid` (session-mode libvirt, as in a pod)
+    /// when given, else as root (root-mode libvirt in private namespaces).
+    fn start_as(vmi: &Value, image_dir: &Path, uid: Option<u32>) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("vl-test-")
             .tempdir()
@@ -88,7 +94,24 @@ impl Launcher {
         std::fs::write(&file, serde_json::to_vec_pretty(vmi).unwrap()).unwrap();
         let work = dir.path().join("work");
         std::fs::create_dir(&work).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_virt-launcher"))
+        let mut command = match uid {
+            None => Command::new(env!("CARGO_BIN_EXE_virt-launcher")),
+            Some(uid) => {
+                for e in walkdir(dir.path()) {
+                    std::os::unix::fs::lchown(e, Some(uid), Some(uid)).unwrap();
+                }
+                let mut c = Command::new("setpriv");
+                c.arg(format!("--reuid={uid}"))
+                    .arg(format!("--regid={uid}"))
+                    .args(["--clear-groups", "--inh-caps=-all"])
+                    .arg(env!("CARGO_BIN_EXE_virt-launcher"))
+                    // Its own cache: the shared default belongs to root.
+                    .arg("--libvirt-cache")
+                    .arg(dir.path().join("cache"));
+                c
+            }
+        };
+        let child = command
             .arg("--vmi")
             .arg(&file)
             .arg("--console-socket")
@@ -206,6 +229,16 @@ impl Drop for Launcher {
     }
 }
 
+fn walkdir(p: &Path) -> Vec<PathBuf> {
+    let mut out = vec![p.to_path_buf()];
+    if p.is_dir() && !p.is_symlink() {
+        for e in std::fs::read_dir(p).unwrap().flatten() {
+            out.extend(walkdir(&e.path()));
+        }
+    }
+    out
+}
+
 /// Live (non-zombie) processes that belong to this test's VM.
 fn leftover_processes(domain: &str, work: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -316,6 +349,82 @@ fn cmd(path: &Path, req: &str) -> Value {
         line.push(b[0]);
     }
     serde_json::from_slice(&line).unwrap()
+}
+
+/// What a launcher pod runs: the launcher as an ordinary user (here `nobody`; uid 107 in a
+/// pod) with no capability, libvirt in session mode below the launcher's reaper, QEMU as
+/// that user. And `kill -9` of the launcher still leaves no daemon and no QEMU.
+#[test]
+fn unprivileged_launcher_runs_libvirt_in_session_mode() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let images = guest_dir();
+    // The guest files where the user can read them (the build directory's parents may
+    // not be).
+    let copy = tempfile::tempdir().unwrap();
+    for f in ["vmlinuz", "initramfs.gz"] {
+        std::fs::copy(images.join(f), copy.path().join(f)).unwrap();
+    }
+    std::fs::set_permissions(
+        copy.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    const NOBODY: u32 = 65534;
+    let mut l = Launcher::start_as(&simple_vmi("unpriv"), copy.path(), Some(NOBODY));
+    let mut c = l.connect_console(Duration::from_secs(60));
+    c.prompt();
+    c.send("echo $((6*7))");
+    c.expect("42", Duration::from_secs(20));
+    let status = cmd(&l.cmd_socket(), r#"{"op":"getStatus"}"#);
+    assert_eq!(status["state"], "running", "{status}");
+
+    let qemu = qemu_pids(&l.domain);
+    assert_eq!(qemu.len(), 1, "one QEMU for {}: {qemu:?}", l.domain);
+    let proc_status = std::fs::read_to_string(format!("/proc/{}/status", qemu[0])).unwrap();
+    let field = |name: &str| {
+        proc_status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        field("Uid:").iter().all(|u| *u == NOBODY.to_string()),
+        "{proc_status}"
+    );
+    assert_eq!(field("CapEff:"), ["0000000000000000"], "{proc_status}");
+
+    l.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = l.wait(Duration::from_secs(10));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let work = l.work().display().to_string();
+    loop {
+        let left = leftover_processes(&l.domain, &work);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left behind after kill -9: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn qemu_pids(domain: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            (cmd.contains("qemu-system") && cmd.contains(&format!("guest={domain},")))
+                .then_some(pid)
+        })
+        .collect()
 }
 
 #[test]

@@ -338,3 +338,42 @@ pub fn serve_dhcp(socket: &UdpSocket, lease: &Lease) -> std::io::Result<()> {
         }
     }
 }
+
+/// Major and minor number of the TUN/TAP clone device.
+const TUN_DEVICE: (u64, u64) = (10, 200);
+
+/// Makes `/dev/net/tun` exist in the container of process `pid`, so that its QEMU can
+/// open the tap built for it. The launcher holds no capability and cannot create a device
+/// node itself; the container runtime's device cgroup already admits this one device
+/// (runc allows TUN/TAP by default), so a node in the container's own `/dev` tmpfs is all
+/// it lacks. Reached through `/proc/<pid>/root`, as the container sees its root.
+pub fn provide_tun(pid: u32) -> Result<(), ExecError> {
+    use nix::sys::stat::{Mode, SFlag, makedev, mknod};
+    let dir = PathBuf::from(format!("/proc/{pid}/root/dev/net"));
+    let node = dir.join("tun");
+    if let Ok(m) = std::fs::symlink_metadata(&node) {
+        use std::os::unix::fs::FileTypeExt as _;
+        if m.file_type().is_char_device() {
+            return Ok(());
+        }
+        return Err(ExecError::Io {
+            what: format!("{} exists and is not a device", node.display()),
+            source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+        });
+    }
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io_err(format!("create {}", dir.display()))(e)),
+    }
+    mknod(
+        &node,
+        SFlag::S_IFCHR,
+        Mode::from_bits_truncate(0o666),
+        makedev(TUN_DEVICE.0, TUN_DEVICE.1),
+    )
+    .map_err(|e| io_err(format!("mknod {}", node.display()))(e.into()))?;
+    // mknod's mode is masked by the umask.
+    std::fs::set_permissions(&node, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+        .map_err(io_err(format!("chmod {}", node.display())))
+}

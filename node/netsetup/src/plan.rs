@@ -17,7 +17,7 @@ pub const TAP: &str = "tap0";
 pub const POD_INTERFACE: &str = "eth0";
 /// The uid (and gid) QEMU runs as in the launcher pod; it owns the tap, so QEMU can open it
 /// without `CAP_NET_ADMIN`.
-pub const QEMU_UID: u32 = 107;
+pub const QEMU_UID: u32 = kubevirt_api::LAUNCHER_UID;
 /// nftables table holding the masquerade rules.
 pub const NFT_TABLE: &str = "kubevirt_rs";
 /// KubeVirt's default guest network for masquerade.

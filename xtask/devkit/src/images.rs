@@ -764,12 +764,15 @@ fn launcher_rootfs(launcher: &Path) -> anyhow::Result<Rootfs> {
     fs_.dir(Path::new("/tmp"), 0o1777);
     fs_.put(Path::new("/var/run"), Entry::Link("../run".into()));
     // libvirt resolves `user = "root"` of qemu.conf, and before reading it its built-in
-    // default (Debian's `libvirt-qemu`, group `kvm`): both must exist. Debian's ids.
+    // default (Debian's `libvirt-qemu`, group `kvm`): both must exist. Debian's ids. In a
+    // pod the launcher runs as uid 107 (`qemu`, KubeVirt's), and libvirt's session mode
+    // refuses a user without a record.
     fs_.put(
         Path::new("/etc/passwd"),
         Entry::Bytes(
             b"root:x:0:0:root:/root:/bin/sh\n\
-              libvirt-qemu:x:64055:107:Libvirt Qemu:/var/lib/libvirt:/usr/sbin/nologin\n"
+              libvirt-qemu:x:64055:107:Libvirt Qemu:/var/lib/libvirt:/usr/sbin/nologin\n\
+              qemu:x:107:107:virt-launcher:/var/run/kubevirt-rs/work:/usr/sbin/nologin\n"
                 .to_vec(),
             0o644,
         ),

@@ -190,6 +190,9 @@ pub fn controller(out: &mut String, p: &Params) -> Result<()> {
                 &["update"],
             ),
             rule("", strings(&["pods"]), &all),
+            // The launcher's Secret of a VMI's inline cloud-init data (not in the pod's
+            // annotations, which `view` reads).
+            rule("", strings(&["secrets"]), &["create"]),
             rule("", strings(&["nodes"]), &["get", "list", "watch"]),
             rule("", strings(&["events"]), &["create", "update", "patch"]),
             rule(

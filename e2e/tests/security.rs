@@ -1,0 +1,224 @@
+//! Node security (issue 15) as a namespace user sees it: the launcher pod runs without
+//! privilege (every process in it uid 107 with no effective capability, its spec asks for
+//! nothing more) while its VM boots and its console works; an image whose disk is a
+//! symbolic link fails the VMI with a message naming the file, before any launcher opens it.
+//!
+//! Run with `cargo test -p e2e --test security -- --ignored --test-threads=1`.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Console, Ns, TEST_GUEST};
+
+/// The `Uid:` and `CapEff:` lines of every process in the launcher's compute container.
+fn processes_of(ns: &Ns<'_>, pod: &str) -> Vec<(String, String)> {
+    let out = ns
+        .k(&[
+            "exec",
+            pod,
+            "-c",
+            "compute",
+            "--",
+            "sh",
+            "-c",
+            "for s in /proc/[0-9]*/status; do cat $s; echo; done",
+        ])
+        .expect("kubectl exec into the launcher");
+    out.split("\n\n")
+        .filter_map(|block| {
+            let field = |name: &str| {
+                block
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+            };
+            Some((
+                format!("{} {}", field("Name:")?, field("Uid:")?),
+                field("CapEff:")?,
+            ))
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a local cluster: cargo xtask cluster up"]
+fn launcher_pod_runs_without_privilege_and_its_vm_works() {
+    let c = common::cluster();
+    let ns = Ns::new(c, "unpriv");
+    ns.apply_vm("calm", "Always");
+    ns.wait_running("calm");
+    let console = Console::open(&ns, "calm");
+    common::wait_for_shell(&console, &ns, "calm");
+    common::compute(&console, &ns, "calm", 6, 7);
+
+    let pods = ns.launcher_pods("calm");
+    assert_eq!(pods.len(), 1, "{pods:?}");
+    let pod = pods[0].trim_start_matches("pod/");
+    let procs = processes_of(&ns, pod);
+    // The launcher, the reaper, libvirtd, QEMU and the exec'd shell itself.
+    assert!(
+        procs.iter().any(|(p, _)| p.starts_with("qemu-system")),
+        "no QEMU among {procs:?}"
+    );
+    for (p, caps) in &procs {
+        assert!(
+            p.ends_with(" 107 107 107 107"),
+            "{p}: not uid 107 in every field"
+        );
+        assert_eq!(caps, "0000000000000000", "{p}: effective capabilities");
+    }
+
+    let sc = ns.get(
+        "pod",
+        pod,
+        "{.spec.securityContext.runAsNonRoot} {.spec.containers[0].securityContext.privileged} \
+         {.spec.containers[0].securityContext.allowPrivilegeEscalation} \
+         {.spec.containers[0].securityContext.capabilities.drop[0]} \
+         {.spec.containers[0].securityContext.readOnlyRootFilesystem} \
+         {.spec.securityContext.seccompProfile.type}",
+    );
+    assert_eq!(
+        sc.split_whitespace().collect::<Vec<_>>(),
+        ["true", "false", "ALL", "true", "RuntimeDefault"],
+        "launcher pod security context: {sc}"
+    );
+}
+
+#[test]
+#[ignore = "needs a local cluster: cargo xtask cluster up"]
+fn a_symlink_in_a_disk_image_fails_the_vmi_naming_it() {
+    const IMAGE: &str = "localhost/e2e/symlinked-disk:v1";
+    let c = common::cluster();
+    let dir = std::env::temp_dir().join(format!("e2e-symlink-{}", std::process::id()));
+    let disk = dir.join("disk");
+    std::fs::create_dir_all(&disk).expect("temp dir");
+    // KubeVirt's containerDisk layout (/disk/<file>), the file a link to a host secret.
+    let _ = std::fs::remove_file(disk.join("disk.img"));
+    std::os::unix::fs::symlink("/etc/shadow", disk.join("disk.img")).expect("symlink");
+    let archive = e2e::scratch_image(IMAGE, &[(disk.as_path(), "/disk")], &["/nothing"], &dir)
+        .expect("image");
+    c.load_image(&archive).expect("load image");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let ns = Ns::new(c, "symlink");
+    let vmi = serde_json::json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "linked", "namespace": ns.name},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "domain": {
+                "memory": {"guest": "128Mi"},
+                "devices": {"disks": [{"name": "data", "disk": {"bus": "virtio"}}]},
+                "firmware": {"kernelBoot": {
+                    "kernelArgs": virt_testguest::KERNEL_ARGS,
+                    "container": {
+                        "image": TEST_GUEST,
+                        "imagePullPolicy": "IfNotPresent",
+                        "kernelPath": "/vmlinuz",
+                        "initrdPath": "/initramfs.gz"
+                    }
+                }}
+            },
+            "volumes": [{"name": "data", "containerDisk": {"image": IMAGE, "imagePullPolicy": "Never"}}]
+        }
+    });
+    c.kubectl_stdin(&["apply", "-f", "-"], Some(&vmi.to_string()))
+        .expect("create VMI");
+    ns.wait(
+        "linked",
+        "the VMI to fail",
+        Duration::from_secs(120),
+        || {
+            ns.try_get("vmi", "linked", "{.status.phase}")
+                .is_ok_and(|p| p == "Failed")
+        },
+    );
+    let message = ns.get(
+        "vmi",
+        "linked",
+        "{.status.conditions[?(@.type==\"Ready\")].message}",
+    );
+    assert!(
+        message.contains("/disk/disk.img in the image is not a regular file"),
+        "the failure names the file: {message}"
+    );
+}
+
+/// Cloud-init user data — inline, and from a Secret the VMI names — reaches the guest,
+/// but never the launcher pod, whose annotations the `view` role reads.
+#[test]
+#[ignore = "needs a local cluster: cargo xtask cluster up"]
+fn cloud_init_secrets_reach_the_guest_but_not_the_pod() {
+    let c = common::cluster();
+    let ns = Ns::new(c, "cloudinit");
+    let inline = "#cloud-config\n# marker inline-c0ffee\n";
+    let from_secret = "#cloud-config\n# marker secret-beef42\n";
+    let secret = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "user-data", "namespace": ns.name},
+        "stringData": {"userdata": from_secret}
+    });
+    c.kubectl_stdin(&["apply", "-f", "-"], Some(&secret.to_string()))
+        .expect("secret");
+    let vmi = serde_json::json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "seeded", "namespace": ns.name},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "domain": {
+                "memory": {"guest": "128Mi"},
+                "devices": {"disks": [
+                    {"name": "ci", "disk": {"bus": "virtio"}},
+                    {"name": "ci2", "disk": {"bus": "virtio"}}
+                ]},
+                "firmware": {"kernelBoot": {
+                    "kernelArgs": virt_testguest::KERNEL_ARGS,
+                    "container": {
+                        "image": TEST_GUEST,
+                        "imagePullPolicy": "IfNotPresent",
+                        "kernelPath": "/vmlinuz",
+                        "initrdPath": "/initramfs.gz"
+                    }
+                }}
+            },
+            "volumes": [
+                {"name": "ci", "cloudInitNoCloud": {"userData": inline}},
+                {"name": "ci2", "cloudInitNoCloud": {"secretRef": {"name": "user-data"}}}
+            ]
+        }
+    });
+    c.kubectl_stdin(&["apply", "-f", "-"], Some(&vmi.to_string()))
+        .expect("create VMI");
+    ns.wait("seeded", "the VMI to run", common::BOOT, || {
+        ns.try_get("vmi", "seeded", "{.status.phase}")
+            .is_ok_and(|p| p == "Running")
+    });
+    let console = Console::open(&ns, "seeded");
+    common::wait_for_shell(&console, &ns, "seeded");
+    console.line(
+        "for d in /dev/vd?; do mount -t iso9660 -o ro $d /mnt 2>/dev/null && cat /mnt/user-data && umount /mnt; done",
+    );
+    console.expect(
+        &ns,
+        "seeded",
+        "marker inline-c0ffee",
+        Duration::from_secs(60),
+    );
+    console.expect(
+        &ns,
+        "seeded",
+        "marker secret-beef42",
+        Duration::from_secs(60),
+    );
+
+    let pods = ns.k(&["get", "pods", "-o", "json"]).expect("pods");
+    assert!(
+        !pods.contains("inline-c0ffee") && !pods.contains("secret-beef42"),
+        "user data in the launcher pod:\n{pods}"
+    );
+}
