@@ -167,6 +167,9 @@ pub struct Subresource {
     pub name: &'static str,
     pub style: Style,
     pub description: &'static str,
+    /// Path segments after the name, each optional from the right
+    /// (`portforward/{port}[/{protocol}]`), with their descriptions.
+    pub path_params: &'static [(&'static str, &'static str)],
 }
 
 impl Subresource {
@@ -216,6 +219,7 @@ const fn action(
         name,
         style: Style::Action { options },
         description,
+        path_params: &[],
     }
 }
 
@@ -266,18 +270,38 @@ pub const CONSOLE: Subresource = Subresource {
     name: "console",
     style: Style::Stream,
     description: "Open a websocket to the serial console of a VirtualMachineInstance.",
+    path_params: &[],
 };
 pub const VNC: Subresource = Subresource {
     kind: &VIRTUAL_MACHINE_INSTANCE,
     name: "vnc",
     style: Style::Stream,
     description: "Open a websocket to the VNC display of a VirtualMachineInstance.",
+    path_params: &[],
+};
+const PORT_PARAMS: &[(&str, &str)] = &[
+    ("port", "The port of the guest to forward to (1-65535)."),
+    ("protocol", "tcp (the default) or udp."),
+];
+pub const PORTFORWARD_VMI: Subresource = Subresource {
+    kind: &VIRTUAL_MACHINE_INSTANCE,
+    name: "portforward",
+    style: Style::Stream,
+    description: "Open a websocket carrying one connection to a port of the VirtualMachineInstance's guest.",
+    path_params: PORT_PARAMS,
+};
+pub const PORTFORWARD_VM: Subresource = Subresource {
+    kind: &VIRTUAL_MACHINE,
+    name: "portforward",
+    style: Style::Stream,
+    description: "Open a websocket carrying one connection to a port of the VirtualMachine's running guest.",
+    path_params: PORT_PARAMS,
 };
 
 /// Every subresource served under `subresources.kubevirt.io/v1`. What is listed here is
 /// advertised in discovery and OpenAPI and granted by the user roles; virt-apiserver's tests
 /// fail when one has no handler.
-pub const SUBRESOURCES: [&Subresource; 9] = [
+pub const SUBRESOURCES: [&Subresource; 11] = [
     &START,
     &STOP,
     &RESTART,
@@ -287,6 +311,8 @@ pub const SUBRESOURCES: [&Subresource; 9] = [
     &SOFTREBOOT,
     &CONSOLE,
     &VNC,
+    &PORTFORWARD_VMI,
+    &PORTFORWARD_VM,
 ];
 
 /// The subresources of one kind.
@@ -353,6 +379,6 @@ mod tests {
         assert_eq!((CONSOLE.http_method(), CONSOLE.rbac_verb()), ("GET", "get"));
         assert_eq!((PAUSE.http_method(), PAUSE.rbac_verb()), ("PUT", "update"));
         assert_eq!(subresource("virtualmachineinstances", "vnc"), Some(&VNC));
-        assert_eq!(subresources_of(&VIRTUAL_MACHINE).count(), 4);
+        assert_eq!(subresources_of(&VIRTUAL_MACHINE).count(), 5);
     }
 }

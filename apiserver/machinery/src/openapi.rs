@@ -1228,10 +1228,22 @@ fn add_subresource_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
                 produces: vec!["*/*"],
             },
         };
-        paths.insert(
-            format!("{prefix}/{}/{{name}}/{name}", sub.kind.plural),
-            path_item(&[name_param, ns], &[op], flavor),
-        );
+        let base = format!("{prefix}/{}/{{name}}/{name}", sub.kind.plural);
+        if sub.path_params.is_empty() {
+            paths.insert(base, path_item(&[name_param, ns], &[op], flavor));
+            continue;
+        }
+        // One path per optional trailing segment, as KubeVirt's (`…/portforward/{port}`
+        // and `…/portforward/{port}/{protocol}`).
+        for n in 1..=sub.path_params.len() {
+            let mut path = base.clone();
+            let mut params = vec![name_param, ns];
+            for (p, d) in &sub.path_params[..n] {
+                path.push_str(&format!("/{{{p}}}"));
+                params.push(path_param(p, d));
+            }
+            paths.insert(path, path_item(&params, std::slice::from_ref(&op), flavor));
+        }
     }
 }
 

@@ -134,7 +134,7 @@ enum Route {
     Migrate,
     /// pause, unpause, softreboot: forwarded to the VMI's virt-handler.
     VmiAction,
-    /// console, vnc: relayed to the VMI's virt-handler.
+    /// console, vnc, portforward: relayed to the VMI's virt-handler.
     VmiStream,
 }
 
@@ -150,10 +150,49 @@ fn route(sub: &Subresource) -> Option<Route> {
         (&c::SOFTREBOOT, Route::VmiAction),
         (&c::CONSOLE, Route::VmiStream),
         (&c::VNC, Route::VmiStream),
+        (&c::PORTFORWARD_VMI, Route::VmiStream),
+        (&c::PORTFORWARD_VM, Route::VmiStream),
     ]
     .into_iter()
     .find(|(s, _)| *s == sub)
     .map(|(_, r)| r)
+}
+
+/// The stream's path below the VMI at its handler: the subresource, and for portforward
+/// the port and protocol (`portforward/22/tcp`), checked here so that bad input is a 400
+/// naming it rather than a failed dial.
+fn stream_path(sub: &Subresource, rest: &[String]) -> ApiResult<String> {
+    if sub.path_params.is_empty() {
+        return if rest.is_empty() {
+            Ok(sub.name.to_string())
+        } else {
+            Err(ApiError::path_not_found())
+        };
+    }
+    let (port, protocol) = match rest {
+        [port] => (port, "tcp"),
+        [port, protocol] => (port, protocol.as_str()),
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "{}: the path needs a port: {}/{{port}}[/{{protocol}}]",
+                sub.name, sub.name
+            )));
+        }
+    };
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| ApiError::bad_request(format!("invalid port {port:?}: 1-65535")))?;
+    match protocol {
+        "tcp" => Ok(format!("{}/{port}/tcp", sub.name)),
+        "udp" => Err(ApiError::bad_request(
+            "protocol udp is not supported by kubevirt-rs yet; use tcp",
+        )),
+        other => Err(ApiError::bad_request(format!(
+            "invalid protocol {other:?}: tcp or udp"
+        ))),
+    }
 }
 
 async fn body_bytes(body: axum::body::Body) -> ApiResult<axum::body::Bytes> {
@@ -189,7 +228,11 @@ impl Subresources {
         let (mut parts, body) = req.into_parts();
         let (ns, name) = (info.namespace.as_str(), info.name.as_str());
         match route {
-            Route::VmiStream => self.stream(st, &mut parts, ns, name, sub).await,
+            Route::VmiStream => {
+                let sub = stream_path(entry, &info.rest)?;
+                let vm = entry.kind == &catalogue::VIRTUAL_MACHINE;
+                self.stream(st, &mut parts, ns, name, &sub, vm).await
+            }
             Route::Start => {
                 let opts = parse_body(&body_bytes(body).await?)?;
                 self.start(st, ns, name, opts).await
@@ -258,9 +301,19 @@ impl Subresources {
         ns: &str,
         name: &str,
         sub: &str,
+        of_vm: bool,
     ) -> ApiResult<Response> {
         use axum::extract::FromRequestParts;
-        let vmi = st.registry.get(vmi_def(), ns, name).await?;
+        let vmi = match st.registry.get(vmi_def(), ns, name).await {
+            // A VM's stream needs its instance: KubeVirt's answer for a stopped VM.
+            Err(e) if of_vm && e.code == 404 => {
+                st.registry.get(vm_def(), ns, name).await?;
+                return Err(ApiError::bad_request(format!(
+                    "VirtualMachine {name} is not running"
+                )));
+            }
+            r => r?,
+        };
         self.vmi_must_run(&vmi, name)?;
         let node = node_of(&vmi)?;
         let upgrade = axum::extract::ws::WebSocketUpgrade::from_request_parts(parts, &())
@@ -621,6 +674,23 @@ mod tests {
         }
     }
 
+    #[test]
+    fn portforward_paths_name_a_port_and_a_protocol() {
+        let path = |sub, rest: &[&str]| {
+            stream_path(sub, &rest.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        };
+        let pf = &catalogue::PORTFORWARD_VMI;
+        assert_eq!(path(pf, &["22"]).unwrap(), "portforward/22/tcp");
+        assert_eq!(path(pf, &["8080", "tcp"]).unwrap(), "portforward/8080/tcp");
+        for bad in [&["0"][..], &["65536"], &["ssh"], &[], &["22", "sctp"], &["22", "udp"]] {
+            let e = path(pf, bad).unwrap_err();
+            assert_eq!(e.code, 400, "{bad:?}: {}", e.message);
+        }
+        assert!(path(pf, &["22", "sctp"]).unwrap_err().message.contains("sctp"));
+        assert_eq!(path(&catalogue::CONSOLE, &[]).unwrap(), "console");
+        assert_eq!(path(&catalogue::CONSOLE, &["x"]).unwrap_err().code, 404);
+    }
+
     /// The OpenAPI document of subresources.kubevirt.io describes exactly the catalogue's
     /// subresources.
     #[test]
@@ -636,17 +706,27 @@ mod tests {
                 continue;
             };
             let parts: Vec<&str> = rest.split('/').collect();
-            let [plural, "{name}", sub] = parts[..] else {
+            let [plural, "{name}", sub, ref params @ ..] = parts[..] else {
                 panic!("unexpected subresource path {path}");
             };
             let entry = catalogue::subresource(plural, sub)
                 .unwrap_or_else(|| panic!("{path} is in OpenAPI but not in the catalogue"));
             assert!(route(entry).is_some(), "{path} has no handler");
+            // Path parameters as the catalogue names them, each optional from the right.
+            let want: Vec<String> = entry.path_params[..params.len()]
+                .iter()
+                .map(|(p, _)| format!("{{{p}}}"))
+                .collect();
+            assert_eq!(params, want, "{path}");
             checked += 1;
         }
+        let expected: usize = catalogue::SUBRESOURCES
+            .iter()
+            .map(|s| s.path_params.len().max(1))
+            .sum();
         assert_eq!(
             checked,
-            catalogue::SUBRESOURCES.len(),
+            expected,
             "OpenAPI describes {checked} subresource paths"
         );
     }
