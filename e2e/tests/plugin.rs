@@ -314,6 +314,11 @@ fn errors_say_what_to_fix_and_exit_1() {
         "console without RBAC",
         &["permission denied", "virtualmachineinstances/console"],
     );
+    assert_refused(
+        ns.virt_result(&["port-forward", "--stdio", "vm/halted", "22", "--as", nobody]),
+        "port-forward without RBAC",
+        &["permission denied", "virtualmachines/portforward"],
+    );
     // The same user with kubevirt.io:edit in the namespace may.
     ns.k(&[
         "create",

@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Console, Ns, TEST_GUEST};
+use common::{Console, Ns};
 
 /// The `Uid:` and `CapEff:` lines of every process in the launcher's compute container.
 fn processes_of(ns: &Ns<'_>, pod: &str) -> Vec<(String, String)> {
@@ -104,29 +104,13 @@ fn a_symlink_in_a_disk_image_fails_the_vmi_naming_it() {
     let _ = std::fs::remove_dir_all(&dir);
 
     let ns = Ns::new(c, "symlink");
-    let vmi = serde_json::json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {"name": "linked", "namespace": ns.name},
-        "spec": {
-            "terminationGracePeriodSeconds": 0,
-            "domain": {
-                "memory": {"guest": "128Mi"},
-                "devices": {"disks": [{"name": "data", "disk": {"bus": "virtio"}}]},
-                "firmware": {"kernelBoot": {
-                    "kernelArgs": virt_testguest::KERNEL_ARGS,
-                    "container": {
-                        "image": TEST_GUEST,
-                        "imagePullPolicy": "IfNotPresent",
-                        "kernelPath": "/vmlinuz",
-                        "initrdPath": "/initramfs.gz"
-                    }
-                }}
-            },
-            "volumes": [{"name": "data", "containerDisk": {"image": IMAGE, "imagePullPolicy": "Never"}}]
-        }
-    });
-    c.kubectl_stdin(&["apply", "-f", "-"], Some(&vmi.to_string()))
+    let vmi = common::guest_vmi(
+        &ns.name,
+        "linked",
+        serde_json::json!([{"name": "data", "disk": {"bus": "virtio"}}]),
+        serde_json::json!([{"name": "data", "containerDisk": {"image": IMAGE, "imagePullPolicy": "Never"}}]),
+    );
+    c.kubectl_stdin(&["apply", "-f", "-"], Some(&vmi))
         .expect("create VMI");
     ns.wait(
         "linked",
@@ -164,35 +148,19 @@ fn cloud_init_secrets_reach_the_guest_but_not_the_pod() {
     });
     c.kubectl_stdin(&["apply", "-f", "-"], Some(&secret.to_string()))
         .expect("secret");
-    let vmi = serde_json::json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {"name": "seeded", "namespace": ns.name},
-        "spec": {
-            "terminationGracePeriodSeconds": 0,
-            "domain": {
-                "memory": {"guest": "128Mi"},
-                "devices": {"disks": [
-                    {"name": "ci", "disk": {"bus": "virtio"}},
-                    {"name": "ci2", "disk": {"bus": "virtio"}}
-                ]},
-                "firmware": {"kernelBoot": {
-                    "kernelArgs": virt_testguest::KERNEL_ARGS,
-                    "container": {
-                        "image": TEST_GUEST,
-                        "imagePullPolicy": "IfNotPresent",
-                        "kernelPath": "/vmlinuz",
-                        "initrdPath": "/initramfs.gz"
-                    }
-                }}
-            },
-            "volumes": [
-                {"name": "ci", "cloudInitNoCloud": {"userData": inline}},
-                {"name": "ci2", "cloudInitNoCloud": {"secretRef": {"name": "user-data"}}}
-            ]
-        }
-    });
-    c.kubectl_stdin(&["apply", "-f", "-"], Some(&vmi.to_string()))
+    let vmi = common::guest_vmi(
+        &ns.name,
+        "seeded",
+        serde_json::json!([
+            {"name": "ci", "disk": {"bus": "virtio"}},
+            {"name": "ci2", "disk": {"bus": "virtio"}}
+        ]),
+        serde_json::json!([
+            {"name": "ci", "cloudInitNoCloud": {"userData": inline}},
+            {"name": "ci2", "cloudInitNoCloud": {"secretRef": {"name": "user-data"}}}
+        ]),
+    );
+    c.kubectl_stdin(&["apply", "-f", "-"], Some(&vmi))
         .expect("create VMI");
     ns.wait("seeded", "the VMI to run", common::BOOT, || {
         ns.try_get("vmi", "seeded", "{.status.phase}")

@@ -133,6 +133,79 @@ pub enum Command {
         #[arg(long, default_value_t = 0)]
         port: u16,
     },
+    /// Forward local ports to ports of a VM's guest, through the API server (no route to
+    /// the pod network needed).
+    #[command(
+        after_help = "Examples:\n  kubectl virt port-forward vm/web 8080:80\n  ssh -o ProxyCommand='kubectl virt port-forward --stdio vm/web 22' root@web"
+    )]
+    PortForward {
+        /// vm/NAME, vmi/NAME, or NAME (a VMI).
+        target: String,
+        /// [LOCAL:]REMOTE ports; LOCAL 0 picks a free port.
+        ports: Vec<String>,
+        /// Local address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        address: std::net::IpAddr,
+        /// Carry stdin/stdout to the one REMOTE port (for ssh's ProxyCommand).
+        #[arg(long)]
+        stdio: bool,
+    },
+    /// Open an SSH session to a VM with the local ssh, carried by port-forward (no route
+    /// to the pod network needed).
+    #[command(
+        after_help = "Examples:\n  kubectl virt ssh -i ~/.ssh/id_ed25519 root@vm/web\n  kubectl virt ssh fedora@vmi/web.prod -c 'uname -a'"
+    )]
+    Ssh {
+        /// [USER@](vm|vmi)/NAME[.NAMESPACE]
+        destination: String,
+        /// Run this command instead of a login shell; its exit code is ours.
+        #[arg(short = 'c', long)]
+        command: Option<String>,
+        #[command(flatten)]
+        ssh: SshArgs,
+    },
+    /// Copy files between this machine and a VM with the local scp, carried by
+    /// port-forward.
+    #[command(
+        after_help = "Examples:\n  kubectl virt scp ./file root@vm/web:/tmp/\n  kubectl virt scp -r root@vm/web:/etc ./etc"
+    )]
+    Scp {
+        /// Local path, or [USER@](vm|vmi)/NAME[.NAMESPACE]:PATH
+        source: String,
+        /// Local path, or [USER@](vm|vmi)/NAME[.NAMESPACE]:PATH
+        destination: String,
+        /// Copy directories recursively.
+        #[arg(short = 'r', long)]
+        recursive: bool,
+        #[command(flatten)]
+        ssh: SshArgs,
+    },
+    /// Create a Service in front of a VM or VMI (it follows the VM across restarts and
+    /// migrations).
+    #[command(
+        after_help = "Examples:\n  kubectl virt expose vm web --name web-http --port 8080 --target-port 80 --type NodePort"
+    )]
+    Expose {
+        /// `vm` or `vmi`.
+        kind: ObjectKind,
+        /// Name of the VM or VMI.
+        name: String,
+        /// Name of the Service.
+        #[arg(long = "name")]
+        service_name: String,
+        /// Port of the Service.
+        #[arg(long)]
+        port: u16,
+        /// Port (or port name) of the guest; the Service's port when unset.
+        #[arg(long)]
+        target_port: Option<String>,
+        /// ClusterIP, NodePort or LoadBalancer.
+        #[arg(long = "type", default_value = "ClusterIP")]
+        type_: String,
+        /// TCP or UDP.
+        #[arg(long, default_value = "TCP")]
+        protocol: String,
+    },
     /// Print a manifest for a new object.
     #[command(subcommand)]
     Create(CreateCommand),
@@ -144,6 +217,38 @@ pub enum Command {
     },
     /// Print a shell completion script (for the `kubectl-virt` binary).
     Completion { shell: clap_complete::Shell },
+}
+
+/// Options of `ssh` and `scp`, as upstream virtctl names them.
+#[derive(Debug, clap::Args)]
+pub struct SshArgs {
+    /// User to log in as (also USER@ in the destination).
+    #[arg(short = 'l', long)]
+    pub username: Option<String>,
+    /// Private key file.
+    #[arg(short = 'i', long, value_name = "FILE")]
+    pub identity_file: Option<std::path::PathBuf>,
+    /// The guest's SSH port.
+    #[arg(short = 'p', long, default_value_t = 22)]
+    pub port: u16,
+    /// Known-hosts file (default: ssh's own).
+    #[arg(long, value_name = "FILE")]
+    pub known_hosts: Option<std::path::PathBuf>,
+    /// Extra options for the local ssh/scp, e.g. --local-ssh-opts="-o StrictHostKeyChecking=no".
+    #[arg(short = 't', long = "local-ssh-opts", allow_hyphen_values = true)]
+    pub local_ssh_opts: Vec<String>,
+}
+
+impl SshArgs {
+    pub fn options(&self) -> crate::ssh::SshOptions {
+        crate::ssh::SshOptions {
+            username: self.username.clone(),
+            identity_file: self.identity_file.clone(),
+            port: self.port,
+            known_hosts: self.known_hosts.clone(),
+            local_ssh_opts: self.local_ssh_opts.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -12,9 +12,12 @@ pub mod connect;
 pub mod console;
 pub mod create;
 pub mod error;
+pub mod expose;
 pub mod migrate;
 pub mod ops;
+pub mod portforward;
 pub mod request;
+pub mod ssh;
 pub mod vnc;
 pub mod ws;
 
@@ -89,11 +92,58 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                 }
             }
         }
+        Command::Ssh {
+            destination,
+            command,
+            ssh,
+        } => {
+            let kube = ssh_kube(&cli.global).await?;
+            let argv = ssh::ssh_argv(
+                &self_exe()?,
+                &kube,
+                &destination,
+                &ssh.options(),
+                command.as_deref(),
+            )?;
+            Err(ssh::exec(&argv))
+        }
+        Command::Scp {
+            source,
+            destination,
+            recursive,
+            ssh,
+        } => {
+            let kube = ssh_kube(&cli.global).await?;
+            let argv = ssh::scp_argv(
+                &self_exe()?,
+                &kube,
+                &source,
+                &destination,
+                recursive,
+                &ssh.options(),
+            )?;
+            Err(ssh::exec(&argv))
+        }
         command => {
             let session = cli.global.session().await?;
             run_with_session(&session, command, &mut stdout).await
         }
     }
+}
+
+/// The cluster as the ProxyCommand must see it: the flags we were given and the namespace
+/// they resolve to.
+async fn ssh_kube(global: &connect::GlobalArgs) -> Result<ssh::Kube, CliError> {
+    let session = global.session().await?;
+    Ok(ssh::Kube {
+        kubeconfig: global.kubeconfig.clone(),
+        context: global.context.clone(),
+        namespace: session.namespace.clone(),
+    })
+}
+
+fn self_exe() -> Result<std::path::PathBuf, CliError> {
+    std::env::current_exe().map_err(|e| CliError::io("finding the kubectl-virt executable", e))
 }
 
 /// The first line of a password file: editors and `echo` add a trailing
@@ -183,6 +233,36 @@ async fn run_with_session(
             proxy_only,
             port,
         } => vnc::run(session, &name, port, proxy_only, out).await,
-        Command::Create(_) | Command::Version { .. } | Command::Completion { .. } => Ok(()),
+        Command::Expose {
+            kind,
+            name,
+            service_name,
+            port,
+            target_port,
+            type_,
+            protocol,
+        } => {
+            let e = expose::Expose {
+                kind,
+                name,
+                service_name,
+                port,
+                target_port,
+                type_,
+                protocol,
+            };
+            expose::run(session, &e, out).await
+        }
+        Command::PortForward {
+            target,
+            ports,
+            address,
+            stdio,
+        } => portforward::run(session, &target, &ports, address, stdio, out).await,
+        Command::Create(_)
+        | Command::Version { .. }
+        | Command::Completion { .. }
+        | Command::Ssh { .. }
+        | Command::Scp { .. } => Ok(()),
     }
 }

@@ -5,10 +5,7 @@ use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_tungstenite::tungstenite::Message;
 
 use crate::connect::Session;
 use crate::console::connect_when_running;
@@ -106,46 +103,15 @@ async fn bridge(session: &Session, name: &str, tcp: TcpStream) -> Result<(), Cli
         CONNECT_TIMEOUT,
     )
     .await?;
-    let (mut sink, mut source) = ws.split();
-    let (mut rd, mut wr) = tcp.into_split();
-    let ws_err = |e: tokio_tungstenite::tungstenite::Error| CliError::WebSocket {
-        what: format!("the VNC of {name}"),
-        detail: e.to_string(),
-    };
-    let up = async {
-        let mut buf = vec![0u8; 32 * 1024];
-        loop {
-            let n = rd
-                .read(&mut buf)
-                .await
-                .map_err(|e| CliError::io("reading from the VNC client", e))?;
-            if n == 0 {
-                let _ = sink.send(Message::Close(None)).await;
-                return Ok::<(), CliError>(());
-            }
-            sink.send(Message::Binary(buf[..n].to_vec().into()))
-                .await
-                .map_err(ws_err)?;
-        }
-    };
-    let down = async {
-        while let Some(msg) = source.next().await {
-            match msg.map_err(ws_err)? {
-                Message::Binary(b) => wr
-                    .write_all(&b)
-                    .await
-                    .map_err(|e| CliError::io("writing to the VNC client", e))?,
-                Message::Close(_) => break,
-                _ => {}
-            }
-        }
-        let _ = wr.shutdown().await;
-        Ok::<(), CliError>(())
-    };
-    tokio::select! {
-        r = up => r,
-        r = down => r,
-    }
+    let (rd, wr) = tcp.into_split();
+    crate::ws::splice(
+        ws,
+        rd,
+        wr,
+        &format!("the VNC of {name}"),
+        crate::ws::LocalEof::Close,
+    )
+    .await
 }
 
 #[cfg(test)]

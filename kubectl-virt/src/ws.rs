@@ -1,4 +1,4 @@
-//! WebSocket upgrade for KubeVirt's streaming subresources (console, vnc).
+//! WebSocket upgrade for KubeVirt's streaming subresources (console, vnc, portforward).
 //!
 //! kube-rs' `Client::connect` insists on the Kubernetes channel
 //! subprotocols, which KubeVirt does not speak; the upgrade is therefore done
@@ -197,5 +197,82 @@ mod tests {
         let st = parse_status(503, b"service unavailable\n");
         assert_eq!(st.code, 503);
         assert_eq!(st.message, "service unavailable");
+    }
+}
+
+/// What [`splice`] does when the local side stops sending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalEof {
+    /// Close the websocket: the local peer is gone (a VNC viewer that quit).
+    Close,
+    /// Keep receiving until the remote side closes: the local peer may only be done
+    /// sending (a request piped into `port-forward --stdio`); a websocket cannot
+    /// half-close, so the remote learns of the end when this process closes it.
+    Wait,
+}
+
+/// Copies bytes both ways between a local stream and a websocket of binary messages until
+/// the remote closes, either side fails, or (with [`LocalEof::Close`]) the local side
+/// ends. `what` names the stream in errors.
+pub async fn splice<R, W>(
+    ws: Stream,
+    mut rd: R,
+    mut wr: W,
+    what: &str,
+    on_eof: LocalEof,
+) -> Result<(), CliError>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    use futures::{SinkExt, StreamExt};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let (mut sink, mut source) = ws.split();
+    let ws_err = |e: tokio_tungstenite::tungstenite::Error| CliError::WebSocket {
+        what: what.to_owned(),
+        detail: e.to_string(),
+    };
+    let up = async {
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            let n = rd
+                .read(&mut buf)
+                .await
+                .map_err(|e| CliError::io(format!("reading the local end of {what}"), e))?;
+            if n == 0 {
+                if on_eof == LocalEof::Close {
+                    let _ = sink.send(Message::Close(None)).await;
+                }
+                return Ok::<(), CliError>(());
+            }
+            sink.send(Message::Binary(buf[..n].to_vec().into()))
+                .await
+                .map_err(ws_err)?;
+        }
+    };
+    let down = async {
+        while let Some(msg) = source.next().await {
+            match msg.map_err(ws_err)? {
+                Message::Binary(b) => {
+                    let local = |e| CliError::io(format!("writing the local end of {what}"), e);
+                    wr.write_all(&b).await.map_err(local)?;
+                    wr.flush().await.map_err(local)?;
+                }
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+        let _ = wr.shutdown().await;
+        Ok::<(), CliError>(())
+    };
+    tokio::pin!(up, down);
+    tokio::select! {
+        r = &mut up => match (r, on_eof) {
+            (Err(e), _) => Err(e),
+            (Ok(()), LocalEof::Close) => Ok(()),
+            (Ok(()), LocalEof::Wait) => down.await,
+        },
+        r = &mut down => r,
     }
 }

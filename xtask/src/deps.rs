@@ -79,6 +79,11 @@ pub const PACKAGES: &[Package] = &[
         "local cluster bridge; the guest's bridge and tap (virt-netsetup)",
     ),
     run("tmux", "interactive console tests"),
+    run("dropbear-bin", "the test guest's SSH server"),
+    run(
+        "openssh-client",
+        "ssh and scp for kubectl virt ssh/scp, and scp in the test guest",
+    ),
     run(
         "iperf3",
         "cargo xtask bench network (host side and the benchmark guest)",

@@ -682,11 +682,23 @@ mod tests {
         let pf = &catalogue::PORTFORWARD_VMI;
         assert_eq!(path(pf, &["22"]).unwrap(), "portforward/22/tcp");
         assert_eq!(path(pf, &["8080", "tcp"]).unwrap(), "portforward/8080/tcp");
-        for bad in [&["0"][..], &["65536"], &["ssh"], &[], &["22", "sctp"], &["22", "udp"]] {
+        for bad in [
+            &["0"][..],
+            &["65536"],
+            &["ssh"],
+            &[],
+            &["22", "sctp"],
+            &["22", "udp"],
+        ] {
             let e = path(pf, bad).unwrap_err();
             assert_eq!(e.code, 400, "{bad:?}: {}", e.message);
         }
-        assert!(path(pf, &["22", "sctp"]).unwrap_err().message.contains("sctp"));
+        assert!(
+            path(pf, &["22", "sctp"])
+                .unwrap_err()
+                .message
+                .contains("sctp")
+        );
         assert_eq!(path(&catalogue::CONSOLE, &[]).unwrap(), "console");
         assert_eq!(path(&catalogue::CONSOLE, &["x"]).unwrap_err().code, 404);
     }
@@ -725,8 +737,7 @@ mod tests {
             .map(|s| s.path_params.len().max(1))
             .sum();
         assert_eq!(
-            checked,
-            expected,
+            checked, expected,
             "OpenAPI describes {checked} subresource paths"
         );
     }

@@ -291,6 +291,39 @@ pub fn vm_manifest(name: &str, ns: &str, run_strategy: &str, guest: &Guest) -> S
     .to_string()
 }
 
+/// A VMI of the test guest with extra `disks` and `volumes` (kernel boot from the guest
+/// image, 128 MiB, no grace period).
+pub fn guest_vmi(
+    ns: &str,
+    name: &str,
+    disks: serde_json::Value,
+    volumes: serde_json::Value,
+) -> String {
+    serde_json::json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "domain": {
+                "memory": {"guest": "128Mi"},
+                "devices": {"disks": disks},
+                "firmware": {"kernelBoot": {
+                    "kernelArgs": virt_testguest::KERNEL_ARGS,
+                    "container": {
+                        "image": TEST_GUEST,
+                        "imagePullPolicy": "IfNotPresent",
+                        "kernelPath": "/vmlinuz",
+                        "initrdPath": "/initramfs.gz"
+                    }
+                }}
+            },
+            "volumes": volumes
+        }
+    })
+    .to_string()
+}
+
 pub fn workspace_target() -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(t) => e2e::workspace_root().join(t),

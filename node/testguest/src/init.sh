@@ -6,6 +6,7 @@ export PATH=/bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
+mkdir -p /dev/pts && mount -t devpts devpts /dev/pts
 for m in $(cat /etc/modules-order); do insmod "/lib/modules/$m" 2>/dev/null; done
 # The ACPI power button is how the launcher asks for a graceful shutdown; there is no
 # acpid, so block on the button's event device and power off when it fires.
@@ -103,11 +104,22 @@ if [ -z "$dev" ]; then
         fi
     done
 fi
+mkdir -p /root/.ssh /etc/dropbear && chmod 700 /root /root/.ssh
 if [ -n "$dev" ] && mount -t iso9660 -o ro "$dev" /mnt 2>/dev/null; then
     echo "kubevirt-rs cidata: $dev"
     [ -f /mnt/user-data ] && { echo "--- user-data"; cat /mnt/user-data; echo; echo "--- end user-data"; }
+    # As a cloud image does: root may log in with the keys of the #cloud-config
+    # document's ssh_authorized_keys list; no key is baked into the image.
+    [ -f /mnt/user-data ] && awk '
+        /^ssh_authorized_keys:/ { keys = 1; next }
+        keys && /^[ \t]*-[ \t]/ { sub(/^[ \t]*-[ \t]*/, ""); gsub(/^"|"$/, ""); print; next }
+        keys && /^[^ \t-]/ { keys = 0 }
+    ' /mnt/user-data >/root/.ssh/authorized_keys
+    chmod 600 /root/.ssh/authorized_keys 2>/dev/null
     umount /mnt
 fi
+# SSH on port 22 (dropbear; host keys made on first use).
+[ -x /bin/dropbear ] && dropbear -R -p 22 2>/dev/null
 
 export PS1='guest# '
 while true; do

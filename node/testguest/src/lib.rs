@@ -133,6 +133,10 @@ pub fn default_dir() -> PathBuf {
     target.join("guest")
 }
 
+/// Programs every guest carries: an SSH server (Debian's dropbear) and `scp` for its
+/// remote end, so that `kubectl virt ssh`/`scp` reach it as they reach a cloud image.
+pub const SSH_PROGRAMS: &[&str] = &["/usr/sbin/dropbear", "/usr/bin/scp"];
+
 /// Builds the guest into `dir` unless it is already there.
 /// Safe to call from several threads and processes at once (test binaries run in
 /// parallel): the build holds a lock file in `dir`.
@@ -301,7 +305,14 @@ fn build_initramfs(
     io(&bin, fs::copy(&bb, &bin))?;
     let sh = root.join("bin/sh");
     io(&sh, std::os::unix::fs::symlink("busybox", &sh))?;
-    for program in programs {
+    // A root account for the SSH server.
+    for (f, text) in [
+        ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"),
+        ("etc/group", "root:x:0:\n"),
+    ] {
+        io(&root.join(f), fs::write(root.join(f), text))?;
+    }
+    for program in SSH_PROGRAMS.iter().chain(programs) {
         let host = Path::new(program);
         let name = host.file_name().ok_or_else(|| GuestError::Missing {
             what: (*program).into(),
