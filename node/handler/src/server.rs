@@ -44,6 +44,9 @@ pub const PLAIN_PROTOCOL: &str = "plain.kubevirt.io";
 /// Close reason sent to a console or VNC session another writer took over from.
 pub const TAKEN_OVER: &str = "another session took over this console";
 const CHUNK: usize = 10240;
+/// Read size of a forwarded guest connection: each read becomes one websocket message on
+/// every hop to the client, so bulk transfers want few, large ones.
+const FORWARD_CHUNK: usize = 64 * 1024;
 
 /// TLS setup failures.
 #[derive(Debug, thiserror::Error)]
@@ -478,7 +481,7 @@ async fn open_vnc(
             open.inc();
             tracing::info!(%ns, %name, session = id, "VNC session opened");
             let (r, w) = sock.into_split();
-            let (out_rx, in_tx, tasks) = socket_tasks(r, w);
+            let (out_rx, in_tx, tasks) = socket_tasks(r, w, CHUNK);
             pump(
                 ws,
                 out_rx,
@@ -505,6 +508,7 @@ async fn open_vnc(
 fn socket_tasks<R, W>(
     mut r: R,
     mut w: W,
+    chunk: usize,
 ) -> (
     mpsc::Receiver<Bytes>,
     mpsc::Sender<Bytes>,
@@ -518,7 +522,7 @@ where
     let (in_tx, mut in_rx) = mpsc::channel::<Bytes>(QUEUE);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(async move {
-        let mut buf = vec![0u8; CHUNK];
+        let mut buf = vec![0u8; chunk];
         while let Ok(n) = r.read(&mut buf).await {
             if n == 0
                 || out_tx
@@ -602,7 +606,8 @@ async fn open_portforward(
             open.inc();
             tracing::info!(%ns, %name, port, "port-forward opened");
             let (r, w) = tcp.into_split();
-            let (out_rx, in_tx, tasks) = socket_tasks(r, w);
+            // Bulk transfers (scp, downloads): fewer, larger messages through every hop.
+            let (out_rx, in_tx, tasks) = socket_tasks(r, w, FORWARD_CHUNK);
             pump(
                 ws,
                 out_rx,

@@ -66,6 +66,8 @@ done
 # service in the guest, and its reply names the guest they reached.
 ip -4 -o addr show scope global >/www/index.html
 echo "kubevirt-rs guest" >>/www/index.html
+# 100 MiB of zeros to download (a hole in tmpfs: no guest memory), for throughput figures.
+truncate -s 100M /www/zeros
 httpd -p 80 -h /www
 # The network benchmark's guest carries iperf3 (ensure_with); the everyday one does not.
 [ -x /bin/iperf3 ] && iperf3 -s -D >/dev/null 2>&1

@@ -133,6 +133,9 @@ pub fn default_dir() -> PathBuf {
     target.join("guest")
 }
 
+/// Size of `/zeros` on the guest's web server (port 80), for throughput measurements.
+pub const ZEROS_BYTES: u64 = 100 * 1024 * 1024;
+
 /// Programs every guest carries: an SSH server (Debian's dropbear) and `scp` for its
 /// remote end, so that `kubectl virt ssh`/`scp` reach it as they reach a cloud image.
 pub const SSH_PROGRAMS: &[&str] = &["/usr/sbin/dropbear", "/usr/bin/scp"];

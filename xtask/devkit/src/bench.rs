@@ -9,6 +9,7 @@ mod apiserver;
 mod crd;
 mod migrate;
 mod network;
+mod portforward;
 mod report;
 mod start;
 
@@ -37,6 +38,9 @@ pub enum Bench {
     /// bridge against a bare tap in the same run, and how soon the guest answers after its
     /// DHCP lease (network namespaces of its own, no cluster).
     Network(network::NetworkArgs),
+    /// `kubectl virt port-forward` against a direct connection to the VMI's pod IP, in one
+    /// run: download throughput and small-request round trips (local cluster).
+    PortForward(portforward::PortForwardArgs),
 }
 
 /// Arguments of the launcher benchmark.
@@ -83,6 +87,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Bench::Start(a) => start::run(a),
         Bench::Migrate(a) => migrate::run(a),
         Bench::Network(a) => network::run(a),
+        Bench::PortForward(a) => portforward::run(a),
     }
 }
 
