@@ -79,6 +79,29 @@ fn launcher(args: LauncherArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A VM of the test guest (256 MiB, kernel boot from its image, 5 s grace) for the
+/// cluster benchmarks.
+fn test_guest_vm(name: &str, ns: &str) -> String {
+    serde_json::json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"runStrategy": "Always", "template": {"spec": {
+            "terminationGracePeriodSeconds": 5,
+            "domain": {
+                "memory": {"guest": "256Mi"},
+                "devices": {},
+                "firmware": {"kernelBoot": {
+                    "kernelArgs": virt_testguest::KERNEL_ARGS,
+                    "container": {"image": crate::images::TEST_GUEST_IMAGE, "imagePullPolicy": "IfNotPresent",
+                        "kernelPath": "/vmlinuz", "initrdPath": "/initramfs.gz"}
+                }}
+            }
+        }}}
+    })
+    .to_string()
+}
+
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.bench {

@@ -21,7 +21,6 @@ use serde_json::{Value, json};
 use super::report::{Machine, percentile};
 
 pub const HEADING: &str = "## Live migration (cargo xtask bench migrate)";
-const TEST_GUEST: &str = "localhost/kubevirt-rs/test-guest:latest";
 const VM: &str = "mover";
 
 /// Arguments of `cargo xtask bench migrate`.
@@ -243,27 +242,6 @@ fn bare_once(g: &virt_testguest::Guest, dir: &Path) -> anyhow::Result<Sample> {
 
 use crate::deploy::Kubectl as Kube;
 
-fn vm_manifest(ns: &str) -> String {
-    json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachine",
-        "metadata": {"name": VM, "namespace": ns},
-        "spec": {"runStrategy": "Always", "template": {"spec": {
-            "terminationGracePeriodSeconds": 5,
-            "domain": {
-                "memory": {"guest": "256Mi"},
-                "devices": {},
-                "firmware": {"kernelBoot": {
-                    "kernelArgs": virt_testguest::KERNEL_ARGS,
-                    "container": {"image": TEST_GUEST, "imagePullPolicy": "IfNotPresent",
-                        "kernelPath": "/vmlinuz", "initrdPath": "/initramfs.gz"}
-                }}
-            }
-        }}}
-    })
-    .to_string()
-}
-
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     while !f() {
@@ -351,7 +329,7 @@ pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
     let ns = format!("bench-migrate-{}", std::process::id());
     kube.run(&["create", "namespace", &ns], None)?;
     let result = (|| -> anyhow::Result<Vec<Sample>> {
-        kube.run(&["apply", "-f", "-"], Some(&vm_manifest(&ns)))?;
+        kube.run(&["apply", "-f", "-"], Some(&super::test_guest_vm(VM, &ns)))?;
         wait_for("the VM to run", Duration::from_secs(300), || {
             kube.run(
                 &[

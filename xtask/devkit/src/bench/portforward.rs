@@ -9,14 +9,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use serde_json::json;
 
 use super::report::{Machine, percentile};
 use crate::deploy::Kubectl as Kube;
 
 const HEADING: &str = "## Port-forward through the API server (local cluster)";
 const VM: &str = "pf";
-const TEST_GUEST: &str = crate::images::TEST_GUEST_IMAGE;
 
 /// Arguments.
 #[derive(clap::Args, Debug)]
@@ -33,27 +31,6 @@ pub struct PortForwardArgs {
     /// Only print the figures; leave docs/benchmarks.md alone.
     #[arg(long)]
     pub no_docs: bool,
-}
-
-fn vm_manifest(ns: &str) -> String {
-    json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachine",
-        "metadata": {"name": VM, "namespace": ns},
-        "spec": {"runStrategy": "Always", "template": {"spec": {
-            "terminationGracePeriodSeconds": 5,
-            "domain": {
-                "memory": {"guest": "256Mi"},
-                "devices": {},
-                "firmware": {"kernelBoot": {
-                    "kernelArgs": virt_testguest::KERNEL_ARGS,
-                    "container": {"image": TEST_GUEST, "imagePullPolicy": "IfNotPresent",
-                        "kernelPath": "/vmlinuz", "initrdPath": "/initramfs.gz"}
-                }}
-            }
-        }}}
-    })
-    .to_string()
 }
 
 /// `GET path` over HTTP/1.0: how long until the server closed, and the bytes received.
@@ -143,7 +120,7 @@ pub fn run(args: PortForwardArgs) -> anyhow::Result<()> {
     let ns = format!("bench-pf-{}", std::process::id());
     kube.run(&["create", "namespace", &ns], None)?;
     let result = (|| -> anyhow::Result<(PathFigures, PathFigures)> {
-        kube.run(&["apply", "-f", "-"], Some(&vm_manifest(&ns)))?;
+        kube.run(&["apply", "-f", "-"], Some(&super::test_guest_vm(VM, &ns)))?;
         let deadline = Instant::now() + Duration::from_secs(300);
         let pod_ip = loop {
             let pod_ip = kube
