@@ -190,3 +190,88 @@ fn cloud_init_secrets_reach_the_guest_but_not_the_pod() {
         "user data in the launcher pod:\n{pods}"
     );
 }
+
+/// A namespace user with `kubevirt.io:edit` (through kube-apiserver and impersonation, as
+/// a real user arrives) cannot ask the node for more than a VM: a volume name that would
+/// leave the launcher's directory, a reserved `kubevirt.io/` label, and edits of a VMI's
+/// volumes are 422s naming the field, and nothing is stored.
+#[test]
+#[ignore = "needs a local cluster: cargo xtask cluster up"]
+fn a_namespace_editor_cannot_reach_the_node_through_a_spec() {
+    let c = common::cluster();
+    let ns = Ns::new(c, "editor");
+    let user = "e2e-editor@example.com";
+    ns.k(&[
+        "create",
+        "rolebinding",
+        "e2e-edit",
+        "--clusterrole=kubevirt.io:edit",
+        &format!("--user={user}"),
+    ])
+    .expect("rolebinding");
+    let apply_as = |doc: &str| {
+        c.kubectl_stdin_result(&["apply", "--as", user, "-n", &ns.name, "-f", "-"], doc)
+            .expect("kubectl")
+    };
+    let escaping = common::guest_vmi(
+        &ns.name,
+        "escape",
+        serde_json::json!([{"name": "../x", "disk": {"bus": "virtio"}}]),
+        serde_json::json!([{"name": "../x", "emptyDisk": {"capacity": "1Mi"}}]),
+    );
+    let (ok, _, err) = apply_as(&escaping);
+    assert!(
+        !ok && err.contains("Invalid") && err.contains("../x"),
+        "{err}"
+    );
+
+    let mut pinned: serde_json::Value = serde_json::from_str(&common::vm_manifest(
+        "pinned",
+        &ns.name,
+        "Halted",
+        &common::Guest::default(),
+    ))
+    .unwrap();
+    pinned["metadata"]["labels"]["kubevirt.io/nodeName"] = serde_json::json!("some-node");
+    let (ok, _, err) = apply_as(&pinned.to_string());
+    assert!(
+        !ok && err.contains("kubevirt.io/nodeName"),
+        "a reserved label: {err}"
+    );
+
+    // A VMI's volumes cannot change after creation (a disk added to a running VM would
+    // then travel with it on the next migration).
+    let plain = common::guest_vmi(
+        &ns.name,
+        "plain",
+        serde_json::json!([]),
+        serde_json::json!([]),
+    );
+    let (ok, _, err) = apply_as(&plain);
+    assert!(ok, "creating a plain VMI as the editor: {err}");
+    let (ok, _, err) = c
+        .kubectl_result(&[
+            "patch",
+            "vmi",
+            "plain",
+            "--as",
+            user,
+            "-n",
+            &ns.name,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"volumes":[{"name":"more","emptyDisk":{"capacity":"1Mi"}}]}}"#,
+        ])
+        .expect("kubectl");
+    assert!(
+        !ok && err.contains("spec.volumes") && err.contains("immutable"),
+        "editing a VMI's volumes: {err}"
+    );
+    for (kind, name) in [("vmi", "escape"), ("vm", "pinned")] {
+        assert!(
+            ns.try_get(kind, name, "{.metadata.name}")
+                .is_ok_and(|n| n.is_empty()),
+            "{kind}/{name} was stored"
+        );
+    }
+}
