@@ -100,22 +100,8 @@ pub fn run(args: PortForwardArgs) -> anyhow::Result<()> {
         .clone()
         .or_else(|| std::env::var_os("KUBECONFIG").map(PathBuf::from))
         .unwrap_or_else(|| crate::target_dir().join("cluster/kubeconfig"));
-    // The plugin as users install it: a release build (the debug one relays far slower).
-    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "kubectl-virt",
-            "--bin",
-            "kubectl-virt",
-        ])
-        .current_dir(crate::workspace_root())
-        .status()
-        .context("cargo build --release -p kubectl-virt")?;
-    if !status.success() {
-        bail!("cargo build --release -p kubectl-virt failed");
-    }
+    // The plugin as users install it: the debug build relays far slower.
+    let plugin = super::start::plugin_binary()?;
     let kube = Kube::new(kubeconfig.clone());
     let ns = format!("bench-pf-{}", std::process::id());
     kube.run(&["create", "namespace", &ns], None)?;
@@ -147,7 +133,7 @@ pub fn run(args: PortForwardArgs) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_millis(500));
         };
         let direct = format!("{pod_ip}:80");
-        let mut child = Command::new(crate::target_dir().join("release/kubectl-virt"))
+        let mut child = Command::new(&plugin)
             .args(["port-forward", &format!("vm/{VM}"), "0:80", "-n", &ns])
             .arg("--kubeconfig")
             .arg(&kubeconfig)

@@ -505,7 +505,8 @@ fn snapshot(kube: &Kube) -> anyhow::Result<Writes> {
     Ok(writes(&ours, &theirs))
 }
 
-fn plugin_binary() -> anyhow::Result<PathBuf> {
+/// The plugin as users install it (a release build), built if needed.
+pub(super) fn plugin_binary() -> anyhow::Result<PathBuf> {
     let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
         .args([
             "build",
