@@ -106,7 +106,7 @@ const HANDLER_IP: &str = "/usr/sbin/ip";
 const HANDLER_NFT: &str = "/usr/sbin/nft";
 const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// (package, binary) built in release mode for the images.
+/// (package, binary) built for the images.
 const BINARIES: &[(&str, &str)] = &[
     ("virt-apiserver", "virt-apiserver"),
     ("virt-controllers", "virt-controller"),
@@ -157,11 +157,12 @@ pub fn record_path() -> PathBuf {
     images_dir().join("images.json")
 }
 
-/// Builds the release binaries and every image (cached by content), then loads them.
+/// Builds the binaries ([`Profile`]) and every image (cached by content), then loads them.
 pub fn ensure(load: Load) -> anyhow::Result<Built> {
     let dir = images_dir();
     fs::create_dir_all(&dir)?;
-    build_release()?;
+    let profile = Profile::from_env()?;
+    build_binaries(profile)?;
     let stripped = |bin: &str| -> anyhow::Result<PathBuf> {
         // Stripped copy: the symbol table is most of a release binary and useless in a pod.
         let out = dir.join(bin);
@@ -171,7 +172,7 @@ pub fn ensure(load: Load) -> anyhow::Result<Built> {
                 .arg("--strip-all")
                 .arg("-o")
                 .arg(&out)
-                .arg(crate::target_dir().join("release").join(bin)),
+                .arg(crate::target_dir().join(profile.dir()).join(bin)),
         )
         .with_context(|| format!("stripping {bin} (needs binutils)"))?;
         Ok(out)
@@ -234,15 +235,49 @@ fn exec(cmd: &mut Command) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// One `cargo build --release` for every binary of the images.
-fn build_release() -> anyhow::Result<()> {
+/// The Cargo profile the images' binaries are built with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// What users run (`up`, `deploy`, the benchmarks): the default.
+    Release,
+    /// The debug build `cargo test --workspace` has already made. `cargo xtask test` deploys
+    /// these for its e2e phase: the same sources with debug assertions and overflow checks
+    /// on, without a second optimised build of every dependency (about 8 minutes on a clean
+    /// 2-core machine, an eighth of CI's budget). Never for figures.
+    Dev,
+}
+
+/// Environment variable choosing [`Profile`]: `release` (default) or `dev`.
+pub const PROFILE_ENV: &str = "KUBEVIRT_RS_IMAGE_PROFILE";
+
+impl Profile {
+    pub fn from_env() -> anyhow::Result<Self> {
+        match std::env::var(PROFILE_ENV).as_deref() {
+            Err(_) | Ok("" | "release") => Ok(Profile::Release),
+            Ok("dev") => Ok(Profile::Dev),
+            Ok(other) => bail!("{PROFILE_ENV}={other}: expected `release` or `dev`"),
+        }
+    }
+
+    /// The directory under target/ Cargo puts the binaries in.
+    fn dir(self) -> &'static str {
+        match self {
+            Profile::Release => "release",
+            Profile::Dev => "debug",
+        }
+    }
+}
+
+/// One `cargo build` for every binary of the images.
+fn build_binaries(profile: Profile) -> anyhow::Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    println!("building the binaries (release)…");
+    println!("building the binaries ({})…", profile.dir());
     let mut cmd = Command::new("nice");
     // nice: the machine's cores are shared with other builds.
-    cmd.args(["-n", "10"])
-        .arg(cargo)
-        .args(["build", "--release"]);
+    cmd.args(["-n", "10"]).arg(cargo).arg("build");
+    if profile == Profile::Release {
+        cmd.arg("--release");
+    }
     for (package, bin) in BINARIES {
         cmd.args(["-p", package, "--bin", bin]);
     }
@@ -251,7 +286,10 @@ fn build_release() -> anyhow::Result<()> {
         .status()
         .context("running cargo build")?;
     if !status.success() {
-        bail!("cargo build --release of the image binaries failed");
+        bail!(
+            "cargo build of the image binaries ({}) failed",
+            profile.dir()
+        );
     }
     Ok(())
 }

@@ -209,6 +209,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let root = crate::workspace_root();
     std::env::set_current_dir(&root).context("entering the workspace")?;
     report_disk("at start", &root);
+    // Where the time went, printed at the end (CI shows the end of the log): the budget
+    // is 60 minutes.
+    let mut times: Vec<(&str, std::time::Duration)> = Vec::new();
+    let mut t = std::time::Instant::now();
     if !args.no_lint {
         step(
             "cargo fmt --check",
@@ -225,10 +229,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "warnings",
             ]),
         )?;
+        times.push(("fmt and clippy", t.elapsed()));
+        t = std::time::Instant::now();
     }
     // The controllers' integration tests run their own kube-apiserver: build (or find
     // cached) the pinned Kubernetes binaries first, also with --no-e2e.
     let kube_bin = crate::cluster::ensure_kubernetes_binaries().context("Kubernetes binaries")?;
+    times.push(("Kubernetes binaries", t.elapsed()));
+    t = std::time::Instant::now();
     // kubectl for the tests that drive it: the one built for the cluster (a fresh machine has
     // none in /usr/bin), as $KUBECTL and first in PATH with kubectl-virt (target/bin).
     let user_bin = crate::user_bin::link(&kube_bin)?;
@@ -249,6 +257,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     workspace.args(["test", "--workspace", "--no-fail-fast"]);
     test_env(&mut workspace);
     let mut ok = run_tests("cargo test --workspace", &mut workspace, &mut tally)?;
+    times.push(("cargo test --workspace (build and run)", t.elapsed()));
+    t = std::time::Instant::now();
     if !args.no_e2e {
         // What the e2e phase must run: every test of the e2e crate that `--ignored` selects.
         // Fewer passed than listed (a test binary that did not build, a filter, a panic
@@ -260,6 +270,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .args(["cluster", "up", "--nodes", "2"])
             .status()
             .context("cluster up")?;
+        times.push(("e2e test build and cluster up", t.elapsed()));
+        t = std::time::Instant::now();
         report_disk("before the e2e tests", &root);
         let mut e2e = Tally::default();
         if up.success() {
@@ -267,7 +279,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             cmd.args(["test", "-p", "e2e", "--no-fail-fast", "--"])
                 .args(E2E_SELECT)
                 .arg("--test-threads=1")
-                .env("KUBECONFIG", root.join("target/cluster/kubeconfig"));
+                .env("KUBECONFIG", root.join("target/cluster/kubeconfig"))
+                // Images from the debug build the workspace tests just made, not a second,
+                // optimised build of everything ([`crate::images::Profile::Dev`]).
+                .env(crate::images::PROFILE_ENV, "dev");
             test_env(&mut cmd);
             let e2e_ok = run_tests("e2e tests on the local cluster", &mut cmd, &mut e2e)?;
             if !e2e_ok {
@@ -288,11 +303,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ok = false;
         }
         tally.add(&e2e);
+        times.push(("e2e phase (images, deploy, tests)", t.elapsed()));
         let down = Command::new(&xtask)
             .args(["cluster", "down"])
             .status()
             .context("cluster down")?;
         ok &= down.success();
+    }
+    for (what, took) in &times {
+        println!("time: {what}: {:.1} min", took.as_secs_f64() / 60.0);
     }
     println!(
         "{} passed, {} failed, {} skipped",
