@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use e2e::Cluster;
 
 mod common;
-use common::{BOOT, GONE, Ns};
+use common::{GONE, Ns};
 
 const INSTALL: &str = "manifests/virt-operator.yaml";
 /// The kubevirt-cr.yaml KubeVirt's releases ship, byte for byte what its users apply.
@@ -519,6 +519,17 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         .unwrap();
     assert_eq!(etcd_mode, "1");
 
+    // Deployed means rolled out: every virt-controller pod (terminating ones included) runs
+    // with the patched configuration, or a VM created now could be rendered with the old one
+    // (a launcher pod asking for /dev/kvm that no node offers stays Pending).
+    let args = c
+        .component_pods("virt-controller", false, "{range .items[*]}{.metadata.name} {.metadata.deletionTimestamp} {.spec.containers[0].args}{\"\\n\"}{end}")
+        .expect("virt-controller pods");
+    assert!(
+        !args.trim().is_empty() && args.lines().all(|l| l.contains("--allow-emulation=true")),
+        "KubeVirt Deployed with virt-controller pods not yet on the patched configuration:\n{args}"
+    );
+
     // A VM to keep running through the upgrade.
     let ns = Ns::new(c, "operator");
     c.kubectl_stdin(
@@ -531,15 +542,7 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         )),
     )
     .expect("apply VM");
-    if let Err(e) = c.eventually("VMI Running", BOOT, || {
-        Ok(ns.vmi_phase("survivor") == "Running")
-    }) {
-        panic!(
-            "{e:#}\n{}",
-            ns.k(&["get", "vm,vmi,pods", "-o", "wide"])
-                .unwrap_or_default()
-        );
-    }
+    ns.wait_running("survivor");
     let uid = ns.vmi_uid("survivor");
 
     rotation_keeps_an_open_console(c, &ns, "survivor");
