@@ -910,6 +910,8 @@ pub struct PersistentVolumeClaimInfo {
     pub capacity: Option<BTreeMap<String, Quantity>>,
     /// Requested resources of the claim.
     pub requests: Option<BTreeMap<String, Quantity>>,
+    /// Share of a Filesystem-mode claim not available to `disk.img` (e.g. `"0.055"`).
+    pub filesystem_overhead: Option<String>,
 }
 
 /// Versions of the software that runs the guest.

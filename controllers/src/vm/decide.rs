@@ -113,6 +113,16 @@ impl ObservedVmi {
             Some(PrintableStatus::ErrImagePull)
         } else if Self::condition_false_because(&self.synchronized, "ImagePullBackOff") {
             Some(PrintableStatus::ImagePullBackOff)
+        } else if Self::condition_false_because(
+            &self.synchronized,
+            crate::vmi::decide::reasons::PVC_NOT_FOUND,
+        ) {
+            Some(PrintableStatus::ErrorPvcNotFound)
+        } else if Self::condition_false_because(
+            &self.synchronized,
+            crate::vmi::decide::reasons::DATA_VOLUME_NOT_SUPPORTED,
+        ) {
+            Some(PrintableStatus::DataVolumeError)
         } else {
             None
         }

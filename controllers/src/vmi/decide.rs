@@ -42,6 +42,10 @@ pub mod reasons {
     pub const IMAGE_PULL_BACK_OFF: &str = "ImagePullBackOff";
     /// Synchronized=False: creating the launcher pod failed.
     pub const FAILED_CREATE: &str = "FailedCreate";
+    /// A claim the VMI names does not exist (KubeVirt's reason).
+    pub const PVC_NOT_FOUND: &str = "FailedPvcNotFound";
+    /// A DataVolume volume: kubevirt-rs has no CDI.
+    pub const DATA_VOLUME_NOT_SUPPORTED: &str = "DataVolumeNotSupported";
     /// Failed: the launcher pod disappeared (KubeVirt #6685).
     pub const POD_NOT_EXISTS: &str = "PodNotExists";
     /// Failed: the launcher pod was evicted (by the kubelet, or a DisruptionTarget:
@@ -397,7 +401,7 @@ fn rank(p: Phase) -> u8 {
 pub fn derive_status(
     vmi: &VirtualMachineInstance,
     pods: &[Pod],
-    create_error: Option<&str>,
+    create_error: Option<(&str, &str)>,
     now: Timestamp,
 ) -> VirtualMachineInstanceStatus {
     let old = vmi.status.clone().unwrap_or_default();
@@ -475,16 +479,15 @@ pub fn derive_status(
     } else if matches!(old.phase, Phase::Unset | Phase::Pending) {
         next = Phase::Pending;
         match create_error {
-            Some(e) => set(
-                &mut conditions,
-                conditions::SYNCHRONIZED,
-                reasons::FAILED_CREATE,
-                e,
-            ),
+            Some((reason, e)) => set(&mut conditions, conditions::SYNCHRONIZED, reason, e),
             None => clear_ours(
                 &mut conditions,
                 conditions::SYNCHRONIZED,
-                &[reasons::FAILED_CREATE],
+                &[
+                    reasons::FAILED_CREATE,
+                    reasons::PVC_NOT_FOUND,
+                    reasons::DATA_VOLUME_NOT_SUPPORTED,
+                ],
             ),
         }
     } else if !deleting {

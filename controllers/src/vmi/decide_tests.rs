@@ -468,7 +468,7 @@ fn failed_create_is_reported_and_cleared() {
     let s = derive_status(
         &vmi("Pending"),
         &[],
-        Some("pods is forbidden: quota"),
+        Some((reasons::FAILED_CREATE, "pods is forbidden: quota")),
         now(),
     );
     assert_eq!(s.phase, Phase::Pending);

@@ -326,3 +326,74 @@ fn cloud_init_data_travels_in_secrets_not_in_the_pod() {
     );
     assert!(super::render::cloud_init_secret(&vmi()).unwrap().is_none());
 }
+
+/// Claims are mounted as their volumeMode says, from what volumeStatus records; the user's
+/// volume names never become pod volume names.
+#[test]
+fn claims_are_mounted_where_kubevirt_mounts_them() {
+    let mut v = vmi();
+    let extra: Vec<kubevirt_api::vmi::Volume> = serde_json::from_value(json!([
+        {"name": "work", "persistentVolumeClaim": {"claimName": "data-claim"}},
+        {"name": "raw", "persistentVolumeClaim": {"claimName": "raw-claim", "readOnly": true}}
+    ]))
+    .unwrap();
+    v.spec.volumes.get_or_insert_default().extend(extra);
+    assert_eq!(
+        launcher_pod(&v, &LauncherConfig::default()).unwrap_err(),
+        PodRenderError::UnknownClaim("work".into())
+    );
+    v.status = Some(
+        serde_json::from_value(json!({"volumeStatus": [
+            {"name": "work", "persistentVolumeClaimInfo": {"volumeMode": "Filesystem",
+                "capacity": {"storage": "1Gi"}, "filesystemOverhead": "0.055"}},
+            {"name": "raw", "persistentVolumeClaimInfo": {"volumeMode": "Block",
+                "capacity": {"storage": "2Gi"}}}
+        ]}))
+        .unwrap(),
+    );
+    let pod = serde_json::to_value(launcher_pod(&v, &LauncherConfig::default()).unwrap()).unwrap();
+    let volumes = pod["spec"]["volumes"].as_array().unwrap();
+    let claims: Vec<(&str, &str)> = volumes
+        .iter()
+        .filter_map(|v| {
+            Some((
+                v["name"].as_str()?,
+                v["persistentVolumeClaim"]["claimName"].as_str()?,
+            ))
+        })
+        .collect();
+    assert_eq!(
+        claims,
+        [("claim-0", "data-claim"), ("claim-1", "raw-claim")]
+    );
+    assert_eq!(volumes.iter().filter(|v| v["name"] == "work").count(), 1);
+    let c = &pod["spec"]["containers"][0];
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "claim-0")
+        .unwrap();
+    assert_eq!(
+        mount["mountPath"],
+        "/var/run/kubevirt-private/vmi-disks/work"
+    );
+    assert_eq!(
+        c["volumeDevices"],
+        json!([{"name": "claim-1", "devicePath": "/dev/vmi-disks/raw"}])
+    );
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    let joined = args.join(" ");
+    // 1 GiB less 5.5 %, in whole MiB: 967 MiB.
+    assert!(
+        joined.contains(
+            "--claim work=/var/run/kubevirt-private/vmi-disks/work --claim-disk-size work=1013972992 --claim raw=/dev/vmi-disks/raw"
+        ),
+        "{joined}"
+    );
+}

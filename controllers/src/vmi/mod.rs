@@ -4,6 +4,7 @@
 //! [`render`] turns a VMI into its pod and [`decide`] turns a VMI and its pods into a
 //! plan and the next status; both are pure. [`reconcile`] only executes them.
 
+pub mod claims;
 pub mod decide;
 pub mod reconcile;
 pub mod render;

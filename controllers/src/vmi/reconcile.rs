@@ -14,6 +14,7 @@ use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstanceStatus};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::claims;
 use super::decide::{self, FINALIZER, Plan};
 use super::render::{self, CREATED_BY_LABEL, NODE_NAME_LABEL};
 use crate::context::{Context, FIELD_MANAGER};
@@ -221,9 +222,39 @@ pub async fn reconcile(
             })?;
     }
 
-    let mut create_error: Option<String> = None;
+    // The claims behind persistentVolumeClaim volumes: the pod mounts them as their
+    // volumeMode says, volumeStatus reports them, and a missing one holds the start.
+    let claims = if vmi.status.as_ref().is_some_and(|s| s.phase.is_final()) {
+        claims::Claims::default()
+    } else {
+        claims::lookup(&ctx.client, &ns, &vmi)
+            .await
+            .map_err(|source| ReconcileError::Read {
+                what: "PersistentVolumeClaims",
+                source,
+            })?
+    };
+    let mut create_error: Option<(&'static str, String)> = None;
     let mut failure: Option<ReconcileError> = None;
-    if plan.create_pod {
+    if plan.create_pod
+        && let Some(problem) = claims.problems.first()
+    {
+        let (reason, message) = (problem.reason(), problem.message(&ns));
+        let already = vmi
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| {
+                c.iter().any(|c| {
+                    c.reason.as_deref() == Some(reason) && c.message.as_deref() == Some(&message)
+                })
+            });
+        if !already {
+            tracing::info!(%message, "launcher pod held");
+            events.push((EventType::Warning, reason, message.clone()));
+        }
+        create_error = Some((reason, message));
+    } else if plan.create_pod {
         // The launcher's Secret of inline cloud-init data first: kubelet starts the pod
         // only once every Secret it mounts exists.
         if let Err(e) = ensure_cloud_init_secret(&ctx.client, &vmi).await {
@@ -234,7 +265,13 @@ pub async fn reconcile(
                 format!("Error creating the cloud-init Secret: {e}"),
             ));
         }
-        match render::launcher_pod(&vmi, &ctx.config.launcher) {
+        // Rendered with the claims as the status about to be written records them.
+        let mut rendered = vmi.clone();
+        if !claims.found.is_empty() {
+            let st = rendered.status.get_or_insert_with(Default::default);
+            st.volume_status = claims::volume_status(st.volume_status.as_deref(), &claims);
+        }
+        match render::launcher_pod(&rendered, &ctx.config.launcher) {
             Ok(desired) => {
                 let params = PostParams {
                     field_manager: Some(FIELD_MANAGER.to_string()),
@@ -260,7 +297,7 @@ pub async fn reconcile(
                             "FailedCreate",
                             format!("Error creating pod: {e}"),
                         ));
-                        create_error = Some(e.to_string());
+                        create_error = Some((decide::reasons::FAILED_CREATE, e.to_string()));
                         failure = Some(ReconcileError::CreatePod(e));
                     }
                 }
@@ -275,7 +312,7 @@ pub async fn reconcile(
                     "FailedCreate",
                     format!("Error rendering pod: {e}"),
                 ));
-                create_error = Some(e.to_string());
+                create_error = Some((decide::reasons::FAILED_CREATE, e.to_string()));
             }
         }
     }
@@ -284,7 +321,15 @@ pub async fn reconcile(
         failure.get_or_insert(e);
     }
 
-    let status = decide::derive_status(&vmi, &pods, create_error.as_deref(), Timestamp::now());
+    let mut status = decide::derive_status(
+        &vmi,
+        &pods,
+        create_error.as_ref().map(|(r, m)| (*r, m.as_str())),
+        Timestamp::now(),
+    );
+    if !claims.found.is_empty() {
+        status.volume_status = claims::volume_status(status.volume_status.as_deref(), &claims);
+    }
     if let Some((warning, reason, note)) = decide::final_event(&vmi, &status) {
         // The VMI of a VM that restarts is deleted at once: the Event is what is left
         // to say why it ended.
@@ -305,8 +350,15 @@ pub async fn reconcile(
         return Err(e);
     }
     ctx.backoff.reset(&uid);
+    if !claims.problems.is_empty() && plan.create_pod {
+        // Claims are not watched: look again soon.
+        return Ok(Action::requeue(CLAIM_RECHECK));
+    }
     Ok(Action::requeue(ctx.config.resync))
 }
+
+/// How soon a VMI held by a missing claim looks for it again.
+const CLAIM_RECHECK: Duration = Duration::from_secs(5);
 
 /// Writes the status the pods imply, the node label and the finalizer removal.
 async fn write_back(

@@ -11,23 +11,29 @@
 //!   virt-handler reaches from the node: `<NODES_DIR>/<node>/sockets/<uid>`, a subpath
 //!   expanded from the downward API's node name, so two kubelets sharing one host's
 //!   filesystem (the local two-node cluster) never share a directory.
+//! - PersistentVolumeClaim volumes are mounted where KubeVirt mounts them ([`CLAIMS_DIR`]),
+//!   Block-mode claims as devices; how, the VMI's `status.volumeStatus` says (recorded by
+//!   the VMI controller from the claims before it renders), so the pod is still a
+//!   function of the VMI alone (a migration target's too).
 //!
-//! Not yet rendered: network-binding plugins, PVC/ConfigMap/Secret volumes, hugepages,
+//! Not yet rendered: network-binding plugins, ConfigMap/Secret volumes, hugepages,
 //! hook sidecars, readiness gates.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, HostPathVolumeSource, LocalObjectReference, ObjectFieldSelector, Pod,
-    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource,
-    SecurityContext, Volume, VolumeMount,
+    EnvVar, EnvVarSource, HostPathVolumeSource, LocalObjectReference, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, ResourceRequirements,
+    SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Volume, VolumeDevice, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
 use kubevirt_api::{API_VERSION, LAUNCHER_UID, VirtualMachineInstance};
 use kubevirt_api::{cloudinit, quantity};
+
+use super::claims;
 
 /// Pod annotation carrying the VMI as JSON for the launcher.
 pub const VMI_ANNOTATION: &str = "kubevirt-rs.io/vmi";
@@ -61,6 +67,10 @@ pub fn sockets_subpath(uid: &str) -> String {
 const IMAGES_DIR: &str = "/var/run/kubevirt-rs/images";
 /// Where the launcher finds cloud-init data from Secrets (`kubevirt_api::cloudinit`).
 const CLOUD_INIT_DIR: &str = "/var/run/kubevirt-rs/cloud-init";
+/// Filesystem-mode claims, one directory per volume (KubeVirt's path).
+pub const CLAIMS_DIR: &str = "/var/run/kubevirt-private/vmi-disks";
+/// Block-mode claims, one device node per volume.
+pub const CLAIM_DEVICES_DIR: &str = "/dev/vmi-disks";
 const LIBVIRT_CACHE_DIR: &str = "/var/cache/kubevirt-rs/libvirt";
 const VIRT_BIN_DIR: &str = "/virt-bin";
 const BUSYBOX: &str = "/usr/bin/busybox";
@@ -116,6 +126,10 @@ pub enum PodRenderError {
     /// The VMI cannot be serialised for the launcher (a bug).
     #[error("serialising VirtualMachineInstance {0}")]
     Serialize(String),
+    /// A claim volume whose claim the VMI controller has not recorded in
+    /// `status.volumeStatus` (it does before it renders the pod).
+    #[error("volume {0}: its PersistentVolumeClaim is not known yet")]
+    UnknownClaim(String),
     /// A path inside a container image is empty or leaves the image (`..`).
     #[error("volume {volume}: invalid path in image {path:?}")]
     BadImagePath {
@@ -527,6 +541,50 @@ pub fn launcher_pod(
         args.push(CLOUD_INIT_DIR.into());
     }
 
+    // Claims, where KubeVirt mounts them: a Filesystem-mode claim as a directory (the
+    // launcher finds or creates disk.img in it), a Block-mode claim as a device node.
+    let mut devices = Vec::new();
+    let claim_volumes = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| Some((v.name.as_str(), v.persistent_volume_claim.as_ref()?)));
+    for (n, (volume, pvc)) in claim_volumes.enumerate() {
+        let presented = claims::presented(vmi, volume)
+            .ok_or_else(|| PodRenderError::UnknownClaim(volume.into()))?;
+        // Pod volume names are ours, never the user's: a VMI volume may be called "work".
+        let pod_volume = format!("claim-{n}");
+        volumes.push(Volume {
+            name: pod_volume.clone(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: pvc.claim_name.clone(),
+                read_only: pvc.read_only,
+            }),
+            ..Volume::default()
+        });
+        let path = match presented.mode {
+            claims::Mode::Filesystem => {
+                let dir = format!("{CLAIMS_DIR}/{volume}");
+                mounts.push(mount(&pod_volume, &dir, pvc.read_only == Some(true)));
+                dir
+            }
+            claims::Mode::Block => {
+                let dev = format!("{CLAIM_DEVICES_DIR}/{volume}");
+                devices.push(VolumeDevice {
+                    name: pod_volume,
+                    device_path: dev.clone(),
+                });
+                dev
+            }
+        };
+        args.push("--claim".into());
+        args.push(format!("{volume}={path}"));
+        if let Some(size) = presented.disk_img_size {
+            args.push("--claim-disk-size".into());
+            args.push(format!("{volume}={size}"));
+        }
+    }
+
     // containerd 1.6 has no image volumes: like KubeVirt, a static busybox from the
     // launcher image runs inside each disk image and copies the files out.
     let mut init_containers = Vec::new();
@@ -658,6 +716,7 @@ pub fn launcher_pod(
                 security_context: Some(unprivileged()),
                 termination_message_policy: Some("FallbackToLogsOnError".into()),
                 volume_mounts: Some(mounts),
+                volume_devices: (!devices.is_empty()).then_some(devices),
                 ..Container::default()
             }],
             volumes: Some(volumes),

@@ -330,6 +330,13 @@ fn disks(
                 t.readonly.unwrap_or(false),
             )
         };
+        // A claim mounted read-only (persistentVolumeClaim.readOnly) cannot take writes.
+        let readonly = readonly
+            || volumes[disk.name.as_str()]
+                .persistent_volume_claim
+                .as_ref()
+                .and_then(|p| p.read_only)
+                == Some(true);
         let prefix = match bus {
             Bus::Virtio => "vd",
             Bus::Sata | Bus::Scsi | Bus::Usb => "sd",

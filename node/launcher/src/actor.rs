@@ -100,6 +100,9 @@ pub struct MigrateJob {
     pub disks_uri: String,
     /// (source, target) path prefixes replaced in the domain XML sent to the target.
     pub rewrite: Vec<(String, String)>,
+    /// The disks to copy (none: memory only) and those on shared storage
+    /// (`Running::migration_disks`).
+    pub disks: crate::launcher::MigrationDisks,
     /// MiB/s; unlimited when unset.
     pub bandwidth_mib: Option<u64>,
     /// Longest pause at the switchover, ms.
@@ -627,20 +630,33 @@ impl Backend for LibvirtBackend {
         }
         let params = virt::domain::MigrateParameters {
             uri: Some(job.uri.clone()),
-            disks_uri: Some(job.disks_uri.clone()),
+            // libvirt refuses a disks URI without a disk copy.
+            disks_uri: (!job.disks.copy.is_empty()).then(|| job.disks_uri.clone()),
             dest_xml: Some(xml.clone()),
             persist_xml: Some(xml),
             bandwidth: job.bandwidth_mib,
+            migrate_disks: job.disks.copy.clone(),
             ..Default::default()
         };
         // Peer-to-peer: our daemon talks to the target's over `dest_uri`; live; the
         // target keeps the definition; writable local disks (containerDisk overlays,
         // emptyDisks) are copied over NBD, only their top layer (the backing images are
         // on both sides).
-        let flags = virt::sys::VIR_MIGRATE_LIVE
+        // Only the disks named in `migrate_disks` (never a shared claim); with none, no
+        // disk copy at all (an empty list would mean "all" to libvirt).
+        let mut flags = virt::sys::VIR_MIGRATE_LIVE
             | virt::sys::VIR_MIGRATE_PEER2PEER
-            | virt::sys::VIR_MIGRATE_PERSIST_DEST
-            | virt::sys::VIR_MIGRATE_NON_SHARED_INC;
+            | virt::sys::VIR_MIGRATE_PERSIST_DEST;
+        if !job.disks.copy.is_empty() {
+            flags |= virt::sys::VIR_MIGRATE_NON_SHARED_INC;
+        }
+        // libvirt calls a disk it neither copies nor finds on a file system it knows to be
+        // shared (NFS, Ceph, …) unsafe to migrate. A claim's storage is shared by the
+        // claim's contract (ReadWriteMany, checked before a migration is allowed) whatever
+        // it is built on (here a host directory both nodes mount), as KubeVirt trusts it.
+        if !job.disks.shared.is_empty() {
+            flags |= virt::sys::VIR_MIGRATE_UNSAFE;
+        }
         let dest = job.dest_uri.clone();
         let (tx, rx) = mpsc::channel();
         // Job statistics on a thread of their own too: virDomainGetJobStats can wait

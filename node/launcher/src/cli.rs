@@ -45,6 +45,14 @@ pub struct Args {
     /// Map a container image reference to a local directory: IMAGE=DIR (repeatable).
     #[arg(long = "image-dir", value_name = "IMAGE=DIR")]
     image_dirs: Vec<String>,
+    /// Where a persistentVolumeClaim volume is mounted: VOLUME=PATH, a directory
+    /// (Filesystem mode, disk.img inside) or a block device (repeatable).
+    #[arg(long = "claim", value_name = "VOLUME=PATH")]
+    claims: Vec<String>,
+    /// Size of the disk.img to create in a Filesystem-mode claim that has none:
+    /// VOLUME=BYTES (repeatable).
+    #[arg(long = "claim-disk-size", value_name = "VOLUME=BYTES")]
+    claim_disk_sizes: Vec<String>,
     /// Use this libvirt instead of starting a private daemon.
     #[arg(long, env = "VIRT_LAUNCHER_LIBVIRT_URI")]
     libvirt_uri: Option<String>,
@@ -106,6 +114,8 @@ impl Args {
             );
         }
         cfg.images = ImageDirs(images);
+        cfg.claims = virt_launcher::claims::Claims::from_args(&self.claims, &self.claim_disk_sizes)
+            .map_err(anyhow::Error::msg)?;
         cfg.vnc_socket = self.vnc_socket;
         cfg.libvirt_uri = self.libvirt_uri;
         cfg.libvirt_cache = self.libvirt_cache;

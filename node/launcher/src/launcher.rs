@@ -31,6 +31,8 @@ pub struct Config {
     pub vnc_socket: Option<PathBuf>,
     /// Image reference → directory.
     pub images: ImageDirs,
+    /// Where the pod mounts the VMI's claims (`--claim`).
+    pub claims: crate::claims::Claims,
     /// Existing libvirt to use instead of a private daemon.
     pub libvirt_uri: Option<String>,
     /// QEMU capabilities cache shared by private daemons.
@@ -65,6 +67,7 @@ impl Config {
             console_socket,
             vnc_socket: None,
             images: ImageDirs::default(),
+            claims: crate::claims::Claims::default(),
             libvirt_uri: None,
             libvirt_cache: PathBuf::from("/var/cache/kubevirt-rs/libvirt"),
             accel: AccelChoice::Auto,
@@ -195,6 +198,8 @@ pub struct Running {
     pub paths: MigrationTarget,
     /// Started with `--migration-target`: waits for the guest instead of booting it.
     pub migration_target: bool,
+    /// What a migration copies and what it leaves to shared storage ([`migration_disks`]).
+    pub migration_disks: MigrationDisks,
     /// The migration directory as libvirt and QEMU see it, and the daemon's mode (the
     /// target runs the same image, so the same mode).
     pub migration_ns: (String, Mode),
@@ -237,10 +242,47 @@ impl Running {
             uri: format!("unix://{}", sock(MigrationStream::Memory)),
             disks_uri: format!("unix://{}", sock(MigrationStream::Disks)),
             rewrite,
+            disks: self.migration_disks.clone(),
             bandwidth_mib: options.bandwidth_mib,
             max_downtime_ms: options.max_downtime_ms,
         }
     }
+}
+
+/// How a live migration treats the writable disks (their target names).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MigrationDisks {
+    /// Copied to the target over NBD: every writable disk but the claims.
+    pub copy: Vec<String>,
+    /// Claims: shared storage the target mounts too, never copied. A claim that may
+    /// migrate is ReadWriteMany (`kubevirt_api::live_migratable`): copying it onto itself
+    /// would corrupt it.
+    pub shared: Vec<String>,
+}
+
+/// Sorts the domain's writable disks for a migration. Read-only and shareable disks are
+/// neither (libvirt never copies them).
+pub fn migration_disks(
+    domain: &virt_domain::schema::Domain,
+    claims: &crate::claims::Claims,
+) -> MigrationDisks {
+    let mut out = MigrationDisks::default();
+    for d in domain
+        .devices
+        .disk
+        .iter()
+        .filter(|d| d.readonly.is_none() && d.shareable.is_none())
+    {
+        let source = d.source.file.as_deref().or(d.source.dev.as_deref());
+        let claim =
+            source.is_some_and(|s| claims.0.values().any(|c| Path::new(s).starts_with(&c.path)));
+        if claim {
+            out.shared.push(d.target.dev.clone());
+        } else {
+            out.copy.push(d.target.dev.clone());
+        }
+    }
+    out
 }
 
 /// The host directory of the migration sockets: next to the command socket (the
@@ -377,8 +419,14 @@ pub async fn run(
     });
 
     let prepared = {
-        let (vmi, images, dir) = (vmi.clone(), cfg.images.clone(), work_dir.clone());
-        tokio::task::spawn_blocking(move || volumes::prepare(&vmi, &images, &dir)).await??
+        let (vmi, images, claims, dir) = (
+            vmi.clone(),
+            cfg.images.clone(),
+            cfg.claims.clone(),
+            work_dir.clone(),
+        );
+        tokio::task::spawn_blocking(move || volumes::prepare(&vmi, &images, &claims, &dir))
+            .await??
     };
 
     let (accel, why) = {
@@ -423,7 +471,9 @@ pub async fn run(
         pod_tap,
         ..HostFacts::x86_64(accel)
     };
-    let xml = domain_for(&vmi, &host)?.to_xml()?;
+    let domain = domain_for(&vmi, &host)?;
+    let migration_disks = migration_disks(&domain, &cfg.claims);
+    let xml = domain.to_xml()?;
     std::fs::write(work_dir.join("domain.xml"), &xml).map_err(io(&work_dir))?;
     for s in [Some(&cfg.console_socket), cfg.vnc_socket.as_ref()]
         .into_iter()
@@ -494,6 +544,7 @@ pub async fn run(
         status,
         paths,
         migration_target: cfg.migration_target,
+        migration_disks,
         migration_ns: match Mode::for_current_user() {
             Mode::Root => (MIGRATION_NS_DIR.to_string(), Mode::Root),
             Mode::Session => (mig_dir.display().to_string(), Mode::Session),
@@ -657,6 +708,37 @@ fn ended(o: &crate::actor::Observed) -> Option<Outcome> {
 mod tests {
     use super::*;
     use crate::fake::FakeBackend;
+
+    #[test]
+    fn a_migration_copies_local_disks_but_never_a_claim() {
+        let xml = r#"<domain type="qemu"><name>d</name><memory unit="KiB">1024</memory><vcpu>1</vcpu><os><type arch="x86_64" machine="q35">hvm</type></os>
+          <devices>
+            <disk type="file" device="disk"><driver name="qemu" type="qcow2"/>
+              <source file="/work/root.qcow2"/><target dev="vda" bus="virtio"/></disk>
+            <disk type="file" device="disk"><driver name="qemu" type="raw"/>
+              <source file="/var/run/kubevirt-private/vmi-disks/data/disk.img"/>
+              <target dev="vdb" bus="virtio"/></disk>
+            <disk type="block" device="disk"><driver name="qemu" type="raw"/>
+              <source dev="/dev/vmi-disks/raw"/><target dev="vdc" bus="virtio"/></disk>
+            <disk type="file" device="cdrom"><driver name="qemu" type="raw"/>
+              <source file="/work/ci.iso"/><target dev="sda" bus="sata"/><readonly/></disk>
+          </devices></domain>"#;
+        let domain = virt_domain::schema::Domain::from_xml(xml).expect("domain XML");
+        let claims = crate::claims::Claims::from_args(
+            &[
+                "data=/var/run/kubevirt-private/vmi-disks/data".into(),
+                "raw=/dev/vmi-disks/raw".into(),
+            ],
+            &[],
+        )
+        .expect("claims");
+        let plan = migration_disks(&domain, &claims);
+        assert_eq!(plan.copy, ["vda"]);
+        assert_eq!(plan.shared, ["vdb", "vdc"]);
+        let plan = migration_disks(&domain, &crate::claims::Claims::default());
+        assert_eq!(plan.copy, ["vda", "vdb", "vdc"]);
+        assert!(plan.shared.is_empty());
+    }
 
     async fn fake(f: &FakeBackend) -> DomainHandle {
         let b = f.clone();

@@ -16,6 +16,8 @@ use kubevirt_api::vmi::{CloudInitSource, Volume};
 use virt_domain::schema::{DiskFormat, DiskType};
 use virt_domain::{KernelBootFiles, PreparedVolume};
 
+use crate::claims::Claims;
+
 /// Why a volume could not be prepared. Every variant names the volume.
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
@@ -193,10 +195,12 @@ pub struct Prepared {
     pub kernel_boot: Option<KernelBootFiles>,
 }
 
-/// Prepares every volume of `vmi` in `work` (which must exist and is owned by the caller).
+/// Prepares every volume of `vmi` in `work` (which must exist and is owned by the caller),
+/// with container images from `images` and claims where `claims` says they are mounted.
 pub fn prepare(
     vmi: &VirtualMachineInstance,
     images: &ImageDirs,
+    claims: &Claims,
     work: &Path,
 ) -> Result<Prepared, VolumeError> {
     let mut out = Prepared::default();
@@ -221,7 +225,7 @@ pub fn prepare(
         out.kernel_boot = Some(KernelBootFiles { kernel, initrd });
     }
     for v in vmi.spec.volumes.iter().flatten() {
-        let prepared = prepare_volume(vmi, v, images, work)?;
+        let prepared = prepare_volume(vmi, v, images, claims, work)?;
         out.volumes.insert(v.name.clone(), prepared);
     }
     Ok(out)
@@ -239,9 +243,17 @@ fn prepare_volume(
     vmi: &VirtualMachineInstance,
     v: &Volume,
     images: &ImageDirs,
+    claims: &Claims,
     work: &Path,
 ) -> Result<PreparedVolume, VolumeError> {
     let name = v.name.as_str();
+    if v.persistent_volume_claim.is_some() {
+        let claim = claims.0.get(name).ok_or_else(|| VolumeError::Invalid {
+            volume: name.into(),
+            detail: "the claim is not mounted (no --claim VOLUME=PATH)".into(),
+        })?;
+        return crate::claims::prepare(name, claim);
+    }
     if let Some(cd) = &v.container_disk {
         let base = images.disk_file(name, &cd.image, cd.path.as_deref())?;
         let format = detect_format(name, &base)?;

@@ -193,6 +193,13 @@ pub fn controller(out: &mut String, p: &Params) -> Result<()> {
             // The launcher's Secret of a VMI's inline cloud-init data (not in the pod's
             // annotations, which `view` reads).
             rule("", strings(&["secrets"]), &["create"]),
+            // The claims behind persistentVolumeClaim volumes: their volumeMode and size
+            // shape the launcher pod and volumeStatus.
+            rule(
+                "",
+                strings(&["persistentvolumeclaims"]),
+                &["get", "list", "watch"],
+            ),
             rule("", strings(&["nodes"]), &["get", "list", "watch"]),
             rule("", strings(&["events"]), &["create", "update", "patch"]),
             rule(

@@ -22,6 +22,7 @@ mod kube_build;
 mod net;
 mod node2;
 mod pki;
+mod storage;
 
 pub use images::{ImageFile, ImageSpec, PAUSE_IMAGE};
 
@@ -438,9 +439,15 @@ fn up(layout: &Layout, kubeconfig: Option<PathBuf>, nodes: u32) -> anyhow::Resul
     check_prerequisites()?;
     let bin = kube_build::ensure(layout, &progress)?;
     let result = start_all(layout, &progress, &bin, kubeconfig).and_then(|kc| {
+        let first = node_name()?;
+        let mut names = vec![first.clone()];
         if nodes == 2 {
-            node2::up(layout, &progress, &bin, &node_name()?)?;
+            node2::up(layout, &progress, &bin, &first)?;
+            names.push(node2::name(&first));
         }
+        // PersistentVolumeClaims bind as on kind: a default StorageClass with a real
+        // dynamic provisioner.
+        storage::up(layout, &progress, &bin, &names)?;
         Ok(kc)
     });
     if result.is_err() {
@@ -808,6 +815,7 @@ fn start_all(
 
 /// Names of our daemons in stop order.
 const STOP_ORDER: &[&str] = &[
+    storage::DAEMON_NAME,
     "kube-proxy",
     node2::KUBELET,
     "kubelet",

@@ -1,0 +1,154 @@
+//! Persistent disks (issue 18): a VM's `persistentVolumeClaim` disk on the local cluster's
+//! default StorageClass (local-path-provisioner, dynamic provisioning) keeps its data
+//! across a stop and start, volumeStatus reports the claim as KubeVirt does, a VM whose
+//! claim does not exist yet says so and starts once it appears, and deleting the VM leaves
+//! the claim (it is the user's).
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Console, Ns};
+
+fn claim(ns: &str, name: &str, class: Option<&str>, size: &str) -> String {
+    let mut spec = serde_json::json!({
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": size}}
+    });
+    if let Some(c) = class {
+        spec["storageClassName"] = c.into();
+    }
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec
+    })
+    .to_string()
+}
+
+/// The test guest with one disk, `data`, on claim `claim_name`: the guest sees it as
+/// /dev/vda (it boots from its kernel and initramfs).
+fn vm_with_claim(ns: &str, name: &str, claim_name: &str) -> String {
+    let mut vm: serde_json::Value = serde_json::from_str(&common::vm_manifest(
+        name,
+        ns,
+        "Always",
+        &common::Guest::default(),
+    ))
+    .expect("VM manifest");
+    let spec = &mut vm["spec"]["template"]["spec"];
+    spec["domain"]["devices"]["disks"] =
+        serde_json::json!([{"name": "data", "disk": {"bus": "virtio"}}]);
+    spec["volumes"] =
+        serde_json::json!([{"name": "data", "persistentVolumeClaim": {"claimName": claim_name}}]);
+    vm.to_string()
+}
+
+#[test]
+#[ignore = "needs a local cluster: cargo xtask cluster up"]
+fn a_claim_disk_keeps_its_data_across_stop_and_start() {
+    let c = common::cluster();
+    let default_class = c
+        .kubectl(&[
+            "get",
+            "storageclass",
+            "-o",
+            r#"jsonpath={.items[?(@.metadata.annotations.storageclass\.kubernetes\.io/is-default-class=="true")].metadata.name}"#,
+        ])
+        .expect("storage classes");
+    assert_eq!(
+        default_class, "local-path",
+        "cargo xtask cluster up installs local-path as the default StorageClass"
+    );
+    let ns = Ns::new(c, "storage");
+
+    // A VM whose claim does not exist yet: it says so instead of waiting silently.
+    c.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some(&vm_with_claim(&ns.name, "late", "late-claim")),
+    )
+    .expect("apply VM");
+    ns.wait("late", "VM late ErrorPvcNotFound", common::BOOT, || {
+        ns.vm_status("late") == "ErrorPvcNotFound"
+    });
+    let why = ns.get(
+        "vmi",
+        "late",
+        r#"{.status.conditions[?(@.type=="Synchronized")].message}"#,
+    );
+    assert!(
+        why.contains(&format!("PVC {}/late-claim does not exist", ns.name)),
+        "{why}"
+    );
+    assert!(
+        ns.launcher_pods("late").is_empty(),
+        "a pod without its claim"
+    );
+    // The claim appears (no class: the default one binds it): the VM starts.
+    c.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some(&claim(&ns.name, "late-claim", None, "64Mi")),
+    )
+    .expect("create the claim");
+    ns.wait_running("late");
+    let info = ns.get(
+        "vmi",
+        "late",
+        r#"{.status.volumeStatus[?(@.name=="data")].persistentVolumeClaimInfo}"#,
+    );
+    let info: serde_json::Value =
+        serde_json::from_str(&info).unwrap_or_else(|e| panic!("{e}: {info}"));
+    assert_eq!(info["volumeMode"], "Filesystem", "{info}");
+    assert_eq!(info["filesystemOverhead"], "0.055", "{info}");
+    assert_eq!(
+        info["accessModes"],
+        serde_json::json!(["ReadWriteOnce"]),
+        "{info}"
+    );
+    assert_eq!(info["capacity"]["storage"], "64Mi", "{info}");
+
+    // Write a marker to the disk, stop, start: the marker is there. The typed command
+    // does not contain the marker itself (the shell computes it), so the screen shows it
+    // only when the disk returns it.
+    let marker = "kubevirt-rs-marker-42";
+    {
+        let console = Console::open(&ns, "late");
+        common::wait_for_shell(&console, &ns, "late");
+        console.line(
+            "echo kubevirt-rs-marker-$((6*7)) | dd of=/dev/vda bs=512 seek=2048 && sync && echo written-$((40+2))",
+        );
+        console.expect(&ns, "late", "written-42", Duration::from_secs(60));
+    }
+    ns.virt(&["stop", "late"]);
+    ns.wait_stopped("late");
+    ns.virt(&["start", "late"]);
+    ns.wait_running("late");
+    let console = Console::open(&ns, "late");
+    common::wait_for_shell(&console, &ns, "late");
+    console.line("dd if=/dev/vda bs=512 skip=2048 count=1 2>/dev/null | head -c 21; echo");
+    console.expect(&ns, "late", marker, Duration::from_secs(60));
+    drop(console);
+
+    // The claim is the user's: deleting the VM leaves it, bound, with its disk.img.
+    ns.k(&["delete", "vm", "late", "--wait=true", "--timeout=120s"])
+        .expect("delete VM");
+    ns.wait("late", "VM late gone", common::GONE, || {
+        ns.launcher_pods("late").is_empty()
+    });
+    assert_eq!(ns.get("pvc", "late-claim", "{.status.phase}"), "Bound");
+    if !c.local {
+        return;
+    }
+    let pv = ns.get("pvc", "late-claim", "{.spec.volumeName}");
+    let path = c
+        .kubectl(&["get", "pv", &pv, "-o", "jsonpath={.spec.hostPath.path}"])
+        .expect("the claim's volume");
+    let img = std::path::Path::new(&path).join("disk.img");
+    // Sparse, at the claim's size less KubeVirt's 5.5 % filesystem overhead, in whole MiB.
+    let len = std::fs::metadata(&img)
+        .unwrap_or_else(|e| panic!("{}: {e}", img.display()))
+        .len();
+    assert_eq!(len, 60 << 20, "{}", img.display());
+}
