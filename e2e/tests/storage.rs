@@ -152,3 +152,126 @@ fn a_claim_disk_keeps_its_data_across_stop_and_start() {
         .len();
     assert_eq!(len, 60 << 20, "{}", img.display());
 }
+
+/// A loop device over a file of the test's, detached again at the end.
+struct Loop {
+    dev: String,
+    file: std::path::PathBuf,
+}
+
+impl Loop {
+    fn new(dir: &std::path::Path, bytes: u64) -> Self {
+        std::fs::create_dir_all(dir).expect("loop file directory");
+        let file = dir.join(format!("block-{}.img", std::process::id()));
+        std::fs::File::create(&file)
+            .and_then(|f| f.set_len(bytes))
+            .expect("loop file");
+        let out = std::process::Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&file)
+            .output()
+            .expect("losetup");
+        assert!(out.status.success(), "losetup: {out:?}");
+        let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        Loop { dev, file }
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.dev])
+            .output();
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+#[test]
+#[ignore = "needs a local cluster: cargo xtask cluster up"]
+fn a_block_claim_is_the_guests_disk_itself() {
+    let c = common::cluster();
+    if !c.local {
+        eprintln!("skipped: a Block-mode volume here is a loop device of the local cluster's host");
+        return;
+    }
+    // A local PersistentVolume in Block mode (what a SAN or local-disk CSI driver gives),
+    // bound statically: local-path-provisioner makes directories only.
+    let lo = Loop::new(&e2e::workspace_root().join("target/e2e-block"), 64 << 20);
+    let ns = Ns::new(c, "block");
+    let node = c
+        .kubectl(&["get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"])
+        .expect("nodes");
+    let pv = format!("{}-pv", ns.name);
+    c.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some(
+            &serde_json::json!({
+                "apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": pv},
+                "spec": {
+                    "capacity": {"storage": "64Mi"}, "volumeMode": "Block",
+                    "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "local": {"path": lo.dev},
+                    "claimRef": {"namespace": ns.name, "name": "raw"},
+                    "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}
+                }
+            })
+            .to_string(),
+        ),
+    )
+    .expect("create the PersistentVolume");
+    let mut pvc: serde_json::Value =
+        serde_json::from_str(&claim(&ns.name, "raw", Some(""), "64Mi")).unwrap();
+    pvc["spec"]["volumeMode"] = "Block".into();
+    pvc["spec"]["volumeName"] = pv.clone().into();
+    c.kubectl_stdin(&["apply", "-f", "-"], Some(&pvc.to_string()))
+        .expect("create the claim");
+    c.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some(&vm_with_claim(&ns.name, "blocky", "raw")),
+    )
+    .expect("apply VM");
+    ns.wait_running("blocky");
+    let mode = ns.get(
+        "vmi",
+        "blocky",
+        r#"{.status.volumeStatus[?(@.name=="data")].persistentVolumeClaimInfo.volumeMode}"#,
+    );
+    assert_eq!(mode, "Block");
+    {
+        let console = Console::open(&ns, "blocky");
+        common::wait_for_shell(&console, &ns, "blocky");
+        console.line(
+            // conv=fsync: a raw device's `sync` writes the guest's cache but sends no flush;
+            // this makes QEMU flush the host device's cache too.
+            "echo kubevirt-rs-block-$((6*7)) | dd of=/dev/vda bs=512 seek=2048 conv=fsync && echo written-$((40+2))",
+        );
+        console.expect(&ns, "blocky", "written-42", Duration::from_secs(60));
+    }
+    // The guest wrote to the device itself: the bytes are on the loop device and, flushed,
+    // in its file.
+    let data = std::fs::read(&lo.dev).expect("loop device");
+    let at = &data[2048 * 512..2048 * 512 + 20];
+    assert_eq!(
+        at,
+        b"kubevirt-rs-block-42",
+        "{:?}",
+        String::from_utf8_lossy(at)
+    );
+    let data = std::fs::read(&lo.file).expect("loop file");
+    let at = &data[2048 * 512..2048 * 512 + 20];
+    assert_eq!(
+        at,
+        b"kubevirt-rs-block-42",
+        "{:?}",
+        String::from_utf8_lossy(at)
+    );
+    ns.k(&["delete", "vm", "blocky", "--wait=true", "--timeout=120s"])
+        .expect("delete VM");
+    ns.wait("blocky", "VM blocky gone", common::GONE, || {
+        ns.launcher_pods("blocky").is_empty()
+    });
+    let _ = c.kubectl(&["delete", "pv", &pv, "--wait=false"]);
+}

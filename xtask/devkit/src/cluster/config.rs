@@ -46,6 +46,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     # Root here lacks CAP_SYS_RESOURCE: without this runc fails every sandbox trying to lower
     # its oom_score_adj ("can't get final child's PID from pipe: EOF").
     restrict_oom_score_adj = true
+    # A Block-mode volume's device node takes the container's runAsUser/runAsGroup, so the
+    # unprivileged launcher (uid 107) can open its claim; KubeVirt asks the same of every
+    # cluster that gives non-root VMs block volumes.
+    device_ownership_from_security_context = true
     [plugins."io.containerd.grpc.v1.cri".containerd]
       snapshotter = "overlayfs"
       default_runtime_name = "runc"
