@@ -79,6 +79,13 @@ pub struct Args {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 3 * 1024 * 1024)]
     pub max_request_body_bytes: usize,
+    /// Read-only requests handled at once (watches and streams not counted); beyond it 429.
+    /// 0: no limit. kube-apiserver's flag and default.
+    #[arg(long, default_value_t = crate::inflight::DEFAULT_READ_ONLY)]
+    pub max_requests_inflight: usize,
+    /// Mutating requests handled at once; beyond it 429. 0: no limit.
+    #[arg(long, default_value_t = crate::inflight::DEFAULT_MUTATING)]
+    pub max_mutating_requests_inflight: usize,
     /// Seconds between watch bookmarks.
     #[arg(long, default_value_t = 60)]
     pub bookmark_interval_seconds: u64,

@@ -236,6 +236,20 @@ impl ApiError {
         e
     }
 
+    /// 429 TooManyRequests (more requests in flight than allowed), kube-apiserver's words.
+    pub fn too_many_requests() -> Self {
+        let mut e = Self::new(
+            429,
+            "TooManyRequests",
+            "Too many requests, please try again later.",
+        );
+        e.details = Some(StatusDetails {
+            retry_after_seconds: Some(1),
+            ..Default::default()
+        });
+        e
+    }
+
     /// 503 ServiceUnavailable (storage down).
     pub fn unavailable(message: impl Into<String>) -> Self {
         let mut e = Self::new(503, "ServiceUnavailable", message);

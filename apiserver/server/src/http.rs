@@ -73,6 +73,8 @@ pub struct AppState {
     pub bookmark_interval: Duration,
     /// Action and streaming subresources.
     pub subresources: crate::subresources::Subresources,
+    /// Read-only and mutating requests allowed at once.
+    pub in_flight: crate::inflight::InFlight,
 }
 
 impl std::fmt::Debug for AppState {
@@ -175,6 +177,17 @@ pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
         return r;
     }
     let info = request::request_info(method.as_str(), &path, &query);
+    // Before authentication, as kube-apiserver: a flood costs no TokenReview or
+    // SubjectAccessReview.
+    let _slot = match st.in_flight.admit(crate::inflight::classify(&info)) {
+        Ok(slot) => slot,
+        Err(class) => {
+            tracing::debug!(class = class.label(), path = %path, "too many requests in flight");
+            let response = ApiError::too_many_requests().into_response();
+            record(&st, info, start, &response);
+            return response;
+        }
+    };
     let peer = req
         .extensions()
         .get::<PeerIdentity>()
@@ -209,6 +222,12 @@ pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
             }
         },
     };
+    record(&st, info, start, &response);
+    response
+}
+
+/// The request's latency and its count by code.
+fn record(st: &AppState, info: RequestInfo, start: Instant, response: &Response) {
     let labels = VerbLabels {
         verb: info.verb.clone(),
         resource: info.resource.clone(),
@@ -227,7 +246,6 @@ pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
             code: response.status().as_u16().to_string(),
         })
         .inc();
-    response
 }
 
 async fn health(st: &AppState, path: &str, query: &Query) -> Option<Response> {

@@ -15,6 +15,7 @@ pub mod discovery;
 pub mod error;
 pub mod handler;
 pub mod http;
+pub mod inflight;
 pub mod kinds;
 pub mod kubevirts;
 pub mod managed;

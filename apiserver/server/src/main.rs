@@ -163,6 +163,10 @@ async fn main() -> anyhow::Result<()> {
         max_body_bytes: args.max_request_body_bytes,
         bookmark_interval: args.bookmark_interval(),
         subresources: virt_apiserver::subresources::Subresources { handler },
+        in_flight: virt_apiserver::inflight::InFlight::new(
+            args.max_requests_inflight,
+            args.max_mutating_requests_inflight,
+        ),
     });
     if let Some(k) = &state.auth.kube {
         virt_apiserver::kubevirts::follow_crd(

@@ -787,9 +787,17 @@ impl Registry {
             .guaranteed_update(def, ns, name, opts.dry_run, |cur| {
                 let mut doc = cur.clone();
                 match patch {
-                    Patch::Json(p) => json_patch::patch(&mut doc, p).map_err(|e| {
-                        ApiError::invalid(def.kind, GROUP, name, &[FieldError::invalid("", "", &format!("the server rejected our request due to an error in our request: {e}"))])
-                    })?,
+                    Patch::Json(p) => match apply_json_patch(&mut doc, p, JSON_PATCH_MAX_COPY_BYTES) {
+                        Ok(()) => {}
+                        Err(JsonPatchError::CopyLimit { limit }) => {
+                            return Err(ApiError::too_large(format!(
+                                "the JSON patch copies more than the {limit} bytes allowed"
+                            )));
+                        }
+                        Err(JsonPatchError::Patch(e)) => {
+                            return Err(ApiError::invalid(def.kind, GROUP, name, &[FieldError::invalid("", "", &format!("the server rejected our request due to an error in our request: {e}"))]));
+                        }
+                    },
                     Patch::Merge(p) => json_patch::merge(&mut doc, p),
                 }
                 let (decoded, w) = self.decode_body(def, doc, opts.field_validation)?;
@@ -1341,6 +1349,65 @@ pub enum Patch {
     Merge(Value),
 }
 
+/// How many bytes the `copy` operations of one JSON patch may copy in all, as
+/// kube-apiserver's JSONPatchMaxCopyBytes: each copy of `/spec` into itself doubles the
+/// object, so without a bound a few dozen operations exhaust memory.
+pub const JSON_PATCH_MAX_COPY_BYTES: usize = 3 << 20;
+
+/// Why a JSON patch was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum JsonPatchError {
+    /// The copies add up to more than allowed.
+    #[error("the JSON patch copies more than {limit} bytes")]
+    CopyLimit { limit: usize },
+    /// An operation failed (missing path, failed test…).
+    #[error(transparent)]
+    Patch(#[from] json_patch::PatchError),
+}
+
+/// Applies `patch` operation by operation, stopping before a `copy` would take the bytes
+/// copied so far over `max_copy_bytes`. On error `doc` is half-patched: callers patch a
+/// copy of the stored object and drop it.
+pub fn apply_json_patch(
+    doc: &mut Value,
+    patch: &json_patch::Patch,
+    max_copy_bytes: usize,
+) -> Result<(), JsonPatchError> {
+    let mut copied = 0usize;
+    for op in patch.iter() {
+        if let json_patch::PatchOperation::Copy(c) = op
+            && let Some(from) = doc.pointer(c.from.as_str())
+        {
+            copied = copied.saturating_add(json_size(from));
+            if copied > max_copy_bytes {
+                return Err(JsonPatchError::CopyLimit {
+                    limit: max_copy_bytes,
+                });
+            }
+        }
+        json_patch::patch(doc, std::slice::from_ref(op))?;
+    }
+    Ok(())
+}
+
+/// The size of `v` serialized, without building the text.
+fn json_size(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    // Writing a Value to an infallible writer cannot fail.
+    let _ = serde_json::to_writer(&mut n, v);
+    n.0
+}
+
 fn encode_continue(rv: i64, start: &str) -> String {
     let t = ContinueToken {
         v: "meta.k8s.io/v1".into(),
@@ -1369,6 +1436,43 @@ fn decode_continue(tok: &str) -> ApiResult<ContinueToken> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ops(v: serde_json::Value) -> json_patch::Patch {
+        serde_json::from_value(v).expect("patch")
+    }
+
+    #[test]
+    fn a_json_patch_copy_bomb_stops_at_the_copy_limit() {
+        let mut doc = serde_json::json!({"spec": {"x": "a".repeat(1000)}});
+        // Each copy of /spec into itself doubles it: 40 of them would need 2^40 × 1 kB.
+        let bomb: Vec<_> = (0..40)
+            .map(|i| serde_json::json!({"op": "copy", "from": "/spec", "path": format!("/spec/c{i}")}))
+            .collect();
+        let e = apply_json_patch(&mut doc, &ops(bomb.into()), 1 << 20).unwrap_err();
+        assert!(
+            matches!(e, JsonPatchError::CopyLimit { limit } if limit == 1 << 20),
+            "{e}"
+        );
+        assert!(json_size(&doc) < 2 << 20, "{} bytes", json_size(&doc));
+    }
+
+    #[test]
+    fn ordinary_json_patches_apply_and_count_only_copies() {
+        let mut doc = serde_json::json!({"spec": {"a": 1}, "metadata": {"labels": {}}});
+        let p = ops(serde_json::json!([
+            {"op": "test", "path": "/spec/a", "value": 1},
+            {"op": "add", "path": "/metadata/labels/x", "value": "y".repeat(100)},
+            {"op": "copy", "from": "/spec/a", "path": "/spec/b"},
+            {"op": "move", "from": "/spec/b", "path": "/spec/c"}
+        ]));
+        apply_json_patch(&mut doc, &p, 16).unwrap();
+        assert_eq!(doc["spec"], serde_json::json!({"a": 1, "c": 1}));
+        let failing = ops(serde_json::json!([{"op": "test", "path": "/spec/a", "value": 2}]));
+        assert!(matches!(
+            apply_json_patch(&mut doc, &failing, 16),
+            Err(JsonPatchError::Patch(_))
+        ));
+    }
 
     #[test]
     fn continue_token_roundtrip() {

@@ -149,6 +149,50 @@ async fn bad_input_gets_exact_status_and_nothing_is_stored() {
     );
     let (code, _) = json_of(c.get(format!("{url}?limit=abc")).send().await.unwrap()).await;
     assert_eq!(code, 400);
+
+    // A JSON patch copy bomb (each copy doubles the spec) is refused once the copies pass
+    // kube-apiserver's 3 MiB, and the stored object is untouched.
+    let mut target = vm("bomb");
+    target["metadata"]["annotations"] = json!({"pad": "x".repeat(64 * 1024)});
+    let (code, created) = json_of(c.post(&url).json(&target).send().await.unwrap()).await;
+    assert_eq!(code, 201, "{created}");
+    let bomb: Vec<Value> = (0..30)
+        .map(|i| json!({"op": "copy", "from": "/metadata/annotations", "path": format!("/metadata/annotations/c{i}")}))
+        .collect();
+    let r = c
+        .patch(format!("{url}/bomb"))
+        .header("Content-Type", "application/json-patch+json")
+        .json(&bomb)
+        .send()
+        .await
+        .unwrap();
+    let (code, s) = json_of(r).await;
+    assert_eq!(
+        (code, s["reason"].as_str()),
+        (413, Some("RequestEntityTooLarge")),
+        "{s}"
+    );
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("copies more than"),
+        "{s}"
+    );
+    let (_, stored) = json_of(c.get(format!("{url}/bomb")).send().await.unwrap()).await;
+    assert_eq!(
+        stored["metadata"]["resourceVersion"],
+        created["metadata"]["resourceVersion"]
+    );
+    // Copies within the bound are an ordinary patch.
+    let r = c
+        .patch(format!("{url}/bomb"))
+        .header("Content-Type", "application/json-patch+json")
+        .json(&json!([{"op": "copy", "from": "/metadata/annotations/pad", "path": "/metadata/annotations/pad2"}]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1061,4 +1105,78 @@ async fn readyz_fails_while_etcd_is_down() {
     .await;
     assert!(code >= 500, "{code} {s}");
     assert_eq!(s["kind"], "Status");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn requests_beyond_the_in_flight_budget_get_429_and_others_go_on() {
+    let env = virt_devenv::DevEnv::start(virt_devenv::Options {
+        apiserver_bin: env!("CARGO_BIN_EXE_virt-apiserver").into(),
+        allow_client_ca_users: true,
+        extra_args: vec!["--max-mutating-requests-inflight=1".into()],
+        ..Default::default()
+    })
+    .expect("start etcd and virt-apiserver");
+    let c = admin(&env);
+    let url = format!("{}{VMS}", env.server_url);
+
+    // A create whose body arrives slowly holds the one mutating slot.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+    let chunks = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|chunk| (chunk, rx))
+    });
+    let body = reqwest::Body::wrap_stream(chunks);
+    let slow = tokio::spawn({
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            c.post(&url)
+                .header("Content-Type", "application/json")
+                .body(body)
+                .send()
+                .await
+        }
+    });
+    let held = vm("slow").to_string().into_bytes();
+    tx.send(Ok(held[..10].to_vec())).await.unwrap();
+
+    // Another write is refused at once, in kube-apiserver's words, with Retry-After.
+    let mut refused = None;
+    for _ in 0..50 {
+        let r = c.post(&url).json(&vm("other")).send().await.unwrap();
+        if r.status() == 429 {
+            refused = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = refused.expect("a second write while the first holds the slot gets 429");
+    assert_eq!(
+        r.headers().get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let (_, s) = json_of(r).await;
+    assert_eq!(s["reason"], "TooManyRequests", "{s}");
+    assert_eq!(s["details"]["retryAfterSeconds"], 1, "{s}");
+    // Reads have their own budget; watches are not counted.
+    assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
+    let w = c
+        .get(format!("{url}?watch=true&timeoutSeconds=1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(w.status(), 200);
+
+    // The slow create completes; the slot is free again.
+    tx.send(Ok(held[10..].to_vec())).await.unwrap();
+    drop(tx);
+    let r = slow.await.unwrap().unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(
+        c.post(&url)
+            .json(&vm("other"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
 }

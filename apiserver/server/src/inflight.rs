@@ -1,0 +1,157 @@
+//! kube-apiserver's max-in-flight filter: at most N read-only and M mutating requests are
+//! handled at once; beyond that a request is answered 429 with `Retry-After: 1` at once,
+//! instead of queueing until memory or etcd gives out. Watches and streams (console, VNC,
+//! port-forward) are long-running and not counted, as in kube-apiserver: they have their
+//! own gauge.
+
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::request::RequestInfo;
+
+/// kube-apiserver's `--max-requests-inflight` default.
+pub const DEFAULT_READ_ONLY: usize = 400;
+/// kube-apiserver's `--max-mutating-requests-inflight` default.
+pub const DEFAULT_MUTATING: usize = 200;
+
+/// Which budget a request draws from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// get, list and non-resource reads.
+    ReadOnly,
+    /// create, update, patch, delete, deletecollection and actions.
+    Mutating,
+    /// Watches and streams: not limited here.
+    LongRunning,
+}
+
+impl Class {
+    /// Label value for metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Class::ReadOnly => "readOnly",
+            Class::Mutating => "mutating",
+            Class::LongRunning => "longRunning",
+        }
+    }
+}
+
+/// The class of a request.
+pub fn classify(info: &RequestInfo) -> Class {
+    if info.verb == "watch" {
+        return Class::LongRunning;
+    }
+    if info.group == kubevirt_api::SUBRESOURCES_GROUP
+        && kubevirt_api::catalogue::subresource(&info.resource, &info.subresource)
+            .is_some_and(|s| s.is_stream())
+    {
+        return Class::LongRunning;
+    }
+    match info.verb.as_str() {
+        "get" | "list" | "head" | "options" => Class::ReadOnly,
+        _ => Class::Mutating,
+    }
+}
+
+/// The two budgets.
+#[derive(Debug)]
+pub struct InFlight {
+    read_only: Arc<Semaphore>,
+    mutating: Arc<Semaphore>,
+}
+
+impl InFlight {
+    /// Budgets of `read_only` and `mutating` requests; 0 means unlimited, as in
+    /// kube-apiserver.
+    pub fn new(read_only: usize, mutating: usize) -> Self {
+        let sem = |n: usize| {
+            Arc::new(Semaphore::new(if n == 0 {
+                Semaphore::MAX_PERMITS
+            } else {
+                n
+            }))
+        };
+        InFlight {
+            read_only: sem(read_only),
+            mutating: sem(mutating),
+        }
+    }
+
+    /// A slot for a request of `class`, held until the permit drops; `Err` when the
+    /// budget is spent. Long-running requests always get `Ok(None)`.
+    pub fn admit(&self, class: Class) -> Result<Option<OwnedSemaphorePermit>, Class> {
+        let sem = match class {
+            Class::LongRunning => return Ok(None),
+            Class::ReadOnly => &self.read_only,
+            Class::Mutating => &self.mutating,
+        };
+        sem.clone().try_acquire_owned().map(Some).map_err(|_| class)
+    }
+}
+
+impl Default for InFlight {
+    fn default() -> Self {
+        Self::new(DEFAULT_READ_ONLY, DEFAULT_MUTATING)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::request::{Query, request_info};
+
+    fn class(method: &str, path: &str, query: &str) -> Class {
+        classify(&request_info(method, path, &Query::parse(Some(query))))
+    }
+
+    #[test]
+    fn watches_and_streams_are_long_running_the_rest_read_or_write() {
+        let vms = "/apis/kubevirt.io/v1/namespaces/d/virtualmachines";
+        assert_eq!(class("GET", vms, "watch=true"), Class::LongRunning);
+        assert_eq!(class("GET", vms, ""), Class::ReadOnly);
+        assert_eq!(class("GET", &format!("{vms}/a"), ""), Class::ReadOnly);
+        assert_eq!(class("POST", vms, ""), Class::Mutating);
+        assert_eq!(class("PATCH", &format!("{vms}/a"), ""), Class::Mutating);
+        let sub = "/apis/subresources.kubevirt.io/v1/namespaces/d";
+        assert_eq!(
+            class(
+                "GET",
+                &format!("{sub}/virtualmachineinstances/a/console"),
+                ""
+            ),
+            Class::LongRunning
+        );
+        assert_eq!(
+            class(
+                "GET",
+                &format!("{sub}/virtualmachines/a/portforward/22"),
+                ""
+            ),
+            Class::LongRunning
+        );
+        assert_eq!(
+            class("PUT", &format!("{sub}/virtualmachines/a/start"), ""),
+            Class::Mutating
+        );
+        assert_eq!(class("GET", "/openapi/v2", ""), Class::ReadOnly);
+    }
+
+    #[test]
+    fn a_spent_budget_refuses_until_a_slot_frees() {
+        let f = InFlight::new(1, 1);
+        let a = f.admit(Class::ReadOnly).unwrap();
+        assert_eq!(f.admit(Class::ReadOnly).unwrap_err(), Class::ReadOnly);
+        // The budgets are separate; long-running requests are never refused.
+        let _w = f.admit(Class::Mutating).unwrap();
+        assert!(f.admit(Class::LongRunning).unwrap().is_none());
+        drop(a);
+        assert!(f.admit(Class::ReadOnly).unwrap().is_some());
+        let unlimited = InFlight::new(0, 0);
+        let held: Vec<_> = (0..1000)
+            .map(|_| unlimited.admit(Class::Mutating).unwrap())
+            .collect();
+        assert_eq!(held.len(), 1000);
+    }
+}
