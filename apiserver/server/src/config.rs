@@ -86,6 +86,13 @@ pub struct Args {
     /// Mutating requests handled at once; beyond it 429. 0: no limit.
     #[arg(long, default_value_t = crate::inflight::DEFAULT_MUTATING)]
     pub max_mutating_requests_inflight: usize,
+    /// Open client connections at most (at the limit, accepting waits).
+    #[arg(long, default_value_t = 8192)]
+    pub max_connections: usize,
+    /// Seconds an HTTP/1 client has to send a request's headers, counted from when the
+    /// connection waits for one (so idle keep-alive connections end too).
+    #[arg(long, default_value_t = 30)]
+    pub header_read_timeout_seconds: u64,
     /// Seconds between watch bookmarks.
     #[arg(long, default_value_t = 60)]
     pub bookmark_interval_seconds: u64,
@@ -127,6 +134,15 @@ const fn virt_handler_port() -> u16 {
 }
 
 impl Args {
+    /// The connection limits the flags give.
+    pub fn connection_limits(&self) -> crate::server::ConnectionLimits {
+        crate::server::ConnectionLimits {
+            max_connections: self.max_connections,
+            header_read_timeout: Duration::from_secs(self.header_read_timeout_seconds.max(1)),
+            ..Default::default()
+        }
+    }
+
     /// Interval between bookmarks.
     pub fn bookmark_interval(&self) -> Duration {
         Duration::from_secs(self.bookmark_interval_seconds.max(1))

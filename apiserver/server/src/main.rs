@@ -207,7 +207,8 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(delay).await;
         sd.cancel();
     });
-    server::serve(listener, tls, http::router(state), auth, shutdown).await?;
+    let limits = args.connection_limits();
+    server::serve(listener, tls, http::router(state), auth, limits, shutdown).await?;
     tracing::info!("Stopped");
     Ok(())
 }

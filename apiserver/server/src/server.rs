@@ -5,8 +5,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use rustls::ServerConfig;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -98,16 +99,52 @@ impl ServingTls {
     }
 }
 
+/// Bounds on connections, so that clients that connect and say nothing cannot pile up.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    /// Open connections at most; at the limit the server stops accepting until one closes
+    /// (the kernel's backlog holds the rest).
+    pub max_connections: usize,
+    /// HTTP/1: time for a request's headers to arrive, counted from when the connection
+    /// waits for one, so it also ends idle keep-alive connections.
+    pub header_read_timeout: Duration,
+    /// TLS handshake.
+    pub handshake_timeout: Duration,
+    /// HTTP/2: ping interval, and how long an unanswered ping may stay unanswered before the
+    /// connection is dropped (a vanished peer otherwise holds its streams forever).
+    pub h2_keepalive: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            max_connections: 8192,
+            header_read_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
+            h2_keepalive: Duration::from_secs(30),
+        }
+    }
+}
+
 /// Accepts connections until `shutdown` is cancelled, then waits for open connections.
 pub async fn serve(
     listener: TcpListener,
     tls: ServingTls,
     router: axum::Router,
     auth: AuthConfig,
+    limits: ConnectionLimits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let tracker = tokio_util::task::TaskTracker::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     loop {
+        let slot = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(s) => s,
+                Err(_) => break,
+            },
+        };
         let (tcp, remote): (_, SocketAddr) = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
@@ -124,19 +161,16 @@ pub async fn serve(
         let auth = auth.clone();
         let shutdown = shutdown.clone();
         tracker.spawn(async move {
-            let tls = match tokio::time::timeout(
-                std::time::Duration::from_secs(10),
-                acceptor.accept(tcp),
-            )
-            .await
-            {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(%remote, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => return,
-            };
+            let _slot = slot;
+            let tls =
+                match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%remote, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => return,
+                };
             let peer = auth.identify(tls.get_ref().1.peer_certificates());
             let svc = hyper::service::service_fn(
                 move |mut req: hyper::Request<hyper::body::Incoming>| {
@@ -146,7 +180,16 @@ pub async fn serve(
                 },
             );
             let mut builder = Builder::new(TokioExecutor::new());
-            builder.http2().max_concurrent_streams(1000);
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .keep_alive_interval(limits.h2_keepalive)
+                .keep_alive_timeout(limits.h2_keepalive)
+                .max_concurrent_streams(1000);
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
             tokio::pin!(conn);
             tokio::select! {

@@ -1180,3 +1180,61 @@ async fn requests_beyond_the_in_flight_budget_get_429_and_others_go_on() {
         201
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn silent_connections_are_closed_and_cannot_crowd_out_clients() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = virt_devenv::DevEnv::start(virt_devenv::Options {
+        apiserver_bin: env!("CARGO_BIN_EXE_virt-apiserver").into(),
+        allow_client_ca_users: true,
+        extra_args: vec![
+            "--max-connections=3".into(),
+            "--header-read-timeout-seconds=2".into(),
+        ],
+        ..Default::default()
+    })
+    .expect("start etcd and virt-apiserver");
+    let port: u16 = env.server_url.rsplit(':').next().unwrap().parse().unwrap();
+    // Three clients that shake hands and then send half a request line: every slot.
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let mut tls = common::tls_client(&env)
+            .connect(
+                rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+                tcp,
+            )
+            .await
+            .unwrap();
+        tls.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        silent.push(tls);
+    }
+    // A real client still gets its answer: the silent ones are closed once their headers
+    // are 2 s late, which frees the slots.
+    let t0 = std::time::Instant::now();
+    let r = admin(&env)
+        .get(format!("{}{VMS}", env.server_url))
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await
+        .expect("a client behind three silent connections");
+    assert_eq!(r.status(), 200);
+    assert!(
+        t0.elapsed() >= Duration::from_millis(1500),
+        "answered in {:?} although every connection slot was taken",
+        t0.elapsed()
+    );
+    for mut tls in silent {
+        let mut buf = [0u8; 512];
+        let n = tokio::time::timeout(Duration::from_secs(10), tls.read(&mut buf))
+            .await
+            .expect("a silent connection is closed by the server");
+        // Closed, perhaps with hyper's 408 first; never a response to the half request.
+        if let Ok(n) = n {
+            let text = String::from_utf8_lossy(&buf[..n]);
+            assert!(n == 0 || text.starts_with("HTTP/1.1 408"), "{text}");
+        }
+    }
+}

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, Message};
@@ -84,27 +84,6 @@ async fn put(
 type Ws =
     tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
 
-fn tls_client(env: &DevEnv) -> tokio_rustls::TlsConnector {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(&env.server_ca).unwrap() {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&env.admin.cert)
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    let key = PrivateKeyDer::from_pem_file(&env.admin.key).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .unwrap();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    tokio_rustls::TlsConnector::from(Arc::new(cfg))
-}
-
 /// Opens a VMI stream through the apiserver as kubectl-virt would (optionally without
 /// a subprotocol); returns the socket and the chosen subprotocol, or the HTTP error.
 async fn open(
@@ -117,7 +96,7 @@ async fn open(
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
-    let tls = tls_client(env)
+    let tls = common::tls_client(env)
         .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
         .await
         .unwrap();

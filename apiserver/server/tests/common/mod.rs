@@ -5,6 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::Value;
 use virt_devenv::{ClientFiles, DevEnv, Options};
 
@@ -28,6 +32,28 @@ pub fn client(env: &DevEnv, id: Option<&ClientFiles>) -> reqwest::Client {
         b = b.identity(reqwest::Identity::from_pem(&pem).unwrap());
     }
     b.build().unwrap()
+}
+
+/// A raw TLS client with the admin identity, for tests below HTTP.
+pub fn tls_client(env: &DevEnv) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(&env.server_ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&env.admin.cert)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(&env.admin.key).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
 }
 
 pub fn admin(env: &DevEnv) -> reqwest::Client {
