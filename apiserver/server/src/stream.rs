@@ -119,6 +119,18 @@ impl Default for Keepalive {
     }
 }
 
+/// Largest websocket message or frame a client may send (the library's default is 64 MiB):
+/// console input, VNC client messages and port-forward chunks are far smaller, and
+/// virt-handler refuses anything larger anyway. The relay holds one message per direction,
+/// so a session costs this much at most whatever the client sends.
+pub const MAX_CLIENT_MESSAGE: usize = 256 * 1024;
+
+/// Whether a read failed on a message over the size limit. axum wraps its own tungstenite,
+/// whose error type is not reachable from here: its text is what is left.
+fn too_big(error: &str) -> bool {
+    error.contains("Message too long") || error.contains("Space limit exceeded")
+}
+
 /// Relays between the client and the handler until either side closes, a peer stops
 /// answering, or the server shuts down. `what` names the session in logs.
 pub async fn relay(
@@ -218,7 +230,11 @@ where
                     // Pings are answered by the websocket libraries themselves.
                     Some(Ok(Frame::Ping | Frame::Pong)) => {}
                     Some(Err(e)) => {
-                        let c = Some((1011, side.gone().to_string()));
+                        let c = Some(if side == Side::Client && too_big(&e) {
+                            (1009, format!("message too big: at most {MAX_CLIENT_MESSAGE} bytes"))
+                        } else {
+                            (1011, side.gone().to_string())
+                        });
                         let _ = end_tx.send(Some(c.clone()));
                         break (c, format!("read error: {e}"));
                     }

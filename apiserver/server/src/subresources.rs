@@ -333,6 +333,8 @@ impl Subresources {
         // Clients that offer no subprotocol (KubeVirt before #1485) are served too.
         Ok(upgrade
             .protocols([crate::handler::PLAIN_SUBPROTOCOL])
+            .max_message_size(crate::stream::MAX_CLIENT_MESSAGE)
+            .max_frame_size(crate::stream::MAX_CLIENT_MESSAGE)
             .on_failed_upgrade(|e| tracing::debug!(error = %e, "Client upgrade failed"))
             .on_upgrade(move |client| async move {
                 // apiserver_longrunning_requests counts open consoles like watches.

@@ -385,6 +385,28 @@ async fn console_and_vnc_are_relayed_byte_exact_and_closes_propagate() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    // A client message over 256 KiB ends the session with 1009 (too big) instead of
+    // being buffered: the library's default would take 64 MiB per message.
+    let (mut ws, _) = open(&env, "vm1", "console", true).await.unwrap();
+    let echoed = peer.seen.echoed.load(Ordering::Relaxed);
+    let _ = ws.send(Message::Binary(vec![0u8; 1 << 20].into())).await;
+    let code = loop {
+        match tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("the server ends the session")
+        {
+            Some(Ok(Message::Close(f))) => break f.map(|f| u16::from(f.code)),
+            Some(Ok(_)) => {}
+            // Closed without a frame (the server may drop the connection at once).
+            Some(Err(_)) | None => break None,
+        }
+    };
+    assert!(matches!(code, Some(1009) | None), "close code {code:?}");
+    assert!(
+        peer.seen.echoed.load(Ordering::Relaxed) == echoed,
+        "the oversized message reached virt-handler"
+    );
+
     // Errors before the upgrade are HTTP statuses: handler down → 503 naming the
     // node; the handler's refusal passes through; a plain GET is a 400.
     let (code, s) = open(&env, "far", "console", true).await.err().unwrap();
