@@ -86,6 +86,9 @@ pub struct Args {
     /// Mutating requests handled at once; beyond it 429. 0: no limit.
     #[arg(long, default_value_t = crate::inflight::DEFAULT_MUTATING)]
     pub max_mutating_requests_inflight: usize,
+    /// Watches one user may have open at once; beyond it 429. 0: no limit.
+    #[arg(long, default_value_t = crate::inflight::DEFAULT_WATCHES_PER_USER)]
+    pub max_watches_per_user: usize,
     /// Open client connections at most (at the limit, accepting waits).
     #[arg(long, default_value_t = 8192)]
     pub max_connections: usize,

@@ -238,11 +238,12 @@ impl ApiError {
 
     /// 429 TooManyRequests (more requests in flight than allowed), kube-apiserver's words.
     pub fn too_many_requests() -> Self {
-        let mut e = Self::new(
-            429,
-            "TooManyRequests",
-            "Too many requests, please try again later.",
-        );
+        Self::too_many("Too many requests, please try again later.")
+    }
+
+    /// 429 TooManyRequests with a message of its own.
+    pub fn too_many(message: impl Into<String>) -> Self {
+        let mut e = Self::new(429, "TooManyRequests", message);
         e.details = Some(StatusDetails {
             retry_after_seconds: Some(1),
             ..Default::default()

@@ -75,6 +75,8 @@ pub struct AppState {
     pub subresources: crate::subresources::Subresources,
     /// Read-only and mutating requests allowed at once.
     pub in_flight: crate::inflight::InFlight,
+    /// Open watches per user.
+    pub watches: Arc<crate::inflight::Watches>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -216,9 +218,36 @@ pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
                     .map(|ua| ua.split('/').next().unwrap_or(ua).to_string())
                     .unwrap_or_default();
                 tracing::debug!(user = %user.name, verb = %info.verb, path = %path, "Request");
-                route(&st, &info, &query, req, &agent)
+                let slot = if info.verb == "watch" {
+                    match st.watches.admit(&user.name) {
+                        Some(slot) => Some(slot),
+                        None => {
+                            let response = ApiError::too_many(format!(
+                                "Too many watches: user {:?} has {} open, the most allowed",
+                                user.name,
+                                st.watches.max()
+                            ))
+                            .into_response();
+                            record(&st, info, start, &response);
+                            return response;
+                        }
+                    }
+                } else {
+                    None
+                };
+                let response = route(&st, &info, &query, req, &agent)
                     .await
-                    .unwrap_or_else(IntoResponse::into_response)
+                    .unwrap_or_else(IntoResponse::into_response);
+                match slot {
+                    // The slot lives as long as the watch's body.
+                    Some(slot) => response.map(|body| {
+                        Body::from_stream(body.into_data_stream().map(move |chunk| {
+                            let _held = &slot;
+                            chunk
+                        }))
+                    }),
+                    None => response,
+                }
             }
         },
     };

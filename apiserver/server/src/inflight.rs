@@ -96,6 +96,73 @@ impl Default for InFlight {
     }
 }
 
+/// kube-apiserver has no such bound; ours keeps one identity from opening watches until
+/// memory runs out. Components that share an identity (every virt-handler uses one service
+/// account) open a handful each, far below it.
+pub const DEFAULT_WATCHES_PER_USER: usize = 1000;
+
+/// Open watches per user.
+#[derive(Debug)]
+pub struct Watches {
+    max: usize,
+    open: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+/// One open watch; the count drops with it.
+#[derive(Debug)]
+pub struct WatchSlot {
+    watches: Arc<Watches>,
+    user: String,
+}
+
+impl Watches {
+    /// At most `max` watches per user; 0: no limit.
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Watches {
+            max,
+            open: Default::default(),
+        })
+    }
+
+    /// A slot for one more watch of `user`, or `None` when the user has `max` open.
+    pub fn admit(self: &Arc<Self>, user: &str) -> Option<WatchSlot> {
+        let mut open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = open.entry(user.to_string()).or_default();
+        if self.max != 0 && *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(WatchSlot {
+            watches: self.clone(),
+            user: user.to_string(),
+        })
+    }
+
+    /// The most a user may hold.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        let mut open = self
+            .watches
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = open.get_mut(&self.user) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.user);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -153,5 +220,20 @@ mod tests {
             .map(|_| unlimited.admit(Class::Mutating).unwrap())
             .collect();
         assert_eq!(held.len(), 1000);
+    }
+
+    #[test]
+    fn watches_are_counted_per_user_and_released_on_drop() {
+        let w = Watches::new(2);
+        let a1 = w.admit("alice").unwrap();
+        let _a2 = w.admit("alice").unwrap();
+        assert!(w.admit("alice").is_none());
+        let _b = w.admit("bob").unwrap();
+        drop(a1);
+        assert!(w.admit("alice").is_some());
+        let unlimited = Watches::new(0);
+        let held: Vec<_> = (0..5000).map(|_| unlimited.admit("x").unwrap()).collect();
+        drop(held);
+        assert!(unlimited.open.lock().unwrap().is_empty());
     }
 }

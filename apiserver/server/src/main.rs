@@ -167,6 +167,7 @@ async fn main() -> anyhow::Result<()> {
             args.max_requests_inflight,
             args.max_mutating_requests_inflight,
         ),
+        watches: virt_apiserver::inflight::Watches::new(args.max_watches_per_user),
     });
     if let Some(k) = &state.auth.kube {
         virt_apiserver::kubevirts::follow_crd(

@@ -14,6 +14,10 @@ use crate::objects;
 use crate::rest::{ListOptions, Registry};
 use crate::storage::{Change, StorageError};
 
+/// The longest a watch runs before the server ends it (the client re-watches from its
+/// last resourceVersion).
+pub const MAX_WATCH_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// Parameters of a watch.
 #[derive(Debug, Clone, Default)]
 pub struct WatchParams {
@@ -186,8 +190,12 @@ async fn start(
     let prefix = registry.collection_prefix(def, ns.as_deref());
     let (tick_tx, tick_rx) = tokio::sync::mpsc::channel(1);
     let changes = registry.storage().watch(prefix, from + 1, tick_rx);
+    // kube-apiserver's default (a random 30–60 min, so watches do not all end at once); a
+    // client's own timeoutSeconds is held to the same hour at most, so no watch outlives
+    // the point where a cache of its revisions could be relied on.
     let timeout = params
         .timeout
+        .map(|t| t.min(MAX_WATCH_TIMEOUT))
         .unwrap_or_else(|| Duration::from_secs(1800 + rand::random::<u64>() % 1800));
     let send_end_bookmark = params.send_initial_events == Some(true) && params.allow_bookmarks;
     let allow_bookmarks = params.allow_bookmarks;

@@ -1238,3 +1238,58 @@ async fn silent_connections_are_closed_and_cannot_crowd_out_clients() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_user_gets_429_beyond_its_watch_limit_until_one_ends() {
+    let env = virt_devenv::DevEnv::start(virt_devenv::Options {
+        apiserver_bin: env!("CARGO_BIN_EXE_virt-apiserver").into(),
+        allow_client_ca_users: true,
+        extra_args: vec!["--max-watches-per-user=2".into()],
+        ..Default::default()
+    })
+    .expect("start etcd and virt-apiserver");
+    let c = admin(&env);
+    let watch = format!("{}{VMS}?watch=true", env.server_url);
+    let first = c.get(&watch).send().await.unwrap();
+    let second = c.get(&watch).send().await.unwrap();
+    assert_eq!(
+        (first.status().as_u16(), second.status().as_u16()),
+        (200, 200)
+    );
+    let r = c.get(&watch).send().await.unwrap();
+    assert_eq!(
+        r.headers().get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let (code, s) = json_of(r).await;
+    assert_eq!((code, s["reason"].as_str()), (429, Some("TooManyRequests")));
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("Too many watches"),
+        "{s}"
+    );
+    // Other requests of the same user are not affected.
+    assert_eq!(
+        c.get(format!("{}{VMS}", env.server_url))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    // A watch that ends frees its slot.
+    drop(first);
+    let mut again = None;
+    for _ in 0..50 {
+        let r = c.get(&watch).send().await.unwrap();
+        if r.status() == 200 {
+            again = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(again.is_some(), "no watch after one of two ended");
+    drop(second);
+}
