@@ -98,8 +98,8 @@ impl Default for InFlight {
 
 /// kube-apiserver has no such bound; ours keeps one identity from opening watches until
 /// memory runs out. Components that share an identity (every virt-handler uses one service
-/// account) open a handful each, far below it.
-pub const DEFAULT_WATCHES_PER_USER: usize = 1000;
+/// account) open a handful each: 5000 leaves room for ~1000 nodes.
+pub const DEFAULT_WATCHES_PER_USER: usize = 5000;
 
 /// Open watches per user.
 #[derive(Debug)]
