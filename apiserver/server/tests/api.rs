@@ -1293,3 +1293,26 @@ async fn a_user_gets_429_beyond_its_watch_limit_until_one_ends() {
     assert!(again.is_some(), "no watch after one of two ended");
     drop(second);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deeply_nested_documents_are_refused_and_the_server_goes_on() {
+    let env = common::start(true);
+    let c = admin(&env);
+    let url = format!("{}{VMS}", env.server_url);
+    for (ct, body) in [
+        ("application/json", "[".repeat(200_000)),
+        ("application/yaml", "[".repeat(200_000)),
+        ("application/yaml", "- ".repeat(50_000)),
+        ("application/json", format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000))),
+    ] {
+        let r = c
+            .post(&url)
+            .header("Content-Type", ct)
+            .body(body)
+            .send()
+            .await
+            .expect("an answer, not a dead server");
+        assert_eq!(r.status(), 400, "{ct}");
+    }
+    assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
+}
