@@ -86,6 +86,40 @@ fn a_claim_disk_keeps_its_data_across_stop_and_start() {
         ns.launcher_pods("late").is_empty(),
         "a pod without its claim"
     );
+    // A claim that can never bind (a class nobody provisions): the VM says it waits for it.
+    c.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some(&claim(
+            &ns.name,
+            "never",
+            Some("nobody-provisions-this"),
+            "64Mi",
+        )),
+    )
+    .expect("create an unbindable claim");
+    c.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some(&vm_with_claim(&ns.name, "waiting", "never")),
+    )
+    .expect("apply VM");
+    ns.wait(
+        "waiting",
+        "VM waiting WaitingForVolumeBinding",
+        common::BOOT,
+        || ns.vm_status("waiting") == "WaitingForVolumeBinding",
+    );
+    let why = ns.get(
+        "vmi",
+        "waiting",
+        r#"{.status.conditions[?(@.type=="Synchronized")].message}"#,
+    );
+    assert!(
+        why.contains(&format!("PVC {}/never not bound yet", ns.name)),
+        "{why}"
+    );
+    ns.k(&["delete", "vm", "waiting", "--wait=false"])
+        .expect("delete VM");
+
     // The claim appears (no class: the default one binds it): the VM starts.
     c.kubectl_stdin(
         &["apply", "-f", "-"],

@@ -1303,7 +1303,10 @@ async fn deeply_nested_documents_are_refused_and_the_server_goes_on() {
         ("application/json", "[".repeat(200_000)),
         ("application/yaml", "[".repeat(200_000)),
         ("application/yaml", "- ".repeat(50_000)),
-        ("application/json", format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000))),
+        (
+            "application/json",
+            format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000)),
+        ),
     ] {
         let r = c
             .post(&url)

@@ -107,7 +107,13 @@ impl ObservedVmi {
 
     /// The error a starting instance is stuck on, from the VMI controller's conditions.
     fn start_error(&self) -> Option<PrintableStatus> {
-        if Self::condition_false_because(&self.pod_scheduled, "Unschedulable") {
+        if Self::condition_false_because(
+            &self.synchronized,
+            crate::vmi::decide::reasons::WAITING_FOR_VOLUME_BINDING,
+        ) {
+            // Unschedulable because of its claims: KubeVirt names the volumes first.
+            Some(PrintableStatus::WaitingForVolumeBinding)
+        } else if Self::condition_false_because(&self.pod_scheduled, "Unschedulable") {
             Some(PrintableStatus::ErrorUnschedulable)
         } else if Self::condition_false_because(&self.synchronized, "ErrImagePull") {
             Some(PrintableStatus::ErrImagePull)

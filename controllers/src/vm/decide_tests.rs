@@ -424,6 +424,15 @@ fn printable_status_derivation() {
         (
             RunStrategy::Always,
             Some(ObservedVmi {
+                pod_scheduled: Some(false_because("PodScheduled", "Unschedulable")),
+                synchronized: Some(false_because("Synchronized", "WaitingForVolumeBinding")),
+                ..vmi(Phase::Scheduling)
+            }),
+            P::WaitingForVolumeBinding,
+        ),
+        (
+            RunStrategy::Always,
+            Some(ObservedVmi {
                 synchronized: Some(false_because("Synchronized", "ErrImagePull")),
                 ..vmi(Phase::Scheduling)
             }),

@@ -46,6 +46,8 @@ pub mod reasons {
     pub const PVC_NOT_FOUND: &str = "FailedPvcNotFound";
     /// A DataVolume volume: kubevirt-rs has no CDI.
     pub const DATA_VOLUME_NOT_SUPPORTED: &str = "DataVolumeNotSupported";
+    /// The launcher pod cannot be scheduled while a claim it mounts is unbound.
+    pub const WAITING_FOR_VOLUME_BINDING: &str = "WaitingForVolumeBinding";
     /// Failed: the launcher pod disappeared (KubeVirt #6685).
     pub const POD_NOT_EXISTS: &str = "PodNotExists";
     /// Failed: the launcher pod was evicted (by the kubelet, or a DisruptionTarget:
@@ -596,6 +598,54 @@ pub fn seconds_since_creation(vmi: &VirtualMachineInstance, phase: Phase) -> Opt
         .0;
     // Clock skew between writers can make this negative; KubeVirt floors it at 0.
     Some(entered.duration_since(created).as_secs_f64().max(0.0))
+}
+
+/// Says why a launcher pod is unschedulable when claims it mounts are unbound (`unbound`:
+/// their names): Synchronized=False, `WaitingForVolumeBinding`, naming the claims, with the
+/// scheduler's words. Claims of a `WaitForFirstConsumer` class are unbound until the pod is
+/// placed, so an unbound claim alone says nothing: only together with an unschedulable pod.
+/// The condition goes once the pod is placed or every claim is bound.
+pub fn volume_binding_condition(
+    status: &mut VirtualMachineInstanceStatus,
+    namespace: &str,
+    unbound: &[&str],
+    now: Timestamp,
+) {
+    let mut conditions = status.conditions.take().unwrap_or_default();
+    let unschedulable = find_condition(&conditions, conditions::POD_SCHEDULED)
+        .filter(|c| {
+            c.status == ConditionStatus::False
+                && c.reason.as_deref() == Some(reasons::UNSCHEDULABLE)
+        })
+        .map(|c| c.message.clone().unwrap_or_default());
+    match unschedulable {
+        Some(why) if !unbound.is_empty() => {
+            let names: Vec<String> = unbound.iter().map(|n| format!("{namespace}/{n}")).collect();
+            let message = format!(
+                "PVC {} not bound yet; the launcher pod waits: {why}",
+                names.join(", ")
+            );
+            let kept = find_condition(&conditions, conditions::SYNCHRONIZED)
+                .filter(|c| c.reason.as_deref() == Some(reasons::WAITING_FOR_VOLUME_BINDING))
+                .and_then(|c| c.last_transition_time.clone());
+            let mut c = Condition::new(
+                conditions::SYNCHRONIZED,
+                ConditionStatus::False,
+                reasons::WAITING_FOR_VOLUME_BINDING,
+                &message,
+            );
+            c.last_transition_time = kept.or(Some(Time(now)));
+            set_condition(&mut conditions, c);
+        }
+        _ => {
+            if find_condition(&conditions, conditions::SYNCHRONIZED)
+                .is_some_and(|c| c.reason.as_deref() == Some(reasons::WAITING_FOR_VOLUME_BINDING))
+            {
+                remove_condition(&mut conditions, conditions::SYNCHRONIZED);
+            }
+        }
+    }
+    status.conditions = (!conditions.is_empty()).then_some(conditions);
 }
 
 #[cfg(test)]

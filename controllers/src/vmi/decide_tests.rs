@@ -685,3 +685,45 @@ fn an_image_missing_under_pull_policy_never_is_err_image_pull() {
     assert_eq!(c.reason.as_deref(), Some("ErrImagePull"));
     assert_eq!(c.message.as_deref(), Some("pull access denied for x"));
 }
+
+#[test]
+fn an_unschedulable_pod_with_unbound_claims_waits_for_volume_binding() {
+    let now = Timestamp::now();
+    let unschedulable = Condition::new(
+        conditions::POD_SCHEDULED,
+        ConditionStatus::False,
+        reasons::UNSCHEDULABLE,
+        "0/2 nodes are available: pod has unbound immediate PersistentVolumeClaims.",
+    );
+    let mut status = VirtualMachineInstanceStatus {
+        conditions: Some(vec![unschedulable.clone()]),
+        ..Default::default()
+    };
+    volume_binding_condition(&mut status, "ns", &["data"], now);
+    let c = find_condition(
+        status.conditions.as_deref().unwrap(),
+        conditions::SYNCHRONIZED,
+    )
+    .expect("Synchronized")
+    .clone();
+    assert_eq!(
+        c.reason.as_deref(),
+        Some(reasons::WAITING_FOR_VOLUME_BINDING)
+    );
+    let m = c.message.unwrap_or_default();
+    assert!(
+        m.contains("PVC ns/data not bound yet") && m.contains("unbound immediate"),
+        "{m}"
+    );
+
+    // A WaitForFirstConsumer claim is unbound before its pod is placed: alone, no condition.
+    let mut fresh = VirtualMachineInstanceStatus::default();
+    volume_binding_condition(&mut fresh, "ns", &["data"], now);
+    assert!(fresh.conditions.is_none());
+
+    // Placed, or bound: the condition goes; the pod's own condition stays as it is.
+    volume_binding_condition(&mut status, "ns", &[], now);
+    let conds = status.conditions.as_deref().unwrap();
+    assert!(find_condition(conds, conditions::SYNCHRONIZED).is_none());
+    assert!(find_condition(conds, conditions::POD_SCHEDULED).is_some());
+}

@@ -330,6 +330,13 @@ pub async fn reconcile(
     if !claims.found.is_empty() {
         status.volume_status = claims::volume_status(status.volume_status.as_deref(), &claims);
     }
+    let unbound: Vec<&str> = claims
+        .found
+        .values()
+        .filter(|c| c.phase == "Pending")
+        .map(|c| c.claim_name.as_str())
+        .collect();
+    decide::volume_binding_condition(&mut status, &ns, &unbound, Timestamp::now());
     if let Some((warning, reason, note)) = decide::final_event(&vmi, &status) {
         // The VMI of a VM that restarts is deleted at once: the Event is what is left
         // to say why it ended.
