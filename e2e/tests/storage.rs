@@ -46,6 +46,15 @@ fn vm_with_claim(ns: &str, name: &str, claim_name: &str) -> String {
     vm.to_string()
 }
 
+/// Why the VMI's pod is held: its Synchronized condition's message.
+fn synchronized_message(ns: &Ns<'_>, vm: &str) -> String {
+    ns.get(
+        "vmi",
+        vm,
+        r#"{.status.conditions[?(@.type=="Synchronized")].message}"#,
+    )
+}
+
 #[test]
 #[ignore = "needs a local cluster: cargo xtask cluster up"]
 fn a_claim_disk_keeps_its_data_across_stop_and_start() {
@@ -73,11 +82,7 @@ fn a_claim_disk_keeps_its_data_across_stop_and_start() {
     ns.wait("late", "VM late ErrorPvcNotFound", common::BOOT, || {
         ns.vm_status("late") == "ErrorPvcNotFound"
     });
-    let why = ns.get(
-        "vmi",
-        "late",
-        r#"{.status.conditions[?(@.type=="Synchronized")].message}"#,
-    );
+    let why = synchronized_message(&ns, "late");
     assert!(
         why.contains(&format!("PVC {}/late-claim does not exist", ns.name)),
         "{why}"
@@ -108,11 +113,7 @@ fn a_claim_disk_keeps_its_data_across_stop_and_start() {
         common::BOOT,
         || ns.vm_status("waiting") == "WaitingForVolumeBinding",
     );
-    let why = ns.get(
-        "vmi",
-        "waiting",
-        r#"{.status.conditions[?(@.type=="Synchronized")].message}"#,
-    );
+    let why = synchronized_message(&ns, "waiting");
     assert!(
         why.contains(&format!("PVC {}/never not bound yet", ns.name)),
         "{why}"
@@ -286,22 +287,17 @@ fn a_block_claim_is_the_guests_disk_itself() {
     }
     // The guest wrote to the device itself: the bytes are on the loop device and, flushed,
     // in its file.
-    let data = std::fs::read(&lo.dev).expect("loop device");
-    let at = &data[2048 * 512..2048 * 512 + 20];
-    assert_eq!(
-        at,
-        b"kubevirt-rs-block-42",
-        "{:?}",
-        String::from_utf8_lossy(at)
-    );
-    let data = std::fs::read(&lo.file).expect("loop file");
-    let at = &data[2048 * 512..2048 * 512 + 20];
-    assert_eq!(
-        at,
-        b"kubevirt-rs-block-42",
-        "{:?}",
-        String::from_utf8_lossy(at)
-    );
+    for path in [std::path::Path::new(&lo.dev), lo.file.as_path()] {
+        let data = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let at = &data[2048 * 512..2048 * 512 + 20];
+        assert_eq!(
+            at,
+            b"kubevirt-rs-block-42",
+            "{}: {:?}",
+            path.display(),
+            String::from_utf8_lossy(at)
+        );
+    }
     ns.k(&["delete", "vm", "blocky", "--wait=true", "--timeout=120s"])
         .expect("delete VM");
     ns.wait("blocky", "VM blocky gone", common::GONE, || {

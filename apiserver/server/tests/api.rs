@@ -1109,13 +1109,7 @@ async fn readyz_fails_while_etcd_is_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn requests_beyond_the_in_flight_budget_get_429_and_others_go_on() {
-    let env = virt_devenv::DevEnv::start(virt_devenv::Options {
-        apiserver_bin: env!("CARGO_BIN_EXE_virt-apiserver").into(),
-        allow_client_ca_users: true,
-        extra_args: vec!["--max-mutating-requests-inflight=1".into()],
-        ..Default::default()
-    })
-    .expect("start etcd and virt-apiserver");
+    let env = common::start_with(&["--max-mutating-requests-inflight=1"]);
     let c = admin(&env);
     let url = format!("{}{VMS}", env.server_url);
 
@@ -1184,16 +1178,7 @@ async fn requests_beyond_the_in_flight_budget_get_429_and_others_go_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn silent_connections_are_closed_and_cannot_crowd_out_clients() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let env = virt_devenv::DevEnv::start(virt_devenv::Options {
-        apiserver_bin: env!("CARGO_BIN_EXE_virt-apiserver").into(),
-        allow_client_ca_users: true,
-        extra_args: vec![
-            "--max-connections=3".into(),
-            "--header-read-timeout-seconds=2".into(),
-        ],
-        ..Default::default()
-    })
-    .expect("start etcd and virt-apiserver");
+    let env = common::start_with(&["--max-connections=3", "--header-read-timeout-seconds=2"]);
     let port: u16 = env.server_url.rsplit(':').next().unwrap().parse().unwrap();
     // Three clients that shake hands and then send half a request line: every slot.
     let mut silent = Vec::new();
@@ -1241,13 +1226,7 @@ async fn silent_connections_are_closed_and_cannot_crowd_out_clients() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_user_gets_429_beyond_its_watch_limit_until_one_ends() {
-    let env = virt_devenv::DevEnv::start(virt_devenv::Options {
-        apiserver_bin: env!("CARGO_BIN_EXE_virt-apiserver").into(),
-        allow_client_ca_users: true,
-        extra_args: vec!["--max-watches-per-user=2".into()],
-        ..Default::default()
-    })
-    .expect("start etcd and virt-apiserver");
+    let env = common::start_with(&["--max-watches-per-user=2"]);
     let c = admin(&env);
     let watch = format!("{}{VMS}?watch=true", env.server_url);
     let first = c.get(&watch).send().await.unwrap();

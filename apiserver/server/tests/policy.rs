@@ -18,13 +18,7 @@ const JSON_PATCH: &str = "application/json-patch+json";
 const APPLY: &str = "application/apply-patch+yaml";
 
 fn start(extra_args: &[&str]) -> DevEnv {
-    DevEnv::start(Options {
-        apiserver_bin: env!("CARGO_BIN_EXE_virt-apiserver").into(),
-        allow_client_ca_users: true,
-        extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    })
-    .expect("start etcd and virt-apiserver (is Debian's etcd-server installed?)")
+    common::start_with(extra_args)
 }
 
 /// A client-CA identity named `user` (authorized by the test's kube-apiserver, which

@@ -21,6 +21,17 @@ pub fn start(allow_client_ca_users: bool) -> DevEnv {
     .expect("start etcd and virt-apiserver (is Debian's etcd-server installed?)")
 }
 
+/// Like [`start`] with client-CA users allowed and extra virt-apiserver flags.
+pub fn start_with(extra_args: &[&str]) -> DevEnv {
+    DevEnv::start(Options {
+        apiserver_bin: env!("CARGO_BIN_EXE_virt-apiserver").into(),
+        allow_client_ca_users: true,
+        extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    })
+    .expect("start etcd and virt-apiserver (is Debian's etcd-server installed?)")
+}
+
 pub fn client(env: &DevEnv, id: Option<&ClientFiles>) -> reqwest::Client {
     let ca = reqwest::Certificate::from_pem(&std::fs::read(&env.server_ca).unwrap()).unwrap();
     let mut b = reqwest::Client::builder()
