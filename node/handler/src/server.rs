@@ -643,6 +643,11 @@ async fn pump(
     // close a healthy session; the next ping waits a full interval instead.
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut awaiting_pong = false;
+    // A client message waiting for room in the input queue. While it waits the loop goes on
+    // sending output and reads no more input: awaiting the queue here instead would stop
+    // the output too, and a peer that echoes (a console, a forwarded port) blocks writing
+    // its echo, never drains the input, and both sides wait for ever.
+    let mut pending: Option<Bytes> = None;
     let close: Option<(u16, &str)> = loop {
         tokio::select! {
             _ = stop.cancelled() => break Some((1000, TAKEN_OVER)),
@@ -652,12 +657,18 @@ async fn pump(
                 None if stop.is_cancelled() => break Some((1000, TAKEN_OVER)),
                 None => break Some((1000, eof_reason())),
             },
-            msg = ws.recv() => match msg {
+            room = reserve(input.as_ref()), if pending.is_some() => match room {
+                Some(permit) => {
+                    if let Some(b) = pending.take() {
+                        permit.send(b);
+                    }
+                }
+                None => break Some((1000, eof_reason())),
+            },
+            msg = ws.recv(), if pending.is_none() => match msg {
                 Some(Ok(Message::Binary(b))) => {
-                    if let Some(tx) = &input
-                        && tx.send(b).await.is_err()
-                    {
-                        break Some((1000, eof_reason()));
+                    if input.is_some() {
+                        pending = Some(b);
                     }
                 }
                 Some(Ok(Message::Pong(_))) => awaiting_pong = false,
@@ -684,6 +695,11 @@ async fn pump(
             })))
             .await;
     }
+}
+
+/// Room for one message in `tx`; `None` when there is no queue or its reader is gone.
+async fn reserve(tx: Option<&mpsc::Sender<Bytes>>) -> Option<mpsc::Permit<'_, Bytes>> {
+    tx?.reserve().await.ok()
 }
 
 async fn console_session(ws: WebSocket, hub: Arc<ConsoleHub>, feed: Feed, id: u64, ping: Duration) {
