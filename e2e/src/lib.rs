@@ -27,10 +27,15 @@ fn target_dir() -> PathBuf {
 /// Runs `cargo xtask ARGS` in the workspace. Its output is passed on as it comes (so libtest
 /// shows it with a failing test) and its last lines are part of the error: a CI summary that
 /// shows only the panic message still names the cause.
+/// `cargo` without the variables cargo set for this test process (`xtask::cargo`): a build
+/// started from here then matches one started by `cargo xtask` and reuses it.
+pub fn cargo() -> Command {
+    xtask::cargo()
+}
+
 pub fn xtask(args: &[&str]) -> anyhow::Result<()> {
     const TAIL: usize = 25;
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut child = Command::new(cargo)
+    let mut child = cargo()
         .arg("xtask")
         .args(args)
         .current_dir(workspace_root())

@@ -95,6 +95,39 @@ pub fn subcommand(name: &str) -> Option<&'static Subcommand> {
 }
 
 /// The workspace root (this crate lives in `xtask/`, one level below it).
+/// `cargo`, for a build run from inside a cargo-run process (this tool, a test). Cargo
+/// gives such a process its package's variables (CARGO_PKG_NAME, CARGO_MANIFEST_DIR, …); a
+/// build script that watches one (ring's does) would then see another value in every build
+/// started from another program, and each rebuilds what the other just built.
+pub fn cargo() -> std::process::Command {
+    let mut cmd =
+        std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    for (key, _) in std::env::vars_os() {
+        if key.to_str().is_some_and(is_package_variable) {
+            cmd.env_remove(&key);
+        }
+    }
+    cmd
+}
+
+/// A variable cargo sets for the program it runs, not for cargo itself.
+pub fn is_package_variable(key: &str) -> bool {
+    key.starts_with("CARGO_PKG_")
+        || key.starts_with("CARGO_BIN_EXE_")
+        || matches!(
+            key,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+                | "CARGO_RUSTC_CURRENT_DIR"
+                | "OUT_DIR"
+        )
+}
+
 pub fn workspace_root() -> std::path::PathBuf {
     let manifest = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     manifest

@@ -6,7 +6,7 @@
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
 use xtask::{Needs, SUBCOMMANDS, deps, subcommand};
 
@@ -64,8 +64,7 @@ fn run(args: Vec<OsString>) -> anyhow::Result<ExitCode> {
 /// the devkit's (cargo run execs the program in turn). Returns only when exec failed.
 fn exec_devkit(args: &[OsString]) -> anyhow::Error {
     let root = xtask::workspace_root();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(&cargo);
+    let mut cmd = xtask::cargo();
     cmd.arg("run");
     let built = xtask::target_dir().join("debug/xtask-devkit").exists();
     if built {
@@ -84,7 +83,7 @@ fn exec_devkit(args: &[OsString]) -> anyhow::Error {
     let err = cmd.exec();
     anyhow::anyhow!(
         "running {} run -p xtask-devkit: {err}",
-        cargo.to_string_lossy()
+        cmd.get_program().to_string_lossy()
     )
 }
 

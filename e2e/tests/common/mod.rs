@@ -352,9 +352,18 @@ pub fn kubectl_virt(c: &Cluster, args: &[&str]) -> (Option<i32>, String, String)
 pub fn plugin_path() -> String {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "-p", "kubectl-virt", "--bin", "kubectl-virt"])
+        // The same cargo invocation as the dev-profile image build (xtask/binaries.txt):
+        // with another package list cargo resolves features differently and each build
+        // recompiles what the other just built.
+        let mut cmd = e2e::cargo();
+        cmd.arg("build");
+        for (package, bin) in include_str!("../../../xtask/binaries.txt")
+            .lines()
+            .filter_map(|l| l.trim().split_once(' '))
+        {
+            cmd.args(["-p", package, "--bin", bin]);
+        }
+        let status = cmd
             .current_dir(e2e::workspace_root())
             .status()
             .expect("cargo build -p kubectl-virt");

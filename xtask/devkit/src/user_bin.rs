@@ -5,7 +5,6 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{Context, bail};
 
@@ -26,8 +25,7 @@ pub fn path_line() -> String {
 
 /// Builds the kubectl plugin (`kubectl virt …`); cheap when it is current.
 pub fn build_plugin() -> anyhow::Result<()> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
+    let status = xtask::cargo()
         .args(["build", "-p", "kubectl-virt", "--bin", "kubectl-virt"])
         .current_dir(crate::workspace_root())
         .status()
