@@ -25,8 +25,7 @@ pub struct Args {
 
 /// Builds virt-apiserver and returns the binary path.
 pub fn build_apiserver(release: bool) -> anyhow::Result<PathBuf> {
-    let mut cmd =
-        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut cmd = xtask::cargo();
     cmd.args([
         "build",
         "--quiet",

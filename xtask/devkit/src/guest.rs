@@ -107,7 +107,7 @@ impl LauncherBench {
 /// boots `runs` times each.
 pub fn bench_launcher(runs: usize) -> anyhow::Result<LauncherBench> {
     let guest = virt_testguest::ensure(&virt_testguest::default_dir())?;
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let status = xtask::cargo()
         .args([
             "build",
             "--release",

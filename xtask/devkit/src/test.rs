@@ -99,7 +99,7 @@ fn count_listed(list: &str) -> u64 {
 }
 
 fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    xtask::cargo()
 }
 
 fn step(name: &str, cmd: &mut Command) -> anyhow::Result<()> {

@@ -507,7 +507,7 @@ fn snapshot(kube: &Kube) -> anyhow::Result<Writes> {
 
 /// The plugin as users install it (a release build), built if needed.
 pub(super) fn plugin_binary() -> anyhow::Result<PathBuf> {
-    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+    let status = xtask::cargo()
         .args([
             "build",
             "--release",
