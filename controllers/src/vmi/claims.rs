@@ -220,7 +220,7 @@ pub async fn lookup(
 }
 
 /// `status.volumeStatus` with the claims' facts: one entry per claim volume (others kept
-/// as they are), in the order of the spec's volumes.
+/// as they are), sorted by volume name.
 pub fn volume_status(old: Option<&[VolumeStatus]>, claims: &Claims) -> Option<Vec<VolumeStatus>> {
     let mut out: Vec<VolumeStatus> = old
         .unwrap_or_default()

@@ -10,6 +10,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Precon
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
+use kubevirt_api::vmi::VirtualMachineInstancePhase as Phase;
 use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstanceStatus};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -223,8 +224,16 @@ pub async fn reconcile(
     }
 
     // The claims behind persistentVolumeClaim volumes: the pod mounts them as their
-    // volumeMode says, volumeStatus reports them, and a missing one holds the start.
-    let claims = if vmi.status.as_ref().is_some_and(|s| s.phase.is_final()) {
+    // volumeMode says, volumeStatus reports them, and a missing or unbound one holds the
+    // start. Only until the guest runs: a running VMI's status update (the most frequent
+    // reconcile) costs no claim reads, and its volumeStatus is kept as it was written.
+    let starting = vmi.status.as_ref().is_none_or(|s| {
+        matches!(
+            s.phase,
+            Phase::Unset | Phase::Pending | Phase::Scheduling | Phase::Scheduled
+        )
+    });
+    let claims = if !starting {
         claims::Claims::default()
     } else {
         claims::lookup(&ctx.client, &ns, &vmi)
