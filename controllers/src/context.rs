@@ -36,6 +36,8 @@ pub struct Config {
     pub namespace: Option<String>,
     /// Launcher pods: image, pull policy, emulation, memory overhead.
     pub launcher: LauncherConfig,
+    /// evictionStrategy of VMIs that set none (the KubeVirt resource's default).
+    pub eviction_strategy: kubevirt_api::eviction::EvictionStrategy,
 }
 
 impl Default for Config {
@@ -48,6 +50,7 @@ impl Default for Config {
             resync: Duration::from_secs(300),
             namespace: None,
             launcher: LauncherConfig::default(),
+            eviction_strategy: kubevirt_api::eviction::EvictionStrategy::None,
         }
     }
 }

@@ -86,6 +86,10 @@ struct Args {
     /// devices.kubevirt.io/kvm and the launcher may fall back when KVM does not work.
     #[arg(long, env = "VIRT_CONTROLLER_ALLOW_EMULATION", default_value_t = false, action = clap::ArgAction::Set)]
     allow_emulation: bool,
+    /// evictionStrategy of VMIs that set none (virt-operator passes the KubeVirt resource's
+    /// `configuration.evictionStrategy`): None, LiveMigrate, LiveMigrateIfPossible, External.
+    #[arg(long, env = "VIRT_CONTROLLER_EVICTION_STRATEGY", default_value = "None", value_parser = parse_eviction_strategy)]
+    eviction_strategy: kubevirt_api::eviction::EvictionStrategy,
     /// Migrations past Pending in the whole cluster (KubeVirt's parallelMigrationsPerCluster).
     #[arg(
         long,
@@ -170,6 +174,7 @@ async fn main() -> anyhow::Result<()> {
             allow_emulation: args.allow_emulation,
             ..LauncherConfig::default()
         },
+        eviction_strategy: args.eviction_strategy,
         ..Config::default()
     };
     let ctx = Arc::new(Context::new(client.clone(), recorder, config));
@@ -226,11 +231,17 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The three controllers, until `stop` is cancelled.
+/// The four controllers, until `stop` is cancelled.
 async fn run_controllers(ctx: Arc<Context>, migrations: MigrationConfig, stop: CancellationToken) {
     tokio::join!(
         virt_controllers::vm::run(ctx.clone(), stop.clone()),
         virt_controllers::vmi::run(ctx.clone(), stop.clone()),
+        virt_controllers::evacuation::run(ctx.clone(), stop.clone()),
         virt_controllers::migration::run(ctx, migrations, stop),
     );
+}
+
+fn parse_eviction_strategy(s: &str) -> Result<kubevirt_api::eviction::EvictionStrategy, String> {
+    kubevirt_api::eviction::EvictionStrategy::parse(s)
+        .ok_or_else(|| "expected None, LiveMigrate, LiveMigrateIfPossible or External".to_string())
 }

@@ -1,7 +1,9 @@
 //! Live migration on the two-node local cluster (`cargo xtask cluster up --nodes 2`):
 //! `kubectl virt migrate` moves a running guest to the other node without a reboot and
 //! back; a cancelled migration, one whose target launcher is killed and one whose source
-//! or target virt-handler restarts leave the guest running on the source; a VM that cannot migrate says why and `migrate` is refused.
+//! or target virt-handler restarts leave the guest running on the source; a VM that cannot migrate says why and `migrate` is refused;
+//! `kubectl drain` moves `LiveMigrate` VMs alive and restarts the others elsewhere, and
+//! uncordoning a node cancels its pending evacuations.
 //!
 //! Status (2026-11-30, two-node local cluster): all four pass — the move, the kill -9 and
 //! the refusal at 10:17 UTC; the move back and the cancel at 10:38 UTC after fixing their
@@ -634,4 +636,213 @@ fn a_vm_on_a_shared_claim_migrates_and_keeps_writing_to_it() {
         assert_eq!(&img[2048 * 512..2048 * 512 + 9], b"before-42");
         assert_eq!(&img[2049 * 512..2049 * 512 + 8], b"after-42");
     }
+}
+
+/// A VM like the others with this `evictionStrategy`.
+fn vm_with_strategy(name: &str, ns: &str, strategy: &str) -> String {
+    let mut vm: serde_json::Value =
+        serde_json::from_str(&vm_manifest(name, ns, serde_json::json!({}), false)).unwrap();
+    vm["spec"]["template"]["spec"]["evictionStrategy"] = serde_json::json!(strategy);
+    vm.to_string()
+}
+
+/// The cluster's node names.
+fn nodes(c: &Cluster) -> Vec<String> {
+    c.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"])
+        .expect("nodes")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Uncordons every node when dropped, so that a failed drain test leaves a usable cluster.
+struct Uncordon<'a>(&'a Cluster, Vec<String>);
+
+impl Drop for Uncordon<'_> {
+    fn drop(&mut self) {
+        for n in &self.1 {
+            let _ = self.0.kubectl(&["uncordon", n]);
+        }
+    }
+}
+
+/// The node to drain: not the one holding kubevirt-rs's etcd, whose data is on a node-local
+/// volume (local-path) and so cannot move; the other node takes the VMs.
+fn drain_pair(c: &Cluster) -> (String, String) {
+    let all = nodes(c);
+    let etcd = c
+        .kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "kubevirt",
+            "-l",
+            "app.kubernetes.io/name=kubevirt-etcd",
+            "-o",
+            "jsonpath={.items[*].spec.nodeName}",
+        ])
+        .unwrap_or_default();
+    let a = all
+        .iter()
+        .find(|n| !etcd.split_whitespace().any(|e| e == n.as_str()))
+        .unwrap_or(&all[0])
+        .clone();
+    let b = all
+        .iter()
+        .find(|n| **n != a)
+        .expect("a second node")
+        .clone();
+    (a, b)
+}
+
+/// `kubectl drain` of a node moves its `LiveMigrate` VMs to the other node alive (same VMI,
+/// same boot) through evacuation migrations, and a VM with `evictionStrategy: None` is
+/// stopped and started again elsewhere by its runStrategy (Always).
+#[test]
+#[ignore = "needs root and a two-node cluster: cargo test -p e2e --test migration -- --ignored"]
+fn kubectl_drain_live_migrates_vms_and_restarts_the_others() {
+    let c = cluster();
+    let ns = Ns::new(c, "drain");
+    let (a, b) = drain_pair(c);
+    let _uncordon = Uncordon(c, vec![a.clone(), b.clone()]);
+    // Every VM on node A: B takes no pods while they start.
+    c.kubectl(&["cordon", &b]).expect("cordon");
+    let movers = ["m1", "m2", "m3", "m4"];
+    for vm in movers {
+        ns.apply(&vm_with_strategy(vm, &ns.name, "LiveMigrate"));
+    }
+    ns.apply(&vm_with_strategy("keep", &ns.name, "None"));
+    let mut before = Vec::new();
+    for vm in movers {
+        ns.wait_running(vm);
+        assert_eq!(ns.node_of(vm), a);
+        let console = Console::open(&ns, vm);
+        before.push(guest_run(&console, &ns, vm));
+    }
+    ns.wait_running("keep");
+    assert_eq!(ns.node_of("keep"), a);
+    let keep_uid = ns.vmi_uid("keep");
+    c.kubectl(&["uncordon", &b]).expect("uncordon");
+
+    let started = Instant::now();
+    let (ok, out, err) = c
+        .kubectl_result(&[
+            "drain",
+            &a,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=900s",
+        ])
+        .expect("kubectl drain");
+    assert!(ok, "drain failed:\n{out}\n{err}\n{}", ns.diagnose("m1"));
+    eprintln!("drain of {a} took {:.0?}", started.elapsed());
+    // Each eviction of a LiveMigrate launcher was refused while its VMI moved.
+    assert!(
+        err.contains("evacuation of VMI") || out.contains("evacuation of VMI"),
+        "{out}\n{err}"
+    );
+
+    for (vm, before) in movers.iter().zip(&before) {
+        assert_eq!(ns.vmi_phase(vm), "Running", "{}", ns.diagnose(vm));
+        assert_eq!(ns.node_of(vm), b, "{vm} did not move");
+        assert_eq!(
+            ns.get("vmi", vm, "{.status.evacuationNodeName}"),
+            "",
+            "{vm} still marked"
+        );
+        let console = Console::open(&ns, vm);
+        assert_eq!(
+            &guest_run(&console, &ns, vm),
+            before,
+            "{vm}: not the same guest after the drain: restarted or rebooted"
+        );
+        let annotations = ns
+            .k(&[
+                "get",
+                VMIM,
+                "-l",
+                &format!("kubevirt.io/vmi-name={vm}"),
+                "-o",
+                "jsonpath={.items[*].metadata.annotations.kubevirt\\.io/evacuationMigration}",
+            ])
+            .unwrap();
+        assert_eq!(annotations, a, "{vm}: one evacuation migration off {a}");
+    }
+    // evictionStrategy None: the guest went with its pod; runStrategy Always starts a new one.
+    ns.wait("keep", "a new VMI of keep running", common::BOOT, || {
+        let uid = ns.vmi_uid("keep");
+        !uid.is_empty() && uid != keep_uid && ns.vmi_phase("keep") == "Running"
+    });
+    assert_eq!(ns.node_of("keep"), b);
+}
+
+/// Uncordoning a node whose drain has not moved a VMI yet cancels that evacuation: the
+/// pending migration is deleted, the mark removed, and the guest stays where it runs.
+#[test]
+#[ignore = "needs root and a two-node cluster: cargo test -p e2e --test migration -- --ignored"]
+fn uncordoning_a_node_cancels_its_pending_evacuations() {
+    let c = cluster();
+    let ns = Ns::new(c, "evac-cancel");
+    let (a, b) = drain_pair(c);
+    let _uncordon = Uncordon(c, vec![a.clone(), b.clone()]);
+    // With B cordoned the evacuation's target pod cannot be scheduled: it stays pending.
+    c.kubectl(&["cordon", &b]).expect("cordon");
+    ns.apply(&vm_with_strategy("stay", &ns.name, "LiveMigrate"));
+    ns.wait_running("stay");
+    assert_eq!(ns.node_of("stay"), a);
+    let console = Console::open(&ns, "stay");
+    let before = guest_run(&console, &ns, "stay");
+
+    let (ok, out, err) = c
+        .kubectl_result(&[
+            "drain",
+            &a,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--pod-selector=kubevirt.io=virt-launcher",
+            "--timeout=20s",
+        ])
+        .expect("kubectl drain");
+    assert!(
+        !ok,
+        "drain cannot finish while the VM has nowhere to go:\n{out}\n{err}"
+    );
+    assert_eq!(ns.get("vmi", "stay", "{.status.evacuationNodeName}"), a);
+    ns.wait(
+        "stay",
+        "an evacuation migration",
+        Duration::from_secs(60),
+        || !ns.vmim_phases("stay").is_empty(),
+    );
+
+    c.kubectl(&["uncordon", &a]).expect("uncordon");
+    ns.wait(
+        "stay",
+        "the evacuation cancelled",
+        Duration::from_secs(120),
+        || {
+            ns.get("vmi", "stay", "{.status.evacuationNodeName}")
+                .is_empty()
+                && ns.vmim_phases("stay").is_empty()
+                && ns.launcher_pods_by_node("stay").len() == 1
+        },
+    );
+    assert_eq!(ns.node_of("stay"), a);
+    assert_eq!(ns.vmi_phase("stay"), "Running");
+    assert_eq!(
+        guest_run(&console, &ns, "stay"),
+        before,
+        "the guest restarted"
+    );
+    let events = ns
+        .k(&[
+            "get",
+            "events",
+            "--field-selector",
+            "reason=EvacuationCancelled",
+            "-o",
+            "name",
+        ])
+        .unwrap();
+    assert!(!events.trim().is_empty(), "no EvacuationCancelled event");
 }

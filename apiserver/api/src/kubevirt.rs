@@ -210,6 +210,10 @@ pub struct CertConfig {
 pub struct KubeVirtConfiguration {
     /// Developer settings.
     pub developer_configuration: Option<DeveloperConfiguration>,
+    /// Default `evictionStrategy` of VMIs that set none: `None` (KubeVirt's default),
+    /// `LiveMigrate`, `LiveMigrateIfPossible` or `External`. A string, so that a wrong value
+    /// is reported by virt-operator rather than making the resource unreadable.
+    pub eviction_strategy: Option<String>,
     /// The other fields of KubeVirt's configuration, as given.
     #[serde(flatten)]
     #[schemars(skip)]

@@ -10,6 +10,7 @@ pub mod catalogue;
 pub mod cloudinit;
 pub mod common;
 pub mod defaults;
+pub mod eviction;
 pub mod kubevirt;
 pub mod migration;
 pub mod options;

@@ -374,6 +374,25 @@ pub fn live_migratable(vmi: &VirtualMachineInstance) -> Result<MigrationMethod, 
     Ok(method)
 }
 
+/// Whether `vmi` can be live-migrated now, or why not: the spec (disks, interfaces) and
+/// virt-handler's `LiveMigratable` condition, which knows the node's side.
+pub fn migratable(vmi: &VirtualMachineInstance) -> Result<(), String> {
+    if let Err(e) = live_migratable(vmi) {
+        return Err(format!("{}: {}", e.reason, e.message));
+    }
+    let status = vmi.status.as_ref();
+    match status.and_then(|s| s.condition(crate::vmi::condition_types::LIVE_MIGRATABLE)) {
+        Some(c) if c.status == crate::ConditionStatus::False => Err(format!(
+            "{}: {}",
+            c.reason.as_deref().unwrap_or("NotLiveMigratable"),
+            c.message
+                .as_deref()
+                .unwrap_or("the VMI is not live-migratable")
+        )),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 #[path = "migration_tests.rs"]
 mod tests;

@@ -44,8 +44,8 @@ pub struct VirtualMachineInstanceSpec {
     pub scheduler_name: Option<String>,
     /// Priority class of the launcher pod.
     pub priority_class_name: Option<String>,
-    /// What happens to the VMI when its node is drained: `LiveMigrate`, `LiveMigrateIfPossible`, `External`, `None`.
-    pub eviction_strategy: Option<String>,
+    /// What happens to the VMI when its launcher pod is evicted (a node drain): `LiveMigrate`, `LiveMigrateIfPossible`, `External`, `None`; unset takes the cluster's default (the KubeVirt resource's `configuration.evictionStrategy`).
+    pub eviction_strategy: Option<crate::eviction::EvictionStrategy>,
     /// Seconds the guest gets to shut down after an ACPI power-button press before it is destroyed.
     pub termination_grace_period_seconds: Option<i64>,
     /// Volumes that can be attached to the guest as disks.

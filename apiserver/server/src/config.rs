@@ -127,9 +127,19 @@ pub struct Args {
     /// Only `HostDisk` changes anything here: without it hostDisk volumes are refused.
     #[arg(long, env = "VIRT_APISERVER_FEATURE_GATES", value_delimiter = ',')]
     pub feature_gates: Vec<String>,
+    /// evictionStrategy of VMIs that set none (virt-operator passes the KubeVirt resource's
+    /// `spec.configuration.evictionStrategy`): None, LiveMigrate, LiveMigrateIfPossible,
+    /// External.
+    #[arg(long, default_value = "None", value_parser = parse_eviction_strategy)]
+    pub eviction_strategy: kubevirt_api::eviction::EvictionStrategy,
     /// Log format: text or json.
     #[arg(long, env = "VIRT_APISERVER_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+}
+
+fn parse_eviction_strategy(s: &str) -> Result<kubevirt_api::eviction::EvictionStrategy, String> {
+    kubevirt_api::eviction::EvictionStrategy::parse(s)
+        .ok_or_else(|| "expected None, LiveMigrate, LiveMigrateIfPossible or External".to_string())
 }
 
 const fn virt_handler_port() -> u16 {

@@ -77,6 +77,8 @@ pub struct AppState {
     pub in_flight: crate::inflight::InFlight,
     /// Open watches per user.
     pub watches: Arc<crate::inflight::Watches>,
+    /// The eviction webhook for launcher pods.
+    pub eviction: crate::webhook::LauncherEviction,
 }
 
 impl std::fmt::Debug for AppState {
@@ -190,6 +192,12 @@ pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
             return response;
         }
     };
+    // kube-apiserver calls webhooks without credentials (webhook.rs says what that allows).
+    if path == kubevirt_api::eviction::WEBHOOK_PATH {
+        let response = crate::webhook::handle(&st, req).await;
+        record(&st, info, start, &response);
+        return response;
+    }
     let peer = req
         .extensions()
         .get::<PeerIdentity>()

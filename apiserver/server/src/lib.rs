@@ -29,5 +29,6 @@ pub mod storage;
 pub mod stream;
 pub mod subresources;
 pub mod watch;
+pub mod webhook;
 
 pub use virt_apimachinery::selector;

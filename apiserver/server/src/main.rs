@@ -168,6 +168,10 @@ async fn main() -> anyhow::Result<()> {
             args.max_mutating_requests_inflight,
         ),
         watches: virt_apiserver::inflight::Watches::new(args.max_watches_per_user),
+        eviction: virt_apiserver::webhook::LauncherEviction {
+            kube: auth.kube.clone(),
+            default_strategy: Some(args.eviction_strategy),
+        },
     });
     if let Some(k) = &state.auth.kube {
         virt_apiserver::kubevirts::follow_crd(

@@ -55,6 +55,19 @@ async fn bad_input_gets_exact_status_and_nothing_is_stored() {
         "FieldValueNotSupported"
     );
 
+    let mut eviction = vm("e");
+    eviction["spec"]["template"]["spec"]["evictionStrategy"] = json!("Migrate");
+    let (code, s) = json_of(c.post(&url).json(&eviction).send().await.unwrap()).await;
+    assert_eq!((code, s["reason"].as_str()), (422, Some("Invalid")));
+    assert_eq!(
+        s["details"]["causes"][0]["field"],
+        "spec.template.spec.evictionStrategy"
+    );
+    assert!(
+        s["message"].as_str().unwrap().contains("LiveMigrateIfPossible"),
+        "names the supported values: {s}"
+    );
+
     let mut memory = vm("m");
     memory["spec"]["template"]["spec"]["domain"]["resources"]["requests"]["memory"] = json!("lots");
     let (code, s) = json_of(c.post(&url).json(&memory).send().await.unwrap()).await;

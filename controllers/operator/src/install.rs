@@ -61,6 +61,11 @@ fn cluster_rules() -> Vec<PolicyRule> {
     vec![
         rule(&["apiregistration.k8s.io"], &["apiservices"], ALL),
         rule(
+            &["admissionregistration.k8s.io"],
+            &["validatingwebhookconfigurations"],
+            ALL,
+        ),
+        rule(
             &["rbac.authorization.k8s.io"],
             &["clusterroles", "clusterrolebindings"],
             &[ALL, &["bind", "escalate"]].concat(),

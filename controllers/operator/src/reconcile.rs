@@ -22,6 +22,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
+use kubevirt_api::eviction::EvictionStrategy;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
@@ -289,6 +290,7 @@ fn dynamic_api(
         "ConfigMap" => "configmaps",
         "APIService" => "apiservices",
         "PodDisruptionBudget" => "poddisruptionbudgets",
+        "ValidatingWebhookConfiguration" => "validatingwebhookconfigurations",
         other => return Err(Error::Other(format!("no resource known for kind {other}"))),
     };
     let (group, version) = match api_version.split_once('/') {
@@ -555,6 +557,11 @@ fn render_all(
         ),
         infra: placement(kv.spec.infra.as_ref()),
         workloads: placement(kv.spec.workloads.as_ref()),
+        // An unknown value is reported (eviction_strategy_error) and the default kept.
+        eviction_strategy: eviction_strategy(kv)
+            .ok()
+            .flatten()
+            .unwrap_or(EvictionStrategy::None),
     };
     let mut yaml = render::static_manifest(&p)?;
     yaml.push_str(&render::cluster_manifest(&certs.serving, auth)?);
@@ -567,13 +574,41 @@ fn render_all(
     docs.retain(|d| d["kind"] != "Namespace");
     // Secrets and the ConfigMap before the pods that mount them.
     docs.sort_by_key(|d| !matches!(d["kind"].as_str(), Some("Secret" | "ConfigMap")));
-    let (mut apiservices, rest): (Vec<_>, Vec<_>) =
-        docs.into_iter().partition(|d| d["kind"] == "APIService");
+    // The eviction webhook also waits for a serving replica: it fails closed for launcher pods.
+    let (mut apiservices, rest): (Vec<_>, Vec<_>) = docs
+        .into_iter()
+        .partition(|d| d["kind"] == "APIService" || d["kind"] == "ValidatingWebhookConfiguration");
     let b64 = base64::engine::general_purpose::STANDARD.encode(certs.bundle.as_bytes());
     for a in &mut apiservices {
-        a["spec"]["caBundle"] = serde_json::Value::String(b64.clone());
+        if a["kind"] == "APIService" {
+            a["spec"]["caBundle"] = serde_json::Value::String(b64.clone());
+        } else if let Some(hooks) = a["webhooks"].as_array_mut() {
+            for h in hooks {
+                h["clientConfig"]["caBundle"] = serde_json::Value::String(b64.clone());
+            }
+        }
     }
     Ok((rest, apiservices))
+}
+
+/// The cluster's default evictionStrategy (`spec.configuration.evictionStrategy`), or why it
+/// is not one.
+fn eviction_strategy(kv: &KubeVirt) -> Result<Option<EvictionStrategy>, String> {
+    let Some(v) = kv
+        .spec
+        .configuration
+        .as_ref()
+        .and_then(|c| c.eviction_strategy.as_deref())
+    else {
+        return Ok(None);
+    };
+    EvictionStrategy::parse(v).map(Some).ok_or_else(|| {
+        let supported: Vec<&str> = EvictionStrategy::ALL.iter().map(|s| s.as_str()).collect();
+        format!(
+            "spec.configuration.evictionStrategy: Unsupported value: {v:?}: supported values: {}",
+            supported.join(", ")
+        )
+    })
 }
 
 /// Where etcd keeps its data. A StatefulSet's volumeClaimTemplates cannot change, so an
@@ -736,7 +771,26 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         .await;
     }
     let policy = CertPolicy::from_spec(kv.spec.certificate_rotate_strategy.as_ref());
-    let invalid_config = policy.as_ref().err().map(ToString::to_string);
+    // Each invalid part of the configuration: the field at fault, and what is done instead.
+    let invalid: Vec<(String, &str)> = [
+        policy
+            .as_ref()
+            .err()
+            .map(|e| (e.to_string(), "the certificates are kept as they are")),
+        eviction_strategy(kv)
+            .err()
+            .map(|e| (e, "VMIs without their own evictionStrategy use None")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let invalid_config = (!invalid.is_empty()).then(|| {
+        invalid
+            .iter()
+            .map(|(e, _)| e.as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
+    });
     if let Some(why) = &invalid_config {
         let already = kv
             .status
@@ -754,7 +808,11 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
                 kv,
                 EventType::Warning,
                 status::INVALID_CONFIGURATION,
-                format!("{why}; the certificates are kept as they are"),
+                invalid
+                    .iter()
+                    .map(|(e, then)| format!("{e}; {then}"))
+                    .collect::<Vec<_>>()
+                    .join("; "),
             )
             .await;
         }
@@ -1066,6 +1124,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_unknown_eviction_strategy_names_the_field() {
+        let kv = |v: &str| -> KubeVirt {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+                "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+                "spec": {"configuration": {"evictionStrategy": v}},
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            eviction_strategy(&kv("LiveMigrate")),
+            Ok(Some(EvictionStrategy::LiveMigrate))
+        );
+        let err = eviction_strategy(&kv("Migrate")).unwrap_err();
+        assert!(
+            err.starts_with("spec.configuration.evictionStrategy: Unsupported value: \"Migrate\""),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn rendered_secrets_parse_back_with_their_pem_blocks() {
         let handler = rotation::handler_tls(&rotation::first_install(Domain::Handler, "")).unwrap();
         let mut yaml = String::new();
@@ -1078,7 +1157,8 @@ mod tests {
         let tls = rotation::serving_tls(&rotation::first_install(Domain::Apiserver, "")).unwrap();
         yaml.push_str(&render::cluster_manifest(&tls, &auth).unwrap());
         let docs = parse_docs(&yaml).unwrap();
-        assert_eq!(docs.len(), 2 + 2 + 2);
+        // Handler Secrets, serving Secret and ConfigMap, APIServices, eviction webhook.
+        assert_eq!(docs.len(), 2 + 2 + 2 + 1);
         let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
         assert_eq!(cm["data"]["client-ca-file"], handler.ca.as_str());
     }

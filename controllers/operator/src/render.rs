@@ -14,6 +14,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, RuleWithOperations, ServiceReference as WebhookServiceReference,
+    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapKeySelector, ConfigMapVolumeSource, Container, ContainerPort,
@@ -119,6 +123,16 @@ pub struct Params {
     /// KubeVirt feature gates virt-apiserver enforces (`--feature-gates`, see
     /// [`apiserver_feature_gates`]); none (every gate off) in `cargo xtask deploy`.
     pub feature_gates: Vec<String>,
+    /// The cluster's default evictionStrategy (`configuration.evictionStrategy`): virt-apiserver
+    /// answers evictions with it, virt-controller evacuates by it.
+    pub eviction_strategy: kubevirt_api::eviction::EvictionStrategy,
+}
+
+/// `--eviction-strategy` of virt-apiserver and virt-controller: only when not KubeVirt's
+/// default, so an installation that never sets it keeps its pod templates.
+pub fn eviction_strategy_flag(p: &Params) -> Option<String> {
+    (p.eviction_strategy != kubevirt_api::eviction::EvictionStrategy::None)
+        .then(|| format!("--eviction-strategy={}", p.eviction_strategy))
 }
 
 /// The KubeVirt feature gates virt-apiserver enforces: `HostDisk` (hostDisk volumes).
@@ -194,6 +208,7 @@ impl Default for Params {
             infra: Placement::default(),
             workloads: Placement::default(),
             feature_gates: Vec::new(),
+            eviction_strategy: kubevirt_api::eviction::EvictionStrategy::None,
         }
     }
 }
@@ -421,6 +436,7 @@ fn deployment(p: &Params) -> Deployment {
                 (!p.feature_gates.is_empty())
                     .then(|| format!("--feature-gates={}", p.feature_gates.join(","))),
             )
+            .chain(eviction_strategy_flag(p))
             .collect(),
         ),
         env: Some(vec![EnvVar {
@@ -576,6 +592,9 @@ pub fn static_manifest(p: &Params) -> Result<String> {
             metadata: meta(NAME, None),
             rules: Some(vec![
                 rule("", strings(&["namespaces"]), &["get", "list", "watch"]),
+                // Answering a launcher pod's eviction (webhook.rs) reads that pod: which VMI,
+                // which node, whether it is a migration target.
+                rule("", strings(&["pods"]), &["get"]),
                 // kubevirt.io/v1 kubevirts are served by forwarding to the v1alpha3 CRD with
                 // these credentials, after authorizing the user (docs/deploy.md): the same
                 // verbs as the resource itself.
@@ -711,7 +730,60 @@ pub fn cluster_manifest(tls: &Tls, auth: &ClusterAuth) -> Result<String> {
             },
         )?;
     }
+    push_doc(&mut out, &eviction_webhook(tls.ca.as_bytes()))?;
     Ok(out)
+}
+
+/// Name of the ValidatingWebhookConfiguration that sends launcher pods' evictions to
+/// virt-apiserver.
+pub const EVICTION_WEBHOOK: &str = "kubevirt-rs-launcher-eviction";
+
+/// Evictions of launcher pods (`kubectl drain`, the descheduler) go to virt-apiserver, which
+/// refuses them while it migrates the VM away (docs/cluster-flow.md §7). Only evictions of
+/// pods named `virt-launcher-…` are sent (a CEL match condition, as KubeVirt: an Eviction has
+/// the pod's name but not its labels), and for those it fails closed: with virt-apiserver
+/// down a drain waits instead of killing VMs; every other pod's eviction never waits on us.
+pub fn eviction_webhook(ca_bundle: &[u8]) -> ValidatingWebhookConfiguration {
+    ValidatingWebhookConfiguration {
+        metadata: meta(EVICTION_WEBHOOK, None),
+        webhooks: Some(vec![ValidatingWebhook {
+            name: "launcher-eviction.kubevirt.io".into(),
+            admission_review_versions: strings(&["v1"]),
+            client_config: WebhookClientConfig {
+                ca_bundle: Some(ByteString(ca_bundle.to_vec())),
+                service: Some(WebhookServiceReference {
+                    namespace: NAMESPACE.into(),
+                    name: NAME.into(),
+                    path: Some(kubevirt_api::eviction::WEBHOOK_PATH.into()),
+                    port: Some(443),
+                }),
+                url: None,
+            },
+            failure_policy: Some("Fail".into()),
+            match_policy: Some("Equivalent".into()),
+            // The object is the Eviction: it carries the pod's name but none of its labels.
+            object_selector: None,
+            rules: Some(vec![RuleWithOperations {
+                api_groups: Some(strings(&[""])),
+                api_versions: Some(strings(&["v1"])),
+                operations: Some(strings(&["CREATE"])),
+                resources: Some(strings(&["pods/eviction"])),
+                scope: Some("Namespaced".into()),
+            }]),
+            // Marking a VMI may retry an etcd conflict; drain retries a timeout anyway.
+            timeout_seconds: Some(10),
+            // Marking the VMI is the side effect; a dry-run eviction marks nothing.
+            side_effects: "NoneOnDryRun".into(),
+            namespace_selector: None,
+            match_conditions: Some(vec![MatchCondition {
+                name: "launcher-pods".into(),
+                expression: format!(
+                    "object.metadata.name.startsWith(\"{}\")",
+                    kubevirt_api::eviction::LAUNCHER_POD_PREFIX
+                ),
+            }]),
+        }]),
+    }
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use kubevirt_api::migration::{
     MigrationAbortStatus, MigrationPhaseTransitionTimestamp, live_migratable, names,
 };
 use kubevirt_api::quantity;
-use kubevirt_api::vmi::{VirtualMachineInstancePhase, condition_types};
+use kubevirt_api::vmi::VirtualMachineInstancePhase;
 use kubevirt_api::{
     VirtualMachineInstance, VirtualMachineInstanceMigration,
     VirtualMachineInstanceMigrationPhase as Phase, VirtualMachineInstanceMigrationState,
@@ -315,21 +315,8 @@ fn refusal(o: &Observed<'_>, vmi: &VirtualMachineInstance) -> Option<String> {
             status.phase.as_str()
         ));
     }
-    if let Err(e) = live_migratable(vmi) {
-        return Some(format!("{}: {}", e.reason, e.message));
-    }
-    // virt-handler may know more (CPU model, host devices): its condition counts too.
-    if let Some(c) = status
-        .condition(condition_types::LIVE_MIGRATABLE)
-        .filter(|c| c.status == ConditionStatus::False)
-    {
-        return Some(format!(
-            "{}: {}",
-            c.reason.as_deref().unwrap_or("NotLiveMigratable"),
-            c.message
-                .as_deref()
-                .unwrap_or("the VMI is not live-migratable")
-        ));
+    if let Err(why) = kubevirt_api::migration::migratable(vmi) {
+        return Some(why);
     }
     if let Some(s) = status
         .migration_state

@@ -652,7 +652,10 @@ pub fn launcher_pod(
 
     Ok(Pod {
         metadata: ObjectMeta {
-            generate_name: Some(format!("virt-launcher-{name}-")),
+            generate_name: Some(format!(
+                "{}{name}-",
+                kubevirt_api::eviction::LAUNCHER_POD_PREFIX
+            )),
             namespace: Some(ns),
             labels: Some(labels),
             annotations: Some(BTreeMap::from([(VMI_ANNOTATION.to_string(), vmi_json)])),

@@ -244,13 +244,19 @@ fn controller_deployment(p: &Params) -> Deployment {
         name: CONTROLLER.into(),
         image: Some(p.controller_image.clone()),
         image_pull_policy: Some(p.image_pull_policy.clone()),
-        args: Some(vec![
-            format!("--metrics-addr=0.0.0.0:{CONTROLLER_METRICS_PORT}"),
-            format!("--launcher-image={}", p.launcher_image),
-            // Nested KVM is not dependable on our machines (and absent on kind): VMs may fall
-            // back to QEMU's TCG, as KubeVirt's developerConfiguration.useEmulation allows.
-            format!("--allow-emulation={}", p.allow_emulation),
-        ]),
+        args: Some(
+            [
+                format!("--metrics-addr=0.0.0.0:{CONTROLLER_METRICS_PORT}"),
+                format!("--launcher-image={}", p.launcher_image),
+                // Nested KVM is not dependable on our machines (and absent on kind): VMs may
+                // fall back to QEMU's TCG, as KubeVirt's developerConfiguration.useEmulation
+                // allows.
+                format!("--allow-emulation={}", p.allow_emulation),
+            ]
+            .into_iter()
+            .chain(super::eviction_strategy_flag(p))
+            .collect(),
+        ),
         env: Some(vec![
             // Identity in the leader Lease, and the Lease's namespace.
             field_env("POD_NAME", "metadata.name"),
