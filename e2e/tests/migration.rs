@@ -776,8 +776,9 @@ fn kubectl_drain_live_migrates_vms_and_restarts_the_others() {
     assert_eq!(ns.node_of("keep"), b);
 }
 
-/// Uncordoning a node whose drain has not moved a VMI yet cancels that evacuation: the
-/// pending migration is deleted, the mark removed, and the guest stays where it runs.
+/// `kubectl virt evacuate-cancel node`, and uncordoning a node whose drain has not moved a
+/// VMI yet, cancel that evacuation: the pending migration is deleted, the mark removed, and
+/// the guest stays where it runs.
 #[test]
 #[ignore = "needs root and a two-node cluster: cargo test -p e2e --test migration -- --ignored"]
 fn uncordoning_a_node_cancels_its_pending_evacuations() {
@@ -793,40 +794,54 @@ fn uncordoning_a_node_cancels_its_pending_evacuations() {
     let console = Console::open(&ns, "stay");
     let before = guest_run(&console, &ns, "stay");
 
-    let (ok, out, err) = c
-        .kubectl_result(&[
-            "drain",
-            &a,
-            "--ignore-daemonsets",
-            "--delete-emptydir-data",
-            "--pod-selector=kubevirt.io=virt-launcher",
-            "--timeout=20s",
-        ])
-        .expect("kubectl drain");
-    assert!(
-        !ok,
-        "drain cannot finish while the VM has nowhere to go:\n{out}\n{err}"
-    );
-    assert_eq!(ns.get("vmi", "stay", "{.status.evacuationNodeName}"), a);
-    ns.wait(
-        "stay",
-        "an evacuation migration",
-        Duration::from_secs(60),
-        || !ns.vmim_phases("stay").is_empty(),
-    );
+    // A drain that cannot finish: the VMI is marked and its migration waits for a target.
+    let stuck_drain = || {
+        let (ok, out, err) = c
+            .kubectl_result(&[
+                "drain",
+                &a,
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--pod-selector=kubevirt.io=virt-launcher",
+                "--timeout=20s",
+            ])
+            .expect("kubectl drain");
+        assert!(
+            !ok,
+            "drain cannot finish while the VM has nowhere to go:\n{out}\n{err}"
+        );
+        assert_eq!(ns.get("vmi", "stay", "{.status.evacuationNodeName}"), a);
+        ns.wait(
+            "stay",
+            "an evacuation migration",
+            Duration::from_secs(60),
+            || !ns.vmim_phases("stay").is_empty(),
+        );
+    };
+    let cancelled = || {
+        ns.wait(
+            "stay",
+            "the evacuation cancelled",
+            Duration::from_secs(120),
+            || {
+                ns.get("vmi", "stay", "{.status.evacuationNodeName}")
+                    .is_empty()
+                    && ns.vmim_phases("stay").is_empty()
+                    && ns.launcher_pods_by_node("stay").len() == 1
+            },
+        );
+    };
 
+    // Explicitly, for every VMI leaving the node.
+    stuck_drain();
+    let out = ns.virt(&["evacuate-cancel", "node", &a]);
+    assert!(out.contains("stay"), "{out}");
+    cancelled();
+
+    // By uncordoning the node.
+    stuck_drain();
     c.kubectl(&["uncordon", &a]).expect("uncordon");
-    ns.wait(
-        "stay",
-        "the evacuation cancelled",
-        Duration::from_secs(120),
-        || {
-            ns.get("vmi", "stay", "{.status.evacuationNodeName}")
-                .is_empty()
-                && ns.vmim_phases("stay").is_empty()
-                && ns.launcher_pods_by_node("stay").len() == 1
-        },
-    );
+    cancelled();
     assert_eq!(ns.node_of("stay"), a);
     assert_eq!(ns.vmi_phase("stay"), "Running");
     assert_eq!(

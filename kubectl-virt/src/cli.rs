@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand};
 
 use crate::connect::GlobalArgs;
 use crate::create::VolumeArg;
-use crate::ops::ObjectKind;
+use crate::ops::{EvacuateKind, ObjectKind};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -109,6 +109,18 @@ pub enum Command {
     /// Cancel the running migration of a VM.
     MigrateCancel {
         /// Name of the VM.
+        name: String,
+        /// Ask the server to validate the request without changing anything.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Cancel the evacuation (node drain, eviction) of a VM, a VMI, or every VMI leaving a
+    /// node: their evacuation migrations stop and they stay where they run. A drain still
+    /// running evicts again; stop it (or uncordon the node) first.
+    EvacuateCancel {
+        /// `vm`, `vmi` or `node`.
+        kind: EvacuateKind,
+        /// Name of the VM, VMI or node.
         name: String,
         /// Ask the server to validate the request without changing anything.
         #[arg(long)]

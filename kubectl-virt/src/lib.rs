@@ -224,6 +224,21 @@ async fn run_with_session(
         Command::MigrateCancel { name, dry_run } => {
             ops::migrate_cancel(session, &name, dry_run, out).await
         }
+        Command::EvacuateCancel {
+            kind,
+            name,
+            dry_run,
+        } => match kind {
+            ops::EvacuateKind::Node => {
+                ops::evacuate_cancel_node(session, &name, dry_run, out).await
+            }
+            ops::EvacuateKind::Vm | ops::EvacuateKind::Vmi => {
+                let vmi = kind == ops::EvacuateKind::Vmi;
+                let object = if vmi { ObjectKind::Vmi } else { ObjectKind::Vm };
+                let action = Action::EvacuateCancel { vmi, dry_run };
+                ops::run_action(session, &action, object, &name, out).await
+            }
+        },
         Command::Console { name, timeout } => {
             let timeout = Duration::from_secs(timeout.saturating_mul(60));
             console::run(session, &name, timeout).await.map(drop)

@@ -6,7 +6,7 @@ use http::Request;
 use http::header::CONTENT_TYPE;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
-use kubevirt_api::{VirtualMachine, VirtualMachineInstanceMigration};
+use kubevirt_api::{VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration};
 
 use crate::connect::Session;
 use crate::error::{CliError, Target, from_kube};
@@ -24,6 +24,74 @@ pub enum ObjectKind {
     Vm,
     #[value(name = "vmi", alias = "vmis", alias = "virtualmachineinstance")]
     Vmi,
+}
+
+/// What `evacuate-cancel` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EvacuateKind {
+    #[value(name = "vm", alias = "vms", alias = "virtualmachine")]
+    Vm,
+    #[value(name = "vmi", alias = "vmis", alias = "virtualmachineinstance")]
+    Vmi,
+    #[value(name = "node", alias = "nodes", alias = "no")]
+    Node,
+}
+
+/// `evacuate-cancel node NAME`: cancels the evacuation of every VMI (all namespaces) being
+/// evacuated from that node.
+pub async fn evacuate_cancel_node(
+    session: &Session,
+    node: &str,
+    dry_run: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let target = Target {
+        kind: "VMI",
+        group: kubevirt_api::GROUP,
+        resource: "virtualmachineinstances",
+        subresource: None,
+        verb: "list",
+        action: "list",
+        name: String::new(),
+        namespace: String::new(),
+    };
+    let api: Api<VirtualMachineInstance> = Api::all(session.client.clone());
+    let vmis = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| from_kube(&target, &session.server, e))?;
+    let leaving: Vec<(String, String)> = vmis
+        .items
+        .iter()
+        .filter(|v| {
+            v.status
+                .as_ref()
+                .and_then(|s| s.evacuation_node_name.as_deref())
+                == Some(node)
+        })
+        .map(|v| {
+            (
+                v.metadata.namespace.clone().unwrap_or_default(),
+                v.metadata.name.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    if leaving.is_empty() {
+        return writeln!(out, "No VMI is being evacuated from node {node}")
+            .map_err(|e| CliError::io("writing output", e));
+    }
+    let action = Action::EvacuateCancel { vmi: true, dry_run };
+    for (ns, name) in leaving {
+        let req = action.request(&ns, &name)?;
+        put(session, &req).await?;
+        let dry = if dry_run { " (server dry run)" } else { "" };
+        writeln!(
+            out,
+            "VMI {ns}/{name} was scheduled to cancel its evacuation{dry}"
+        )
+        .map_err(|e| CliError::io("writing output", e))?;
+    }
+    Ok(())
 }
 
 async fn put(session: &Session, r: &SubresourceRequest) -> Result<(), CliError> {

@@ -11,7 +11,8 @@ pub const SUBRESOURCES_VERSION: &str = "v1";
 
 use kubevirt_api::catalogue::{self, Subresource};
 use kubevirt_api::options::{
-    MigrateOptions, PauseOptions, RestartOptions, StartOptions, StopOptions, dry_run_all,
+    EvacuateCancelOptions, MigrateOptions, PauseOptions, RestartOptions, StartOptions, StopOptions,
+    dry_run_all,
 };
 
 /// A lifecycle action on a VM or VMI, after flag validation.
@@ -40,6 +41,11 @@ pub enum Action {
         dry_run: bool,
     },
     SoftReboot,
+    /// `evacuate/cancel` of a VMI (or of a VM's instance, `vmi: false`).
+    EvacuateCancel {
+        vmi: bool,
+        dry_run: bool,
+    },
 }
 
 /// A fully described subresource call: `PUT path` with a JSON body.
@@ -86,6 +92,8 @@ impl Action {
             Self::Pause { .. } => &catalogue::PAUSE,
             Self::Unpause { .. } => &catalogue::UNPAUSE,
             Self::SoftReboot => &catalogue::SOFTREBOOT,
+            Self::EvacuateCancel { vmi: true, .. } => &catalogue::EVACUATE_CANCEL_VMI,
+            Self::EvacuateCancel { vmi: false, .. } => &catalogue::EVACUATE_CANCEL_VM,
         }
     }
 
@@ -98,6 +106,7 @@ impl Action {
             Self::Pause { .. } => "pause",
             Self::Unpause { .. } => "unpause",
             Self::SoftReboot => "soft-reboot",
+            Self::EvacuateCancel { .. } => "cancel its evacuation",
         }
     }
 
@@ -108,7 +117,8 @@ impl Action {
             | Self::Restart { dry_run, .. }
             | Self::Migrate { dry_run, .. }
             | Self::Pause { dry_run }
-            | Self::Unpause { dry_run } => *dry_run,
+            | Self::Unpause { dry_run }
+            | Self::EvacuateCancel { dry_run, .. } => *dry_run,
             Self::SoftReboot => false,
         }
     }
@@ -147,6 +157,9 @@ impl Action {
                 })
             }
             Self::SoftReboot => Ok(serde_json::json!({})),
+            Self::EvacuateCancel { dry_run, .. } => serde_json::to_value(EvacuateCancelOptions {
+                dry_run: dry_run_all(*dry_run),
+            }),
         }
     }
 

@@ -170,6 +170,9 @@ pub struct Subresource {
     /// Path segments after the name, each optional from the right
     /// (`portforward/{port}[/{protocol}]`), with their descriptions.
     pub path_params: &'static [(&'static str, &'static str)],
+    /// A fixed segment after the name (`evacuate/cancel`); RBAC and discovery see the name
+    /// only, as Kubernetes' RequestInfo takes one segment for the subresource.
+    pub suffix: &'static str,
 }
 
 impl Subresource {
@@ -199,8 +202,18 @@ impl Subresource {
     pub fn path(&self, namespace: &str, name: &str) -> String {
         format!(
             "/apis/{SUBRESOURCES_GROUP}/{VERSION}/namespaces/{namespace}/{}/{name}/{}",
-            self.kind.plural, self.name
+            self.kind.plural,
+            self.path_name()
         )
+    }
+
+    /// The name with its fixed suffix: the path segments after the object's name.
+    pub fn path_name(&self) -> String {
+        if self.suffix.is_empty() {
+            self.name.to_string()
+        } else {
+            format!("{}/{}", self.name, self.suffix)
+        }
     }
 
     pub fn is_stream(&self) -> bool {
@@ -220,6 +233,7 @@ const fn action(
         style: Style::Action { options },
         description,
         path_params: &[],
+        suffix: "",
     }
 }
 
@@ -271,6 +285,7 @@ pub const CONSOLE: Subresource = Subresource {
     style: Style::Stream,
     description: "Open a websocket to the serial console of a VirtualMachineInstance.",
     path_params: &[],
+    suffix: "",
 };
 pub const VNC: Subresource = Subresource {
     kind: &VIRTUAL_MACHINE_INSTANCE,
@@ -278,6 +293,7 @@ pub const VNC: Subresource = Subresource {
     style: Style::Stream,
     description: "Open a websocket to the VNC display of a VirtualMachineInstance.",
     path_params: &[],
+    suffix: "",
 };
 const PORT_PARAMS: &[(&str, &str)] = &[
     ("port", "The port of the guest to forward to (1-65535)."),
@@ -289,6 +305,7 @@ pub const PORTFORWARD_VMI: Subresource = Subresource {
     style: Style::Stream,
     description: "Open a websocket carrying one connection to a port of the VirtualMachineInstance's guest.",
     path_params: PORT_PARAMS,
+    suffix: "",
 };
 pub const PORTFORWARD_VM: Subresource = Subresource {
     kind: &VIRTUAL_MACHINE,
@@ -296,12 +313,31 @@ pub const PORTFORWARD_VM: Subresource = Subresource {
     style: Style::Stream,
     description: "Open a websocket carrying one connection to a port of the VirtualMachine's running guest.",
     path_params: PORT_PARAMS,
+    suffix: "",
+};
+pub const EVACUATE_CANCEL_VMI: Subresource = Subresource {
+    suffix: "cancel",
+    ..action(
+        &VIRTUAL_MACHINE_INSTANCE,
+        "evacuate",
+        Some("EvacuateCancelOptions"),
+        "Cancel the evacuation of a VirtualMachineInstance (a node drain or eviction): its evacuation migration is stopped and it stays on its node.",
+    )
+};
+pub const EVACUATE_CANCEL_VM: Subresource = Subresource {
+    suffix: "cancel",
+    ..action(
+        &VIRTUAL_MACHINE,
+        "evacuate",
+        Some("EvacuateCancelOptions"),
+        "Cancel the evacuation of the VirtualMachine's running instance (a node drain or eviction).",
+    )
 };
 
 /// Every subresource served under `subresources.kubevirt.io/v1`. What is listed here is
 /// advertised in discovery and OpenAPI and granted by the user roles; virt-apiserver's tests
 /// fail when one has no handler.
-pub const SUBRESOURCES: [&Subresource; 11] = [
+pub const SUBRESOURCES: [&Subresource; 13] = [
     &START,
     &STOP,
     &RESTART,
@@ -313,6 +349,8 @@ pub const SUBRESOURCES: [&Subresource; 11] = [
     &VNC,
     &PORTFORWARD_VMI,
     &PORTFORWARD_VM,
+    &EVACUATE_CANCEL_VMI,
+    &EVACUATE_CANCEL_VM,
 ];
 
 /// The subresources of one kind.
@@ -379,6 +417,14 @@ mod tests {
         assert_eq!((CONSOLE.http_method(), CONSOLE.rbac_verb()), ("GET", "get"));
         assert_eq!((PAUSE.http_method(), PAUSE.rbac_verb()), ("PUT", "update"));
         assert_eq!(subresource("virtualmachineinstances", "vnc"), Some(&VNC));
-        assert_eq!(subresources_of(&VIRTUAL_MACHINE).count(), 5);
+        assert_eq!(subresources_of(&VIRTUAL_MACHINE).count(), 6);
+        assert_eq!(
+            EVACUATE_CANCEL_VMI.path("ns1", "a"),
+            "/apis/subresources.kubevirt.io/v1/namespaces/ns1/virtualmachineinstances/a/evacuate/cancel"
+        );
+        assert_eq!(
+            EVACUATE_CANCEL_VMI.resource(),
+            "virtualmachineinstances/evacuate"
+        );
     }
 }

@@ -74,6 +74,14 @@ pub struct PauseOptions {
     pub dry_run: Option<Vec<String>>,
 }
 
+/// Body of `evacuate/cancel` (KubeVirt's EvacuateCancelOptions).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EvacuateCancelOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<Vec<String>>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1165,6 +1165,11 @@ fn subresource_definitions() -> BTreeMap<String, Value> {
             "Options of the unpause action.",
             json!({}),
         ),
+        (
+            "EvacuateCancelOptions",
+            "Options of the evacuate/cancel action.",
+            json!({}),
+        ),
     ];
     defs.into_iter()
         .map(|(kind, desc, extra)| {
@@ -1228,7 +1233,7 @@ fn add_subresource_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
                 produces: vec!["*/*"],
             },
         };
-        let base = format!("{prefix}/{}/{{name}}/{name}", sub.kind.plural);
+        let base = format!("{prefix}/{}/{{name}}/{}", sub.kind.plural, sub.path_name());
         if sub.path_params.is_empty() {
             paths.insert(base, path_item(&[name_param, ns], &[op], flavor));
             continue;

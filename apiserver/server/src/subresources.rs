@@ -34,7 +34,8 @@ pub struct Subresources {
 
 use kubevirt_api::catalogue::{self, Subresource};
 use kubevirt_api::options::{
-    MigrateOptions, PauseOptions as DryRunOnly, RestartOptions, StartOptions, StopOptions,
+    EvacuateCancelOptions, MigrateOptions, PauseOptions as DryRunOnly, RestartOptions,
+    StartOptions, StopOptions,
 };
 
 fn dry(d: &Option<Vec<String>>) -> ApiResult<bool> {
@@ -136,6 +137,8 @@ enum Route {
     VmiAction,
     /// console, vnc, portforward: relayed to the VMI's virt-handler.
     VmiStream,
+    /// evacuate/cancel of a VMI or of a VM's instance: removes the evacuation mark.
+    EvacuateCancel,
 }
 
 fn route(sub: &Subresource) -> Option<Route> {
@@ -152,6 +155,8 @@ fn route(sub: &Subresource) -> Option<Route> {
         (&c::VNC, Route::VmiStream),
         (&c::PORTFORWARD_VMI, Route::VmiStream),
         (&c::PORTFORWARD_VM, Route::VmiStream),
+        (&c::EVACUATE_CANCEL_VMI, Route::EvacuateCancel),
+        (&c::EVACUATE_CANCEL_VM, Route::EvacuateCancel),
     ]
     .into_iter()
     .find(|(s, _)| *s == sub)
@@ -225,6 +230,14 @@ impl Subresources {
         }
         let sub = entry.name;
         let _ = query;
+        // An action's path ends at its name, or at its fixed suffix (`evacuate/cancel`).
+        let suffix_ok = match entry.suffix {
+            "" => info.rest.is_empty(),
+            s => info.rest.len() == 1 && info.rest[0] == s,
+        };
+        if !entry.is_stream() && !suffix_ok {
+            return Err(ApiError::path_not_found());
+        }
         let (mut parts, body) = req.into_parts();
         let (ns, name) = (info.namespace.as_str(), info.name.as_str());
         match route {
@@ -248,6 +261,12 @@ impl Subresources {
             Route::Migrate => {
                 let opts = parse_body(&body_bytes(body).await?)?;
                 self.migrate(st, ns, name, opts).await
+            }
+            Route::EvacuateCancel => {
+                let opts: EvacuateCancelOptions = parse_body(&body_bytes(body).await?)?;
+                let of_vm = entry.kind == &catalogue::VIRTUAL_MACHINE;
+                self.evacuate_cancel(st, ns, name, of_vm, dry(&opts.dry_run)?)
+                    .await
             }
             Route::VmiAction => {
                 let action = sub;
@@ -367,6 +386,59 @@ impl Subresources {
             Err(e) if e.code == 404 => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Removes the VMI's evacuation mark; virt-controller's evacuation controller then
+    /// deletes the evacuation migration that has not finished. A VM's instance has its name.
+    async fn evacuate_cancel(
+        &self,
+        st: &AppState,
+        ns: &str,
+        name: &str,
+        of_vm: bool,
+        dry_run: bool,
+    ) -> ApiResult<Response> {
+        if of_vm {
+            // 404 names the VM when it does not exist.
+            st.registry.get(vm_def(), ns, name).await?;
+        }
+        let Some(vmi) = self.current_vmi(st, ns, name).await? else {
+            return Err(if of_vm {
+                state_conflict("virtualmachine", name, "VM is not running")
+            } else {
+                ApiError::not_found(
+                    Gr {
+                        resource: "virtualmachineinstances",
+                        group: crate::rest::GROUP,
+                    },
+                    name,
+                )
+            });
+        };
+        let marked = vmi
+            .pointer("/status/evacuationNodeName")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty());
+        if marked.is_none() {
+            return Err(state_conflict(
+                "virtualmachineinstance",
+                name,
+                "VMI is not being evacuated",
+            ));
+        }
+        let via = Via {
+            status_only: true,
+            manager: MANAGER,
+        };
+        st.registry
+            .mutate(vmi_def(), ns, name, via, dry_run, |v| {
+                if let Some(status) = v.get_mut("status").and_then(Value::as_object_mut) {
+                    status.remove("evacuationNodeName");
+                }
+                Ok(())
+            })
+            .await?;
+        Ok(StatusCode::OK.into_response())
     }
 
     async fn set_vmi_grace(
@@ -725,6 +797,12 @@ mod tests {
             };
             let entry = catalogue::subresource(plural, sub)
                 .unwrap_or_else(|| panic!("{path} is in OpenAPI but not in the catalogue"));
+            // A fixed suffix (`evacuate/cancel`) is part of the path, not a parameter.
+            let params = match (entry.suffix, params) {
+                ("", p) => p,
+                (s, [first, p @ ..]) if *first == s => p,
+                _ => panic!("{path} lacks the suffix {:?}", entry.suffix),
+            };
             assert!(route(entry).is_some(), "{path} has no handler");
             // Path parameters as the catalogue names them, each optional from the right.
             let want: Vec<String> = entry.path_params[..params.len()]

@@ -64,7 +64,10 @@ async fn bad_input_gets_exact_status_and_nothing_is_stored() {
         "spec.template.spec.evictionStrategy"
     );
     assert!(
-        s["message"].as_str().unwrap().contains("LiveMigrateIfPossible"),
+        s["message"]
+            .as_str()
+            .unwrap()
+            .contains("LiveMigrateIfPossible"),
         "names the supported values: {s}"
     );
 
@@ -1310,4 +1313,132 @@ async fn deeply_nested_documents_are_refused_and_the_server_goes_on() {
         assert_eq!(r.status(), 400, "{ct}");
     }
     assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
+}
+
+/// `evacuate/cancel` removes a VMI's evacuation mark (and nothing else), answers 409 for a
+/// VMI that is not being evacuated, honours dryRun, and is reached on the VM too.
+#[tokio::test]
+async fn evacuate_cancel_removes_the_evacuation_mark() {
+    let env = common::start(true);
+    let c = admin(&env);
+    let vmis = format!(
+        "{}/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances",
+        env.server_url
+    );
+    let sub = format!(
+        "{}/apis/subresources.kubevirt.io/v1/namespaces/default",
+        env.server_url
+    );
+    let mut vmi = vm("e")["spec"]["template"].clone();
+    vmi["apiVersion"] = json!("kubevirt.io/v1");
+    vmi["kind"] = json!("VirtualMachineInstance");
+    vmi["metadata"] = json!({"name": "e"});
+    assert_eq!(c.post(&vmis).json(&vmi).send().await.unwrap().status(), 201);
+    c.post(format!("{}{VMS}", env.server_url))
+        .json(&vm("e"))
+        .send()
+        .await
+        .unwrap();
+    let cancel = |path: String, body: Value| c.put(path).json(&body).send();
+
+    let (code, s) = json_of(
+        cancel(
+            format!("{sub}/virtualmachineinstances/e/evacuate/cancel"),
+            json!({}),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(code, 409, "{s}");
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap()
+            .contains("not being evacuated"),
+        "{s}"
+    );
+    // The subresource is `evacuate/cancel`, not `evacuate`.
+    assert_eq!(
+        cancel(
+            format!("{sub}/virtualmachineinstances/e/evacuate"),
+            json!({})
+        )
+        .await
+        .unwrap()
+        .status(),
+        404
+    );
+
+    let mark = || async {
+        let mut cur: Value = c
+            .get(format!("{vmis}/e"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        cur["status"] = json!({"evacuationNodeName": "n1", "nodeName": "n1"});
+        let r = c
+            .put(format!("{vmis}/e/status"))
+            .json(&cur)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    };
+    let marked = || async {
+        let cur: Value = c
+            .get(format!("{vmis}/e"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        cur["status"]["evacuationNodeName"]
+            .as_str()
+            .map(str::to_string)
+    };
+    mark().await;
+    let dry = cancel(
+        format!("{sub}/virtualmachineinstances/e/evacuate/cancel"),
+        json!({"dryRun": ["All"]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(dry.status(), 200);
+    assert_eq!(
+        marked().await.as_deref(),
+        Some("n1"),
+        "a dry run changes nothing"
+    );
+    let done = cancel(
+        format!("{sub}/virtualmachineinstances/e/evacuate/cancel"),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(done.status(), 200);
+    assert_eq!(marked().await, None);
+
+    mark().await;
+    let via_vm = cancel(
+        format!("{sub}/virtualmachines/e/evacuate/cancel"),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(via_vm.status(), 200);
+    assert_eq!(marked().await, None);
+    let cur: Value = c
+        .get(format!("{vmis}/e"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(cur["status"]["nodeName"], "n1", "only the mark goes");
 }
