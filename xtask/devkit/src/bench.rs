@@ -7,6 +7,7 @@ use anyhow::Context;
 
 mod apiserver;
 mod crd;
+mod drain;
 mod migrate;
 mod network;
 mod portforward;
@@ -34,6 +35,9 @@ pub enum Bench {
     /// Live migration of an idle 256 MiB guest between the two local nodes, against bare
     /// QEMU → QEMU in the same run.
     Migrate(migrate::MigrateArgs),
+    /// `kubectl drain` of a node holding N idle LiveMigrate VMs, against one migration in
+    /// the same run (two-node local cluster).
+    Drain(drain::DrainArgs),
     /// The pod network: TCP throughput and HTTP round trips node → guest for masquerade and
     /// bridge against a bare tap in the same run, and how soon the guest answers after its
     /// DHCP lease (network namespaces of its own, no cluster).
@@ -109,6 +113,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Bench::Launcher(a) => launcher(a),
         Bench::Start(a) => start::run(a),
         Bench::Migrate(a) => migrate::run(a),
+        Bench::Drain(a) => drain::run(a),
         Bench::Network(a) => network::run(a),
         Bench::PortForward(a) => portforward::run(a),
     }
