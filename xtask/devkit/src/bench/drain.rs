@@ -25,9 +25,9 @@ const OUTBOUND_LIMIT: usize = 2;
 /// Arguments of `cargo xtask bench drain`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DrainArgs {
-    /// VMs on the drained node.
-    #[arg(long, default_value_t = 4)]
-    pub vms: usize,
+    /// VMs on the drained node, one table row per count (e.g. `4,10`).
+    #[arg(long, value_delimiter = ',', default_values_t = [4, 10])]
+    pub vms: Vec<usize>,
     /// Drains (the VMs go back and forth between the two nodes).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
@@ -71,26 +71,31 @@ pub fn goal(vms: usize, single: Duration) -> Duration {
     single.saturating_mul(2 * waves) + Duration::from_secs(10)
 }
 
-/// The figures as a markdown table.
-pub fn table(f: &Figures) -> String {
-    let mut singles = f.singles.clone();
-    singles.sort_unstable();
-    let single = percentile(&singles, 50.0).unwrap_or_default();
-    let mut drains = f.drains.clone();
-    drains.sort_unstable();
-    let drain = percentile(&drains, 50.0).unwrap_or_default();
-    let goal = goal(f.vms, single);
-    format!(
+/// The figures as a markdown table, a row per VM count.
+pub fn table(all: &[Figures]) -> String {
+    let mut out = format!(
         "| VMs | drain (median, min–max) | one migration (median, min–max) | goal: 2 × ⌈N/{OUTBOUND_LIMIT}⌉ × one + 10 s | met | restarted VMs |\n\
-         |---|---|---|---|---|---|\n\
-         | {} | {} | {} | {:.1} s | {} | {} |\n",
-        f.vms,
-        median_min_max(&f.drains),
-        median_min_max(&f.singles),
-        goal.as_secs_f64(),
-        if drain <= goal { "yes" } else { "no" },
-        f.restarts,
-    )
+         |---|---|---|---|---|---|\n"
+    );
+    for f in all {
+        let mut singles = f.singles.clone();
+        singles.sort_unstable();
+        let single = percentile(&singles, 50.0).unwrap_or_default();
+        let mut drains = f.drains.clone();
+        drains.sort_unstable();
+        let drain = percentile(&drains, 50.0).unwrap_or_default();
+        let goal = goal(f.vms, single);
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.1} s | {} | {} |\n",
+            f.vms,
+            median_min_max(&f.drains),
+            median_min_max(&f.singles),
+            goal.as_secs_f64(),
+            if drain <= goal { "yes" } else { "no" },
+            f.restarts,
+        ));
+    }
+    out
 }
 
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
@@ -171,8 +176,14 @@ fn vm_manifest(name: &str, ns: &str) -> anyhow::Result<String> {
     Ok(vm.to_string())
 }
 
-fn measure(kube: &Kube, ns: &str, args: &DrainArgs, nodes: &[String]) -> anyhow::Result<Figures> {
-    let names: Vec<String> = (0..args.vms).map(|i| format!("d{i}")).collect();
+fn measure(
+    kube: &Kube,
+    ns: &str,
+    vms: usize,
+    args: &DrainArgs,
+    nodes: &[String],
+) -> anyhow::Result<Figures> {
+    let names: Vec<String> = (0..vms).map(|i| format!("d{i}")).collect();
     let (mut x, mut y) = (nodes[0].clone(), nodes[1].clone());
     // Every VM starts on X.
     kube.run(&["cordon", &y], None)?;
@@ -259,14 +270,18 @@ pub fn run(args: DrainArgs) -> anyhow::Result<()> {
     if nodes.len() < 2 {
         bail!("a drain needs two nodes: cargo xtask cluster up --nodes 2 && cargo xtask up");
     }
-    let ns = format!("bench-drain-{}", std::process::id());
-    kube.run(&["create", "namespace", &ns], None)?;
-    let result = measure(&kube, &ns, &args, &nodes);
-    for n in &nodes {
-        let _ = kube.run(&["uncordon", n], None);
+    let mut figures = Vec::new();
+    for &vms in &args.vms {
+        let ns = format!("bench-drain-{}-{vms}", std::process::id());
+        kube.run(&["create", "namespace", &ns], None)?;
+        let result = measure(&kube, &ns, vms.max(1), &args, &nodes);
+        for n in &nodes {
+            let _ = kube.run(&["uncordon", n], None);
+        }
+        // Gone before the next count starts: its VMs would share the nodes.
+        let _ = kube.run(&["delete", "namespace", &ns, "--timeout=300s"], None);
+        figures.push(result?);
     }
-    let _ = kube.run(&["delete", "namespace", &ns, "--wait=false"], None);
-    let figures = result?;
     let table = table(&figures);
     print!("{table}");
     if args.no_docs {
@@ -274,19 +289,22 @@ pub fn run(args: DrainArgs) -> anyhow::Result<()> {
     }
     let section = format!(
         "{HEADING}\n\nCommand: `cargo xtask bench drain --vms {} --runs {}`; commit {}; {}; machine: {}. \
-         {} idle test guests (busybox initramfs, 256 MiB, TCG, `evictionStrategy: LiveMigrate`) on \
+         N idle test guests (busybox initramfs, 256 MiB, TCG, `evictionStrategy: LiveMigrate`) on \
          one node of the local cluster; each run first migrates one of them there and back \
          (VMIM created → `Succeeded`, two samples per run), then times `kubectl drain NODE \
          --ignore-daemonsets --delete-emptydir-data --pod-selector=kubevirt.io=virt-launcher` from \
          start to exit (drain retries each refused eviction every 5 s), checks every VM runs on the \
          other node as the same VMI, uncordons, and the next run drains the other way. Limits: \
          parallelOutboundMigrationsPerNode 2, parallelMigrationsPerCluster 5.\n\n{table}",
-        args.vms,
+        args.vms
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
         args.runs,
         super::report::commit(),
         super::report::now_utc(),
         Machine::probe(),
-        args.vms,
     );
     let path = super::write_section(HEADING, &section)?;
     eprintln!("figures written to {}", path.display());
@@ -314,7 +332,7 @@ mod tests {
             singles: vec![s(8), s(9), s(7), s(8), s(8), s(10)],
             restarts: 0,
         };
-        let t = table(&f);
+        let t = table(&[f]);
         assert!(
             t.contains("| 4 | 25.0 s (20.0–30.0) | 8.0 s (7.0–10.0) | 42.0 s | yes | 0 |"),
             "{t}"
