@@ -38,6 +38,8 @@ pub struct Config {
     pub launcher: LauncherConfig,
     /// evictionStrategy of VMIs that set none (the KubeVirt resource's default).
     pub eviction_strategy: kubevirt_api::eviction::EvictionStrategy,
+    /// workloadUpdateStrategy: how VMIs move onto a new launcher after an upgrade.
+    pub workload_update: crate::workload::WorkloadUpdateConfig,
 }
 
 impl Default for Config {
@@ -51,6 +53,7 @@ impl Default for Config {
             namespace: None,
             launcher: LauncherConfig::default(),
             eviction_strategy: kubevirt_api::eviction::EvictionStrategy::None,
+            workload_update: crate::workload::WorkloadUpdateConfig::default(),
         }
     }
 }

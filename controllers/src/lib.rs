@@ -20,5 +20,6 @@ pub mod signal;
 pub mod vm;
 pub mod vmi;
 pub mod watch;
+pub mod workload;
 
 pub use context::{Config, Context, FIELD_MANAGER};

@@ -90,6 +90,16 @@ struct Args {
     /// `configuration.evictionStrategy`): None, LiveMigrate, LiveMigrateIfPossible, External.
     #[arg(long, env = "VIRT_CONTROLLER_EVICTION_STRATEGY", default_value = "None", value_parser = parse_eviction_strategy)]
     eviction_strategy: kubevirt_api::eviction::EvictionStrategy,
+    /// workloadUpdateMethods of the KubeVirt resource: LiveMigrate, Evict (none: VMIs stay on
+    /// the launcher they started with after an upgrade).
+    #[arg(long, value_delimiter = ',', value_parser = ["LiveMigrate", "Evict"])]
+    workload_update_methods: Vec<String>,
+    /// VMIs evicted per batch by the workload updater (batchEvictionSize).
+    #[arg(long, default_value_t = 10)]
+    workload_update_batch_size: usize,
+    /// Seconds between eviction batches (batchEvictionInterval).
+    #[arg(long, default_value_t = 60)]
+    workload_update_batch_interval_seconds: u64,
     /// Migrations past Pending in the whole cluster (KubeVirt's parallelMigrationsPerCluster).
     #[arg(
         long,
@@ -175,6 +185,15 @@ async fn main() -> anyhow::Result<()> {
             ..LauncherConfig::default()
         },
         eviction_strategy: args.eviction_strategy,
+        workload_update: virt_controllers::workload::WorkloadUpdateConfig {
+            live_migrate: args
+                .workload_update_methods
+                .iter()
+                .any(|m| m == "LiveMigrate"),
+            evict: args.workload_update_methods.iter().any(|m| m == "Evict"),
+            batch_size: args.workload_update_batch_size,
+            batch_interval: Duration::from_secs(args.workload_update_batch_interval_seconds),
+        },
         ..Config::default()
     };
     let ctx = Arc::new(Context::new(client.clone(), recorder, config));
@@ -231,12 +250,14 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The four controllers, until `stop` is cancelled.
+/// The controllers and the workload updater, until `stop` is cancelled.
 async fn run_controllers(ctx: Arc<Context>, migrations: MigrationConfig, stop: CancellationToken) {
+    let parallel = migrations.parallel_migrations_per_cluster;
     tokio::join!(
         virt_controllers::vm::run(ctx.clone(), stop.clone()),
         virt_controllers::vmi::run(ctx.clone(), stop.clone()),
         virt_controllers::evacuation::run(ctx.clone(), stop.clone()),
+        virt_controllers::workload::run(ctx.clone(), parallel, stop.clone()),
         virt_controllers::migration::run(ctx, migrations, stop),
     );
 }

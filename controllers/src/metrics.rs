@@ -5,6 +5,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -56,6 +57,8 @@ pub struct Metrics {
     phase_transitions: Family<PhaseLabels, Histogram, fn() -> Histogram>,
     /// Failures and fresh lists of the watches of our API.
     pub watches: virt_watch::WatchMetrics,
+    /// Running VMIs on an outdated virt-launcher (KubeVirt's metric).
+    pub outdated_vmis: Gauge,
 }
 
 impl Default for Metrics {
@@ -107,6 +110,12 @@ impl Default for Metrics {
             "Histogram of VM phase transitions duration from creation time in seconds",
             phase_transitions.clone(),
         );
+        let outdated_vmis = Gauge::default();
+        registry.register(
+            "kubevirt_vmi_number_of_outdated",
+            "Indication for the total number of VirtualMachineInstance workloads that are not running within the most up-to-date version of the virt-launcher environment",
+            outdated_vmis.clone(),
+        );
         let watches = virt_watch::WatchMetrics::default();
         watches.register(registry.sub_registry_with_prefix("virt_controller"));
         Self {
@@ -119,6 +128,7 @@ impl Default for Metrics {
             vmi_status_writes,
             phase_transitions,
             watches,
+            outdated_vmis,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! virt-operator end to end as a KubeVirt user meets it: manifests/virt-operator.yaml, the
 //! documented `kubectl wait`, then KubeVirt's own kubevirt-cr.yaml unchanged (at
-//! `kubevirt.io/v1`); upgrade to another version by `spec.imageTag` while a VM runs and
+//! `kubevirt.io/v1`); upgrade to another version by `spec.imageTag` while a VM runs (which
+//! the workload updater then live-migrates onto the new launcher) and
 //! `kubectl get vm` loops; uninstall by deleting the KubeVirt resource and the operator
 //! manifests.
 //!
@@ -605,6 +606,24 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         ])
         .expect("patch imageTag")
     };
+    // Running VMs move onto the new launcher by live migration (KubeVirt's
+    // workloadUpdateStrategy; KubeVirt's own kubevirt-cr.yaml leaves it empty: nothing moves).
+    c.kubectl(&[
+        "-n",
+        "kubevirt",
+        "patch",
+        "kubevirt",
+        "kubevirt",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":["LiveMigrate"]}}}"#,
+    ])
+    .expect("patch workloadUpdateStrategy");
+    let launcher_before = ns.get("vmi", "survivor", "{.status.launcherContainerImageVersion}");
+    assert!(
+        !launcher_before.is_empty() && !launcher_before.ends_with(UPGRADE_TAG),
+        "{launcher_before:?}"
+    );
     let t1 = Instant::now();
     set_tag(UPGRADE_TAG);
     let upgraded = c.eventually("upgrade deployed", Duration::from_secs(300), || {
@@ -649,6 +668,50 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         ns.vmi_uid("survivor"),
         uid,
         "the VM was restarted by the upgrade"
+    );
+    // The workload updater migrates the VM onto a launcher of the new version.
+    let t2 = Instant::now();
+    if let Err(e) = c.eventually(
+        "the VM on the new launcher",
+        Duration::from_secs(300),
+        || {
+            Ok(ns
+                .get("vmi", "survivor", "{.status.launcherContainerImageVersion}")
+                .ends_with(&format!(":{UPGRADE_TAG}"))
+                && kv_field(c, "{.status.outdatedVirtualMachineInstanceWorkloads}") == "0")
+        },
+    ) {
+        panic!(
+            "{e:#}\n{}\n{}",
+            ns.diagnose("survivor"),
+            operator_diagnosis(c)
+        );
+    }
+    println!(
+        "survivor on the new launcher {:.1} s after the upgrade was deployed",
+        t2.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        ns.vmi_uid("survivor"),
+        uid,
+        "moved by a restart, not a migration"
+    );
+    assert_eq!(ns.vmi_phase("survivor"), "Running");
+    let list: serde_json::Value = serde_json::from_str(
+        &ns.k(&["get", "virtualmachineinstancemigrations", "-o", "json"])
+            .unwrap(),
+    )
+    .unwrap();
+    let update_migrations: Vec<&str> = list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["metadata"]["annotations"]["kubevirt.io/workloadUpdateMigration"].is_string())
+        .filter_map(|m| m["status"]["phase"].as_str())
+        .collect();
+    assert!(
+        update_migrations.contains(&"Succeeded"),
+        "no succeeded workload-update migration: {update_migrations:?}"
     );
 
     // A version whose images do not exist: Degraded names the stuck pods, the API stays up

@@ -276,6 +276,9 @@ pub struct KubeVirtStatus {
     pub observed_kube_virt_version: Option<String>,
     /// Generation acted on.
     pub observed_generation: Option<i64>,
+    /// Running VMIs still on an older virt-launcher (written by virt-controller's workload
+    /// updater).
+    pub outdated_virtual_machine_instance_workloads: Option<i64>,
 }
 
 #[cfg(test)]

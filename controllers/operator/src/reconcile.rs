@@ -557,11 +557,13 @@ fn render_all(
         ),
         infra: placement(kv.spec.infra.as_ref()),
         workloads: placement(kv.spec.workloads.as_ref()),
-        // An unknown value is reported (eviction_strategy_error) and the default kept.
+        // An unknown value is reported (invalid_config) and the default kept.
         eviction_strategy: eviction_strategy(kv)
             .ok()
             .flatten()
             .unwrap_or(EvictionStrategy::None),
+        // Invalid parts are reported (invalid_config) and left out.
+        workload_update: workload_update(kv).unwrap_or_default(),
     };
     let mut yaml = render::static_manifest(&p)?;
     yaml.push_str(&render::cluster_manifest(&certs.serving, auth)?);
@@ -608,6 +610,46 @@ fn eviction_strategy(kv: &KubeVirt) -> Result<Option<EvictionStrategy>, String> 
             "spec.configuration.evictionStrategy: Unsupported value: {v:?}: supported values: {}",
             supported.join(", ")
         )
+    })
+}
+
+/// `spec.workloadUpdateStrategy` as virt-controller's flags take it, or what is wrong.
+fn workload_update(kv: &KubeVirt) -> Result<render::WorkloadUpdate, String> {
+    let Some(w) = kv.spec.workload_update_strategy.as_ref() else {
+        return Ok(render::WorkloadUpdate::default());
+    };
+    let mut methods = Vec::new();
+    for m in w.workload_update_methods.iter().flatten() {
+        match m.as_str() {
+            "LiveMigrate" | "Evict" if !methods.contains(m) => methods.push(m.clone()),
+            "LiveMigrate" | "Evict" => {}
+            other => {
+                return Err(format!(
+                    "spec.workloadUpdateStrategy.workloadUpdateMethods: Unsupported value: \
+                     {other:?}: supported values: LiveMigrate, Evict"
+                ));
+            }
+        }
+    }
+    if let Some(n) = w.batch_eviction_size
+        && n < 1
+    {
+        return Err(format!(
+            "spec.workloadUpdateStrategy.batchEvictionSize: Invalid value: {n}: must be at least 1"
+        ));
+    }
+    let interval = match &w.batch_eviction_interval {
+        None => None,
+        Some(s) => {
+            let d = crate::policy::parse_duration(s)
+                .map_err(|e| format!("spec.workloadUpdateStrategy.batchEvictionInterval: {e}"))?;
+            Some(u64::try_from(d.whole_seconds()).unwrap_or(0).max(1))
+        }
+    };
+    Ok(render::WorkloadUpdate {
+        methods,
+        batch_size: w.batch_eviction_size,
+        batch_interval_seconds: interval,
     })
 }
 
@@ -780,6 +822,12 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         eviction_strategy(kv)
             .err()
             .map(|e| (e, "VMIs without their own evictionStrategy use None")),
+        workload_update(kv).err().map(|e| {
+            (
+                e,
+                "VMIs are not moved onto a new virt-launcher automatically",
+            )
+        }),
     ]
     .into_iter()
     .flatten()
@@ -1140,6 +1188,57 @@ mod tests {
         let err = eviction_strategy(&kv("Migrate")).unwrap_err();
         assert!(
             err.starts_with("spec.configuration.evictionStrategy: Unsupported value: \"Migrate\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn workload_update_strategy_becomes_flags_or_names_the_field() {
+        let kv = |w: serde_json::Value| -> KubeVirt {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+                "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+                "spec": {"workloadUpdateStrategy": w},
+            }))
+            .unwrap()
+        };
+        let w = workload_update(&kv(serde_json::json!({
+            "workloadUpdateMethods": ["LiveMigrate", "Evict", "LiveMigrate"],
+            "batchEvictionSize": 3, "batchEvictionInterval": "1m30s"})))
+        .unwrap();
+        let p = Params {
+            workload_update: w,
+            ..Params::default()
+        };
+        assert_eq!(
+            render::workload_update_flags(&p),
+            [
+                "--workload-update-methods=LiveMigrate,Evict",
+                "--workload-update-batch-size=3",
+                "--workload-update-batch-interval-seconds=90"
+            ]
+        );
+        // KubeVirt's own kubevirt-cr.yaml: `workloadUpdateStrategy: {}`, nothing automated.
+        let none = workload_update(&kv(serde_json::json!({}))).unwrap();
+        assert!(
+            render::workload_update_flags(&Params {
+                workload_update: none,
+                ..Params::default()
+            })
+            .is_empty()
+        );
+        let err = workload_update(&kv(
+            serde_json::json!({"workloadUpdateMethods": ["Migrate"]}),
+        ))
+        .unwrap_err();
+        assert!(
+            err.starts_with("spec.workloadUpdateStrategy.workloadUpdateMethods"),
+            "{err}"
+        );
+        let err =
+            workload_update(&kv(serde_json::json!({"batchEvictionInterval": "soon"}))).unwrap_err();
+        assert!(
+            err.starts_with("spec.workloadUpdateStrategy.batchEvictionInterval"),
             "{err}"
         );
     }

@@ -126,6 +126,34 @@ pub struct Params {
     /// The cluster's default evictionStrategy (`configuration.evictionStrategy`): virt-apiserver
     /// answers evictions with it, virt-controller evacuates by it.
     pub eviction_strategy: kubevirt_api::eviction::EvictionStrategy,
+    /// workloadUpdateStrategy (virt-controller's workload updater); none by default.
+    pub workload_update: WorkloadUpdate,
+}
+
+/// `spec.workloadUpdateStrategy`, validated.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorkloadUpdate {
+    /// `LiveMigrate` and/or `Evict`.
+    pub methods: Vec<String>,
+    pub batch_size: Option<i64>,
+    pub batch_interval_seconds: Option<u64>,
+}
+
+/// virt-controller's workload-update flags: only those set, so an installation that never
+/// sets the strategy keeps its pod template.
+pub fn workload_update_flags(p: &Params) -> Vec<String> {
+    let w = &p.workload_update;
+    let mut out = Vec::new();
+    if !w.methods.is_empty() {
+        out.push(format!("--workload-update-methods={}", w.methods.join(",")));
+    }
+    if let Some(n) = w.batch_size {
+        out.push(format!("--workload-update-batch-size={n}"));
+    }
+    if let Some(s) = w.batch_interval_seconds {
+        out.push(format!("--workload-update-batch-interval-seconds={s}"));
+    }
+    out
 }
 
 /// `--eviction-strategy` of virt-apiserver and virt-controller: only when not KubeVirt's
@@ -209,6 +237,7 @@ impl Default for Params {
             workloads: Placement::default(),
             feature_gates: Vec::new(),
             eviction_strategy: kubevirt_api::eviction::EvictionStrategy::None,
+            workload_update: WorkloadUpdate::default(),
         }
     }
 }

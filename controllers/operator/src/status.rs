@@ -176,7 +176,6 @@ const UNIMPLEMENTED_SPEC_FIELDS: &[&str] = &[
     "monitorNamespace",
     "serviceMonitorNamespace",
     "monitorAccount",
-    "workloadUpdateStrategy",
     "productVersion",
     "productName",
     "productComponent",
@@ -380,6 +379,9 @@ pub fn status(
         target_kube_virt_version: Some(target.version.clone()),
         observed_kube_virt_version: observed_version,
         observed_generation: generation,
+        // virt-controller's workload updater writes it; kept as it is.
+        outdated_virtual_machine_instance_workloads: previous
+            .and_then(|s| s.outdated_virtual_machine_instance_workloads),
     }
 }
 
@@ -628,7 +630,6 @@ mod tests {
             unimplemented_fields(&s),
             [
                 "spec.monitorNamespace",
-                "spec.workloadUpdateStrategy",
                 "spec.infra.replicas",
                 "spec.configuration.developerConfiguration.logVerbosity",
                 "spec.configuration.migrations",
@@ -637,7 +638,7 @@ mod tests {
         let note = unsupported_note(&s).unwrap();
         assert!(
             note.starts_with(
-                "spec.monitorNamespace, spec.workloadUpdateStrategy, spec.infra.replicas, \
+                "spec.monitorNamespace, spec.infra.replicas, \
                  spec.configuration.developerConfiguration.logVerbosity, \
                  spec.configuration.migrations are kept but not implemented by kubevirt-rs; \
                  they have no effect; spec.configuration.developerConfiguration.featureGates: \

@@ -221,6 +221,17 @@ pub fn plan(vmi: &VirtualMachineInstance, pods: &[Pod]) -> Plan {
 /// deleted before one that is, one on the VMI's node before others, then the newest.
 /// Creation timestamps have whole-second resolution, so after a migration hands over
 /// the target pod the node and the deletion of the source decide, not the clock.
+/// The image of the pod's compute container (virt-launcher).
+fn compute_image(pod: &Pod) -> Option<String> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == super::render::COMPUTE_CONTAINER)?
+        .image
+        .clone()
+}
+
 fn current_pod<'a>(ours: &[&'a Pod], node: Option<&str>) -> Option<&'a Pod> {
     let key = |p: &Pod| {
         let on_node =
@@ -453,6 +464,11 @@ pub fn derive_status(
             if bound && launched(pod) {
                 next = Phase::Scheduled;
                 status.node_name = node_of(pod).map(str::to_string);
+                // The launcher the guest runs in (KubeVirt's field holds the image): the
+                // workload updater compares it with the current one after an upgrade.
+                if let Some(image) = compute_image(pod) {
+                    status.launcher_container_image_version = Some(image);
+                }
             } else {
                 next = Phase::Scheduling;
             }

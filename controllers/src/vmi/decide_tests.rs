@@ -46,7 +46,7 @@ fn pod(name: &str, node: Option<&str>, status: Value) -> Pod {
                      "creationTimestamp": "2026-01-01T00:00:01Z",
                      "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
                                           "name": "demo", "uid": UID, "controller": true}]},
-        "spec": {"nodeName": node, "containers": [{"name": "compute"}]},
+        "spec": {"nodeName": node, "containers": [{"name": "compute", "image": "launcher:v1"}]},
         "status": status
     }))
     .unwrap()
@@ -381,6 +381,11 @@ fn scheduling_names_the_pod_and_scheduled_the_node() {
     let s = derive_status(&v, &[running_pod()], None, now());
     assert_eq!(s.phase, Phase::Scheduled);
     assert_eq!(s.node_name.as_deref(), Some("n1"));
+    // With the node, the launcher image the guest runs in (the workload updater's input).
+    assert_eq!(
+        s.launcher_container_image_version.as_deref(),
+        Some("launcher:v1")
+    );
     assert_eq!(
         s.active_pods,
         Some(BTreeMap::from([("p-uid".to_string(), "n1".to_string())]))

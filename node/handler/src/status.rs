@@ -82,7 +82,6 @@ pub fn vmi_status(
                 libvirt: l.libvirt_version.clone(),
                 qemu: l.qemu_version.clone(),
             });
-            s.launcher_container_image_version = Some(l.launcher_version.clone());
         }
         Observation::ShutDown => {
             s.phase = Phase::Succeeded;

@@ -312,7 +312,12 @@ async fn binary_follows_a_launcher_socket_and_serves_metrics() {
         st.interfaces.unwrap()[0].ip_address.as_deref(),
         Some("10.0.0.9")
     );
-    assert_eq!(st.launcher_container_image_version.as_deref(), Some("fake"));
+    // The launcher's own version; the image it runs from is virt-controller's to write.
+    assert_eq!(
+        st.runtime_versions.and_then(|v| v.launcher).as_deref(),
+        Some("fake")
+    );
+    assert_eq!(st.launcher_container_image_version, None);
 
     // mTLS with the first CA; then the Secret rotates to a new CA: no restart needed,
     // the old client is refused, the new one served.

@@ -529,8 +529,9 @@ async fn cluster_mode_end_to_end() {
     assert_eq!(cond(&running, "Ready").as_deref(), Some("True"));
     assert_eq!(cond(&running, "SoftwareEmulation").as_deref(), Some("True"));
     let st = running.status.clone().unwrap();
-    assert!(st.launcher_container_image_version.is_some());
-    assert!(st.runtime_versions.and_then(|v| v.qemu).is_some());
+    let versions = st.runtime_versions.clone().unwrap_or_default();
+    assert!(versions.launcher.is_some());
+    assert!(versions.qemu.is_some());
     assert_eq!(
         st.node_name.as_deref(),
         Some(NODE),

@@ -190,6 +190,11 @@ pub fn controller(out: &mut String, p: &Params) -> Result<()> {
                 &["update"],
             ),
             rule("", strings(&["pods"]), &all),
+            // The workload updater evicts launcher pods that cannot migrate (Evict).
+            rule("", strings(&["pods/eviction"]), &["create"]),
+            // …and reports outdated VMIs in the KubeVirt resource's status.
+            rule(GROUP, strings(&["kubevirts"]), &["get", "list", "watch"]),
+            rule(GROUP, strings(&["kubevirts/status"]), &["patch"]),
             // The launcher's Secret of a VMI's inline cloud-init data (not in the pod's
             // annotations, which `view` reads).
             rule("", strings(&["secrets"]), &["create"]),
@@ -255,6 +260,7 @@ fn controller_deployment(p: &Params) -> Deployment {
             ]
             .into_iter()
             .chain(super::eviction_strategy_flag(p))
+            .chain(super::workload_update_flags(p))
             .collect(),
         ),
         env: Some(vec![
