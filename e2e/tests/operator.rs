@@ -471,7 +471,8 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
                 .any(|l| l.starts_with("VERSION:") && l.split_whitespace().nth(1) == Some("v1")),
         "{explained}"
     );
-    // This machine has no KVM (a user's KubeVirt would need the same), and leaf certificates
+    // This machine has no KVM (a user's KubeVirt would need the same), a migration limit of
+    // KubeVirt's `configuration.migrations` (virt-controller enforces it), and leaf certificates
     // that live 4 minutes and are renewed 3 minutes before they end: rotations every minute
     // or so while the test runs. Written at v1, as a user's tools would.
     c.kubectl(&[
@@ -482,7 +483,8 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         "kubevirt",
         "--type=merge",
         "-p",
-        r#"{"spec":{"configuration":{"developerConfiguration":{"useEmulation":true}},
+        r#"{"spec":{"configuration":{"developerConfiguration":{"useEmulation":true},
+                "migrations":{"parallelOutboundMigrationsPerNode":3}},
             "certificateRotateStrategy":{"selfSigned":{"server":{"duration":"4m","renewBefore":"3m"}}}}}"#,
     ])
     .expect("patch the KubeVirt resource at v1");
@@ -527,7 +529,11 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         .component_pods("virt-controller", false, "{range .items[*]}{.metadata.name} {.metadata.deletionTimestamp} {.spec.containers[0].args}{\"\\n\"}{end}")
         .expect("virt-controller pods");
     assert!(
-        !args.trim().is_empty() && args.lines().all(|l| l.contains("--allow-emulation=true")),
+        !args.trim().is_empty()
+            && args.lines().all(|l| {
+                l.contains("--allow-emulation=true")
+                    && l.contains("--parallel-outbound-migrations-per-node=3")
+            }),
         "KubeVirt Deployed with virt-controller pods not yet on the patched configuration:\n{args}"
     );
 

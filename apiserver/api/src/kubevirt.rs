@@ -214,7 +214,33 @@ pub struct KubeVirtConfiguration {
     /// `LiveMigrate`, `LiveMigrateIfPossible` or `External`. A string, so that a wrong value
     /// is reported by virt-operator rather than making the resource unreadable.
     pub eviction_strategy: Option<String>,
+    /// Live migration limits and timeouts.
+    pub migrations: Option<MigrationConfiguration>,
     /// The other fields of KubeVirt's configuration, as given.
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub other: BTreeMap<String, serde_json::Value>,
+}
+
+/// Live migration settings (KubeVirt's `MigrationConfiguration`). What virt-controller
+/// enforces is typed; the other fields (bandwidthPerMigration, allowPostCopy, …) are kept in
+/// [`Self::other`] and reported as not implemented.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct MigrationConfiguration {
+    /// Migrations past Pending in the whole cluster (default 5).
+    pub parallel_migrations_per_cluster: Option<i64>,
+    /// Migrations leaving one node at once (default 2).
+    pub parallel_outbound_migrations_per_node: Option<i64>,
+    /// Seconds a migration may make no progress before it is aborted (default 150).
+    pub progress_timeout: Option<i64>,
+    /// Seconds per GiB of guest memory a migration may take before it is aborted (default
+    /// 150).
+    #[serde(rename = "completionTimeoutPerGiB")]
+    pub completion_timeout_per_gib: Option<i64>,
+    /// The other migration fields, as given.
     #[serde(flatten)]
     #[schemars(skip)]
     pub other: BTreeMap<String, serde_json::Value>,
@@ -312,11 +338,15 @@ spec:
     fn configuration_fields_we_do_not_type_are_kept() {
         let spec = serde_json::json!({"configuration": {
             "developerConfiguration": {"useEmulation": true, "logVerbosity": {"virtLauncher": 4}},
-            "migrations": {"parallelMigrationsPerCluster": 5}},
+            "migrations": {"parallelMigrationsPerCluster": 5, "allowPostCopy": true},
+            "network": {"defaultNetworkInterface": "masquerade"}},
             "workloads": {"replicas": 3}});
         let s: KubeVirtSpec = serde_json::from_value(spec.clone()).unwrap();
         let c = s.configuration.as_ref().unwrap();
-        assert!(c.other.contains_key("migrations"));
+        assert!(c.other.contains_key("network"));
+        let m = c.migrations.as_ref().unwrap();
+        assert_eq!(m.parallel_migrations_per_cluster, Some(5));
+        assert!(m.other.contains_key("allowPostCopy"));
         assert_eq!(
             c.developer_configuration.as_ref().unwrap().use_emulation,
             Some(true)

@@ -564,6 +564,7 @@ fn render_all(
             .unwrap_or(EvictionStrategy::None),
         // Invalid parts are reported (invalid_config) and left out.
         workload_update: workload_update(kv).unwrap_or_default(),
+        migration_flags: migration_flags(kv).unwrap_or_default(),
     };
     let mut yaml = render::static_manifest(&p)?;
     yaml.push_str(&render::cluster_manifest(&certs.serving, auth)?);
@@ -611,6 +612,54 @@ fn eviction_strategy(kv: &KubeVirt) -> Result<Option<EvictionStrategy>, String> 
             supported.join(", ")
         )
     })
+}
+
+/// `spec.configuration.migrations` as virt-controller's flags (only the fields set), or the
+/// field that is wrong.
+fn migration_flags(kv: &KubeVirt) -> Result<Vec<String>, String> {
+    let Some(m) = kv
+        .spec
+        .configuration
+        .as_ref()
+        .and_then(|c| c.migrations.as_ref())
+    else {
+        return Ok(Vec::new());
+    };
+    let fields = [
+        (
+            "parallelMigrationsPerCluster",
+            m.parallel_migrations_per_cluster,
+            "--parallel-migrations-per-cluster",
+        ),
+        (
+            "parallelOutboundMigrationsPerNode",
+            m.parallel_outbound_migrations_per_node,
+            "--parallel-outbound-migrations-per-node",
+        ),
+        (
+            "progressTimeout",
+            m.progress_timeout,
+            "--migration-progress-timeout-seconds",
+        ),
+        (
+            "completionTimeoutPerGiB",
+            m.completion_timeout_per_gib,
+            "--migration-completion-timeout-per-gib-seconds",
+        ),
+    ];
+    let mut out = Vec::new();
+    for (field, value, flag) in fields {
+        match value {
+            None => {}
+            Some(v) if v >= 1 => out.push(format!("{flag}={v}")),
+            Some(v) => {
+                return Err(format!(
+                    "spec.configuration.migrations.{field}: Invalid value: {v}: must be at least 1"
+                ));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// `spec.workloadUpdateStrategy` as virt-controller's flags take it, or what is wrong.
@@ -1239,6 +1288,34 @@ mod tests {
             workload_update(&kv(serde_json::json!({"batchEvictionInterval": "soon"}))).unwrap_err();
         assert!(
             err.starts_with("spec.workloadUpdateStrategy.batchEvictionInterval"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn migration_configuration_becomes_controller_flags() {
+        let kv = |m: serde_json::Value| -> KubeVirt {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+                "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+                "spec": {"configuration": {"migrations": m}},
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            migration_flags(&kv(serde_json::json!({
+                "parallelMigrationsPerCluster": 10, "parallelOutboundMigrationsPerNode": 4,
+                "completionTimeoutPerGiB": 800, "bandwidthPerMigration": "64Mi"})))
+            .unwrap(),
+            [
+                "--parallel-migrations-per-cluster=10",
+                "--parallel-outbound-migrations-per-node=4",
+                "--migration-completion-timeout-per-gib-seconds=800"
+            ]
+        );
+        let err = migration_flags(&kv(serde_json::json!({"progressTimeout": 0}))).unwrap_err();
+        assert!(
+            err.starts_with("spec.configuration.migrations.progressTimeout"),
             "{err}"
         );
     }

@@ -128,6 +128,8 @@ pub struct Params {
     pub eviction_strategy: kubevirt_api::eviction::EvictionStrategy,
     /// workloadUpdateStrategy (virt-controller's workload updater); none by default.
     pub workload_update: WorkloadUpdate,
+    /// virt-controller's migration flags from `configuration.migrations` (validated).
+    pub migration_flags: Vec<String>,
 }
 
 /// `spec.workloadUpdateStrategy`, validated.
@@ -238,6 +240,7 @@ impl Default for Params {
             feature_gates: Vec::new(),
             eviction_strategy: kubevirt_api::eviction::EvictionStrategy::None,
             workload_update: WorkloadUpdate::default(),
+            migration_flags: Vec::new(),
         }
     }
 }

@@ -218,6 +218,14 @@ pub fn unimplemented_fields(spec: &KubeVirtSpec) -> Vec<String> {
                     .map(|(k, _)| format!("spec.configuration.developerConfiguration.{k}")),
             );
         }
+        if let Some(m) = &conf.migrations {
+            out.extend(
+                m.other
+                    .iter()
+                    .filter(|(_, v)| is_set(v))
+                    .map(|(k, _)| format!("spec.configuration.migrations.{k}")),
+            );
+        }
         out.extend(
             conf.other
                 .iter()
@@ -624,7 +632,7 @@ mod tests {
             "configuration": {
                 "developerConfiguration": {"useEmulation": true, "featureGates": ["Snapshot"],
                     "logVerbosity": {"virtLauncher": 4}},
-                "migrations": {"parallelMigrationsPerCluster": 5},
+                "migrations": {"parallelMigrationsPerCluster": 5, "allowPostCopy": true},
                 "network": {}}}));
         assert_eq!(
             unimplemented_fields(&s),
@@ -632,7 +640,7 @@ mod tests {
                 "spec.monitorNamespace",
                 "spec.infra.replicas",
                 "spec.configuration.developerConfiguration.logVerbosity",
-                "spec.configuration.migrations",
+                "spec.configuration.migrations.allowPostCopy",
             ]
         );
         let note = unsupported_note(&s).unwrap();
@@ -640,7 +648,7 @@ mod tests {
             note.starts_with(
                 "spec.monitorNamespace, spec.infra.replicas, \
                  spec.configuration.developerConfiguration.logVerbosity, \
-                 spec.configuration.migrations are kept but not implemented by kubevirt-rs; \
+                 spec.configuration.migrations.allowPostCopy are kept but not implemented by kubevirt-rs; \
                  they have no effect; spec.configuration.developerConfiguration.featureGates: \
                  Snapshot is not implemented"
             ),

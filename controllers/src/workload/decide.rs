@@ -1,6 +1,7 @@
 //! Which running VMIs are on an outdated virt-launcher and what to do about them: a pure
 //! function of every VMI, every migration and the configuration.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
@@ -110,8 +111,8 @@ pub fn outdated(vmi: &VirtualMachineInstance, image: &str) -> bool {
 /// The plan for this moment. `parallel` is the cluster's migration limit; `batch_due`:
 /// the batch interval has passed since the last eviction batch.
 pub fn plan(
-    vmis: &[VirtualMachineInstance],
-    migrations: &[VirtualMachineInstanceMigration],
+    vmis: &[Arc<VirtualMachineInstance>],
+    migrations: &[Arc<VirtualMachineInstanceMigration>],
     image: &str,
     cfg: &WorkloadUpdateConfig,
     parallel: usize,
@@ -126,7 +127,9 @@ pub fn plan(
     let mut migrate = Vec::new();
     let mut evict = Vec::new();
     for vmi in vmis {
-        let status = vmi.status.clone().unwrap_or_default();
+        let Some(status) = vmi.status.as_ref() else {
+            continue;
+        };
         if status.phase != VirtualMachineInstancePhase::Running
             || vmi.metadata.deletion_timestamp.is_some()
         {
@@ -191,18 +194,20 @@ mod tests {
 
     const NEW: &str = "launcher:v2";
 
-    fn vmi(name: &str, image: &str, extra_status: Value) -> VirtualMachineInstance {
+    fn vmi(name: &str, image: &str, extra_status: Value) -> Arc<VirtualMachineInstance> {
         let mut status = json!({"phase": "Running", "nodeName": "n1",
             "launcherContainerImageVersion": image});
         if let (Some(s), Some(e)) = (status.as_object_mut(), extra_status.as_object()) {
             s.extend(e.clone());
         }
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "ns"},
-            "spec": {"domain": {"devices": {}}},
-            "status": status,
-        }))
-        .unwrap()
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ns"},
+                "spec": {"domain": {"devices": {}}},
+                "status": status,
+            }))
+            .unwrap(),
+        )
     }
 
     fn vmim(
@@ -211,7 +216,7 @@ mod tests {
         phase: &str,
         update: bool,
         failed_at: Option<&str>,
-    ) -> VirtualMachineInstanceMigration {
+    ) -> Arc<VirtualMachineInstanceMigration> {
         let mut status = json!({"phase": phase});
         if let Some(t) = failed_at {
             status["phaseTransitionTimestamps"] =
@@ -222,12 +227,14 @@ mod tests {
         } else {
             json!({})
         };
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "ns", "annotations": annotations},
-            "spec": {"vmiName": vmi},
-            "status": status,
-        }))
-        .unwrap()
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ns", "annotations": annotations},
+                "spec": {"vmiName": vmi},
+                "status": status,
+            }))
+            .unwrap(),
+        )
     }
 
     fn now() -> Timestamp {

@@ -109,10 +109,9 @@ pub async fn run(ctx: Arc<Context>, parallel: usize, shutdown: CancellationToken
         if vmis.wait_until_ready().await.is_err() || vmims.wait_until_ready().await.is_err() {
             continue;
         }
-        let all_vmis: Vec<VirtualMachineInstance> =
-            vmis.state().iter().map(|v| (**v).clone()).collect();
-        let all_vmims: Vec<VirtualMachineInstanceMigration> =
-            vmims.state().iter().map(|m| (**m).clone()).collect();
+        // The stores' own objects: nothing is copied per round.
+        let all_vmis = vmis.state();
+        let all_vmims = vmims.state();
         let batch_due = last_batch.is_none_or(|t| t.elapsed() >= cfg.batch_interval);
         let plan = decide::plan(
             &all_vmis,
@@ -137,7 +136,7 @@ pub async fn run(ctx: Arc<Context>, parallel: usize, shutdown: CancellationToken
     tracing::info!("workload updater stopped");
 }
 
-async fn execute(ctx: &Context, vmis: &[VirtualMachineInstance], plan: Plan) {
+async fn execute(ctx: &Context, vmis: &[Arc<VirtualMachineInstance>], plan: Plan) {
     let find = |k: &Key| {
         vmis.iter().find(|v| {
             v.metadata.namespace.as_deref() == Some(k.namespace.as_str())
