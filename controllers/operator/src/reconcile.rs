@@ -1034,12 +1034,14 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         .await;
     }
     if kv.status.as_ref() != Some(&new_status) {
-        kvs.patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"status": new_status})),
-        )
-        .await?;
+        let mut patch = serde_json::json!({"status": new_status});
+        // virt-controller's field: the value read at the start of this reconcile may be stale
+        // by now, and a merge patch without it leaves it alone.
+        if let Some(s) = patch["status"].as_object_mut() {
+            s.remove("outdatedVirtualMachineInstanceWorkloads");
+        }
+        kvs.patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
     }
     Ok(if new_status.phase.as_deref() == Some(status::DEPLOYED) {
         // Certificates are checked again within the minute, and when one is due.

@@ -99,7 +99,6 @@ pub async fn run(ctx: Arc<Context>, parallel: usize, shutdown: CancellationToken
     let vmis = store(vmis, "workload-vmis", &ctx, &shutdown);
     let vmims = store(vmims, "workload-vmims", &ctx, &shutdown);
     let mut last_batch: Option<tokio::time::Instant> = None;
-    let mut reported: Option<usize> = None;
     let mut tick = tokio::time::interval(PERIOD);
     loop {
         tokio::select! {
@@ -128,9 +127,7 @@ pub async fn run(ctx: Arc<Context>, parallel: usize, shutdown: CancellationToken
         ctx.metrics
             .outdated_vmis
             .set(i64::try_from(plan.outdated).unwrap_or(i64::MAX));
-        if reported != Some(plan.outdated) && report(&ctx, plan.outdated).await {
-            reported = Some(plan.outdated);
-        }
+        report(&ctx, plan.outdated).await;
         execute(&ctx, &all_vmis, plan).await;
     }
     tracing::info!("workload updater stopped");
@@ -250,8 +247,9 @@ async fn evict(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<String, ku
     Ok(name)
 }
 
-/// Writes the count into every KubeVirt resource's status; false when it could not.
-async fn report(ctx: &Context, outdated: usize) -> bool {
+/// Writes the count into the status of every KubeVirt resource that shows another (read
+/// each round: anyone's write in between, or a failed one, is repaired by the next).
+async fn report(ctx: &Context, outdated: usize) {
     let ar = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(
             kubevirt_api::GROUP,
@@ -263,15 +261,18 @@ async fn report(ctx: &Context, outdated: usize) -> bool {
     let all: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &ar);
     let list = match all.list(&ListParams::default()).await {
         Ok(l) => l,
-        // No KubeVirt resource kind (`cargo xtask deploy`, the dev apiserver): nothing to report.
-        Err(kube::Error::Api(s)) if s.code == 404 => return true,
         Err(e) => {
+            // No KubeVirt kind at all (the dev apiserver) is a 404: nothing to report.
             tracing::debug!(error = %e, "listing KubeVirt resources");
-            return false;
+            return;
         }
     };
-    let mut ok = true;
     for kv in list.items {
+        if kv.data["status"]["outdatedVirtualMachineInstanceWorkloads"].as_u64()
+            == u64::try_from(outdated).ok()
+        {
+            continue;
+        }
         let api: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), &kv.namespace().unwrap_or_default(), &ar);
         let patch =
@@ -285,8 +286,6 @@ async fn report(ctx: &Context, outdated: usize) -> bool {
             .await
         {
             tracing::debug!(error = %e, "writing outdatedVirtualMachineInstanceWorkloads");
-            ok = false;
         }
     }
-    ok
 }
