@@ -157,16 +157,36 @@ async fn reconcile(
     let of_vmi = |m: &VirtualMachineInstanceMigration| {
         m.metadata.namespace.as_deref() == Some(ns.as_str()) && m.spec.vmi_name == name
     };
-    let migrations: Vec<VirtualMachineInstanceMigration> = if marked.is_some() {
-        // Fresh: a migration created by the last pass may not be in the store yet.
-        Api::<VirtualMachineInstanceMigration>::namespaced(ctx.client.clone(), &ns)
-            .list(&ListParams::default())
+    // A marked VMI is decided on fresh reads, its migrations first and then the VMI: the
+    // store's copy may predate the migration that just moved it, and "still on the node"
+    // beside "its migration succeeded" would evacuate it a second time. In this order a
+    // succeeded migration is always seen with the VMI it moved (the migration controller
+    // writes the VMI before the migration's phase).
+    let fresh;
+    let (vmi, migrations): (
+        &VirtualMachineInstance,
+        Vec<VirtualMachineInstanceMigration>,
+    ) = if marked.is_some() {
+        let migrations =
+            Api::<VirtualMachineInstanceMigration>::namespaced(ctx.client.clone(), &ns)
+                .list(&ListParams::default())
+                .await
+                .map_err(api("listing migrations"))?
+                .items
+                .into_iter()
+                .filter(|m| of_vmi(m))
+                .collect();
+        match Api::<VirtualMachineInstance>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&name)
             .await
-            .map_err(api("listing migrations"))?
-            .items
-            .into_iter()
-            .filter(|m| of_vmi(m))
-            .collect()
+            .map_err(api("reading the VMI"))?
+        {
+            Some(v) => {
+                fresh = v;
+                (&fresh, migrations)
+            }
+            None => return Ok(Action::await_change()),
+        }
     } else {
         // Unmarked VMIs are the many: only a cancelled evacuation needs a look.
         let cached: Vec<_> = state
@@ -182,8 +202,13 @@ async fn reconcile(
         }) {
             return Ok(Action::await_change());
         }
-        cached
+        (&*vmi, cached)
     };
+    let marked = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.evacuation_node_name.clone())
+        .filter(|n| !n.is_empty());
     let node = match &marked {
         Some(n) => Api::<Node>::all(ctx.client.clone())
             .get_opt(n)
@@ -192,7 +217,7 @@ async fn reconcile(
         None => None,
     };
     let step = decide::decide(
-        &vmi,
+        vmi,
         node.as_ref(),
         &migrations,
         ctx.config.eviction_strategy,

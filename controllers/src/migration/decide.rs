@@ -541,6 +541,14 @@ impl Step<'_> {
         let vmi = self.o.vmi;
         let target_node = self.vmi_state().and_then(|s| s.target_node.clone());
         if let (Some(status), Some(node)) = (self.vmi_status.as_mut(), target_node.clone()) {
+            // Leaving the node it was being evacuated from ends the evacuation, in the same
+            // write as the move: nobody can see the VMI moved but still marked and evacuate
+            // it again (KubeVirt clears it on arrival too).
+            if status.evacuation_node_name.is_some()
+                && status.evacuation_node_name != Some(node.clone())
+            {
+                status.evacuation_node_name = None;
+            }
             status.node_name = Some(node);
         }
         if let Some(node) = target_node {

@@ -518,10 +518,12 @@ fn handler_reports_drive_the_phase_forward() {
 
 #[test]
 fn success_moves_the_vmi_adopts_the_target_and_deletes_the_source() {
-    let v = vmi_migrating(
+    let mut v = vmi_migrating(
         json!({"startTimestamp": ts(ago(20)), "endTimestamp": ts(ago(1)),
         "completed": true, "targetNodeDomainDetected": true}),
     );
+    // Being evacuated from its node (a drain): the move ends the evacuation.
+    v.status.as_mut().unwrap().evacuation_node_name = Some("node-1".into());
     let d = run(
         &vmim("Running"),
         Some(&v),
@@ -539,6 +541,7 @@ fn success_moves_the_vmi_adopts_the_target_and_deletes_the_source() {
         d.vmi_status.as_ref().unwrap().node_name.as_deref(),
         Some("node-2")
     );
+    assert_eq!(d.vmi_status.as_ref().unwrap().evacuation_node_name, None);
     assert_eq!(
         d.vmi_labels.get("kubevirt.io/nodeName"),
         Some(&Some("node-2".to_string()))
