@@ -1401,36 +1401,27 @@ async fn evacuate_cancel_removes_the_evacuation_mark() {
             .as_str()
             .map(str::to_string)
     };
+    let vmi_cancel = format!("{sub}/virtualmachineinstances/e/evacuate/cancel");
+    let code = |body: Value, path: String| {
+        let r = cancel(path, body);
+        async move { r.await.unwrap().status().as_u16() }
+    };
     mark().await;
-    let dry = cancel(
-        format!("{sub}/virtualmachineinstances/e/evacuate/cancel"),
-        json!({"dryRun": ["All"]}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(dry.status(), 200);
+    assert_eq!(
+        code(json!({"dryRun": ["All"]}), vmi_cancel.clone()).await,
+        200
+    );
     assert_eq!(
         marked().await.as_deref(),
         Some("n1"),
         "a dry run changes nothing"
     );
-    let done = cancel(
-        format!("{sub}/virtualmachineinstances/e/evacuate/cancel"),
-        json!({}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(done.status(), 200);
+    assert_eq!(code(json!({}), vmi_cancel.clone()).await, 200);
     assert_eq!(marked().await, None);
 
     mark().await;
-    let via_vm = cancel(
-        format!("{sub}/virtualmachines/e/evacuate/cancel"),
-        json!({}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(via_vm.status(), 200);
+    let vm_cancel = format!("{sub}/virtualmachines/e/evacuate/cancel");
+    assert_eq!(code(json!({}), vm_cancel).await, 200);
     assert_eq!(marked().await, None);
     let cur: Value = c
         .get(format!("{vmis}/e"))

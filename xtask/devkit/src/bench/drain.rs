@@ -136,38 +136,7 @@ fn vmis(kube: &Kube, ns: &str) -> anyhow::Result<Vec<(String, String, String, St
 }
 
 fn migrate_once(kube: &Kube, ns: &str, vm: &str, n: usize) -> anyhow::Result<Duration> {
-    let name = format!("single-{n}");
-    let vmim = json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstanceMigration",
-        "metadata": {"name": name, "namespace": ns, "labels": {"kubevirt.io/vmi-name": vm}},
-        "spec": {"vmiName": vm}
-    })
-    .to_string();
-    let t0 = Instant::now();
-    kube.run(&["create", "-f", "-"], Some(&vmim))?;
-    let mut phase = String::new();
-    wait_for("the migration to end", Duration::from_secs(300), || {
-        phase = kube
-            .run(
-                &[
-                    "-n",
-                    ns,
-                    "get",
-                    "virtualmachineinstancemigrations",
-                    &name,
-                    "-o",
-                    "jsonpath={.status.phase}",
-                ],
-                None,
-            )
-            .unwrap_or_default();
-        phase == "Succeeded" || phase == "Failed"
-    })?;
-    if phase != "Succeeded" {
-        bail!("migration {name} of {vm} failed");
-    }
-    Ok(t0.elapsed())
+    super::migrate::migrate_and_wait(kube, ns, vm, &format!("single-{n}")).map(|(t, _)| t)
 }
 
 fn vm_manifest(name: &str, ns: &str) -> anyhow::Result<String> {

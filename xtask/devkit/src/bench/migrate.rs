@@ -264,13 +264,20 @@ fn phase_time(vmim: &Value, phase: &str) -> Option<i64> {
         .map(|t| t.as_second())
 }
 
-fn cluster_once(kube: &Kube, ns: &str, n: usize) -> anyhow::Result<Sample> {
-    let name = format!("bench-{n}");
+/// Creates migration `name` of `vm` and waits for it to end (polled every 100 ms): the time
+/// from the request to `Succeeded` as a client sees it, and the migration's last state; a
+/// failed migration is an error naming its reason.
+pub(super) fn migrate_and_wait(
+    kube: &Kube,
+    ns: &str,
+    vm: &str,
+    name: &str,
+) -> anyhow::Result<(Duration, Value)> {
     let vmim = json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstanceMigration",
-        "metadata": {"name": name, "namespace": ns, "labels": {"kubevirt.io/vmi-name": VM}},
-        "spec": {"vmiName": VM}
+        "metadata": {"name": name, "namespace": ns, "labels": {"kubevirt.io/vmi-name": vm}},
+        "spec": {"vmiName": vm}
     })
     .to_string();
     let t0 = Instant::now();
@@ -278,7 +285,7 @@ fn cluster_once(kube: &Kube, ns: &str, n: usize) -> anyhow::Result<Sample> {
     let mut last = Value::Null;
     wait_for("the migration to end", Duration::from_secs(300), || {
         last = kube
-            .json(&["-n", ns, "get", "virtualmachineinstancemigrations", &name])
+            .json(&["-n", ns, "get", "virtualmachineinstancemigrations", name])
             .ok()
             .flatten()
             .unwrap_or(Value::Null);
@@ -290,10 +297,15 @@ fn cluster_once(kube: &Kube, ns: &str, n: usize) -> anyhow::Result<Sample> {
     let total = t0.elapsed();
     if last["status"]["phase"] != "Succeeded" {
         bail!(
-            "migration {name} failed: {}",
+            "migration {name} of {vm} failed: {}",
             last["status"]["migrationState"]["failureReason"]
         );
     }
+    Ok((total, last))
+}
+
+fn cluster_once(kube: &Kube, ns: &str, n: usize) -> anyhow::Result<Sample> {
+    let (total, last) = migrate_and_wait(kube, ns, VM, &format!("bench-{n}"))?;
     let vmi = kube
         .json(&["-n", ns, "get", "vmi", VM])?
         .context("the VMI is gone")?;
