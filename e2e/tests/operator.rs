@@ -551,6 +551,23 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
     .expect("apply VM");
     ns.wait_running("survivor");
     let uid = ns.vmi_uid("survivor");
+    // And one that cannot live-migrate (a bridge binding on the pod network): the workload
+    // updater evicts it, and its runStrategy starts it on the new launcher.
+    let mut pinned: serde_json::Value = serde_json::from_str(&common::vm_manifest(
+        "pinned",
+        &ns.name,
+        "Always",
+        &common::Guest::default(),
+    ))
+    .unwrap();
+    let spec = &mut pinned["spec"]["template"]["spec"];
+    spec["domain"]["devices"]["interfaces"] =
+        serde_json::json!([{"name": "default", "bridge": {}}]);
+    spec["networks"] = serde_json::json!([{"name": "default", "pod": {}}]);
+    c.kubectl_stdin(&["apply", "-f", "-"], Some(&pinned.to_string()))
+        .expect("apply the pinned VM");
+    ns.wait_running("pinned");
+    let pinned_uid = ns.vmi_uid("pinned");
 
     rotation_keeps_an_open_console(c, &ns, "survivor");
 
@@ -612,8 +629,9 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         ])
         .expect("patch imageTag")
     };
-    // Running VMs move onto the new launcher by live migration (KubeVirt's
-    // workloadUpdateStrategy; KubeVirt's own kubevirt-cr.yaml leaves it empty: nothing moves).
+    // Running VMs move onto the new launcher by live migration, or by eviction when they
+    // cannot migrate (KubeVirt's workloadUpdateStrategy; KubeVirt's own kubevirt-cr.yaml
+    // leaves it empty: nothing moves).
     c.kubectl(&[
         "-n",
         "kubevirt",
@@ -622,7 +640,7 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         "kubevirt",
         "--type=merge",
         "-p",
-        r#"{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":["LiveMigrate"]}}}"#,
+        r#"{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":["LiveMigrate","Evict"]}}}"#,
     ])
     .expect("patch workloadUpdateStrategy");
     let launcher_before = ns.get("vmi", "survivor", "{.status.launcherContainerImageVersion}");
@@ -719,6 +737,28 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         update_migrations.contains(&"Succeeded"),
         "no succeeded workload-update migration: {update_migrations:?}"
     );
+    // The VM that cannot migrate was evicted and started again on the new launcher.
+    if let Err(e) = c.eventually(
+        "the pinned VM restarted on the new launcher",
+        Duration::from_secs(300),
+        || {
+            let now = ns.vmi_uid("pinned");
+            Ok(!now.is_empty()
+                && now != pinned_uid
+                && ns.vmi_phase("pinned") == "Running"
+                && ns
+                    .get("vmi", "pinned", "{.status.launcherContainerImageVersion}")
+                    .ends_with(&format!(":{UPGRADE_TAG}")))
+        },
+    ) {
+        panic!(
+            "{e:#}\n{}\n{}",
+            ns.diagnose("pinned"),
+            operator_diagnosis(c)
+        );
+    }
+    ns.k(&["delete", "vm", "pinned", "--wait=true", "--timeout=120s"])
+        .expect("delete the pinned VM");
 
     // A version whose images do not exist: Degraded names the stuck pods, the API stays up
     // on the previous pods, and going back heals it.
