@@ -187,6 +187,12 @@ pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
         Ok(slot) => slot,
         Err(class) => {
             tracing::debug!(class = class.label(), path = %path, "too many requests in flight");
+            st.metrics
+                .dropped
+                .get_or_create(&crate::metrics::DroppedLabels {
+                    request_kind: class.label().to_string(),
+                })
+                .inc();
             let response = ApiError::too_many_requests().into_response();
             record(&st, info, start, &response);
             return response;
@@ -230,6 +236,12 @@ pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
                     match st.watches.admit(&user.name) {
                         Some(slot) => Some(slot),
                         None => {
+                            st.metrics
+                                .dropped
+                                .get_or_create(&crate::metrics::DroppedLabels {
+                                    request_kind: "watch".into(),
+                                })
+                                .inc();
                             let response = ApiError::too_many(format!(
                                 "Too many watches: user {:?} has {} open, the most allowed",
                                 user.name,

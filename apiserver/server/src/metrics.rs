@@ -58,6 +58,13 @@ impl StorageMetrics {
     }
 }
 
+/// Labels of a request refused by a limit.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DroppedLabels {
+    /// `readOnly`, `mutating` (the in-flight budgets) or `watch` (watches per user).
+    pub request_kind: String,
+}
+
 /// All metrics of the server.
 #[derive(Debug)]
 pub struct Metrics {
@@ -70,6 +77,9 @@ pub struct Metrics {
     pub longrunning: Gauge,
     /// Storage metrics (shared with [`crate::storage::Storage`]).
     pub storage: StorageMetrics,
+    /// Requests refused with 429 by a limit, by which one (kube-apiserver's
+    /// `apiserver_dropped_requests_total`).
+    pub dropped: Family<DroppedLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -106,6 +116,12 @@ impl Default for Metrics {
             "Successful writes to etcd",
             storage.writes.clone(),
         );
+        let dropped = Family::<DroppedLabels, Counter>::default();
+        registry.register(
+            "apiserver_dropped_requests",
+            "Requests refused with 429 by the in-flight budgets (readOnly, mutating) or the watches per user (watch)",
+            dropped.clone(),
+        );
         registry.register(
             "etcd_request_duration_seconds",
             "etcd request latency by operation",
@@ -117,6 +133,7 @@ impl Default for Metrics {
             duration,
             longrunning,
             storage,
+            dropped,
         }
     }
 }

@@ -1166,6 +1166,21 @@ async fn requests_beyond_the_in_flight_budget_get_429_and_others_go_on() {
     let (_, s) = json_of(r).await;
     assert_eq!(s["reason"], "TooManyRequests", "{s}");
     assert_eq!(s["details"]["retryAfterSeconds"], 1, "{s}");
+    // Counted by the limit that refused it.
+    let m = c
+        .get(format!("{}/metrics", env.server_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        m.lines().any(|l| l
+            .starts_with("apiserver_dropped_requests_total{request_kind=\"mutating\"}")
+            && !l.ends_with(" 0")),
+        "{m}"
+    );
     // Reads have their own budget; watches are not counted.
     assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
     let w = c
@@ -1264,6 +1279,18 @@ async fn a_user_gets_429_beyond_its_watch_limit_until_one_ends() {
             .unwrap_or("")
             .contains("Too many watches"),
         "{s}"
+    );
+    let m = c
+        .get(format!("{}/metrics", env.server_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        m.contains("apiserver_dropped_requests_total{request_kind=\"watch\"} 1"),
+        "{m}"
     );
     // Other requests of the same user are not affected.
     assert_eq!(
