@@ -616,7 +616,7 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
             }
         })
     };
-    let set_tag = |tag: &str| {
+    let patch_kv = |patch: &str| {
         c.kubectl(&[
             "-n",
             "kubevirt",
@@ -625,24 +625,17 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
             "kubevirt",
             "--type=merge",
             "-p",
-            &format!(r#"{{"spec":{{"imageTag":"{tag}"}}}}"#),
+            patch,
         ])
-        .expect("patch imageTag")
+        .unwrap_or_else(|e| panic!("patch the KubeVirt resource with {patch}: {e:#}"))
     };
+    let set_tag = |tag: &str| patch_kv(&format!(r#"{{"spec":{{"imageTag":"{tag}"}}}}"#));
     // Running VMs move onto the new launcher by live migration, or by eviction when they
     // cannot migrate (KubeVirt's workloadUpdateStrategy; KubeVirt's own kubevirt-cr.yaml
     // leaves it empty: nothing moves).
-    c.kubectl(&[
-        "-n",
-        "kubevirt",
-        "patch",
-        "kubevirt",
-        "kubevirt",
-        "--type=merge",
-        "-p",
+    patch_kv(
         r#"{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":["LiveMigrate","Evict"]}}}"#,
-    ])
-    .expect("patch workloadUpdateStrategy");
+    );
     let launcher_before = ns.get("vmi", "survivor", "{.status.launcherContainerImageVersion}");
     assert!(
         !launcher_before.is_empty() && !launcher_before.ends_with(UPGRADE_TAG),

@@ -8,6 +8,18 @@ use common::{VMS, admin, client, vm};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
+/// The server's `/metrics` text (a failed scrape fails the test).
+#[allow(clippy::unwrap_used)]
+async fn metrics_text(c: &reqwest::Client, env: &virt_devenv::DevEnv) -> String {
+    c.get(format!("{}/metrics", env.server_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 async fn json_of(r: reqwest::Response) -> (u16, Value) {
     let code = r.status().as_u16();
     let v = r.json().await.unwrap_or(Value::Null);
@@ -998,14 +1010,7 @@ async fn vm_action_subresources_follow_kubevirt_semantics() {
     assert!(v["gitVersion"].as_str().unwrap().starts_with('v'));
 
     // Metrics: requests by verb/resource/code, etcd latency and write counts.
-    let m = c
-        .get(format!("{}/metrics", env.server_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = metrics_text(&c, &env).await;
     assert!(m.contains("apiserver_request_total{verb=\"update\",resource=\"virtualmachines\",subresource=\"start\",code=\"202\"}"), "{m}");
     assert!(
         m.contains("etcd_request_duration_seconds_count{operation=\"update\"}"),
@@ -1167,14 +1172,7 @@ async fn requests_beyond_the_in_flight_budget_get_429_and_others_go_on() {
     assert_eq!(s["reason"], "TooManyRequests", "{s}");
     assert_eq!(s["details"]["retryAfterSeconds"], 1, "{s}");
     // Counted by the limit that refused it.
-    let m = c
-        .get(format!("{}/metrics", env.server_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = metrics_text(&c, &env).await;
     assert!(
         m.lines().any(|l| l
             .starts_with("apiserver_dropped_requests_total{request_kind=\"mutating\"}")
@@ -1280,14 +1278,7 @@ async fn a_user_gets_429_beyond_its_watch_limit_until_one_ends() {
             .contains("Too many watches"),
         "{s}"
     );
-    let m = c
-        .get(format!("{}/metrics", env.server_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = metrics_text(&c, &env).await;
     assert!(
         m.contains("apiserver_dropped_requests_total{request_kind=\"watch\"} 1"),
         "{m}"
