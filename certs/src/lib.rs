@@ -6,6 +6,7 @@
 //! ([`ca_bundle`]) so that callers can keep trusting the previous CA while
 //! leaves signed by it are still in use.
 
+pub mod node_identity;
 pub mod reload;
 
 use std::fs;
@@ -50,6 +51,10 @@ pub enum CertError {
     KeyMismatch,
     #[error("at most {MAX_ORGANISATIONS} organisations (O) are supported, got {0}")]
     TooManyOrganisations(usize),
+    #[error("not a PEM certificate signing request with a valid signature")]
+    BadRequest,
+    #[error("the request must name {want}, it names {got}")]
+    RequestNames { want: String, got: String },
     #[error("no PEM certificate found in input")]
     NoCertificate,
     #[error("writing {path}: {source}")]
@@ -286,6 +291,16 @@ impl Ca {
         self.sign(params, validity, now)
     }
 
+    /// The validity window of a leaf issued at `now`: from slightly in the past, and never
+    /// beyond this CA (a leaf outliving its CA would fail verification before its own
+    /// rotation point).
+    fn window(&self, validity: Duration, now: OffsetDateTime) -> (OffsetDateTime, OffsetDateTime) {
+        (
+            now - CLOCK_SKEW_ALLOWANCE,
+            std::cmp::min(now + validity, self.not_after),
+        )
+    }
+
     fn sign(
         &self,
         mut params: CertificateParams,
@@ -294,11 +309,9 @@ impl Ca {
     ) -> Result<IssuedCert> {
         check_validity(validity)?;
         params.use_authority_key_identifier_extension = true;
-        params.not_before = now - CLOCK_SKEW_ALLOWANCE;
-        // A leaf outliving its CA would fail verification before its own
-        // rotation point, so clamp it to the CA's lifetime.
-        params.not_after = std::cmp::min(now + validity, self.not_after);
-        let (not_before, not_after) = (params.not_before, params.not_after);
+        let (not_before, not_after) = self.window(validity, now);
+        params.not_before = not_before;
+        params.not_after = not_after;
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.cert, &self.key)?;
         Ok(IssuedCert {

@@ -17,8 +17,21 @@ pub fn controller<K>(api: Api<K>, name: &'static str, metrics: &WatchMetrics) ->
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
+    selected_controller(api, watcher::Config::default(), name, metrics)
+}
+
+/// [`controller`] over the objects `config` selects.
+pub fn selected_controller<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    name: &'static str,
+    metrics: &WatchMetrics,
+) -> Controller<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
     let (reader, writer): (Store<K>, _) = reflector::store();
-    let events = virt_watch::watch(api, watcher::Config::default(), name, metrics.clone());
+    let events = virt_watch::watch(api, config, name, metrics.clone());
     Controller::for_stream(
         reflector::reflector(writer, events).applied_objects(),
         reader,

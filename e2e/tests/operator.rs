@@ -328,10 +328,30 @@ fn presented_now(c: &Cluster) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
         let der = presented(&addr, &api_ca, "kubevirt-apiserver.kubevirt.svc")?;
         out.push((addr, der));
     }
-    let handler_ca = secret_field(c, "virt-handler-certs", "ca.crt");
-    for ip in pod_ips(c, "virt-handler") {
+    let handler_ca = c.kubectl(&[
+        "-n",
+        "kubevirt",
+        "get",
+        "configmap",
+        "virt-handler-ca",
+        "-o",
+        "jsonpath={.data.ca\\.crt}",
+    ])?;
+    // Each handler's certificate names its node.
+    let handlers = c
+        .component_pods(
+            "virt-handler",
+            false,
+            "{range .items[*]}{.status.podIP} {.spec.nodeName}{\"\\n\"}{end}",
+        )
+        .unwrap_or_default();
+    for (ip, node) in handlers
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(ip, node)| !ip.is_empty() && !node.is_empty())
+    {
         let addr = format!("{ip}:8186");
-        let der = presented(&addr, &handler_ca, "virt-handler")?;
+        let der = presented(&addr, handler_ca.as_bytes(), node)?;
         out.push((addr, der));
     }
     Ok(out)
@@ -348,9 +368,9 @@ fn rotation_keeps_an_open_console(c: &Cluster, ns: &Ns<'_>, vm: &str) {
     let t0 = Instant::now();
     let before = presented_now(c).expect("TLS to virt-apiserver and virt-handler pods");
     assert!(before.len() >= 2, "no pods to dial: {before:?}");
+    // (The handlers' own certificates are in no Secret: presented_now checks them.)
     let secrets = [
         "kubevirt-apiserver-tls",
-        "virt-handler-certs",
         "virt-apiserver-handler-client",
         "kubevirt-etcd-server",
         "kubevirt-etcd-client",

@@ -275,3 +275,248 @@ fn a_namespace_editor_cannot_reach_the_node_through_a_spec() {
         );
     }
 }
+
+/// kubectl as the holder of `token` only (no client certificate: kube-apiserver would
+/// authenticate that first).
+fn kubectl_as(
+    c: &e2e::Cluster,
+    dir: &std::path::Path,
+    token: &str,
+    args: &[&str],
+    stdin: &str,
+) -> (bool, String) {
+    use std::io::Write;
+    let view = |path: &str| {
+        c.kubectl(&[
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "--flatten",
+            "-o",
+            &format!("jsonpath={{.clusters[0].cluster.{path}}}"),
+        ])
+        .expect("kubeconfig")
+    };
+    let kc = dir.join("token.kubeconfig");
+    std::fs::write(
+        &kc,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: t\n\
+             clusters: [{{name: t, cluster: {{server: '{}', certificate-authority-data: '{}'}}}}]\n\
+             users: [{{name: t, user: {{token: '{token}'}}}}]\n\
+             contexts: [{{name: t, context: {{cluster: t, user: t}}}}]\n",
+            view("server"),
+            view("certificate-authority-data")
+        ),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(c.kubectl_path())
+        .arg("--kubeconfig")
+        .arg(&kc)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// One request over mTLS to `addr` as `cert`/`key`, the server verified as `server_name`
+/// against `ca`: the status code and body, or why the connection failed.
+fn https_get(
+    addr: &str,
+    ca: &str,
+    (cert, key): (&str, &str),
+    server_name: &str,
+    path: &str,
+) -> anyhow::Result<(u16, String)> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use std::io::{Read, Write};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(c?)?;
+    }
+    let chain = CertificateDer::pem_slice_iter(cert.as_bytes()).collect::<Result<Vec<_>, _>>()?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, PrivateKeyDer::from_pem_slice(key.as_bytes())?)?;
+    let mut conn = rustls::ClientConnection::new(
+        std::sync::Arc::new(cfg),
+        ServerName::try_from(server_name.to_string())?,
+    )?;
+    let mut tcp = std::net::TcpStream::connect_timeout(&addr.parse()?, Duration::from_secs(5))?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+    tls.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: virt-handler\r\nconnection: close\r\n\r\n")
+            .as_bytes(),
+    )?;
+    let mut text = String::new();
+    let _ = tls.read_to_string(&mut text);
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no HTTP answer: {text:?}"))?;
+    Ok((code, text))
+}
+
+/// Each virt-handler holds a certificate for its own node only: a token bound to the handler
+/// pod of node A gets a certificate for A and is denied one for B; with A's certificate the
+/// handler of node B answers nothing (only virt-apiserver's certificate is served there), and
+/// B's handler is not taken for A's.
+#[test]
+#[ignore = "needs a local cluster: cargo xtask cluster up"]
+fn a_handler_certificate_speaks_for_its_own_node_only() {
+    let c = common::two_node_cluster();
+    let pods: Vec<Vec<String>> = c
+        .component_pods(
+            "virt-handler",
+            true,
+            "{range .items[*]}{.metadata.name} {.metadata.uid} {.spec.nodeName} {.status.podIP}{\"\\n\"}{end}",
+        )
+        .expect("handler pods")
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .filter(|f: &Vec<String>| f.len() == 4)
+        .collect();
+    assert!(pods.len() >= 2, "two running handlers: {pods:?}");
+    let (a, b) = (&pods[0], &pods[1]);
+    let (node_a, node_b) = (a[2].as_str(), b[2].as_str());
+    // What kubelet mounts into the handler pod of node A.
+    let token = c
+        .kubectl(&[
+            "-n",
+            "kubevirt",
+            "create",
+            "token",
+            "virt-handler",
+            "--bound-object-kind",
+            "Pod",
+            "--bound-object-name",
+            &a[0],
+            "--bound-object-uid",
+            &a[1],
+            "--duration",
+            "10m",
+        ])
+        .expect("a token bound to the handler pod")
+        .trim()
+        .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let suffix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let ask = |name: &str, node: &str| {
+        let req = virt_certs::node_identity::request(node).unwrap();
+        use base64::Engine;
+        let csr = serde_json::json!({
+            "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+            "metadata": {"name": name},
+            "spec": {"signerName": virt_certs::node_identity::SIGNER_NAME,
+                "usages": virt_certs::node_identity::USAGES,
+                "request": base64::engine::general_purpose::STANDARD.encode(&req.csr_pem)}});
+        let (ok, out) = kubectl_as(
+            c,
+            dir.path(),
+            &token,
+            &["create", "-f", "-"],
+            &csr.to_string(),
+        );
+        assert!(ok, "creating {name} as the handler of {node_a}: {out}");
+        req
+    };
+    let wait = |name: &str| -> (String, String) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = c
+                .kubectl(&[
+                    "get",
+                    "csr",
+                    name,
+                    "-o",
+                    "jsonpath={.status.conditions[*].type}|{.status.conditions[*].message}|{.status.certificate}",
+                ])
+                .unwrap_or_default();
+            let parts: Vec<&str> = out.splitn(3, '|').collect();
+            if parts.len() == 3 && (parts[0].contains("Denied") || !parts[2].is_empty()) {
+                return (parts[0].to_string(), format!("{}|{}", parts[1], parts[2]));
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name} not decided: {out}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+
+    let other = format!("e2e-other-node-{suffix}");
+    ask(&other, node_b);
+    let (conds, rest) = wait(&other);
+    assert!(conds.contains("Denied"), "{conds} {rest}");
+    assert!(rest.contains(node_b) && rest.contains(node_a), "{rest}");
+
+    let own = format!("e2e-own-node-{suffix}");
+    let req = ask(&own, node_a);
+    let (conds, rest) = wait(&own);
+    assert!(conds.contains("Approved"), "{conds} {rest}");
+    use base64::Engine;
+    let cert = String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(rest.split('|').nth(1).unwrap().trim())
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        virt_certs::node_identity::common_name_of_pem(&cert).as_deref(),
+        Some(format!("virt-handler:{node_a}").as_str())
+    );
+
+    // A genuine certificate of node A's handler, used against node B's handler.
+    let ca = c
+        .kubectl(&[
+            "-n",
+            "kubevirt",
+            "get",
+            "configmap",
+            "virt-handler-ca",
+            "-o",
+            "jsonpath={.data.ca\\.crt}",
+        ])
+        .expect("handler CA bundle");
+    let addr_b = format!("{}:8186", b[3]);
+    let path = "/v1/namespaces/default/virtualmachineinstances/any/console";
+    let (code, text) = https_get(&addr_b, &ca, (&cert, &req.key_pem), node_b, path)
+        .expect("TLS to the handler of node B");
+    assert_eq!(code, 403, "{text}");
+    assert!(text.contains("virt-apiserver"), "{text}");
+    // Node B's handler does not pass for node A's.
+    let err = https_get(&addr_b, &ca, (&cert, &req.key_pem), node_a, path).unwrap_err();
+    assert!(format!("{err:#}").contains("certificate"), "{err:#}");
+    for name in [&own, &other] {
+        let _ = c.kubectl(&["delete", "csr", name.as_str(), "--wait=false"]);
+    }
+    println!(
+        "handler identity: {node_a}'s token got a certificate for {node_a} only; node {node_b}'s handler answered it 403"
+    );
+}

@@ -48,7 +48,7 @@ fn pattern(len: usize) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn console_bytes_go_through_the_apiserver_to_the_handler() {
     let dir = tempfile::tempdir().unwrap();
-    let certs = HandlerCerts::generate(dir.path()).unwrap();
+    let certs = HandlerCerts::generate(dir.path(), "node1").unwrap();
     let peer = handler_peer::start(&certs.server.cert, &certs.server.key, &certs.ca).await;
     let env = DevEnv::start(Options {
         apiserver_bin: apiserver_bin(),

@@ -471,33 +471,54 @@ impl Drop for DevEnv {
 pub struct HandlerCerts {
     /// The CA certificate both sides trust.
     pub ca: PathBuf,
-    /// virt-handler's serving certificate (SAN DNS `virt-handler`).
+    /// The handler certificate of the node given to [`HandlerCerts::generate`] (CN
+    /// `virt-handler:<node>`, SAN the node name), as virt-operator signs it.
     pub server: ClientFiles,
     /// virt-apiserver's client certificate (CN `virt-apiserver`).
     pub client: ClientFiles,
+    dir: PathBuf,
 }
 
 impl HandlerCerts {
-    /// Generates the certificates into `dir`.
-    pub fn generate(dir: &Path) -> Result<Self, DevEnvError> {
+    /// Generates the certificates into `dir`, the handler's for `node`.
+    pub fn generate(dir: &Path, node: &str) -> Result<Self, DevEnvError> {
         std::fs::create_dir_all(dir).map_err(io("creating the handler certs dir"))?;
         let validity = time::Duration::days(7);
         let ca = Ca::generate("kubevirt-rs-handler-ca", validity)?;
         let (ca_cert, _) = ca.write_pair(dir, "handler-ca")?;
-        let (cert, key) = ca
-            .issue_server("virt-handler", &["virt-handler"], validity)?
-            .write_pair(dir, "virt-handler")?;
         let (ccert, ckey) = ca
-            .issue_client("virt-apiserver", &[] as &[&str], validity)?
+            .issue_client(
+                virt_certs::node_identity::APISERVER_CLIENT_NAME,
+                &[] as &[&str],
+                validity,
+            )?
             .write_pair(dir, "virt-apiserver-handler-client")?;
-        Ok(Self {
+        let mut certs = Self {
             ca: ca_cert,
-            server: ClientFiles { cert, key },
+            server: ClientFiles {
+                cert: PathBuf::new(),
+                key: PathBuf::new(),
+            },
             client: ClientFiles {
                 cert: ccert,
                 key: ckey,
             },
-        })
+            dir: dir.to_path_buf(),
+        };
+        certs.server = certs.handler(node)?;
+        Ok(certs)
+    }
+
+    /// The handler certificate of `node` from the same CA, written into the directory.
+    pub fn handler(&self, node: &str) -> Result<ClientFiles, DevEnvError> {
+        let read = |name: &str| {
+            std::fs::read_to_string(self.dir.join(name)).map_err(io("reading the handler CA"))
+        };
+        let ca = Ca::from_pem(&read("handler-ca.crt")?, &read("handler-ca.key")?)?;
+        let (cert, key) = ca
+            .issue_handler(node, time::Duration::days(7))?
+            .write_pair(&self.dir, &format!("virt-handler-{node}"))?;
+        Ok(ClientFiles { cert, key })
     }
 
     /// virt-apiserver flags using these certificates, with `NODE=HOST:PORT` addresses.

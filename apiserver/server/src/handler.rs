@@ -28,8 +28,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 /// Subprotocol of KubeVirt's console and VNC streams.
 pub const PLAIN_SUBPROTOCOL: &str = "plain.kubevirt.io";
-/// The name every virt-handler serving certificate carries, whatever address we dial
-/// (pod IPs change; the certificate is shared by the DaemonSet).
+/// The Host of requests to a handler (its certificate is checked against its node's name).
 pub const HANDLER_SERVER_NAME: &str = "virt-handler";
 /// virt-handler's port (KubeVirt's `defaultConsoleServerPort`).
 pub const DEFAULT_HANDLER_PORT: u16 = 8186;
@@ -366,8 +365,10 @@ impl HandlerClient {
                 .await
                 .map_err(|e| unreachable(e.to_string()))?;
             let _ = tcp.set_nodelay(true);
-            let name = ServerName::try_from(HANDLER_SERVER_NAME)
-                .map_err(|e| unreachable(e.to_string()))?;
+            // Each handler's certificate names its node, and every handler's chains to the
+            // same CA: expecting the node's name keeps one node from answering for another.
+            let name = ServerName::try_from(node.to_string())
+                .map_err(|e| unreachable(format!("node name as TLS server name: {e}")))?;
             TlsConnector::from(tls)
                 .connect(name, tcp)
                 .await

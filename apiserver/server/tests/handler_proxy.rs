@@ -166,19 +166,22 @@ async fn round_trip(ws: Ws, data: &[u8]) -> (Ws, Vec<u8>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn actions_are_forwarded_and_failures_name_the_node() {
     let dir = tempfile::tempdir().unwrap();
-    let certs = HandlerCerts::generate(dir.path()).unwrap();
+    let certs = HandlerCerts::generate(dir.path(), "node1").unwrap();
     let good = handler_peer::start(&certs.server.cert, &certs.server.key, &certs.ca).await;
-    // A handler whose certificate is not named virt-handler: must not be trusted.
-    let other = HandlerCerts::generate(&dir.path().join("other")).unwrap();
+    // A handler whose certificate is from another CA: must not be trusted.
+    let other = HandlerCerts::generate(&dir.path().join("other"), "node-wrong-ca").unwrap();
     let wrong_ca = handler_peer::start(&other.server.cert, &other.server.key, &certs.ca).await;
     // A handler that does not accept our client certificate.
-    let strict = handler_peer::start(&certs.server.cert, &certs.server.key, &other.ca).await;
+    let strict_cert = certs.handler("node-strict").unwrap();
+    let strict = handler_peer::start(&strict_cert.cert, &strict_cert.key, &other.ca).await;
     let down = format!("127.0.0.1:{}", free_port().unwrap());
+    // node1's handler answering for another node: its certificate names node1.
     let env = start_env(certs.apiserver_args(&[
         ("node1", good.addr.to_string()),
         ("node-down", down),
         ("node-wrong-ca", wrong_ca.addr.to_string()),
         ("node-strict", strict.addr.to_string()),
+        ("node-impostor", good.addr.to_string()),
     ]));
     let c = common::admin(&env);
     running_vmi(&c, &env, "vm1", "node1", false).await;
@@ -188,6 +191,7 @@ async fn actions_are_forwarded_and_failures_name_the_node() {
     running_vmi(&c, &env, "spoofed", "node-wrong-ca", false).await;
     running_vmi(&c, &env, "refused", "node-strict", false).await;
     running_vmi(&c, &env, "lost", "node-unknown", false).await;
+    running_vmi(&c, &env, "elsewhere", "node-impostor", false).await;
     let calls = || good.seen.calls.lock().unwrap().clone();
 
     // Forwarded, 200 as KubeVirt.
@@ -229,6 +233,7 @@ async fn actions_are_forwarded_and_failures_name_the_node() {
     for (vmi, node, why) in [
         ("far", "node-down", "not reachable"),
         ("spoofed", "node-wrong-ca", "TLS"),
+        ("elsewhere", "node-impostor", "TLS"),
         ("refused", "node-strict", "not reachable"),
         ("lost", "node-unknown", "no address for virt-handler"),
     ] {
@@ -262,7 +267,7 @@ async fn actions_are_forwarded_and_failures_name_the_node() {
     let before = good.seen.tls_failures.load(Ordering::Relaxed);
     let tcp = tokio::net::TcpStream::connect(good.addr).await.unwrap();
     let served = match tokio_rustls::TlsConnector::from(Arc::new(anon))
-        .connect(ServerName::try_from("virt-handler").unwrap(), tcp)
+        .connect(ServerName::try_from("node1").unwrap(), tcp)
         .await
     {
         // TLS 1.3: the server's verdict arrives with the first read.
@@ -300,7 +305,7 @@ async fn actions_are_forwarded_and_failures_name_the_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn console_and_vnc_are_relayed_byte_exact_and_closes_propagate() {
     let dir = tempfile::tempdir().unwrap();
-    let certs = HandlerCerts::generate(dir.path()).unwrap();
+    let certs = HandlerCerts::generate(dir.path(), "node1").unwrap();
     let peer = handler_peer::start(&certs.server.cert, &certs.server.key, &certs.ca).await;
     let down = format!("127.0.0.1:{}", free_port().unwrap());
     let env =
@@ -434,7 +439,7 @@ async fn console_and_vnc_are_relayed_byte_exact_and_closes_propagate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idle_console_is_kept_alive_by_pings() {
     let dir = tempfile::tempdir().unwrap();
-    let certs = HandlerCerts::generate(dir.path()).unwrap();
+    let certs = HandlerCerts::generate(dir.path(), "node1").unwrap();
     let peer = handler_peer::start(&certs.server.cert, &certs.server.key, &certs.ca).await;
     let env = start_env(certs.apiserver_args(&[("node1", peer.addr.to_string())]));
     let c = common::admin(&env);
@@ -542,7 +547,7 @@ mod fake_kube {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn handler_pod_is_found_by_node_and_cached() {
     let dir = tempfile::tempdir().unwrap();
-    let certs = HandlerCerts::generate(dir.path()).unwrap();
+    let certs = HandlerCerts::generate(dir.path(), "node1").unwrap();
     let peer = handler_peer::start(&certs.server.cert, &certs.server.key, &certs.ca).await;
     let (kubeconfig, kube) = fake_kube::start(dir.path()).await;
     {

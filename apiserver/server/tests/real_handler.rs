@@ -230,7 +230,7 @@ async fn put(c: &reqwest::Client, env: &DevEnv, action: &str) -> (u16, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apiserver_drives_the_real_virt_handler() {
     let dir = tempfile::tempdir().unwrap();
-    let certs = HandlerCerts::generate(dir.path()).unwrap();
+    let certs = HandlerCerts::generate(dir.path(), NODE).unwrap();
     let port = free_port().unwrap();
     let env = tokio::task::spawn_blocking(move || {
         DevEnv::start(Options {

@@ -92,6 +92,25 @@ fn cluster_rules() -> Vec<PolicyRule> {
             &["virtualmachines", "virtualmachineinstances"],
             &["get", "list", "delete", "deletecollection"],
         ),
+        // The signer of virt-handler certificates (signer.rs): it reads the requests, approves
+        // or denies them, and writes the certificate, for its own signer name only.
+        rule(
+            &["certificates.k8s.io"],
+            &["certificatesigningrequests"],
+            &["get", "list", "watch"],
+        ),
+        rule(
+            &["certificates.k8s.io"],
+            &[
+                "certificatesigningrequests/approval",
+                "certificatesigningrequests/status",
+            ],
+            &["update", "patch"],
+        ),
+        PolicyRule {
+            resource_names: Some(vec![virt_certs::node_identity::SIGNER_NAME.into()]),
+            ..rule(&["certificates.k8s.io"], &["signers"], &["approve", "sign"])
+        },
     ]
 }
 

@@ -10,6 +10,7 @@ pub mod policy;
 pub mod reconcile;
 pub mod render;
 pub mod rotation;
+pub mod signer;
 pub mod status;
 
 /// The workspace root (this crate lives two levels below it); for tests and `gen-manifests`

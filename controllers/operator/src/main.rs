@@ -10,6 +10,7 @@ use virt_controllers::leader::{Elector, LeaseConfig};
 use virt_operator::install;
 use virt_operator::metrics::Metrics;
 use virt_operator::reconcile::{self, Ctx};
+use virt_operator::signer;
 use virt_operator::status::Defaults;
 
 #[derive(Parser, Debug)]
@@ -158,10 +159,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             client,
             LeaseConfig::new(&args.lease_namespace, "virt-operator", &identity),
         )
-        .run(shutdown, move |leading| reconcile::run(ctx, leading))
+        .run(shutdown, move |leading| async move {
+            tokio::join!(
+                reconcile::run(ctx.clone(), leading.clone()),
+                signer::run(ctx, leading)
+            );
+        })
         .await?;
     } else {
-        reconcile::run(ctx, shutdown).await;
+        tokio::join!(
+            reconcile::run(ctx.clone(), shutdown.clone()),
+            signer::run(ctx, shutdown)
+        );
     }
     Ok(())
 }

@@ -27,6 +27,7 @@ pub struct Metrics {
     duration: Histogram,
     uninstalls: Counter,
     rotations: Family<RotationLabels, Counter>,
+    handler_requests: Family<ResultLabels, Counter>,
     /// Failures and fresh lists of the operator's watches.
     pub watches: virt_watch::WatchMetrics,
 }
@@ -55,9 +56,16 @@ impl Default for Metrics {
              (leaf: re-issued from the same CA; ca: a new CA signs)",
             rotations.clone(),
         );
+        let handler_requests = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "handler_certificate_requests",
+            "virt-handler certificate signing requests by result (signed, denied, failed)",
+            handler_requests.clone(),
+        );
         let watches = virt_watch::WatchMetrics::default();
         watches.register(&mut registry);
         Self {
+            handler_requests,
             registry,
             reconciles,
             duration,
@@ -91,6 +99,15 @@ impl Metrics {
             .get_or_create(&RotationLabels {
                 domain: domain.into(),
                 what: what.into(),
+            })
+            .inc();
+    }
+
+    /// One virt-handler certificate request handled with `result`.
+    pub fn handler_request(&self, result: &str) {
+        self.handler_requests
+            .get_or_create(&ResultLabels {
+                result: result.into(),
             })
             .inc();
     }

@@ -442,8 +442,10 @@ async fn certificates(
     let serving = rotation::serving_tls(state(Domain::Apiserver)?)
         .ok_or_else(|| missing(Domain::Apiserver))?;
     let bundle = serving.ca.clone();
-    let handler =
+    let mut handler =
         rotation::handler_tls(state(Domain::Handler)?).ok_or_else(|| missing(Domain::Handler))?;
+    // What signer.rs signs handler certificates with: the handlers renew theirs by it.
+    handler.lifetime = Some(policy.leaf());
     let etcd =
         rotation::etcd_tls(state(Domain::Etcd)?, etcd_host).ok_or_else(|| missing(Domain::Etcd))?;
     Ok(Certs {
@@ -996,6 +998,24 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         .as_ref()
         .is_some_and(daemonset_done);
     let apiserver_done = apiserver.as_ref().is_some_and(deployment_done);
+    if handler_done {
+        // Every handler now has its own certificate: the key an earlier version shared
+        // between all nodes goes (its certificate no longer passes any name check).
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+        if secrets
+            .get_opt(components::RETIRED_HANDLER_CERTS)
+            .await?
+            .is_some()
+        {
+            secrets
+                .delete(components::RETIRED_HANDLER_CERTS, &Default::default())
+                .await?;
+            tracing::info!(
+                secret = components::RETIRED_HANDLER_CERTS,
+                "deleted the handler key shared by every node"
+            );
+        }
+    }
     let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
         .list(&ListParams::default())
         .await?;
@@ -1072,10 +1092,9 @@ fn installed_objects() -> Result<Vec<serde_json::Value>, Error> {
     yaml.push_str(&render::cluster_manifest(&tls, &auth)?);
     let handler = HandlerTls {
         ca: String::new(),
-        server_cert: String::new(),
-        server_key: String::new(),
         client_cert: String::new(),
         client_key: String::new(),
+        lifetime: None,
     };
     components::handler_secrets(&mut yaml, &handler)?;
     let etcd_tls = EtcdTls {
@@ -1335,9 +1354,18 @@ mod tests {
         let tls = rotation::serving_tls(&rotation::first_install(Domain::Apiserver, "")).unwrap();
         yaml.push_str(&render::cluster_manifest(&tls, &auth).unwrap());
         let docs = parse_docs(&yaml).unwrap();
-        // Handler Secrets, serving Secret and ConfigMap, APIServices, eviction webhook.
+        // Handler client Secret and CA ConfigMap, serving Secret and ConfigMap, APIServices,
+        // eviction webhook.
         assert_eq!(docs.len(), 2 + 2 + 2 + 1);
-        let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+        let handler_ca = docs
+            .iter()
+            .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "virt-handler-ca")
+            .unwrap();
+        assert_eq!(handler_ca["data"]["ca.crt"], handler.ca.as_str());
+        let cm = docs
+            .iter()
+            .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] != "virt-handler-ca")
+            .unwrap();
         assert_eq!(cm["data"]["client-ca-file"], handler.ca.as_str());
     }
 

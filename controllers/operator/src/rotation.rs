@@ -5,7 +5,7 @@
 //! | domain | CA Secret | leaf Secrets (`ca.crt`, `tls.crt`, `tls.key`) |
 //! |---|---|---|
 //! | virt-apiserver serving | `kubevirt-rs-apiserver-ca` | `kubevirt-apiserver-tls` (+ the APIServices' `caBundle`) |
-//! | virt-handler mTLS | `kubevirt-rs-handler-ca` | `virt-handler-certs` (peer: serves and dials other handlers), `virt-apiserver-handler-client` |
+//! | virt-handler mTLS | `kubevirt-rs-handler-ca` | `virt-apiserver-handler-client`; each handler's own certificate is signed per node on request ([`crate::signer`]), the bundle published in ConfigMap `virt-handler-ca` |
 //! | etcd | `kubevirt-rs-etcd-ca` | `kubevirt-etcd-server`, `kubevirt-etcd-client` (virt-apiserver) |
 //!
 //! **CA Secret layout** (type Opaque, see [`ca_secret`]):
@@ -124,24 +124,15 @@ pub fn leaf_specs(domain: Domain, etcd_host: &str) -> Vec<LeafSpec> {
             sans: render::service_names(),
             host: None,
         }],
-        Domain::Handler => vec![
-            // Serving (virt-apiserver → handler) and client (handler → handler, live
-            // migration) with one identity.
-            LeafSpec {
-                secret: components::HANDLER_CERTS,
-                kind: LeafKind::Peer,
-                common_name: components::HANDLER,
-                sans: vec![components::HANDLER.to_string()],
-                host: None,
-            },
-            LeafSpec {
-                secret: components::HANDLER_CLIENT,
-                kind: LeafKind::Client,
-                common_name: "virt-apiserver",
-                sans: vec![],
-                host: None,
-            },
-        ],
+        // Each handler's own certificate is asked for by the handler and signed per node
+        // (signer.rs); only virt-apiserver's client certificate is a Secret.
+        Domain::Handler => vec![LeafSpec {
+            secret: components::HANDLER_CLIENT,
+            kind: LeafKind::Client,
+            common_name: virt_certs::node_identity::APISERVER_CLIENT_NAME,
+            sans: vec![],
+            host: None,
+        }],
         Domain::Etcd => vec![
             LeafSpec {
                 secret: etcd::SERVER_SECRET,
@@ -198,7 +189,7 @@ pub struct CaStore {
 pub enum LeafKind {
     /// Serving only.
     Server,
-    /// Serving and client auth (virt-handler: served to virt-apiserver, dials other handlers).
+    /// Serving and client auth, one identity for both directions.
     Peer,
     /// Client only.
     Client,
@@ -770,13 +761,12 @@ pub fn serving_tls(st: &DomainState) -> Option<render::Tls> {
 
 /// The virt-handler mTLS material of a [`Domain::Handler`] state.
 pub fn handler_tls(st: &DomainState) -> Option<components::HandlerTls> {
-    let (server, client) = (leaf_at(st, 0)?, leaf_at(st, 1)?);
+    let client = leaf_at(st, 0)?;
     Some(components::HandlerTls {
         ca: st.ca.bundle.clone(),
-        server_cert: server.pem.cert.clone(),
-        server_key: server.pem.key.clone(),
         client_cert: client.pem.cert.clone(),
         client_key: client.pem.key.clone(),
+        lifetime: None,
     })
 }
 

@@ -298,13 +298,23 @@ async fn install_upgrade_and_uninstall_against_a_real_kube_apiserver() {
         "kubevirt-apiserver-tls",
         "kubevirt-etcd-server",
         "kubevirt-etcd-client",
-        "virt-handler-certs",
+        "virt-apiserver-handler-client",
     ] {
         Api::<Secret>::namespaced(c.clone(), "kubevirt")
             .get(s)
             .await
             .unwrap();
     }
+    // The handlers' trust bundle and certificate lifetime; each handler's own key is made on
+    // its node (no Secret holds it).
+    let handler_ca =
+        Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.clone(), "kubevirt")
+            .get("virt-handler-ca")
+            .await
+            .unwrap();
+    let data = handler_ca.data.unwrap_or_default();
+    assert!(data["ca.crt"].contains("BEGIN CERTIFICATE"), "{data:?}");
+    assert!(data.contains_key("renew-before-seconds"), "{data:?}");
 
     // Replicas available: the APIServices, with a caBundle. (No virt-apiserver really serves
     // here, so kube-apiserver's availability check keeps them unavailable and the KubeVirt
@@ -472,16 +482,11 @@ async fn templates(c: &Client) -> Vec<(String, Option<i64>, String)> {
     out
 }
 
-const LEAVES: [(&str, &str, virt_operator::rotation::LeafKind); 5] = [
+const LEAVES: [(&str, &str, virt_operator::rotation::LeafKind); 4] = [
     (
         "kubevirt-apiserver-tls",
         "kubevirt-rs-apiserver-ca",
         virt_operator::rotation::LeafKind::Server,
-    ),
-    (
-        "virt-handler-certs",
-        "kubevirt-rs-handler-ca",
-        virt_operator::rotation::LeafKind::Peer,
     ),
     (
         "virt-apiserver-handler-client",

@@ -406,11 +406,15 @@ fn source_migration(
             let api = Api::namespaced(client.clone(), ns);
             let span = tracing::info_span!("migration", %ns, name = %vmi.name_any(), migration = %muid, role = "source");
             let work: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = match step {
-                SourceStep::Start { address, .. } => Box::pin(crate::cluster_migration::outgoing(
+                SourceStep::Start {
+                    address,
+                    target_node,
+                    ..
+                } => Box::pin(crate::cluster_migration::outgoing(
                     api,
                     vmi.name_any(),
                     muid.clone(),
-                    address,
+                    (address, target_node),
                     dir,
                     mcfg.clone(),
                     rx,

@@ -104,12 +104,14 @@ pub fn launcher_dir_name(uid: &str, vmi: &VirtualMachineInstance, node: &str) ->
 pub enum SourceStep {
     /// Nothing to do.
     Nothing,
-    /// Start migrating to `address` (migration `uid`).
+    /// Start migrating to `address` on `target_node` (migration `uid`).
     Start {
         /// Migration uid.
         uid: String,
         /// `targetNodeAddress`.
         address: String,
+        /// `targetNode`: the name its handler's certificate must carry.
+        target_node: String,
     },
     /// Cancel the running migration `uid`.
     Cancel {
@@ -143,11 +145,12 @@ pub fn source_step(ms: &State, node: &str, running: Option<&str>) -> SourceStep 
     if ms.is_finished() {
         return SourceStep::Nothing;
     }
-    match &ms.target_node_address {
+    match (&ms.target_node_address, &ms.target_node) {
         _ if ms.start_timestamp.is_some() => SourceStep::Follow { uid },
-        Some(address) if ms.abort_requested != Some(true) => SourceStep::Start {
+        (Some(address), Some(target)) if ms.abort_requested != Some(true) => SourceStep::Start {
             uid,
             address: address.clone(),
+            target_node: target.clone(),
         },
         _ => SourceStep::Nothing,
     }
@@ -252,7 +255,7 @@ pub(crate) async fn outgoing(
     api: Api<VirtualMachineInstance>,
     name: String,
     migration: String,
-    address: String,
+    (address, target_node): (String, String),
     dir: PathBuf,
     cfg: MigrationConfig,
     vmi: watch::Receiver<VirtualMachineInstance>,
@@ -266,7 +269,7 @@ pub(crate) async fn outgoing(
         vmi,
     };
     let started = std::time::Instant::now();
-    match transfer(&w, &address, dir, &cfg, options, cancel).await {
+    match transfer(&w, (&address, &target_node), dir, &cfg, options, cancel).await {
         Ok(last) => {
             tracing::info!(outcome = ?last, took_ms = started.elapsed().as_millis() as u64, "outgoing migration ended")
         }
@@ -276,7 +279,7 @@ pub(crate) async fn outgoing(
 
 async fn transfer(
     w: &StateWriter,
-    address: &str,
+    (address, target_node): (&str, &str),
     dir: PathBuf,
     cfg: &MigrationConfig,
     options: MigrationOptions,
@@ -287,8 +290,9 @@ async fn transfer(
         .map_err(|e| format!("targetNodeAddress {address:?}: {e}"))?;
     let p = cfg.pems()?;
     let tls = client_tls(&p.cert, &p.key, &p.ca).map_err(|e| e.to_string())?;
-    let server_name =
-        rustls_pki_types::ServerName::try_from("virt-handler").map_err(|e| e.to_string())?;
+    // The target's certificate must name its node: any handler's chains to the same CA.
+    let server_name = rustls_pki_types::ServerName::try_from(target_node.to_string())
+        .map_err(|e| format!("targetNode {target_node:?}: {e}"))?;
     let target = fetch_target(addr, tls.clone(), server_name.clone())
         .await
         .map_err(|e| e.to_string())?;
@@ -454,6 +458,9 @@ pub(crate) async fn incoming(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let source = state(&w.vmi.borrow())
+        .and_then(|ms| ms.source_node.clone())
+        .unwrap_or_default();
     let prepared = async {
         let p = cfg.pems()?;
         let tls = server_tls(&p.cert, &p.key, &p.ca).map_err(|e| e.to_string())?;
@@ -463,6 +470,7 @@ pub(crate) async fn incoming(
             mig_dir.clone(),
             SocketAddr::new(cfg.address, 0),
             tls,
+            &source,
         )
         .await
         .map_err(|e| e.to_string())?;
@@ -533,7 +541,8 @@ mod tests {
             source_step(&ready, "a", None),
             SourceStep::Start {
                 uid: "m1".into(),
-                address: "10.0.0.2:4000".into()
+                address: "10.0.0.2:4000".into(),
+                target_node: "b".into(),
             }
         );
         assert_eq!(source_step(&ready, "b", None), SourceStep::Nothing);

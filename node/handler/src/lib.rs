@@ -13,6 +13,7 @@
 pub mod client;
 pub mod cluster;
 pub mod cluster_migration;
+pub mod identity;
 pub mod metrics;
 pub mod migration;
 pub mod migration_proxy;

@@ -14,6 +14,7 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 use virt_handler::cluster::{ClusterConfig, Paths};
 use virt_handler::cluster_migration::MigrationConfig;
+use virt_handler::identity::{self, Identity};
 use virt_handler::server::{TlsFiles, TlsSource};
 use virt_handler::{Handler, HandlerConfig, NodeOptions};
 
@@ -45,7 +46,13 @@ struct Args {
     /// Address of the mTLS server (console, vnc, pause, unpause, softreboot).
     #[arg(long, env = "VIRT_HANDLER_LISTEN", default_value = "0.0.0.0:8186")]
     listen: SocketAddr,
-    /// Serving certificate (PEM, SAN DNS `virt-handler`).
+    /// Cluster mode: ask the cluster for this node's own certificate (a
+    /// CertificateSigningRequest to `kubevirt.io/virt-handler`) and keep it and its key in
+    /// this directory (memory-backed in the DaemonSet). Instead of --tls-cert/--tls-key.
+    #[arg(long, env = "VIRT_HANDLER_CERTIFICATE_DIR", conflicts_with_all = ["tls_cert", "tls_key"])]
+    certificate_dir: Option<PathBuf>,
+    /// Certificate (PEM) naming this node (CN `virt-handler:<node>`, SAN the node name), for
+    /// serving and for dialling other handlers.
     #[arg(long, env = "VIRT_HANDLER_TLS_CERT")]
     tls_cert: Option<PathBuf>,
     /// Its private key (PEM).
@@ -137,10 +144,63 @@ async fn cluster_main(node_name: String, args: Args) -> anyhow::Result<()> {
         p.clone()
             .with_context(|| format!("cluster mode needs {flag}"))
     };
-    let files = TlsFiles {
-        cert: need(&args.tls_cert, "--tls-cert")?,
-        key: need(&args.tls_key, "--tls-key")?,
-        client_ca: need(&args.client_ca, "--client-ca")?,
+    let client_ca = need(&args.client_ca, "--client-ca")?;
+    // Flags first: a wrong command line fails before any connection is tried.
+    let given = match &args.certificate_dir {
+        Some(_) => None,
+        None => Some((
+            need(&args.tls_cert, "--tls-cert or --certificate-dir")?,
+            need(&args.tls_key, "--tls-key")?,
+        )),
+    };
+    let config = match &args.kubeconfig {
+        Some(f) => {
+            let kc = kube::config::Kubeconfig::read_from(f)
+                .with_context(|| format!("--kubeconfig {}", f.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    let client = kube::Client::try_from(config)?;
+    let shutdown = shutdown_on_signal();
+    let files = match &args.certificate_dir {
+        Some(dir) => {
+            let identity = Identity {
+                node: node_name.clone(),
+                dir: dir.clone(),
+                ca: client_ca.clone(),
+            };
+            identity::prepare_dir(dir)
+                .with_context(|| format!("--certificate-dir {}", dir.display()))?;
+            // Nothing is served before this node has its own certificate.
+            let due = loop {
+                match identity.ensure(&client).await {
+                    Ok(due) => break due,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no certificate for this handler yet; asking again in 10s");
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return Ok(()),
+                            _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+                        }
+                    }
+                }
+            };
+            let files = TlsFiles {
+                cert: identity.cert(),
+                key: identity.key(),
+                client_ca,
+            };
+            tokio::spawn(identity.renew(client.clone(), due, shutdown.clone()));
+            files
+        }
+        None => {
+            let (cert, key) = given.context("--tls-cert or --certificate-dir")?;
+            TlsFiles {
+                cert,
+                key,
+                client_ca,
+            }
+        }
     };
     let tls = TlsSource::from_files(files.clone())?;
     let migration = match args.pod_ip {
@@ -155,15 +215,6 @@ async fn cluster_main(node_name: String, args: Args) -> anyhow::Result<()> {
             None
         }
     };
-    let config = match &args.kubeconfig {
-        Some(f) => {
-            let kc = kube::config::Kubeconfig::read_from(f)
-                .with_context(|| format!("--kubeconfig {}", f.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
-        }
-        None => kube::Config::infer().await?,
-    };
-    let client = kube::Client::try_from(config)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("--listen {}", args.listen))?;
@@ -193,7 +244,7 @@ async fn cluster_main(node_name: String, args: Args) -> anyhow::Result<()> {
         tls,
         ping_every: Duration::from_secs(args.ws_ping_seconds.max(1)),
     };
-    virt_handler::run_node(opts, shutdown_on_signal()).await?;
+    virt_handler::run_node(opts, shutdown).await?;
     // Launchers keep running when the handler stops: the next one re-adopts them.
     Ok(())
 }

@@ -126,6 +126,7 @@ pub async fn prepare_target(
     migration_dir: std::path::PathBuf,
     listen: std::net::SocketAddr,
     tls: std::sync::Arc<rustls::ServerConfig>,
+    source_node: &str,
 ) -> Result<
     (
         crate::migration_proxy::TargetProxy,
@@ -138,7 +139,13 @@ pub async fn prepare_target(
         Response::MigrationTargetReady(t) => t,
         other => return Err(refused(other)),
     };
-    let proxy = crate::migration_proxy::TargetProxy::start(listen, tls, migration_dir).await?;
+    let proxy = crate::migration_proxy::TargetProxy::start(
+        listen,
+        tls,
+        migration_dir,
+        virt_certs::node_identity::common_name(source_node),
+    )
+    .await?;
     Ok((proxy, target))
 }
 
@@ -150,12 +157,13 @@ pub async fn run_source(
     migration_dir: std::path::PathBuf,
     target_addr: std::net::SocketAddr,
     tls: std::sync::Arc<rustls::ClientConfig>,
+    target_node: &str,
     request: virt_domain::protocol::MigrateRequest,
     mut report: impl FnMut(&MigrationStatus),
 ) -> Result<MigrationStatus, MigrationError> {
     use virt_domain::protocol::{Request, Response};
-    let name = rustls_pki_types::ServerName::try_from("virt-handler")
-        .map_err(|e| MigrationError::Refused(e.to_string()))?;
+    let name = rustls_pki_types::ServerName::try_from(target_node.to_string())
+        .map_err(|e| MigrationError::Refused(format!("target node name {target_node:?}: {e}")))?;
     let proxy = crate::migration_proxy::SourceProxy::start(migration_dir, target_addr, tls, name)?;
     match launcher.call(&Request::Migrate(request)).await? {
         Response::Ok => {}

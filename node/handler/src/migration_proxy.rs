@@ -104,11 +104,13 @@ pub struct TargetProxy {
 }
 
 impl TargetProxy {
-    /// Listens on `listen` (port 0: any) for the migration into `dir`.
+    /// Listens on `listen` (port 0: any) for the migration into `dir`, from the peer whose
+    /// certificate's common name is `source` (the source node's handler) only.
     pub async fn start(
         listen: SocketAddr,
         tls: Arc<rustls::ServerConfig>,
         dir: PathBuf,
+        source: String,
     ) -> Result<Self, ProxyError> {
         let listener = TcpListener::bind(listen)
             .await
@@ -131,7 +133,7 @@ impl TargetProxy {
                     accepted = listener.accept() => {
                         let Ok((tcp, peer)) = accepted else { continue };
                         let _ = tcp.set_nodelay(true);
-                        conns.spawn(target_conn(acceptor.clone(), tcp, peer, dir.clone()));
+                        conns.spawn(target_conn(acceptor.clone(), tcp, peer, dir.clone(), source.clone()));
                     }
                     Some(_) = conns.join_next(), if !conns.is_empty() => {}
                 }
@@ -159,7 +161,13 @@ impl Drop for TargetProxy {
     }
 }
 
-async fn target_conn(acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr, dir: PathBuf) {
+async fn target_conn(
+    acceptor: TlsAcceptor,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    dir: PathBuf,
+    source: String,
+) {
     let tls = match acceptor.accept(tcp).await {
         Ok(t) => t,
         Err(e) => {
@@ -167,6 +175,13 @@ async fn target_conn(acceptor: TlsAcceptor, tcp: TcpStream, peer: SocketAddr, di
             return;
         }
     };
+    // Every handler's certificate chains to the same CA: only the source node's may send
+    // this guest's memory and reach the target's libvirt.
+    let name = crate::server::peer_name(tls.get_ref().1);
+    if name.as_deref() != Some(source.as_str()) {
+        tracing::warn!(%peer, client = name.as_deref().unwrap_or("?"), expected = %source, "migration proxy: not the source node's handler, refused");
+        return;
+    }
     let mut tls = BufReader::new(tls);
     let mut header = String::new();
     // One short line names the stream; a peer that sends more is not ours.
@@ -366,22 +381,34 @@ mod tests {
         server: Arc<rustls::ServerConfig>,
         client: Arc<rustls::ClientConfig>,
         rogue: Arc<rustls::ClientConfig>,
+        impostor: Arc<rustls::ClientConfig>,
     }
 
+    /// The handlers of node-a (source) and node-b (target); a handler of another CA; the
+    /// handler of node-c, of the same CA.
     fn pki() -> Pki {
         let v = time::Duration::days(1);
         let ca = virt_certs::Ca::generate("kubevirt-rs-ca", v).unwrap();
         let other = virt_certs::Ca::generate("someone-else", v).unwrap();
-        let a = ca.issue_peer("virt-handler", &["virt-handler"], v).unwrap();
-        let b = ca.issue_peer("virt-handler", &["virt-handler"], v).unwrap();
-        let r = other
-            .issue_peer("virt-handler", &["virt-handler"], v)
-            .unwrap();
+        let handler = |ca: &virt_certs::Ca, node: &str| {
+            let c = ca.issue_handler(node, v).unwrap();
+            (c.cert_pem, c.key_pem)
+        };
+        let (a, b, r, c) = (
+            handler(&ca, "node-a"),
+            handler(&ca, "node-b"),
+            handler(&other, "node-a"),
+            handler(&ca, "node-c"),
+        );
         let ca_pem = ca.cert_pem().as_bytes();
+        let client = |(cert, key): &(String, String)| {
+            client_tls(cert.as_bytes(), key.as_bytes(), ca_pem).unwrap()
+        };
         Pki {
-            server: server_tls(b.cert_pem.as_bytes(), b.key_pem.as_bytes(), ca_pem).unwrap(),
-            client: client_tls(a.cert_pem.as_bytes(), a.key_pem.as_bytes(), ca_pem).unwrap(),
-            rogue: client_tls(r.cert_pem.as_bytes(), r.key_pem.as_bytes(), ca_pem).unwrap(),
+            server: server_tls(b.0.as_bytes(), b.1.as_bytes(), ca_pem).unwrap(),
+            client: client(&a),
+            rogue: client(&r),
+            impostor: client(&c),
         }
     }
 
@@ -403,7 +430,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn streams_pass_only_between_handlers_of_one_ca() {
+    async fn streams_pass_only_from_the_source_nodes_handler() {
         let pki = pki();
         let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let hits = echo(dst.path(), MigrationStream::Memory);
@@ -411,10 +438,11 @@ mod tests {
             "127.0.0.1:0".parse().unwrap(),
             pki.server.clone(),
             dst.path().into(),
+            virt_certs::node_identity::common_name("node-a"),
         )
         .await
         .unwrap();
-        let name = ServerName::try_from("virt-handler").unwrap();
+        let name = ServerName::try_from("node-b").unwrap();
         let source = SourceProxy::start(
             src.path().into(),
             target.addr(),
@@ -443,6 +471,24 @@ mod tests {
             let mut b = [0u8; 1];
             assert!(matches!(t.read(&mut b).await, Ok(0) | Err(_)));
         }
+        // Nor does the handler of another node, although its CA is the same.
+        let tcp = TcpStream::connect(target.addr()).await.unwrap();
+        let mut t = TlsConnector::from(pki.impostor.clone())
+            .connect(name.clone(), tcp)
+            .await
+            .unwrap();
+        let _ = t.write_all(b"memory.sock\nx").await;
+        let mut b = [0u8; 1];
+        assert!(matches!(t.read(&mut b).await, Ok(0) | Err(_)));
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // And a source expecting another node's handler does not talk to this one.
+        let tcp = TcpStream::connect(target.addr()).await.unwrap();
+        assert!(
+            TlsConnector::from(pki.client.clone())
+                .connect(ServerName::try_from("node-c").unwrap(), tcp)
+                .await
+                .is_err()
+        );
         // Nor does an unknown stream name from a good client.
         let tcp = TcpStream::connect(target.addr()).await.unwrap();
         let mut t = TlsConnector::from(pki.client.clone())
@@ -469,11 +515,13 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(got, facts);
-        assert!(
-            fetch_target(target.addr(), pki.rogue.clone(), name.clone())
-                .await
-                .is_err()
-        );
+        for stranger in [&pki.rogue, &pki.impostor] {
+            assert!(
+                fetch_target(target.addr(), stranger.clone(), name.clone())
+                    .await
+                    .is_err()
+            );
+        }
 
         // Closing the source proxy removes its sockets and cuts the stream.
         source.close();

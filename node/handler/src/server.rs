@@ -1,5 +1,6 @@
 //! The HTTPS server on :8186 (cluster-flow.md §4): mutual TLS (only clients whose
-//! certificate chains to the configured CA get past the handshake), KubeVirt's paths for
+//! certificate chains to the configured CA get past the handshake, and only virt-apiserver's
+//! certificate gets an answer other than 403), KubeVirt's paths for
 //! pause/unpause/softreboot, and the console/VNC websockets.
 //!
 //! Console: one connection to QEMU's console socket per VMI, shared by every session
@@ -33,6 +34,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
+use virt_certs::node_identity::APISERVER_CLIENT_NAME;
 use virt_domain::protocol::{DomainState, Request, Response as LauncherResponse};
 
 use crate::client::LauncherClient;
@@ -247,9 +249,29 @@ pub async fn serve(
                     }
                     Err(_) => return,
                 };
+            // The CA also signs every handler's certificate: only virt-apiserver's name may
+            // drive consoles, VNC, port-forwards and lifecycle calls here.
+            let client = peer_name(tls.get_ref().1);
+            let refusal = (client.as_deref() != Some(APISERVER_CLIENT_NAME)).then(|| {
+                tracing::warn!(%remote, client = client.as_deref().unwrap_or("?"), "client certificate is not virt-apiserver's: refused");
+                format!(
+                    "client certificate {:?} is not virt-apiserver's ({APISERVER_CLIENT_NAME:?}); \
+                     this server answers only virt-apiserver",
+                    client.unwrap_or_default()
+                )
+            });
             let svc =
                 hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    router.clone().oneshot(req.map(axum::body::Body::new))
+                    let refusal = refusal.clone();
+                    let router = router.clone();
+                    async move {
+                        match refusal {
+                            Some(message) => {
+                                Ok(status(StatusCode::FORBIDDEN, "Forbidden", message))
+                            }
+                            None => router.oneshot(req.map(axum::body::Body::new)).await,
+                        }
+                    }
                 });
             let builder = Builder::new(TokioExecutor::new());
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
@@ -262,6 +284,12 @@ pub async fn serve(
             }
         });
     }
+}
+
+/// The common name of a TLS peer's certificate.
+pub fn peer_name<D>(conn: &rustls::ConnectionCommon<D>) -> Option<String> {
+    let cert = conn.peer_certificates()?.first()?;
+    virt_certs::node_identity::peer_common_name(cert.as_ref())
 }
 
 fn status(code: StatusCode, reason: &str, message: String) -> Response {

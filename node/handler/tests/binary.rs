@@ -174,14 +174,27 @@ async fn wait_phase(api: &Api<VirtualMachineInstance>, name: &str, want: Phase, 
 
 #[test]
 fn cluster_mode_needs_its_certificates() {
-    let out = Command::new(env!("CARGO_BIN_EXE_virt-handler"))
-        .args(["--node-name", "n1", "--kubeconfig", "/nonexistent"])
-        .env_remove("VIRT_HANDLER_TLS_CERT")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cluster mode needs --tls-cert"), "{err}");
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_virt-handler"))
+            .args(["--node-name", "n1", "--kubeconfig", "/nonexistent"])
+            .args(extra)
+            .env_remove("VIRT_HANDLER_TLS_CERT")
+            .env_remove("VIRT_HANDLER_CLIENT_CA")
+            .env_remove("VIRT_HANDLER_CERTIFICATE_DIR")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&[]);
+    assert!(err.contains("cluster mode needs --client-ca"), "{err}");
+    let err = run(&["--client-ca", "/nonexistent/ca.crt"]);
+    assert!(
+        err.contains("cluster mode needs --tls-cert or --certificate-dir"),
+        "{err}"
+    );
+    let err = run(&["--certificate-dir", "/tmp/x", "--tls-cert", "/tmp/y"]);
+    assert!(err.contains("cannot be used with"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -332,6 +345,21 @@ async fn binary_follows_a_launcher_socket_and_serves_metrics() {
         healthz(port, &ca, tmp.path(), "client2").await.unwrap(),
         200
     );
+    // Another node's handler certificate, from the same CA: the TLS handshake passes, yet
+    // only virt-apiserver's name is answered.
+    {
+        let read = |f: &str| std::fs::read_to_string(tmp.path().join(f)).unwrap();
+        let same_ca = virt_certs::Ca::from_pem(&read("ca.crt"), &read("ca.key")).unwrap();
+        same_ca
+            .issue_handler("n2", time::Duration::days(1))
+            .unwrap()
+            .write_pair(tmp.path(), "handler-n2")
+            .unwrap();
+        assert_eq!(
+            healthz(port, &ca, tmp.path(), "handler-n2").await.unwrap(),
+            403
+        );
+    }
 
     // Console keepalive with 1 s pings: a client that keeps reading answers them and
     // stays; one that stops reading (no pongs) is closed with "no pong".

@@ -311,12 +311,8 @@ struct Proxies {
 fn proxies(source: &Launcher, target: &Launcher) -> Proxies {
     let validity = time::Duration::days(1);
     let ca = virt_certs::Ca::generate("kubevirt-rs-ca", validity).unwrap();
-    let a = ca
-        .issue_peer("virt-handler", &["virt-handler"], validity)
-        .unwrap();
-    let b = ca
-        .issue_peer("virt-handler", &["virt-handler"], validity)
-        .unwrap();
+    let a = ca.issue_handler("node-a", validity).unwrap();
+    let b = ca.issue_handler("node-b", validity).unwrap();
     let ca_pem = ca.cert_pem().as_bytes();
     let stls = server_tls(b.cert_pem.as_bytes(), b.key_pem.as_bytes(), ca_pem).unwrap();
     let ctls = client_tls(a.cert_pem.as_bytes(), a.key_pem.as_bytes(), ca_pem).unwrap();
@@ -325,6 +321,7 @@ fn proxies(source: &Launcher, target: &Launcher) -> Proxies {
             "127.0.0.1:0".parse().unwrap(),
             stls,
             target.path(MIGRATION_DIR),
+            virt_certs::node_identity::common_name("node-a"),
         ))
     })
     .unwrap();
@@ -332,7 +329,7 @@ fn proxies(source: &Launcher, target: &Launcher) -> Proxies {
         source.path(MIGRATION_DIR),
         t.addr(),
         ctls,
-        rustls_pki_types::ServerName::try_from("virt-handler").unwrap(),
+        rustls_pki_types::ServerName::try_from("node-b").unwrap(),
     )
     .unwrap();
     Proxies {
@@ -643,18 +640,15 @@ async fn handler_functions_drive_the_migration() {
     b.wait_socket("cmd.sock", Duration::from_secs(60));
     let validity = time::Duration::days(1);
     let ca_cert = virt_certs::Ca::generate("kubevirt-rs-ca", validity).unwrap();
-    let ha = ca_cert
-        .issue_peer("virt-handler", &["virt-handler"], validity)
-        .unwrap();
-    let hb = ca_cert
-        .issue_peer("virt-handler", &["virt-handler"], validity)
-        .unwrap();
+    let ha = ca_cert.issue_handler("node-a", validity).unwrap();
+    let hb = ca_cert.issue_handler("node-b", validity).unwrap();
     let pem = ca_cert.cert_pem().as_bytes();
     let (target_proxy, target) = prepare_target(
         &LauncherClient::new(b.path("cmd.sock")),
         b.path(MIGRATION_DIR),
         "127.0.0.1:0".parse().unwrap(),
         server_tls(hb.cert_pem.as_bytes(), hb.key_pem.as_bytes(), pem).unwrap(),
+        "node-a",
     )
     .await
     .unwrap();
@@ -664,6 +658,7 @@ async fn handler_functions_drive_the_migration() {
         a.path(MIGRATION_DIR),
         target_proxy.addr(),
         client_tls(ha.cert_pem.as_bytes(), ha.key_pem.as_bytes(), pem).unwrap(),
+        "node-b",
         MigrateRequest {
             target,
             options: MigrationOptions::default(),

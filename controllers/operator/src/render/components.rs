@@ -6,11 +6,13 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource,
-    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
-    Secret, SecretVolumeSource, SecurityContext, ServiceAccount, Toleration, Volume, VolumeMount,
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretVolumeSource, SecurityContext,
+    ServiceAccount, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -21,8 +23,11 @@ use super::{
 
 pub const CONTROLLER: &str = "virt-controller";
 pub const HANDLER: &str = "virt-handler";
-/// virt-handler's serving certificate, key and the CA its clients must chain to.
-pub const HANDLER_CERTS: &str = "virt-handler-certs";
+/// Where the handler certificates of an earlier version were (one key shared by every node);
+/// removed once every handler has its own.
+pub const RETIRED_HANDLER_CERTS: &str = "virt-handler-certs";
+/// The handler CA bundle (`ca.crt`): what virt-handler checks its peers against.
+pub const HANDLER_CA: &str = "virt-handler-ca";
 /// virt-apiserver's client certificate towards virt-handler (CN `virt-apiserver`).
 pub const HANDLER_CLIENT: &str = "virt-apiserver-handler-client";
 pub const HANDLER_PORT: i32 = 8186;
@@ -32,7 +37,9 @@ const CONTROLLER_METRICS_PORT: i32 = 8080;
 const HANDLER_METRICS_PORT: i32 = 8187;
 /// Where virt-apiserver finds its handler client certificate.
 pub const HANDLER_CLIENT_DIR: &str = "/etc/kubevirt-apiserver/handler";
-const HANDLER_CERT_DIR: &str = "/etc/virt-handler/certs";
+const HANDLER_CA_DIR: &str = "/etc/virt-handler/ca";
+/// virt-handler's own key and certificate (memory-backed: the key never reaches a disk).
+const HANDLER_CERT_DIR: &str = "/var/run/virt-handler/certs";
 /// Host directories shared by launcher pods and virt-handler (docs/cluster-flow.md §1).
 const HOST_RUN_DIR: &str = "/var/run/kubevirt-rs";
 const HOST_CACHE_DIR: &str = "/var/cache/kubevirt-rs";
@@ -346,6 +353,12 @@ pub fn handler(out: &mut String, p: &Params) -> Result<()> {
             ),
             rule("", strings(&["pods"]), &["get", "list", "watch"]),
             rule("", strings(&["nodes"]), &["get", "list", "watch", "patch"]),
+            // Its own certificate, asked for with its pod-bound token (signer.rs).
+            rule(
+                "certificates.k8s.io",
+                strings(&["certificatesigningrequests"]),
+                &["create", "get"],
+            ),
             rule("", strings(&["events"]), &["create", "update", "patch"]),
             rule(
                 "events.k8s.io",
@@ -372,9 +385,8 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
         image_pull_policy: Some(p.image_pull_policy.clone()),
         args: Some(vec![
             "--node-name=$(NODE_NAME)".into(),
-            format!("--tls-cert={HANDLER_CERT_DIR}/tls.crt"),
-            format!("--tls-key={HANDLER_CERT_DIR}/tls.key"),
-            format!("--client-ca={HANDLER_CERT_DIR}/ca.crt"),
+            format!("--certificate-dir={HANDLER_CERT_DIR}"),
+            format!("--client-ca={HANDLER_CA_DIR}/ca.crt"),
             format!("--metrics-addr=0.0.0.0:{HANDLER_METRICS_PORT}"),
         ]),
         env: Some(vec![
@@ -404,7 +416,8 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
                 ..mount("run", HOST_RUN_DIR, false)
             },
             mount("cache", HOST_CACHE_DIR, false),
-            mount("certs", HANDLER_CERT_DIR, true),
+            mount("ca", HANDLER_CA_DIR, true),
+            mount("certs", HANDLER_CERT_DIR, false),
         ]),
         resources: Some(requests("20m", "32Mi")),
         // Reaches the launchers' unix sockets in host directories owned by root, removes
@@ -447,7 +460,22 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
                     volumes: Some(vec![
                         host_path("run", virt_controllers::vmi::render::NODES_DIR),
                         host_path("cache", HOST_CACHE_DIR),
-                        secret_volume("certs", HANDLER_CERTS),
+                        Volume {
+                            name: "ca".into(),
+                            config_map: Some(ConfigMapVolumeSource {
+                                name: HANDLER_CA.into(),
+                                ..ConfigMapVolumeSource::default()
+                            }),
+                            ..Volume::default()
+                        },
+                        Volume {
+                            name: "certs".into(),
+                            empty_dir: Some(EmptyDirVolumeSource {
+                                medium: Some("Memory".into()),
+                                size_limit: Some(Quantity("1Mi".into())),
+                            }),
+                            ..Volume::default()
+                        },
                     ]),
                     ..PodSpec::default()
                 }),
@@ -499,41 +527,65 @@ pub fn apiserver_handler_flags() -> Vec<String> {
     ]
 }
 
-/// The mTLS material between virt-apiserver and virt-handler (PEM): one CA, a serving
-/// certificate for `virt-handler`, a client certificate for `virt-apiserver`.
+/// The mTLS material between virt-apiserver and virt-handler (PEM): the handler CA bundle and
+/// virt-apiserver's client certificate (CN `virt-apiserver`). Handlers ask for their own.
 #[derive(Debug, Clone)]
 pub struct HandlerTls {
     pub ca: String,
-    pub server_cert: String,
-    pub server_key: String,
     pub client_cert: String,
     pub client_key: String,
+    /// The lifetime virt-operator signs handler certificates with, published for the
+    /// handlers to renew theirs by ([`HANDLER_DURATION_KEY`], [`HANDLER_RENEW_BEFORE_KEY`]).
+    pub lifetime: Option<crate::policy::Lifetime>,
 }
 
-/// The two secrets of [`HandlerTls`].
+/// Keys of the handler CA ConfigMap with the lifetime of handler certificates, in seconds.
+pub const HANDLER_DURATION_KEY: &str = "duration-seconds";
+pub const HANDLER_RENEW_BEFORE_KEY: &str = "renew-before-seconds";
+
+/// virt-apiserver's client Secret and the handlers' CA ConfigMap of [`HandlerTls`].
 pub fn handler_secrets(out: &mut String, tls: &HandlerTls) -> Result<()> {
-    for (name, component, cert, key) in [
-        (HANDLER_CERTS, HANDLER, &tls.server_cert, &tls.server_key),
-        (
-            HANDLER_CLIENT,
-            super::NAME,
-            &tls.client_cert,
-            &tls.client_key,
-        ),
-    ] {
-        push_doc(
-            out,
-            &Secret {
-                metadata: meta(name, Some(NAMESPACE), component),
-                type_: Some("kubernetes.io/tls".into()),
-                data: Some(BTreeMap::from([
-                    ("ca.crt".into(), ByteString(tls.ca.clone().into_bytes())),
-                    ("tls.crt".into(), ByteString(cert.clone().into_bytes())),
-                    ("tls.key".into(), ByteString(key.clone().into_bytes())),
-                ])),
-                ..Secret::default()
-            },
-        )?;
-    }
-    Ok(())
+    push_doc(
+        out,
+        &Secret {
+            metadata: meta(HANDLER_CLIENT, Some(NAMESPACE), super::NAME),
+            type_: Some("kubernetes.io/tls".into()),
+            data: Some(BTreeMap::from([
+                ("ca.crt".into(), ByteString(tls.ca.clone().into_bytes())),
+                (
+                    "tls.crt".into(),
+                    ByteString(tls.client_cert.clone().into_bytes()),
+                ),
+                (
+                    "tls.key".into(),
+                    ByteString(tls.client_key.clone().into_bytes()),
+                ),
+            ])),
+            ..Secret::default()
+        },
+    )?;
+    push_doc(
+        out,
+        &ConfigMap {
+            metadata: meta(HANDLER_CA, Some(NAMESPACE), HANDLER),
+            data: Some(
+                [("ca.crt".to_string(), tls.ca.clone())]
+                    .into_iter()
+                    .chain(tls.lifetime.iter().flat_map(|l| {
+                        [
+                            (
+                                HANDLER_DURATION_KEY.to_string(),
+                                l.duration.whole_seconds().to_string(),
+                            ),
+                            (
+                                HANDLER_RENEW_BEFORE_KEY.to_string(),
+                                l.renew_before.whole_seconds().to_string(),
+                            ),
+                        ]
+                    }))
+                    .collect(),
+            ),
+            ..ConfigMap::default()
+        },
+    )
 }
