@@ -1,6 +1,7 @@
-//! The HTTP layer: one fallback handler that parses the Kubernetes URL grammar,
-//! authenticates, authorizes, and hands off to discovery, OpenAPI, the registry or
-//! watch. Handlers only translate between HTTP and the registry.
+//! The HTTP layer: a chain of tower layers ([`router`]) — panics, metrics, health, limits,
+//! authentication, authorization — in front of one thin handler that hands off to
+//! discovery, OpenAPI, the registry, watches or subresources. Handlers only translate
+//! between HTTP and the registry.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -87,9 +88,216 @@ impl std::fmt::Debug for AppState {
     }
 }
 
-/// The router: everything goes through [`handle`].
+/// The request chain, outermost first (each a layer with one job, kube-apiserver's order):
+/// panic → 500 ([`guarded`]); metrics and tracing ([`observe`]); health endpoints, which no
+/// limit or credential stands in front of ([`health_checks`]); in-flight limits, before any
+/// TokenReview or SubjectAccessReview is spent ([`limit_in_flight`]); the eviction webhook,
+/// called by kube-apiserver without credentials; authentication ([`authenticate`]);
+/// authorization and the policy actor ([`authorize`]); the watch limit per user
+/// ([`limit_watches`]); then the thin handler [`serve`].
 pub fn router(state: Arc<AppState>) -> Router {
-    guarded(Router::new().fallback(handle).with_state(state))
+    let authenticated = Router::new()
+        .fallback(serve)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            limit_watches,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authorize,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authenticate,
+        ))
+        .with_state(state.clone());
+    let chain = Router::new()
+        .route(
+            kubevirt_api::eviction::WEBHOOK_PATH,
+            axum::routing::any(webhook),
+        )
+        .fallback_service(authenticated)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            limit_in_flight,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            health_checks,
+        ))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state);
+    guarded(chain)
+}
+
+/// What the outer layers learned about a request, for the inner ones.
+#[derive(Debug, Clone)]
+struct Parsed {
+    info: RequestInfo,
+    query: Query,
+}
+
+fn parsed(req: &Request) -> Parsed {
+    req.extensions()
+        .get::<Parsed>()
+        .cloned()
+        .unwrap_or_else(|| {
+            let query = Query::parse(req.uri().query());
+            Parsed {
+                info: request::request_info(req.method().as_str(), req.uri().path(), &query),
+                query,
+            }
+        })
+}
+
+/// Parses the request once (RequestInfo), traces it, and counts it with its latency by code
+/// (health endpoints excluded, as kube-apiserver's).
+async fn observe(
+    State(st): State<Arc<AppState>>,
+    mut req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let start = Instant::now();
+    let p = parsed(&req);
+    req.extensions_mut().insert(p.clone());
+    let span = tracing::debug_span!("request", verb = %p.info.verb, path = %req.uri().path());
+    let response = tracing::Instrument::instrument(next.run(req), span).await;
+    if response.extensions().get::<Unrecorded>().is_none() {
+        record(&st, p.info, start, &response);
+    }
+    response
+}
+
+/// Marks a response [`observe`] does not count.
+#[derive(Debug, Clone, Copy)]
+struct Unrecorded;
+
+async fn health_checks(
+    State(st): State<Arc<AppState>>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let p = parsed(&req);
+    match health(&st, req.uri().path(), &p.query).await {
+        Some(mut r) => {
+            r.extensions_mut().insert(Unrecorded);
+            r
+        }
+        None => next.run(req).await,
+    }
+}
+
+/// At most so many read-only and mutating requests at once: 429 beyond.
+async fn limit_in_flight(
+    State(st): State<Arc<AppState>>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let p = parsed(&req);
+    match st.in_flight.admit(crate::inflight::classify(&p.info)) {
+        Ok(_slot) => next.run(req).await,
+        Err(class) => {
+            tracing::debug!(class = class.label(), path = %req.uri().path(), "too many requests in flight");
+            st.metrics.count_dropped(class.label());
+            ApiError::too_many_requests().into_response()
+        }
+    }
+}
+
+/// kube-apiserver calls webhooks without credentials (webhook.rs says what that allows).
+async fn webhook(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    crate::webhook::handle(&st, req).await
+}
+
+/// Who is asking: the [`crate::auth::User`] goes into the request's extensions, or 401.
+async fn authenticate(
+    State(st): State<Arc<AppState>>,
+    mut req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let peer = req
+        .extensions()
+        .get::<PeerIdentity>()
+        .cloned()
+        .unwrap_or_default();
+    match st.auth.authenticate(req.headers(), &peer).await {
+        Ok(user) => {
+            req.extensions_mut().insert(user);
+            next.run(req).await
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Whether the user may (SubjectAccessReview), and as which policy actor the registry sees
+/// the request ([`kubevirt_api::policy`]).
+async fn authorize(
+    State(st): State<Arc<AppState>>,
+    mut req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(user) = req.extensions().get::<crate::auth::User>().cloned() else {
+        return ApiError::internal("no authenticated user").into_response();
+    };
+    let p = parsed(&req);
+    if let Err(e) = st.auth.authorize(&user, &p.info).await {
+        return e.into_response();
+    }
+    // --allow-client-ca-users (development only) grants its users full access: the
+    // policy's reserved keys included, like system:masters.
+    let actor = if st.auth.allow_client_ca_users && user.via_client_ca {
+        kubevirt_api::policy::Actor::Component
+    } else {
+        st.registry.actor(&user.name, &user.groups)
+    };
+    req.extensions_mut().insert(actor);
+    tracing::debug!(user = %user.name, verb = %p.info.verb, path = %req.uri().path(), "Request");
+    next.run(req).await
+}
+
+/// At most so many open watches per user: the slot lives as long as the watch's body.
+async fn limit_watches(
+    State(st): State<Arc<AppState>>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let p = parsed(&req);
+    if p.info.verb != "watch" {
+        return next.run(req).await;
+    }
+    let user = req
+        .extensions()
+        .get::<crate::auth::User>()
+        .map(|u| u.name.clone())
+        .unwrap_or_default();
+    let Some(slot) = st.watches.admit(&user) else {
+        st.metrics.count_dropped("watch");
+        return ApiError::too_many(format!(
+            "Too many watches: user {user:?} has {} open, the most allowed",
+            st.watches.max()
+        ))
+        .into_response();
+    };
+    next.run(req).await.map(|body| {
+        Body::from_stream(body.into_data_stream().map(move |chunk| {
+            let _held = &slot;
+            chunk
+        }))
+    })
+}
+
+/// The handler behind the chain: discovery, OpenAPI, the registry, watches, subresources.
+async fn serve(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let p = parsed(&req);
+    let agent = req
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .map(|ua| ua.split('/').next().unwrap_or(ua).to_string())
+        .unwrap_or_default();
+    route(&st, &p.info, &p.query, req, &agent)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 tokio::task_local! {
@@ -172,109 +380,6 @@ fn encode(output: Output, value: &Value, code: StatusCode, warnings: &[String]) 
 }
 
 /// Every request enters here.
-pub async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
-    let start = Instant::now();
-    let method = req.method().clone();
-    let path = req.uri().path().to_string();
-    let query = Query::parse(req.uri().query());
-    if let Some(r) = health(&st, &path, &query).await {
-        return r;
-    }
-    let info = request::request_info(method.as_str(), &path, &query);
-    // Before authentication, as kube-apiserver: a flood costs no TokenReview or
-    // SubjectAccessReview.
-    let _slot = match st.in_flight.admit(crate::inflight::classify(&info)) {
-        Ok(slot) => slot,
-        Err(class) => {
-            tracing::debug!(class = class.label(), path = %path, "too many requests in flight");
-            st.metrics
-                .dropped
-                .get_or_create(&crate::metrics::DroppedLabels {
-                    request_kind: class.label().to_string(),
-                })
-                .inc();
-            let response = ApiError::too_many_requests().into_response();
-            record(&st, info, start, &response);
-            return response;
-        }
-    };
-    // kube-apiserver calls webhooks without credentials (webhook.rs says what that allows).
-    if path == kubevirt_api::eviction::WEBHOOK_PATH {
-        let response = crate::webhook::handle(&st, req).await;
-        record(&st, info, start, &response);
-        return response;
-    }
-    let peer = req
-        .extensions()
-        .get::<PeerIdentity>()
-        .cloned()
-        .unwrap_or_default();
-    let response = match st.auth.authenticate(req.headers(), &peer).await {
-        Err(e) => e.into_response(),
-        Ok(user) => match st.auth.authorize(&user, &info).await {
-            Err(e) => e.into_response(),
-            Ok(()) => {
-                // The input policy depends on who writes (kubevirt_api::policy); the
-                // registry learns it through the request's extensions.
-                // --allow-client-ca-users (development only) grants its users full
-                // access: the policy's reserved keys included, like system:masters.
-                let actor = if st.auth.allow_client_ca_users && user.via_client_ca {
-                    kubevirt_api::policy::Actor::Component
-                } else {
-                    st.registry.actor(&user.name, &user.groups)
-                };
-                let mut req = req;
-                req.extensions_mut().insert(actor);
-                let agent = req
-                    .headers()
-                    .get(header::USER_AGENT)
-                    .and_then(|v| v.to_str().ok())
-                    .map(|ua| ua.split('/').next().unwrap_or(ua).to_string())
-                    .unwrap_or_default();
-                tracing::debug!(user = %user.name, verb = %info.verb, path = %path, "Request");
-                let slot = if info.verb == "watch" {
-                    match st.watches.admit(&user.name) {
-                        Some(slot) => Some(slot),
-                        None => {
-                            st.metrics
-                                .dropped
-                                .get_or_create(&crate::metrics::DroppedLabels {
-                                    request_kind: "watch".into(),
-                                })
-                                .inc();
-                            let response = ApiError::too_many(format!(
-                                "Too many watches: user {:?} has {} open, the most allowed",
-                                user.name,
-                                st.watches.max()
-                            ))
-                            .into_response();
-                            record(&st, info, start, &response);
-                            return response;
-                        }
-                    }
-                } else {
-                    None
-                };
-                let response = route(&st, &info, &query, req, &agent)
-                    .await
-                    .unwrap_or_else(IntoResponse::into_response);
-                match slot {
-                    // The slot lives as long as the watch's body.
-                    Some(slot) => response.map(|body| {
-                        Body::from_stream(body.into_data_stream().map(move |chunk| {
-                            let _held = &slot;
-                            chunk
-                        }))
-                    }),
-                    None => response,
-                }
-            }
-        },
-    };
-    record(&st, info, start, &response);
-    response
-}
-
 /// The request's latency and its count by code.
 fn record(st: &AppState, info: RequestInfo, start: Instant, response: &Response) {
     let labels = VerbLabels {

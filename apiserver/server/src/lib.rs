@@ -19,6 +19,8 @@ pub mod inflight;
 pub mod kinds;
 pub mod kubevirts;
 pub mod managed;
+#[cfg(test)]
+mod memstore;
 pub mod metrics;
 pub mod objects;
 pub mod openapi;

@@ -139,6 +139,14 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// One request refused by the limit of `request_kind` (`readOnly`, `mutating`, `watch`).
+    pub fn count_dropped(&self, request_kind: &str) {
+        self.dropped
+            .get_or_create(&DroppedLabels {
+                request_kind: request_kind.to_string(),
+            })
+            .inc();
+    }
     /// Text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();

@@ -2,6 +2,7 @@
 //! kube-apiserver with CRD semantics (status subresource, generation, finalizers,
 //! deletion, dryRun, field validation, optimistic concurrency with CAS retries).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
@@ -15,7 +16,7 @@ use serde_json::{Value, json};
 use crate::error::{ApiError, ApiResult, Gr};
 use crate::kinds::ResourceDef;
 use crate::objects::{self, meta_str, set_meta};
-use crate::storage::{Storage, StorageError, Stored};
+use crate::storage::{StorageError, Store, Stored};
 
 pub use kubevirt_api::{API_VERSION, GROUP};
 /// Attempts of a read-modify-write before giving up on a contended key.
@@ -147,7 +148,7 @@ struct ContinueToken {
 /// The registry: REST operations for every kind over one etcd.
 #[derive(Debug, Clone)]
 pub struct Registry {
-    storage: Storage,
+    storage: Arc<dyn Store>,
     prefix: String,
     namespaces: Option<crate::admission::NamespaceLifecycle>,
     policy: Policy,
@@ -226,9 +227,9 @@ fn generate_name(prefix: &str) -> String {
 
 impl Registry {
     /// A registry storing under `prefix` (e.g. `/registry`).
-    pub fn new(storage: Storage, prefix: &str) -> Self {
+    pub fn new(storage: impl Store, prefix: &str) -> Self {
         Self {
-            storage,
+            storage: Arc::new(storage),
             prefix: prefix.trim_end_matches('/').to_string(),
             namespaces: None,
             policy: Policy::default(),
@@ -255,8 +256,8 @@ impl Registry {
     }
 
     /// The underlying storage.
-    pub fn storage(&self) -> &Storage {
-        &self.storage
+    pub fn storage(&self) -> &dyn Store {
+        &*self.storage
     }
 
     fn key(&self, def: &ResourceDef, ns: &str, name: &str) -> String {
@@ -1505,3 +1506,7 @@ mod tests {
         assert_eq!(validate_delete_options(&both).unwrap_err().code, 422);
     }
 }
+
+/// The registry over an in-memory store: the REST logic without etcd.
+#[cfg(test)]
+mod registry_tests;

@@ -3,6 +3,8 @@
 //! revision, so versions are monotonic across objects, lists and watch events.
 //! Every write is a compare-and-swap transaction.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,12 +65,23 @@ pub struct Page {
     pub remaining: i64,
 }
 
+/// One stored key with its value still encoded.
+#[derive(Debug, Clone)]
+pub struct RawKv {
+    /// Full key.
+    pub key: Vec<u8>,
+    /// Encoded value (JSON).
+    pub value: Vec<u8>,
+    /// The key's last modification revision.
+    pub mod_revision: i64,
+}
+
 /// One page of a range read, still encoded: LIST decodes one item at a time so a
 /// large collection never exists as decoded JSON all at once.
 #[derive(Debug)]
 pub struct RawPage {
     /// Keys and encoded values in key order.
-    pub kvs: Vec<etcd_client::KeyValue>,
+    pub kvs: Vec<RawKv>,
     /// The revision the page was read at.
     pub revision: i64,
     /// More keys follow in the range.
@@ -78,8 +91,62 @@ pub struct RawPage {
 }
 
 /// Decodes one key-value of a [`RawPage`].
-pub fn decode_kv(kv: &etcd_client::KeyValue) -> Result<Stored, StorageError> {
-    decode(kv.key(), kv.value(), kv.mod_revision())
+pub fn decode_kv(kv: &RawKv) -> Result<Stored, StorageError> {
+    decode(&kv.key, &kv.value, kv.mod_revision)
+}
+
+/// A boxed storage operation (the trait is used as `dyn Store`).
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StorageError>> + Send + 'a>>;
+/// A watch's changes.
+pub type Changes = Pin<Box<dyn Stream<Item = Result<Change, StorageError>> + Send>>;
+
+/// What the REST layer (`rest.rs`) and watches need of a store: revisioned keys, reads at a
+/// revision, compare-and-swap writes and a watch from a revision — etcd's model. [`Storage`]
+/// is etcd; unit tests of the REST logic use an in-memory one.
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// Current revision of the store.
+    fn current_revision(&self) -> StoreFuture<'_, i64>;
+    /// Reads one key, at the latest revision.
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Stored>>;
+    /// Reads up to `limit` (0: all) keys in `[start, end of prefix)` at `revision` (0 =
+    /// latest), values left encoded; `Compacted`/`FutureRevision` for a revision it cannot
+    /// serve.
+    fn list_raw<'a>(
+        &'a self,
+        prefix: &'a str,
+        start: &'a str,
+        revision: i64,
+        limit: i64,
+    ) -> StoreFuture<'a, RawPage>;
+    /// Creates `key` if it does not exist: the new revision, `None` if it exists.
+    fn create<'a>(&'a self, key: &'a str, value: &'a Value) -> StoreFuture<'a, Option<i64>>;
+    /// Replaces `key` if its mod_revision is still `expected`; `None` on a lost race.
+    fn update<'a>(
+        &'a self,
+        key: &'a str,
+        value: &'a Value,
+        expected: i64,
+    ) -> StoreFuture<'a, Option<i64>>;
+    /// Deletes `key` if its mod_revision is still `expected`; `None` on a lost race.
+    fn delete<'a>(&'a self, key: &'a str, expected: i64) -> StoreFuture<'a, Option<i64>>;
+    /// Every change under `prefix` from `start_revision` (inclusive); ends with
+    /// `Err(Compacted)` if that revision is gone. A tick on `progress` asks for a
+    /// `Change::Progress` with the store's revision.
+    fn watch(
+        &self,
+        prefix: String,
+        start_revision: i64,
+        progress: tokio::sync::mpsc::Receiver<()>,
+    ) -> Changes;
+
+    /// Whether the store answers (for /readyz).
+    fn ping(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+        Box::pin(async {
+            tokio::time::timeout(Duration::from_secs(2), self.current_revision())
+                .await
+                .is_ok_and(|r| r.is_ok())
+        })
+    }
 }
 
 /// A change seen by a watch.
@@ -348,7 +415,19 @@ impl Storage {
             .await
             .map_err(|e| classify(e, revision))?;
         self.observe("list", start, false);
-        let kvs = resp.take_kvs();
+        let kvs: Vec<RawKv> = resp
+            .take_kvs()
+            .into_iter()
+            .map(|kv| {
+                let mod_revision = kv.mod_revision();
+                let (key, value) = kv.into_key_value();
+                RawKv {
+                    key,
+                    value,
+                    mod_revision,
+                }
+            })
+            .collect();
         let rev = resp.header().map(|h| h.revision()).unwrap_or(revision);
         let remaining = resp.count() - kvs.len() as i64;
         Ok(RawPage {
@@ -514,6 +593,107 @@ impl Storage {
             }
             drop(watcher);
         }
+    }
+}
+
+/// A store shared with its creator (tests keep a handle to the one a registry uses).
+impl<T: Store + ?Sized> Store for Arc<T> {
+    fn current_revision(&self) -> StoreFuture<'_, i64> {
+        (**self).current_revision()
+    }
+
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Stored>> {
+        (**self).get(key)
+    }
+
+    fn list_raw<'a>(
+        &'a self,
+        prefix: &'a str,
+        start: &'a str,
+        revision: i64,
+        limit: i64,
+    ) -> StoreFuture<'a, RawPage> {
+        (**self).list_raw(prefix, start, revision, limit)
+    }
+
+    fn create<'a>(&'a self, key: &'a str, value: &'a Value) -> StoreFuture<'a, Option<i64>> {
+        (**self).create(key, value)
+    }
+
+    fn update<'a>(
+        &'a self,
+        key: &'a str,
+        value: &'a Value,
+        expected: i64,
+    ) -> StoreFuture<'a, Option<i64>> {
+        (**self).update(key, value, expected)
+    }
+
+    fn delete<'a>(&'a self, key: &'a str, expected: i64) -> StoreFuture<'a, Option<i64>> {
+        (**self).delete(key, expected)
+    }
+
+    fn watch(
+        &self,
+        prefix: String,
+        start_revision: i64,
+        progress: tokio::sync::mpsc::Receiver<()>,
+    ) -> Changes {
+        (**self).watch(prefix, start_revision, progress)
+    }
+
+    fn ping(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+        (**self).ping()
+    }
+}
+
+impl Store for Storage {
+    fn current_revision(&self) -> StoreFuture<'_, i64> {
+        Box::pin(Storage::current_revision(self))
+    }
+
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Stored>> {
+        Box::pin(Storage::get(self, key))
+    }
+
+    fn list_raw<'a>(
+        &'a self,
+        prefix: &'a str,
+        start: &'a str,
+        revision: i64,
+        limit: i64,
+    ) -> StoreFuture<'a, RawPage> {
+        Box::pin(Storage::list_raw(self, prefix, start, revision, limit))
+    }
+
+    fn create<'a>(&'a self, key: &'a str, value: &'a Value) -> StoreFuture<'a, Option<i64>> {
+        Box::pin(Storage::create(self, key, value))
+    }
+
+    fn update<'a>(
+        &'a self,
+        key: &'a str,
+        value: &'a Value,
+        expected: i64,
+    ) -> StoreFuture<'a, Option<i64>> {
+        Box::pin(Storage::update(self, key, value, expected))
+    }
+
+    fn delete<'a>(&'a self, key: &'a str, expected: i64) -> StoreFuture<'a, Option<i64>> {
+        Box::pin(Storage::delete(self, key, expected))
+    }
+
+    fn watch(
+        &self,
+        prefix: String,
+        start_revision: i64,
+        progress: tokio::sync::mpsc::Receiver<()>,
+    ) -> Changes {
+        Box::pin(Storage::watch(self, prefix, start_revision, progress))
+    }
+
+    fn ping(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+        Box::pin(Storage::ping(self))
     }
 }
 
