@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha512};
 
 use crate::kinds::ResourceDef;
-use crate::rest::GROUP;
+use kubevirt_api::GROUP;
 use kubevirt_api::SUBRESOURCES_GROUP;
 use kubevirt_api::catalogue;
 
@@ -227,6 +227,16 @@ impl Discovery {
             &self.resources
         }
     }
+}
+
+/// `/version` document.
+pub fn version_info() -> serde_json::Value {
+    let v = env!("CARGO_PKG_VERSION");
+    let mut parts = v.split('.');
+    serde_json::json!({"major": parts.next().unwrap_or("0"), "minor": parts.next().unwrap_or("0"),
+        "gitVersion": format!("v{v}"), "gitCommit": option_env!("KUBEVIRT_RS_GIT_COMMIT").unwrap_or(""),
+        "gitTreeState": "", "buildDate": "", "goVersion": "", "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, if std::env::consts::ARCH == "x86_64" { "amd64" } else { std::env::consts::ARCH })})
 }
 
 #[cfg(test)]

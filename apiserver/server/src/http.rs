@@ -4,7 +4,7 @@
 //! between HTTP and the registry.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -15,19 +15,19 @@ use bytes::Bytes;
 use futures::StreamExt;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-use crate::auth::{AuthConfig, PeerIdentity};
+use crate::auth::PeerIdentity;
 use crate::convert::{self, IncludeObject};
-use crate::discovery::{Discovery, Doc};
+use crate::discovery::Doc;
 use crate::error::{ApiError, ApiResult};
 use crate::kinds::ResourceDef;
-use crate::metrics::{Metrics, RequestLabels, VerbLabels};
+use crate::metrics::{RequestLabels, VerbLabels};
 use crate::request::{self, Output, Query, RequestInfo};
 use crate::rest::{
-    DeleteOptions, DeleteOutcome, FieldValidation, ListOptions, Patch, Registry, WriteOptions,
+    DeleteOptions, DeleteOutcome, FieldValidation, ListOptions, Patch, WriteOptions,
 };
 use crate::selector::{FieldSelector, LabelSelector};
+use crate::state::AppState;
 use crate::watch::{self, WatchParams};
 
 /// JSON patch content type.
@@ -40,53 +40,6 @@ const APPLY_PATCH: &str = "application/apply-patch+yaml";
 const PATCH_TYPES: [&str; 3] = [JSON_PATCH, MERGE_PATCH, APPLY_PATCH];
 /// Most operations a JSON patch may carry.
 const MAX_PATCH_OPS: usize = 10_000;
-
-/// OpenAPI documents served by the server.
-#[derive(Debug, Clone, Default)]
-pub struct OpenApiDocs {
-    /// `/openapi/v2`.
-    pub v2: Option<Doc>,
-    /// `/openapi/v3`.
-    pub v3_root: Option<Doc>,
-    /// `/openapi/v3/apis/<group>/v1` by group.
-    pub v3: Vec<(String, Doc)>,
-}
-
-/// Shared state of all requests.
-pub struct AppState {
-    /// REST registry.
-    pub registry: Registry,
-    /// Discovery documents.
-    pub discovery: Discovery,
-    /// OpenAPI documents.
-    pub openapi: OpenApiDocs,
-    /// Authn/authz.
-    pub auth: AuthConfig,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-    /// Cancelled on shutdown; ends watches.
-    pub shutdown: CancellationToken,
-    /// Set once termination begins, so /readyz fails first.
-    pub terminating: AtomicBool,
-    /// Largest accepted request body.
-    pub max_body_bytes: usize,
-    /// Interval between watch bookmarks.
-    pub bookmark_interval: Duration,
-    /// Action and streaming subresources.
-    pub subresources: crate::subresources::Subresources,
-    /// Read-only and mutating requests allowed at once.
-    pub in_flight: crate::inflight::InFlight,
-    /// Open watches per user.
-    pub watches: Arc<crate::inflight::Watches>,
-    /// The eviction webhook for launcher pods.
-    pub eviction: crate::webhook::LauncherEviction,
-}
-
-impl std::fmt::Debug for AppState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState").finish_non_exhaustive()
-    }
-}
 
 /// The request chain, outermost first (each a layer with one job, kube-apiserver's order):
 /// panic → 500 ([`guarded`]); metrics and tracing ([`observe`]); health endpoints, which no
@@ -470,16 +423,6 @@ async fn health(st: &AppState, path: &str, query: &Query) -> Option<Response> {
     Some(r)
 }
 
-/// `/version` document.
-pub fn version_info() -> Value {
-    let v = env!("CARGO_PKG_VERSION");
-    let mut parts = v.split('.');
-    json!({"major": parts.next().unwrap_or("0"), "minor": parts.next().unwrap_or("0"),
-        "gitVersion": format!("v{v}"), "gitCommit": option_env!("KUBEVIRT_RS_GIT_COMMIT").unwrap_or(""),
-        "gitTreeState": "", "buildDate": "", "goVersion": "", "compiler": "rustc",
-        "platform": format!("{}/{}", std::env::consts::OS, if std::env::consts::ARCH == "x86_64" { "amd64" } else { std::env::consts::ARCH })})
-}
-
 async fn route(
     st: &Arc<AppState>,
     info: &RequestInfo,
@@ -493,7 +436,7 @@ async fn route(
         return non_resource(st, info, &headers);
     }
     if info.group == kubevirt_api::SUBRESOURCES_GROUP && info.version == "v1" {
-        return st.subresources.handle(st, info, query, req).await;
+        return crate::subresources::handle(st, info, query, req).await;
     }
     if info.group != crate::rest::GROUP || info.version != "v1" {
         return Err(ApiError::path_not_found());
@@ -620,7 +563,7 @@ fn non_resource(st: &AppState, info: &RequestInfo, headers: &HeaderMap) -> ApiRe
         "/apis/kubevirt.io/v1" => Ok(serve_doc(d.current_resources(), headers, "application/json")),
         "/apis/subresources.kubevirt.io" => Ok(serve_doc(&d.sub_group, headers, "application/json")),
         "/apis/subresources.kubevirt.io/v1" => Ok(serve_doc(&d.sub_resources, headers, "application/json")),
-        "/version" => Ok(respond(StatusCode::OK, "application/json", serde_json::to_vec(&version_info()).unwrap_or_default())),
+        "/version" => Ok(respond(StatusCode::OK, "application/json", serde_json::to_vec(&crate::discovery::version_info()).unwrap_or_default())),
         "/metrics" => Ok(respond(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", st.metrics.encode())),
         "/openapi/v2" => st.openapi.v2.as_ref().map(|d| serve_doc(d, headers, "application/json")).ok_or_else(ApiError::path_not_found),
         "/openapi/v3" => st.openapi.v3_root.as_ref().map(|d| serve_doc(d, headers, "application/json")).ok_or_else(ApiError::path_not_found),
@@ -864,8 +807,7 @@ async fn watch_collection(
     let ns = (!info.namespace.is_empty()).then(|| info.namespace.clone());
     let events = watch::watch(st.registry.clone(), def, ns, params, st.shutdown.clone()).await?;
     let metrics = st.metrics.clone();
-    metrics.longrunning.inc();
-    let guard = LongRunning(metrics);
+    let guard = crate::metrics::LongRunning::start(metrics);
     let mut first = true;
     let yaml = out.yaml();
     let body = events.map(move |ev| {
@@ -916,52 +858,6 @@ async fn watch_collection(
     Ok(r)
 }
 
-/// Decrements the open-stream gauge when a watch body or a console/vnc relay is dropped.
-pub(crate) struct LongRunning(pub(crate) Arc<Metrics>);
-
-impl LongRunning {
-    /// Counts one more open watch or stream until the result is dropped.
-    pub(crate) fn start(metrics: Arc<Metrics>) -> Self {
-        metrics.longrunning.inc();
-        Self(metrics)
-    }
-}
-
-impl Drop for LongRunning {
-    fn drop(&mut self) {
-        self.0.longrunning.dec();
-    }
-}
-
-pub(crate) async fn read_body(st: &AppState, req: Request) -> ApiResult<(HeaderMap, Bytes)> {
-    use http_body_util::BodyExt;
-    let headers = req.headers().clone();
-    let mut body = req.into_body();
-    let mut buf = bytes::BytesMut::new();
-    let mut seen = 0usize;
-    // Past the limit keep reading (bounded) without storing, so an HTTP/1.1 client
-    // that is still sending gets the 413 instead of a reset connection.
-    while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| ApiError::bad_request(format!("reading request body: {e}")))?;
-        if let Some(data) = frame.data_ref() {
-            seen += data.len();
-            if seen <= st.max_body_bytes {
-                buf.extend_from_slice(data);
-            } else if seen > st.max_body_bytes.saturating_mul(8) {
-                break;
-            }
-        }
-    }
-    if seen > st.max_body_bytes {
-        return Err(ApiError::too_large(format!(
-            "limit is {} bytes",
-            st.max_body_bytes
-        )));
-    }
-    Ok((headers, buf.freeze()))
-}
-
 fn content_type(headers: &HeaderMap) -> String {
     headers
         .get(header::CONTENT_TYPE)
@@ -982,7 +878,7 @@ fn parse_yaml(bytes: &[u8]) -> Result<Value, String> {
 }
 
 async fn read_object_body(st: &AppState, def: &ResourceDef, req: Request) -> ApiResult<Value> {
-    let (headers, bytes) = read_body(st, req).await?;
+    let (headers, bytes) = st.read_body(req).await?;
     let ct = content_type(&headers);
     let cannot = |e: String| {
         ApiError::bad_request(format!(
@@ -1088,7 +984,7 @@ async fn patch(
     accept: &[request::MediaRange],
 ) -> ApiResult<Response> {
     let actor = actor_of(&req);
-    let (headers, bytes) = read_body(st, req).await?;
+    let (headers, bytes) = st.read_body(req).await?;
     let ct = content_type(&headers);
     let ns = info.namespace.as_str();
     let force = query.bool("force").map_err(ApiError::bad_request)?;
@@ -1152,7 +1048,7 @@ async fn patch(
 }
 
 async fn delete_options(st: &AppState, query: &Query, req: Request) -> ApiResult<DeleteOptions> {
-    let (_, bytes) = read_body(st, req).await?;
+    let (_, bytes) = st.read_body(req).await?;
     if !bytes.iter().all(u8::is_ascii_whitespace) {
         let v: Value = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;

@@ -6,7 +6,7 @@
 //! make kube-apiserver's autoregister controller take the APIService away, docs/deploy.md).
 //! kube-apiserver keeps storing the objects (the operator reads them there, also while this
 //! server is down); this server only authorizes the user (the usual SubjectAccessReview, in
-//! [`crate::http::handle`], before [`handle`] runs), forwards the request with its own
+//! [`crate::http::router`], before [`handle`] runs), forwards the request with its own
 //! credentials to `/apis/kubevirt.io/v1alpha3/...`, and rewrites `apiVersion` between the two
 //! versions in request bodies, responses, list items, Table rows and watch events. Status
 //! codes, Status errors, resourceVersions, query parameters and the Accept header pass
@@ -22,8 +22,8 @@ use http::{Method, StatusCode, header};
 use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};
-use crate::http::AppState;
 use crate::request::RequestInfo;
+use crate::state::AppState;
 
 /// `apiVersion` clients see.
 pub const SERVED: &str = "kubevirt.io/v1";
@@ -255,7 +255,7 @@ pub async fn handle(st: &AppState, info: &RequestInfo, req: Request) -> ApiResul
     let body = if matches!(method, Method::GET | Method::HEAD) {
         Bytes::new()
     } else {
-        let (_, bytes) = crate::http::read_body(st, req).await?;
+        let (_, bytes) = st.read_body(req).await?;
         request_body(&content_type, bytes)
     };
     let forward = forward

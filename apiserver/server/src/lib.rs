@@ -27,6 +27,7 @@ pub mod openapi;
 pub mod request;
 pub mod rest;
 pub mod server;
+pub mod state;
 pub mod storage;
 pub mod stream;
 pub mod subresources;

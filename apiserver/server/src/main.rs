@@ -8,7 +8,7 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 use virt_apiserver::auth::{AuthConfig, CaPool, RequestHeaderConfig};
 use virt_apiserver::config::Args;
-use virt_apiserver::http::AppState;
+use virt_apiserver::state::{AppState, LauncherEviction};
 use virt_apiserver::{discovery, handler, http, metrics, openapi, rest, server, storage};
 
 fn init_tracing(format: &str) {
@@ -162,13 +162,13 @@ async fn main() -> anyhow::Result<()> {
         terminating: AtomicBool::new(false),
         max_body_bytes: args.max_request_body_bytes,
         bookmark_interval: args.bookmark_interval(),
-        subresources: virt_apiserver::subresources::Subresources { handler },
+        handler,
         in_flight: virt_apiserver::inflight::InFlight::new(
             args.max_requests_inflight,
             args.max_mutating_requests_inflight,
         ),
         watches: virt_apiserver::inflight::Watches::new(args.max_watches_per_user),
-        eviction: virt_apiserver::webhook::LauncherEviction {
+        eviction: LauncherEviction {
             kube: auth.kube.clone(),
             default_strategy: Some(args.eviction_strategy),
         },

@@ -24,7 +24,7 @@ impl ApplyFailure {
                 let mut e = ApiError::conflict(
                     crate::error::Gr {
                         resource: def.plural,
-                        group: crate::rest::GROUP,
+                        group: kubevirt_api::GROUP,
                     },
                     name,
                     "",

@@ -154,3 +154,20 @@ impl Metrics {
         out
     }
 }
+
+/// Decrements the open-stream gauge when a watch body or a console/vnc relay is dropped.
+pub(crate) struct LongRunning(pub(crate) std::sync::Arc<Metrics>);
+
+impl LongRunning {
+    /// Counts one more open watch or stream until the result is dropped.
+    pub(crate) fn start(metrics: std::sync::Arc<Metrics>) -> Self {
+        metrics.longrunning.inc();
+        Self(metrics)
+    }
+}
+
+impl Drop for LongRunning {
+    fn drop(&mut self) {
+        self.0.longrunning.dec();
+    }
+}

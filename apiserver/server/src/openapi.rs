@@ -2,7 +2,7 @@
 //! from the API types (see virt-apimachinery's openapi module).
 
 use crate::discovery::Doc;
-use crate::http::OpenApiDocs;
+use crate::state::OpenApiDocs;
 use virt_apimachinery::openapi::OpenApiDocuments;
 
 fn doc(body: Vec<u8>, hash: &str) -> Doc {

@@ -15,21 +15,34 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult, Gr};
-use crate::handler::HandlerClient;
-use crate::http::AppState;
 use crate::kinds::ResourceDef;
 use crate::request::{Query, RequestInfo};
 use crate::rest::{Via, WriteOptions};
+use crate::state::AppState;
 use crate::stream::Keepalive;
 
 /// Field manager of writes made by action subresources.
 const MANAGER: &str = "kubevirt-subresources";
 
 /// Subresource handlers.
-#[derive(Debug, Default, Clone)]
-pub struct Subresources {
+#[derive(Debug, Clone, Copy)]
+struct Subresources<'a> {
     /// Where VMI actions and streams are executed.
-    pub handler: HandlerClient,
+    handler: &'a crate::handler::HandlerClient,
+}
+
+/// Dispatches a request under subresources.kubevirt.io/v1.
+pub async fn handle(
+    st: &Arc<AppState>,
+    info: &RequestInfo,
+    query: &Query,
+    req: Request,
+) -> ApiResult<Response> {
+    Subresources {
+        handler: &st.handler,
+    }
+    .handle(st, info, query, req)
+    .await
 }
 
 use kubevirt_api::catalogue::{self, Subresource};
@@ -206,9 +219,8 @@ async fn body_bytes(body: axum::body::Body) -> ApiResult<axum::body::Bytes> {
         .map_err(|_| ApiError::too_large("limit is 65536 bytes"))
 }
 
-impl Subresources {
-    /// Dispatches a request under subresources.kubevirt.io/v1.
-    pub async fn handle(
+impl Subresources<'_> {
+    async fn handle(
         &self,
         st: &Arc<AppState>,
         info: &RequestInfo,
@@ -216,7 +228,7 @@ impl Subresources {
         req: Request,
     ) -> ApiResult<Response> {
         if info.resource == "version" && info.is_collection && info.namespace.is_empty() {
-            return Ok(axum::Json(crate::http::version_info()).into_response());
+            return Ok(axum::Json(crate::discovery::version_info()).into_response());
         }
         let def = ResourceDef::by_plural(&info.resource).ok_or_else(ApiError::path_not_found)?;
         // Served when the catalogue has it and a handler serves it.
@@ -357,7 +369,7 @@ impl Subresources {
             .on_failed_upgrade(|e| tracing::debug!(error = %e, "Client upgrade failed"))
             .on_upgrade(move |client| async move {
                 // apiserver_longrunning_requests counts open consoles like watches.
-                let _open = crate::http::LongRunning::start(metrics);
+                let _open = crate::metrics::LongRunning::start(metrics);
                 crate::stream::relay(client, handler, Keepalive::default(), shutdown, what).await;
             }))
     }

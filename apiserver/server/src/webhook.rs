@@ -26,9 +26,9 @@ use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstancePhase};
 use serde_json::json;
 
 use crate::error::ApiError;
-use crate::http::AppState;
 use crate::kinds::ResourceDef;
 use crate::rest::Via;
+use crate::state::AppState;
 
 /// Field manager of the evacuation mark.
 const MANAGER: &str = "kubevirt-eviction";
@@ -36,23 +36,6 @@ const MANAGER: &str = "kubevirt-eviction";
 const MAX_REVIEW_BYTES: usize = 256 * 1024;
 /// Label of launcher pods and its value (the webhook's objectSelector).
 const LAUNCHER_LABEL: (&str, &str) = ("kubevirt.io", "virt-launcher");
-
-/// What the webhook needs besides the store.
-#[derive(Clone, Default)]
-pub struct LauncherEviction {
-    /// Reads the evicted pod.
-    pub kube: Option<kube::Client>,
-    /// `evictionStrategy` of VMIs that set none (`--eviction-strategy`).
-    pub default_strategy: Option<EvictionStrategy>,
-}
-
-impl std::fmt::Debug for LauncherEviction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LauncherEviction")
-            .field("default_strategy", &self.default_strategy)
-            .finish_non_exhaustive()
-    }
-}
 
 /// The answer to one eviction.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,9 +6,9 @@
 //! Nothing is kept in memory that a restart could lose: the VMI comes from the API
 //! server, the guest's state from its launcher. A new handler simply reconnects.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
@@ -28,6 +28,7 @@ use virt_domain::protocol::{
 use crate::client::{ClientError, LauncherClient};
 use crate::metrics::Metrics;
 use crate::status::{Observation, stamp_phase, status_patch, vmi_status, with_pod_interface};
+use crate::vmis::{Paths, Registry};
 
 /// How long a launcher that was running may fail to answer before it counts as gone.
 /// Short: a live launcher answers within milliseconds, and a `kill -9` leaves a socket
@@ -37,36 +38,6 @@ const GONE_AFTER: Duration = Duration::from_secs(2);
 const POLL: Duration = Duration::from_millis(200);
 /// How often unknown socket directories are looked at.
 const SWEEP_EVERY: Duration = Duration::from_secs(300);
-
-/// Where a node's launchers put their sockets.
-#[derive(Clone, Debug)]
-pub struct Paths {
-    /// `/var/run/kubevirt-rs` on the host.
-    pub run_root: PathBuf,
-}
-
-impl Paths {
-    /// `<root>/sockets`.
-    pub fn sockets(&self) -> PathBuf {
-        self.run_root.join("sockets")
-    }
-    /// `<root>/sockets/<uid>`.
-    pub fn dir(&self, uid: &str) -> PathBuf {
-        self.sockets().join(uid)
-    }
-    /// The launcher's command socket.
-    pub fn cmd(&self, uid: &str) -> PathBuf {
-        self.dir(uid).join("cmd.sock")
-    }
-    /// The serial console socket (bound by QEMU).
-    pub fn console(&self, uid: &str) -> PathBuf {
-        self.dir(uid).join("console.sock")
-    }
-    /// The VNC socket (bound by QEMU).
-    pub fn vnc(&self, uid: &str) -> PathBuf {
-        self.dir(uid).join("vnc.sock")
-    }
-}
 
 /// Cluster-mode configuration.
 #[derive(Clone, Debug)]
@@ -83,37 +54,6 @@ pub struct ClusterConfig {
     /// Live migration: this handler's address and certificates; without it the node
     /// neither sends nor receives migrations.
     pub migration: Option<crate::cluster_migration::MigrationConfig>,
-}
-
-/// The VMIs of this node by namespace and name, for the HTTPS server.
-#[derive(Clone, Debug, Default)]
-pub struct Registry(Arc<RwLock<BTreeMap<(String, String), String>>>);
-
-impl Registry {
-    /// The uid of VMI `ns/name` if it is on this node.
-    pub fn uid(&self, ns: &str, name: &str) -> Option<String> {
-        self.0
-            .read()
-            .ok()
-            .and_then(|m| m.get(&(ns.to_string(), name.to_string())).cloned())
-    }
-
-    fn insert(&self, ns: String, name: String, uid: String) {
-        if let Ok(mut m) = self.0.write() {
-            m.insert((ns, name), uid);
-        }
-    }
-
-    /// Forgets `ns/name` if it still means `uid`: a VMI re-created under the same name
-    /// (new uid) may already have replaced it.
-    fn remove(&self, ns: &str, name: &str, uid: &str) {
-        if let Ok(mut m) = self.0.write() {
-            let key = (ns.to_string(), name.to_string());
-            if m.get(&key).is_some_and(|u| u == uid) {
-                m.remove(&key);
-            }
-        }
-    }
 }
 
 /// Why cluster mode stopped.

@@ -34,7 +34,7 @@ use crate::migration::{
     prepare_target, source_patch, target_detected_patch, target_ready_patch, target_socket_dir,
 };
 use crate::migration_proxy::{SourceProxy, TARGET_FILE, client_tls, fetch_target, server_tls};
-use crate::server::TlsFiles;
+use crate::tls::TlsFiles;
 
 /// Label virt-controller puts on a VMI at the hand-off: the node receiving it.
 pub const TARGET_NODE_LABEL: &str =

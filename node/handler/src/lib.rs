@@ -20,6 +20,8 @@ pub mod migration_proxy;
 pub mod network;
 pub mod server;
 pub mod status;
+pub mod tls;
+pub mod vmis;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -440,7 +442,7 @@ pub struct NodeOptions {
     /// Where the HTTPS server listens.
     pub listener: tokio::net::TcpListener,
     /// Its TLS configuration.
-    pub tls: server::TlsSource,
+    pub tls: tls::TlsSource,
     /// Websocket ping interval.
     pub ping_every: Duration,
     /// Where `/metrics` is served (plain HTTP); not served when `None`.
@@ -463,7 +465,7 @@ pub async fn run_node(
     opts: NodeOptions,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(), NodeError> {
-    let registry = cluster::Registry::default();
+    let registry = vmis::Registry::default();
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
     let state = server::AppState::new(
         registry.clone(),

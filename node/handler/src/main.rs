@@ -12,10 +12,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
-use virt_handler::cluster::{ClusterConfig, Paths};
+use virt_handler::cluster::ClusterConfig;
 use virt_handler::cluster_migration::MigrationConfig;
 use virt_handler::identity::{self, Identity};
-use virt_handler::server::{TlsFiles, TlsSource};
+use virt_handler::tls::{TlsFiles, TlsSource};
+use virt_handler::vmis::Paths;
 use virt_handler::{Handler, HandlerConfig, NodeOptions};
 
 /// Per-node agent that drives virt-launchers.

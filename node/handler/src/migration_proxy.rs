@@ -58,7 +58,7 @@ pub fn server_tls(
     key_pem: &[u8],
     ca_pem: &[u8],
 ) -> Result<Arc<rustls::ServerConfig>, ProxyError> {
-    let mut cfg = crate::server::tls_config(cert_pem, key_pem, ca_pem)
+    let mut cfg = crate::tls::tls_config(cert_pem, key_pem, ca_pem)
         .map_err(|e| ProxyError::Tls(e.to_string()))?;
     cfg.alpn_protocols = vec![ALPN.to_vec()];
     Ok(Arc::new(cfg))
@@ -177,7 +177,7 @@ async fn target_conn(
     };
     // Every handler's certificate chains to the same CA: only the source node's may send
     // this guest's memory and reach the target's libvirt.
-    let name = crate::server::peer_name(tls.get_ref().1);
+    let name = crate::tls::peer_name(tls.get_ref().1);
     if name.as_deref() != Some(source.as_str()) {
         tracing::warn!(%peer, client = name.as_deref().unwrap_or("?"), expected = %source, "migration proxy: not the source node's handler, refused");
         return;

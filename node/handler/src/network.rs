@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use virt_netsetup::exec::{self, NetNs};
 use virt_netsetup::{Dns, NetworkPlan, PlanInput, handoff, plan};
 
-use crate::cluster::Paths;
+use crate::vmis::Paths;
 
 /// How often socket directories are looked at for a launcher waiting for its network.
 const POLL: Duration = Duration::from_millis(100);

@@ -11,7 +11,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -26,7 +25,6 @@ use bytes::Bytes;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::net::unix::OwnedWriteHalf;
@@ -38,8 +36,9 @@ use virt_certs::node_identity::APISERVER_CLIENT_NAME;
 use virt_domain::protocol::{DomainState, Request, Response as LauncherResponse};
 
 use crate::client::LauncherClient;
-use crate::cluster::{Paths, Registry};
 use crate::metrics::Metrics;
+use crate::tls::{TlsSource, peer_name};
+use crate::vmis::{Paths, Registry};
 
 /// KubeVirt's websocket subprotocol for console and VNC (echoed when offered).
 pub const PLAIN_PROTOCOL: &str = "plain.kubevirt.io";
@@ -49,117 +48,6 @@ const CHUNK: usize = 10240;
 /// Read size of a forwarded guest connection: each read becomes one websocket message on
 /// every hop to the client, so bulk transfers want few, large ones.
 const FORWARD_CHUNK: usize = 64 * 1024;
-
-/// TLS setup failures.
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    /// A PEM file does not hold what it should.
-    #[error("{what}: invalid or empty PEM")]
-    Pem {
-        /// Which input.
-        what: &'static str,
-    },
-    /// rustls refused the configuration.
-    #[error("building the TLS configuration")]
-    Rustls(#[from] rustls::Error),
-    /// The client CA cannot be used for verification.
-    #[error("client CA")]
-    Verifier(#[from] rustls::server::VerifierBuilderError),
-}
-
-/// rustls server configuration: our certificate, and client certificates required and
-/// verified against `client_ca_pem` (a bundle). HTTP/1.1 only: websockets upgrade there.
-pub fn tls_config(
-    cert_pem: &[u8],
-    key_pem: &[u8],
-    client_ca_pem: &[u8],
-) -> Result<rustls::ServerConfig, TlsError> {
-    use rustls_pki_types::pem::PemObject;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
-        .collect::<Result<_, _>>()
-        .map_err(|_| TlsError::Pem { what: "--tls-cert" })?;
-    if certs.is_empty() {
-        return Err(TlsError::Pem { what: "--tls-cert" });
-    }
-    let key =
-        PrivateKeyDer::from_pem_slice(key_pem).map_err(|_| TlsError::Pem { what: "--tls-key" })?;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(client_ca_pem) {
-        let c = c.map_err(|_| TlsError::Pem {
-            what: "--client-ca",
-        })?;
-        roots.add(c)?;
-    }
-    if roots.is_empty() {
-        return Err(TlsError::Pem {
-            what: "--client-ca",
-        });
-    }
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-        Arc::new(roots),
-        provider.clone(),
-    )
-    .build()?;
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(certs, key)?;
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(cfg)
-}
-
-/// The files of the server's TLS material (a mounted Secret).
-#[derive(Clone, Debug)]
-pub struct TlsFiles {
-    /// Serving certificate (PEM).
-    pub cert: PathBuf,
-    /// Its key (PEM).
-    pub key: PathBuf,
-    /// CA bundle for client certificates (PEM).
-    pub client_ca: PathBuf,
-}
-
-/// Reading the TLS files failed.
-#[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-pub struct TlsLoadError(#[from] virt_certs::reload::ReloadError);
-
-/// The server's TLS configuration. Built from files, it is rebuilt when one of them
-/// changes (checked at each new connection, which is rare here): a rotated Secret takes
-/// effect without a restart, so open consoles survive a rotation. A half-written update
-/// keeps the previous configuration.
-#[derive(Clone, Debug)]
-pub struct TlsSource(Arc<virt_certs::reload::Reloading<rustls::ServerConfig>>);
-
-const TLS_WHAT: &str = "virt-handler TLS (--tls-cert, --tls-key, --client-ca)";
-
-impl TlsSource {
-    /// A configuration that never changes.
-    pub fn fixed(cfg: rustls::ServerConfig) -> Self {
-        Self(Arc::new(virt_certs::reload::Reloading::fixed(
-            TLS_WHAT, cfg,
-        )))
-    }
-
-    /// Loads `files` (and reloads them when they change).
-    pub fn from_files(files: TlsFiles) -> Result<Self, TlsLoadError> {
-        let paths = vec![files.cert, files.key, files.client_ca];
-        let r = virt_certs::reload::Reloading::new(TLS_WHAT, paths, |c| {
-            Ok(tls_config(&c[0], &c[1], &c[2])?)
-        })?;
-        Ok(Self(Arc::new(r)))
-    }
-
-    /// The configuration for a new connection.
-    fn get(&self) -> Arc<rustls::ServerConfig> {
-        let cfg = self.0.get();
-        if let Some(e) = self.0.last_error() {
-            tracing::warn!(error = %e, "TLS files changed but cannot be loaded; keeping the previous ones");
-        }
-        cfg
-    }
-}
 
 /// What the HTTP handlers need.
 #[derive(Clone, Debug)]
@@ -284,12 +172,6 @@ pub async fn serve(
             }
         });
     }
-}
-
-/// The common name of a TLS peer's certificate.
-pub fn peer_name<D>(conn: &rustls::ConnectionCommon<D>) -> Option<String> {
-    let cert = conn.peer_certificates()?.first()?;
-    virt_certs::node_identity::peer_common_name(cert.as_ref())
 }
 
 fn status(code: StatusCode, reason: &str, message: String) -> Response {

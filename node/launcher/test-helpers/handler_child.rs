@@ -38,7 +38,7 @@ async fn node() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let kc = kube::config::Kubeconfig::read_from(env("HANDLER_KUBECONFIG")?)?;
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    let tls = virt_handler::server::TlsSource::from_files(virt_handler::server::TlsFiles {
+    let tls = virt_handler::tls::TlsSource::from_files(virt_handler::tls::TlsFiles {
         cert: env("HANDLER_TLS_CERT")?.into(),
         key: env("HANDLER_TLS_KEY")?.into(),
         client_ca: env("HANDLER_CLIENT_CA")?.into(),
@@ -48,7 +48,7 @@ async fn node() -> anyhow::Result<()> {
         client: kube::Client::try_from(cfg)?,
         cluster: virt_handler::cluster::ClusterConfig {
             node_name: env("HANDLER_NODE_NAME")?,
-            paths: virt_handler::cluster::Paths {
+            paths: virt_handler::vmis::Paths {
                 run_root: env("HANDLER_NODE_ROOT")?.into(),
             },
             stale_dir_age: Duration::from_secs(600),
