@@ -190,6 +190,19 @@ impl Cluster {
             .filter(|p| p.exists())
     }
 
+    /// The CA bundle virt-handlers' certificates chain to (ConfigMap `virt-handler-ca`).
+    pub fn handler_ca_bundle(&self) -> anyhow::Result<String> {
+        self.kubectl(&[
+            "-n",
+            "kubevirt",
+            "get",
+            "configmap",
+            "virt-handler-ca",
+            "-o",
+            "jsonpath={.data.ca\\.crt}",
+        ])
+    }
+
     /// Runs kubectl against the cluster and returns its stdout.
     pub fn kubectl(&self, args: &[&str]) -> anyhow::Result<String> {
         self.kubectl_stdin(args, None)

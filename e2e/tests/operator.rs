@@ -328,15 +328,7 @@ fn presented_now(c: &Cluster) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
         let der = presented(&addr, &api_ca, "kubevirt-apiserver.kubevirt.svc")?;
         out.push((addr, der));
     }
-    let handler_ca = c.kubectl(&[
-        "-n",
-        "kubevirt",
-        "get",
-        "configmap",
-        "virt-handler-ca",
-        "-o",
-        "jsonpath={.data.ca\\.crt}",
-    ])?;
+    let handler_ca = c.handler_ca_bundle()?;
     // Each handler's certificate names its node.
     let handlers = c
         .component_pods(

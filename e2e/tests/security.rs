@@ -493,17 +493,7 @@ fn a_handler_certificate_speaks_for_its_own_node_only() {
     );
 
     // A genuine certificate of node A's handler, used against node B's handler.
-    let ca = c
-        .kubectl(&[
-            "-n",
-            "kubevirt",
-            "get",
-            "configmap",
-            "virt-handler-ca",
-            "-o",
-            "jsonpath={.data.ca\\.crt}",
-        ])
-        .expect("handler CA bundle");
+    let ca = c.handler_ca_bundle().expect("handler CA bundle");
     let addr_b = format!("{}:8186", b[3]);
     let path = "/v1/namespaces/default/virtualmachineinstances/any/console";
     let (code, text) = https_get(&addr_b, &ca, (&cert, &req.key_pem), node_b, path)
