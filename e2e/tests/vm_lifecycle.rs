@@ -227,6 +227,28 @@ fn pause_and_unpause_show_in_kubectl_get_vm() {
     console.line("");
     console.expect(&ns, "pause", virt_testguest::PROMPT.trim(), BOOT);
     compute(&console, &ns, "pause", 6, 7);
+
+    // Reset (the reset button), by upstream virtctl unchanged and by the plugin: the guest
+    // boots again in the same instance, which stays Running.
+    let uid = ns.vmi_uid("pause");
+    console.clear();
+    let virtctl = e2e::upstream_virtctl().expect("upstream virtctl");
+    let out = std::process::Command::new(&virtctl)
+        .env("KUBECONFIG", &ns.c.kubeconfig)
+        .args(["-n", &ns.name, "reset", "pause"])
+        .output()
+        .expect("virtctl reset");
+    assert!(
+        out.status.success(),
+        "virtctl reset: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    console.expect(&ns, "pause", virt_testguest::BANNER, BOOT);
+    console.clear();
+    ns.virt(&["reset", "pause"]);
+    console.expect(&ns, "pause", virt_testguest::BANNER, BOOT);
+    assert_eq!(ns.vmi_uid("pause"), uid, "the same instance");
+    assert_eq!(ns.vmi_phase("pause"), "Running");
 }
 #[test]
 #[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]

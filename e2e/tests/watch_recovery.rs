@@ -10,8 +10,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{BOOT, Ns, TEST_GUEST};
@@ -38,55 +36,21 @@ fn nodes(c: &Cluster) -> Vec<String> {
         .collect()
 }
 
-/// virt-operator's etcd (StatefulSet kubevirt-etcd) through `kubectl port-forward`, with
-/// virt-apiserver's client certificate (etcd's serving certificate names 127.0.0.1).
+/// virt-operator's etcd through a port-forward (`virt_devenv::cluster_etcd`).
 struct EtcdForward {
-    child: std::process::Child,
     rt: tokio::runtime::Runtime,
     storage: virt_apiserver::storage::Storage,
+    _forward: virt_devenv::cluster_etcd::ClusterEtcd,
 }
 
 impl EtcdForward {
     fn open(c: &Cluster) -> Self {
-        let port = virt_devenv::free_port().unwrap();
-        let mut child = Command::new(c.kubectl_path())
-            .env("KUBECONFIG", &c.kubeconfig)
-            .args(["-n", "kubevirt", "port-forward", "pod/kubevirt-etcd-0"])
-            .arg(format!("{port}:2379"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("kubectl port-forward");
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert!(line.contains("Forwarding from"), "port-forward: {line}");
-        // kubectl writes a line per connection: a closed pipe would end it at the first.
-        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-        let secret = |key: &str| {
-            let b64 = c
-                .kubectl(&[
-                    "-n",
-                    "kubevirt",
-                    "get",
-                    "secret",
-                    "kubevirt-etcd-client",
-                    "-o",
-                    &format!("jsonpath={{.data.{}}}", key.replace('.', "\\.")),
-                ])
-                .expect("etcd client Secret");
-            use base64::Engine;
-            String::from_utf8(
-                base64::engine::general_purpose::STANDARD
-                    .decode(b64.trim())
-                    .expect("base64"),
-            )
-            .expect("PEM")
-        };
+        let forward = virt_devenv::cluster_etcd::ClusterEtcd::open(c.kubectl_path(), &c.kubeconfig)
+            .expect("port-forward to the cluster's etcd");
         let tls = virt_apiserver::storage::EtcdTls {
-            ca_pem: secret("ca.crt"),
-            cert_pem: secret("tls.crt"),
-            key_pem: secret("tls.key"),
+            ca_pem: forward.ca_pem.clone(),
+            cert_pem: forward.cert_pem.clone(),
+            key_pem: forward.key_pem.clone(),
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -94,11 +58,15 @@ impl EtcdForward {
             .unwrap();
         let storage = rt
             .block_on(virt_apiserver::storage::Storage::connect_tls(
-                &[format!("https://127.0.0.1:{port}")],
+                std::slice::from_ref(&forward.url),
                 Some(&tls),
             ))
             .expect("connecting to etcd");
-        EtcdForward { child, rt, storage }
+        EtcdForward {
+            rt,
+            storage,
+            _forward: forward,
+        }
     }
 
     fn revision(&self) -> i64 {
@@ -111,13 +79,6 @@ impl EtcdForward {
         self.rt
             .block_on(self.storage.compact(revision))
             .expect("etcd compaction");
-    }
-}
-
-impl Drop for EtcdForward {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

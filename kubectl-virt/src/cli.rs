@@ -87,6 +87,11 @@ pub enum Command {
         /// Name of the VMI.
         name: String,
     },
+    /// Reset the VMI at once, as the reset button (no guest shutdown).
+    Reset {
+        /// Name of the VMI.
+        name: String,
+    },
     /// Live-migrate a VM's instance to another node.
     Migrate {
         /// Name of the VM.

@@ -201,6 +201,9 @@ async fn run_with_session(
             name,
             dry_run,
         } => ops::run_action(session, &Action::Unpause { dry_run }, kind, &name, out).await,
+        Command::Reset { name } => {
+            ops::run_action(session, &Action::Reset, ObjectKind::Vmi, &name, out).await
+        }
         Command::SoftReboot { name } => {
             ops::run_action(session, &Action::SoftReboot, ObjectKind::Vmi, &name, out).await
         }

@@ -41,6 +41,7 @@ pub enum Action {
         dry_run: bool,
     },
     SoftReboot,
+    Reset,
     /// `evacuate/cancel` of a VMI (or of a VM's instance, `vmi: false`).
     EvacuateCancel {
         vmi: bool,
@@ -92,6 +93,7 @@ impl Action {
             Self::Pause { .. } => &catalogue::PAUSE,
             Self::Unpause { .. } => &catalogue::UNPAUSE,
             Self::SoftReboot => &catalogue::SOFTREBOOT,
+            Self::Reset => &catalogue::RESET,
             Self::EvacuateCancel { vmi: true, .. } => &catalogue::EVACUATE_CANCEL_VMI,
             Self::EvacuateCancel { vmi: false, .. } => &catalogue::EVACUATE_CANCEL_VM,
         }
@@ -106,6 +108,7 @@ impl Action {
             Self::Pause { .. } => "pause",
             Self::Unpause { .. } => "unpause",
             Self::SoftReboot => "soft-reboot",
+            Self::Reset => "reset",
             Self::EvacuateCancel { .. } => "cancel its evacuation",
         }
     }
@@ -119,7 +122,7 @@ impl Action {
             | Self::Pause { dry_run }
             | Self::Unpause { dry_run }
             | Self::EvacuateCancel { dry_run, .. } => *dry_run,
-            Self::SoftReboot => false,
+            Self::SoftReboot | Self::Reset => false,
         }
     }
 
@@ -156,7 +159,7 @@ impl Action {
                     dry_run: dry_run_all(*dry_run),
                 })
             }
-            Self::SoftReboot => Ok(serde_json::json!({})),
+            Self::SoftReboot | Self::Reset => Ok(serde_json::json!({})),
             Self::EvacuateCancel { dry_run, .. } => serde_json::to_value(EvacuateCancelOptions {
                 dry_run: dry_run_all(*dry_run),
             }),

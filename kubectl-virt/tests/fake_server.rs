@@ -397,6 +397,12 @@ async fn lifecycle_requests_match_kubevirt_contract() {
     assert_eq!(o.code, 0, "{}", o.stderr);
     let o = plugin(&cfg, &["soft-reboot", "vm1"], b"").await;
     assert_eq!(o.code, 0, "{}", o.stderr);
+    let o = plugin(&cfg, &["reset", "vm1"], b"").await;
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "VMI vm1 was scheduled to reset\n"
+    );
 
     let calls = fake.calls.lock().unwrap().clone();
     let base = "PUT /apis/subresources.kubevirt.io/v1/namespaces";
@@ -429,6 +435,10 @@ async fn lifecycle_requests_match_kubevirt_contract() {
             ),
             (
                 format!("{base}/team/virtualmachineinstances/vm1/softreboot"),
+                json!({})
+            ),
+            (
+                format!("{base}/team/virtualmachineinstances/vm1/reset"),
                 json!({})
             ),
         ]

@@ -279,6 +279,12 @@ pub const SOFTREBOOT: Subresource = action(
     None,
     "Soft-reboot a VirtualMachineInstance through the guest agent or ACPI.",
 );
+pub const RESET: Subresource = action(
+    &VIRTUAL_MACHINE_INSTANCE,
+    "reset",
+    None,
+    "Reset a VirtualMachineInstance: the reset button, the guest restarts at once without shutting down.",
+);
 pub const CONSOLE: Subresource = Subresource {
     kind: &VIRTUAL_MACHINE_INSTANCE,
     name: "console",
@@ -337,7 +343,7 @@ pub const EVACUATE_CANCEL_VM: Subresource = Subresource {
 /// Every subresource served under `subresources.kubevirt.io/v1`. What is listed here is
 /// advertised in discovery and OpenAPI and granted by the user roles; virt-apiserver's tests
 /// fail when one has no handler.
-pub const SUBRESOURCES: [&Subresource; 13] = [
+pub const SUBRESOURCES: [&Subresource; 14] = [
     &START,
     &STOP,
     &RESTART,
@@ -345,6 +351,7 @@ pub const SUBRESOURCES: [&Subresource; 13] = [
     &PAUSE,
     &UNPAUSE,
     &SOFTREBOOT,
+    &RESET,
     &CONSOLE,
     &VNC,
     &PORTFORWARD_VMI,

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use virt_certs::Ca;
 
+pub mod cluster_etcd;
+
 /// Errors starting the environment.
 #[derive(Debug, thiserror::Error)]
 pub enum DevEnvError {

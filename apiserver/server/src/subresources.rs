@@ -50,6 +50,7 @@ use kubevirt_api::options::{
     EvacuateCancelOptions, MigrateOptions, PauseOptions as DryRunOnly, RestartOptions,
     StartOptions, StopOptions,
 };
+use kubevirt_api::vm::{RunStrategy, VirtualMachineSpec};
 
 fn dry(d: &Option<Vec<String>>) -> ApiResult<bool> {
     kubevirt_api::options::is_dry_run(d.as_deref()).map_err(ApiError::bad_request)
@@ -104,15 +105,12 @@ fn parse_body<T: Default + for<'de> Deserialize<'de>>(bytes: &[u8]) -> ApiResult
     })
 }
 
-/// Effective run strategy of a stored VM (runStrategy, else deprecated `running`).
-fn run_strategy(vm: &Value) -> &str {
-    match vm.pointer("/spec/runStrategy").and_then(Value::as_str) {
-        Some(s) => s,
-        None => match vm.pointer("/spec/running").and_then(Value::as_bool) {
-            Some(true) => "Always",
-            _ => "Halted",
-        },
-    }
+/// Effective run strategy of a stored VM (runStrategy, else deprecated `running`), typed:
+/// every handler below matches all strategies, so a new one does not compile unhandled.
+fn run_strategy(vm: &Value) -> ApiResult<RunStrategy> {
+    let spec: VirtualMachineSpec = serde_json::from_value(vm["spec"].clone())
+        .map_err(|e| ApiError::internal(format!("stored VirtualMachine spec: {e}")))?;
+    Ok(spec.effective_run_strategy())
 }
 
 fn vmi_running(vmi: Option<&Value>) -> bool {
@@ -164,6 +162,7 @@ fn route(sub: &Subresource) -> Option<Route> {
         (&c::PAUSE, Route::VmiAction),
         (&c::UNPAUSE, Route::VmiAction),
         (&c::SOFTREBOOT, Route::VmiAction),
+        (&c::RESET, Route::VmiAction),
         (&c::CONSOLE, Route::VmiStream),
         (&c::VNC, Route::VmiStream),
         (&c::PORTFORWARD_VMI, Route::VmiStream),
@@ -483,7 +482,7 @@ impl Subresources<'_> {
         name: &str,
         dry_run: bool,
         vm: &Value,
-        strategy: &str,
+        strategy: RunStrategy,
     ) -> ApiResult<()> {
         let uses_running =
             vm.pointer("/spec/runStrategy").is_none() && vm.pointer("/spec/running").is_some();
@@ -494,9 +493,9 @@ impl Subresources<'_> {
         st.registry
             .mutate(vm_def(), ns, name, via, dry_run, |v| {
                 if uses_running {
-                    v["spec"]["running"] = json!(strategy != "Halted");
+                    v["spec"]["running"] = json!(strategy != RunStrategy::Halted);
                 } else {
-                    v["spec"]["runStrategy"] = json!(strategy);
+                    v["spec"]["runStrategy"] = json!(strategy.as_str());
                 }
                 Ok(())
             })
@@ -544,9 +543,8 @@ impl Subresources<'_> {
         } else {
             json!({"action": "Start"})
         };
-        let strategy = run_strategy(&vm).to_string();
-        match strategy.as_str() {
-            "Halted" => {
+        match run_strategy(&vm)? {
+            RunStrategy::Halted => {
                 // The paused start request goes in before the strategy flips (KubeVirt's
                 // order): a Halted VM leaves a Start request alone, while a controller
                 // that saw Always first would create the VMI unpaused.
@@ -554,10 +552,10 @@ impl Subresources<'_> {
                     self.push_requests(st, ns, name, dry_run, vec![start_req.clone()])
                         .await?;
                 }
-                self.set_run_strategy(st, ns, name, dry_run, &vm, "Always")
+                self.set_run_strategy(st, ns, name, dry_run, &vm, RunStrategy::Always)
                     .await?;
             }
-            "Manual" | "RerunOnFailure" => {
+            RunStrategy::Manual | RunStrategy::RerunOnFailure => {
                 if vmi_running(vmi.as_ref()) {
                     return Err(state_conflict(
                         "virtualmachine",
@@ -568,18 +566,18 @@ impl Subresources<'_> {
                 self.push_requests(st, ns, name, dry_run, vec![start_req.clone()])
                     .await?;
             }
-            "Always" | "Once" if vmi_running(vmi.as_ref()) => {
+            RunStrategy::Always | RunStrategy::Once if vmi_running(vmi.as_ref()) => {
                 return Err(state_conflict(
                     "virtualmachine",
                     name,
                     "VM is already running",
                 ));
             }
-            other => {
+            other @ (RunStrategy::Always | RunStrategy::Once | RunStrategy::WaitAsReceiver) => {
                 return Err(state_conflict(
                     "virtualmachine",
                     name,
-                    &format!("{other} does not support manual start requests"),
+                    &format!("{} does not support manual start requests", other.as_str()),
                 ));
             }
         }
@@ -610,22 +608,22 @@ impl Subresources<'_> {
                 )],
             ));
         }
-        let strategy = run_strategy(&vm).to_string();
+        let strategy = run_strategy(&vm)?;
         if let (Some(g), true) = (opts.grace_period, vmi.is_some()) {
             // A shorter grace period takes effect on the running instance first.
             self.set_vmi_grace(st, ns, name, g, dry_run).await?;
         }
-        match strategy.as_str() {
-            "Halted" => {
+        match strategy {
+            RunStrategy::Halted => {
                 if !vmi_running(vmi.as_ref()) || opts.grace_period.is_none() {
                     return Err(state_conflict("virtualmachine", name, "VM is not running"));
                 }
             }
-            "Always" | "Once" => {
-                self.set_run_strategy(st, ns, name, dry_run, &vm, "Halted")
+            RunStrategy::Always | RunStrategy::Once => {
+                self.set_run_strategy(st, ns, name, dry_run, &vm, RunStrategy::Halted)
                     .await?;
             }
-            _ => {
+            RunStrategy::Manual | RunStrategy::RerunOnFailure | RunStrategy::WaitAsReceiver => {
                 let Some(vmi) = vmi.filter(|v| vmi_running(Some(v))) else {
                     return Err(state_conflict("virtualmachine", name, "VM is not running"));
                 };
@@ -659,13 +657,18 @@ impl Subresources<'_> {
             ));
         }
         let vm = st.registry.get(vm_def(), ns, name).await?;
-        let strategy = run_strategy(&vm).to_string();
-        if matches!(strategy.as_str(), "Halted" | "Once") {
-            return Err(state_conflict(
-                "virtualmachine",
-                name,
-                &format!("{strategy} does not support manual restart requests"),
-            ));
+        match run_strategy(&vm)? {
+            s @ (RunStrategy::Halted | RunStrategy::Once) => {
+                return Err(state_conflict(
+                    "virtualmachine",
+                    name,
+                    &format!("{} does not support manual restart requests", s.as_str()),
+                ));
+            }
+            RunStrategy::Always
+            | RunStrategy::RerunOnFailure
+            | RunStrategy::Manual
+            | RunStrategy::WaitAsReceiver => {}
         }
         let Some(vmi) = self
             .current_vmi(st, ns, name)

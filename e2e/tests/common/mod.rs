@@ -445,6 +445,19 @@ impl Console {
         assert!(ok, "tmux send-keys failed");
     }
 
+    /// Empties the pane and its history: what [`Console::expect`] sees next is new.
+    pub fn clear(&self) {
+        let ok = Command::new("tmux")
+            .args(["send-keys", "-R", "-t", &self.session])
+            .status()
+            .is_ok_and(|s| s.success())
+            && Command::new("tmux")
+                .args(["clear-history", "-t", &self.session])
+                .status()
+                .is_ok_and(|s| s.success());
+        assert!(ok, "tmux could not clear the console pane");
+    }
+
     pub fn key(&self, key: &str) {
         assert!(
             Command::new("tmux")

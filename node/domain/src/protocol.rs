@@ -24,6 +24,8 @@ pub enum Request {
     Unpause,
     /// ACPI reboot request.
     SoftReboot,
+    /// Hard reset (the reset button): the guest restarts at once, nothing shuts down.
+    Reset,
     /// ACPI power button, then destroy after the grace period.
     Shutdown,
     /// Destroy the domain now.

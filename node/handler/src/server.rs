@@ -210,7 +210,7 @@ async fn action(
 ) -> Response {
     let metrics = st.metrics.clone();
     let label = match action.as_str() {
-        a @ ("pause" | "unpause" | "softreboot") => a.to_string(),
+        a @ ("pause" | "unpause" | "softreboot" | "reset") => a.to_string(),
         _ => "unknown".to_string(),
     };
     let r = do_action(st, ns, name, action).await;
@@ -223,6 +223,7 @@ async fn do_action(st: AppState, ns: String, name: String, action: String) -> Re
         "pause" => Request::Pause,
         "unpause" => Request::Unpause,
         "softreboot" => Request::SoftReboot,
+        "reset" => Request::Reset,
         _ => {
             return status(
                 StatusCode::NOT_FOUND,

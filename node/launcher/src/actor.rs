@@ -120,6 +120,7 @@ enum Cmd {
     Start(Reply<()>),
     Shutdown(Reply<()>),
     Reboot(Reply<()>),
+    Reset(Reply<()>),
     Destroy(Reply<()>),
     Pause(Reply<()>),
     Resume(Reply<()>),
@@ -214,6 +215,10 @@ impl DomainHandle {
     pub async fn reboot(&self) -> Result<(), LibvirtError> {
         self.ask(Cmd::Reboot).await
     }
+    /// Resets the guest (the reset button).
+    pub async fn reset(&self) -> Result<(), LibvirtError> {
+        self.ask(Cmd::Reset).await
+    }
     /// Stops the domain now.
     pub async fn destroy(&self) -> Result<(), LibvirtError> {
         self.ask(Cmd::Destroy).await
@@ -256,6 +261,8 @@ pub trait Backend: Send {
     fn shutdown(&mut self) -> Result<(), LibvirtError>;
     /// ACPI reboot.
     fn reboot(&mut self) -> Result<(), LibvirtError>;
+    /// Resets it at once, as the reset button.
+    fn reset(&mut self) -> Result<(), LibvirtError>;
     /// Stops it now (no-op when not running).
     fn destroy(&mut self) -> Result<(), LibvirtError>;
     /// Pauses the vCPUs.
@@ -391,6 +398,9 @@ fn thread_main(
             }
             Ok(Cmd::Reboot(r)) => {
                 let _ = r.send(b.reboot());
+            }
+            Ok(Cmd::Reset(r)) => {
+                let _ = r.send(b.reset());
             }
             Ok(Cmd::Destroy(r)) => {
                 let _ = r.send(b.destroy());
@@ -581,6 +591,10 @@ impl Backend for LibvirtBackend {
             self.dom()?
                 .reboot(virt::sys::VIR_DOMAIN_REBOOT_ACPI_POWER_BTN),
         )
+    }
+
+    fn reset(&mut self) -> Result<(), LibvirtError> {
+        call("reset", self.dom()?.reset())
     }
 
     fn destroy(&mut self) -> Result<(), LibvirtError> {

@@ -89,6 +89,7 @@ async fn connection(
             Request::Pause => done(h.pause().await),
             Request::Unpause => done(h.resume().await),
             Request::SoftReboot => done(h.reboot().await),
+            Request::Reset => done(h.reset().await),
             Request::Kill => done(h.destroy().await),
             Request::Shutdown => {
                 shutdown.cancel();

@@ -68,6 +68,10 @@ impl Backend for FakeBackend {
         self.with(|s| s.calls.push("reboot"));
         Ok(())
     }
+    fn reset(&mut self) -> Result<(), LibvirtError> {
+        self.with(|s| s.calls.push("reset"));
+        Ok(())
+    }
     fn destroy(&mut self) -> Result<(), LibvirtError> {
         self.with(|s| {
             s.calls.push("destroy");

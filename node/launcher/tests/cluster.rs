@@ -591,6 +591,11 @@ async fn cluster_mode_end_to_end() {
     second
         .expect(virt_testguest::BANNER, Duration::from_secs(60))
         .await;
+    // reset: the reset button, the guest boots again without shutting down.
+    assert_eq!(env.put(name, "reset").await, (200, json!({})));
+    second
+        .expect(virt_testguest::BANNER, Duration::from_secs(60))
+        .await;
 
     // pause / unpause through the handler → conditions in the API.
     assert_eq!(env.put(name, "pause").await, (200, json!({})));

@@ -9,8 +9,7 @@
 //! after each compaction (local cluster only) so that every watch of every component
 //! reconnects from a resourceVersion etcd may have forgotten.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -222,73 +221,27 @@ impl Soak {
     }
 }
 
-/// `kubectl port-forward` to virt-operator's etcd (StatefulSet kubevirt-etcd), reached with
-/// virt-apiserver's client certificate (etcd's serving certificate names 127.0.0.1).
-struct EtcdForward {
-    child: Child,
-    url: String,
-    tls: virt_apiserver::storage::EtcdTls,
-}
+/// The cluster's etcd through a port-forward (`virt_devenv::cluster_etcd`).
+struct EtcdForward(virt_devenv::cluster_etcd::ClusterEtcd);
 
 impl EtcdForward {
     fn open(k: &Kubectl) -> anyhow::Result<Self> {
-        let secret = |key: &str| -> anyhow::Result<String> {
-            let b64 = k.run(
-                &[
-                    "-n",
-                    "kubevirt",
-                    "get",
-                    "secret",
-                    "kubevirt-etcd-client",
-                    "-o",
-                    &format!("jsonpath={{.data.{}}}", key.replace('.', "\\.")),
-                ],
-                None,
-            )?;
-            use base64::Engine;
-            let pem = base64::engine::general_purpose::STANDARD
-                .decode(b64.trim())
-                .with_context(|| format!("Secret kubevirt-etcd-client: {key}"))?;
-            Ok(String::from_utf8(pem)?)
-        };
-        let tls = virt_apiserver::storage::EtcdTls {
-            ca_pem: secret("ca.crt")?,
-            cert_pem: secret("tls.crt")?,
-            key_pem: secret("tls.key")?,
-        };
-        let port = virt_devenv::free_port()?;
-        let mut child = Command::new(&k.bin)
-            .arg("--kubeconfig")
-            .arg(&k.kubeconfig)
-            .args(["-n", "kubevirt", "port-forward", "pod/kubevirt-etcd-0"])
-            .arg(format!("{port}:2379"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("kubectl port-forward to etcd")?;
-        let mut line = String::new();
-        if let Some(out) = child.stdout.take() {
-            let mut out = BufReader::new(out);
-            out.read_line(&mut line)?;
-            // kubectl writes a line per connection: a closed pipe would end it at the first.
-            std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-        }
-        if !line.contains("Forwarding from") {
-            let _ = child.kill();
-            bail!("port-forward to etcd: {line}");
-        }
-        Ok(Self {
-            child,
-            url: format!("https://127.0.0.1:{port}"),
-            tls,
-        })
+        Ok(Self(virt_devenv::cluster_etcd::ClusterEtcd::open(
+            &k.bin,
+            &k.kubeconfig,
+        )?))
     }
 
     /// The store's revision, and a compaction at `at` when given.
     async fn tick(&self, at: Option<i64>) -> anyhow::Result<i64> {
+        let tls = virt_apiserver::storage::EtcdTls {
+            ca_pem: self.0.ca_pem.clone(),
+            cert_pem: self.0.cert_pem.clone(),
+            key_pem: self.0.key_pem.clone(),
+        };
         let storage = virt_apiserver::storage::Storage::connect_tls(
-            std::slice::from_ref(&self.url),
-            Some(&self.tls),
+            std::slice::from_ref(&self.0.url),
+            Some(&tls),
         )
         .await
         .context("connecting to etcd")?;
@@ -297,13 +250,6 @@ impl EtcdForward {
             storage.compact(at).await?;
         }
         Ok(now)
-    }
-}
-
-impl Drop for EtcdForward {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
