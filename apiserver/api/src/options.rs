@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// `dryRun: ["All"]`, the only value Kubernetes defines.
@@ -25,61 +26,110 @@ pub fn is_dry_run(d: Option<&[String]>) -> Result<bool, String> {
     }
 }
 
-/// Body of `start`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// Options of the start action.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StartOptions {
+    /// Start the guest paused.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// When present, the request is validated and not acted on. The only valid value is All.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<Vec<String>>,
 }
 
-/// Body of `stop`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// Options of the stop action.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StopOptions {
+    /// Seconds the guest gets to shut down; overrides terminationGracePeriodSeconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_period: Option<i64>,
+    /// When present, the request is validated and not acted on. The only valid value is All.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<Vec<String>>,
 }
 
-/// Body of `restart`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// Options of the restart action.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RestartOptions {
+    /// Seconds the guest gets to shut down before it is restarted; 0 forces an immediate restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_period_seconds: Option<i64>,
+    /// When present, the request is validated and not acted on. The only valid value is All.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<Vec<String>>,
 }
 
-/// Body of `migrate`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// Options of the migrate action.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MigrateOptions {
+    /// Node labels the migration target must have in addition to the VMI's nodeSelector.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub added_node_selector: Option<BTreeMap<String, String>>,
+    /// When present, the request is validated and not acted on. The only valid value is All.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<Vec<String>>,
 }
 
-/// Body of `pause` and `unpause` (KubeVirt's PauseOptions and UnpauseOptions have this one
-/// shape), and what `softreboot` accepts.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// Options of the pause action.
+// KubeVirt's PauseOptions and UnpauseOptions have this one shape; softreboot and reset
+// accept it too.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PauseOptions {
+    /// When present, the request is validated and not acted on. The only valid value is All.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<Vec<String>>,
 }
 
-/// Body of `evacuate/cancel` (KubeVirt's EvacuateCancelOptions).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// Options of the evacuate/cancel action.
+// KubeVirt's EvacuateCancelOptions.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EvacuateCancelOptions {
+    /// When present, the request is validated and not acted on. The only valid value is All.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<Vec<String>>,
+}
+
+/// The OpenAPI kinds of the options bodies (the catalogue's `Style::Action { options }`).
+pub const KINDS: [&str; 7] = [
+    "StartOptions",
+    "StopOptions",
+    "RestartOptions",
+    "MigrateOptions",
+    "PauseOptions",
+    "UnpauseOptions",
+    "EvacuateCancelOptions",
+];
+
+/// The schema of the options kind `kind` (one of [`KINDS`]) as `settings` generate it: what
+/// OpenAPI publishes is the type the server decodes and the plugin sends.
+pub fn root_schema(
+    kind: &str,
+    settings: schemars::generate::SchemaSettings,
+) -> Option<schemars::Schema> {
+    let g = settings.into_generator();
+    Some(match kind {
+        "StartOptions" => g.into_root_schema_for::<StartOptions>(),
+        "StopOptions" => g.into_root_schema_for::<StopOptions>(),
+        "RestartOptions" => g.into_root_schema_for::<RestartOptions>(),
+        "MigrateOptions" => g.into_root_schema_for::<MigrateOptions>(),
+        "PauseOptions" => g.into_root_schema_for::<PauseOptions>(),
+        "UnpauseOptions" => {
+            let mut s = g.into_root_schema_for::<PauseOptions>();
+            s.insert(
+                "description".into(),
+                "Options of the unpause action.".into(),
+            );
+            s
+        }
+        "EvacuateCancelOptions" => g.into_root_schema_for::<EvacuateCancelOptions>(),
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -1109,75 +1109,43 @@ fn add_kind_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
 // subresources.kubevirt.io
 // ---------------------------------------------------------------------------------------
 
-fn options_schema(kind: &str, description: &str, extra: Value) -> Value {
-    let mut properties = json!({
-        "apiVersion": { "description": API_VERSION_DESC, "type": "string" },
-        "kind": { "description": KIND_DESC, "type": "string" },
-        "dryRun": {
-            "description": "When present, the request is validated and not acted on. The only valid value is All.",
-            "type": "array",
-            "items": { "type": "string", "default": "" },
-            "x-kubernetes-list-type": "atomic",
-        },
-    });
-    if let (Some(p), Value::Object(extra)) = (properties.as_object_mut(), extra) {
-        p.extend(extra);
+/// An options kind's schema from its type (`kubevirt_api::options`), with the
+/// apiVersion/kind every Kubernetes body has and its group-version-kind.
+fn options_schema(kind: &str) -> Option<Value> {
+    let mut settings = SchemaSettings::openapi3();
+    settings.inline_subschemas = true;
+    settings.meta_schema = None;
+    let mut v = kubevirt_api::options::root_schema(kind, settings)?.to_value();
+    if let Some(m) = v.as_object_mut() {
+        m.remove("$schema");
+        m.remove("title");
     }
-    json!({
-        "description": description,
+    normalize(&mut v);
+    strip_markers(&mut v);
+    let mut properties = v["properties"].as_object().cloned().unwrap_or_default();
+    properties.insert(
+        "apiVersion".into(),
+        json!({ "description": API_VERSION_DESC, "type": "string" }),
+    );
+    properties.insert(
+        "kind".into(),
+        json!({ "description": KIND_DESC, "type": "string" }),
+    );
+    if let Some(d) = properties.get_mut("dryRun") {
+        d["x-kubernetes-list-type"] = json!("atomic");
+    }
+    Some(json!({
+        "description": v["description"],
         "type": "object",
-        "properties": sorted(properties.as_object().cloned().unwrap_or_default()),
+        "properties": sorted(properties),
         "x-kubernetes-group-version-kind": [gvk(SUBRESOURCES_GROUP, kind)],
-    })
+    }))
 }
 
 fn subresource_definitions() -> BTreeMap<String, Value> {
-    let defs = [
-        (
-            "StartOptions",
-            "Options of the start action.",
-            json!({ "paused": { "description": "Start the guest paused.", "type": "boolean" } }),
-        ),
-        (
-            "StopOptions",
-            "Options of the stop action.",
-            json!({ "gracePeriod": {
-                "description": "Seconds the guest gets to shut down; overrides terminationGracePeriodSeconds.",
-                "type": "integer", "format": "int64" } }),
-        ),
-        (
-            "RestartOptions",
-            "Options of the restart action.",
-            json!({ "gracePeriodSeconds": {
-                "description": "Seconds the guest gets to shut down before it is restarted; 0 forces an immediate restart.",
-                "type": "integer", "format": "int64" } }),
-        ),
-        (
-            "MigrateOptions",
-            "Options of the migrate action.",
-            json!({ "addedNodeSelector": {
-                "description": "Node labels the migration target must have in addition to the VMI's nodeSelector.",
-                "type": "object", "additionalProperties": { "type": "string", "default": "" } } }),
-        ),
-        ("PauseOptions", "Options of the pause action.", json!({})),
-        (
-            "UnpauseOptions",
-            "Options of the unpause action.",
-            json!({}),
-        ),
-        (
-            "EvacuateCancelOptions",
-            "Options of the evacuate/cancel action.",
-            json!({}),
-        ),
-    ];
-    defs.into_iter()
-        .map(|(kind, desc, extra)| {
-            (
-                format!("{SUBRESOURCE_PREFIX}{kind}"),
-                options_schema(kind, desc, extra),
-            )
-        })
+    kubevirt_api::options::KINDS
+        .into_iter()
+        .filter_map(|kind| Some((format!("{SUBRESOURCE_PREFIX}{kind}"), options_schema(kind)?)))
         .collect()
 }
 

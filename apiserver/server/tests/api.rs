@@ -1152,6 +1152,10 @@ async fn requests_beyond_the_in_flight_budget_get_429_and_others_go_on() {
     });
     let held = vm("slow").to_string().into_bytes();
     tx.send(Ok(held[..10].to_vec())).await.unwrap();
+    // The channel holds one chunk: this second send returns once the client has taken the
+    // first, i.e. the slow request is on the wire before any other write is sent (else that
+    // write could take the slot first and the slow one be the refused one).
+    tx.send(Ok(held[10..20].to_vec())).await.unwrap();
 
     // Another write is refused at once, in kube-apiserver's words, with Retry-After.
     let mut refused = None;
@@ -1189,7 +1193,7 @@ async fn requests_beyond_the_in_flight_budget_get_429_and_others_go_on() {
     assert_eq!(w.status(), 200);
 
     // The slow create completes; the slot is free again.
-    tx.send(Ok(held[10..].to_vec())).await.unwrap();
+    tx.send(Ok(held[20..].to_vec())).await.unwrap();
     drop(tx);
     let r = slow.await.unwrap().unwrap();
     assert_eq!(r.status(), 201);
