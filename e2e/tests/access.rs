@@ -17,17 +17,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Ns, plugin_path};
-
-fn plugin(ns: &Ns<'_>, args: &[&str]) -> Command {
-    let mut cmd = Command::new(ns.c.kubectl_path());
-    cmd.env("PATH", plugin_path())
-        .env("KUBECONFIG", &ns.c.kubeconfig)
-        .arg("virt")
-        .args(args)
-        .args(["-n", &ns.name]);
-    cmd
-}
+use common::{Ns, plugin};
 
 /// `GET /` over a stream; the whole answer.
 fn http_get(mut s: impl Read + Write) -> String {
@@ -35,38 +25,6 @@ fn http_get(mut s: impl Read + Write) -> String {
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     out
-}
-
-/// Waits until the guest's web server answers through a fresh `--stdio` forward (the VMI
-/// is Running before the guest has booted and started it).
-fn page_via_stdio(ns: &Ns<'_>, vm: &str) -> String {
-    let start = Instant::now();
-    loop {
-        let mut child = plugin(ns, &["port-forward", "--stdio", &format!("vm/{vm}"), "80"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl virt port-forward --stdio");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(b"GET / HTTP/1.0\r\n\r\n")
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let page = String::from_utf8_lossy(&out.stdout).into_owned();
-        if page.contains("kubevirt-rs guest") {
-            return page;
-        }
-        assert!(
-            start.elapsed() < common::BOOT,
-            "no page through port-forward --stdio: {page}\nstderr: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            ns.diagnose(vm)
-        );
-        std::thread::sleep(Duration::from_secs(2));
-    }
 }
 
 /// The test guest with root's SSH key in its cloud-init user data.
@@ -123,7 +81,7 @@ fn port_forward_reaches_the_guest_through_the_api_server() {
     ns.wait_running("web");
 
     // stdin/stdout, as ssh's ProxyCommand uses it.
-    let page = page_via_stdio(&ns, "web");
+    let page = common::page_via_stdio(&ns, "web");
     assert!(
         page.starts_with("HTTP/1.") && page.contains("200"),
         "{page}"

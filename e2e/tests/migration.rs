@@ -267,11 +267,46 @@ fn migrated_vm_keeps_running_on_the_other_node_and_comes_back() {
         "True"
     );
 
+    // A forward open across the migration: a request half sent, so the guest's web
+    // server waits for the rest.
+    common::page_via_stdio(&ns, "mover");
+    let mut forward = common::plugin(&ns, &["port-forward", "--stdio", "vm/mover", "80"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl virt port-forward --stdio");
+    let mut held = forward.stdin.take().expect("stdin");
+    std::io::Write::write_all(&mut held, b"GET / HTTP/1.0\r\n").expect("half a request");
+
     let t0 = Instant::now();
     let out = ns.virt(&["migrate", "mover"]);
     assert!(out.contains("mover"), "{out}");
     ns.wait_migration_success("mover", MIGRATE);
     eprintln!("migrate → Succeeded in {:?}", t0.elapsed());
+    // The forward into the source ends, saying why; a new one reaches the guest on its new
+    // node.
+    let ended = Instant::now();
+    let out = loop {
+        if let Some(_status) = forward.try_wait().expect("port-forward") {
+            break forward.wait_with_output().expect("port-forward output");
+        }
+        assert!(
+            ended.elapsed() < Duration::from_secs(30),
+            "the forward into the source did not end after the migration"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    drop(held);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("migrated to another node"), "{said}");
+    eprintln!(
+        "port-forward ended {:?} after the migration: {}",
+        ended.elapsed(),
+        said.trim()
+    );
+    assert!(common::page_via_stdio(&ns, "mover").contains("kubevirt-rs guest"));
     let second = ns.node_of("mover");
     assert_ne!(second, first, "the VMI did not change node");
     assert_eq!(ns.migration_state("mover", "completed"), "true");

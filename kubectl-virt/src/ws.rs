@@ -228,6 +228,7 @@ where
     use futures::{SinkExt, StreamExt};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
     let (mut sink, mut source) = ws.split();
     let ws_err = |e: tokio_tungstenite::tungstenite::Error| CliError::WebSocket {
         what: what.to_owned(),
@@ -258,6 +259,15 @@ where
                     let local = |e| CliError::io(format!("writing the local end of {what}"), e);
                     wr.write_all(&b).await.map_err(local)?;
                     wr.flush().await.map_err(local)?;
+                }
+                // Anything but a normal close says why the stream ended (e.g. the VMI
+                // migrated away: a new connection reaches it on its new node).
+                Message::Close(Some(f)) if f.code != CloseCode::Normal && !f.reason.is_empty() => {
+                    let _ = wr.shutdown().await;
+                    return Err(CliError::WebSocket {
+                        what: what.to_owned(),
+                        detail: f.reason.to_string(),
+                    });
                 }
                 Message::Close(_) => break,
                 _ => {}

@@ -5,10 +5,11 @@
 // uses a different subset.
 #![allow(clippy::expect_used, clippy::unwrap_used, dead_code)]
 
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use e2e::Cluster;
 
@@ -590,3 +591,46 @@ impl Drop for VmiWatch {
 
 /// Long enough for a wrong restart decision to show (the controller reacts within a second).
 pub const SETTLE: Duration = Duration::from_secs(20);
+
+/// `kubectl virt ARGS -n NS` as a command to run.
+pub fn plugin(ns: &Ns<'_>, args: &[&str]) -> Command {
+    let mut cmd = Command::new(ns.c.kubectl_path());
+    cmd.env("PATH", plugin_path())
+        .env("KUBECONFIG", &ns.c.kubeconfig)
+        .arg("virt")
+        .args(args)
+        .args(["-n", &ns.name]);
+    cmd
+}
+
+/// Waits until the guest's web server answers through a fresh `--stdio` forward (the VMI
+/// is Running before the guest has booted and started it).
+pub fn page_via_stdio(ns: &Ns<'_>, vm: &str) -> String {
+    let start = Instant::now();
+    loop {
+        let mut child = plugin(ns, &["port-forward", "--stdio", &format!("vm/{vm}"), "80"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl virt port-forward --stdio");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"GET / HTTP/1.0\r\n\r\n")
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let page = String::from_utf8_lossy(&out.stdout).into_owned();
+        if page.contains("kubevirt-rs guest") {
+            return page;
+        }
+        assert!(
+            start.elapsed() < BOOT,
+            "no page through port-forward --stdio: {page}\nstderr: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            ns.diagnose(vm)
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}

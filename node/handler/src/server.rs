@@ -392,15 +392,10 @@ async fn open_vnc(
             open.inc();
             tracing::info!(%ns, %name, session = id, "VNC session opened");
             let (r, w) = sock.into_split();
-            let (out_rx, in_tx, tasks) = socket_tasks(r, w, CHUNK);
-            pump(
-                ws,
-                out_rx,
-                Some(in_tx),
-                stop,
-                ping,
-                &|| "VNC connection closed",
-            )
+            let (out_rx, in_tx, tasks) = socket_tasks(r, w, CHUNK, CancellationToken::new());
+            pump(ws, out_rx, Some(in_tx), stop, ping, &|| {
+                (1000, "VNC connection closed")
+            })
             .await;
             drop(tasks);
             if let Ok(mut m) = vnc_map.lock()
@@ -420,6 +415,7 @@ fn socket_tasks<R, W>(
     mut r: R,
     mut w: W,
     chunk: usize,
+    until: CancellationToken,
 ) -> (
     mpsc::Receiver<Bytes>,
     mpsc::Sender<Bytes>,
@@ -434,7 +430,14 @@ where
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(async move {
         let mut buf = vec![0u8; chunk];
-        while let Ok(n) = r.read(&mut buf).await {
+        loop {
+            let n = tokio::select! {
+                _ = until.cancelled() => break,
+                n = r.read(&mut buf) => match n {
+                    Ok(n) => n,
+                    Err(_) => break,
+                },
+            };
             if n == 0
                 || out_tx
                     .send(Bytes::copy_from_slice(&buf[..n]))
@@ -510,6 +513,7 @@ async fn open_portforward(
         }
     };
     let ping = st.ping_every;
+    let (cmd, dir) = (st.paths.cmd(&uid), st.paths.dir(&uid));
     let open = st.metrics.sessions("portforward");
     bounded(ws)
         .protocols([PLAIN_PROTOCOL])
@@ -517,17 +521,35 @@ async fn open_portforward(
             open.inc();
             tracing::info!(%ns, %name, port, "port-forward opened");
             let (r, w) = tcp.into_split();
+            // A connection into the pod's network outlives the guest it reached: once the
+            // guest has migrated (or stopped) nothing answers there and it would hang until
+            // TCP gives up. The launcher's events say when: the forward ends then, with the
+            // reason, and the next one reaches the guest on its new node.
+            let gone = CancellationToken::new();
+            let left = Arc::new(std::sync::atomic::AtomicU8::new(GUEST_HERE));
+            let watch = tokio::spawn(watch_for_departure(
+                LauncherClient::new(cmd),
+                dir,
+                left.clone(),
+                gone.clone(),
+            ));
             // Bulk transfers (scp, downloads): fewer, larger messages through every hop.
-            let (out_rx, in_tx, tasks) = socket_tasks(r, w, FORWARD_CHUNK);
+            let (out_rx, in_tx, tasks) = socket_tasks(r, w, FORWARD_CHUNK, gone);
+            let reason = move || match left.load(Ordering::Acquire) {
+                GUEST_MIGRATED => (1001, MIGRATED_AWAY),
+                GUEST_STOPPED => (1001, STOPPED_HERE),
+                _ => (1000, "the guest closed the connection"),
+            };
             pump(
                 ws,
                 out_rx,
                 Some(in_tx),
                 CancellationToken::new(),
                 ping,
-                &|| "the guest closed the connection",
+                &reason,
             )
             .await;
+            watch.abort();
             drop(tasks);
             open.dec();
             tracing::info!(%ns, %name, port, "port-forward closed");
@@ -538,7 +560,50 @@ async fn open_portforward(
 /// messages, binary messages go to `input` (dropped for observers; other message kinds
 /// are skipped, as KubeVirt's clients do). Pings every `ping_every`; a ping unanswered
 /// until the next one closes the session. `stop` closes it with [`TAKEN_OVER`].
-/// Close reason of a console whose guest live-migrated to another node.
+/// How a port-forward's guest left: still here, migrated away, or stopped.
+const GUEST_HERE: u8 = 0;
+const GUEST_MIGRATED: u8 = 1;
+const GUEST_STOPPED: u8 = 2;
+
+/// Close reason of a port-forward whose guest stopped running on this node.
+pub const STOPPED_HERE: &str = "the VMI stopped running on this node";
+
+/// Follows the launcher's domain events until its guest leaves (migrated, shut down,
+/// crashed, or the launcher ended: then its outcome file says how), records how in `left`
+/// and cancels `gone`.
+async fn watch_for_departure(
+    launcher: LauncherClient,
+    dir: std::path::PathBuf,
+    left: Arc<std::sync::atomic::AtomicU8>,
+    gone: CancellationToken,
+) {
+    use virt_domain::protocol::{DomainEvent, LauncherOutcome, OUTCOME_FILE};
+    let from_outcome = || async {
+        match tokio::fs::read(dir.join(OUTCOME_FILE)).await {
+            Ok(b) if matches!(serde_json::from_slice(&b), Ok(LauncherOutcome::Migrated)) => {
+                GUEST_MIGRATED
+            }
+            _ => GUEST_STOPPED,
+        }
+    };
+    let how = match launcher.watch().await {
+        Ok(mut events) => loop {
+            match events.next().await {
+                Ok(Some(DomainEvent::Migrated)) => break GUEST_MIGRATED,
+                Ok(Some(DomainEvent::ShutDown | DomainEvent::Crashed { .. })) => {
+                    break GUEST_STOPPED;
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break from_outcome().await,
+            }
+        },
+        Err(_) => from_outcome().await,
+    };
+    left.store(how, Ordering::Release);
+    gone.cancel();
+}
+
+/// Close reason of a console or port-forward whose guest live-migrated to another node.
 pub const MIGRATED_AWAY: &str = "the VMI migrated to another node; reconnect to reach it there";
 
 async fn pump(
@@ -547,7 +612,7 @@ async fn pump(
     input: Option<mpsc::Sender<Bytes>>,
     stop: CancellationToken,
     ping_every: Duration,
-    eof_reason: &(dyn Fn() -> &'static str + Send + Sync),
+    eof_reason: &(dyn Fn() -> (u16, &'static str) + Send + Sync),
 ) {
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + ping_every, ping_every);
     // After a long blocking send, catch-up ticks would find the fresh ping unanswered and
@@ -566,7 +631,7 @@ async fn pump(
                 Some(b) => if ws.send(Message::Binary(b)).await.is_err() { break None },
                 // A taken-over writer's channel ends with the takeover: say which it was.
                 None if stop.is_cancelled() => break Some((1000, TAKEN_OVER)),
-                None => break Some((1000, eof_reason())),
+                None => break Some(eof_reason()),
             },
             room = reserve(input.as_ref()), if pending.is_some() => match room {
                 Some(permit) => {
@@ -574,7 +639,7 @@ async fn pump(
                         permit.send(b);
                     }
                 }
-                None => break Some((1000, eof_reason())),
+                None => break Some(eof_reason()),
             },
             msg = ws.recv(), if pending.is_none() => match msg {
                 Some(Ok(Message::Binary(b))) => {
@@ -657,9 +722,9 @@ async fn console_session(ws: WebSocket, hub: Arc<ConsoleHub>, feed: Feed, id: u6
     let migrated = hub.migrated.clone();
     let reason = move || {
         if migrated.load(Ordering::Acquire) {
-            MIGRATED_AWAY
+            (1000, MIGRATED_AWAY)
         } else {
-            "console connection closed"
+            (1000, "console connection closed")
         }
     };
     pump(ws, out_rx, input, stop, ping, &reason).await;
