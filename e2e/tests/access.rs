@@ -141,6 +141,36 @@ fn port_forward_reaches_the_guest_through_the_api_server() {
     let out = ssh(&["ssh", "root@vm/web", "-c", "exit 7"]);
     assert_eq!(out.status.code(), Some(7), "the guest command's exit code");
 
+    // An ssh session left idle while the rest runs, used again at the end: idle sessions
+    // must not die (KubeVirt #9827: close 1006 after a few idle minutes). Ten minutes by
+    // default (E2E_IDLE_SSH_SECONDS); the rest of this test fills the first ones.
+    let idle_for = Duration::from_secs(
+        std::env::var("E2E_IDLE_SSH_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(600),
+    );
+    let idle_since = Instant::now();
+    let mut idle = plugin(
+        &ns,
+        &[
+            "ssh",
+            "-i",
+            key.to_str().unwrap(),
+            "--local-ssh-opts=-o StrictHostKeyChecking=no",
+            "--local-ssh-opts=-o UserKnownHostsFile=/dev/null",
+            "--local-ssh-opts=-o LogLevel=ERROR",
+            "root@vm/web",
+            "-c",
+            "read line; echo still-here-$line",
+        ],
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("kubectl virt ssh (idle)");
+
     let blob = dir.path().join("blob");
     let data: Vec<u8> = (0..10 * 1024 * 1024u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
@@ -293,6 +323,29 @@ fn port_forward_reaches_the_guest_through_the_api_server() {
             last.contains("kubevirt-rs guest")
         },
     );
+
+    // The idle session, once idle long enough, still carries a command's input and output.
+    let rest = idle_for.saturating_sub(idle_since.elapsed());
+    eprintln!("idle ssh session: waiting {rest:?} more");
+    std::thread::sleep(rest);
+    assert!(
+        idle.try_wait().expect("ssh").is_none(),
+        "the idle ssh session ended after {:?}",
+        idle_since.elapsed()
+    );
+    idle.stdin
+        .take()
+        .unwrap()
+        .write_all(b"after-idle\n")
+        .unwrap();
+    let out = idle.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("still-here-after-idle"),
+        "the ssh session idle for {:?} no longer works: {}",
+        idle_since.elapsed(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("idle ssh session usable after {:?}", idle_since.elapsed());
 
     // Bad input and a stopped VM.
     let out = plugin(&ns, &["port-forward", "--stdio", "vm/web", "70000"])

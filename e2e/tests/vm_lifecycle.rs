@@ -73,7 +73,14 @@ fn vm_always_boots_and_its_console_answers() {
     assert!(!node.is_empty(), "Running VMI without nodeName");
     let pods = ns.launcher_pods("boot");
     assert_eq!(pods.len(), 1, "{pods:?}");
-    assert_eq!(ns.vm_status("boot").trim(), "Running");
+    // virt-controller writes the VM's printableStatus after it sees the VMI Running: a
+    // reconcile later, not at the same instant.
+    ns.wait(
+        "boot",
+        "VM boot printableStatus Running",
+        Duration::from_secs(30),
+        || ns.vm_status("boot").trim() == "Running",
+    );
 
     let console = Console::open(&ns, "boot");
     // The banner may have scrolled past before we connected: Enter brings a fresh prompt.
