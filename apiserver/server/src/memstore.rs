@@ -98,15 +98,6 @@ impl MemStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Forgets history up to `revision`, as etcd's compaction.
-    pub fn compact(&self, revision: i64) {
-        let mut inner = self.lock();
-        inner.compacted = revision;
-        inner
-            .history
-            .retain(|(_, c)| change_revision(c).is_none_or(|r| r > revision));
-    }
-
     /// Writes under the lock, then tells the watches.
     fn write(
         &self,
@@ -246,6 +237,15 @@ impl Store for MemStore {
             Ok(Some((revision, change, key.to_string())))
         });
         Box::pin(async move { r })
+    }
+
+    fn compact(&self, revision: i64) -> StoreFuture<'_, ()> {
+        let mut inner = self.lock();
+        inner.compacted = revision;
+        inner
+            .history
+            .retain(|(_, c)| change_revision(c).is_none_or(|r| r > revision));
+        Box::pin(async { Ok(()) })
     }
 
     fn watch(

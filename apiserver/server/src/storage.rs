@@ -129,6 +129,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> StoreFuture<'a, Option<i64>>;
     /// Deletes `key` if its mod_revision is still `expected`; `None` on a lost race.
     fn delete<'a>(&'a self, key: &'a str, expected: i64) -> StoreFuture<'a, Option<i64>>;
+    /// Forgets the history up to `revision` (reads and watches from before it get
+    /// `Compacted`).
+    fn compact(&self, revision: i64) -> StoreFuture<'_, ()>;
     /// Every change under `prefix` from `start_revision` (inclusive); ends with
     /// `Err(Compacted)` if that revision is gone. A tick on `progress` asks for a
     /// `Change::Progress` with the store's revision.
@@ -596,57 +599,6 @@ impl Storage {
     }
 }
 
-/// A store shared with its creator (tests keep a handle to the one a registry uses).
-impl<T: Store + ?Sized> Store for Arc<T> {
-    fn current_revision(&self) -> StoreFuture<'_, i64> {
-        (**self).current_revision()
-    }
-
-    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Stored>> {
-        (**self).get(key)
-    }
-
-    fn list_raw<'a>(
-        &'a self,
-        prefix: &'a str,
-        start: &'a str,
-        revision: i64,
-        limit: i64,
-    ) -> StoreFuture<'a, RawPage> {
-        (**self).list_raw(prefix, start, revision, limit)
-    }
-
-    fn create<'a>(&'a self, key: &'a str, value: &'a Value) -> StoreFuture<'a, Option<i64>> {
-        (**self).create(key, value)
-    }
-
-    fn update<'a>(
-        &'a self,
-        key: &'a str,
-        value: &'a Value,
-        expected: i64,
-    ) -> StoreFuture<'a, Option<i64>> {
-        (**self).update(key, value, expected)
-    }
-
-    fn delete<'a>(&'a self, key: &'a str, expected: i64) -> StoreFuture<'a, Option<i64>> {
-        (**self).delete(key, expected)
-    }
-
-    fn watch(
-        &self,
-        prefix: String,
-        start_revision: i64,
-        progress: tokio::sync::mpsc::Receiver<()>,
-    ) -> Changes {
-        (**self).watch(prefix, start_revision, progress)
-    }
-
-    fn ping(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
-        (**self).ping()
-    }
-}
-
 impl Store for Storage {
     fn current_revision(&self) -> StoreFuture<'_, i64> {
         Box::pin(Storage::current_revision(self))
@@ -681,6 +633,10 @@ impl Store for Storage {
 
     fn delete<'a>(&'a self, key: &'a str, expected: i64) -> StoreFuture<'a, Option<i64>> {
         Box::pin(Storage::delete(self, key, expected))
+    }
+
+    fn compact(&self, revision: i64) -> StoreFuture<'_, ()> {
+        Box::pin(Storage::compact(self, revision))
     }
 
     fn watch(

@@ -15,9 +15,8 @@ fn vmi(name: &str) -> Value {
         "spec": {"domain": {"resources": {"requests": {"memory": "64Mi"}}}}})
 }
 
-fn registry() -> (Registry, Arc<MemStore>) {
-    let store = Arc::new(MemStore::default());
-    (Registry::new(store.clone(), "/registry"), store)
+fn registry() -> Registry {
+    Registry::new(MemStore::default(), "/registry")
 }
 
 fn opts() -> WriteOptions {
@@ -34,7 +33,7 @@ fn rv(obj: &Value) -> i64 {
 
 #[tokio::test]
 async fn create_sets_server_fields_and_refuses_a_second_object_of_the_name() {
-    let (r, _) = registry();
+    let r = registry();
     let w = r.create(vmis(), "ns", vmi("a"), &opts()).await.unwrap();
     assert!(w.created);
     let m = &w.object["metadata"];
@@ -66,7 +65,8 @@ async fn create_sets_server_fields_and_refuses_a_second_object_of_the_name() {
 
 #[tokio::test]
 async fn a_dry_run_writes_nothing() {
-    let (r, store) = registry();
+    let r = registry();
+    let store = r.storage();
     let dry = WriteOptions {
         dry_run: true,
         ..opts()
@@ -79,7 +79,7 @@ async fn a_dry_run_writes_nothing() {
 
 #[tokio::test]
 async fn updates_need_the_current_resource_version_and_status_writes_keep_the_spec() {
-    let (r, _) = registry();
+    let r = registry();
     let created = r
         .create(vmis(), "ns", vmi("a"), &opts())
         .await
@@ -127,7 +127,7 @@ async fn updates_need_the_current_resource_version_and_status_writes_keep_the_sp
 
 #[tokio::test]
 async fn finalizers_hold_a_deletion_until_they_are_removed() {
-    let (r, _) = registry();
+    let r = registry();
     let mut body = vmi("a");
     body["metadata"]["finalizers"] = json!(["example.com/keep"]);
     let created = r.create(vmis(), "ns", body, &opts()).await.unwrap().object;
@@ -167,7 +167,8 @@ async fn finalizers_hold_a_deletion_until_they_are_removed() {
 
 #[tokio::test]
 async fn lists_page_through_one_snapshot_and_a_compacted_one_expires() {
-    let (r, store) = registry();
+    let r = registry();
+    let store = r.storage();
     for n in ["a", "b", "c", "d", "e"] {
         r.create(vmis(), "ns", vmi(n), &opts()).await.unwrap();
     }
@@ -200,7 +201,10 @@ async fn lists_page_through_one_snapshot_and_a_compacted_one_expires() {
 
     // Once that snapshot is compacted, its continue token has expired (410, with a token
     // to go on from the same place at the latest revision).
-    store.compact(store.current_revision().await.unwrap());
+    store
+        .compact(store.current_revision().await.unwrap())
+        .await
+        .unwrap();
     let e = r
         .list(vmis(), Some("ns"), &page(second.continue_token.clone()))
         .await
@@ -216,7 +220,7 @@ async fn lists_page_through_one_snapshot_and_a_compacted_one_expires() {
 
 #[tokio::test]
 async fn label_selectors_filter_and_a_future_resource_version_is_refused() {
-    let (r, _) = registry();
+    let r = registry();
     r.create(vmis(), "ns", vmi("a"), &opts()).await.unwrap();
     let mut web = vmi("b");
     web["metadata"]["labels"]["app"] = json!("web");
