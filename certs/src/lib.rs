@@ -362,6 +362,53 @@ pub fn has_client_auth(cert_pem: &str) -> Result<bool> {
         .contains(&ExtendedKeyUsagePurpose::ClientAuth))
 }
 
+/// What a leaf certificate is checked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Usage {
+    /// TLS server authentication.
+    Server,
+    /// TLS client authentication.
+    Client,
+}
+
+/// Whether the PEM certificate `cert_pem` chains to one of the CAs in `cas` (PEM, each may
+/// hold several) at `now`, for `usage`.
+pub fn verifies(cert_pem: &str, cas: &[&str], usage: Usage, now: OffsetDateTime) -> bool {
+    let ders: Vec<CertificateDer<'static>> = cas
+        .iter()
+        .flat_map(|pem| CertificateDer::pem_slice_iter(pem.as_bytes()))
+        .filter_map(std::result::Result::ok)
+        .collect();
+    let anchors: Vec<_> = ders
+        .iter()
+        .filter_map(|d| webpki::anchor_from_trusted_cert(d).ok())
+        .collect();
+    let Ok(leaf) = CertificateDer::from_pem_slice(cert_pem.as_bytes()) else {
+        return false;
+    };
+    let Ok(ee) = webpki::EndEntityCert::try_from(&leaf) else {
+        return false;
+    };
+    let Ok(secs) = u64::try_from(now.unix_timestamp()) else {
+        return false;
+    };
+    let at = rustls_pki_types::UnixTime::since_unix_epoch(std::time::Duration::from_secs(secs));
+    let usage = match usage {
+        Usage::Server => webpki::KeyUsage::server_auth(),
+        Usage::Client => webpki::KeyUsage::client_auth(),
+    };
+    ee.verify_for_usage(
+        webpki::ALL_VERIFICATION_ALGS,
+        &anchors,
+        &[],
+        at,
+        usage,
+        None,
+        None,
+    )
+    .is_ok()
+}
+
 /// Builds a CA bundle from several PEM inputs (each may hold one or more
 /// certificates), dropping duplicates while keeping order. During rotation
 /// pass `[new_ca, old_ca]` so that leaves signed by either verify.

@@ -38,8 +38,6 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, UnixTime};
 use time::{Duration, OffsetDateTime};
 use virt_certs::{Ca, CertError, IssuedCert};
 
@@ -292,39 +290,11 @@ fn fits(spec: &LeafSpec, leaf: &Leaf) -> bool {
 /// Whether `cert_pem` chains to one of the CAs in `cas` (PEM, each may hold several) at `now`,
 /// for its purpose.
 pub fn verifies(cert_pem: &str, cas: &[&str], kind: LeafKind, now: OffsetDateTime) -> bool {
-    let ders: Vec<CertificateDer<'static>> = cas
-        .iter()
-        .flat_map(|pem| CertificateDer::pem_slice_iter(pem.as_bytes()))
-        .filter_map(Result::ok)
-        .collect();
-    let anchors: Vec<_> = ders
-        .iter()
-        .filter_map(|d| webpki::anchor_from_trusted_cert(d).ok())
-        .collect();
-    let Ok(leaf) = CertificateDer::from_pem_slice(cert_pem.as_bytes()) else {
-        return false;
-    };
-    let Ok(ee) = webpki::EndEntityCert::try_from(&leaf) else {
-        return false;
-    };
-    let Ok(secs) = u64::try_from(now.unix_timestamp()) else {
-        return false;
-    };
-    let at = UnixTime::since_unix_epoch(std::time::Duration::from_secs(secs));
     let usage = match kind {
-        LeafKind::Server | LeafKind::Peer => webpki::KeyUsage::server_auth(),
-        LeafKind::Client => webpki::KeyUsage::client_auth(),
+        LeafKind::Server | LeafKind::Peer => virt_certs::Usage::Server,
+        LeafKind::Client => virt_certs::Usage::Client,
     };
-    ee.verify_for_usage(
-        webpki::ALL_VERIFICATION_ALGS,
-        &anchors,
-        &[],
-        at,
-        usage,
-        None,
-        None,
-    )
-    .is_ok()
+    virt_certs::verifies(cert_pem, cas, usage, now)
 }
 
 /// The CAs of `sources` (PEM, any number of certificates each) still valid at `now`, without
@@ -1135,7 +1105,10 @@ mod tests {
         assert_eq!(d.reissue, vec![true, true]);
         assert_eq!(moved.ca, st.ca);
         assert_eq!(leaf(&moved, 0).host.as_deref(), Some("10.0.0.11"));
-        let der = CertificateDer::from_pem_slice(leaf(&moved, 0).pem.cert.as_bytes()).unwrap();
+        use rustls_pki_types::pem::PemObject;
+        let der =
+            rustls_pki_types::CertificateDer::from_pem_slice(leaf(&moved, 0).pem.cert.as_bytes())
+                .unwrap();
         let ee = webpki::EndEntityCert::try_from(&der).unwrap();
         let ip = rustls_pki_types::ServerName::try_from("10.0.0.11").unwrap();
         ee.verify_is_valid_for_subject_name(&ip).unwrap();

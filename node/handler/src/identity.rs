@@ -238,7 +238,7 @@ pub fn renewal_point(
     if node_identity::common_name_of_pem(cert_pem).as_deref() != Some(want.as_str()) {
         return None;
     }
-    if !chains(cert_pem, ca_pem, now) {
+    if !virt_certs::verifies(cert_pem, &[ca_pem], virt_certs::Usage::Server, now) {
         return None;
     }
     let (nb, na) = virt_certs::validity_of(cert_pem).ok()?;
@@ -247,55 +247,6 @@ pub fn renewal_point(
         Some(l) => na - l.renew_before,
         None => nb + (na - nb) * virt_certs::DEFAULT_ROTATION_FRACTION,
     })
-}
-
-fn chains(cert_pem: &str, ca_pem: &str, now: OffsetDateTime) -> bool {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, UnixTime};
-    let Ok(leaf) = CertificateDer::from_pem_slice(cert_pem.as_bytes()) else {
-        return false;
-    };
-    let cas: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(ca_pem.as_bytes())
-        .filter_map(Result::ok)
-        .collect();
-    let mut roots = rustls::RootCertStore::empty();
-    for c in cas {
-        let _ = roots.add(c);
-    }
-    if roots.is_empty() {
-        return false;
-    }
-    let Ok(secs) = u64::try_from(now.unix_timestamp()) else {
-        return false;
-    };
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let Ok(verifier) = rustls::client::WebPkiServerVerifier::builder_with_provider(
-        std::sync::Arc::new(roots),
-        provider,
-    )
-    .build() else {
-        return false;
-    };
-    let Some(dns) = node_identity_server_name(cert_pem) else {
-        return false;
-    };
-    use rustls::client::danger::ServerCertVerifier;
-    verifier
-        .verify_server_cert(
-            &leaf,
-            &[],
-            &dns,
-            &[],
-            UnixTime::since_unix_epoch(Duration::from_secs(secs)),
-        )
-        .is_ok()
-}
-
-/// The node name the certificate is for, as a TLS server name (its only SAN).
-fn node_identity_server_name(cert_pem: &str) -> Option<rustls_pki_types::ServerName<'static>> {
-    let cn = node_identity::common_name_of_pem(cert_pem)?;
-    let node = node_identity::node_of(&cn)?;
-    rustls_pki_types::ServerName::try_from(node.to_string()).ok()
 }
 
 /// The directory exists and only its owner can read it.
