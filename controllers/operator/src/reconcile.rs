@@ -751,45 +751,8 @@ async fn has_default_storage_class(client: &Client) -> Result<bool, Error> {
     }))
 }
 
-fn deployment_done(d: &Deployment) -> bool {
-    let (Some(spec), Some(st)) = (d.spec.as_ref(), d.status.as_ref()) else {
-        return false;
-    };
-    let want = spec.replicas.unwrap_or(1);
-    st.observed_generation >= d.metadata.generation
-        && st.updated_replicas.unwrap_or(0) == want
-        && st.available_replicas.unwrap_or(0) == want
-        && st.replicas.unwrap_or(0) == want
-}
-
-fn statefulset_done(s: &StatefulSet) -> bool {
-    let (Some(spec), Some(st)) = (s.spec.as_ref(), s.status.as_ref()) else {
-        return false;
-    };
-    let want = spec.replicas.unwrap_or(1);
-    st.observed_generation >= s.metadata.generation
-        && st.ready_replicas.unwrap_or(0) == want
-        && st.updated_replicas.unwrap_or(0) == want
-        && st.current_revision == st.update_revision
-}
-
-fn daemonset_done(d: &DaemonSet) -> bool {
-    let Some(st) = d.status.as_ref() else {
-        return false;
-    };
-    st.observed_generation >= d.metadata.generation
-        && st.updated_number_scheduled.unwrap_or(0) == st.desired_number_scheduled
-        && st.number_available.unwrap_or(0) == st.desired_number_scheduled
-}
-
 fn apiservice_available(a: &APIService) -> bool {
-    a.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| {
-            c.iter()
-                .any(|c| c.type_ == "Available" && c.status == "True")
-        })
+    status::apiservice_pending("", Some(a)).is_none()
 }
 
 /// When to reconcile a Deployed installation again: when the next certificate step is due
@@ -977,27 +940,27 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         return Ok(Action::requeue(BOOTSTRAP_IDLE));
     }
     let apis: Api<APIService> = Api::all(client.clone());
-    let mut apiservices_available = true;
+    let mut apiservices_pending = Vec::new();
     for group in [render::GROUP, render::SUBRESOURCES_GROUP] {
-        let a = apis.get_opt(&format!("v1.{group}")).await?;
-        apiservices_available &= a.as_ref().is_some_and(apiservice_available);
+        let name = format!("v1.{group}");
+        let a = apis.get_opt(&name).await?;
+        apiservices_pending.extend(status::apiservice_pending(&name, a.as_ref()));
     }
-    let etcd_done = sts_api
-        .get_opt(etcd::ETCD)
-        .await?
-        .as_ref()
-        .is_some_and(statefulset_done);
-    let controller_done = deployments
-        .get_opt(components::CONTROLLER)
-        .await?
-        .as_ref()
-        .is_some_and(deployment_done);
-    let handler_done = Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
-        .get_opt(components::HANDLER)
-        .await?
-        .as_ref()
-        .is_some_and(daemonset_done);
-    let apiserver_done = apiserver.as_ref().is_some_and(deployment_done);
+    let etcd_pending =
+        status::statefulset_pending(etcd::ETCD, sts_api.get_opt(etcd::ETCD).await?.as_ref());
+    let controller_pending = status::deployment_pending(
+        components::CONTROLLER,
+        deployments.get_opt(components::CONTROLLER).await?.as_ref(),
+    );
+    let handler_pending = status::daemonset_pending(
+        components::HANDLER,
+        Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
+            .get_opt(components::HANDLER)
+            .await?
+            .as_ref(),
+    );
+    let apiserver_pending = status::deployment_pending(render::NAME, apiserver.as_ref());
+    let handler_done = handler_pending.is_none();
     if handler_done {
         // Every handler now has its own certificate: the key an earlier version shared
         // between all nodes goes (its certificate no longer passes any name check).
@@ -1019,13 +982,22 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
     let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
         .list(&ListParams::default())
         .await?;
+    let rollout_pending: Vec<String> = [
+        etcd_pending,
+        apiserver_pending,
+        controller_pending,
+        handler_pending,
+        status::terminating_pending(&pods.items),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !rollout_pending.is_empty() || !apiservices_pending.is_empty() {
+        tracing::debug!(?rollout_pending, ?apiservices_pending, "rollout not done");
+    }
     let observed = Observed {
-        rolled_out: etcd_done
-            && apiserver_done
-            && controller_done
-            && handler_done
-            && !status::operand_pods_terminating(&pods.items),
-        apiservices_available,
+        rollout_pending,
+        apiservices_pending,
         apiserver_serving: serving,
         failure: status::pod_failure(&pods.items),
         invalid_config,

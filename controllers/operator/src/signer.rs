@@ -202,6 +202,18 @@ async fn sign(
     csr: &CertificateSigningRequest,
     node: &str,
 ) -> Result<(), SignerError> {
+    // The approval just written wakes this controller again while its cache may still show
+    // the request unsigned: a second certificate would be refused by kube-apiserver (one
+    // certificate per request), so the stored object decides.
+    let fresh = api.get(&csr.name_any()).await?;
+    if fresh
+        .status
+        .as_ref()
+        .and_then(|s| s.certificate.as_ref())
+        .is_some_and(|c| !c.0.is_empty())
+    {
+        return Ok(());
+    }
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), NAMESPACE);
     let secret_name = Domain::Handler.ca_secret();
     let now = OffsetDateTime::now_utc();

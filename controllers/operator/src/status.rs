@@ -1,6 +1,8 @@
 //! Pure decisions of the reconciler: which images and version a KubeVirt resource asks for,
 //! and the phase and conditions that follow from what the cluster shows.
 
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kubevirt_api::kubevirt::KubeVirtStatus;
 use kubevirt_api::{Condition, ConditionStatus};
 
@@ -56,14 +58,16 @@ pub fn target(spec: &KubeVirtSpec, d: &Defaults) -> Target {
     }
 }
 
-/// What the reconciler saw of the deployment.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// What the reconciler saw of the deployment. No `Default`: an empty list means "nothing
+/// pending", which must be what the reconciler saw, never a forgotten field.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Observed {
-    /// Every workload (etcd, virt-apiserver, virt-controller, virt-handler) runs the target's
-    /// pod template, all replicas updated and available.
-    pub rolled_out: bool,
-    /// Both APIServices report Available=True.
-    pub apiservices_available: bool,
+    /// What keeps the rollout from being done, one phrase per workload (etcd, virt-apiserver,
+    /// virt-controller, virt-handler) naming what it waits for; empty once every workload runs
+    /// the target's pod template with all replicas updated and available.
+    pub rollout_pending: Vec<String>,
+    /// Each APIService not reporting Available=True, with why; empty when both do.
+    pub apiservices_pending: Vec<String>,
     /// At least one virt-apiserver replica serves (the API is up even mid-rollout).
     pub apiserver_serving: bool,
     /// A workload that is not progressing (e.g. a pod crash-looping), with why.
@@ -90,19 +94,124 @@ const STUCK: &[&str] = &[
     "RunContainerError",
 ];
 
-/// Whether a pod of an operand (not the operator's own) is still terminating: an old
+/// What a Deployment named `name` still waits for before it runs its latest pod template on
+/// every replica, or `None` when it does.
+pub fn deployment_pending(name: &str, d: Option<&Deployment>) -> Option<String> {
+    let Some(d) = d else {
+        return Some(format!("{name}: not created yet"));
+    };
+    let (Some(spec), Some(st)) = (d.spec.as_ref(), d.status.as_ref()) else {
+        return Some(format!("{name}: no status yet"));
+    };
+    let want = spec.replicas.unwrap_or(1);
+    if st.observed_generation < d.metadata.generation {
+        return Some(format!(
+            "{name}: its controller has not seen the latest spec"
+        ));
+    }
+    let updated = st.updated_replicas.unwrap_or(0);
+    let available = st.available_replicas.unwrap_or(0);
+    let replicas = st.replicas.unwrap_or(0);
+    (updated != want || available != want || replicas != want).then(|| {
+        format!(
+            "{name}: {updated} of {want} replicas updated, {available} available, {replicas} in all"
+        )
+    })
+}
+
+/// [`deployment_pending`] for a StatefulSet (ready replicas, one revision).
+pub fn statefulset_pending(name: &str, s: Option<&StatefulSet>) -> Option<String> {
+    let Some(s) = s else {
+        return Some(format!("{name}: not created yet"));
+    };
+    let (Some(spec), Some(st)) = (s.spec.as_ref(), s.status.as_ref()) else {
+        return Some(format!("{name}: no status yet"));
+    };
+    let want = spec.replicas.unwrap_or(1);
+    if st.observed_generation < s.metadata.generation {
+        return Some(format!(
+            "{name}: its controller has not seen the latest spec"
+        ));
+    }
+    let ready = st.ready_replicas.unwrap_or(0);
+    let updated = st.updated_replicas.unwrap_or(0);
+    if ready != want || updated != want {
+        return Some(format!(
+            "{name}: {updated} of {want} replicas updated, {ready} ready"
+        ));
+    }
+    (st.current_revision != st.update_revision)
+        .then(|| format!("{name}: its pods are not all at the update revision yet"))
+}
+
+/// [`deployment_pending`] for a DaemonSet (one pod per scheduled node).
+pub fn daemonset_pending(name: &str, d: Option<&DaemonSet>) -> Option<String> {
+    let Some(d) = d else {
+        return Some(format!("{name}: not created yet"));
+    };
+    let Some(st) = d.status.as_ref() else {
+        return Some(format!("{name}: no status yet"));
+    };
+    if st.observed_generation < d.metadata.generation {
+        return Some(format!(
+            "{name}: its controller has not seen the latest spec"
+        ));
+    }
+    let want = st.desired_number_scheduled;
+    let updated = st.updated_number_scheduled.unwrap_or(0);
+    let available = st.number_available.unwrap_or(0);
+    (updated != want || available != want)
+        .then(|| format!("{name}: {updated} of {want} nodes updated, {available} available"))
+}
+
+/// Why the APIService `name` is not Available (kube-apiserver's reason and message), or
+/// `None` when it is.
+pub fn apiservice_pending(name: &str, a: Option<&APIService>) -> Option<String> {
+    let Some(a) = a else {
+        return Some(format!("APIService {name}: not created yet"));
+    };
+    let cond = a
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Available"));
+    match cond {
+        Some(c) if c.status == "True" => None,
+        Some(c) => Some(
+            format!(
+                "APIService {name}: {} {}",
+                c.reason.as_deref().unwrap_or("not available"),
+                c.message.as_deref().unwrap_or_default()
+            )
+            .trim_end()
+            .to_string(),
+        ),
+        None => Some(format!("APIService {name}: no Available condition yet")),
+    }
+}
+
+/// Names of the operand pods being deleted (virt-operator's own excluded).
+fn terminating_operand_pods(pods: &[k8s_openapi::api::core::v1::Pod]) -> Vec<String> {
+    pods.iter()
+        .filter(|p| {
+            let operand = p
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app.kubernetes.io/name"))
+                .is_some_and(|n| n != "virt-operator");
+            operand && p.metadata.deletion_timestamp.is_some()
+        })
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
+        .collect()
+}
+
+/// What the rollout waits for because of terminating operand pods, or `None`: an old
 /// virt-controller acts until it is gone (it may create a launcher pod from the previous
 /// configuration), so a rollout is not done while one remains.
-pub fn operand_pods_terminating(pods: &[k8s_openapi::api::core::v1::Pod]) -> bool {
-    pods.iter().any(|p| {
-        let operand = p
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get("app.kubernetes.io/name"))
-            .is_some_and(|n| n != "virt-operator");
-        operand && p.metadata.deletion_timestamp.is_some()
-    })
+pub fn terminating_pending(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> {
+    let names = terminating_operand_pods(pods);
+    (!names.is_empty()).then(|| format!("pods still terminating: {}", names.join(", ")))
 }
 
 /// Why the deployment is failing, from its pods: the containers stuck in a state that needs
@@ -309,14 +418,22 @@ pub fn status(
     generation: Option<i64>,
     now: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 ) -> KubeVirtStatus {
-    let done = observed.rolled_out && observed.apiservices_available;
+    let apiservices_available = observed.apiservices_pending.is_empty();
+    let done = observed.rollout_pending.is_empty() && apiservices_available;
     let prev_observed = previous.and_then(|s| s.observed_kube_virt_version.clone());
     let observed_version = if done {
         Some(target.version.clone())
     } else {
         prev_observed
     };
-    let available = observed.apiservices_available && observed.apiserver_serving;
+    let available = apiservices_available && observed.apiserver_serving;
+    let waiting = observed
+        .rollout_pending
+        .iter()
+        .chain(&observed.apiservices_pending)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join("; ");
     let mut conditions = vec![
         if available {
             cond(
@@ -334,7 +451,14 @@ pub fn status(
                 "Available",
                 false,
                 "DeploymentInProgress",
-                "virt-apiserver is not serving both APIServices yet.",
+                &if observed.apiservices_pending.is_empty() {
+                    "No virt-apiserver replica is available yet.".to_string()
+                } else {
+                    format!(
+                        "virt-apiserver is not serving both APIServices yet: {}.",
+                        observed.apiservices_pending.join("; ")
+                    )
+                },
             )
         },
         if done {
@@ -349,7 +473,10 @@ pub fn status(
                 "Progressing",
                 true,
                 "DeploymentInProgress",
-                &format!("Deploying version {}.", target.version),
+                &format!(
+                    "Deploying version {}: waiting for {waiting}.",
+                    target.version
+                ),
             )
         },
         match (&observed.failure, &observed.invalid_config) {
@@ -421,9 +548,12 @@ mod tests {
             }}))
             .unwrap()
         };
-        assert!(!operand_pods_terminating(&[pod("virt-controller", false)]));
-        assert!(operand_pods_terminating(&[pod("virt-controller", true)]));
-        assert!(!operand_pods_terminating(&[pod("virt-operator", true)]));
+        assert_eq!(terminating_pending(&[pod("virt-controller", false)]), None);
+        assert_eq!(
+            terminating_pending(&[pod("virt-controller", true)]).as_deref(),
+            Some("pods still terminating: virt-controller-x")
+        );
+        assert_eq!(terminating_pending(&[pod("virt-operator", true)]), None);
     }
 
     #[test]
@@ -443,15 +573,53 @@ mod tests {
         assert_eq!(t.version, "v2");
     }
 
+    /// A fresh install: nothing created yet.
+    fn fresh() -> Observed {
+        Observed {
+            rollout_pending: vec!["kubevirt-apiserver: not created yet".into()],
+            apiservices_pending: vec!["APIService v1.kubevirt.io: not created yet".into()],
+            apiserver_serving: false,
+            failure: None,
+            invalid_config: None,
+            unsupported: None,
+        }
+    }
+
+    fn condition(s: &KubeVirtStatus, ty: &str) -> Condition {
+        s.conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == ty)
+            .unwrap()
+            .clone()
+    }
+
     #[test]
     fn deployed_only_when_rolled_out_and_the_apiservices_are_available() {
         let t = target(&KubeVirtSpec::default(), &defaults());
-        let s = status(None, &t, &Observed::default(), Some(1), now());
+        let s = status(None, &t, &fresh(), Some(1), now());
         assert_eq!(s.phase.as_deref(), Some(DEPLOYING));
         assert_eq!(s.observed_kube_virt_version, None);
+        // What the installation waits for is in its conditions, so `kubectl get kubevirt -o
+        // yaml` (and a deploy that times out) says which part is stuck.
+        assert_eq!(
+            condition(&s, "Progressing").message.as_deref(),
+            Some(
+                "Deploying version 0.1.0: waiting for kubevirt-apiserver: not created yet; \
+                 APIService v1.kubevirt.io: not created yet."
+            )
+        );
+        assert_eq!(
+            condition(&s, "Available").message.as_deref(),
+            Some(
+                "virt-apiserver is not serving both APIServices yet: APIService v1.kubevirt.io: \
+                 not created yet."
+            )
+        );
         let ok = Observed {
-            rolled_out: true,
-            apiservices_available: true,
+            rollout_pending: vec![],
+            apiservices_pending: vec![],
             apiserver_serving: true,
             failure: None,
             invalid_config: None,
@@ -479,7 +647,7 @@ mod tests {
         };
         let t2 = target(&spec, &defaults());
         let rolling = Observed {
-            rolled_out: false,
+            rollout_pending: vec!["virt-handler: 1 of 2 nodes updated, 2 available".into()],
             ..ok.clone()
         };
         let s2 = status(Some(&s), &t2, &rolling, Some(2), now());
@@ -658,7 +826,7 @@ mod tests {
         let t = target(&s, &defaults());
         let observed = Observed {
             unsupported: Some(note.clone()),
-            ..Observed::default()
+            ..fresh()
         };
         let st = status(None, &t, &observed, Some(1), now());
         let c = st
@@ -671,12 +839,80 @@ mod tests {
         assert_eq!(c.status, ConditionStatus::True);
         assert_eq!(c.reason.as_deref(), Some(NOT_IMPLEMENTED));
         assert_eq!(c.message.as_deref(), Some(note.as_str()));
-        let st = status(Some(&st), &t, &Observed::default(), Some(2), now());
+        let st = status(Some(&st), &t, &fresh(), Some(2), now());
         assert!(
             !st.conditions
                 .unwrap()
                 .iter()
                 .any(|c| c.type_ == UNSUPPORTED_FIELDS)
+        );
+    }
+
+    #[test]
+    fn each_workload_names_what_it_waits_for() {
+        let dep: Deployment = serde_json::from_value(serde_json::json!({
+            "metadata": {"generation": 2},
+            "spec": {"replicas": 2, "selector": {}, "template": {}},
+            "status": {"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 0},
+        }))
+        .unwrap();
+        assert_eq!(
+            deployment_pending("kubevirt-apiserver", Some(&dep)).as_deref(),
+            Some("kubevirt-apiserver: 2 of 2 replicas updated, 0 available, 2 in all")
+        );
+        assert_eq!(
+            deployment_pending("kubevirt-apiserver", None).as_deref(),
+            Some("kubevirt-apiserver: not created yet")
+        );
+        let mut done = dep.clone();
+        done.status.as_mut().unwrap().available_replicas = Some(2);
+        assert_eq!(deployment_pending("kubevirt-apiserver", Some(&done)), None);
+        let mut stale = done;
+        stale.metadata.generation = Some(3);
+        assert!(
+            deployment_pending("x", Some(&stale))
+                .unwrap()
+                .contains("latest spec")
+        );
+
+        let ds: DaemonSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"generation": 1},
+            "status": {"observedGeneration": 1, "desiredNumberScheduled": 2,
+                       "updatedNumberScheduled": 1, "numberAvailable": 2,
+                       "currentNumberScheduled": 2, "numberMisscheduled": 0, "numberReady": 2},
+        }))
+        .unwrap();
+        assert_eq!(
+            daemonset_pending("virt-handler", Some(&ds)).as_deref(),
+            Some("virt-handler: 1 of 2 nodes updated, 2 available")
+        );
+
+        let sts: StatefulSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"generation": 1},
+            "spec": {"replicas": 1, "selector": {}, "serviceName": "e", "template": {}},
+            "status": {"observedGeneration": 1, "replicas": 1, "readyReplicas": 1,
+                       "updatedReplicas": 1, "currentRevision": "a", "updateRevision": "b"},
+        }))
+        .unwrap();
+        assert_eq!(
+            statefulset_pending("kubevirt-etcd", Some(&sts)).as_deref(),
+            Some("kubevirt-etcd: its pods are not all at the update revision yet")
+        );
+
+        let api: APIService = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "v1.kubevirt.io"},
+            "spec": {"groupPriorityMinimum": 1000, "versionPriority": 15},
+            "status": {"conditions": [{"type": "Available", "status": "False",
+                "reason": "FailedDiscoveryCheck", "message": "failing or missing response"}]},
+        }))
+        .unwrap();
+        assert_eq!(
+            apiservice_pending("v1.kubevirt.io", Some(&api)).as_deref(),
+            Some("APIService v1.kubevirt.io: FailedDiscoveryCheck failing or missing response")
+        );
+        assert_eq!(
+            apiservice_pending("v1.kubevirt.io", None).as_deref(),
+            Some("APIService v1.kubevirt.io: not created yet")
         );
     }
 }

@@ -261,7 +261,7 @@ fn wait_deployed(k: &Kubectl, tag: &str, timeout: Duration) -> anyhow::Result<()
     let deadline = Instant::now() + timeout;
     let mut last = String::new();
     while Instant::now() < deadline {
-        let kv = k.json(&["-n", NAMESPACE, "get", "kubevirt", "kubevirt"])?;
+        let kv = k.json(&["-n", NAMESPACE, "get", KUBEVIRT_RESOURCE, "kubevirt"])?;
         let now = kv.as_ref().map(|kv| deploy_state(kv, tag));
         match now {
             Some(Ok(())) => return Ok(()),
@@ -399,35 +399,49 @@ fn check_no_crd(k: &Kubectl) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The KubeVirt resource by its CRD's own version: `kubevirt` alone resolves through
+/// discovery to `kubevirt.io/v1` (virt-apiserver's proxy), which is absent until the
+/// APIService serves, and which a kubectl discovery cache from an earlier cluster on the same
+/// address may claim is there.
+const KUBEVIRT_RESOURCE: &str = "kubevirts.v1alpha3.kubevirt.io";
+
+/// What a deploy that timed out shows: each query on its own (one failing hides nothing
+/// else), the operator's log from every replica (the leader is the one that acts), and the
+/// namespace's events.
 fn diagnose(k: &Kubectl) -> String {
     let mut out = String::new();
     let apiserver = format!("deployment/{}", virt_operator::render::NAME);
     let controller = format!("deployment/{}", components::CONTROLLER);
     let handler = format!("daemonset/{}", components::HANDLER);
+    let status = format!("{KUBEVIRT_RESOURCE}/kubevirt");
     for args in [
+        vec!["-n", NAMESPACE, "get", &status, "-o", "jsonpath={.status}"],
         vec![
             "-n",
             NAMESPACE,
             "get",
-            "kubevirt,pods,sts,pvc",
+            "pods,deployments,daemonsets,sts,pvc",
             "-o",
             "wide",
         ],
+        vec!["get", "apiservices"],
         vec![
-            "-n",
-            NAMESPACE,
             "get",
-            "kubevirt",
-            "kubevirt",
+            "apiservice",
+            "v1.kubevirt.io",
+            "v1.subresources.kubevirt.io",
             "-o",
-            "jsonpath={.status}",
+            "yaml",
         ],
+        vec!["-n", NAMESPACE, "get", "events", "--sort-by=.lastTimestamp"],
         vec![
             "-n",
             NAMESPACE,
             "logs",
-            "deployment/virt-operator",
-            "--tail=20",
+            "-l",
+            "app.kubernetes.io/name=virt-operator",
+            "--prefix",
+            "--tail=60",
         ],
         vec![
             "-n",
@@ -435,16 +449,13 @@ fn diagnose(k: &Kubectl) -> String {
             "logs",
             &apiserver,
             "--all-containers",
-            "--tail=20",
+            "--tail=30",
         ],
-        vec!["get", "apiservice", "v1.kubevirt.io", "-o", "yaml"],
         vec!["-n", NAMESPACE, "logs", &controller, "--tail=20"],
         vec!["-n", NAMESPACE, "logs", &handler, "--tail=20"],
-    ]
-    .iter()
-    {
-        let a: Vec<&str> = args.iter().map(|s| &**s).collect();
-        match k.run(&a, None) {
+    ] {
+        out.push_str(&format!("--- kubectl {}\n", args.join(" ")));
+        match k.run(&args, None) {
             Ok(s) => out.push_str(&s),
             Err(e) => out.push_str(&format!("{e:#}\n")),
         }
