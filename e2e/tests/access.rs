@@ -2,9 +2,10 @@
 //! guest's HTTP server on its default (masquerade) pod interface, with local ports and
 //! with `--stdio` (ssh's ProxyCommand form); `kubectl virt ssh` with a key the guest got
 //! from cloud-init (exit codes come back), `kubectl virt scp` of 10 MiB both ways
-//! byte-exact; upstream virtctl's port-forward and ssh, unchanged, against the same VM; a
-//! port nothing listens on fails at once with a message naming it; a stopped VM is "not
-//! running". The test runs on the host, with no route used but
+//! byte-exact; UDP forwarding (datagrams to the guest's echo service come back, with our
+//! plugin and with upstream virtctl; a closed UDP port ends the forward with the reason);
+//! upstream virtctl's port-forward and ssh, unchanged, against the same VM; a port nothing
+//! listens on fails at once with a message naming it; a stopped VM is "not running". The test runs on the host, with no route used but
 //! loopback and the API server.
 //!
 //! Run with `cargo test -p e2e --test access -- --ignored --test-threads=1`.
@@ -25,6 +26,56 @@ fn http_get(mut s: impl Read + Write) -> String {
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     out
+}
+
+/// Sends `payload` to the UDP `addr` until it comes back (UDP may lose the first datagrams
+/// while the forward opens, and a forwarder just started may not listen yet), at most
+/// `tries` times; what came back.
+fn udp_echo(addr: &str, payload: &[u8], tries: usize) -> Option<Vec<u8>> {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    s.connect(addr).unwrap();
+    let mut buf = vec![0u8; 65_536];
+    (0..tries).find_map(|_| {
+        let got = s.send(payload).and_then(|_| s.recv(&mut buf));
+        match got {
+            Ok(n) => Some(buf[..n].to_vec()),
+            // Refused at once (nothing listens locally yet: the forwarder is starting):
+            // give it a moment rather than burning the tries.
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(500));
+                None
+            }
+        }
+    })
+}
+
+/// A free loopback UDP port (bound, noted, released).
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+/// Starts `kubectl virt port-forward` with `args` and returns it with the local address of
+/// its first "Forwarding from" line.
+fn forward(ns: &Ns<'_>, args: &[&str]) -> (std::process::Child, String) {
+    let mut fwd = plugin(ns, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl virt port-forward");
+    let mut line = String::new();
+    BufReader::new(fwd.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .strip_prefix("Forwarding from ")
+        .and_then(|l| l.split(" -> ").next())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    (fwd, addr)
 }
 
 /// The test guest with root's SSH key in its cloud-init user data.
@@ -88,20 +139,7 @@ fn port_forward_reaches_the_guest_through_the_api_server() {
     );
 
     // A local port: every connection is a forward of its own.
-    let mut fwd = plugin(&ns, &["port-forward", "vm/web", "0:80"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl virt port-forward");
-    let mut line = String::new();
-    BufReader::new(fwd.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .strip_prefix("Forwarding from ")
-        .and_then(|l| l.split(" -> ").next())
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
+    let (mut fwd, addr) = forward(&ns, &["port-forward", "vm/web", "0:80"]);
     for _ in 0..3 {
         let s = std::net::TcpStream::connect(&addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
@@ -110,6 +148,36 @@ fn port_forward_reaches_the_guest_through_the_api_server() {
     }
     let _ = fwd.kill();
     let _ = fwd.wait();
+
+    // UDP (virtctl's `udp/LOCAL:REMOTE`): one websocket message per datagram, to the guest's
+    // echo service; every datagram keeps its bounds, a large one included.
+    let udp_port = virt_testguest::UDP_ECHO_PORT.to_string();
+    let (mut fwd, addr) = forward(
+        &ns,
+        &["port-forward", "vm/web", &format!("udp/0:{udp_port}")],
+    );
+    let small = udp_echo(&addr, b"kubevirt-rs datagram", 10);
+    assert_eq!(
+        small.as_deref(),
+        Some(&b"kubevirt-rs datagram"[..]),
+        "UDP echo via {addr}"
+    );
+    let large: Vec<u8> = (0..8000u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(
+        udp_echo(&addr, &large, 5),
+        Some(large),
+        "an 8000-byte datagram"
+    );
+    let _ = fwd.kill();
+    let _ = fwd.wait();
+    // A UDP port nothing listens on: the guest's "port unreachable" ends the forward, and
+    // the plugin says why instead of leaving the client waiting for ever.
+    let (mut fwd, addr) = forward(&ns, &["port-forward", "vm/web", "udp/0:9"]);
+    assert_eq!(udp_echo(&addr, b"anyone?", 3), None);
+    let _ = fwd.kill();
+    let out = fwd.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("UDP port is closed"), "closed UDP port: {err}");
 
     // ssh and scp with the local OpenSSH client, carried by port-forward --stdio.
     let ssh = |args: &[&str]| {
@@ -256,6 +324,18 @@ fn port_forward_reaches_the_guest_through_the_api_server() {
     );
     // (virtctl itself turns any failure of ssh into its own exit code 1.)
     assert!(out.status.success(), "virtctl ssh: {out:?}");
+    // virtctl's UDP forward (a local port it listens on until killed).
+    let local = free_udp_port();
+    let mut pf = upstream(&["port-forward", "vm/web", &format!("udp/{local}:{udp_port}")]);
+    let echoed = udp_echo(&format!("127.0.0.1:{local}"), b"virtctl datagram", 10);
+    let _ = pf.kill();
+    let out = pf.wait_with_output().unwrap();
+    assert_eq!(
+        echoed.as_deref(),
+        Some(&b"virtctl datagram"[..]),
+        "virtctl UDP port-forward: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // Nothing listens on 81: the forward fails at once, naming the port.
     let t0 = Instant::now();

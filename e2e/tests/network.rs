@@ -405,6 +405,13 @@ fn bridge_vm_takes_the_pod_ip() {
         Duration::from_secs(30),
         || ns.get("vmi", "br", "{.status.interfaces[0].ipAddress}") == pod_ip,
     );
+    // port-forward through the API server reaches a bridge-bound guest too (virt-handler
+    // dials its pod IP over the pod network, as KubeVirt's virt-api does).
+    let page = common::page_via_stdio(&ns, "br");
+    assert!(
+        page.contains(&format!("inet {pod_ip}/")),
+        "port-forward to the bridge-bound guest: {page}"
+    );
 }
 
 #[test]

@@ -153,12 +153,12 @@ pub enum Command {
     /// Forward local ports to ports of a VM's guest, through the API server (no route to
     /// the pod network needed).
     #[command(
-        after_help = "Examples:\n  kubectl virt port-forward vm/web 8080:80\n  ssh -o ProxyCommand='kubectl virt port-forward --stdio vm/web 22' root@web"
+        after_help = "Examples:\n  kubectl virt port-forward vm/web 8080:80\n  kubectl virt port-forward vm/dns udp/5353:53\n  ssh -o ProxyCommand='kubectl virt port-forward --stdio vm/web 22' root@web"
     )]
     PortForward {
         /// vm/NAME, vmi/NAME, or NAME (a VMI).
         target: String,
-        /// [LOCAL:]REMOTE ports; LOCAL 0 picks a free port.
+        /// [tcp/|udp/][LOCAL:]REMOTE ports (tcp by default); LOCAL 0 picks a free port.
         ports: Vec<String>,
         /// Local address to listen on.
         #[arg(long, default_value = "127.0.0.1")]

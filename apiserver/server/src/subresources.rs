@@ -202,10 +202,7 @@ fn stream_path(sub: &Subresource, rest: &[String]) -> ApiResult<String> {
         .filter(|p| *p > 0)
         .ok_or_else(|| ApiError::bad_request(format!("invalid port {port:?}: 1-65535")))?;
     match protocol {
-        "tcp" => Ok(format!("{}/{port}/tcp", sub.name)),
-        "udp" => Err(ApiError::bad_request(
-            "protocol udp is not supported by kubevirt-rs yet; use tcp",
-        )),
+        "tcp" | "udp" => Ok(format!("{}/{port}/{protocol}", sub.name)),
         other => Err(ApiError::bad_request(format!(
             "invalid protocol {other:?}: tcp or udp"
         ))),
@@ -771,13 +768,14 @@ mod tests {
         let pf = &catalogue::PORTFORWARD_VMI;
         assert_eq!(path(pf, &["22"]).unwrap(), "portforward/22/tcp");
         assert_eq!(path(pf, &["8080", "tcp"]).unwrap(), "portforward/8080/tcp");
+        assert_eq!(path(pf, &["53", "udp"]).unwrap(), "portforward/53/udp");
         for bad in [
             &["0"][..],
             &["65536"],
             &["ssh"],
             &[],
             &["22", "sctp"],
-            &["22", "udp"],
+            &["22", "UDP"],
         ] {
             let e = path(pf, bad).unwrap_err();
             assert_eq!(e.code, 400, "{bad:?}: {}", e.message);

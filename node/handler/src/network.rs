@@ -118,11 +118,6 @@ pub enum GuestConnectError {
     /// No plan: the VMI has no pod network interface, or its network is not set up yet.
     #[error("the VMI has no interface on the pod network (or it is not set up yet)")]
     NoNetwork,
-    /// Only the masquerade binding is reachable from the pod's namespace.
-    #[error(
-        "port-forward reaches guests on the masquerade binding; this VMI's interface uses bridge"
-    )]
-    Bridge,
     /// The guest answered with a reset.
     #[error("the guest refused the connection to port {0} (nothing listens there?)")]
     Refused(u16),
@@ -138,44 +133,81 @@ pub enum GuestConnectError {
 pub const GUEST_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Opens a TCP connection to `port` of the guest whose launcher has socket directory
-/// `dir`, from inside the launcher pod's network namespace (the guest's 10.0.2.2 is
-/// reachable only there). The launcher's PID comes from the peer credentials of its
-/// command socket.
+/// `dir`. A masquerade guest (10.0.2.2) is reachable only inside the launcher pod's network
+/// namespace: the connection is made there, the launcher's PID taken from the peer
+/// credentials of its command socket. A bridge-bound guest holds the pod's IP and the pod's
+/// namespace keeps no address to reach it from: the connection goes over the pod network
+/// from virt-handler's own pod, as KubeVirt's virt-api dials such guests (NetworkPolicies
+/// that isolate the VM's pod apply to it as to any client).
 pub async fn connect_guest(
     dir: PathBuf,
     port: u16,
 ) -> Result<tokio::net::TcpStream, GuestConnectError> {
     let other = |e: &dyn std::fmt::Display| GuestConnectError::Other(e.to_string());
-    let std_stream = tokio::task::spawn_blocking(move || {
+    let s = reach_guest(dir, port, |addr| {
+        let s = std::net::TcpStream::connect_timeout(&addr, GUEST_CONNECT_TIMEOUT)?;
+        let _ = s.set_nodelay(true);
+        s.set_nonblocking(true)?;
+        Ok(s)
+    })
+    .await?;
+    tokio::net::TcpStream::from_std(s).map_err(|e| other(&e))
+}
+
+/// [`connect_guest`] for UDP: a socket connected to `port` of the guest (from where a TCP
+/// connection would come), so that only the guest's datagrams arrive on it and an ICMP
+/// "port unreachable" shows as `ConnectionRefused` on its next receive.
+pub async fn connect_guest_udp(
+    dir: PathBuf,
+    port: u16,
+) -> Result<tokio::net::UdpSocket, GuestConnectError> {
+    let other = |e: &dyn std::fmt::Display| GuestConnectError::Other(e.to_string());
+    let s = reach_guest(dir, port, |addr| {
+        let s = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))?;
+        s.connect(addr)?;
+        s.set_nonblocking(true)?;
+        Ok(s)
+    })
+    .await?;
+    tokio::net::UdpSocket::from_std(s).map_err(|e| other(&e))
+}
+
+/// Opens a socket with `open(guest address)` where the guest is reachable (see
+/// [`connect_guest`]), on a blocking thread (entering a namespace is per thread).
+async fn reach_guest<S, F>(dir: PathBuf, port: u16, open: F) -> Result<S, GuestConnectError>
+where
+    S: Send + 'static,
+    F: FnOnce(std::net::SocketAddr) -> std::io::Result<S> + Send + 'static,
+{
+    let other = |e: &dyn std::fmt::Display| GuestConnectError::Other(e.to_string());
+    tokio::task::spawn_blocking(move || {
         let net: NetworkPlan = std::fs::read(dir.join(PLAN_FILE))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .ok_or(GuestConnectError::NoNetwork)?;
-        if net.binding == plan::Binding::Bridge {
-            return Err(GuestConnectError::Bridge);
-        }
-        let cmd = UnixStream::connect(dir.join("cmd.sock")).map_err(|e| other(&e))?;
-        let pid = handoff::peer_pid(&cmd).map_err(|e| other(&e))?;
-        drop(cmd);
-        let netns = NetNs::of_pid(pid).map_err(|e| other(&e))?;
         let addr = std::net::SocketAddr::from((net.lease.address.addr, port));
-        let s = netns
-            .run(|| std::net::TcpStream::connect_timeout(&addr, GUEST_CONNECT_TIMEOUT))
-            .map_err(|e| other(&e))?
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::ConnectionRefused => GuestConnectError::Refused(port),
-                std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
-                    GuestConnectError::Timeout(port, GUEST_CONNECT_TIMEOUT)
-                }
-                _ => other(&e),
-            })?;
-        s.set_nonblocking(true).map_err(|e| other(&e))?;
-        let _ = s.set_nodelay(true);
+        let s = if net.binding == plan::Binding::Bridge {
+            open(addr)
+        } else {
+            let cmd = UnixStream::connect(dir.join("cmd.sock")).map_err(|e| other(&e))?;
+            let pid = handoff::peer_pid(&cmd).map_err(|e| other(&e))?;
+            drop(cmd);
+            NetNs::of_pid(pid)
+                .map_err(|e| other(&e))?
+                .run(|| open(addr))
+                .map_err(|e| other(&e))?
+        };
+        let s = s.map_err(|e| match e.kind() {
+            std::io::ErrorKind::ConnectionRefused => GuestConnectError::Refused(port),
+            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
+                GuestConnectError::Timeout(port, GUEST_CONNECT_TIMEOUT)
+            }
+            _ => other(&e),
+        })?;
         Ok(s)
     })
     .await
-    .map_err(|e| other(&e))??;
-    tokio::net::TcpStream::from_std(std_stream).map_err(|e| other(&e))
+    .map_err(|e| other(&e))?
 }
 
 /// Makes the node's shared QEMU capabilities cache (a host directory every launcher pod

@@ -490,14 +490,22 @@ async fn open_portforward(
             format!("invalid port {port:?}: 1-65535"),
         );
     };
-    if protocol != "tcp" {
-        return status(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            format!("protocol {protocol:?} is not supported; use tcp"),
-        );
-    }
-    let tcp = match crate::network::connect_guest(st.paths.dir(&uid), port).await {
+    let guest = match protocol.as_str() {
+        "tcp" => crate::network::connect_guest(st.paths.dir(&uid), port)
+            .await
+            .map(GuestSocket::Tcp),
+        "udp" => crate::network::connect_guest_udp(st.paths.dir(&uid), port)
+            .await
+            .map(GuestSocket::Udp),
+        other => {
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                format!("invalid protocol {other:?}: tcp or udp"),
+            );
+        }
+    };
+    let guest = match guest {
         Ok(s) => s,
         Err(e) => {
             let code = match e {
@@ -519,8 +527,7 @@ async fn open_portforward(
         .protocols([PLAIN_PROTOCOL])
         .on_upgrade(move |ws| async move {
             open.inc();
-            tracing::info!(%ns, %name, port, "port-forward opened");
-            let (r, w) = tcp.into_split();
+            tracing::info!(%ns, %name, port, %protocol, "port-forward opened");
             // A connection into the pod's network outlives the guest it reached: once the
             // guest has migrated (or stopped) nothing answers there and it would hang until
             // TCP gives up. The launcher's events say when: the forward ends then, with the
@@ -533,11 +540,19 @@ async fn open_portforward(
                 left.clone(),
                 gone.clone(),
             ));
-            // Bulk transfers (scp, downloads): fewer, larger messages through every hop.
-            let (out_rx, in_tx, tasks) = socket_tasks(r, w, FORWARD_CHUNK, gone);
+            let refused = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (out_rx, in_tx, tasks) = match guest {
+                // Bulk transfers (scp, downloads): fewer, larger messages through every hop.
+                GuestSocket::Tcp(tcp) => {
+                    let (r, w) = tcp.into_split();
+                    socket_tasks(r, w, FORWARD_CHUNK, gone)
+                }
+                GuestSocket::Udp(udp) => datagram_tasks(udp, gone, refused.clone()),
+            };
             let reason = move || match left.load(Ordering::Acquire) {
                 GUEST_MIGRATED => (1001, MIGRATED_AWAY),
                 GUEST_STOPPED => (1001, STOPPED_HERE),
+                _ if refused.load(Ordering::Acquire) => (1011, UDP_PORT_CLOSED),
                 _ => (1000, "the guest closed the connection"),
             };
             pump(
@@ -552,14 +567,88 @@ async fn open_portforward(
             watch.abort();
             drop(tasks);
             open.dec();
-            tracing::info!(%ns, %name, port, "port-forward closed");
+            tracing::info!(%ns, %name, port, %protocol, "port-forward closed");
         })
 }
 
-/// Moves bytes between a websocket and a launcher socket: `out` chunks become binary
-/// messages, binary messages go to `input` (dropped for observers; other message kinds
-/// are skipped, as KubeVirt's clients do). Pings every `ping_every`; a ping unanswered
-/// until the next one closes the session. `stop` closes it with [`TAKEN_OVER`].
+/// The guest end of a port-forward.
+enum GuestSocket {
+    Tcp(tokio::net::TcpStream),
+    /// Connected to the guest's port: one datagram per websocket message, both ways, as
+    /// upstream virtctl frames UDP.
+    Udp(tokio::net::UdpSocket),
+}
+
+/// Close reason of a UDP forward whose guest port answered ICMP "port unreachable".
+pub const UDP_PORT_CLOSED: &str =
+    "the guest's UDP port is closed (ICMP port unreachable): nothing listens there?";
+
+/// Largest datagram relayed (UDP's payload limit).
+const MAX_DATAGRAM: usize = 65_535;
+
+/// [`socket_tasks`] for a connected UDP socket, keeping datagram boundaries: each datagram
+/// from the guest is one chunk out, each chunk in is one datagram. Ends when `until` fires
+/// or the guest's port is unreachable (then `refused` is set: UDP has no close to end a
+/// forward, and a client sending into a closed port should hear why nothing comes back).
+fn datagram_tasks(
+    sock: tokio::net::UdpSocket,
+    until: CancellationToken,
+    refused: Arc<std::sync::atomic::AtomicBool>,
+) -> (
+    mpsc::Receiver<Bytes>,
+    mpsc::Sender<Bytes>,
+    tokio::task::JoinSet<()>,
+) {
+    let (out_tx, out_rx) = mpsc::channel::<Bytes>(QUEUE);
+    let (in_tx, mut in_rx) = mpsc::channel::<Bytes>(QUEUE);
+    let sock = Arc::new(sock);
+    let mut tasks = tokio::task::JoinSet::new();
+    let done = CancellationToken::new();
+    let (rx_sock, rx_done, rx_refused) = (sock.clone(), done.clone(), refused.clone());
+    tasks.spawn(async move {
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        loop {
+            let n = tokio::select! {
+                _ = until.cancelled() => break,
+                _ = rx_done.cancelled() => break,
+                n = rx_sock.recv(&mut buf) => n,
+            };
+            match n {
+                Ok(n) => {
+                    if out_tx
+                        .send(Bytes::copy_from_slice(&buf[..n]))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    rx_refused.store(true, Ordering::Release);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        // Dropping the sender ends the websocket with the reason.
+    });
+    tasks.spawn(async move {
+        while let Some(b) = in_rx.recv().await {
+            match sock.send(&b).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    refused.store(true, Ordering::Release);
+                    done.cancel();
+                    break;
+                }
+                // A datagram the network refuses (too large, say) is lost, as UDP loses it.
+                Err(_) => {}
+            }
+        }
+    });
+    (out_rx, in_tx, tasks)
+}
+
 /// How a port-forward's guest left: still here, migrated away, or stopped.
 const GUEST_HERE: u8 = 0;
 const GUEST_MIGRATED: u8 = 1;
@@ -606,6 +695,10 @@ async fn watch_for_departure(
 /// Close reason of a console or port-forward whose guest live-migrated to another node.
 pub const MIGRATED_AWAY: &str = "the VMI migrated to another node; reconnect to reach it there";
 
+/// Moves bytes between a websocket and a launcher socket: `out` chunks become binary
+/// messages, binary messages go to `input` (dropped for observers; other message kinds
+/// are skipped, as KubeVirt's clients do). Pings every `ping_every`; a ping unanswered
+/// until the next one closes the session. `stop` closes it with [`TAKEN_OVER`].
 async fn pump(
     mut ws: WebSocket,
     mut out: mpsc::Receiver<Bytes>,

@@ -69,6 +69,8 @@ echo "kubevirt-rs guest" >>/www/index.html
 # 100 MiB of zeros to download (a hole in tmpfs: no guest memory), for throughput figures.
 truncate -s 100M /www/zeros
 httpd -p 80 -h /www
+# A UDP service (busybox has none): port 7 sends every datagram back.
+udp-echo 7 &
 # The network benchmark's guest carries iperf3 (ensure_with); the everyday one does not.
 [ -x /bin/iperf3 ] && iperf3 -s -D >/dev/null 2>&1
 

@@ -14,6 +14,14 @@ use std::time::{Duration, Instant};
 /// The guest's PID 1.
 const INIT: &str = include_str!("init.sh");
 
+/// The guest's UDP echo service (guest/udp_echo.rs, compiled by build.rs), installed as
+/// `/bin/udp-echo` and started on [`UDP_ECHO_PORT`].
+const UDP_ECHO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/udp-echo"));
+const UDP_ECHO_SOURCE: &str = include_str!("../guest/udp_echo.rs");
+
+/// The UDP port on which every guest sends each datagram back (the classic echo port).
+pub const UDP_ECHO_PORT: u16 = 7;
+
 /// Copy of the init script the initramfs was built with, to rebuild when it changes.
 const STAMP: &str = ".init-stamp";
 
@@ -169,10 +177,11 @@ pub fn ensure_with(dir: &Path, programs: &[&str]) -> Result<Guest, GuestError> {
 
 /// What the stamp file holds: the init script and the extra programs it was built with.
 fn stamp(extra: &[&str]) -> String {
+    let base = format!("{INIT}\n{UDP_ECHO_SOURCE}");
     if extra.is_empty() {
-        INIT.to_string()
+        base
     } else {
-        format!("{INIT}\n# extra: {}\n", extra.join(" "))
+        format!("{base}\n# extra: {}\n", extra.join(" "))
     }
 }
 
@@ -194,6 +203,17 @@ fn build_with(dir: &Path, programs: &[&str]) -> Result<Guest, GuestError> {
     let stamp_path = dir.join(STAMP);
     io(&stamp_path, fs::write(&stamp_path, stamp(programs)))?;
     Ok(g)
+}
+
+/// Copies the host's shared library `lib` to the same path under `root`.
+fn copy_library(root: &Path, lib: &Path) -> Result<(), GuestError> {
+    let dst = root.join(lib.strip_prefix("/").unwrap_or(lib));
+    if let Some(parent) = dst.parent() {
+        io(parent, fs::create_dir_all(parent))?;
+    }
+    let real = io(lib, lib.canonicalize())?;
+    io(&dst, fs::copy(&real, &dst))?;
+    Ok(())
 }
 
 /// The shared libraries `ldd` names for `program`, and the loader.
@@ -315,6 +335,15 @@ fn build_initramfs(
     ] {
         io(&root.join(f), fs::write(root.join(f), text))?;
     }
+    let echo = root.join("bin/udp-echo");
+    io(&echo, fs::write(&echo, UDP_ECHO))?;
+    io(
+        &echo,
+        fs::set_permissions(&echo, std::os::unix::fs::PermissionsExt::from_mode(0o755)),
+    )?;
+    for lib in shared_libraries(&echo)? {
+        copy_library(&root, &lib)?;
+    }
     for program in SSH_PROGRAMS.iter().chain(programs) {
         let host = Path::new(program);
         let name = host.file_name().ok_or_else(|| GuestError::Missing {
@@ -330,12 +359,7 @@ fn build_initramfs(
         let dst = root.join("bin").join(name);
         io(&dst, fs::copy(host, &dst))?;
         for lib in shared_libraries(host)? {
-            let dst = root.join(lib.strip_prefix("/").unwrap_or(&lib));
-            if let Some(parent) = dst.parent() {
-                io(parent, fs::create_dir_all(parent))?;
-            }
-            let real = io(&lib, lib.canonicalize())?;
-            io(&dst, fs::copy(&real, &dst))?;
+            copy_library(&root, &lib)?;
         }
     }
     let init = root.join("init");
