@@ -990,3 +990,56 @@ impl AppState {
         Ok((hub, first))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use tokio::net::UdpSocket;
+
+    #[tokio::test]
+    async fn datagrams_keep_their_bounds_and_a_closed_port_ends_the_forward() {
+        let echo = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let echo_addr = echo.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut b = vec![0u8; MAX_DATAGRAM];
+            while let Ok((n, peer)) = echo.recv_from(&mut b).await {
+                let _ = echo.send_to(&b[..n], peer).await;
+            }
+        });
+        let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        sock.connect(echo_addr).await.unwrap();
+        let refused = Arc::new(AtomicBool::new(false));
+        let (mut out, input, _tasks) =
+            datagram_tasks(sock, CancellationToken::new(), refused.clone());
+        let big = Bytes::from(vec![7u8; 9000]);
+        for d in [
+            Bytes::from_static(b"one"),
+            big.clone(),
+            Bytes::from_static(b"two"),
+        ] {
+            input.send(d).await.unwrap();
+        }
+        assert_eq!(&out.recv().await.unwrap()[..], b"one");
+        assert_eq!(out.recv().await.unwrap(), big);
+        assert_eq!(&out.recv().await.unwrap()[..], b"two");
+        assert!(!refused.load(Ordering::Acquire));
+
+        // Nothing listens: the kernel's "port unreachable" ends the forward and says so.
+        let closed = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let closed_addr = closed.local_addr().unwrap();
+        drop(closed);
+        let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        sock.connect(closed_addr).await.unwrap();
+        let refused = Arc::new(AtomicBool::new(false));
+        let (mut out, input, _tasks) =
+            datagram_tasks(sock, CancellationToken::new(), refused.clone());
+        input.send(Bytes::from_static(b"anyone?")).await.unwrap();
+        let end = tokio::time::timeout(Duration::from_secs(10), out.recv())
+            .await
+            .expect("the forward ends");
+        assert!(end.is_none());
+        assert!(refused.load(Ordering::Acquire));
+    }
+}
