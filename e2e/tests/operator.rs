@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 use e2e::Cluster;
 
 mod common;
+
+/// KubeVirt's label on VMIs (and their pods) running an outdated launcher.
+const OUTDATED_LABEL: &str = "kubevirt.io/outdatedLauncherImage";
 use common::{GONE, Ns};
 
 const INSTALL: &str = "manifests/virt-operator.yaml";
@@ -698,12 +701,17 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         uid,
         "the VM was restarted by the upgrade"
     );
-    // The workload updater migrates the VM onto a launcher of the new version.
+    // The workload updater migrates the VM onto a launcher of the new version. Until then
+    // the VMI carries KubeVirt's `kubevirt.io/outdatedLauncherImage` label.
     let t2 = Instant::now();
+    let labels = |kind: &str, name: &str| ns.get(kind, name, "{.metadata.labels}");
+    let mut labelled_outdated = false;
     if let Err(e) = c.eventually(
         "the VM on the new launcher",
         Duration::from_secs(300),
         || {
+            labelled_outdated |= labels("vmi", "survivor").contains(OUTDATED_LABEL)
+                || labels("vmi", "pinned").contains(OUTDATED_LABEL);
             Ok(ns
                 .get("vmi", "survivor", "{.status.launcherContainerImageVersion}")
                 .ends_with(&format!(":{UPGRADE_TAG}"))
@@ -720,6 +728,32 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         "survivor on the new launcher {:.1} s after the upgrade was deployed",
         t2.elapsed().as_secs_f64()
     );
+    assert!(
+        labelled_outdated,
+        "no outdated VMI was labelled {OUTDATED_LABEL} before it moved"
+    );
+    c.eventually(
+        "the label gone from the VMI and its pod",
+        Duration::from_secs(30),
+        || {
+            let pod = ns
+                .k(&[
+                    "get",
+                    "pods",
+                    "-l",
+                    "vm.kubevirt.io/name=survivor",
+                    "--field-selector=status.phase=Running",
+                    "-o",
+                    "jsonpath={.items[*].metadata.labels}",
+                ])
+                .unwrap_or_default();
+            Ok(
+                !labels("vmi", "survivor").contains(OUTDATED_LABEL)
+                    && !pod.contains(OUTDATED_LABEL),
+            )
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(
         ns.vmi_uid("survivor"),
         uid,

@@ -57,6 +57,17 @@ fn key_of(meta: &kube::api::ObjectMeta) -> Key {
     }
 }
 
+/// KubeVirt's label on a VMI, and on its launcher pod, while the pod runs an outdated
+/// launcher image (empty value): how users and alerts select what an update still has to move.
+pub const OUTDATED_LAUNCHER_IMAGE_LABEL: &str = "kubevirt.io/outdatedLauncherImage";
+
+fn labelled_outdated(vmi: &VirtualMachineInstance) -> bool {
+    vmi.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(OUTDATED_LAUNCHER_IMAGE_LABEL))
+}
+
 /// What to do now.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
@@ -70,6 +81,9 @@ pub struct Plan {
     /// Workload-update migrations no longer needed (their VMI is up to date) that have not
     /// begun to move the guest.
     pub abort: Vec<Key>,
+    /// VMIs (and their launcher pods) whose [`OUTDATED_LAUNCHER_IMAGE_LABEL`] is to be set
+    /// (`true`) or removed (`false`).
+    pub relabel: Vec<(Key, bool)>,
 }
 
 fn phase(m: &VirtualMachineInstanceMigration) -> Phase {
@@ -136,7 +150,11 @@ pub fn plan(
             continue;
         }
         let k = key_of(&vmi.metadata);
-        if !outdated(vmi, image) {
+        let is_outdated = outdated(vmi, image);
+        if is_outdated != labelled_outdated(vmi) {
+            p.relabel.push((k.clone(), is_outdated));
+        }
+        if !is_outdated {
             // Up to date (again): a pending update migration has nothing left to do.
             p.abort.extend(
                 migrations
@@ -252,6 +270,31 @@ mod tests {
 
     fn names(keys: &[Key]) -> Vec<&str> {
         keys.iter().map(|k| k.name.as_str()).collect()
+    }
+
+    #[test]
+    fn the_outdated_label_follows_the_launcher_image() {
+        let labelled = |name: &str, image: &str| {
+            let mut v = (*vmi(name, image, json!({}))).clone();
+            v.metadata.labels = Some(std::collections::BTreeMap::from([(
+                OUTDATED_LAUNCHER_IMAGE_LABEL.to_string(),
+                String::new(),
+            )]));
+            Arc::new(v)
+        };
+        let vmis = [
+            vmi("old", "launcher:v1", json!({})),
+            labelled("old-labelled", "launcher:v1"),
+            labelled("updated", NEW),
+            vmi("current", NEW, json!({})),
+        ];
+        let p = plan(&vmis, &[], NEW, &cfg(false, false), 5, false, now());
+        let relabel: Vec<(&str, bool)> = p
+            .relabel
+            .iter()
+            .map(|(k, on)| (k.name.as_str(), *on))
+            .collect();
+        assert_eq!(relabel, [("old", true), ("updated", false)]);
     }
 
     #[test]

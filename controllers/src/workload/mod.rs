@@ -36,7 +36,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, FIELD_MANAGER};
 pub use decide::WorkloadUpdateConfig;
-use decide::{Key, Plan, WORKLOAD_UPDATE_ANNOTATION, WORKLOAD_UPDATE_PREFIX};
+use decide::{
+    Key, OUTDATED_LAUNCHER_IMAGE_LABEL, Plan, WORKLOAD_UPDATE_ANNOTATION, WORKLOAD_UPDATE_PREFIX,
+};
 
 /// How often the plan is made.
 const PERIOD: Duration = Duration::from_secs(5);
@@ -209,6 +211,12 @@ async fn execute(ctx: &Context, vmis: &[Arc<VirtualMachineInstance>], plan: Plan
         tracing::info!(namespace = %k.namespace, vmi = %k.name, reason, "{note}");
         ctx.event(&vmi.object_ref(&()), type_, reason, note).await;
     }
+    for (k, on) in &plan.relabel {
+        let Some(vmi) = find(k) else { continue };
+        if let Err(e) = relabel(ctx, vmi, *on).await {
+            tracing::warn!(namespace = %k.namespace, vmi = %k.name, error = %e, "Updating the outdated-launcher label");
+        }
+    }
     for k in &plan.abort {
         let api =
             Api::<VirtualMachineInstanceMigration>::namespaced(ctx.client.clone(), &k.namespace);
@@ -224,27 +232,61 @@ async fn execute(ctx: &Context, vmis: &[Arc<VirtualMachineInstance>], plan: Plan
     }
 }
 
-/// Evicts the VMI's active launcher pod through the eviction API; its name.
-async fn evict(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<String, kube::Error> {
+/// The VMI's active launcher pod (on its node, not being deleted), if any.
+async fn active_pod(
+    ctx: &Context,
+    vmi: &VirtualMachineInstance,
+) -> Result<Option<Pod>, kube::Error> {
     let ns = vmi.namespace().unwrap_or_default();
     let uid = vmi.uid().unwrap_or_default();
     let node = vmi.status.as_ref().and_then(|s| s.node_name.clone());
-    let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ns);
-    let list = pods
+    let list = Api::<Pod>::namespaced(ctx.client.clone(), &ns)
         .list(
             &ListParams::default()
                 .labels(&format!("{}={uid}", crate::vmi::render::CREATED_BY_LABEL)),
         )
         .await?;
-    let Some(pod) = list.items.into_iter().find(|p| {
+    Ok(list.items.into_iter().find(|p| {
         p.spec.as_ref().and_then(|s| s.node_name.clone()) == node
             && p.metadata.deletion_timestamp.is_none()
-    }) else {
+    }))
+}
+
+/// Evicts the VMI's active launcher pod through the eviction API; its name.
+async fn evict(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<String, kube::Error> {
+    let Some(pod) = active_pod(ctx, vmi).await? else {
         return Ok(String::from("(none: already gone)"));
     };
     let name = pod.name_any();
-    pods.evict(&name, &EvictParams::default()).await?;
+    Api::<Pod>::namespaced(ctx.client.clone(), &vmi.namespace().unwrap_or_default())
+        .evict(&name, &EvictParams::default())
+        .await?;
     Ok(name)
+}
+
+/// Sets (`on`) or removes [`OUTDATED_LAUNCHER_IMAGE_LABEL`] on the VMI and its active
+/// launcher pod, as KubeVirt's VMI controller does.
+async fn relabel(ctx: &Context, vmi: &VirtualMachineInstance, on: bool) -> Result<(), kube::Error> {
+    let value = if on {
+        serde_json::json!("")
+    } else {
+        serde_json::Value::Null
+    };
+    let patch = serde_json::json!({"metadata": {"labels": {OUTDATED_LAUNCHER_IMAGE_LABEL: value}}});
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    let ns = vmi.namespace().unwrap_or_default();
+    Api::<VirtualMachineInstance>::namespaced(ctx.client.clone(), &ns)
+        .patch(&vmi.name_any(), &pp, &Patch::Merge(&patch))
+        .await?;
+    if let Some(pod) = active_pod(ctx, vmi).await? {
+        Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+            .patch(&pod.name_any(), &pp, &Patch::Merge(&patch))
+            .await?;
+    }
+    Ok(())
 }
 
 /// Writes the count into the status of every KubeVirt resource that shows another (read
