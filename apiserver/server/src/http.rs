@@ -248,9 +248,35 @@ async fn serve(State(st): State<Arc<AppState>>, req: Request) -> Response {
         .and_then(|v| v.to_str().ok())
         .map(|ua| ua.split('/').next().unwrap_or(ua).to_string())
         .unwrap_or_default();
-    route(&st, &p.info, &p.query, req, &agent)
+    let mut resp = route(&st, &p.info, &p.query, req, &agent)
         .await
-        .unwrap_or_else(IntoResponse::into_response)
+        .unwrap_or_else(IntoResponse::into_response);
+    // A 405 names what the path does allow (RFC 9110 §15.5.6), so a client can tell a wrong
+    // method from a missing resource.
+    if resp.status() == StatusCode::METHOD_NOT_ALLOWED
+        && let Some(allow) = allowed_methods(&p.info)
+    {
+        resp.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static(allow));
+    }
+    resp
+}
+
+/// The methods a path serves, for the `Allow` header of a 405.
+fn allowed_methods(info: &RequestInfo) -> Option<&'static str> {
+    if !info.is_resource {
+        return Some("GET");
+    }
+    if info.group == kubevirt_api::SUBRESOURCES_GROUP {
+        let def = ResourceDef::by_plural(&info.resource)?;
+        return def.subresource(&info.subresource).map(|s| s.http_method());
+    }
+    Some(match (info.is_collection, info.subresource.as_str()) {
+        (true, _) if info.namespace.is_empty() => "GET",
+        (true, _) => "GET, POST, DELETE",
+        (false, "status") => "GET, PUT, PATCH",
+        (false, _) => "GET, PUT, PATCH, DELETE",
+    })
 }
 
 tokio::task_local! {
@@ -441,10 +467,17 @@ async fn route(
     if info.group != crate::rest::GROUP || info.version != "v1" {
         return Err(ApiError::path_not_found());
     }
+    let def = ResourceDef::by_plural(&info.resource);
+    if def.is_none() && info.resource != crate::kubevirts::PLURAL {
+        return Err(ApiError::path_not_found());
+    }
+    if !allowed_methods(info).is_some_and(|a| a.split(", ").any(|m| m == req.method().as_str())) {
+        return Err(ApiError::method_not_allowed());
+    }
     if info.resource == crate::kubevirts::PLURAL {
         return crate::kubevirts::handle(st, info, req).await;
     }
-    let def = ResourceDef::by_plural(&info.resource).ok_or_else(ApiError::path_not_found)?;
+    let def = def.ok_or_else(ApiError::path_not_found)?;
     let accept = request::parse_accept(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
     let ns = info.namespace.as_str();
     let method = req.method().clone();
@@ -664,6 +697,12 @@ fn list_options(def: &ResourceDef, query: &Query) -> ApiResult<ListOptions> {
         .map_err(ApiError::bad_request)?
         .unwrap_or(0)
         .max(0);
+    // Parameters that only steer the request (or a watch, not this list): garbage is a 400
+    // naming the parameter rather than a silent choice of one meaning.
+    for flag in ["watch", "allowWatchBookmarks"] {
+        query.bool(flag).map_err(ApiError::bad_request)?;
+    }
+    query.int("timeoutSeconds").map_err(ApiError::bad_request)?;
     Ok(ListOptions {
         label_selector,
         field_selector,

@@ -152,9 +152,10 @@ impl Query {
     }
 
     /// An optional integer parameter, `Err` on garbage.
+    /// An empty value is garbage too, as kube-apiserver has it.
     pub fn int(&self, k: &str) -> Result<Option<i64>, String> {
         match self.get(k) {
-            None | Some("") => Ok(None),
+            None => Ok(None),
             Some(v) => v
                 .parse()
                 .map(Some)

@@ -166,17 +166,36 @@ async fn bad_input_gets_exact_status_and_nothing_is_stored() {
         (code, s["message"].as_str()),
         (404, Some("virtualmachines.kubevirt.io \"nope\" not found"))
     );
+    // A wrong method is a 405 that names the methods the path serves.
+    let r = c
+        .post(format!("{url}/x"))
+        .json(&vm("x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "GET, PUT, PATCH, DELETE");
+    let r = c
+        .request(reqwest::Method::TRACE, &url)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(
-        c.post(format!("{url}/x"))
-            .json(&vm("x"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        405
+        (r.status().as_u16(), &r.headers()["allow"]),
+        (405, &"GET, POST, DELETE".parse().unwrap())
     );
     let (code, _) = json_of(c.get(format!("{url}?limit=abc")).send().await.unwrap()).await;
     assert_eq!(code, 400);
+    // A boolean that is neither true nor false names itself (kube-apiserver would take it
+    // as true and start a watch the client did not ask for).
+    for (query, param) in [
+        ("watch=maybe", "watch"),
+        ("timeoutSeconds=soon", "timeoutSeconds"),
+    ] {
+        let (code, s) = json_of(c.get(format!("{url}?{query}")).send().await.unwrap()).await;
+        assert_eq!(code, 400, "{s}");
+        assert!(s["message"].as_str().unwrap().contains(param), "{s}");
+    }
 
     // A JSON patch copy bomb (each copy doubles the spec) is refused once the copies pass
     // kube-apiserver's 3 MiB, and the stored object is untouched.

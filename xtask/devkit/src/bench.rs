@@ -11,7 +11,7 @@ mod drain;
 mod migrate;
 mod network;
 mod portforward;
-mod report;
+pub(crate) mod report;
 mod start;
 
 /// Arguments.

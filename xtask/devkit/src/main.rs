@@ -9,6 +9,7 @@ mod bench;
 mod cluster;
 mod deploy;
 mod dev_apiserver;
+mod fuzz;
 mod guest;
 mod images;
 mod soak;
@@ -41,6 +42,9 @@ enum Command {
     Test(test::Args),
     /// Install the Debian packages the project needs.
     Deps,
+    /// Fuzz virt-apiserver's API with schemathesis (from its published OpenAPI); figures to
+    /// docs/reliability.md.
+    Fuzz(fuzz::Args),
 
     /// Build the container images (virt-apiserver, etcd) and import them into the local cluster.
     Images(images::Args),
@@ -63,6 +67,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::Test(a) => test::run(a),
         Command::Deps => xtask::deps::ensure(xtask::Needs::All),
+        Command::Fuzz(a) => fuzz::run(a),
 
         Command::Images(a) => images::run(a),
         Command::Deploy(a) => deploy::run(a),
