@@ -265,7 +265,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(&report);
         println!("fuzzing {group}…");
         let mut cmd = Command::new(&st);
-        cmd.arg("run")
+        // schemathesis keeps a cache of what it found in `.schemathesis/` of its working
+        // directory: target/fuzz, not the workspace.
+        cmd.current_dir(&dir)
+            .arg("run")
             .arg(&schema)
             .args(["--url", &env.server_url])
             .arg("--tls-verify")
