@@ -63,6 +63,11 @@ pub const SUBCOMMANDS: &[Subcommand] = &[
         needs: Needs::All,
     },
     Subcommand {
+        name: "fuzz",
+        about: "Fuzz virt-apiserver's API with schemathesis (from its published OpenAPI); figures to docs/reliability.md",
+        needs: Needs::All,
+    },
+    Subcommand {
         name: "guest",
         about: "Build the tiny test guest (kernel, busybox initramfs, disk) into target/guest",
         needs: Needs::All,
