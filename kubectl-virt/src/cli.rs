@@ -226,6 +226,9 @@ pub enum Command {
     /// Print a manifest for a new object.
     #[command(subcommand)]
     Create(CreateCommand),
+    /// Cluster administration: back up and restore every VM, VMI and migration.
+    #[command(subcommand)]
+    Adm(AdmCommand),
     /// Print client and server versions.
     Version {
         /// Client version only; do not contact the server.
@@ -266,6 +269,24 @@ impl SshArgs {
             local_ssh_opts: self.local_ssh_opts.clone(),
         }
     }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdmCommand {
+    /// Write every stored VirtualMachine, VirtualMachineInstance and migration, read at one
+    /// revision, to FILE (written whole or not at all).
+    Backup {
+        /// The file to write.
+        #[arg(long, value_name = "FILE")]
+        to: std::path::PathBuf,
+    },
+    /// Set the stored objects back to a backup: objects created since are deleted, deleted
+    /// ones come back with their uid, changed ones are set back; running guests keep running.
+    Restore {
+        /// A file written by `adm backup`.
+        #[arg(long, value_name = "FILE")]
+        from: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]

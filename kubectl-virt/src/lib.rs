@@ -6,6 +6,7 @@
 //! (request paths and bodies, manifests, error wording) is pure and
 //! unit-tested.
 
+pub mod backup;
 pub mod cli;
 pub mod complete;
 pub mod connect;
@@ -168,6 +169,10 @@ async fn run_with_session(
 ) -> Result<(), CliError> {
     let vm = ObjectKind::Vm;
     match command {
+        Command::Adm(cli::AdmCommand::Backup { to }) => backup::backup(session, &to, out).await,
+        Command::Adm(cli::AdmCommand::Restore { from }) => {
+            backup::restore(session, &from, out).await
+        }
         Command::Start {
             name,
             paused,

@@ -98,3 +98,58 @@ fn plugin_drives_the_real_api_server() {
     assert_eq!(code, 1, "{err}");
     assert!(!err.is_empty());
 }
+
+/// `adm backup` writes a complete file and `adm restore` brings a deleted VM back with its
+/// uid; a file that is no backup is refused naming the file, before any request.
+#[test]
+fn plugin_backs_up_and_restores() {
+    let env = DevEnv::start(Options {
+        apiserver_bin: apiserver_bin(),
+        ..Default::default()
+    })
+    .unwrap();
+    let (code, yaml, err) = plugin(
+        &env,
+        &["create", "vm", "--name", "keep", "--run-strategy", "Halted"],
+    );
+    assert_eq!(code, 0, "{err}");
+    kubectl(&env, &["apply", "-f", "-"], Some(&yaml));
+    let uid = kubectl(
+        &env,
+        &["get", "vm", "keep", "-o", "jsonpath={.metadata.uid}"],
+        None,
+    );
+
+    let file = env.dir().join("backup.json");
+    let file_arg = file.to_str().unwrap();
+    let (code, out, err) = plugin(&env, &["adm", "backup", "--to", file_arg]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("Backed up 1 objects"), "{out}");
+    assert!(!env.dir().join("backup.json.partial").exists());
+
+    kubectl(&env, &["delete", "vm", "keep"], None);
+    let (code, out, err) = plugin(&env, &["adm", "restore", "--from", file_arg]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("1 created, 0 updated, 0 deleted, 0 unchanged"),
+        "{out}"
+    );
+    let back = kubectl(
+        &env,
+        &["get", "vm", "keep", "-o", "jsonpath={.metadata.uid}"],
+        None,
+    );
+    assert_eq!(back, uid);
+
+    let not_backup = env.dir().join("vm.yaml");
+    std::fs::write(&not_backup, "{\"kind\": \"VirtualMachine\"}").unwrap();
+    let (code, _, err) = plugin(
+        &env,
+        &["adm", "restore", "--from", not_backup.to_str().unwrap()],
+    );
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("vm.yaml is not a backup") && err.contains("VirtualMachine"),
+        "{err}"
+    );
+}

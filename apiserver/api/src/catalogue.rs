@@ -372,6 +372,57 @@ pub fn subresource(plural: &str, name: &str) -> Option<&'static Subresource> {
         .find(|s| s.kind.plural == plural && s.name == name)
 }
 
+/// A cluster-wide administrative endpoint of `subresources.kubevirt.io/v1`, on no kind and
+/// in no namespace. No kubevirt.io role grants one: cluster administrators (`*`) reach it,
+/// and a ClusterRole naming its resource and verb grants it to anyone else.
+#[derive(Debug, PartialEq, Eq)]
+pub struct AdminEndpoint {
+    /// The path segment, which RBAC and discovery see as the resource.
+    pub name: &'static str,
+    pub http_method: &'static str,
+    /// The verb RBAC and SubjectAccessReview see (Kubernetes' RequestInfo: `GET` on a path
+    /// without a name is `list`, `PUT` is `update`).
+    pub rbac_verb: &'static str,
+    pub description: &'static str,
+    /// The kind of the request body (`PUT`) or of the answer (`GET`).
+    pub body_kind: &'static str,
+}
+
+impl AdminEndpoint {
+    /// `/apis/subresources.kubevirt.io/v1/<name>`.
+    pub fn path(&self) -> String {
+        format!("/apis/{SUBRESOURCES_GROUP}/{VERSION}/{}", self.name)
+    }
+}
+
+pub const BACKUP: AdminEndpoint = AdminEndpoint {
+    name: "backup",
+    http_method: "GET",
+    rbac_verb: "list",
+    description: "read every VirtualMachine, VirtualMachineInstance and \
+                  VirtualMachineInstanceMigration as stored, at one etcd revision",
+    body_kind: crate::backup::KIND,
+};
+
+pub const RESTORE: AdminEndpoint = AdminEndpoint {
+    name: "restore",
+    http_method: "PUT",
+    rbac_verb: "update",
+    description: "set the stored objects back to a backup: objects created since are \
+                  deleted, deleted ones created again with their uid, changed ones set back \
+                  (an object that still exists keeps its current status)",
+    body_kind: crate::backup::KIND,
+};
+
+/// Every administrative endpoint (described in OpenAPI; not in discovery, like `…/version`:
+/// they are endpoints, not resources; no user role grants them).
+pub const ADMIN_ENDPOINTS: [&AdminEndpoint; 2] = [&BACKUP, &RESTORE];
+
+/// The administrative endpoint at path segment `name`.
+pub fn admin_endpoint(name: &str) -> Option<&'static AdminEndpoint> {
+    ADMIN_ENDPOINTS.into_iter().find(|e| e.name == name)
+}
+
 /// `kubevirt.io/v1`.
 pub fn group_version() -> String {
     format!("{GROUP}/{VERSION}")

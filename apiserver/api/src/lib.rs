@@ -6,6 +6,7 @@
 //! Field names and shapes follow KubeVirt's `kubevirt.io/v1` schema so that existing
 //! VM YAML applies unchanged.
 
+pub mod backup;
 pub mod catalogue;
 pub mod cloudinit;
 pub mod common;

@@ -1115,7 +1115,9 @@ fn options_schema(kind: &str) -> Option<Value> {
     let mut settings = SchemaSettings::openapi3();
     settings.inline_subschemas = true;
     settings.meta_schema = None;
-    let mut v = kubevirt_api::options::root_schema(kind, settings)?.to_value();
+    let mut v = kubevirt_api::options::root_schema(kind, settings.clone())
+        .or_else(|| kubevirt_api::backup::root_schema(kind, settings))?
+        .to_value();
     if let Some(m) = v.as_object_mut() {
         m.remove("$schema");
         m.remove("title");
@@ -1145,6 +1147,7 @@ fn options_schema(kind: &str) -> Option<Value> {
 fn subresource_definitions() -> BTreeMap<String, Value> {
     kubevirt_api::options::KINDS
         .into_iter()
+        .chain(kubevirt_api::backup::KINDS)
         .filter_map(|kind| Some((format!("{SUBRESOURCE_PREFIX}{kind}"), options_schema(kind)?)))
         .collect()
 }
@@ -1164,6 +1167,31 @@ fn add_subresource_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
             .map(|f| f.to_uppercase().chain(c).collect::<String>())
             .unwrap_or_default()
     };
+    for e in catalogue::ADMIN_ENDPOINTS {
+        let (method, action, params, body, response) = match e.http_method {
+            "GET" => ("get", "list", Vec::new(), None, e.body_kind),
+            _ => (
+                "put",
+                "put",
+                Vec::new(),
+                Some((format!("{SUBRESOURCE_PREFIX}{}", e.body_kind), vec![JSON])),
+                kubevirt_api::backup::RESULT_KIND,
+            ),
+        };
+        let op = Op {
+            method,
+            action,
+            operation_id: format!("{}{id}{}", e.http_method.to_lowercase(), camel(e.name)),
+            description: e.description.to_string(),
+            tag: tag.clone(),
+            gvk: gvk(SUBRESOURCES_GROUP, e.body_kind),
+            params,
+            body,
+            responses: vec![("200", "OK", Some(format!("{SUBRESOURCE_PREFIX}{response}")))],
+            produces: vec![JSON],
+        };
+        paths.insert(e.path(), path_item(&[], &[op], flavor));
+    }
     for sub in catalogue::SUBRESOURCES {
         let (parent, name) = (sub.kind.kind, sub.name);
         let op = match sub.style {

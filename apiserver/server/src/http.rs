@@ -16,6 +16,8 @@ use futures::StreamExt;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use serde_json::{Value, json};
 
+use kubevirt_api::catalogue;
+
 use crate::auth::PeerIdentity;
 use crate::convert::{self, IncludeObject};
 use crate::discovery::Doc;
@@ -268,6 +270,11 @@ fn allowed_methods(info: &RequestInfo) -> Option<&'static str> {
         return Some("GET");
     }
     if info.group == kubevirt_api::SUBRESOURCES_GROUP {
+        if info.namespace.is_empty()
+            && let Some(e) = catalogue::admin_endpoint(&info.resource)
+        {
+            return Some(e.http_method);
+        }
         let def = ResourceDef::by_plural(&info.resource)?;
         return def.subresource(&info.subresource).map(|s| s.http_method());
     }
@@ -449,6 +456,48 @@ async fn health(st: &AppState, path: &str, query: &Query) -> Option<Response> {
     Some(r)
 }
 
+/// Largest backup a restore takes (the document is held in memory while it is checked).
+const MAX_RESTORE_BYTES: usize = 1 << 30;
+
+/// `GET …/backup` and `PUT …/restore` (crate::backup).
+async fn admin(
+    st: &Arc<AppState>,
+    endpoint: &'static catalogue::AdminEndpoint,
+    req: Request,
+) -> ApiResult<Response> {
+    if req.method().as_str() != endpoint.http_method {
+        return Err(ApiError::method_not_allowed());
+    }
+    let registry = &st.registry;
+    if endpoint == &catalogue::BACKUP {
+        let backup = crate::backup::backup(registry).await?;
+        return Ok(axum::Json(backup).into_response());
+    }
+    let bytes = axum::body::to_bytes(req.into_body(), MAX_RESTORE_BYTES)
+        .await
+        .map_err(|_| {
+            ApiError::too_large(format!(
+                "a backup to restore is at most {MAX_RESTORE_BYTES} bytes"
+            ))
+        })?;
+    let doc: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the body is not a {} document: {e}",
+            kubevirt_api::backup::KIND
+        ))
+    })?;
+    let backup = crate::backup::validate(&doc).map_err(|errors| {
+        ApiError::invalid(
+            kubevirt_api::backup::KIND,
+            kubevirt_api::SUBRESOURCES_GROUP,
+            "",
+            &errors,
+        )
+    })?;
+    let result = crate::backup::restore(registry, &backup).await?;
+    Ok(axum::Json(result).into_response())
+}
+
 async fn route(
     st: &Arc<AppState>,
     info: &RequestInfo,
@@ -460,6 +509,14 @@ async fn route(
     let actor = actor_of(&req);
     if !info.is_resource {
         return non_resource(st, info, &headers);
+    }
+    if info.group == kubevirt_api::SUBRESOURCES_GROUP
+        && info.version == "v1"
+        && info.namespace.is_empty()
+        && info.name.is_empty()
+        && let Some(endpoint) = catalogue::admin_endpoint(&info.resource)
+    {
+        return admin(st, endpoint, req).await;
     }
     if info.group == kubevirt_api::SUBRESOURCES_GROUP && info.version == "v1" {
         return crate::subresources::handle(st, info, query, req).await;

@@ -9,6 +9,7 @@
 pub mod admission;
 pub mod auth;
 pub mod authconfig;
+pub mod backup;
 pub mod config;
 pub mod convert;
 pub mod discovery;

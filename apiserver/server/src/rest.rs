@@ -180,7 +180,7 @@ fn gr(def: &ResourceDef) -> Gr<'static> {
     }
 }
 
-fn storage_error(e: StorageError) -> ApiError {
+pub(crate) fn storage_error(e: StorageError) -> ApiError {
     tracing::warn!(error = %e, "Storage request failed");
     match e {
         StorageError::Compacted(_) => {
@@ -262,6 +262,19 @@ impl Registry {
 
     fn key(&self, def: &ResourceDef, ns: &str, name: &str) -> String {
         format!("{}/{GROUP}/{}/{ns}/{name}", self.prefix, def.plural)
+    }
+
+    /// Whether objects may be created in namespace `ns` (it exists and is not terminating).
+    pub async fn admit_namespace(&self, ns: &str, resource: &str, name: &str) -> ApiResult<()> {
+        match &self.namespaces {
+            Some(n) => n.admit_create(ns, resource, name).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The etcd key of object `ns/name` of `def`.
+    pub fn object_key(&self, def: &ResourceDef, ns: &str, name: &str) -> String {
+        self.key(def, ns, name)
     }
 
     /// Key prefix of a collection (one namespace, or all when `ns` is None).

@@ -1,0 +1,463 @@
+//! `GET /apis/subresources.kubevirt.io/v1/backup` and `PUT …/restore`: every stored object
+//! read at one etcd revision, and set back to such a document (docs/deploy.md "Backup and
+//! restore").
+//!
+//! A restore is logical, not an etcd snapshot restore: it writes the difference through
+//! compare-and-swap, so revisions keep growing and every watcher (virt-controller,
+//! virt-handler, kubectl) sees the restore as ordinary changes instead of time going
+//! backwards, and nothing needs restarting. Uids come back with their objects, so launcher
+//! pods (owned by VMI uid) are not garbage-collected. An object that exists now with the
+//! backup's uid keeps its current status: status is what the components observe (the node a
+//! guest runs on now), and an old one would send them after a guest that has moved.
+
+use std::collections::BTreeMap;
+
+use kubevirt_api::backup::{Backup, BackupItem, BackupMeta, KIND, RESULT_KIND, RestoreResult};
+use kubevirt_api::validation::FieldError;
+use serde_json::Value;
+
+use crate::error::{ApiError, ApiResult};
+use crate::kinds::ResourceDef;
+use crate::rest::Registry;
+use crate::storage::decode_kv;
+
+/// Keys read per etcd request while backing up.
+const PAGE: i64 = 500;
+/// Attempts per object when a component writes it between the restore's read and its write.
+const ATTEMPTS: usize = 5;
+
+fn api_version() -> String {
+    format!("{}/v1", kubevirt_api::SUBRESOURCES_GROUP)
+}
+
+/// Reads every stored object at one revision.
+pub async fn backup(registry: &Registry) -> ApiResult<Backup> {
+    let store = registry.storage();
+    let revision = store
+        .current_revision()
+        .await
+        .map_err(crate::rest::storage_error)?;
+    let mut items = Vec::new();
+    for def in ResourceDef::all() {
+        let prefix = registry.collection_prefix(def, None);
+        let mut start = String::new();
+        loop {
+            let page = store
+                .list_raw(&prefix, &start, revision, PAGE)
+                .await
+                .map_err(crate::rest::storage_error)?;
+            for kv in &page.kvs {
+                let stored = decode_kv(kv).map_err(crate::rest::storage_error)?;
+                let (namespace, name) = names(&stored.value);
+                items.push(BackupItem {
+                    resource: def.plural.to_string(),
+                    namespace,
+                    name,
+                    object: stored.value,
+                });
+            }
+            match page.kvs.last() {
+                Some(last) if page.more => {
+                    // The next key after the last one read.
+                    let mut next = String::from_utf8_lossy(&last.key).into_owned();
+                    next.push('\0');
+                    start = next;
+                }
+                _ => break,
+            }
+        }
+    }
+    Ok(Backup {
+        api_version: api_version(),
+        kind: KIND.into(),
+        metadata: BackupMeta {
+            creation_timestamp: crate::objects::now_rfc3339(),
+            resource_version: revision.to_string(),
+        },
+        items,
+    })
+}
+
+fn names(v: &Value) -> (String, String) {
+    let s = |p: &str| {
+        v.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    (s("/metadata/namespace"), s("/metadata/name"))
+}
+
+fn uid(v: &Value) -> Option<&str> {
+    v.pointer("/metadata/uid").and_then(Value::as_str)
+}
+
+/// Checks a backup document before anything is written: every field at fault, named.
+pub fn validate(doc: &Value) -> Result<Backup, Vec<FieldError>> {
+    let mut errors = Vec::new();
+    if doc["kind"] != KIND {
+        errors.push(FieldError::not_supported(
+            "kind",
+            doc["kind"].as_str().unwrap_or(""),
+            &[KIND],
+        ));
+    }
+    let version = api_version();
+    if doc["apiVersion"] != version.as_str() {
+        errors.push(FieldError::not_supported(
+            "apiVersion",
+            doc["apiVersion"].as_str().unwrap_or(""),
+            &[&version],
+        ));
+    }
+    let backup: Backup = match serde_json::from_value(doc.clone()) {
+        Ok(b) => b,
+        Err(e) => {
+            errors.push(FieldError::invalid("items", "", &e.to_string()));
+            return Err(errors);
+        }
+    };
+    let mut seen = BTreeMap::new();
+    for (i, item) in backup.items.iter().enumerate() {
+        let field = |f: &str| format!("items[{i}].{f}");
+        let Some(def) = ResourceDef::by_plural(&item.resource) else {
+            let plurals: Vec<&str> = ResourceDef::all().iter().map(|d| d.plural).collect();
+            errors.push(FieldError::not_supported(
+                field("resource"),
+                &item.resource,
+                &plurals,
+            ));
+            continue;
+        };
+        let o = &item.object;
+        if o["kind"] != def.kind {
+            errors.push(FieldError::not_supported(
+                field("object.kind"),
+                o["kind"].as_str().unwrap_or(""),
+                &[def.kind],
+            ));
+        }
+        let (namespace, name) = names(o);
+        if namespace != item.namespace || namespace.is_empty() {
+            errors.push(FieldError::invalid(
+                field("object.metadata.namespace"),
+                &namespace,
+                &format!("must be the item's namespace {:?}", item.namespace),
+            ));
+        }
+        if name != item.name || name.is_empty() {
+            errors.push(FieldError::invalid(
+                field("object.metadata.name"),
+                &name,
+                &format!("must be the item's name {:?}", item.name),
+            ));
+        }
+        if uid(o).is_none_or(str::is_empty) {
+            errors.push(FieldError::required(
+                field("object.metadata.uid"),
+                "a backup keeps every object's uid",
+            ));
+        }
+        errors.extend((def.validate)(o).into_iter().map(|mut e| {
+            e.field = format!("{}.{}", field("object"), e.field);
+            e
+        }));
+        if let Some(j) = seen.insert((def.plural, namespace, name), i) {
+            errors.push(FieldError {
+                kind: kubevirt_api::validation::ErrorType::Duplicate,
+                field: field("name"),
+                message: format!("Duplicate value: the same object as items[{j}]"),
+            });
+        }
+    }
+    if errors.is_empty() {
+        Ok(backup)
+    } else {
+        Err(errors)
+    }
+}
+
+/// One write of a restore.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Write {
+    Create {
+        key: String,
+        value: Value,
+    },
+    Update {
+        key: String,
+        value: Value,
+        expected: i64,
+    },
+    Delete {
+        key: String,
+        expected: i64,
+    },
+}
+
+/// What a restore writes: `current` is every stored key with its object and revision,
+/// `wanted` every key of the backup with its object.
+pub fn plan(
+    current: &BTreeMap<String, (Value, i64)>,
+    wanted: &BTreeMap<String, Value>,
+) -> (Vec<Write>, u64) {
+    let mut writes = Vec::new();
+    let mut unchanged = 0;
+    for (key, want) in wanted {
+        match current.get(key) {
+            None => writes.push(Write::Create {
+                key: key.clone(),
+                value: want.clone(),
+            }),
+            Some((now, rev)) => {
+                let value = merged(now, want);
+                if &value == now {
+                    unchanged += 1;
+                } else {
+                    writes.push(Write::Update {
+                        key: key.clone(),
+                        value,
+                        expected: *rev,
+                    });
+                }
+            }
+        }
+    }
+    for (key, (_, rev)) in current {
+        if !wanted.contains_key(key) {
+            writes.push(Write::Delete {
+                key: key.clone(),
+                expected: *rev,
+            });
+        }
+    }
+    (writes, unchanged)
+}
+
+/// The backup's object, with the current status when it is the same object (same uid).
+fn merged(now: &Value, want: &Value) -> Value {
+    let mut value = want.clone();
+    if uid(now).is_some() && uid(now) == uid(want) {
+        match now.get("status") {
+            Some(s) => value["status"] = s.clone(),
+            None => {
+                if let Some(m) = value.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        }
+    }
+    value
+}
+
+/// Sets the stored objects back to `backup` (already validated).
+pub async fn restore(registry: &Registry, backup: &Backup) -> ApiResult<RestoreResult> {
+    let mut wanted = BTreeMap::new();
+    let mut named = BTreeMap::new();
+    for i in &backup.items {
+        if let Some(def) = ResourceDef::by_plural(&i.resource) {
+            let key = registry.object_key(def, &i.namespace, &i.name);
+            wanted.insert(key.clone(), i.object.clone());
+            named.insert(key, (def.plural, i.namespace.as_str(), i.name.as_str()));
+        }
+    }
+    let mut result = RestoreResult {
+        api_version: api_version(),
+        kind: RESULT_KIND.into(),
+        ..RestoreResult::default()
+    };
+    // Each pass writes what differs; a pass that lost a compare-and-swap to a component's
+    // write reads again and retries only what still differs.
+    for attempt in 0..ATTEMPTS {
+        let current = read_all(registry).await?;
+        let (writes, unchanged) = plan(&current, &wanted);
+        if attempt == 0 {
+            result.unchanged = unchanged;
+        }
+        if writes.is_empty() {
+            break;
+        }
+        let mut lost = 0;
+        for w in writes {
+            if let Write::Create { key, .. } = &w
+                && let Some((plural, ns, name)) = named.get(key)
+                && let Err(e) = registry.admit_namespace(ns, plural, name).await
+            {
+                // Not created into a namespace that is gone or going: nothing would ever
+                // delete it there. Other failures (kube-apiserver unreachable) end the restore.
+                if !matches!(e.code, 403 | 404) {
+                    return Err(e);
+                }
+                result
+                    .skipped
+                    .push(format!("{plural} {ns}/{name}: {}", e.message));
+                wanted.remove(key);
+                continue;
+            }
+            let store = registry.storage();
+            let (done, counter) = match &w {
+                Write::Create { key, value } => {
+                    (store.create(key, value).await, &mut result.created)
+                }
+                Write::Update {
+                    key,
+                    value,
+                    expected,
+                } => (
+                    store.update(key, value, *expected).await,
+                    &mut result.updated,
+                ),
+                Write::Delete { key, expected } => {
+                    (store.delete(key, *expected).await, &mut result.deleted)
+                }
+            };
+            match done.map_err(crate::rest::storage_error)? {
+                Some(rev) => {
+                    *counter += 1;
+                    result.resource_version = rev.to_string();
+                }
+                None => lost += 1,
+            }
+        }
+        if lost == 0 {
+            break;
+        }
+        if attempt + 1 == ATTEMPTS {
+            return Err(ApiError::conflict(
+                crate::error::Gr {
+                    resource: "restore",
+                    group: kubevirt_api::SUBRESOURCES_GROUP,
+                },
+                "",
+                &format!(
+                    "{lost} objects kept changing while being restored; the restore is \
+                     idempotent, run it again"
+                ),
+            ));
+        }
+    }
+    if result.resource_version.is_empty() {
+        result.resource_version = registry
+            .storage()
+            .current_revision()
+            .await
+            .map_err(crate::rest::storage_error)?
+            .to_string();
+    }
+    tracing::info!(
+        created = result.created,
+        updated = result.updated,
+        deleted = result.deleted,
+        unchanged = result.unchanged,
+        skipped = result.skipped.len(),
+        backup_revision = %backup.metadata.resource_version,
+        "restored a backup"
+    );
+    Ok(result)
+}
+
+async fn read_all(registry: &Registry) -> ApiResult<BTreeMap<String, (Value, i64)>> {
+    let store = registry.storage();
+    let mut out = BTreeMap::new();
+    for def in ResourceDef::all() {
+        let prefix = registry.collection_prefix(def, None);
+        let page = store
+            .list_raw(&prefix, "", 0, 0)
+            .await
+            .map_err(crate::rest::storage_error)?;
+        for kv in &page.kvs {
+            let s = decode_kv(kv).map_err(crate::rest::storage_error)?;
+            out.insert(s.key, (s.value, s.revision));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vm(name: &str, uid: &str, running: bool, status: &str) -> Value {
+        json!({"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine",
+            "metadata":{"name":name,"namespace":"ns","uid":uid},
+            "spec":{"running":running,"template":{"spec":{}}},
+            "status":{"printableStatus":status}})
+    }
+
+    #[test]
+    fn plan_creates_deleted_sets_back_changed_and_deletes_new() {
+        let current = BTreeMap::from([
+            ("/r/a".to_string(), (vm("a", "1", true, "Running"), 10)),
+            ("/r/b".to_string(), (vm("b", "2", true, "Running"), 11)),
+            ("/r/new".to_string(), (vm("new", "9", false, "Stopped"), 12)),
+        ]);
+        let wanted = BTreeMap::from([
+            // Unchanged but for status: the current status stays, nothing written.
+            ("/r/a".to_string(), vm("a", "1", true, "Starting")),
+            // Spec changed since: set back, current status kept.
+            ("/r/b".to_string(), vm("b", "2", false, "Stopped")),
+            // Deleted since: created again as it was.
+            ("/r/gone".to_string(), vm("gone", "3", true, "Running")),
+        ]);
+        let (writes, unchanged) = plan(&current, &wanted);
+        assert_eq!(unchanged, 1);
+        let mut b = vm("b", "2", false, "Stopped");
+        b["status"] = json!({"printableStatus":"Running"});
+        assert_eq!(
+            writes,
+            vec![
+                Write::Update {
+                    key: "/r/b".into(),
+                    value: b,
+                    expected: 11
+                },
+                Write::Create {
+                    key: "/r/gone".into(),
+                    value: vm("gone", "3", true, "Running")
+                },
+                Write::Delete {
+                    key: "/r/new".into(),
+                    expected: 12
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn an_object_recreated_under_the_same_name_is_replaced_whole() {
+        let current =
+            BTreeMap::from([("/r/a".to_string(), (vm("a", "new-uid", true, "Running"), 5))]);
+        let wanted = BTreeMap::from([("/r/a".to_string(), vm("a", "old-uid", false, "Stopped"))]);
+        let (writes, _) = plan(&current, &wanted);
+        assert_eq!(
+            writes,
+            vec![Write::Update {
+                key: "/r/a".into(),
+                value: vm("a", "old-uid", false, "Stopped"),
+                expected: 5
+            }]
+        );
+    }
+
+    #[test]
+    fn validation_names_every_field_at_fault() {
+        let doc = json!({"apiVersion":"v1","kind":"List","metadata":{"creationTimestamp":"","resourceVersion":"1"},
+        "items":[
+            {"resource":"pods","namespace":"ns","name":"p","object":{}},
+            {"resource":"virtualmachines","namespace":"ns","name":"a","object":
+                {"kind":"VirtualMachine","metadata":{"name":"b","namespace":"ns"}}},
+        ]});
+        let errors = validate(&doc).unwrap_err();
+        let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+        for f in [
+            "kind",
+            "apiVersion",
+            "items[0].resource",
+            "items[1].object.metadata.name",
+            "items[1].object.metadata.uid",
+        ] {
+            assert!(fields.contains(&f), "{f} not in {fields:?}");
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! `GET …/backup` and `PUT …/restore` against a real etcd and the real virt-apiserver: a
+//! restore brings back deleted objects with their uid, deletes newer ones, sets changed
+//! ones back while keeping their current status, leaves the rest unwritten, and a bad
+//! document is a 422 naming the field with nothing written.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{VMS, admin, vm};
+use serde_json::{Value, json};
+
+const BACKUP: &str = "/apis/subresources.kubevirt.io/v1/backup";
+const RESTORE: &str = "/apis/subresources.kubevirt.io/v1/restore";
+const MERGE: &str = "application/merge-patch+json";
+
+async fn get(c: &reqwest::Client, url: String) -> (u16, Value) {
+    let r = c.get(url).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+async fn patch(c: &reqwest::Client, url: String, body: Value) {
+    let r = c
+        .patch(url)
+        .header("content-type", MERGE)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+}
+
+fn uid(v: &Value) -> &str {
+    v["metadata"]["uid"].as_str().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_sets_the_store_back_to_the_backup() {
+    let env = common::start(true);
+    let c = admin(&env);
+    let base = &env.server_url;
+    for name in ["a", "b", "c"] {
+        let r = c
+            .post(format!("{base}{VMS}"))
+            .json(&vm(name))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    let (code, backup) = get(&c, format!("{base}{BACKUP}")).await;
+    assert_eq!(code, 200, "{backup}");
+    assert_eq!(backup["kind"], "Backup");
+    assert_eq!(backup["items"].as_array().unwrap().len(), 3, "{backup}");
+    let before = |n: &str| {
+        backup["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["name"] == n)
+            .unwrap()["object"]
+            .clone()
+    };
+    let (_, c_before) = get(&c, format!("{base}{VMS}/c")).await;
+
+    // After the backup: b deleted, d created, a's labels changed and its status observed.
+    assert_eq!(
+        c.delete(format!("{base}{VMS}/b"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let r = c
+        .post(format!("{base}{VMS}"))
+        .json(&vm("d"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    patch(
+        &c,
+        format!("{base}{VMS}/a"),
+        json!({"metadata":{"labels":{"app":"changed"}}}),
+    )
+    .await;
+    patch(
+        &c,
+        format!("{base}{VMS}/a/status"),
+        json!({"status":{"printableStatus":"Stopped","ready":false}}),
+    )
+    .await;
+
+    // A document naming something we do not store: 422 naming it, nothing written.
+    let mut bad = backup.clone();
+    bad["items"][0]["resource"] = json!("pods");
+    let (_, list_before) = get(&c, format!("{base}{VMS}")).await;
+    let r = c
+        .put(format!("{base}{RESTORE}"))
+        .json(&bad)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let status: Value = r.json().await.unwrap();
+    assert_eq!(
+        status["details"]["causes"][0]["field"], "items[0].resource",
+        "{status}"
+    );
+    let (_, list_after) = get(&c, format!("{base}{VMS}")).await;
+    assert_eq!(
+        list_before["metadata"]["resourceVersion"],
+        list_after["metadata"]["resourceVersion"]
+    );
+    // Not JSON at all: 400.
+    let r = c
+        .put(format!("{base}{RESTORE}"))
+        .body("{")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    // The wrong method names the right one.
+    let r = c
+        .post(format!("{base}{BACKUP}"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "GET");
+
+    let r = c
+        .put(format!("{base}{RESTORE}"))
+        .json(&backup)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let result: Value = r.json().await.unwrap();
+    assert_eq!(
+        (
+            &result["created"],
+            &result["updated"],
+            &result["deleted"],
+            &result["unchanged"]
+        ),
+        (&json!(1), &json!(1), &json!(1), &json!(1)),
+        "{result}"
+    );
+
+    let (code, b) = get(&c, format!("{base}{VMS}/b")).await;
+    assert_eq!(code, 200);
+    assert_eq!(uid(&b), uid(&before("b")), "b comes back with its uid");
+    assert_eq!(get(&c, format!("{base}{VMS}/d")).await.0, 404);
+    let (_, a) = get(&c, format!("{base}{VMS}/a")).await;
+    assert_eq!(a["metadata"]["labels"]["app"], "demo");
+    assert_eq!(
+        a["status"]["printableStatus"], "Stopped",
+        "a keeps its current status"
+    );
+    let (_, c_after) = get(&c, format!("{base}{VMS}/c")).await;
+    assert_eq!(
+        c_before["metadata"]["resourceVersion"], c_after["metadata"]["resourceVersion"],
+        "an unchanged object is not written"
+    );
+
+    // Both endpoints are described in OpenAPI v3, with their documents' schemas.
+    let (code, doc) = get(
+        &c,
+        format!("{base}/openapi/v3/apis/subresources.kubevirt.io/v1"),
+    )
+    .await;
+    assert_eq!(code, 200);
+    let put = &doc["paths"][RESTORE]["put"];
+    let body_ref = put["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(body_ref.ends_with(".Backup"), "{put}");
+    let name = body_ref.rsplit('/').next().unwrap();
+    assert!(
+        doc["components"]["schemas"][name]["properties"]["items"].is_object(),
+        "{}",
+        doc["components"]["schemas"][name]
+    );
+    assert!(doc["paths"][BACKUP]["get"].is_object());
+
+    // Restoring again changes nothing.
+    let r = c
+        .put(format!("{base}{RESTORE}"))
+        .json(&backup)
+        .send()
+        .await
+        .unwrap();
+    let again: Value = r.json().await.unwrap();
+    assert_eq!(again["unchanged"], 3, "{again}");
+}
