@@ -28,6 +28,14 @@ fn apiserver_bin() -> PathBuf {
     bin
 }
 
+fn start_env() -> DevEnv {
+    DevEnv::start(Options {
+        apiserver_bin: apiserver_bin(),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 fn plugin(env: &DevEnv, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kubectl-virt"))
         .env("KUBECONFIG", &env.kubeconfig)
@@ -43,11 +51,7 @@ fn plugin(env: &DevEnv, args: &[&str]) -> (i32, String, String) {
 
 #[test]
 fn plugin_drives_the_real_api_server() {
-    let env = DevEnv::start(Options {
-        apiserver_bin: apiserver_bin(),
-        ..Default::default()
-    })
-    .unwrap();
+    let env = start_env();
 
     // `create vm` output applies unchanged.
     let (code, yaml, err) = plugin(
@@ -103,11 +107,7 @@ fn plugin_drives_the_real_api_server() {
 /// uid; a file that is no backup is refused naming the file, before any request.
 #[test]
 fn plugin_backs_up_and_restores() {
-    let env = DevEnv::start(Options {
-        apiserver_bin: apiserver_bin(),
-        ..Default::default()
-    })
-    .unwrap();
+    let env = start_env();
     let (code, yaml, err) = plugin(
         &env,
         &["create", "vm", "--name", "keep", "--run-strategy", "Halted"],

@@ -30,6 +30,16 @@ async fn patch(c: &reqwest::Client, url: String, body: Value) {
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
 }
 
+async fn restore(c: &reqwest::Client, base: &str, body: &Value) -> (u16, Value) {
+    let r = c
+        .put(format!("{base}{RESTORE}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
 fn uid(v: &Value) -> &str {
     v["metadata"]["uid"].as_str().unwrap()
 }
@@ -96,14 +106,8 @@ async fn restore_sets_the_store_back_to_the_backup() {
     let mut bad = backup.clone();
     bad["items"][0]["resource"] = json!("pods");
     let (_, list_before) = get(&c, format!("{base}{VMS}")).await;
-    let r = c
-        .put(format!("{base}{RESTORE}"))
-        .json(&bad)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 422);
-    let status: Value = r.json().await.unwrap();
+    let (code, status) = restore(&c, base, &bad).await;
+    assert_eq!(code, 422);
     assert_eq!(
         status["details"]["causes"][0]["field"], "items[0].resource",
         "{status}"
@@ -131,14 +135,8 @@ async fn restore_sets_the_store_back_to_the_backup() {
     assert_eq!(r.status(), 405);
     assert_eq!(r.headers()["allow"], "GET");
 
-    let r = c
-        .put(format!("{base}{RESTORE}"))
-        .json(&backup)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let result: Value = r.json().await.unwrap();
+    let (code, result) = restore(&c, base, &backup).await;
+    assert_eq!(code, 200);
     assert_eq!(
         (
             &result["created"],
@@ -187,12 +185,6 @@ async fn restore_sets_the_store_back_to_the_backup() {
     assert!(doc["paths"][BACKUP]["get"].is_object());
 
     // Restoring again changes nothing.
-    let r = c
-        .put(format!("{base}{RESTORE}"))
-        .json(&backup)
-        .send()
-        .await
-        .unwrap();
-    let again: Value = r.json().await.unwrap();
+    let (_, again) = restore(&c, base, &backup).await;
     assert_eq!(again["unchanged"], 3, "{again}");
 }
