@@ -80,6 +80,7 @@ impl Ctx {
         if kv.metadata.uid.is_none() {
             return;
         }
+        step("publishing an Event");
         let reference: ObjectReference = kv.object_ref(&());
         let ev = Event {
             type_,
@@ -181,7 +182,7 @@ async fn bootstrap(ctx: Arc<Ctx>, stop: CancellationToken) {
             Ok(l) if l.items.is_empty() => {
                 let mut kv = KubeVirt::new("kubevirt", crate::kubevirt::KubeVirtSpec::default());
                 kv.metadata.namespace = Some(NAMESPACE.into());
-                match install(&kv, &ctx, Scope::ApiLayer).await {
+                match bounded(install(&kv, &ctx, Scope::ApiLayer)).await {
                     Ok(Action { .. }) if api_layer_available(&ctx.client).await => BOOTSTRAP_IDLE,
                     Ok(_) => BOOTSTRAP_PENDING,
                     Err(e) => {
@@ -240,6 +241,46 @@ fn owned_by_crd(docs: &mut [serde_json::Value], crd_uid: &str) {
 /// Name of the KubeVirt CRD.
 const KUBEVIRT_CRD: &str = "kubevirts.kubevirt.io";
 
+/// Longest a reconcile may take. One normally takes a second or two; a request that never
+/// answers would otherwise hold the KubeVirt resource's reconcile for the client's read
+/// timeout (almost five minutes), with nothing in the log and no retry.
+const RECONCILE_DEADLINE: Duration = Duration::from_secs(60);
+
+tokio::task_local! {
+    /// What the running reconcile is doing, for the message when it misses its deadline.
+    static STEP: Arc<std::sync::Mutex<&'static str>>;
+}
+
+/// Records what the running reconcile does next.
+fn step(what: &'static str) {
+    let _ = STEP.try_with(|s| {
+        *s.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = what;
+    });
+}
+
+/// Runs one reconcile within [`RECONCILE_DEADLINE`]; missing it is an error naming the step
+/// it was in, so the reconcile is retried instead of waiting on a request that hangs.
+async fn bounded(
+    fut: impl std::future::Future<Output = Result<Action, Error>>,
+) -> Result<Action, Error> {
+    bounded_within(RECONCILE_DEADLINE, fut).await
+}
+
+async fn bounded_within(
+    deadline: Duration,
+    fut: impl std::future::Future<Output = Result<Action, Error>>,
+) -> Result<Action, Error> {
+    let at = Arc::new(std::sync::Mutex::new("starting"));
+    match tokio::time::timeout(deadline, STEP.scope(at.clone(), fut)).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Other(format!(
+            "reconcile did not finish within {:?}; it was {}",
+            deadline,
+            at.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        ))),
+    }
+}
+
 fn error_policy(_kv: Arc<KubeVirt>, e: &Error, ctx: Arc<Ctx>) -> Action {
     tracing::warn!(error = %e, "reconcile failed");
     ctx.metrics.reconcile("error");
@@ -249,9 +290,9 @@ fn error_policy(_kv: Arc<KubeVirt>, e: &Error, ctx: Arc<Ctx>) -> Action {
 async fn reconcile(kv: Arc<KubeVirt>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let start = std::time::Instant::now();
     let r = if kv.meta().deletion_timestamp.is_some() {
-        uninstall(&kv, &ctx).await
+        bounded(uninstall(&kv, &ctx)).await
     } else {
-        install(&kv, &ctx, Scope::All).await
+        bounded(install(&kv, &ctx, Scope::All)).await
     };
     ctx.metrics.observe(start.elapsed().as_secs_f64());
     if r.is_ok() {
@@ -783,6 +824,7 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         )
         .await?;
     }
+    step("adding the finalizer");
     let target = status::target(&kv.spec, &ctx.defaults);
     if kv
         .status
@@ -802,6 +844,7 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         .await;
     }
 
+    step("applying etcd's Service");
     // etcd's Service first: its cluster IP goes into etcd's serving certificate.
     let svc = serde_json::to_value(etcd::service()).map_err(|e| Error::Other(e.to_string()))?;
     let svc = Api::<Service>::namespaced(client.clone(), NAMESPACE)
@@ -812,6 +855,7 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         .and_then(|s| s.cluster_ip)
         .filter(|ip| !ip.is_empty() && ip != "None")
         .ok_or_else(|| Error::Other("etcd Service has no cluster IP yet".into()))?;
+    step("reading the cluster's authentication ConfigMap");
     let auth = cluster_auth(client).await?;
     // Once per spec change: the status records the generation it was computed from.
     let spec_changed =
@@ -880,6 +924,7 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         }
     }
     let now = time::OffsetDateTime::now_utc();
+    step("reading and renewing certificates");
     let certs = certificates(client, &host, policy.as_ref().ok(), now).await?;
     let delay = policy
         .as_ref()
@@ -898,6 +943,7 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
     }
     // A missing CRD (manifests/virt-operator.yaml being deleted) fails the reconcile: nothing
     // is applied that the garbage collector would delete again at once.
+    step("reading the KubeVirt CRD and etcd's StatefulSet");
     let crd_uid = Api::<CustomResourceDefinition>::all(client.clone())
         .get(KUBEVIRT_CRD)
         .await?
@@ -922,8 +968,10 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
     }
     owned_by_crd(&mut docs, &crd_uid);
     owned_by_crd(&mut apiservices, &crd_uid);
+    step("applying the installation's objects");
     apply_all(client, &docs).await?;
 
+    step("reading virt-apiserver's Deployment");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
     let apiserver = deployments.get_opt(render::NAME).await?;
     let serving = apiserver
@@ -934,11 +982,13 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         > 0;
     // The APIServices only once a replica serves: discovery never points at nothing.
     if serving {
+        step("applying the APIServices");
         apply_all(client, &apiservices).await?;
     }
     if scope == Scope::ApiLayer {
         return Ok(Action::requeue(BOOTSTRAP_IDLE));
     }
+    step("reading the rollout's state");
     let apis: Api<APIService> = Api::all(client.clone());
     let mut apiservices_pending = Vec::new();
     for group in [render::GROUP, render::SUBRESOURCES_GROUP] {
@@ -1025,6 +1075,7 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         )
         .await;
     }
+    step("writing the KubeVirt status");
     if kv.status.as_ref() != Some(&new_status) {
         let mut patch = serde_json::json!({"status": new_status});
         // virt-controller's field: the value read at the start of this reconcile may be stale
@@ -1212,6 +1263,22 @@ async fn uninstall(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[tokio::test]
+    async fn a_reconcile_that_hangs_fails_naming_its_step() {
+        let hang = async {
+            step("applying the APIServices");
+            futures::future::pending::<()>().await;
+            Ok(Action::await_change())
+        };
+        let e = bounded_within(Duration::from_millis(50), hang)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("it was applying the APIServices"), "{e}");
+        let quick = bounded_within(Duration::from_secs(5), async { Ok(Action::await_change()) });
+        assert!(quick.await.is_ok());
+    }
 
     #[test]
     fn an_unknown_eviction_strategy_names_the_field() {
