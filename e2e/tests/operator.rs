@@ -656,6 +656,9 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         !launcher_before.is_empty() && !launcher_before.ends_with(UPGRADE_TAG),
         "{launcher_before:?}"
     );
+    // The label may come and go within a second of the upgrade (the updater migrates at
+    // once): a watch, started before, sees every state of the VMIs; polling could miss it.
+    let labelled_outdated = watch_for(c, &ns.name, "vmi", OUTDATED_LABEL);
     let t1 = Instant::now();
     set_tag(UPGRADE_TAG);
     let upgraded = c.eventually("upgrade deployed", Duration::from_secs(300), || {
@@ -705,13 +708,10 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
     // the VMI carries KubeVirt's `kubevirt.io/outdatedLauncherImage` label.
     let t2 = Instant::now();
     let labels = |kind: &str, name: &str| ns.get(kind, name, "{.metadata.labels}");
-    let mut labelled_outdated = false;
     if let Err(e) = c.eventually(
         "the VM on the new launcher",
         Duration::from_secs(300),
         || {
-            labelled_outdated |= labels("vmi", "survivor").contains(OUTDATED_LABEL)
-                || labels("vmi", "pinned").contains(OUTDATED_LABEL);
             Ok(ns
                 .get("vmi", "survivor", "{.status.launcherContainerImageVersion}")
                 .ends_with(&format!(":{UPGRADE_TAG}"))
@@ -729,7 +729,7 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         t2.elapsed().as_secs_f64()
     );
     assert!(
-        labelled_outdated,
+        labelled_outdated.seen(),
         "no outdated VMI was labelled {OUTDATED_LABEL} before it moved"
     );
     c.eventually(
@@ -883,4 +883,48 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         panic!("{e:#}\nleft after uninstall: {left:?}");
     }
     println!("uninstalled in {:.1} s", t2.elapsed().as_secs_f64());
+}
+
+/// A `kubectl get -w` of one kind in a namespace, remembering whether any state of any
+/// object carried `label`. Stopped when dropped.
+struct LabelWatch {
+    child: std::process::Child,
+    seen: Arc<AtomicBool>,
+}
+
+impl LabelWatch {
+    fn seen(&self) -> bool {
+        self.seen.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for LabelWatch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn watch_for(c: &Cluster, ns: &str, kind: &str, label: &str) -> LabelWatch {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(c.kubectl_path())
+        .arg("--kubeconfig")
+        .arg(&c.kubeconfig)
+        .args(["-n", ns, "get", kind, "-w", "-o"])
+        .arg("jsonpath={.metadata.name} {.metadata.labels}{\"\\n\"}")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl get -w");
+    let seen = Arc::new(AtomicBool::new(false));
+    let out = child.stdout.take().expect("stdout");
+    let (flag, label) = (seen.clone(), label.to_string());
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if line.contains(&label) {
+                flag.store(true, Ordering::Release);
+            }
+        }
+    });
+    LabelWatch { child, seen }
 }
