@@ -886,9 +886,11 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
 }
 
 /// A `kubectl get -w` of one kind in a namespace, remembering whether any state of any
-/// object carried `label`. Stopped when dropped.
+/// object carried `label`. kubectl ends a watch when the server closes it (an upgrade
+/// replaces virt-apiserver), so it is started again until this is dropped.
 struct LabelWatch {
-    child: std::process::Child,
+    stop: Arc<AtomicBool>,
+    child: Arc<std::sync::Mutex<Option<std::process::Child>>>,
     seen: Arc<AtomicBool>,
 }
 
@@ -900,31 +902,53 @@ impl LabelWatch {
 
 impl Drop for LabelWatch {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop.store(true, Ordering::Release);
+        if let Some(mut c) = self.child.lock().unwrap().take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
 fn watch_for(c: &Cluster, ns: &str, kind: &str, label: &str) -> LabelWatch {
     use std::io::BufRead;
-    let mut child = std::process::Command::new(c.kubectl_path())
-        .arg("--kubeconfig")
-        .arg(&c.kubeconfig)
-        .args(["-n", ns, "get", kind, "-w", "-o"])
-        .arg("jsonpath={.metadata.name} {.metadata.labels}{\"\\n\"}")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("kubectl get -w");
-    let seen = Arc::new(AtomicBool::new(false));
-    let out = child.stdout.take().expect("stdout");
-    let (flag, label) = (seen.clone(), label.to_string());
+    let w = LabelWatch {
+        stop: Arc::new(AtomicBool::new(false)),
+        child: Arc::new(std::sync::Mutex::new(None)),
+        seen: Arc::new(AtomicBool::new(false)),
+    };
+    let (stop, slot, seen) = (w.stop.clone(), w.child.clone(), w.seen.clone());
+    let (kubectl, kubeconfig) = (c.kubectl_path().to_path_buf(), c.kubeconfig.clone());
+    let (ns, kind, label) = (ns.to_string(), kind.to_string(), label.to_string());
     std::thread::spawn(move || {
-        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            if line.contains(&label) {
-                flag.store(true, Ordering::Release);
+        while !stop.load(Ordering::Acquire) {
+            let spawned = std::process::Command::new(&kubectl)
+                .arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .args(["-n", &ns, "get", &kind, "-w", "-o"])
+                .arg("jsonpath={.metadata.name} {.metadata.labels}{\"\\n\"}")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn();
+            let Ok(mut child) = spawned else {
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            };
+            let out = child.stdout.take();
+            *slot.lock().unwrap() = Some(child);
+            for line in out
+                .into_iter()
+                .flat_map(|o| std::io::BufReader::new(o).lines().map_while(Result::ok))
+            {
+                if line.contains(&label) {
+                    seen.store(true, Ordering::Release);
+                }
             }
+            if let Some(mut c) = slot.lock().unwrap().take() {
+                let _ = c.wait();
+            }
+            std::thread::sleep(Duration::from_millis(200));
         }
     });
-    LabelWatch { child, seen }
+    w
 }
