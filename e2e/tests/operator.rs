@@ -381,11 +381,17 @@ fn rotation_keeps_an_open_console(c: &Cluster, ns: &Ns<'_>, vm: &str) {
         Duration::from_secs(300),
         || {
             now = presented_now(c)?;
+            // And every Secret renewed since it was read: kubelet updates mounted Secrets up
+            // to a minute late, so a Secret read just after a renewal the servers did not
+            // present yet is renewed once more before this holds.
             Ok(now.len() == before.len()
                 && now
                     .iter()
                     .zip(&before)
-                    .all(|((a, new), (b, old))| a == b && new != old))
+                    .all(|((a, new), (b, old))| a == b && new != old)
+                && secrets.iter().zip(&leaves_before).all(|(secret, old)| {
+                    pem_der(&secret_field(c, secret, "tls.crt")) != pem_der(old)
+                }))
         },
     ) {
         panic!(
