@@ -998,10 +998,9 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
     }
     let etcd_pending =
         status::statefulset_pending(etcd::ETCD, sts_api.get_opt(etcd::ETCD).await?.as_ref());
-    let controller_pending = status::deployment_pending(
-        components::CONTROLLER,
-        deployments.get_opt(components::CONTROLLER).await?.as_ref(),
-    );
+    let controller = deployments.get_opt(components::CONTROLLER).await?;
+    let controller_pending =
+        status::deployment_pending(components::CONTROLLER, controller.as_ref());
     let handler_pending = status::daemonset_pending(
         components::HANDLER,
         Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
@@ -1038,6 +1037,8 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         controller_pending,
         handler_pending,
         status::terminating_pending(&pods.items),
+        status::surplus_pending(render::NAME, apiserver.as_ref(), &pods.items),
+        status::surplus_pending(components::CONTROLLER, controller.as_ref(), &pods.items),
     ]
     .into_iter()
     .flatten()

@@ -214,6 +214,36 @@ pub fn terminating_pending(pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<S
     (!names.is_empty()).then(|| format!("pods still terminating: {}", names.join(", ")))
 }
 
+/// What the rollout waits for because more pods of Deployment `name` run than it wants,
+/// or `None`. A Deployment's status can read "all replicas updated and available" a moment
+/// before the old ReplicaSet's pods are deleted; until they are, an old virt-controller acts
+/// on the previous configuration.
+pub fn surplus_pending(
+    name: &str,
+    d: Option<&Deployment>,
+    pods: &[k8s_openapi::api::core::v1::Pod],
+) -> Option<String> {
+    let want = d?.spec.as_ref()?.replicas.unwrap_or(1);
+    let running = pods
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app.kubernetes.io/name"))
+                .is_some_and(|n| n == name)
+                && p.metadata.deletion_timestamp.is_none()
+                && !matches!(
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Succeeded" | "Failed")
+                )
+        })
+        .count();
+    (running as i32 > want).then(|| {
+        format!("{name}: {running} pods running, {want} wanted (the previous ones not gone yet)")
+    })
+}
+
 /// Why the deployment is failing, from its pods: the containers stuck in a state that needs
 /// a change to heal (crash loops, image pulls), one sentence per pod, at most three, in
 /// pod-name order so the condition does not flap between reconciles.
@@ -554,6 +584,22 @@ mod tests {
             Some("pods still terminating: virt-controller-x")
         );
         assert_eq!(terminating_pending(&[pod("virt-operator", true)]), None);
+
+        // More live pods than the Deployment wants: the old ReplicaSet's are still there.
+        let d: Deployment = serde_json::from_value(
+            serde_json::json!({"spec": {"replicas": 2, "selector": {}, "template": {}}}),
+        )
+        .unwrap();
+        let two = [pod("virt-controller", false), pod("virt-controller", false)];
+        assert_eq!(surplus_pending("virt-controller", Some(&d), &two), None);
+        let mut three = two.to_vec();
+        three.push(pod("virt-controller", false));
+        assert_eq!(
+            surplus_pending("virt-controller", Some(&d), &three).as_deref(),
+            Some("virt-controller: 3 pods running, 2 wanted (the previous ones not gone yet)")
+        );
+        three[2] = pod("virt-controller", true);
+        assert_eq!(surplus_pending("virt-controller", Some(&d), &three), None);
     }
 
     #[test]
