@@ -19,7 +19,7 @@ use serde_json::Value;
 use crate::error::{ApiError, ApiResult};
 use crate::kinds::ResourceDef;
 use crate::rest::Registry;
-use crate::storage::decode_kv;
+use crate::storage::{Stored, decode_kv};
 
 /// Keys read per etcd request while backing up.
 const PAGE: i64 = 500;
@@ -30,14 +30,15 @@ fn api_version() -> String {
     format!("{}/v1", kubevirt_api::SUBRESOURCES_GROUP)
 }
 
-/// Reads every stored object at one revision.
-pub async fn backup(registry: &Registry) -> ApiResult<Backup> {
+/// Every stored object of every kind at one revision (the current one), read in pages:
+/// `(kind, stored object)` in kind, then key order, and the revision.
+async fn read_all(registry: &Registry) -> ApiResult<(Vec<(&'static ResourceDef, Stored)>, i64)> {
     let store = registry.storage();
     let revision = store
         .current_revision()
         .await
         .map_err(crate::rest::storage_error)?;
-    let mut items = Vec::new();
+    let mut out = Vec::new();
     for def in ResourceDef::all() {
         let prefix = registry.collection_prefix(def, None);
         let mut start = String::new();
@@ -47,14 +48,7 @@ pub async fn backup(registry: &Registry) -> ApiResult<Backup> {
                 .await
                 .map_err(crate::rest::storage_error)?;
             for kv in &page.kvs {
-                let stored = decode_kv(kv).map_err(crate::rest::storage_error)?;
-                let (namespace, name) = names(&stored.value);
-                items.push(BackupItem {
-                    resource: def.plural.to_string(),
-                    namespace,
-                    name,
-                    object: stored.value,
-                });
+                out.push((def, decode_kv(kv).map_err(crate::rest::storage_error)?));
             }
             match page.kvs.last() {
                 Some(last) if page.more => {
@@ -67,6 +61,24 @@ pub async fn backup(registry: &Registry) -> ApiResult<Backup> {
             }
         }
     }
+    Ok((out, revision))
+}
+
+/// Reads every stored object at one revision.
+pub async fn backup(registry: &Registry) -> ApiResult<Backup> {
+    let (stored, revision) = read_all(registry).await?;
+    let items = stored
+        .into_iter()
+        .map(|(def, s)| {
+            let (namespace, name) = names(&s.value);
+            BackupItem {
+                resource: def.plural.to_string(),
+                namespace,
+                name,
+                object: s.value,
+            }
+        })
+        .collect();
     Ok(Backup {
         api_version: api_version(),
         kind: KIND.into(),
@@ -269,7 +281,12 @@ pub async fn restore(registry: &Registry, backup: &Backup) -> ApiResult<RestoreR
     // Each pass writes what differs; a pass that lost a compare-and-swap to a component's
     // write reads again and retries only what still differs.
     for attempt in 0..ATTEMPTS {
-        let current = read_all(registry).await?;
+        let current: BTreeMap<String, (Value, i64)> = read_all(registry)
+            .await?
+            .0
+            .into_iter()
+            .map(|(_, s)| (s.key, (s.value, s.revision)))
+            .collect();
         let (writes, unchanged) = plan(&current, &wanted);
         if attempt == 0 {
             result.unchanged = unchanged;
@@ -354,23 +371,6 @@ pub async fn restore(registry: &Registry, backup: &Backup) -> ApiResult<RestoreR
         "restored a backup"
     );
     Ok(result)
-}
-
-async fn read_all(registry: &Registry) -> ApiResult<BTreeMap<String, (Value, i64)>> {
-    let store = registry.storage();
-    let mut out = BTreeMap::new();
-    for def in ResourceDef::all() {
-        let prefix = registry.collection_prefix(def, None);
-        let page = store
-            .list_raw(&prefix, "", 0, 0)
-            .await
-            .map_err(crate::rest::storage_error)?;
-        for kv in &page.kvs {
-            let s = decode_kv(kv).map_err(crate::rest::storage_error)?;
-            out.insert(s.key, (s.value, s.revision));
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]
