@@ -46,6 +46,16 @@ pub const VERSION: &str = "v1";
 pub const API_VERSION: &str = "kubevirt.io/v1";
 /// API group of the action and streaming subresources (start, stop, console, …).
 pub const SUBRESOURCES_GROUP: &str = "subresources.kubevirt.io";
+/// Label key naming the component a pod belongs to, as KubeVirt labels its pods
+/// (`kubevirt.io=virt-launcher`). Other components select pods by it: virt-apiserver's
+/// eviction webhook (is this a launcher pod?) and its lookup of a node's virt-handler, and
+/// users' drains with `--pod-selector`. Spelled like [`GROUP`], but a label key, so it
+/// must not follow a change of the group.
+pub const COMPONENT_LABEL: &str = "kubevirt.io";
+/// Value of [`COMPONENT_LABEL`] on launcher pods.
+pub const LAUNCHER_COMPONENT: &str = "virt-launcher";
+/// Value of [`COMPONENT_LABEL`] on virt-handler pods.
+pub const HANDLER_COMPONENT: &str = "virt-handler";
 /// The user (and group) virt-launcher, its libvirt and QEMU run as in a launcher pod
 /// (KubeVirt's `qemu` user; docs/node.md, "Privilege model").
 pub const LAUNCHER_UID: u32 = 107;

@@ -80,7 +80,7 @@ impl NamespaceLifecycle {
                 );
                 e.details = Some(StatusDetails {
                     name: Some(name.to_string()),
-                    group: Some("kubevirt.io".into()),
+                    group: Some(kubevirt_api::GROUP.into()),
                     kind: Some(resource.to_string()),
                     causes: Some(vec![StatusCause {
                         reason: Some("NamespaceTerminating".into()),

@@ -525,16 +525,13 @@ pub fn forbidden(user: &User, info: &RequestInfo, reason: &str) -> ApiError {
 // Gr holds &'static str for the common case; for arbitrary request strings we map to
 // the static names we serve, or to an empty string.
 fn leak_free(s: &str) -> &'static str {
-    for r in crate::kinds::ResourceDef::all() {
-        if r.plural == s {
-            return r.plural;
-        }
+    if let Some(k) = kubevirt_api::catalogue::kind_by_plural(s) {
+        return k.plural;
     }
-    match s {
-        "kubevirt.io" => "kubevirt.io",
-        "subresources.kubevirt.io" => "subresources.kubevirt.io",
-        _ => "",
-    }
+    [kubevirt_api::GROUP, kubevirt_api::SUBRESOURCES_GROUP]
+        .into_iter()
+        .find(|g| *g == s)
+        .unwrap_or("")
 }
 
 fn header_values<'a>(headers: &'a http::HeaderMap, name: &str) -> impl Iterator<Item = &'a str> {

@@ -32,8 +32,6 @@ pub const PLAIN_SUBPROTOCOL: &str = "plain.kubevirt.io";
 pub const HANDLER_SERVER_NAME: &str = "virt-handler";
 /// virt-handler's port (KubeVirt's `defaultConsoleServerPort`).
 pub const DEFAULT_HANDLER_PORT: u16 = 8186;
-/// Label of virt-handler pods.
-const HANDLER_LABEL: &str = "kubevirt.io=virt-handler";
 /// TCP connect plus TLS handshake.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A whole action request; softreboot and pause answer in well under a second.
@@ -334,7 +332,11 @@ impl HandlerClient {
         })?;
         let pods: kube::Api<Pod> = kube::Api::namespaced(kube, &self.namespace);
         let lp = kube::api::ListParams::default()
-            .labels(HANDLER_LABEL)
+            .labels(&format!(
+                "{}={}",
+                kubevirt_api::COMPONENT_LABEL,
+                kubevirt_api::HANDLER_COMPONENT
+            ))
             .fields(&format!("spec.nodeName={node}"));
         let list = pods
             .list(&lp)

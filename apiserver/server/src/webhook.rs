@@ -34,8 +34,6 @@ use crate::state::AppState;
 const MANAGER: &str = "kubevirt-eviction";
 /// Largest AdmissionReview accepted: an Eviction is small.
 const MAX_REVIEW_BYTES: usize = 256 * 1024;
-/// Label of launcher pods and its value (the webhook's objectSelector).
-const LAUNCHER_LABEL: (&str, &str) = ("kubevirt.io", "virt-launcher");
 
 /// The answer to one eviction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,8 +70,8 @@ pub fn verdict(
         .metadata
         .labels
         .as_ref()
-        .and_then(|l| l.get(LAUNCHER_LABEL.0))
-        .is_some_and(|v| v == LAUNCHER_LABEL.1);
+        .and_then(|l| l.get(kubevirt_api::COMPONENT_LABEL))
+        .is_some_and(|v| v == kubevirt_api::LAUNCHER_COMPONENT);
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     if !is_launcher
         || matches!(phase, Some("Succeeded" | "Failed"))

@@ -207,7 +207,7 @@ pub struct OperatorImage<'a> {
 fn deployment(op: &OperatorImage<'_>) -> Deployment {
     let selector = BTreeMap::from([("app.kubernetes.io/name".to_string(), OPERATOR.to_string())]);
     let mut labels = part_of_labels(OPERATOR);
-    labels.insert("kubevirt.io".into(), OPERATOR.into());
+    labels.insert(kubevirt_api::COMPONENT_LABEL.into(), OPERATOR.into());
     let field = |name: &str, path: &str| EnvVar {
         name: name.into(),
         value_from: Some(k8s_openapi::api::core::v1::EnvVarSource {

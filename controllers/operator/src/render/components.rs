@@ -16,6 +16,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use kubevirt_api::COMPONENT_LABEL;
+
 use super::{
     GROUP, NAMESPACE, Params, RUN_AS, Result, push_doc, requests, restricted, role_ref, rule,
     strings,
@@ -43,8 +45,6 @@ const HANDLER_CERT_DIR: &str = "/var/run/virt-handler/certs";
 /// Host directories shared by launcher pods and virt-handler (docs/cluster-flow.md §1).
 const HOST_RUN_DIR: &str = "/var/run/kubevirt-rs";
 const HOST_CACHE_DIR: &str = "/var/cache/kubevirt-rs";
-/// Launcher pods carry it; virt-apiserver finds handler pods by it (`kubevirt.io=virt-handler`).
-const COMPONENT_LABEL: &str = "kubevirt.io";
 
 fn labels(name: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
@@ -378,7 +378,10 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
     let selector = BTreeMap::from([("app.kubernetes.io/name".to_string(), HANDLER.into())]);
     let mut pod_labels = labels(HANDLER);
     // virt-apiserver finds the handler of a node by this label (docs/cluster-flow.md §5).
-    pod_labels.insert(COMPONENT_LABEL.into(), HANDLER.into());
+    pod_labels.insert(
+        COMPONENT_LABEL.into(),
+        kubevirt_api::HANDLER_COMPONENT.into(),
+    );
     let container = Container {
         name: HANDLER.into(),
         image: Some(p.handler_image.clone()),

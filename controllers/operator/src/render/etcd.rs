@@ -291,7 +291,7 @@ fn statefulset(p: &Params, e: &EtcdParams) -> StatefulSet {
         }
     };
     let mut labels = part_of_labels(ETCD);
-    labels.insert("kubevirt.io".into(), ETCD.into());
+    labels.insert(kubevirt_api::COMPONENT_LABEL.into(), ETCD.into());
     let mut spec = PodSpec {
         enable_service_links: Some(false),
         automount_service_account_token: Some(false),
