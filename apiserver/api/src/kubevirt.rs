@@ -24,6 +24,8 @@ pub const CRD_VERSION: &str = "v1alpha3";
 pub const CRD_API_VERSION: &str = "kubevirt.io/v1alpha3";
 /// Plural resource name of KubeVirt.
 pub const PLURAL: &str = crate::catalogue::KUBEVIRT.plural;
+/// Name of the KubeVirt CRD (`<plural>.<group>`; a test holds it to both).
+pub const CRD_NAME: &str = "kubevirts.kubevirt.io";
 
 /// Specification of a kubevirt-rs installation: KubeVirt's `KubeVirtSpec`, field for field.
 #[skip_serializing_none]
@@ -325,6 +327,12 @@ spec:
   imagePullPolicy: IfNotPresent
   workloadUpdateStrategy: {}
 ";
+
+    #[test]
+    fn crd_name_is_plural_dot_group() {
+        assert_eq!(CRD_NAME, format!("{PLURAL}.{}", crate::GROUP));
+        assert_eq!(crd_v1alpha3().metadata.name.as_deref(), Some(CRD_NAME));
+    }
 
     #[test]
     fn kubevirts_own_cr_round_trips_unchanged() {

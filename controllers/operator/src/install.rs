@@ -13,6 +13,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
+use kubevirt_api::catalogue;
+
 use crate::kubevirt;
 use crate::render::{self, NAMESPACE, Result, part_of_labels};
 
@@ -50,6 +52,16 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
     }
 }
 
+/// A rule on kinds of our API group, named from the catalogue.
+fn kind_rule(resources: Vec<String>, verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![render::GROUP.into()]),
+        resources: Some(resources),
+        verbs: verbs.iter().map(|s| s.to_string()).collect(),
+        ..PolicyRule::default()
+    }
+}
+
 const ALL: &[&str] = &[
     "get", "list", "watch", "create", "update", "patch", "delete",
 ];
@@ -80,16 +92,16 @@ fn cluster_rules() -> Vec<PolicyRule> {
         rule(&[""], &["nodes"], &["get", "list"]),
         // The KubeVirt CRD's uid: it owns the cluster-scoped objects (reconcile::owned_by_crd).
         PolicyRule {
-            resource_names: Some(vec!["kubevirts.kubevirt.io".into()]),
+            resource_names: Some(vec![kubevirt_api::kubevirt::CRD_NAME.into()]),
             ..rule(
                 &["apiextensions.k8s.io"],
                 &["customresourcedefinitions"],
                 &["get"],
             )
         },
-        rule(
-            &["kubevirt.io"],
-            &["virtualmachines", "virtualmachineinstances"],
+        // Uninstalling counts and, by uninstallStrategy, deletes the workloads.
+        kind_rule(
+            render::resources(crate::reconcile::WORKLOADS, ""),
             &["get", "list", "delete", "deletecollection"],
         ),
         // The signer of virt-handler certificates (signer.rs): it reads the requests, approves
@@ -117,14 +129,16 @@ fn cluster_rules() -> Vec<PolicyRule> {
 /// In its namespace: everything it deploys there, its KubeVirt resource, its Lease.
 fn namespace_rules() -> Vec<PolicyRule> {
     vec![
-        rule(
-            &["kubevirt.io"],
-            &["kubevirts"],
+        kind_rule(
+            render::resources([&catalogue::KUBEVIRT], ""),
             &["get", "list", "watch", "update", "patch"],
         ),
-        rule(
-            &["kubevirt.io"],
-            &["kubevirts/status", "kubevirts/finalizers"],
+        kind_rule(
+            [
+                render::resources([&catalogue::KUBEVIRT], "/status"),
+                render::resources([&catalogue::KUBEVIRT], "/finalizers"),
+            ]
+            .concat(),
             &["get", "update", "patch"],
         ),
         rule(
@@ -511,6 +525,46 @@ mod tests {
                 "{rel} is stale: run `cargo xtask gen-manifests` (or `virt-operator gen-manifests`)"
             );
         }
+    }
+
+    /// The operator's grants on kubevirt.io, written out.
+    #[test]
+    fn operator_holds_its_kubevirt_resource_and_the_workloads_it_removes() {
+        use crate::render::grants;
+        assert_eq!(
+            grants(&cluster_rules(), render::GROUP),
+            [
+                "virtualmachineinstances delete",
+                "virtualmachineinstances deletecollection",
+                "virtualmachineinstances get",
+                "virtualmachineinstances list",
+                "virtualmachines delete",
+                "virtualmachines deletecollection",
+                "virtualmachines get",
+                "virtualmachines list",
+            ]
+        );
+        assert_eq!(
+            grants(&namespace_rules(), render::GROUP),
+            [
+                "kubevirts get",
+                "kubevirts list",
+                "kubevirts patch",
+                "kubevirts update",
+                "kubevirts watch",
+                "kubevirts/finalizers get",
+                "kubevirts/finalizers patch",
+                "kubevirts/finalizers update",
+                "kubevirts/status get",
+                "kubevirts/status patch",
+                "kubevirts/status update",
+            ]
+        );
+        let crd = cluster_rules()
+            .into_iter()
+            .find(|r| r.resource_names.is_some())
+            .and_then(|r| r.resource_names);
+        assert_eq!(crd, Some(vec!["kubevirts.kubevirt.io".to_string()]));
     }
 
     #[test]

@@ -22,6 +22,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
+use kubevirt_api::catalogue;
 use kubevirt_api::eviction::EvictionStrategy;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
@@ -239,7 +240,7 @@ fn owned_by_crd(docs: &mut [serde_json::Value], crd_uid: &str) {
 }
 
 /// Name of the KubeVirt CRD.
-const KUBEVIRT_CRD: &str = "kubevirts.kubevirt.io";
+const KUBEVIRT_CRD: &str = kubevirt_api::kubevirt::CRD_NAME;
 
 /// Longest a reconcile may take. One normally takes a second or two; a request that never
 /// answers would otherwise hold the KubeVirt resource's reconcile for the client's read
@@ -1143,16 +1144,25 @@ fn installed_objects() -> Result<Vec<serde_json::Value>, Error> {
     Ok(docs)
 }
 
+/// The kinds an uninstall counts and, by uninstallStrategy, deletes (the operator's
+/// ClusterRole grants exactly these). A migration is no workload of its own (it moves a
+/// VMI); any left go with the store.
+pub(crate) const WORKLOADS: [&catalogue::Kind; 2] = [
+    &catalogue::VIRTUAL_MACHINE,
+    &catalogue::VIRTUAL_MACHINE_INSTANCE,
+];
+
+fn workload_resource(k: &catalogue::Kind) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(render::GROUP, kubevirt_api::VERSION, k.kind),
+        k.plural,
+    )
+}
+
 async fn count_workloads(client: &Client) -> Result<usize, Error> {
     let mut n = 0;
-    for (kind, plural) in [
-        ("VirtualMachine", "virtualmachines"),
-        ("VirtualMachineInstance", "virtualmachineinstances"),
-    ] {
-        let ar = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk(render::GROUP, "v1", kind),
-            plural,
-        );
+    for k in WORKLOADS {
+        let ar = workload_resource(k);
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
         n += api.list(&ListParams::default()).await?.items.len();
     }
@@ -1160,14 +1170,8 @@ async fn count_workloads(client: &Client) -> Result<usize, Error> {
 }
 
 async fn remove_workloads(client: &Client) -> Result<(), Error> {
-    for (kind, plural) in [
-        ("VirtualMachine", "virtualmachines"),
-        ("VirtualMachineInstance", "virtualmachineinstances"),
-    ] {
-        let ar = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk(render::GROUP, "v1", kind),
-            plural,
-        );
+    for k in WORKLOADS {
+        let ar = workload_resource(k);
         let all: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
         for o in all.list(&ListParams::default()).await?.items {
             let ns = o.namespace().unwrap_or_default();

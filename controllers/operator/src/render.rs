@@ -282,6 +282,36 @@ fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
 
+/// The RBAC resource names of these catalogue kinds, each followed by `suffix` (`""`,
+/// `"/status"`, `"/finalizers"`): roles name kinds from the catalogue, never by hand, so a
+/// renamed or added kind cannot leave a component without its grant.
+pub(crate) fn resources<'a>(
+    kinds: impl IntoIterator<Item = &'a catalogue::Kind>,
+    suffix: &str,
+) -> Vec<String> {
+    kinds
+        .into_iter()
+        .map(|k| format!("{}{suffix}", k.plural))
+        .collect()
+}
+
+/// Every `resource verb` a set of rules grants in `group`, sorted: what tests compare.
+#[cfg(test)]
+pub(crate) fn grants(rules: &[PolicyRule], group: &str) -> Vec<String> {
+    let mut out: Vec<String> = rules
+        .iter()
+        .filter(|r| r.api_groups.iter().flatten().any(|g| g == group))
+        .flat_map(|r| {
+            r.resources
+                .iter()
+                .flatten()
+                .flat_map(move |res| r.verbs.iter().map(move |v| format!("{res} {v}")))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 fn rule(group: &str, resources: Vec<String>, verbs: &[&str]) -> PolicyRule {
     PolicyRule {
         api_groups: Some(vec![group.into()]),
@@ -312,15 +342,11 @@ fn role_ref(kind: &str, name: &str) -> RoleRef {
 /// they name our resources and the subresources of subresources.kubevirt.io exactly as
 /// virt-apiserver serves them; they come from the API catalogue so they cannot drift.
 fn user_roles() -> Vec<ClusterRole> {
-    let plurals: Vec<String> = catalogue::STORED
-        .iter()
-        .map(|k| k.plural.to_string())
-        .collect();
-    let status: Vec<String> = catalogue::STORED
-        .iter()
-        .filter(|k| k.has_status)
-        .map(|k| format!("{}/status", k.plural))
-        .collect();
+    let plurals = resources(catalogue::STORED, "");
+    let status = resources(
+        catalogue::STORED.into_iter().filter(|k| k.has_status),
+        "/status",
+    );
     // Subresources by the verb that calls them: actions `update`; consoles, VNC and
     // port-forwarding `get` — they reach into the guest, so edit grants them, as in KubeVirt.
     let mut by_verb: BTreeMap<&str, Vec<String>> = BTreeMap::new();
@@ -632,7 +658,7 @@ pub fn static_manifest(p: &Params) -> Result<String> {
                 // verbs as the resource itself.
                 rule(
                     GROUP,
-                    strings(&[kubevirt_api::kubevirt::PLURAL]),
+                    resources([&catalogue::KUBEVIRT], ""),
                     &[
                         "get",
                         "list",
@@ -646,7 +672,7 @@ pub fn static_manifest(p: &Params) -> Result<String> {
                 ),
                 rule(
                     GROUP,
-                    strings(&["kubevirts/status"]),
+                    resources([&catalogue::KUBEVIRT], "/status"),
                     &["get", "update", "patch"],
                 ),
             ]),

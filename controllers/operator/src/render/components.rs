@@ -16,11 +16,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use kubevirt_api::COMPONENT_LABEL;
+use kubevirt_api::{COMPONENT_LABEL, catalogue};
 
 use super::{
-    GROUP, NAMESPACE, Params, RUN_AS, Result, push_doc, requests, restricted, role_ref, rule,
-    strings,
+    GROUP, NAMESPACE, Params, RUN_AS, Result, push_doc, requests, resources, restricted, role_ref,
+    rule, strings,
 };
 
 pub const CONTROLLER: &str = "virt-controller";
@@ -152,6 +152,58 @@ fn healthz(period: i32) -> Probe {
     }
 }
 
+/// virt-controller's cluster-wide rules. Its own kinds come from the catalogue: it reconciles
+/// every stored kind and writes their status.
+fn controller_rules() -> Vec<PolicyRule> {
+    let all = [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ];
+    let stored = catalogue::STORED;
+    vec![
+        rule(GROUP, resources(stored, ""), &all),
+        rule(
+            GROUP,
+            resources(stored.into_iter().filter(|k| k.has_status), "/status"),
+            &["get", "update", "patch"],
+        ),
+        // ownerReferences with blockOwnerDeletion need update on the owner's finalizers
+        // where OwnerReferencesPermissionEnforcement is enabled, and every stored kind owns
+        // something with it: a VM its VMI, a VMI its launcher pod, a migration its target pod.
+        rule(GROUP, resources(stored, "/finalizers"), &["update"]),
+        rule("", strings(&["pods"]), &all),
+        // The workload updater evicts launcher pods that cannot migrate (Evict).
+        rule("", strings(&["pods/eviction"]), &["create"]),
+        // …and reports outdated VMIs in the KubeVirt resource's status.
+        rule(
+            GROUP,
+            resources([&catalogue::KUBEVIRT], ""),
+            &["get", "list", "watch"],
+        ),
+        rule(
+            GROUP,
+            resources([&catalogue::KUBEVIRT], "/status"),
+            &["patch"],
+        ),
+        // The launcher's Secret of a VMI's inline cloud-init data (not in the pod's
+        // annotations, which `view` reads).
+        rule("", strings(&["secrets"]), &["create"]),
+        // The claims behind persistentVolumeClaim volumes: their volumeMode and size
+        // shape the launcher pod and volumeStatus.
+        rule(
+            "",
+            strings(&["persistentvolumeclaims"]),
+            &["get", "list", "watch"],
+        ),
+        rule("", strings(&["nodes"]), &["get", "list", "watch"]),
+        rule("", strings(&["events"]), &["create", "update", "patch"]),
+        rule(
+            "events.k8s.io",
+            strings(&["events"]),
+            &["create", "update", "patch"],
+        ),
+    ]
+}
+
 /// Objects of virt-controller: ServiceAccount, RBAC, Deployment.
 pub fn controller(out: &mut String, p: &Params) -> Result<()> {
     push_doc(
@@ -161,66 +213,7 @@ pub fn controller(out: &mut String, p: &Params) -> Result<()> {
             ..ServiceAccount::default()
         },
     )?;
-    let all = [
-        "get", "list", "watch", "create", "update", "patch", "delete",
-    ];
-    cluster_role_and_binding(
-        out,
-        CONTROLLER,
-        vec![
-            rule(
-                GROUP,
-                strings(&[
-                    "virtualmachines",
-                    "virtualmachineinstances",
-                    "virtualmachineinstancemigrations",
-                ]),
-                &all,
-            ),
-            rule(
-                GROUP,
-                strings(&[
-                    "virtualmachines/status",
-                    "virtualmachineinstances/status",
-                    "virtualmachineinstancemigrations/status",
-                ]),
-                &["get", "update", "patch"],
-            ),
-            // ownerReferences with blockOwnerDeletion need update on the owner's finalizers
-            // where OwnerReferencesPermissionEnforcement is enabled.
-            rule(
-                GROUP,
-                strings(&[
-                    "virtualmachines/finalizers",
-                    "virtualmachineinstances/finalizers",
-                ]),
-                &["update"],
-            ),
-            rule("", strings(&["pods"]), &all),
-            // The workload updater evicts launcher pods that cannot migrate (Evict).
-            rule("", strings(&["pods/eviction"]), &["create"]),
-            // …and reports outdated VMIs in the KubeVirt resource's status.
-            rule(GROUP, strings(&["kubevirts"]), &["get", "list", "watch"]),
-            rule(GROUP, strings(&["kubevirts/status"]), &["patch"]),
-            // The launcher's Secret of a VMI's inline cloud-init data (not in the pod's
-            // annotations, which `view` reads).
-            rule("", strings(&["secrets"]), &["create"]),
-            // The claims behind persistentVolumeClaim volumes: their volumeMode and size
-            // shape the launcher pod and volumeStatus.
-            rule(
-                "",
-                strings(&["persistentvolumeclaims"]),
-                &["get", "list", "watch"],
-            ),
-            rule("", strings(&["nodes"]), &["get", "list", "watch"]),
-            rule("", strings(&["events"]), &["create", "update", "patch"]),
-            rule(
-                "events.k8s.io",
-                strings(&["events"]),
-                &["create", "update", "patch"],
-            ),
-        ],
-    )?;
+    cluster_role_and_binding(out, CONTROLLER, controller_rules())?;
     // The leader Lease lives in our namespace only.
     push_doc(
         out,
@@ -328,6 +321,38 @@ fn controller_deployment(p: &Params) -> Deployment {
     }
 }
 
+/// virt-handler's cluster-wide rules: of the catalogue's kinds it touches VMIs only, the ones
+/// on its node and their status.
+fn handler_rules() -> Vec<PolicyRule> {
+    let vmi = [&catalogue::VIRTUAL_MACHINE_INSTANCE];
+    vec![
+        rule(
+            GROUP,
+            resources(vmi, ""),
+            &["get", "list", "watch", "patch", "update"],
+        ),
+        rule(
+            GROUP,
+            resources(vmi, "/status"),
+            &["get", "patch", "update"],
+        ),
+        rule("", strings(&["pods"]), &["get", "list", "watch"]),
+        rule("", strings(&["nodes"]), &["get", "list", "watch", "patch"]),
+        // Its own certificate, asked for with its pod-bound token (signer.rs).
+        rule(
+            "certificates.k8s.io",
+            strings(&["certificatesigningrequests"]),
+            &["create", "get"],
+        ),
+        rule("", strings(&["events"]), &["create", "update", "patch"]),
+        rule(
+            "events.k8s.io",
+            strings(&["events"]),
+            &["create", "update", "patch"],
+        ),
+    ]
+}
+
 /// Objects of virt-handler: ServiceAccount, RBAC, DaemonSet.
 pub fn handler(out: &mut String, p: &Params) -> Result<()> {
     push_doc(
@@ -337,36 +362,7 @@ pub fn handler(out: &mut String, p: &Params) -> Result<()> {
             ..ServiceAccount::default()
         },
     )?;
-    cluster_role_and_binding(
-        out,
-        HANDLER,
-        vec![
-            rule(
-                GROUP,
-                strings(&["virtualmachineinstances"]),
-                &["get", "list", "watch", "patch", "update"],
-            ),
-            rule(
-                GROUP,
-                strings(&["virtualmachineinstances/status"]),
-                &["get", "patch", "update"],
-            ),
-            rule("", strings(&["pods"]), &["get", "list", "watch"]),
-            rule("", strings(&["nodes"]), &["get", "list", "watch", "patch"]),
-            // Its own certificate, asked for with its pod-bound token (signer.rs).
-            rule(
-                "certificates.k8s.io",
-                strings(&["certificatesigningrequests"]),
-                &["create", "get"],
-            ),
-            rule("", strings(&["events"]), &["create", "update", "patch"]),
-            rule(
-                "events.k8s.io",
-                strings(&["events"]),
-                &["create", "update", "patch"],
-            ),
-        ],
-    )?;
+    cluster_role_and_binding(out, HANDLER, handler_rules())?;
     let mut ds = handler_daemonset(p);
     if let Some(spec) = ds.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
         p.workloads.apply(spec);
@@ -591,4 +587,71 @@ pub fn handler_secrets(out: &mut String, tls: &HandlerTls) -> Result<()> {
             ..ConfigMap::default()
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::render::grants;
+
+    /// The grants on kubevirt.io, written out: a change to the catalogue that changes a
+    /// component's permissions shows here.
+    #[test]
+    fn controller_holds_every_stored_kind_and_its_status() {
+        let want: Vec<String> = [
+            "kubevirts get",
+            "kubevirts list",
+            "kubevirts watch",
+            "kubevirts/status patch",
+        ]
+        .into_iter()
+        .map(String::from)
+        .chain(catalogue::STORED.iter().flat_map(|k| {
+            let p = k.plural;
+            [
+                "get", "list", "watch", "create", "update", "patch", "delete",
+            ]
+            .map(|v| format!("{p} {v}"))
+            .into_iter()
+            .chain(["get", "update", "patch"].map(|v| format!("{p}/status {v}")))
+            .chain([format!("{p}/finalizers update")])
+        }))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+        assert_eq!(grants(&controller_rules(), GROUP), want);
+        assert!(want.contains(&"virtualmachineinstancemigrations/status patch".to_string()));
+        assert!(want.contains(&"virtualmachines/finalizers update".to_string()));
+    }
+
+    #[test]
+    fn handler_holds_vmis_and_their_status_only() {
+        assert_eq!(
+            grants(&handler_rules(), GROUP),
+            [
+                "virtualmachineinstances get",
+                "virtualmachineinstances list",
+                "virtualmachineinstances patch",
+                "virtualmachineinstances update",
+                "virtualmachineinstances watch",
+                "virtualmachineinstances/status get",
+                "virtualmachineinstances/status patch",
+                "virtualmachineinstances/status update",
+            ]
+        );
+    }
+
+    #[test]
+    fn handler_pods_carry_the_label_virt_apiserver_selects() {
+        let ds = handler_daemonset(&Params::default());
+        let labels = ds
+            .spec
+            .and_then(|s| s.template.metadata)
+            .and_then(|m| m.labels)
+            .unwrap_or_default();
+        assert_eq!(
+            labels.get("kubevirt.io").map(String::as_str),
+            Some("virt-handler")
+        );
+    }
 }
