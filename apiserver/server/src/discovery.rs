@@ -8,11 +8,11 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha512};
 
 use crate::kinds::ResourceDef;
-use kubevirt_api::GROUP;
-use kubevirt_api::SUBRESOURCES_GROUP;
-use kubevirt_api::catalogue;
+use kubevirt_api::catalogue::{self, Kind};
+use kubevirt_api::{GROUP, SUBRESOURCES_GROUP, VERSION};
 
-const VERBS: [&str; 8] = [
+/// The verbs of every kind (what RequestInfo makes of the methods the REST handlers serve).
+pub(crate) const VERBS: [&str; 8] = [
     "create",
     "delete",
     "deletecollection",
@@ -86,90 +86,96 @@ pub struct Discovery {
 
 fn group_doc(name: &str) -> Value {
     json!({"kind":"APIGroup","apiVersion":"v1","name":name,
-        "versions":[{"groupVersion":format!("{name}/v1"),"version":"v1"}],
-        "preferredVersion":{"groupVersion":format!("{name}/v1"),"version":"v1"}})
+        "versions":[{"groupVersion":format!("{name}/{VERSION}"),"version":VERSION}],
+        "preferredVersion":{"groupVersion":format!("{name}/{VERSION}"),"version":VERSION}})
+}
+
+/// The verbs of a `/status` subresource.
+pub(crate) const STATUS_VERBS: [&str; 3] = ["get", "patch", "update"];
+
+/// The kinds of `kubevirt.io/v1` as discovery lists them: the stored ones, then `kubevirts`
+/// while its CRD is served (forwarded to it, crate::kubevirts, with the same verbs).
+fn kinds(kubevirts: bool) -> impl Iterator<Item = &'static Kind> {
+    ResourceDef::all()
+        .iter()
+        .map(|r| r.meta)
+        .chain(kubevirts.then_some(&catalogue::KUBEVIRT))
+}
+
+fn scope(k: &Kind) -> &'static str {
+    if k.namespaced {
+        "Namespaced"
+    } else {
+        "Cluster"
+    }
 }
 
 fn resource_list(kubevirts: bool) -> Value {
     let mut resources = Vec::new();
-    for r in ResourceDef::all() {
-        resources.push(
-            json!({"name":r.plural,"singularName":r.singular,"namespaced":r.namespaced,"kind":r.kind,
-            "verbs":VERBS,"shortNames":r.short_names,"categories":r.categories}),
-        );
-        resources.push(
-            json!({"name":format!("{}/status",r.plural),"singularName":"","namespaced":true,
-            "kind":r.kind,"verbs":["get","patch","update"]}),
-        );
-    }
-    if kubevirts {
-        let k = &catalogue::KUBEVIRT;
+    for k in kinds(kubevirts) {
         resources.push(
             json!({"name":k.plural,"singularName":k.singular,"namespaced":k.namespaced,"kind":k.kind,
             "verbs":VERBS,"shortNames":k.short_names,"categories":k.categories}),
         );
-        resources.push(
-            json!({"name":format!("{}/status", k.plural),"singularName":"","namespaced":k.namespaced,
-            "kind":k.kind,"verbs":["get","patch","update"]}),
-        );
+        if k.has_status {
+            resources.push(
+                json!({"name":format!("{}/status", k.plural),"singularName":"","namespaced":k.namespaced,
+                "kind":k.kind,"verbs":STATUS_VERBS}),
+            );
+        }
     }
-    json!({"kind":"APIResourceList","apiVersion":"v1","groupVersion":format!("{GROUP}/v1"),"resources":resources})
+    json!({"kind":"APIResourceList","apiVersion":"v1","groupVersion":format!("{GROUP}/{VERSION}"),"resources":resources})
 }
 
 /// Subresource name → verbs, for subresources.kubevirt.io (from the catalogue).
-fn subresource_verbs(r: &ResourceDef) -> Vec<(String, Vec<&'static str>)> {
-    r.subresources()
-        .map(|s| (s.name.to_string(), vec![s.rbac_verb()]))
+fn subresource_verbs(k: &Kind) -> Vec<(&'static str, [&'static str; 1])> {
+    catalogue::subresources_of(k)
+        .map(|s| (s.name, [s.rbac_verb()]))
         .collect()
 }
 
 fn sub_resource_list() -> Value {
     let mut resources = Vec::new();
-    for r in ResourceDef::all() {
-        for (sub, verbs) in subresource_verbs(r) {
+    for k in kinds(false) {
+        for (sub, verbs) in subresource_verbs(k) {
             resources.push(
-                json!({"name":format!("{}/{sub}",r.plural),"singularName":"","namespaced":true,
-                "kind":r.kind,"verbs":verbs}),
+                json!({"name":format!("{}/{sub}", k.plural),"singularName":"","namespaced":k.namespaced,
+                "kind":k.kind,"verbs":verbs}),
             );
         }
     }
-    json!({"kind":"APIResourceList","apiVersion":"v1","groupVersion":format!("{SUBRESOURCES_GROUP}/v1"),"resources":resources})
+    json!({"kind":"APIResourceList","apiVersion":"v1","groupVersion":format!("{SUBRESOURCES_GROUP}/{VERSION}"),"resources":resources})
 }
 
 fn aggregated(version: &str, kubevirts: bool) -> Value {
-    let kv: Vec<Value> = ResourceDef::all()
-        .iter()
-        .map(|r| {
-            let gvk = json!({"group":GROUP,"version":"v1","kind":r.kind});
-            json!({"resource":r.plural,"responseKind":gvk,"scope":"Namespaced","singularResource":r.singular,
-                "verbs":VERBS,"shortNames":r.short_names,"categories":r.categories,
-                "subresources":[{"subresource":"status","responseKind":gvk,"verbs":["get","patch","update"]}]})
-        })
-        .chain(kubevirts.then(|| {
-            // Forwarded to the v1alpha3 CRD (crate::kubevirts), same verbs as our kinds.
-            let k = &catalogue::KUBEVIRT;
-            let gvk = json!({"group":GROUP,"version":"v1","kind":k.kind});
-            json!({"resource":k.plural,"responseKind":gvk,"scope":"Namespaced","singularResource":k.singular,
+    let kv: Vec<Value> = kinds(kubevirts)
+        .map(|k| {
+            let gvk = json!({"group":GROUP,"version":VERSION,"kind":k.kind});
+            let status: Vec<Value> = k
+                .has_status
+                .then(|| json!({"subresource":"status","responseKind":gvk,"verbs":STATUS_VERBS}))
+                .into_iter()
+                .collect();
+            json!({"resource":k.plural,"responseKind":gvk,"scope":scope(k),"singularResource":k.singular,
                 "verbs":VERBS,"shortNames":k.short_names,"categories":k.categories,
-                "subresources":[{"subresource":"status","responseKind":gvk,"verbs":["get","patch","update"]}]})
-        }))
+                "subresources":status})
+        })
         .collect();
-    let sub: Vec<Value> = ResourceDef::all()
-        .iter()
-        .filter(|r| !subresource_verbs(r).is_empty())
-        .map(|r| {
-            let subs: Vec<Value> = subresource_verbs(r)
+    let sub: Vec<Value> = kinds(false)
+        .filter(|k| !subresource_verbs(k).is_empty())
+        .map(|k| {
+            let subs: Vec<Value> = subresource_verbs(k)
                 .into_iter()
                 .map(|(s, verbs)| json!({"subresource":s,"responseKind":{"group":"","version":"","kind":""},"verbs":verbs}))
                 .collect();
-            json!({"resource":r.plural,"responseKind":{"group":GROUP,"version":"v1","kind":r.kind},"scope":"Namespaced",
-                "singularResource":r.singular,"verbs":[],"subresources":subs})
+            json!({"resource":k.plural,"responseKind":{"group":GROUP,"version":VERSION,"kind":k.kind},"scope":scope(k),
+                "singularResource":k.singular,"verbs":[],"subresources":subs})
         })
         .collect();
     json!({"kind":"APIGroupDiscoveryList","apiVersion":format!("apidiscovery.k8s.io/{version}"),"metadata":{},
     "items":[
-        {"metadata":{"name":GROUP},"versions":[{"version":"v1","freshness":"Current","resources":kv}]},
-        {"metadata":{"name":SUBRESOURCES_GROUP},"versions":[{"version":"v1","freshness":"Current","resources":sub}]}
+        {"metadata":{"name":GROUP},"versions":[{"version":VERSION,"freshness":"Current","resources":kv}]},
+        {"metadata":{"name":SUBRESOURCES_GROUP},"versions":[{"version":VERSION,"freshness":"Current","resources":sub}]}
     ]})
 }
 
@@ -270,6 +276,113 @@ mod tests {
         assert!(has(d.current_resources()) && has(d.current_aggregated_v2()));
         assert!(has(d.current_aggregated_v2beta1()));
         assert_ne!(d.current_resources().etag, d.resources.etag);
+    }
+
+    fn strs(v: &Value) -> Vec<&str> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect()
+    }
+
+    /// `resource verb scope` lines of a legacy APIResourceList.
+    fn legacy_lines(list: &Value) -> Vec<String> {
+        let mut out = Vec::new();
+        for r in list["resources"].as_array().into_iter().flatten() {
+            let scope = if r["namespaced"] == true {
+                "Namespaced"
+            } else {
+                "Cluster"
+            };
+            for v in strs(&r["verbs"]) {
+                out.push(format!("{} {v} {scope}", r["name"].as_str().unwrap_or("")));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// `resource verb scope` lines of one group of an aggregated document (resources
+    /// and their subresources).
+    fn aggregated_lines(doc: &Value, group: &str) -> Vec<String> {
+        let items = doc["items"].as_array().into_iter().flatten();
+        let g: Vec<&Value> = items.filter(|g| g["metadata"]["name"] == group).collect();
+        assert_eq!(g.len(), 1, "{group} once");
+        let mut out = Vec::new();
+        for r in g[0]["versions"][0]["resources"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let (name, scope) = (r["resource"].as_str().unwrap_or(""), &r["scope"]);
+            let scope = scope.as_str().unwrap_or("");
+            for v in strs(&r["verbs"]) {
+                out.push(format!("{name} {v} {scope}"));
+            }
+            for s in r["subresources"].as_array().into_iter().flatten() {
+                let sub = s["subresource"].as_str().unwrap_or("");
+                for v in strs(&s["verbs"]) {
+                    out.push(format!("{name}/{sub} {v} {scope}"));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Discovery of subresources.kubevirt.io, legacy and aggregated, lists exactly the
+    /// catalogue's subresources with the verb RBAC checks: a subresource served but not
+    /// discoverable (or advertised but not catalogued, so neither routed nor granted)
+    /// fails here. The administrative endpoints stay out (they are no resources).
+    #[test]
+    fn subresource_discovery_is_exactly_the_catalogue() {
+        let mut want: Vec<String> = catalogue::SUBRESOURCES
+            .iter()
+            .map(|s| format!("{} {} {}", s.resource(), s.rbac_verb(), scope(s.kind)))
+            .collect();
+        want.sort();
+        assert_eq!(legacy_lines(&sub_resource_list()), want, "APIResourceList");
+        for version in ["v2", "v2beta1"] {
+            for kubevirts in [false, true] {
+                let doc = aggregated(version, kubevirts);
+                assert_eq!(
+                    aggregated_lines(&doc, SUBRESOURCES_GROUP),
+                    want,
+                    "{version}, kubevirts {kubevirts}"
+                );
+            }
+        }
+        let legacy = sub_resource_list().to_string();
+        for e in catalogue::ADMIN_ENDPOINTS {
+            assert!(!legacy.contains(&format!("\"{}\"", e.name)), "{}", e.name);
+        }
+    }
+
+    /// Discovery of kubevirt.io lists the catalogue's stored kinds (and `kubevirts` while its
+    /// CRD is served) with every verb, in their scope, and a status subresource where the
+    /// catalogue declares one.
+    #[test]
+    fn kind_discovery_is_exactly_the_catalogue() {
+        for kubevirts in [false, true] {
+            let kinds = catalogue::STORED
+                .into_iter()
+                .chain(kubevirts.then_some(&catalogue::KUBEVIRT));
+            let mut want = Vec::new();
+            for k in kinds {
+                let sc = scope(k);
+                want.extend(VERBS.map(|v| format!("{} {v} {sc}", k.plural)));
+                if k.has_status {
+                    want.extend(STATUS_VERBS.map(|v| format!("{}/status {v} {sc}", k.plural)));
+                }
+            }
+            want.sort();
+            assert_eq!(legacy_lines(&resource_list(kubevirts)), want);
+            for version in ["v2", "v2beta1"] {
+                let doc = aggregated(version, kubevirts);
+                assert_eq!(aggregated_lines(&doc, GROUP), want, "{version}");
+            }
+        }
     }
 
     #[test]
