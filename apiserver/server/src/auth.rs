@@ -670,6 +670,129 @@ mod tests {
         );
     }
 
+    /// For every catalogued subresource, administrative endpoint and kind verb, the
+    /// SubjectAccessReview sent for a call is the one the catalogue declares, so the roles
+    /// derived from it (virt-operator's render.rs) grant exactly what is checked. A path the
+    /// RequestInfo parsing reads differently (a suffix taken for the subresource, a verb
+    /// other than the catalogue's) fails here.
+    #[test]
+    fn subject_access_reviews_are_the_catalogues() {
+        use crate::discovery::{STATUS_VERBS, VERBS};
+        use crate::request::{Query, request_info};
+        use kubevirt_api::{GROUP, SUBRESOURCES_GROUP, VERSION, catalogue};
+
+        let user = User::default();
+        let sar = |method: &str, path: &str, query: Option<&str>| {
+            let info = request_info(method, path, &Query::parse(query));
+            sar_spec(&user, &info)
+                .resource_attributes
+                .unwrap_or_else(|| panic!("{method} {path}: not a resource request"))
+        };
+        let want = |verb: &str, group: &str, resource: &str, sub: &str, ns: &str, name: &str| {
+            let some = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
+            ResourceAttributes {
+                verb: some(verb),
+                group: some(group),
+                version: some(VERSION),
+                resource: some(resource),
+                subresource: some(sub),
+                namespace: some(ns),
+                name: some(name),
+                ..Default::default()
+            }
+        };
+
+        for s in catalogue::SUBRESOURCES {
+            // The bare path and each optional trailing parameter (`…/portforward/{port}`,
+            // `…/portforward/{port}/{protocol}`).
+            let mut path = s.path("ns1", "obj1");
+            let mut paths = vec![path.clone()];
+            for (param, _) in s.path_params {
+                path = format!("{path}/{param}");
+                paths.push(path.clone());
+            }
+            if !s.path_params.is_empty() {
+                paths.remove(0);
+            }
+            for p in paths {
+                assert_eq!(
+                    sar(s.http_method(), &p, None),
+                    want(
+                        s.rbac_verb(),
+                        SUBRESOURCES_GROUP,
+                        s.kind.plural,
+                        s.name,
+                        "ns1",
+                        "obj1"
+                    ),
+                    "{} {p}",
+                    s.http_method()
+                );
+            }
+        }
+
+        for e in catalogue::ADMIN_ENDPOINTS {
+            assert_eq!(
+                sar(e.http_method, &e.path(), None),
+                want(e.rbac_verb, SUBRESOURCES_GROUP, e.name, "", "", ""),
+                "{} {}",
+                e.http_method,
+                e.path()
+            );
+        }
+
+        for k in catalogue::ALL_KINDS {
+            let ns = if k.namespaced { "ns1" } else { "" };
+            let scope = if k.namespaced { "/namespaces/ns1" } else { "" };
+            let coll = format!("/apis/{GROUP}/{VERSION}{scope}/{}", k.plural);
+            let watch = format!("/apis/{GROUP}/{VERSION}/watch{scope}/{}", k.plural);
+            let obj = format!("{coll}/obj1");
+            let calls = [
+                ("GET", &coll, None, "list", ""),
+                ("GET", &coll, Some("watch=true"), "watch", ""),
+                ("GET", &watch, None, "watch", ""),
+                ("POST", &coll, None, "create", ""),
+                ("DELETE", &coll, None, "deletecollection", ""),
+                ("GET", &obj, None, "get", "obj1"),
+                ("PUT", &obj, None, "update", "obj1"),
+                ("PATCH", &obj, None, "patch", "obj1"),
+                ("DELETE", &obj, None, "delete", "obj1"),
+            ];
+            let mut verbs = Vec::new();
+            for (method, path, query, verb, name) in calls {
+                assert_eq!(
+                    sar(method, path, query),
+                    want(verb, GROUP, k.plural, "", ns, name),
+                    "{method} {path}"
+                );
+                verbs.push(verb);
+            }
+            verbs.sort();
+            verbs.dedup();
+            assert_eq!(verbs, VERBS, "{}: the verbs discovery advertises", k.plural);
+            // A list across namespaces names none.
+            let all = format!("/apis/{GROUP}/{VERSION}/{}", k.plural);
+            assert_eq!(
+                sar("GET", &all, None),
+                want("list", GROUP, k.plural, "", "", "")
+            );
+            if k.has_status {
+                let status = format!("{obj}/status");
+                let mut verbs = Vec::new();
+                for (method, verb) in [("GET", "get"), ("PUT", "update"), ("PATCH", "patch")] {
+                    assert_eq!(
+                        sar(method, &status, None),
+                        want(verb, GROUP, k.plural, "status", ns, "obj1"),
+                        "{method} {status}"
+                    );
+                    verbs.push(verb);
+                }
+                verbs.sort();
+                assert_eq!(verbs, STATUS_VERBS, "{}/status", k.plural);
+            }
+        }
+    }
+
     #[test]
     fn websocket_bearer_token_is_decoded() {
         let mut h = http::HeaderMap::new();

@@ -791,7 +791,7 @@ mod tests {
     }
 
     /// The OpenAPI document of subresources.kubevirt.io describes exactly the catalogue's
-    /// subresources.
+    /// subresources and administrative endpoints, each with the catalogue's method.
     #[test]
     fn every_subresource_in_openapi_has_a_handler() {
         let doc = virt_apimachinery::openapi::openapi_v3_group_version(
@@ -799,9 +799,28 @@ mod tests {
         )
         .expect("the subresources document");
         let prefix = "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/";
+        // The operations of a path item: its methods, without the shared parameters.
+        let methods = |item: &Value| -> Vec<String> {
+            let mut m: Vec<String> = item
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| k.to_uppercase())
+                .filter(|k| k != "PARAMETERS")
+                .collect();
+            m.sort();
+            m
+        };
         let mut checked = 0;
-        for path in doc["paths"].as_object().expect("paths").keys() {
+        let mut admin = Vec::new();
+        for (path, item) in doc["paths"].as_object().expect("paths") {
             let Some(rest) = path.strip_prefix(prefix) else {
+                let name = path.rsplit('/').next().unwrap_or_default();
+                let endpoint = catalogue::admin_endpoint(name)
+                    .unwrap_or_else(|| panic!("{path} is in OpenAPI but not in the catalogue"));
+                assert_eq!(*path, endpoint.path());
+                assert_eq!(methods(item), [endpoint.http_method], "{path}");
+                admin.push(name);
                 continue;
             };
             let parts: Vec<&str> = rest.split('/').collect();
@@ -817,6 +836,7 @@ mod tests {
                 _ => panic!("{path} lacks the suffix {:?}", entry.suffix),
             };
             assert!(route(entry).is_some(), "{path} has no handler");
+            assert_eq!(methods(item), [entry.http_method()], "{path}");
             // Path parameters as the catalogue names them, each optional from the right.
             let want: Vec<String> = entry.path_params[..params.len()]
                 .iter()
@@ -833,5 +853,9 @@ mod tests {
             checked, expected,
             "OpenAPI describes {checked} subresource paths"
         );
+        admin.sort();
+        let mut want: Vec<&str> = catalogue::ADMIN_ENDPOINTS.iter().map(|e| e.name).collect();
+        want.sort();
+        assert_eq!(admin, want, "administrative endpoints in OpenAPI");
     }
 }
