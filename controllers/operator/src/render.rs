@@ -879,6 +879,53 @@ mod tests {
         assert_eq!(granted(&roles[2]), want, "admin");
     }
 
+    /// On kubevirt.io, view reads every stored kind and its status, edit and admin write every
+    /// stored kind (status stays the controllers'); `kubevirts` is the cluster admin's only.
+    #[test]
+    fn user_roles_hold_every_stored_kind() {
+        let roles = user_roles();
+        let lines = |verbs: &[&str], status: &[&str]| {
+            let mut out: Vec<String> = catalogue::STORED
+                .iter()
+                .flat_map(|k| {
+                    let status = status
+                        .iter()
+                        .filter(|_| k.has_status)
+                        .map(|v| format!("{}/status {v}", k.plural));
+                    verbs
+                        .iter()
+                        .map(|v| format!("{} {v}", k.plural))
+                        .chain(status)
+                })
+                .collect();
+            out.sort();
+            out
+        };
+        assert_eq!(
+            grants(roles[0].rules.as_deref().unwrap_or_default(), GROUP),
+            lines(&["get", "list", "watch"], &["get"]),
+            "view"
+        );
+        let write = [
+            "get",
+            "list",
+            "watch",
+            "create",
+            "update",
+            "patch",
+            "delete",
+            "deletecollection",
+        ];
+        for role in &roles[1..] {
+            assert_eq!(
+                grants(role.rules.as_deref().unwrap_or_default(), GROUP),
+                lines(&write, &[]),
+                "{:?}",
+                role.metadata.name
+            );
+        }
+    }
+
     #[test]
     fn feature_gates_reach_virt_apiserver_only_when_it_enforces_them() {
         assert!(
