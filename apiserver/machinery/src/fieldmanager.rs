@@ -557,9 +557,9 @@ impl ListTypes {
         static CACHE: OnceLock<BTreeMap<&'static str, ListTypes>> = OnceLock::new();
         CACHE
             .get_or_init(|| {
-                crate::openapi::KIND_NAMES
+                kubevirt_api::catalogue::ALL_KINDS
                     .into_iter()
-                    .filter_map(|k| Some((k, Self::for_kind(k)?)))
+                    .filter_map(|k| Some((k.kind, Self::for_kind(k.kind)?)))
                     .collect()
             })
             .get(kind)
