@@ -248,10 +248,12 @@ static RESOURCES: [ResourceDef; 3] = [
     },
 ];
 
-/// Checks the three kinds agree with their kube `Resource` impls and are the catalogue's
-/// stored kinds in its order.
+/// Checks the three kinds agree with their kube `Resource` impls and are exactly the
+/// catalogue's stored kinds in its order (a kind added to the catalogue without its
+/// definition here fails).
 pub fn consistency_check() -> bool {
-    VirtualMachine::plural(&()) == RESOURCES[0].plural
+    RESOURCES.len() == catalogue::STORED.len()
+        && VirtualMachine::plural(&()) == RESOURCES[0].plural
         && VirtualMachineInstance::plural(&()) == RESOURCES[1].plural
         && VirtualMachineInstanceMigration::plural(&()) == RESOURCES[2].plural
         && RESOURCES
