@@ -1,6 +1,7 @@
 //! Node security (issue 15) as a namespace user sees it: the launcher pod runs without
 //! privilege (every process in it uid 107 with no effective capability, its spec asks for
-//! nothing more) while its VM boots and its console works; an image whose disk is a
+//! nothing more, no host path) in a namespace enforcing Pod Security `restricted`, while
+//! its VM boots, its console works and it live-migrates; an image whose disk is a
 //! symbolic link fails the VMI with a message naming the file, before any launcher opens it.
 //!
 //! Run with `cargo test -p e2e --test security -- --ignored --test-threads=1`.
@@ -45,9 +46,20 @@ fn processes_of(ns: &Ns<'_>, pod: &str) -> Vec<(String, String)> {
 
 #[test]
 #[ignore = "needs a local cluster: cargo xtask cluster up"]
-fn launcher_pod_runs_without_privilege_and_its_vm_works() {
-    let c = common::cluster();
+fn launcher_pod_runs_without_privilege_under_restricted_pod_security() {
+    let c = common::two_node_cluster();
     let ns = Ns::new(c, "unpriv");
+    // kube-apiserver's PodSecurity admission refuses any pod of this namespace that is
+    // not `restricted`: a launcher pod with a hostPath, a capability or root would never
+    // be created, and the VM never run.
+    ns.k(&[
+        "label",
+        "namespace",
+        &ns.name,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    ])
+    .expect("labelling the namespace restricted");
     ns.apply_vm("calm", "Always");
     ns.wait_running("calm");
     let console = Console::open(&ns, "calm");
@@ -85,6 +97,31 @@ fn launcher_pod_runs_without_privilege_and_its_vm_works() {
         ["true", "false", "ALL", "true", "RuntimeDefault"],
         "launcher pod security context: {sc}"
     );
+    let host_paths = ns.get("pod", pod, "{.spec.volumes[*].hostPath.path}");
+    assert_eq!(host_paths.trim(), "", "host paths in the launcher pod");
+
+    // A live migration: the target pod is admitted too, and the console reaches the guest
+    // on its new node through the new pod's sockets.
+    let before = ns.get("vmi", "calm", "{.status.nodeName}");
+    ns.virt(&["migrate", "calm"]);
+    let t0 = std::time::Instant::now();
+    ns.wait(
+        "calm",
+        "the migration to complete",
+        Duration::from_secs(240),
+        || {
+            ns.try_get("vmi", "calm", "{.status.migrationState.completed}")
+                .is_ok_and(|v| v.trim() == "true")
+                && ns
+                    .try_get("vmi", "calm", "{.status.nodeName}")
+                    .is_ok_and(|n| n.trim() != before.trim())
+        },
+    );
+    eprintln!("migrated from {before} in {:?}", t0.elapsed());
+    drop(console);
+    let console = Console::open(&ns, "calm");
+    common::wait_for_shell(&console, &ns, "calm");
+    common::compute(&console, &ns, "calm", 5, 8);
 }
 
 #[test]

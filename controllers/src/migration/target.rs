@@ -28,18 +28,6 @@ pub enum TargetRenderError {
     NotPersisted(String),
 }
 
-/// The host directory of a target's sockets: the VMI's, suffixed with the start of the
-/// migration uid. Both pods of one VMI can share a host (two kubelets on one machine),
-/// and `<run>/sockets/<uid>-<8>/cmd.sock` stays far below the 108-byte socket limit.
-pub fn target_socket_dir(vmi_dir: &str, migration_uid: &str) -> String {
-    let short: String = migration_uid
-        .chars()
-        .filter(|c| *c != '-')
-        .take(8)
-        .collect();
-    format!("{vmi_dir}-{short}")
-}
-
 /// Renders the target launcher pod of `vmim` for `vmi`:
 /// - label `kubevirt.io/migrationJobUID=<uid>`, annotation `kubevirt.io/migrationJobName`;
 /// - controlled by the migration until the migration succeeds and hands it to the VMI,
@@ -48,8 +36,8 @@ pub fn target_socket_dir(vmi_dir: &str, migration_uid: &str) -> String {
 /// - required pod anti-affinity on `kubernetes.io/hostname` against every pod of the
 ///   VMI (KubeVirt's): never the source node;
 /// - `spec.addedNodeSelector` merged into the node selector;
-/// - the launcher waits for the incoming guest (`--migration-target`) and keeps its
-///   sockets in its own host directory ([`target_socket_dir`]).
+/// - the launcher waits for the incoming guest (`--migration-target`); its sockets are in
+///   its own emptyDir like every launcher pod's.
 pub fn target_pod(
     vmi: &VirtualMachineInstance,
     vmim: &VirtualMachineInstanceMigration,
@@ -104,13 +92,6 @@ pub fn target_pod(
         c.args
             .get_or_insert_with(Vec::new)
             .push(MIGRATION_TARGET_FLAG.into());
-        for m in c.volume_mounts.iter_mut().flatten() {
-            if m.name == "sockets"
-                && let Some(sub) = m.sub_path_expr.as_mut()
-            {
-                *sub = target_socket_dir(sub, &muid);
-            }
-        }
     }
     Ok(pod)
 }
@@ -181,15 +162,9 @@ mod tests {
                 .len()
                 + 1
         );
-        let sockets = pod["spec"]["containers"][0]["volumeMounts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == "sockets")
-            .unwrap();
         assert_eq!(
-            sockets["subPathExpr"],
-            "$(NODE_NAME)/sockets/vmi-uid-1234abcd"
+            pod["spec"]["containers"][0]["volumeMounts"],
+            base["spec"]["containers"][0]["volumeMounts"]
         );
         assert_eq!(pod["spec"]["volumes"], base["spec"]["volumes"]);
         // Everything else is the VMI's launcher pod.
@@ -201,14 +176,5 @@ mod tests {
             pod["metadata"]["generateName"],
             base["metadata"]["generateName"]
         );
-    }
-
-    #[test]
-    fn socket_path_of_a_target_fits_sun_path() {
-        let dir = target_socket_dir(
-            "/var/run/kubevirt-rs/sockets/0f3c5a1e-7d2b-4c6e-9a8f-1b2c3d4e5f60",
-            "9a8f1b2c-3d4e-5f60-0f3c-5a1e7d2b4c6e",
-        );
-        assert!(format!("{dir}/console.sock").len() < 108, "{dir}");
     }
 }

@@ -397,3 +397,24 @@ fn claims_are_mounted_where_kubevirt_mounts_them() {
         "{joined}"
     );
 }
+
+/// Pod Security `baseline` and `restricted` forbid host paths: a launcher pod has none,
+/// whatever its VMI asks for.
+#[test]
+fn launcher_pod_has_no_host_path() {
+    for cfg in [
+        LauncherConfig::default(),
+        LauncherConfig {
+            allow_emulation: true,
+            ..LauncherConfig::default()
+        },
+    ] {
+        let pod = launcher_pod(&vmi(), &cfg).unwrap();
+        let volumes = pod.spec.unwrap().volumes.unwrap_or_default();
+        assert!(
+            volumes.iter().all(|v| v.host_path.is_none()),
+            "{:?}",
+            volumes.iter().map(|v| &v.name).collect::<Vec<_>>()
+        );
+    }
+}

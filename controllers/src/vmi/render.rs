@@ -7,10 +7,10 @@
 //!   `virt-bin` puts the launcher image's static busybox in an emptyDir, then one init
 //!   container per distinct image runs that busybox inside the image and copies exactly
 //!   the files the launcher opens; the launcher gets `--image-dir IMAGE=DIR`.
-//! - The command, console and VNC sockets live in a per-VMI host directory that
-//!   virt-handler reaches from the node: `<NODES_DIR>/<node>/sockets/<uid>`, a subpath
-//!   expanded from the downward API's node name, so two kubelets sharing one host's
-//!   filesystem (the local two-node cluster) never share a directory.
+//! - The command, console and VNC sockets live in an emptyDir: the pod has no hostPath at
+//!   all (Pod Security `restricted` admits it). virt-handler reaches the directory through
+//!   `/proc/<pid>/root` of the compute container, the pod found by the uid the VMI's
+//!   `status.activePods` names (docs/node.md, "Privilege model").
 //! - PersistentVolumeClaim volumes are mounted where KubeVirt mounts them ([`CLAIMS_DIR`]),
 //!   Block-mode claims as devices; how, the VMI's `status.volumeStatus` says (recorded by
 //!   the VMI controller from the claims before it renders), so the pod is still a
@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, HostPathVolumeSource, LocalObjectReference, ObjectFieldSelector,
+    EnvVar, EnvVarSource, LocalObjectReference, ObjectFieldSelector,
     PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, ResourceRequirements,
     SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Volume, VolumeDevice, VolumeMount,
 };
@@ -57,13 +57,6 @@ pub const GRACE_PADDING_SECONDS: i64 = 15;
 const MIB: u64 = 1024 * 1024;
 const RUN_DIR: &str = "/var/run/kubevirt-rs";
 const SOCKETS_DIR: &str = "/var/run/kubevirt-rs/sockets";
-/// Host directory holding one directory per node (docs/cluster-flow.md §1); virt-handler
-/// mounts its node's as its run root.
-pub const NODES_DIR: &str = "/var/run/kubevirt-rs/nodes";
-/// The sockets volume's mount subpath for VMI `uid` (relative to [`NODES_DIR`]).
-pub fn sockets_subpath(uid: &str) -> String {
-    format!("$(NODE_NAME)/sockets/{uid}")
-}
 const IMAGES_DIR: &str = "/var/run/kubevirt-rs/images";
 /// Where the launcher finds cloud-init data from Secrets (`kubevirt_api::cloudinit`).
 const CLOUD_INIT_DIR: &str = "/var/run/kubevirt-rs/cloud-init";
@@ -71,7 +64,8 @@ const CLOUD_INIT_DIR: &str = "/var/run/kubevirt-rs/cloud-init";
 pub const CLAIMS_DIR: &str = "/var/run/kubevirt-private/vmi-disks";
 /// Block-mode claims, one device node per volume.
 pub const CLAIM_DEVICES_DIR: &str = "/dev/vmi-disks";
-const LIBVIRT_CACHE_DIR: &str = "/var/cache/kubevirt-rs/libvirt";
+/// The launcher's QEMU capabilities cache (an emptyDir virt-handler fills).
+pub const LIBVIRT_CACHE_DIR: &str = "/var/cache/kubevirt-rs/libvirt";
 const VIRT_BIN_DIR: &str = "/virt-bin";
 const BUSYBOX: &str = "/usr/bin/busybox";
 const LAUNCHER_BINARY: &str = "/usr/bin/virt-launcher";
@@ -455,20 +449,9 @@ pub fn launcher_pod(
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Volume::default()
     };
-    let host = |name: &str, path: String| Volume {
-        name: name.into(),
-        host_path: Some(HostPathVolumeSource {
-            path,
-            type_: Some("DirectoryOrCreate".into()),
-        }),
-        ..Volume::default()
-    };
     let mut mounts = vec![
         mount("vmi", &format!("{RUN_DIR}/vmi"), true),
-        VolumeMount {
-            sub_path_expr: Some(sockets_subpath(&uid)),
-            ..mount("sockets", SOCKETS_DIR, false)
-        },
+        mount("sockets", SOCKETS_DIR, false),
         mount("work", &format!("{RUN_DIR}/work"), false),
         mount("libvirt-cache", LIBVIRT_CACHE_DIR, false),
         // The root filesystem is read-only; libvirt and QEMU write below the work
@@ -491,11 +474,12 @@ pub fn launcher_pod(
             }),
             ..Volume::default()
         },
-        // A host directory per node and VMI uid (the mount's subpath): virt-handler finds
-        // the sockets from the node, and the path stays short enough for sun_path.
-        host("sockets", NODES_DIR.into()),
+        empty("sockets"),
         empty("work"),
-        host("libvirt-cache", LIBVIRT_CACHE_DIR.into()),
+        // The pod's own QEMU capabilities cache: virt-handler fills it from its node's
+        // (probed once per node by its own init container) before the launcher starts
+        // libvirt. Never shared between pods: one launcher could poison another's.
+        empty("libvirt-cache"),
         empty("tmp"),
     ];
 
@@ -743,7 +727,9 @@ pub fn launcher_pod(
 
 /// Every container of a launcher pod: what Pod Security Standard `restricted` asks of a
 /// container (no capabilities, no privilege escalation, non-root), and a read-only root.
-fn unprivileged() -> SecurityContext {
+/// A launcher-image container's security context: nothing beyond an ordinary user's
+/// (virt-operator gives virt-handler's capabilities-probing init container the same).
+pub fn unprivileged() -> SecurityContext {
     SecurityContext {
         allow_privilege_escalation: Some(false),
         capabilities: Some(Capabilities {

@@ -4,9 +4,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::net::UnixStream;
 use tokio::net::unix::OwnedReadHalf;
 use virt_domain::protocol::{DomainEvent, Request, Response};
+
+pub use crate::launcher_fs::CMD_SOCKET;
+use crate::launcher_fs::LauncherDir;
 
 /// Errors talking to a launcher.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +35,8 @@ pub enum ClientError {
 /// A launcher's command socket.
 #[derive(Clone, Debug)]
 pub struct LauncherClient {
+    dir: LauncherDir,
+    socket: String,
     path: PathBuf,
     timeout: Duration,
 }
@@ -88,12 +92,24 @@ impl MigrationEvents {
 }
 
 impl LauncherClient {
-    /// Client for the socket at `path`.
-    pub fn new(path: PathBuf) -> Self {
+    /// Client for the command socket in `dir`.
+    pub fn new(dir: LauncherDir) -> Self {
+        Self::at(dir, CMD_SOCKET)
+    }
+
+    /// Client for the socket `socket` in `dir`.
+    pub fn at(dir: LauncherDir, socket: &str) -> Self {
         Self {
-            path,
+            path: PathBuf::from(dir.location().to_string()).join(socket),
+            socket: socket.to_string(),
+            dir,
             timeout: Duration::from_secs(20),
         }
+    }
+
+    /// The launcher's sockets directory.
+    pub fn dir(&self) -> &LauncherDir {
+        &self.dir
     }
 
     async fn open(
@@ -110,7 +126,14 @@ impl LauncherClient {
             path: self.path.clone(),
             source,
         };
-        let stream = UnixStream::connect(&self.path).await.map_err(io)?;
+        let stream = self
+            .dir
+            .connect(&self.socket)
+            .await
+            .map_err(|e| ClientError::Io {
+                path: self.path.clone(),
+                source: e.into_io(),
+            })?;
         let (r, mut w) = stream.into_split();
         let mut line = serde_json::to_vec(req)?;
         line.push(b'\n');

@@ -1,15 +1,15 @@
 //! Cluster mode: the VMIs of this node come from the API server (watch with
-//! `fieldSelector=status.nodeName=<node>`), their launchers are found by VMI uid under
-//! `<run root>/sockets/<uid>/` (cluster-flow.md §1), and what the launchers report is
-//! written back as JSON merge patches to `/status` (§3).
+//! `fieldSelector=status.nodeName=<node>`), their launchers are found by the pod uid the
+//! VMI's `status.activePods` names for this node (cluster-flow.md §1, [`Paths`]), and what
+//! the launchers report is written back as JSON merge patches to `/status` (§3).
 //!
 //! Nothing is kept in memory that a restart could lose: the VMI comes from the API
 //! server, the guest's state from its launcher. A new handler simply reconnects.
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::api::{Patch, PatchParams};
@@ -26,6 +26,7 @@ use virt_domain::protocol::{
 };
 
 use crate::client::{ClientError, LauncherClient};
+use crate::launcher_fs::LauncherDir;
 use crate::metrics::Metrics;
 use crate::status::{Observation, stamp_phase, status_patch, vmi_status, with_pod_interface};
 use crate::vmis::{Paths, Registry};
@@ -36,21 +37,19 @@ use crate::vmis::{Paths, Registry};
 const GONE_AFTER: Duration = Duration::from_secs(2);
 /// Poll interval while waiting for a launcher's socket to come up.
 const POLL: Duration = Duration::from_millis(200);
-/// How often unknown socket directories are looked at.
-const SWEEP_EVERY: Duration = Duration::from_secs(300);
+/// The most of a launcher's outcome file that is read.
+const OUTCOME_LIMIT: u64 = 64 * 1024;
 
 /// Cluster-mode configuration.
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
     /// This node (`spec.nodeName` of the handler pod).
     pub node_name: String,
-    /// Socket layout.
+    /// How launchers are reached.
     pub paths: Paths,
-    /// A socket directory of no known VMI, with nothing answering in it, is removed once
-    /// it is this old. A launcher pod's directory exists before its VMI is scheduled
-    /// here (kubelet creates it, init containers may pull images for minutes), so young
-    /// directories are left alone.
-    pub stale_dir_age: Duration,
+    /// This node's probed QEMU capabilities, copied into each launcher's own cache
+    /// ([`crate::capabilities`]); `None`: launchers probe QEMU themselves.
+    pub capabilities: Option<PathBuf>,
     /// Live migration: this handler's address and certificates; without it the node
     /// neither sends nor receives migrations.
     pub migration: Option<crate::cluster_migration::MigrationConfig>,
@@ -74,9 +73,10 @@ struct Monitor {
     task: JoinHandle<()>,
     ns: String,
     name: String,
-    /// The launcher's directory under `sockets/` (`<uid>` or `<uid>-<8>` after an
-    /// incoming migration).
-    dir: String,
+    /// The launcher ([`Paths::launcher_key`]: its pod's uid).
+    key: String,
+    /// Its sockets directory.
+    dir: LauncherDir,
 }
 
 /// A migration this handler takes part in, as source or target.
@@ -101,18 +101,6 @@ struct Node {
     incoming: HashMap<String, Migration>,
 }
 
-impl Node {
-    /// Socket directory names in use (the sweep leaves them alone).
-    fn known_dirs(&self) -> HashSet<String> {
-        let mut known: HashSet<String> = self.monitors.values().map(|m| m.dir.clone()).collect();
-        known.extend(self.monitors.keys().cloned());
-        for (uid, m) in &self.incoming {
-            known.insert(crate::migration::target_socket_dir(uid, &m.uid));
-        }
-        known
-    }
-}
-
 /// Watches this node's VMIs until `shutdown`, one monitor task per VMI. Launchers are
 /// never touched on the way out: they keep running and the next handler re-adopts them.
 pub async fn run(
@@ -122,13 +110,15 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> Result<(), ClusterError> {
-    let sockets = cfg.paths.sockets();
-    tokio::fs::create_dir_all(&sockets)
-        .await
-        .map_err(|source| ClusterError::Io {
-            path: sockets.clone(),
-            source,
-        })?;
+    if let Paths::Host { run_root } = &cfg.paths {
+        let sockets = run_root.join("sockets");
+        tokio::fs::create_dir_all(&sockets)
+            .await
+            .map_err(|source| ClusterError::Io {
+                path: sockets.clone(),
+                source,
+            })?;
+    }
     let all: Api<VirtualMachineInstance> = Api::all(client.clone());
     let selector = format!("status.nodeName={}", cfg.node_name);
     let stream = virt_watch::watch(
@@ -154,22 +144,18 @@ pub async fn run(
     let vmis = crate::network::KnownVmis::default();
     tokio::spawn(crate::network::run(
         cfg.paths.clone(),
+        cfg.node_name.clone(),
+        cfg.capabilities.clone(),
         vmis.clone(),
         shutdown.child_token(),
     ));
     let mut node = Node::default();
     let mut listed: HashSet<String> = HashSet::new();
     let mut listed_in: HashSet<String> = HashSet::new();
-    let mut sweep = tokio::time::interval(SWEEP_EVERY);
-    sweep.tick().await;
-    tracing::info!(node = %cfg.node_name, root = %cfg.paths.run_root.display(), "watching VMIs of this node");
+    tracing::info!(node = %cfg.node_name, paths = ?cfg.paths, "watching VMIs of this node");
     loop {
         let ev = tokio::select! {
             _ = shutdown.cancelled() => break,
-            _ = sweep.tick() => {
-                tokio::spawn(sweep_sockets(cfg.clone(), node.known_dirs()));
-                continue;
-            }
             ev = incoming.next() => {
                 match ev {
                     Some(Ok(Event::Init)) => listed_in.clear(),
@@ -215,7 +201,7 @@ pub async fn run(
             Ok(Event::Delete(vmi)) => {
                 if let Some(uid) = vmi.uid() {
                     vmis.remove(&uid);
-                    gone(&cfg, &registry, &mut node, &uid);
+                    gone(&registry, &mut node, &uid);
                 }
             }
             Ok(Event::InitDone) => {
@@ -227,9 +213,8 @@ pub async fn run(
                     .cloned()
                     .collect();
                 for uid in stale {
-                    gone(&cfg, &registry, &mut node, &uid);
+                    gone(&registry, &mut node, &uid);
                 }
-                tokio::spawn(sweep_sockets(cfg.clone(), node.known_dirs()));
             }
             Err(e) => tracing::warn!(error = %e, "VMI watch failed; retrying"),
         }
@@ -261,17 +246,26 @@ fn apply(
     if let Some(m) = node.monitors.get(&uid)
         && !m.task.is_finished()
     {
-        registry.insert(ns.clone(), name.clone(), m.dir.clone());
+        registry.insert(ns.clone(), name.clone(), m.key.clone());
         m.vmi.send_replace(vmi);
         return;
     }
-    // A finished monitor keeps its directory (a source whose guest left stays there
-    // until the VMI moves); a new one finds it from the VMI.
-    let dir_name = node.monitors.get(&uid).map_or_else(
-        || crate::cluster_migration::launcher_dir_name(&uid, &vmi, &cfg.node_name),
-        |m| m.dir.clone(),
-    );
-    registry.insert(ns.clone(), name.clone(), dir_name.clone());
+    // A finished monitor keeps its launcher (a source whose guest left stays there until
+    // the VMI moves); a new one finds it from the VMI, once the VMI names it.
+    let (key, dir) = match node.monitors.get(&uid) {
+        Some(m) => (m.key.clone(), m.dir.clone()),
+        None => match cfg.paths.launcher_key(&uid, &vmi, &cfg.node_name) {
+            Some(key) => {
+                let dir = cfg.paths.launcher(&key);
+                (key, dir)
+            }
+            None => {
+                tracing::debug!(%ns, %name, "the VMI names no launcher pod on this node yet");
+                return;
+            }
+        },
+    };
+    registry.insert(ns.clone(), name.clone(), key.clone());
     let (tx, rx) = watch::channel(vmi);
     let w = StatusWriter {
         api: Api::namespaced(client.clone(), &ns),
@@ -279,13 +273,9 @@ fn apply(
         vmi: rx,
         metrics: metrics.clone(),
     };
-    let launcher = LauncherClient::new(cfg.paths.cmd(&dir_name));
-    let span = tracing::info_span!("vmi", %ns, %name, %uid, dir = %dir_name);
-    let dir = cfg.paths.dir(&dir_name);
-    let task = tokio::spawn(tracing::Instrument::instrument(
-        monitor(w, launcher, dir),
-        span,
-    ));
+    let launcher = LauncherClient::new(dir.clone());
+    let span = tracing::info_span!("vmi", %ns, %name, %uid, launcher = %key);
+    let task = tokio::spawn(tracing::Instrument::instrument(monitor(w, launcher), span));
     node.monitors.insert(
         uid,
         Monitor {
@@ -293,7 +283,8 @@ fn apply(
             task,
             ns,
             name,
-            dir: dir_name,
+            key,
+            dir,
         },
     );
 }
@@ -337,10 +328,13 @@ fn source_migration(
             if node.outgoing.get(uid).is_some_and(|m| m.uid == muid) {
                 return;
             }
-            let dir = cfg.paths.dir(&node.monitors.get(uid).map_or_else(
-                || crate::cluster_migration::launcher_dir_name(uid, vmi, &cfg.node_name),
-                |m| m.dir.clone(),
-            ));
+            let dir = match node.monitors.get(uid) {
+                Some(m) => m.dir.clone(),
+                None => match cfg.paths.launcher_key(uid, vmi, &cfg.node_name) {
+                    Some(key) => cfg.paths.launcher(&key),
+                    None => return,
+                },
+            };
             let (tx, rx) = watch::channel(vmi.clone());
             let cancel = CancellationToken::new();
             let api = Api::namespaced(client.clone(), ns);
@@ -411,9 +405,12 @@ fn apply_incoming(
     if node.incoming.get(&uid).is_some_and(|m| m.uid == muid) {
         return;
     }
-    let dir = cfg
-        .paths
-        .dir(&crate::migration::target_socket_dir(&uid, &muid));
+    // The target pod is named once it launched (virt-controller records its node then);
+    // until that, the next update of the VMI tries again.
+    let Some(key) = cfg.paths.target_key(&uid, &vmi, &muid, &cfg.node_name) else {
+        return;
+    };
+    let dir = cfg.paths.launcher(&key);
     let (tx, rx) = watch::channel(vmi.clone());
     let span = tracing::info_span!("migration", %ns, name = %vmi.name_any(), migration = %muid, role = "target");
     let task = tokio::spawn(tracing::Instrument::instrument(
@@ -438,18 +435,13 @@ fn apply_incoming(
     );
 }
 
-fn gone(cfg: &ClusterConfig, registry: &Registry, node: &mut Node, uid: &str) {
-    let dir = match node.monitors.remove(uid) {
-        Some(m) => {
-            m.task.abort();
-            registry.remove(&m.ns, &m.name, &m.dir);
-            tracing::info!(ns = %m.ns, name = %m.name, %uid, "VMI left this node");
-            m.dir
-        }
-        None => uid.to_string(),
-    };
+fn gone(registry: &Registry, node: &mut Node, uid: &str) {
+    if let Some(m) = node.monitors.remove(uid) {
+        m.task.abort();
+        registry.remove(&m.ns, &m.name, &m.key);
+        tracing::info!(ns = %m.ns, name = %m.name, %uid, "VMI left this node");
+    }
     node.outgoing.remove(uid);
-    tokio::spawn(remove_when_idle(cfg.paths.dir(&dir)));
 }
 
 /// Writes status observations of one VMI.
@@ -542,7 +534,7 @@ fn with_live_migratable(
 
 /// Follows the launcher of one VMI until the VMI is final: waits for its socket, reports
 /// its state, follows its events, and reports it gone when its socket stops answering.
-async fn monitor(mut w: StatusWriter, launcher: LauncherClient, dir: PathBuf) {
+async fn monitor(mut w: StatusWriter, launcher: LauncherClient) {
     // Whether the launcher answered during this handler's life; together with the phase
     // (a previous handler saw it run) it tells "not started yet" from "gone".
     let mut answered = false;
@@ -578,7 +570,7 @@ async fn monitor(mut w: StatusWriter, launcher: LauncherClient, dir: PathBuf) {
             Err(e) => {
                 // A launcher that ended says how; this also covers a handler restarted
                 // after the guest's end, which never saw the final event.
-                match read_outcome(&dir).await {
+                match read_outcome(launcher.dir()).await {
                     Some(Some(obs)) => {
                         tracing::info!(?obs, "launcher has ended");
                         w.observe(&obs).await;
@@ -645,8 +637,8 @@ async fn follow(w: &mut StatusWriter, launcher: &LauncherClient) -> bool {
 
 /// What the launcher's outcome file (if any) says about how it ended: `Some(None)` for
 /// a guest that migrated away (the VMI is the target's to report, not ended).
-async fn read_outcome(dir: &Path) -> Option<Option<Observation>> {
-    let bytes = tokio::fs::read(dir.join(OUTCOME_FILE)).await.ok()?;
+async fn read_outcome(dir: &LauncherDir) -> Option<Option<Observation>> {
+    let bytes = dir.read(OUTCOME_FILE, OUTCOME_LIMIT).await.ok()?;
     Some(outcome_observation(serde_json::from_slice(&bytes).ok()?))
 }
 
@@ -674,77 +666,6 @@ fn gone_reason(e: &ClientError) -> String {
             _ => format!("launcher socket {}: {source}", path.display()),
         },
         other => format!("launcher stopped answering: {other}"),
-    }
-}
-
-/// Whether any socket in `dir` accepts a connection (a launcher or its QEMU lives).
-async fn anything_answers(dir: &Path) -> bool {
-    let Ok(mut rd) = tokio::fs::read_dir(dir).await else {
-        return false;
-    };
-    while let Ok(Some(e)) = rd.next_entry().await {
-        if e.file_name().to_string_lossy().ends_with(".sock")
-            && tokio::time::timeout(
-                Duration::from_secs(1),
-                tokio::net::UnixStream::connect(e.path()),
-            )
-            .await
-            .is_ok_and(|r| r.is_ok())
-        {
-            return true;
-        }
-    }
-    false
-}
-
-/// Removes the socket directory of a VMI that left this node once no launcher answers
-/// in it (its pod may still be shutting the guest down).
-async fn remove_when_idle(dir: PathBuf) {
-    let deadline = Instant::now() + Duration::from_secs(900);
-    while Instant::now() < deadline {
-        if !dir.exists() {
-            return;
-        }
-        if !anything_answers(&dir).await {
-            match tokio::fs::remove_dir_all(&dir).await {
-                Ok(()) => tracing::info!(dir = %dir.display(), "removed socket directory"),
-                Err(e) => {
-                    tracing::warn!(dir = %dir.display(), error = %e, "removing socket directory failed")
-                }
-            }
-            return;
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-}
-
-/// Removes socket directories of VMIs this handler does not know, once nothing answers in
-/// them and they are older than `stale_dir_age` (see [`ClusterConfig::stale_dir_age`]).
-async fn sweep_sockets(cfg: ClusterConfig, known: HashSet<String>) {
-    let sockets = cfg.paths.sockets();
-    let Ok(mut rd) = tokio::fs::read_dir(&sockets).await else {
-        return;
-    };
-    while let Ok(Some(e)) = rd.next_entry().await {
-        let uid = e.file_name().to_string_lossy().into_owned();
-        if known.contains(&uid) {
-            continue;
-        }
-        let old = e
-            .metadata()
-            .await
-            .ok()
-            .and_then(|m| m.modified().ok())
-            .and_then(|t| SystemTime::now().duration_since(t).ok())
-            .is_some_and(|age| age >= cfg.stale_dir_age);
-        if old && !anything_answers(&e.path()).await {
-            match tokio::fs::remove_dir_all(e.path()).await {
-                Ok(()) => tracing::info!(%uid, "removed stale socket directory"),
-                Err(err) => {
-                    tracing::warn!(%uid, error = %err, "removing stale socket directory failed")
-                }
-            }
-        }
     }
 }
 

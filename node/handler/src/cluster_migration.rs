@@ -25,11 +25,11 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use virt_domain::protocol::{
-    DomainState, MIGRATION_DIR, MigrateRequest, MigrationOptions, MigrationStatus, Request,
-    Response,
+    DomainState, MigrateRequest, MigrationOptions, MigrationStatus, Request, Response,
 };
 
 use crate::client::LauncherClient;
+use crate::launcher_fs::LauncherDir;
 use crate::migration::{
     prepare_target, source_patch, target_detected_patch, target_ready_patch, target_socket_dir,
 };
@@ -256,7 +256,7 @@ pub(crate) async fn outgoing(
     name: String,
     migration: String,
     (address, target_node): (String, String),
-    dir: PathBuf,
+    dir: LauncherDir,
     cfg: MigrationConfig,
     vmi: watch::Receiver<VirtualMachineInstance>,
     cancel: CancellationToken,
@@ -280,7 +280,7 @@ pub(crate) async fn outgoing(
 async fn transfer(
     w: &StateWriter,
     (address, target_node): (&str, &str),
-    dir: PathBuf,
+    dir: LauncherDir,
     cfg: &MigrationConfig,
     options: MigrationOptions,
     cancel: CancellationToken,
@@ -297,10 +297,12 @@ async fn transfer(
         .await
         .map_err(|e| e.to_string())?;
     tracing::info!(%addr, ?target, ?options, "starting outgoing migration");
-    let launcher = LauncherClient::new(dir.join("cmd.sock"));
+    let launcher = LauncherClient::new(dir);
     // Our own proxy (not `run_source`'s): closing it is the cancel of last resort.
-    let proxy = SourceProxy::start(dir.join(MIGRATION_DIR), addr, tls, server_name)
+    let mig_dir = crate::migration::migration_dir(&launcher)
+        .await
         .map_err(|e| e.to_string())?;
+    let proxy = SourceProxy::start(mig_dir, addr, tls, server_name).map_err(|e| e.to_string())?;
     match launcher
         .call(&Request::Migrate(MigrateRequest { target, options }))
         .await
@@ -327,7 +329,7 @@ pub(crate) async fn follow(
     api: Api<VirtualMachineInstance>,
     name: String,
     migration: String,
-    dir: PathBuf,
+    dir: LauncherDir,
     vmi: watch::Receiver<VirtualMachineInstance>,
     cancel: CancellationToken,
 ) {
@@ -337,7 +339,7 @@ pub(crate) async fn follow(
         migration,
         vmi,
     };
-    let launcher = LauncherClient::new(dir.join("cmd.sock"));
+    let launcher = LauncherClient::new(dir);
     let events = match launcher.watch_migration().await {
         Ok(ev) => ev,
         Err(e) => {
@@ -428,7 +430,7 @@ pub(crate) async fn incoming(
     api: Api<VirtualMachineInstance>,
     name: String,
     migration: String,
-    dir: PathBuf,
+    dir: LauncherDir,
     cfg: MigrationConfig,
     vmi: watch::Receiver<VirtualMachineInstance>,
 ) {
@@ -438,7 +440,7 @@ pub(crate) async fn incoming(
         migration,
         vmi,
     };
-    let launcher = LauncherClient::new(dir.join("cmd.sock"));
+    let launcher = LauncherClient::new(dir);
     let waited = std::time::Instant::now();
     loop {
         if matches!(
@@ -449,8 +451,8 @@ pub(crate) async fn incoming(
         }
         if waited.elapsed() > TARGET_SOCKET_WAIT {
             w.fail(&format!(
-                "target launcher did not answer on {} within {}s",
-                dir.join("cmd.sock").display(),
+                "target launcher ({}) did not answer within {}s",
+                launcher.dir().location(),
                 TARGET_SOCKET_WAIT.as_secs()
             ))
             .await;
@@ -464,20 +466,18 @@ pub(crate) async fn incoming(
     let prepared = async {
         let p = cfg.pems()?;
         let tls = server_tls(&p.cert, &p.key, &p.ca).map_err(|e| e.to_string())?;
-        let mig_dir = dir.join(MIGRATION_DIR);
-        let (proxy, target) = prepare_target(
-            &launcher,
-            mig_dir.clone(),
-            SocketAddr::new(cfg.address, 0),
-            tls,
-            &source,
-        )
-        .await
-        .map_err(|e| e.to_string())?;
+        let (proxy, target) =
+            prepare_target(&launcher, SocketAddr::new(cfg.address, 0), tls, &source)
+                .await
+                .map_err(|e| e.to_string())?;
         let facts = serde_json::to_vec(&target).map_err(|e| e.to_string())?;
-        tokio::fs::write(mig_dir.join(TARGET_FILE), facts)
+        let mig_dir = crate::migration::migration_dir(&launcher)
             .await
-            .map_err(|e| format!("{}: {e}", mig_dir.display()))?;
+            .map_err(|e| e.to_string())?;
+        tokio::task::spawn_blocking(move || mig_dir.write(TARGET_FILE, &facts))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
         Ok::<_, String>(proxy)
     };
     let proxy = match prepared.await {

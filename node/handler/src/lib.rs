@@ -10,10 +10,12 @@
 //!   state on disk under `state_dir/<namespace>_<name>/` (VMI, launcher pid and sockets,
 //!   last status), which is what makes re-adoption possible there.
 
+pub mod capabilities;
 pub mod client;
 pub mod cluster;
 pub mod cluster_migration;
 pub mod identity;
+pub mod launcher_fs;
 pub mod metrics;
 pub mod migration;
 pub mod migration_proxy;
@@ -115,7 +117,10 @@ impl Handler {
     }
 
     fn client(&self, key: &str) -> LauncherClient {
-        LauncherClient::new(self.dir_of(key).join("launcher.sock"))
+        LauncherClient::at(
+            launcher_fs::LauncherDir::new(launcher_fs::Location::Host(self.dir_of(key))),
+            "launcher.sock",
+        )
     }
 
     /// Starts a launcher for `vmi`; returns its key (`namespace_name`).

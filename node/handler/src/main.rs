@@ -29,21 +29,17 @@ struct Args {
     /// Kubeconfig for the API server; in-cluster configuration when unset.
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
-    /// Host directory shared with launcher pods (`sockets/<vmi-uid>/cmd.sock` …).
-    #[arg(
-        long,
-        env = "VIRT_HANDLER_RUN_ROOT",
-        default_value = "/var/run/kubevirt-rs"
-    )]
-    run_root: PathBuf,
-    /// Host directory of the launchers' shared QEMU capabilities cache; made the launcher
-    /// user's at start.
-    #[arg(
-        long,
-        env = "VIRT_HANDLER_LAUNCHER_CACHE",
-        default_value = "/var/cache/kubevirt-rs/libvirt"
-    )]
-    launcher_cache: PathBuf,
+    /// Launchers started beside this handler keep their sockets in
+    /// `<DIR>/sockets/<vmi-uid>/` of this host. Unset (the DaemonSet): launcher pods are
+    /// reached through `/proc/<pid>/root` of their compute container, found by the pod
+    /// uid their VMI names.
+    #[arg(long, env = "VIRT_HANDLER_RUN_ROOT")]
+    run_root: Option<PathBuf>,
+    /// This node's QEMU capabilities (probed by the DaemonSet's init container with
+    /// `virt-launcher probe-capabilities`), copied into each launcher pod's own cache
+    /// before it starts libvirt. Unset: every launcher probes QEMU itself.
+    #[arg(long, env = "VIRT_HANDLER_QEMU_CAPABILITIES")]
+    qemu_capabilities: Option<PathBuf>,
     /// Address of the mTLS server (console, vnc, pause, unpause, softreboot).
     #[arg(long, env = "VIRT_HANDLER_LISTEN", default_value = "0.0.0.0:8186")]
     listen: SocketAddr,
@@ -227,18 +223,18 @@ async fn cluster_main(node_name: String, args: Args) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    if let Err(e) = virt_handler::network::prepare_launcher_cache(&args.launcher_cache) {
-        tracing::warn!(dir = %args.launcher_cache.display(), error = %e, "preparing the launchers' QEMU capabilities cache");
-    }
     let opts = NodeOptions {
         metrics_listener,
         client,
         cluster: ClusterConfig {
             node_name,
-            paths: Paths {
-                run_root: args.run_root,
+            paths: match args.run_root {
+                Some(run_root) => Paths::Host { run_root },
+                None => Paths::Pods {
+                    proc: PathBuf::from("/proc"),
+                },
             },
-            stale_dir_age: Duration::from_secs(600),
+            capabilities: args.qemu_capabilities,
             migration,
         },
         listener,

@@ -110,6 +110,23 @@ pub enum MigrationError {
     /// The proxy could not start.
     #[error(transparent)]
     Proxy(#[from] crate::migration_proxy::ProxyError),
+    /// The launcher's migration directory cannot be used.
+    #[error("the launcher's migration directory: {0}")]
+    Directory(#[from] crate::launcher_fs::LauncherFsError),
+}
+
+/// The launcher's migration directory (`migration/` beside its sockets), made if missing.
+pub async fn migration_dir(
+    launcher: &crate::client::LauncherClient,
+) -> Result<std::sync::Arc<crate::launcher_fs::SocketsDir>, MigrationError> {
+    let dir = launcher.dir().get().await?;
+    let sub =
+        tokio::task::spawn_blocking(move || dir.make_subdir(virt_domain::protocol::MIGRATION_DIR))
+            .await
+            .map_err(|e| {
+                MigrationError::Refused(format!("opening the migration directory: {e}"))
+            })??;
+    Ok(std::sync::Arc::new(sub))
 }
 
 fn refused(r: virt_domain::protocol::Response) -> MigrationError {
@@ -123,7 +140,6 @@ fn refused(r: virt_domain::protocol::Response) -> MigrationError {
 /// source connects to (its address is `targetNodeAddress`).
 pub async fn prepare_target(
     launcher: &crate::client::LauncherClient,
-    migration_dir: std::path::PathBuf,
     listen: std::net::SocketAddr,
     tls: std::sync::Arc<rustls::ServerConfig>,
     source_node: &str,
@@ -142,7 +158,7 @@ pub async fn prepare_target(
     let proxy = crate::migration_proxy::TargetProxy::start(
         listen,
         tls,
-        migration_dir,
+        migration_dir(launcher).await?,
         virt_certs::node_identity::common_name(source_node),
     )
     .await?;
@@ -154,7 +170,6 @@ pub async fn prepare_target(
 /// proxy is closed at the end (a cancel that libvirt did not honour ends here too).
 pub async fn run_source(
     launcher: &crate::client::LauncherClient,
-    migration_dir: std::path::PathBuf,
     target_addr: std::net::SocketAddr,
     tls: std::sync::Arc<rustls::ClientConfig>,
     target_node: &str,
@@ -164,7 +179,12 @@ pub async fn run_source(
     use virt_domain::protocol::{Request, Response};
     let name = rustls_pki_types::ServerName::try_from(target_node.to_string())
         .map_err(|e| MigrationError::Refused(format!("target node name {target_node:?}: {e}")))?;
-    let proxy = crate::migration_proxy::SourceProxy::start(migration_dir, target_addr, tls, name)?;
+    let proxy = crate::migration_proxy::SourceProxy::start(
+        migration_dir(launcher).await?,
+        target_addr,
+        tls,
+        name,
+    )?;
     match launcher.call(&Request::Migrate(request)).await? {
         Response::Ok => {}
         other => return Err(refused(other)),

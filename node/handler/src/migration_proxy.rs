@@ -13,7 +13,6 @@
 //! unauthenticated port ever carries a guest's memory or a libvirt connection.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls_pki_types::ServerName;
@@ -23,6 +22,8 @@ use tokio::task::JoinSet;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
 use virt_domain::protocol::MigrationStream;
+
+use crate::launcher_fs::SocketsDir;
 
 /// ALPN protocol of the tunnel, so a migration connection is never mistaken for HTTP.
 pub const ALPN: &[u8] = b"kubevirt-rs-migration/1";
@@ -109,7 +110,7 @@ impl TargetProxy {
     pub async fn start(
         listen: SocketAddr,
         tls: Arc<rustls::ServerConfig>,
-        dir: PathBuf,
+        dir: Arc<SocketsDir>,
         source: String,
     ) -> Result<Self, ProxyError> {
         let listener = TcpListener::bind(listen)
@@ -165,7 +166,7 @@ async fn target_conn(
     acceptor: TlsAcceptor,
     tcp: TcpStream,
     peer: SocketAddr,
-    dir: PathBuf,
+    dir: Arc<SocketsDir>,
     source: String,
 ) {
     let tls = match acceptor.accept(tcp).await {
@@ -192,7 +193,11 @@ async fn target_conn(
     .await;
     if matches!(read, Ok(Ok(_))) && header.trim_end() == TARGET_FILE {
         // The prepared target's facts, written by the target handler next to the sockets.
-        match tokio::fs::read(dir.join(TARGET_FILE)).await {
+        let read = tokio::task::spawn_blocking(move || dir.read(TARGET_FILE, 64 * 1024)).await;
+        match read
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
             Ok(b) => {
                 let _ = tls.get_mut().write_all(&b).await;
                 let _ = tls.get_mut().shutdown().await;
@@ -208,11 +213,10 @@ async fn target_conn(
         tracing::warn!(%peer, header = header.trim_end(), "migration proxy: unknown stream");
         return;
     };
-    let path = dir.join(stream.socket_name());
-    let mut unix = match UnixStream::connect(&path).await {
+    let mut unix = match dir.connect(stream.socket_name()).await {
         Ok(u) => u,
         Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "migration proxy: target socket");
+            tracing::warn!(error = %e, "migration proxy: target socket");
             return;
         }
     };
@@ -268,38 +272,37 @@ pub async fn fetch_target(
 /// sockets when dropped or closed.
 #[derive(Debug)]
 pub struct SourceProxy {
-    dir: PathBuf,
+    dir: Arc<SocketsDir>,
     stop: CancellationToken,
 }
 
 impl SourceProxy {
     /// Listens in `dir` for the migration to `target` (verified as `server_name`).
     pub fn start(
-        dir: PathBuf,
+        dir: Arc<SocketsDir>,
         target: SocketAddr,
         tls: Arc<rustls::ClientConfig>,
         server_name: ServerName<'static>,
     ) -> Result<Self, ProxyError> {
-        std::fs::create_dir_all(&dir).map_err(|source| ProxyError::Bind {
-            what: dir.display().to_string(),
-            source,
-        })?;
+        let bind_err = |name: &str, e: crate::launcher_fs::LauncherFsError| ProxyError::Bind {
+            what: name.to_string(),
+            source: e.into_io(),
+        };
         let stop = CancellationToken::new();
         let connector = TlsConnector::from(tls);
         for stream in MigrationStream::ALL {
-            let path = dir.join(stream.socket_name());
-            let _ = std::fs::remove_file(&path);
+            let name = stream.socket_name();
+            dir.remove(name).map_err(|e| bind_err(name, e))?;
+            let path = dir.bind_path(name).map_err(|e| bind_err(name, e))?;
             let listener = UnixListener::bind(&path).map_err(|source| ProxyError::Bind {
-                what: path.display().to_string(),
+                what: name.to_string(),
                 source,
             })?;
             // The launcher's libvirt and QEMU connect as the unprivileged launcher user;
             // the directory is the pod's own, so nobody else reaches the socket.
-            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666))
-                .map_err(|source| ProxyError::Bind {
-                    what: path.display().to_string(),
-                    source,
-                })?;
+            dir.chmod_socket(name, 0o666)
+                .map_err(|e| bind_err(name, e))?;
+            let dir = dir.clone();
             let (token, connector, name) = (stop.clone(), connector.clone(), server_name.clone());
             tokio::spawn(async move {
                 let mut conns = JoinSet::new();
@@ -314,7 +317,7 @@ impl SourceProxy {
                     }
                 }
                 conns.abort_all();
-                let _ = std::fs::remove_file(&path);
+                let _ = dir.remove(stream.socket_name());
             });
         }
         Ok(Self { dir, stop })
@@ -327,9 +330,9 @@ impl SourceProxy {
     }
 }
 
-fn remove_sockets(dir: &Path) {
+fn remove_sockets(dir: &SocketsDir) {
     for s in MigrationStream::ALL {
-        let _ = std::fs::remove_file(dir.join(s.socket_name()));
+        let _ = dir.remove(s.socket_name());
     }
 }
 
@@ -375,6 +378,7 @@ async fn source_conn(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use std::path::Path;
     use tokio::io::AsyncReadExt;
 
     struct Pki {
@@ -437,14 +441,14 @@ mod tests {
         let target = TargetProxy::start(
             "127.0.0.1:0".parse().unwrap(),
             pki.server.clone(),
-            dst.path().into(),
+            Arc::new(SocketsDir::at(dst.path()).unwrap()),
             virt_certs::node_identity::common_name("node-a"),
         )
         .await
         .unwrap();
         let name = ServerName::try_from("node-b").unwrap();
         let source = SourceProxy::start(
-            src.path().into(),
+            Arc::new(SocketsDir::at(src.path()).unwrap()),
             target.addr(),
             pki.client.clone(),
             name.clone(),

@@ -13,11 +13,12 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
-use kubevirt_api::{LAUNCHER_UID, VirtualMachineInstance};
+use kubevirt_api::VirtualMachineInstance;
 use tokio_util::sync::CancellationToken;
 use virt_netsetup::exec::{self, NetNs};
 use virt_netsetup::{Dns, NetworkPlan, PlanInput, handoff, plan};
 
+use crate::launcher_fs::{LauncherDir, SocketsDir};
 use crate::vmis::Paths;
 
 /// How often socket directories are looked at for a launcher waiting for its network.
@@ -46,6 +47,24 @@ impl KnownVmis {
     fn get(&self, uid: &str) -> Option<VirtualMachineInstance> {
         self.0.read().ok()?.get(uid).cloned()
     }
+
+    /// The launcher pods the known VMIs name on `node` (`status.activePods`), each with
+    /// its VMI.
+    fn launchers_on(&self, node: &str) -> Vec<(String, VirtualMachineInstance)> {
+        let Ok(m) = self.0.read() else {
+            return Vec::new();
+        };
+        m.values()
+            .flat_map(|vmi| {
+                vmi.status
+                    .iter()
+                    .flat_map(|s| s.active_pods.iter().flatten())
+                    .filter(|(_, n)| n.as_str() == node)
+                    .map(|(pod, _)| (pod.clone(), vmi.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
 }
 
 /// The VMI uid of a socket directory: `<uid>`, or `<uid>-<suffix>` for a migration target.
@@ -53,58 +72,92 @@ fn uid_of_dir(dir: &str) -> &str {
     dir.get(..36).unwrap_or(dir)
 }
 
+/// The launchers that may be waiting for their network, by key ([`Paths::launcher`]), each
+/// with its VMI: in a pod-based node those the known VMIs name on this node, in a host
+/// directory the directories present.
+async fn candidates(
+    paths: &Paths,
+    node: &str,
+    vmis: &KnownVmis,
+) -> Vec<(String, VirtualMachineInstance)> {
+    match paths {
+        Paths::Pods { .. } => vmis.launchers_on(node),
+        Paths::Host { run_root } => {
+            let Ok(mut dirs) = tokio::fs::read_dir(run_root.join("sockets")).await else {
+                return Vec::new();
+            };
+            let mut out = Vec::new();
+            while let Ok(Some(e)) = dirs.next_entry().await {
+                let Ok(dir) = e.file_name().into_string() else {
+                    continue;
+                };
+                // The watch may not have delivered the VMI yet: the next round sees it.
+                if let Some(vmi) = vmis.get(uid_of_dir(&dir)) {
+                    out.push((dir, vmi));
+                }
+            }
+            out
+        }
+    }
+}
+
 /// Serves launchers waiting for their network until `shutdown`.
-pub async fn run(paths: Paths, vmis: KnownVmis, shutdown: CancellationToken) {
+/// `capabilities`: this node's probed QEMU capabilities, copied into each launcher's
+/// cache before it gets its network ([`crate::capabilities`]).
+pub async fn run(
+    paths: Paths,
+    node: String,
+    capabilities: Option<PathBuf>,
+    vmis: KnownVmis,
+    shutdown: CancellationToken,
+) {
     let mut started: HashSet<String> = HashSet::new();
+    // Launcher directories found (a launcher pod's is looked for, through /proc, only
+    // until found), by key.
+    let mut found: HashMap<String, Arc<SocketsDir>> = HashMap::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(POLL) => {}
         }
-        let Ok(mut dirs) = tokio::fs::read_dir(paths.sockets()).await else {
-            continue;
-        };
-        let mut present = HashSet::new();
-        while let Ok(Some(e)) = dirs.next_entry().await {
-            let Ok(dir) = e.file_name().into_string() else {
-                continue;
-            };
-            hand_to_launcher(&e.path());
-            let sock = e.path().join(handoff::SOCKET);
-            if !sock.exists() {
-                continue;
+        let wanted = candidates(&paths, &node, &vmis).await;
+        let missing: Vec<String> = wanted
+            .iter()
+            .map(|(k, _)| k.clone())
+            .filter(|k| !found.contains_key(k))
+            .collect();
+        if !missing.is_empty() {
+            let paths = paths.clone();
+            if let Ok(opened) =
+                tokio::task::spawn_blocking(move || paths.open_launchers(&missing)).await
+            {
+                found.extend(opened.into_iter().map(|(k, d)| (k, Arc::new(d))));
             }
-            present.insert(dir.clone());
-            if started.contains(&dir) {
-                continue;
-            }
-            // The watch may not have delivered the VMI yet: try again next round.
-            let Some(vmi) = vmis.get(uid_of_dir(&dir)) else {
-                continue;
-            };
-            started.insert(dir.clone());
-            tokio::task::spawn_blocking(move || serve_one(&sock, &vmi));
         }
-        // A launcher removes its socket once served; a new one (a restarted pod) is served
-        // again.
-        started.retain(|d| present.contains(d));
-    }
-}
-
-/// Gives a launcher its socket directory. kubelet creates it (the pod's sockets subpath)
-/// owned by root, and the launcher runs as [`LAUNCHER_UID`] without any capability; it
-/// waits until the directory is its own. Not following links: the directory is created
-/// by kubelet, not by a launcher, but a name is checked before it is trusted.
-fn hand_to_launcher(dir: &Path) {
-    use std::os::unix::fs::MetadataExt as _;
-    let Ok(meta) = std::fs::symlink_metadata(dir) else {
-        return;
-    };
-    if !meta.is_dir() || (meta.uid() == LAUNCHER_UID && meta.gid() == LAUNCHER_UID) {
-        return;
-    }
-    if let Err(e) = std::os::unix::fs::lchown(dir, Some(LAUNCHER_UID), Some(LAUNCHER_UID)) {
-        tracing::warn!(dir = %dir.display(), error = %e, "handing the socket directory to the launcher");
+        let mut present = HashSet::new();
+        for (key, vmi) in &wanted {
+            let Some(dir) = found.get(key) else {
+                continue;
+            };
+            if !dir.has_socket(handoff::SOCKET) {
+                continue;
+            }
+            present.insert(key.clone());
+            if !started.insert(key.clone()) {
+                continue;
+            }
+            let (dir, vmi, caps) = (dir.clone(), vmi.clone(), capabilities.clone());
+            tokio::task::spawn_blocking(move || serve_one(&dir, &vmi, caps.as_deref()));
+        }
+        // A launcher removes its socket once served; a new one (a restarted launcher in a
+        // host directory) is served again.
+        started.retain(|k| present.contains(k));
+        found.retain(|k, _| wanted.iter().any(|(w, _)| w == k));
+        if matches!(paths, Paths::Host { .. }) {
+            // Host directories are cheap to open: look again each round (tests restart
+            // launchers in the same directory).
+            found.clear();
+        }
     }
 }
 
@@ -140,7 +193,7 @@ pub const GUEST_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// from virt-handler's own pod, as KubeVirt's virt-api dials such guests (NetworkPolicies
 /// that isolate the VM's pod apply to it as to any client).
 pub async fn connect_guest(
-    dir: PathBuf,
+    dir: LauncherDir,
     port: u16,
 ) -> Result<tokio::net::TcpStream, GuestConnectError> {
     let other = |e: &dyn std::fmt::Display| GuestConnectError::Other(e.to_string());
@@ -158,7 +211,7 @@ pub async fn connect_guest(
 /// connection would come), so that only the guest's datagrams arrive on it and an ICMP
 /// "port unreachable" shows as `ConnectionRefused` on its next receive.
 pub async fn connect_guest_udp(
-    dir: PathBuf,
+    dir: LauncherDir,
     port: u16,
 ) -> Result<tokio::net::UdpSocket, GuestConnectError> {
     let other = |e: &dyn std::fmt::Display| GuestConnectError::Other(e.to_string());
@@ -174,14 +227,16 @@ pub async fn connect_guest_udp(
 
 /// Opens a socket with `open(guest address)` where the guest is reachable (see
 /// [`connect_guest`]), on a blocking thread (entering a namespace is per thread).
-async fn reach_guest<S, F>(dir: PathBuf, port: u16, open: F) -> Result<S, GuestConnectError>
+async fn reach_guest<S, F>(dir: LauncherDir, port: u16, open: F) -> Result<S, GuestConnectError>
 where
     S: Send + 'static,
     F: FnOnce(std::net::SocketAddr) -> std::io::Result<S> + Send + 'static,
 {
     let other = |e: &dyn std::fmt::Display| GuestConnectError::Other(e.to_string());
+    let dir = dir.get().await.map_err(|_| GuestConnectError::NoNetwork)?;
     tokio::task::spawn_blocking(move || {
-        let net: NetworkPlan = std::fs::read(dir.join(PLAN_FILE))
+        let net: NetworkPlan = dir
+            .read(PLAN_FILE, 1024 * 1024)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .ok_or(GuestConnectError::NoNetwork)?;
@@ -189,7 +244,9 @@ where
         let s = if net.binding == plan::Binding::Bridge {
             open(addr)
         } else {
-            let cmd = UnixStream::connect(dir.join("cmd.sock")).map_err(|e| other(&e))?;
+            let cmd = dir
+                .connect_blocking(crate::client::CMD_SOCKET)
+                .map_err(|e| other(&e))?;
             let pid = handoff::peer_pid(&cmd).map_err(|e| other(&e))?;
             drop(cmd);
             NetNs::of_pid(pid)
@@ -210,42 +267,26 @@ where
     .map_err(|e| other(&e))?
 }
 
-/// Makes the node's shared QEMU capabilities cache (a host directory every launcher pod
-/// mounts) the launcher user's, including what root-mode launchers left there. A launcher
-/// that finds it unwritable probes QEMU itself, which costs seconds per start.
-pub fn prepare_launcher_cache(dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    fn walk(p: &Path) -> std::io::Result<()> {
-        let meta = std::fs::symlink_metadata(p)?;
-        std::os::unix::fs::lchown(p, Some(LAUNCHER_UID), Some(LAUNCHER_UID))?;
-        if meta.is_dir() {
-            for e in std::fs::read_dir(p)? {
-                walk(&e?.path())?;
-            }
-        }
-        Ok(())
-    }
-    walk(dir)
-}
-
 /// Sets up one launcher's network and tells it the outcome.
-fn serve_one(sock: &Path, vmi: &VirtualMachineInstance) {
+fn serve_one(dir: &SocketsDir, vmi: &VirtualMachineInstance, capabilities: Option<&Path>) {
     let t0 = Instant::now();
     let (ns, name) = (vmi.namespace().unwrap_or_default(), vmi.name_any());
-    let stream = match UnixStream::connect(sock) {
+    let stream = match dir.connect_blocking(handoff::SOCKET) {
         Ok(s) => s,
         Err(e) => {
-            tracing::warn!(socket = %sock.display(), error = %e, "launcher's network socket");
+            tracing::warn!(vmi = %format!("{ns}/{name}"), error = %e, "launcher's network socket");
             return;
         }
     };
+    if let Some(from) = capabilities {
+        seed_capabilities(from, &stream, &format!("{ns}/{name}"));
+    }
     match set_up(&stream, vmi) {
         Ok((plan, dhcp)) => {
             // For port-forwarding later (also after a handler restart): where the guest is.
-            if let Some(dir) = sock.parent()
-                && let Err(e) = serde_json::to_vec(&plan)
-                    .map_err(std::io::Error::other)
-                    .and_then(|b| std::fs::write(dir.join(PLAN_FILE), b))
+            if let Err(e) = serde_json::to_vec(&plan)
+                .map_err(|e| e.to_string())
+                .and_then(|b| dir.write(PLAN_FILE, &b).map_err(|e| e.to_string()))
             {
                 tracing::warn!(vmi = %format!("{ns}/{name}"), error = %e, "recording the network plan");
             }
@@ -269,6 +310,25 @@ fn serve_one(sock: &Path, vmi: &VirtualMachineInstance) {
     }
 }
 
+/// Gives the launcher at the other end of `stream` this node's QEMU capabilities; a
+/// failure only costs the launcher a probe of its own.
+fn seed_capabilities(from: &Path, stream: &UnixStream, vmi: &str) {
+    let t0 = Instant::now();
+    let seeded = handoff::peer_pid(stream)
+        .map_err(|e| e.to_string())
+        .and_then(|pid| {
+            crate::capabilities::seed(from, Path::new("/proc"), pid).map_err(|e| e.to_string())
+        });
+    match seeded {
+        Ok(files) => {
+            tracing::debug!(%vmi, files, elapsed_us = t0.elapsed().as_micros() as u64, "QEMU capabilities copied to the launcher")
+        }
+        Err(e) => {
+            tracing::warn!(%vmi, error = %e, "copying QEMU capabilities to the launcher; it probes QEMU itself")
+        }
+    }
+}
+
 fn set_up(
     stream: &UnixStream,
     vmi: &VirtualMachineInstance,
@@ -280,10 +340,10 @@ fn set_up(
         .map_err(|e| e.to_string())?;
     // The pod's resolv.conf, as kubelet wrote it for the launcher (cluster DNS, search
     // domains of its namespace).
-    let resolv = PathBuf::from(format!("/proc/{pid}/root/etc/resolv.conf"));
-    let dns = std::fs::read_to_string(&resolv)
-        .map(|t| Dns::from_resolv_conf(&t))
-        .unwrap_or_default();
+    let dns =
+        crate::launcher_fs::read_in_root(Path::new("/proc"), pid, "etc/resolv.conf", 64 * 1024)
+            .map(|b| Dns::from_resolv_conf(&String::from_utf8_lossy(&b)))
+            .unwrap_or_default();
     let uid = vmi.uid().unwrap_or_default();
     let hostname = vmi.spec.hostname.clone().or_else(|| Some(vmi.name_any()));
     let plan = plan(PlanInput {

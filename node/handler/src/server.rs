@@ -235,7 +235,7 @@ async fn do_action(st: AppState, ns: String, name: String, action: String) -> Re
     let Some(uid) = st.registry.uid(&ns, &name) else {
         return not_found(&ns, &name);
     };
-    let launcher = LauncherClient::new(st.paths.cmd(&uid));
+    let launcher = LauncherClient::new(st.paths.launcher(&uid));
     // The launcher is the truth about the domain's state; the VMI status may lag.
     let state = match launcher.call(&Request::GetStatus).await {
         Ok(LauncherResponse::Status(s)) => s.state,
@@ -373,7 +373,12 @@ async fn open_vnc(
             "Active VNC connection".into(),
         );
     }
-    let sock = match tokio::net::UnixStream::connect(st.paths.vnc(&uid)).await {
+    let sock = match st
+        .paths
+        .launcher(&uid)
+        .connect(crate::launcher_fs::VNC_SOCKET)
+        .await
+    {
         Ok(s) => s,
         Err(e) => return conflict(format!("VNC of VMI {ns}/{name} is not available: {e}")),
     };
@@ -491,10 +496,10 @@ async fn open_portforward(
         );
     };
     let guest = match protocol.as_str() {
-        "tcp" => crate::network::connect_guest(st.paths.dir(&uid), port)
+        "tcp" => crate::network::connect_guest(st.paths.launcher(&uid), port)
             .await
             .map(GuestSocket::Tcp),
-        "udp" => crate::network::connect_guest_udp(st.paths.dir(&uid), port)
+        "udp" => crate::network::connect_guest_udp(st.paths.launcher(&uid), port)
             .await
             .map(GuestSocket::Udp),
         other => {
@@ -521,7 +526,7 @@ async fn open_portforward(
         }
     };
     let ping = st.ping_every;
-    let (cmd, dir) = (st.paths.cmd(&uid), st.paths.dir(&uid));
+    let launcher = LauncherClient::new(st.paths.launcher(&uid));
     let open = st.metrics.sessions("portforward");
     bounded(ws)
         .protocols([PLAIN_PROTOCOL])
@@ -534,12 +539,7 @@ async fn open_portforward(
             // reason, and the next one reaches the guest on its new node.
             let gone = CancellationToken::new();
             let left = Arc::new(std::sync::atomic::AtomicU8::new(GUEST_HERE));
-            let watch = tokio::spawn(watch_for_departure(
-                LauncherClient::new(cmd),
-                dir,
-                left.clone(),
-                gone.clone(),
-            ));
+            let watch = tokio::spawn(watch_for_departure(launcher, left.clone(), gone.clone()));
             let refused = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let (out_rx, in_tx, tasks) = match guest {
                 // Bulk transfers (scp, downloads): fewer, larger messages through every hop.
@@ -662,13 +662,12 @@ pub const STOPPED_HERE: &str = "the VMI stopped running on this node";
 /// and cancels `gone`.
 async fn watch_for_departure(
     launcher: LauncherClient,
-    dir: std::path::PathBuf,
     left: Arc<std::sync::atomic::AtomicU8>,
     gone: CancellationToken,
 ) {
     use virt_domain::protocol::{DomainEvent, LauncherOutcome, OUTCOME_FILE};
     let from_outcome = || async {
-        match tokio::fs::read(dir.join(OUTCOME_FILE)).await {
+        match launcher.dir().read(OUTCOME_FILE, 64 * 1024).await {
             Ok(b) if matches!(serde_json::from_slice(&b), Ok(LauncherOutcome::Migrated)) => {
                 GUEST_MIGRATED
             }
@@ -917,7 +916,11 @@ impl AppState {
             let f = feed(&h);
             return Ok((h, f));
         }
-        let sock = tokio::net::UnixStream::connect(self.paths.console(uid)).await?;
+        let dir = self.paths.launcher(uid);
+        let sock = dir
+            .connect(crate::launcher_fs::CONSOLE_SOCKET)
+            .await
+            .map_err(crate::launcher_fs::LauncherFsError::into_io)?;
         let (mut r, w) = sock.into_split();
         let (out, _) = broadcast::channel(1024);
         let hub = Arc::new(ConsoleHub {
@@ -933,7 +936,7 @@ impl AppState {
         let (closed, dropped) = (hub.closed.clone(), hub.dropped.clone());
         let (migrated, launcher) = (
             hub.migrated.clone(),
-            crate::client::LauncherClient::new(self.paths.cmd(uid)),
+            crate::client::LauncherClient::new(dir),
         );
         tokio::spawn(async move {
             let mut buf = vec![0u8; CHUNK];

@@ -1,39 +1,101 @@
 //! What this node knows of its VMIs, shared by the cluster loop, the HTTPS server and the
 //! network set-up: where each launcher's sockets are, and which VMI (namespace/name) has
-//! which uid here.
+//! which launcher here.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-/// Where a node's launchers put their sockets.
+use kubevirt_api::VirtualMachineInstance;
+
+use crate::launcher_fs::{LauncherDir, Location, SocketsDir};
+
+/// How this handler reaches its launchers' sockets.
 #[derive(Clone, Debug)]
-pub struct Paths {
-    /// `/var/run/kubevirt-rs` on the host.
-    pub run_root: PathBuf,
+pub enum Paths {
+    /// Launcher pods on this node, through `/proc/<pid>/root` of their compute container
+    /// (the DaemonSet: launcher pods keep their sockets in an emptyDir).
+    Pods {
+        /// The host's procfs (`/proc`; the handler runs in the host pid namespace).
+        proc: PathBuf,
+    },
+    /// `<run_root>/sockets/<dir>` on this host: launchers started beside the handler
+    /// (the launcher crate's integration tests).
+    Host {
+        /// The directory holding `sockets/`.
+        run_root: PathBuf,
+    },
 }
 
 impl Paths {
-    /// `<root>/sockets`.
-    pub fn sockets(&self) -> PathBuf {
-        self.run_root.join("sockets")
+    /// The launcher of VMI `uid` on `node` (the VMI's current launcher there: a
+    /// migration's target once it completed): the key naming it in [`Self::launcher`].
+    /// `None` while the VMI does not say yet (its pod's node is recorded at launch).
+    pub fn launcher_key(
+        &self,
+        uid: &str,
+        vmi: &VirtualMachineInstance,
+        node: &str,
+    ) -> Option<String> {
+        match self {
+            Self::Pods { .. } => pod_on(vmi, node),
+            Self::Host { .. } => Some(crate::cluster_migration::launcher_dir_name(uid, vmi, node)),
+        }
     }
-    /// `<root>/sockets/<uid>`.
-    pub fn dir(&self, uid: &str) -> PathBuf {
-        self.sockets().join(uid)
+
+    /// The target launcher of migration `migration` of VMI `uid` on `node`.
+    pub fn target_key(
+        &self,
+        uid: &str,
+        vmi: &VirtualMachineInstance,
+        migration: &str,
+        node: &str,
+    ) -> Option<String> {
+        match self {
+            Self::Pods { .. } => pod_on(vmi, node),
+            Self::Host { .. } => Some(crate::migration::target_socket_dir(uid, migration)),
+        }
     }
-    /// The launcher's command socket.
-    pub fn cmd(&self, uid: &str) -> PathBuf {
-        self.dir(uid).join("cmd.sock")
+
+    /// Opens the directories of the launchers `keys` name that can be found now (one pass
+    /// over /proc for all of them); blocking.
+    pub fn open_launchers(&self, keys: &[String]) -> Vec<(String, SocketsDir)> {
+        match self {
+            Self::Pods { proc } => SocketsDir::open_pods(proc, keys),
+            Self::Host { run_root } => keys
+                .iter()
+                .filter_map(|k| {
+                    Some((
+                        k.clone(),
+                        SocketsDir::at(&run_root.join("sockets").join(k)).ok()?,
+                    ))
+                })
+                .collect(),
+        }
     }
-    /// The serial console socket (bound by QEMU).
-    pub fn console(&self, uid: &str) -> PathBuf {
-        self.dir(uid).join("console.sock")
+
+    /// The sockets directory of the launcher `key` names.
+    pub fn launcher(&self, key: &str) -> LauncherDir {
+        LauncherDir::new(match self {
+            Self::Pods { proc } => Location::Pod {
+                proc: proc.clone(),
+                uid: key.to_string(),
+            },
+            Self::Host { run_root } => Location::Host(run_root.join("sockets").join(key)),
+        })
     }
-    /// The VNC socket (bound by QEMU).
-    pub fn vnc(&self, uid: &str) -> PathBuf {
-        self.dir(uid).join("vnc.sock")
-    }
+}
+
+/// The launcher pod of `vmi` on `node`, from `status.activePods` (written by
+/// virt-controller only: a pod of the user's claiming to be a launcher is never taken).
+fn pod_on(vmi: &VirtualMachineInstance, node: &str) -> Option<String> {
+    vmi.status
+        .as_ref()?
+        .active_pods
+        .as_ref()?
+        .iter()
+        .find(|(_, n)| n.as_str() == node)
+        .map(|(pod, _)| pod.clone())
 }
 
 /// The VMIs of this node by namespace and name, for the HTTPS server.

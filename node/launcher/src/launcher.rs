@@ -351,6 +351,47 @@ fn usable_cache(shared: &Path, work_dir: &Path) -> PathBuf {
     work_dir.join("qemu-cache")
 }
 
+/// Argument of `virt-launcher probe-capabilities DIR`: virt-handler's init container
+/// fills its node's QEMU capabilities cache with it (docs/node.md, "QEMU capabilities").
+pub const PROBE_CAPABILITIES_ARG: &str = "probe-capabilities";
+
+/// Fills `cache/tcg` with the QEMU capabilities a launcher's private daemon probes (about
+/// ten seconds under TCG): one unprivileged daemon, started and stopped. virt-handler
+/// copies the result into each launcher pod's own cache before the launcher starts its
+/// daemon, so no launcher probes, and no launcher's cache is another's.
+pub async fn probe_capabilities(cache: &Path) -> Result<(), LauncherError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| LauncherError::Io { path, source }
+    };
+    let tcg = cache.join("tcg");
+    std::fs::create_dir_all(&tcg).map_err(io(&tcg))?;
+    let work = tempfile::Builder::new()
+        .prefix("probe-")
+        .tempdir()
+        .map_err(io(Path::new("/tmp")))?;
+    let t0 = Instant::now();
+    // Connecting asks the daemon for the hypervisor version, which loads (probing and
+    // caching) the default emulator's capabilities.
+    let handle = DomainHandle::spawn(Target::Private {
+        dir: work.path().join("libvirt"),
+        cache: tcg.clone(),
+        hide_kvm: true,
+        migration_dir: work.path().join("migration"),
+    })
+    .await?;
+    let versions = handle.versions().clone();
+    handle.close().await?;
+    tracing::info!(
+        cache = %tcg.display(),
+        libvirt = %versions.libvirt,
+        qemu = %versions.qemu,
+        took_ms = t0.elapsed().as_millis() as u64,
+        "QEMU capabilities probed"
+    );
+    Ok(())
+}
+
 /// This pod's IP: `POD_IP` (downward API `status.podIP`) when set, else the first IPv4
 /// address of an interface that is up and not loopback (a pod's `eth0`; pod networks need
 /// not have a default route, so asking the routing table is not enough), else a global

@@ -31,6 +31,21 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    if argv.get(1).map(String::as_str) == Some(virt_launcher::launcher::PROBE_CAPABILITIES_ARG) {
+        let Some(dir) = argv.get(2) else {
+            anyhow::bail!(
+                "usage: virt-launcher {} DIR",
+                virt_launcher::launcher::PROBE_CAPABILITIES_ARG
+            );
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(virt_launcher::launcher::probe_capabilities(
+            std::path::Path::new(dir),
+        ))?;
+        return Ok(());
+    }
     let cfg = cli::Args::parse().into_config()?;
     // The launcher is mostly waiting; a small runtime keeps its memory low.
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -48,10 +48,10 @@ async fn node() -> anyhow::Result<()> {
         client: kube::Client::try_from(cfg)?,
         cluster: virt_handler::cluster::ClusterConfig {
             node_name: env("HANDLER_NODE_NAME")?,
-            paths: virt_handler::vmis::Paths {
+            paths: virt_handler::vmis::Paths::Host {
                 run_root: env("HANDLER_NODE_ROOT")?.into(),
             },
-            stale_dir_age: Duration::from_secs(600),
+            capabilities: None,
             migration: None,
         },
         listener,

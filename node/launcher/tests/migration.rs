@@ -308,6 +308,12 @@ struct Proxies {
     _source: SourceProxy,
 }
 
+/// A launcher's migration directory as virt-handler opens it.
+fn migration_dir(l: &Launcher) -> std::sync::Arc<virt_handler::launcher_fs::SocketsDir> {
+    let dir = virt_handler::launcher_fs::SocketsDir::at(l.dir.path()).unwrap();
+    std::sync::Arc::new(dir.make_subdir(MIGRATION_DIR).unwrap())
+}
+
 fn proxies(source: &Launcher, target: &Launcher) -> Proxies {
     let validity = time::Duration::days(1);
     let ca = virt_certs::Ca::generate("kubevirt-rs-ca", validity).unwrap();
@@ -320,13 +326,13 @@ fn proxies(source: &Launcher, target: &Launcher) -> Proxies {
         tokio::runtime::Handle::current().block_on(TargetProxy::start(
             "127.0.0.1:0".parse().unwrap(),
             stls,
-            target.path(MIGRATION_DIR),
+            migration_dir(target),
             virt_certs::node_identity::common_name("node-a"),
         ))
     })
     .unwrap();
     let s = SourceProxy::start(
-        source.path(MIGRATION_DIR),
+        migration_dir(source),
         t.addr(),
         ctls,
         rustls_pki_types::ServerName::try_from("node-b").unwrap(),
@@ -628,6 +634,7 @@ async fn killed_target_leaves_the_guest_on_the_source() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn handler_functions_drive_the_migration() {
     use virt_handler::client::LauncherClient;
+    use virt_handler::launcher_fs::{LauncherDir, Location};
     use virt_handler::migration::{prepare_target, run_source};
     let _g = SERIAL.lock().await;
     let images = guest_dir();
@@ -644,8 +651,7 @@ async fn handler_functions_drive_the_migration() {
     let hb = ca_cert.issue_handler("node-b", validity).unwrap();
     let pem = ca_cert.cert_pem().as_bytes();
     let (target_proxy, target) = prepare_target(
-        &LauncherClient::new(b.path("cmd.sock")),
-        b.path(MIGRATION_DIR),
+        &LauncherClient::new(LauncherDir::new(Location::Host(b.dir.path().into()))),
         "127.0.0.1:0".parse().unwrap(),
         server_tls(hb.cert_pem.as_bytes(), hb.key_pem.as_bytes(), pem).unwrap(),
         "node-a",
@@ -654,8 +660,7 @@ async fn handler_functions_drive_the_migration() {
     .unwrap();
     let mut reports = 0;
     let last = run_source(
-        &LauncherClient::new(a.path("cmd.sock")),
-        a.path(MIGRATION_DIR),
+        &LauncherClient::new(LauncherDir::new(Location::Host(a.dir.path().into()))),
         target_proxy.addr(),
         client_tls(ha.cert_pem.as_bytes(), ha.key_pem.as_bytes(), pem).unwrap(),
         "node-b",

@@ -7,9 +7,9 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector, PodSecurityContext,
-    PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretVolumeSource, SecurityContext,
-    ServiceAccount, Toleration, Volume, VolumeMount,
+    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Probe, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, ServiceAccount, Toleration,
+    Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -43,8 +43,9 @@ const HANDLER_CA_DIR: &str = "/etc/virt-handler/ca";
 /// virt-handler's own key and certificate (memory-backed: the key never reaches a disk).
 const HANDLER_CERT_DIR: &str = "/var/run/virt-handler/certs";
 /// Host directories shared by launcher pods and virt-handler (docs/cluster-flow.md §1).
-const HOST_RUN_DIR: &str = "/var/run/kubevirt-rs";
-const HOST_CACHE_DIR: &str = "/var/cache/kubevirt-rs";
+/// Where virt-handler's init container leaves this node's probed QEMU capabilities
+/// (an emptyDir of the handler pod; docs/node.md, "QEMU capabilities").
+const HANDLER_CAPABILITIES_DIR: &str = "/var/cache/kubevirt-rs/qemu-capabilities";
 
 fn labels(name: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
@@ -85,14 +86,43 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
-fn host_path(name: &str, path: &str) -> Volume {
+fn empty_dir(name: &str) -> Volume {
     Volume {
         name: name.into(),
-        host_path: Some(HostPathVolumeSource {
-            path: path.into(),
-            type_: Some("DirectoryOrCreate".into()),
-        }),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Volume::default()
+    }
+}
+
+/// virt-handler's init container: the launcher image probes this node's QEMU
+/// capabilities once, unprivileged, as the launcher user; virt-handler copies them into
+/// each launcher pod's own cache.
+fn capabilities_probe(p: &Params) -> Container {
+    let uid = i64::from(kubevirt_api::LAUNCHER_UID);
+    Container {
+        name: "qemu-capabilities".into(),
+        image: Some(p.launcher_image.clone()),
+        image_pull_policy: Some(p.image_pull_policy.clone()),
+        command: Some(vec![
+            "/usr/bin/virt-launcher".into(),
+            "probe-capabilities".into(),
+            HANDLER_CAPABILITIES_DIR.into(),
+        ]),
+        volume_mounts: Some(vec![
+            mount("capabilities", HANDLER_CAPABILITIES_DIR, false),
+            mount("probe-tmp", "/tmp", false),
+        ]),
+        resources: Some(requests("10m", "64Mi")),
+        security_context: Some(SecurityContext {
+            run_as_user: Some(uid),
+            run_as_group: Some(uid),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..SeccompProfile::default()
+            }),
+            ..virt_controllers::vmi::render::unprivileged()
+        }),
+        ..Container::default()
     }
 }
 
@@ -387,6 +417,7 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
             format!("--certificate-dir={HANDLER_CERT_DIR}"),
             format!("--client-ca={HANDLER_CA_DIR}/ca.crt"),
             format!("--metrics-addr=0.0.0.0:{HANDLER_METRICS_PORT}"),
+            format!("--qemu-capabilities={HANDLER_CAPABILITIES_DIR}"),
         ]),
         env: Some(vec![
             field_env("NODE_NAME", "spec.nodeName"),
@@ -410,17 +441,13 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
         volume_mounts: Some(vec![
             // This node's directory of the host's per-node tree (docs/cluster-flow.md §1):
             // two nodes sharing a filesystem never see each other's sockets.
-            VolumeMount {
-                sub_path_expr: Some("$(NODE_NAME)".into()),
-                ..mount("run", HOST_RUN_DIR, false)
-            },
-            mount("cache", HOST_CACHE_DIR, false),
+            mount("capabilities", HANDLER_CAPABILITIES_DIR, true),
             mount("ca", HANDLER_CA_DIR, true),
             mount("certs", HANDLER_CERT_DIR, false),
         ]),
         resources: Some(requests("20m", "32Mi")),
-        // Reaches the launchers' unix sockets in host directories owned by root, removes
-        // stale socket directories.
+        // Enters launcher pods' network namespaces and reaches their sockets through
+        // /proc/<pid>/root (docs/node.md, "Privilege model").
         security_context: Some(SecurityContext {
             privileged: Some(true),
             run_as_user: Some(0),
@@ -455,10 +482,11 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
                         operator: Some("Exists".into()),
                         ..Toleration::default()
                     }]),
+                    init_containers: Some(vec![capabilities_probe(p)]),
                     containers: vec![container],
                     volumes: Some(vec![
-                        host_path("run", virt_controllers::vmi::render::NODES_DIR),
-                        host_path("cache", HOST_CACHE_DIR),
+                        empty_dir("capabilities"),
+                        empty_dir("probe-tmp"),
                         Volume {
                             name: "ca".into(),
                             config_map: Some(ConfigMapVolumeSource {
@@ -652,6 +680,72 @@ mod tests {
         assert_eq!(
             labels.get("kubevirt.io").map(String::as_str),
             Some("virt-handler")
+        );
+    }
+
+    /// Every container's mounts name volumes of its pod (kube-apiserver refuses the
+    /// workload otherwise, and the operator's rollout stalls on it).
+    fn mounts_name_volumes(what: &str, spec: &PodSpec) {
+        let volumes: Vec<&str> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| v.name.as_str())
+            .collect();
+        for c in spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+        {
+            for m in c.volume_mounts.iter().flatten() {
+                assert!(
+                    volumes.contains(&m.name.as_str()),
+                    "{what}: container {} mounts {:?}, not a volume of the pod {volumes:?}",
+                    c.name,
+                    m.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn workloads_mount_only_their_own_volumes() {
+        let p = Params::default();
+        let ds = handler_daemonset(&p)
+            .spec
+            .and_then(|s| s.template.spec)
+            .unwrap_or_default();
+        mounts_name_volumes("virt-handler", &ds);
+        let dep = controller_deployment(&p)
+            .spec
+            .and_then(|s| s.template.spec)
+            .unwrap_or_default();
+        mounts_name_volumes("virt-controller", &dep);
+    }
+
+    /// virt-handler's pod: the QEMU capabilities come from its own init container with the
+    /// launcher image, unprivileged; nothing of a launcher is on a host path any more.
+    #[test]
+    fn handler_probes_qemu_capabilities_unprivileged_and_holds_no_launcher_host_path() {
+        let p = Params::default();
+        let spec = handler_daemonset(&p)
+            .spec
+            .and_then(|s| s.template.spec)
+            .unwrap_or_default();
+        let init = spec.init_containers.clone().unwrap_or_default();
+        assert_eq!(init.len(), 1);
+        assert_eq!(init[0].image.as_deref(), Some(p.launcher_image.as_str()));
+        let sc = init[0].security_context.clone().unwrap_or_default();
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.privileged, None);
+        assert!(spec.volumes.iter().flatten().all(|v| v.host_path.is_none()));
+        assert!(
+            spec.containers[0]
+                .args
+                .iter()
+                .flatten()
+                .any(|a| a.starts_with("--qemu-capabilities="))
         );
     }
 }
