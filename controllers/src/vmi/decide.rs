@@ -121,6 +121,15 @@ fn launched(p: &Pod) -> bool {
     pod_phase(p) == "Running" && compute_running(p)
 }
 
+/// A pod a migration controls: its target launcher until the migration hands it to the
+/// VMI.
+fn migration_target(p: &Pod) -> bool {
+    p.metadata.owner_references.iter().flatten().any(|o| {
+        o.controller == Some(true)
+            && o.kind == kubevirt_api::catalogue::VIRTUAL_MACHINE_INSTANCE_MIGRATION.kind
+    })
+}
+
 fn pod_uid(p: &Pod) -> String {
     p.metadata.uid.clone().unwrap_or_default()
 }
@@ -539,9 +548,17 @@ pub fn derive_status(
     // A pod's node is recorded once it is launched, which is when the VMI turns
     // Scheduled anyway: recording it at binding, a moment earlier, cost every start
     // a status write of its own. Once recorded it stays.
+    // Every pod that runs or may run this VMI's guest, as KubeVirt's `activePods`: its own
+    // and a migration's target while it is alive. virt-handler finds the launcher it talks
+    // to on its node here (the target's once recorded).
     let known = old.active_pods.clone().unwrap_or_default();
+    let targets = pods.iter().filter(|p| {
+        migration_target(p) && !is_terminal(p) && p.metadata.deletion_timestamp.is_none()
+    });
     let active: BTreeMap<String, String> = ours
         .iter()
+        .copied()
+        .chain(targets)
         .map(|p| {
             let uid = pod_uid(p);
             let node = match known.get(&uid).filter(|n| !n.is_empty()) {

@@ -732,3 +732,49 @@ fn an_unschedulable_pod_with_unbound_claims_waits_for_volume_binding() {
     assert!(find_condition(conds, conditions::SYNCHRONIZED).is_none());
     assert!(find_condition(conds, conditions::POD_SCHEDULED).is_some());
 }
+
+/// A migration's target pod is an active pod of the VMI once it launched (KubeVirt's
+/// `activePods`): the target node's virt-handler finds its launcher there. A finished or
+/// deleted target is not.
+#[test]
+fn a_launched_migration_target_is_an_active_pod() {
+    let mut v = vmi("Running");
+    v.status.as_mut().unwrap().node_name = Some("n1".into());
+    v.status.as_mut().unwrap().active_pods =
+        Some(BTreeMap::from([("p-uid".to_string(), "n1".to_string())]));
+    let target = |status: Value| {
+        let mut t = pod("t", Some("n2"), status);
+        t.metadata.owner_references = Some(vec![
+            serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstanceMigration", "name": "m", "uid": "m-uid",
+                "controller": true}))
+            .unwrap(),
+        ]);
+        t
+    };
+    let pending = target(json!({"phase": "Pending"}));
+    let s = derive_status(&v, &[running_pod(), pending], None, now());
+    assert_eq!(
+        s.active_pods,
+        Some(BTreeMap::from([
+            ("p-uid".to_string(), "n1".to_string()),
+            ("t-uid".to_string(), String::new()),
+        ]))
+    );
+    let launched =
+        target(json!({"phase": "Running", "containerStatuses": compute(json!({"running": {}}))}));
+    let s = derive_status(&v, &[running_pod(), launched], None, now());
+    assert_eq!(
+        s.active_pods,
+        Some(BTreeMap::from([
+            ("p-uid".to_string(), "n1".to_string()),
+            ("t-uid".to_string(), "n2".to_string()),
+        ]))
+    );
+    let failed = target(json!({"phase": "Failed"}));
+    let s = derive_status(&v, &[running_pod(), failed], None, now());
+    assert_eq!(
+        s.active_pods,
+        Some(BTreeMap::from([("p-uid".to_string(), "n1".to_string())]))
+    );
+}

@@ -16,8 +16,9 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{controller, watcher};
+use kube::{Api, ResourceExt};
 use kubevirt_api::VirtualMachineInstance;
 use tokio_util::sync::CancellationToken;
 
@@ -51,11 +52,17 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         "starting VirtualMachineInstance controller"
     );
     crate::watch::controller(vmis, "vmis", &ctx.metrics.watches)
-        // A pod event (bound, started, failed, deleted) reconciles its VMI through the
-        // controller ownerReference.
-        .owns(
+        // A pod event (bound, started, failed, deleted) reconciles its VMI, named by the
+        // pod's label: its own pods and a migration's target (controlled by the migration,
+        // but recorded in the VMI's activePods once it launched).
+        .watches(
             pods,
             watcher::Config::default().labels(&launcher_selector()),
+            |pod: Pod| {
+                let ns = pod.namespace()?;
+                let name = pod.labels().get(render::VM_NAME_LABEL)?;
+                Some(ObjectRef::new(name).within(&ns))
+            },
         )
         .with_config(controller::Config::default().concurrency(ctx.config.workers))
         .graceful_shutdown_on(async move { shutdown.cancelled().await })

@@ -38,9 +38,9 @@ use super::claims;
 /// Pod annotation carrying the VMI as JSON for the launcher.
 pub const VMI_ANNOTATION: &str = "kubevirt-rs.io/vmi";
 /// Label selecting every launcher pod.
-pub const LAUNCHER_LABEL: &str = "kubevirt.io";
+pub const LAUNCHER_LABEL: &str = kubevirt_api::COMPONENT_LABEL;
 /// Value of [`LAUNCHER_LABEL`] on launcher pods.
-pub const LAUNCHER_LABEL_VALUE: &str = "virt-launcher";
+pub const LAUNCHER_LABEL_VALUE: &str = kubevirt_api::LAUNCHER_COMPONENT;
 /// Label with the uid of the VMI a launcher pod runs.
 pub const CREATED_BY_LABEL: &str = "kubevirt.io/created-by";
 /// Label with the name of the VMI a launcher pod runs.
