@@ -4,9 +4,12 @@
 //! test ran at all, or when the e2e phase passed fewer tests than the e2e crate contains.
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use anyhow::Context;
+
+mod e2e_lanes;
 
 /// Arguments.
 #[derive(clap::Args, Debug)]
@@ -17,6 +20,9 @@ pub struct Args {
     /// Skip cargo fmt and clippy.
     #[arg(long)]
     pub no_lint: bool,
+    /// Only the end-to-end phase (no lints, no workspace tests): for iterating on e2e.
+    #[arg(long, conflicts_with_all = ["no_e2e", "no_lint"])]
+    pub e2e_only: bool,
 }
 
 #[derive(Debug, Default)]
@@ -125,6 +131,85 @@ fn run_tests(name: &str, cmd: &mut Command, tally: &mut Tally) -> anyhow::Result
     Ok(child.wait()?.success())
 }
 
+/// Builds the e2e test binaries and runs them in the order of [`e2e_lanes::plan`].
+fn run_e2e(root: &Path, env: &dyn Fn(&mut Command), tally: &mut Tally) -> anyhow::Result<bool> {
+    eprintln!("==> building the e2e tests");
+    let mut build = cargo();
+    build
+        .args(["test", "-p", "e2e", "--no-run", "--message-format=json"])
+        .stderr(Stdio::inherit());
+    env(&mut build);
+    let out = build.output().context("cargo test -p e2e --no-run")?;
+    anyhow::ensure!(out.status.success(), "building the e2e tests failed");
+    let exes = e2e_lanes::executables(&String::from_utf8_lossy(&out.stdout));
+    anyhow::ensure!(!exes.is_empty(), "the e2e crate built no test binary");
+    let plan = e2e_lanes::plan(&exes.keys().cloned().collect::<Vec<_>>());
+    eprintln!("e2e order: {plan:?}");
+    let command = |name: &str| {
+        let mut cmd = Command::new(&exes[name]);
+        cmd.args(E2E_SELECT)
+            .arg("--test-threads=1")
+            // As cargo runs test binaries: from their package.
+            .current_dir(root.join("e2e"));
+        env(&mut cmd);
+        cmd
+    };
+    let mut ok = true;
+    let run_one = |name: &str, tally: &mut Tally| -> anyhow::Result<bool> {
+        let t = std::time::Instant::now();
+        let passed = run_tests(&format!("e2e {name}"), &mut command(name), tally)?;
+        eprintln!("e2e {name}: {:.1} min", t.elapsed().as_secs_f64() / 60.0);
+        Ok(passed)
+    };
+    for name in &plan.first {
+        ok &= run_one(name, tally)?;
+    }
+    // `access` beside the lane: its output is kept and printed when it ends, so that the
+    // lane's streams on undisturbed.
+    let beside = match &plan.beside {
+        Some(name) => {
+            eprintln!(
+                "==> e2e {name} (beside {:?}; its output follows when it ends)",
+                plan.lane
+            );
+            let mut child = command(name)
+                .stdout(Stdio::piped())
+                .spawn()
+                .with_context(|| format!("running e2e {name}"))?;
+            let out = child.stdout.take();
+            let name = name.clone();
+            Some(std::thread::spawn(move || {
+                let t = std::time::Instant::now();
+                let lines: Vec<String> = out
+                    .map(|o| BufReader::new(o).lines().map_while(Result::ok).collect())
+                    .unwrap_or_default();
+                let ok = child.wait().is_ok_and(|s| s.success());
+                (name, lines, ok, t.elapsed())
+            }))
+        }
+        None => None,
+    };
+    for name in &plan.lane {
+        ok &= run_one(name, tally)?;
+    }
+    if let Some(h) = beside {
+        let (name, lines, beside_ok, took) = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("the thread running e2e access panicked"))?;
+        eprintln!("==> e2e {name} (ran beside the lane)");
+        for line in &lines {
+            println!("{line}");
+            tally.add_line(line);
+        }
+        eprintln!("e2e {name}: {:.1} min", took.as_secs_f64() / 60.0);
+        ok &= beside_ok;
+    }
+    for name in &plan.after {
+        ok &= run_one(name, tally)?;
+    }
+    Ok(ok)
+}
+
 /// A fresh build (debug tests, release images, the cluster's state) takes about 15 GB of
 /// target/; below this a run is likely to end in "no space left on device" part-way.
 const LOW_DISK_BYTES: u64 = 20 << 30;
@@ -213,7 +298,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // is 60 minutes.
     let mut times: Vec<(&str, std::time::Duration)> = Vec::new();
     let mut t = std::time::Instant::now();
-    if !args.no_lint {
+    if !args.no_lint && !args.e2e_only {
         step(
             "cargo fmt --check",
             cargo().args(["fmt", "--all", "--", "--check"]),
@@ -253,11 +338,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .env("PATH", &path);
     };
     let mut tally = Tally::default();
-    let mut workspace = cargo();
-    workspace.args(["test", "--workspace", "--no-fail-fast"]);
-    test_env(&mut workspace);
-    let mut ok = run_tests("cargo test --workspace", &mut workspace, &mut tally)?;
-    times.push(("cargo test --workspace (build and run)", t.elapsed()));
+    let mut ok = true;
+    if !args.e2e_only {
+        let mut workspace = cargo();
+        workspace.args(["test", "--workspace", "--no-fail-fast"]);
+        test_env(&mut workspace);
+        ok = run_tests("cargo test --workspace", &mut workspace, &mut tally)?;
+        times.push(("cargo test --workspace (build and run)", t.elapsed()));
+    }
     t = std::time::Instant::now();
     if !args.no_e2e {
         // What the e2e phase must run: every test of the e2e crate that `--ignored` selects.
@@ -275,16 +363,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         report_disk("before the e2e tests", &root);
         let mut e2e = Tally::default();
         if up.success() {
-            let mut cmd = cargo();
-            cmd.args(["test", "-p", "e2e", "--no-fail-fast", "--"])
-                .args(E2E_SELECT)
-                .arg("--test-threads=1")
-                .env("KUBECONFIG", root.join("target/cluster/kubeconfig"))
-                // Images from the debug build the workspace tests just made, not a second,
-                // optimised build of everything ([`crate::images::Profile::Dev`]).
-                .env(crate::images::PROFILE_ENV, "dev");
-            test_env(&mut cmd);
-            let e2e_ok = run_tests("e2e tests on the local cluster", &mut cmd, &mut e2e)?;
+            let e2e_env = |cmd: &mut Command| {
+                cmd.env("KUBECONFIG", root.join("target/cluster/kubeconfig"))
+                    // Images from the debug build the workspace tests just made, not a
+                    // second, optimised build of everything ([`crate::images::Profile::Dev`]).
+                    .env(crate::images::PROFILE_ENV, "dev");
+                test_env(cmd);
+            };
+            let e2e_ok = run_e2e(&root, &e2e_env, &mut e2e)?;
             if !e2e_ok {
                 cluster_diagnostics(&root);
             }
