@@ -314,22 +314,26 @@ async fn success_moves_the_vmi_and_deletes_the_source_pod(env: &Env) {
     );
     let target_name = target.name_any();
 
-    // While it is pending, the VMI does not follow it (the VMI controller ignores it).
+    // While it is pending, the VMI does not follow it: its node stays, and the target is
+    // an active pod (KubeVirt's `activePods`) without a node until it launched.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let v = env.vmis().get("a").await.unwrap();
     assert_eq!(
         v.status.as_ref().unwrap().node_name.as_deref(),
         Some("node-1")
     );
+    let active = v
+        .status
+        .as_ref()
+        .unwrap()
+        .active_pods
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(active.len(), 2, "{active:?}");
     assert_eq!(
-        v.status
-            .as_ref()
-            .unwrap()
-            .active_pods
-            .as_ref()
-            .unwrap()
-            .len(),
-        1
+        active.get(&target.uid().unwrap()).map(String::as_str),
+        Some(""),
+        "{active:?}"
     );
 
     env.run_target(&target_name, "node-2").await;
