@@ -302,14 +302,20 @@ impl SocketsDir {
         if !in_pod(&text, pod_uid) {
             return Err(LauncherFsError::NotRunning(pod_uid.to_string()));
         }
+        Self::dir_in(&root, SOCKETS_DIR)
+    }
+
+    /// The directory `path` (relative) below the container root `root`, resolved as the
+    /// container sees it and never out of it.
+    fn dir_in(root: &OwnedFd, path: &str) -> Result<Self, LauncherFsError> {
         let fd = rustix::fs::openat2(
-            &root,
-            SOCKETS_DIR,
+            root,
+            path,
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
             ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
         )
-        .map_err(|e| io(SOCKETS_DIR, e))?;
+        .map_err(|e| io(path, e))?;
         Ok(Self { fd })
     }
 
@@ -322,15 +328,7 @@ impl SocketsDir {
             Mode::empty(),
         )
         .map_err(|e| io(format!("/proc/{pid}/root"), e))?;
-        let fd = rustix::fs::openat2(
-            &root,
-            path,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
-        )
-        .map_err(|e| io(path, e))?;
-        Ok(Self { fd })
+        Self::dir_in(&root, path)
     }
 
     /// Creates the regular file `name` holding `data`, owned by `owner` (uid and gid);

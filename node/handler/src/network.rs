@@ -54,7 +54,10 @@ impl KnownVmis {
         let Ok(m) = self.0.read() else {
             return Vec::new();
         };
+        // A final VMI's pods serve nothing any more (and may be gone: looking for them
+        // would scan /proc every round for as long as the VMI exists).
         m.values()
+            .filter(|vmi| !vmi.status.as_ref().is_some_and(|s| s.phase.is_final()))
             .flat_map(|vmi| {
                 vmi.status
                     .iter()
@@ -375,6 +378,38 @@ fn set_up(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn launchers_are_the_active_pods_on_this_node_of_vmis_not_final() {
+        let vmi = |uid: &str, phase: &str, pods: serde_json::Value| -> VirtualMachineInstance {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+                "spec": {"domain": {"devices": {}}},
+                "status": {"phase": phase, "activePods": pods}
+            }))
+            .unwrap()
+        };
+        let known = KnownVmis::default();
+        known.insert(&vmi(
+            "a",
+            "Running",
+            serde_json::json!({"pa": "n1", "pt": "n2"}),
+        ));
+        known.insert(&vmi("b", "Succeeded", serde_json::json!({"pb": "n1"})));
+        known.insert(&vmi("c", "Scheduled", serde_json::json!({"pc": "n2"})));
+        let on = |node: &str| {
+            let mut v: Vec<String> = known
+                .launchers_on(node)
+                .into_iter()
+                .map(|(p, _)| p)
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(on("n1"), ["pa"]);
+        assert_eq!(on("n2"), ["pc", "pt"]);
+    }
 
     #[test]
     fn socket_directories_name_their_vmi() {
