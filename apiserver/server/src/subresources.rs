@@ -46,11 +46,14 @@ pub async fn handle(
 }
 
 use kubevirt_api::catalogue::{self, Subresource};
+use kubevirt_api::common::ConditionStatus;
 use kubevirt_api::options::{
     EvacuateCancelOptions, MigrateOptions, PauseOptions as DryRunOnly, RestartOptions,
     StartOptions, StopOptions,
 };
 use kubevirt_api::vm::{RunStrategy, VirtualMachineSpec};
+use kubevirt_api::vmi::condition_types;
+use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
 
 fn dry(d: &Option<Vec<String>>) -> ApiResult<bool> {
     kubevirt_api::options::is_dry_run(d.as_deref()).map_err(ApiError::bad_request)
@@ -81,9 +84,23 @@ fn state_conflict(resource: &'static str, name: &str, why: &str) -> ApiError {
 }
 
 /// The node a running VMI is on.
-fn node_of(vmi: &Value) -> ApiResult<&str> {
-    vmi.pointer("/status/nodeName")
-        .and_then(Value::as_str)
+/// A stored VMI as its type: what the handlers decide on (phase, conditions, node).
+fn typed_vmi(v: Value) -> ApiResult<VirtualMachineInstance> {
+    serde_json::from_value(v)
+        .map_err(|e| ApiError::internal(format!("stored VirtualMachineInstance: {e}")))
+}
+
+/// Virtctl retries on 400 until the VMI runs.
+fn not_running(phase: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "Unable to connect to VirtualMachineInstance because phase is {phase} instead of Running"
+    ))
+}
+
+fn node_of(vmi: &VirtualMachineInstance) -> ApiResult<&str> {
+    vmi.status
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
         .filter(|n| !n.is_empty())
         .ok_or_else(|| {
             ApiError::unavailable("the VMI runs but has no status.nodeName; retry shortly")
@@ -280,15 +297,13 @@ impl Subresources<'_> {
                 let action = sub;
                 let opts: DryRunOnly = parse_body(&body_bytes(body).await?)?;
                 let dry_run = dry(&opts.dry_run)?;
-                let vmi = st.registry.get(vmi_def(), ns, name).await?;
+                let vmi = typed_vmi(st.registry.get(vmi_def(), ns, name).await?)?;
                 self.vmi_must_run(&vmi, name)?;
                 let paused = vmi
-                    .pointer("/status/conditions")
-                    .and_then(Value::as_array)
-                    .is_some_and(|c| {
-                        c.iter()
-                            .any(|c| c["type"] == "Paused" && c["status"] == "True")
-                    });
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.condition(condition_types::PAUSED))
+                    .is_some_and(|c| c.status == ConditionStatus::True);
                 match (action, paused) {
                     ("pause", true) => {
                         return Err(state_conflict(
@@ -339,7 +354,7 @@ impl Subresources<'_> {
                     "VirtualMachine {name} is not running"
                 )));
             }
-            r => r?,
+            r => typed_vmi(r?)?,
         };
         self.vmi_must_run(&vmi, name)?;
         let node = node_of(&vmi)?;
@@ -370,21 +385,18 @@ impl Subresources<'_> {
             }))
     }
 
-    fn vmi_must_run(&self, vmi: &Value, name: &str) -> ApiResult<()> {
-        match vmi.pointer("/status/phase").and_then(Value::as_str) {
-            Some("Running") => Ok(()),
-            Some("Failed") => Err(state_conflict(
+    fn vmi_must_run(&self, vmi: &VirtualMachineInstance, name: &str) -> ApiResult<()> {
+        let phase = vmi.status.as_ref().map(|s| s.phase).unwrap_or_default();
+        match phase {
+            Phase::Running => Ok(()),
+            Phase::Failed => Err(state_conflict(
                 "virtualmachineinstance",
                 name,
                 "VMI is in failed state",
             )),
             // virtctl retries on 400 until the VMI runs.
-            _ => Err(ApiError::bad_request(format!(
-                "Unable to connect to VirtualMachineInstance because phase is {} instead of Running",
-                vmi.pointer("/status/phase")
-                    .and_then(Value::as_str)
-                    .unwrap_or("Pending")
-            ))),
+            Phase::Unset => Err(not_running(Phase::Pending.as_str())),
+            other => Err(not_running(other.as_str())),
         }
     }
 
@@ -423,9 +435,11 @@ impl Subresources<'_> {
                 )
             });
         };
+        let vmi = typed_vmi(vmi)?;
         let marked = vmi
-            .pointer("/status/evacuationNodeName")
-            .and_then(Value::as_str)
+            .status
+            .as_ref()
+            .and_then(|s| s.evacuation_node_name.as_deref())
             .filter(|n| !n.is_empty());
         if marked.is_none() {
             return Err(state_conflict(
@@ -703,19 +717,19 @@ impl Subresources<'_> {
         let dry_run = dry(&opts.dry_run)?;
         st.registry.get(vm_def(), ns, name).await?;
         let vmi = self.current_vmi(st, ns, name).await?;
-        let Some(vmi) =
-            vmi.filter(|v| v.pointer("/status/phase").and_then(Value::as_str) == Some("Running"))
-        else {
+        let status = vmi
+            .map(typed_vmi)
+            .transpose()?
+            .and_then(|v| v.status)
+            .filter(|s| s.phase == Phase::Running);
+        let Some(status) = status else {
             return Err(state_conflict("virtualmachine", name, "VM is not running"));
         };
-        let migratable = vmi
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .and_then(|c| c.iter().find(|c| c["type"] == "LiveMigratable"));
-        if let Some(c) = migratable.filter(|c| c["status"] == "False") {
+        let migratable = status.condition(condition_types::LIVE_MIGRATABLE);
+        if let Some(c) = migratable.filter(|c| c.status == ConditionStatus::False) {
             let why = c
-                .get("message")
-                .and_then(Value::as_str)
+                .message
+                .as_deref()
                 .unwrap_or("the VMI is not live-migratable");
             return Err(state_conflict(
                 "virtualmachine",
