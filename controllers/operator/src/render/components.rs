@@ -709,14 +709,17 @@ mod tests {
         }
     }
 
+    fn handler_pod(p: &Params) -> PodSpec {
+        handler_daemonset(p)
+            .spec
+            .and_then(|s| s.template.spec)
+            .unwrap_or_default()
+    }
+
     #[test]
     fn workloads_mount_only_their_own_volumes() {
         let p = Params::default();
-        let ds = handler_daemonset(&p)
-            .spec
-            .and_then(|s| s.template.spec)
-            .unwrap_or_default();
-        mounts_name_volumes("virt-handler", &ds);
+        mounts_name_volumes("virt-handler", &handler_pod(&p));
         let dep = controller_deployment(&p)
             .spec
             .and_then(|s| s.template.spec)
@@ -729,10 +732,7 @@ mod tests {
     #[test]
     fn handler_probes_qemu_capabilities_unprivileged_and_holds_no_launcher_host_path() {
         let p = Params::default();
-        let spec = handler_daemonset(&p)
-            .spec
-            .and_then(|s| s.template.spec)
-            .unwrap_or_default();
+        let spec = handler_pod(&p);
         let init = spec.init_containers.clone().unwrap_or_default();
         assert_eq!(init.len(), 1);
         assert_eq!(init[0].image.as_deref(), Some(p.launcher_image.as_str()));
