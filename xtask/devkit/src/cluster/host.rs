@@ -285,6 +285,30 @@ fn cni_netns() -> Vec<PathBuf> {
 /// Unmounts everything of ours and removes CNI's network namespace files.
 pub fn unmount_all(layout: &Layout) -> anyhow::Result<()> {
     kill_leftover_processes(layout);
+    unmount_ours(layout);
+    if cni_netns().iter().any(|ns| fs::remove_file(ns).is_err()) && is_mount_point("/run/netns") {
+        // iproute2's `ip netns add` (the netsetup tests, `bench network`) bind-mounts /run/netns
+        // onto itself. CNI files mounted before that are hidden below the bind: `umount` by path
+        // says "not mounted" while `unlink` says busy. Detaching the bind uncovers them; iproute2
+        // makes it again on next use.
+        let _ = Command::new("umount").arg("-l").arg("/run/netns").output();
+        unmount_ours(layout);
+    }
+    for ns in cni_netns() {
+        fs::remove_file(&ns).with_context(|| format!("removing {}", ns.display()))?;
+    }
+    Ok(())
+}
+
+fn is_mount_point(path: &str) -> bool {
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| unescape_mount(m) == path)
+}
+
+fn unmount_ours(layout: &Layout) {
     // Mounts can be stacked: repeat until none is left or nothing changes.
     for _ in 0..5 {
         let mounts = our_mounts(layout);
@@ -301,10 +325,6 @@ pub fn unmount_all(layout: &Layout) -> anyhow::Result<()> {
             }
         }
     }
-    for ns in cni_netns() {
-        fs::remove_file(&ns).with_context(|| format!("removing {}", ns.display()))?;
-    }
-    Ok(())
 }
 
 /// kubelet's `kubepods` cgroup trees in every hierarchy.
