@@ -122,6 +122,28 @@ pub fn record(layout: &Layout) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Makes /run/netns a shared mount point of its own, as iproute2's `ip netns add` does when
+/// it is not one. Done before the first pod: if `ip netns add` (the netsetup tests, `bench
+/// network`) did it later, its bind would hide every pod's namespace file below it, and
+/// containerd could no longer remove them ("device or resource busy" on each pod deletion).
+pub fn pin_netns_dir() -> anyhow::Result<()> {
+    const DIR: &str = "/run/netns";
+    if is_mount_point(DIR) {
+        return Ok(());
+    }
+    fs::create_dir_all(DIR).with_context(|| format!("creating {DIR}"))?;
+    for args in [&["--bind", DIR, DIR][..], &["--make-shared", DIR]] {
+        let out = Command::new("mount").args(args).output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "mount {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
 /// Loads the record (empty if there is none: then nothing is restored or removed).
 pub fn load(layout: &Layout) -> Before {
     let Ok(text) = fs::read_to_string(record_path(layout)) else {

@@ -485,6 +485,7 @@ fn start_all(
         fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
     host::record(layout)?;
+    host::pin_netns_dir()?;
 
     let pki = pki::Pki::new(layout);
     if pki.exists() {
