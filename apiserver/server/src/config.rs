@@ -96,6 +96,11 @@ pub struct Args {
     /// connection waits for one (so idle keep-alive connections end too).
     #[arg(long, default_value_t = 30)]
     pub header_read_timeout_seconds: u64,
+    /// Events the watch cache keeps per resource for watchers resuming from an earlier
+    /// resourceVersion (older ones are served by etcd); 0 turns the cache off, so every
+    /// watch and LIST goes to etcd.
+    #[arg(long, default_value_t = crate::cache::DEFAULT_HISTORY)]
+    pub watch_cache_history: usize,
     /// Seconds between watch bookmarks.
     #[arg(long, default_value_t = 60)]
     pub bookmark_interval_seconds: u64,

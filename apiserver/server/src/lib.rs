@@ -10,6 +10,7 @@ pub mod admission;
 pub mod auth;
 pub mod authconfig;
 pub mod backup;
+pub mod cache;
 pub mod config;
 pub mod convert;
 pub mod discovery;

@@ -146,7 +146,14 @@ async fn main() -> anyhow::Result<()> {
         gates,
         components_namespace: args.handler_namespace.clone(),
     };
-    let registry = rest::Registry::new(storage, &args.etcd_prefix).with_policy(policy);
+    let mut registry = rest::Registry::new(storage, &args.etcd_prefix).with_policy(policy);
+    if args.watch_cache_history > 0 {
+        registry = registry.with_watch_cache(
+            args.watch_cache_history,
+            metrics.cache_reads.clone(),
+            shutdown.clone(),
+        );
+    }
     let state = Arc::new(AppState {
         registry: match &auth.kube {
             Some(k) => registry.with_namespace_lifecycle(

@@ -58,6 +58,15 @@ impl StorageMetrics {
     }
 }
 
+/// Labels of a read that may be served by the watch cache.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabels {
+    /// `list` or `watch`.
+    pub operation: String,
+    /// `cache`, or why etcd served it (`not_synced`, `too_old`, `behind`).
+    pub served_by: String,
+}
+
 /// Labels of a request refused by a limit.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DroppedLabels {
@@ -80,6 +89,8 @@ pub struct Metrics {
     /// Requests refused with 429 by a limit, by which one (kube-apiserver's
     /// `apiserver_dropped_requests_total`).
     pub dropped: Family<DroppedLabels, Counter>,
+    /// Reads the watch cache could serve, by whether it did.
+    pub cache_reads: Family<CacheLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -127,6 +138,12 @@ impl Default for Metrics {
             "etcd request latency by operation",
             storage.latency.clone(),
         );
+        let cache_reads = Family::<CacheLabels, Counter>::default();
+        registry.register(
+            "apiserver_watch_cache_reads",
+            "LISTs and watches the watch cache could serve: served_by=cache, or the reason etcd served it",
+            cache_reads.clone(),
+        );
         Self {
             registry,
             requests,
@@ -134,6 +151,7 @@ impl Default for Metrics {
             longrunning,
             storage,
             dropped,
+            cache_reads,
         }
     }
 }

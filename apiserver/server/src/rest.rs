@@ -13,8 +13,14 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::{Cacher, WatchCache};
 use crate::error::{ApiError, ApiResult, Gr};
 use crate::kinds::ResourceDef;
+use crate::metrics::CacheLabels;
 use crate::objects::{self, meta_str, set_meta};
 use crate::storage::{StorageError, Store, Stored};
 
@@ -138,6 +144,11 @@ pub struct ListMeta {
     pub remaining: Option<i64>,
 }
 
+/// Keys per etcd read of an unpaged LIST.
+const UNPAGED_CHUNK: i64 = 500;
+/// How long a read waits for the watch cache to reach a revision before etcd answers.
+pub const CACHE_WAIT: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Serialize, Deserialize)]
 struct ContinueToken {
     v: String,
@@ -152,6 +163,7 @@ pub struct Registry {
     prefix: String,
     namespaces: Option<crate::admission::NamespaceLifecycle>,
     policy: Policy,
+    cache: Option<Arc<WatchCache>>,
 }
 
 /// Configuration of the input policy: the enforced feature gates and the namespace
@@ -233,7 +245,41 @@ impl Registry {
             prefix: prefix.trim_end_matches('/').to_string(),
             namespaces: None,
             policy: Policy::default(),
+            cache: None,
         }
+    }
+
+    /// Serves watches and the LISTs it can from a watch cache of every stored resource
+    /// (one etcd watch each), keeping `history` events per resource; its reflectors run
+    /// until `shutdown`.
+    #[must_use]
+    pub fn with_watch_cache(
+        mut self,
+        history: usize,
+        reads: Family<CacheLabels, Counter>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let prefixes: Vec<String> = ResourceDef::all()
+            .iter()
+            .map(|d| self.collection_prefix(d, None))
+            .collect();
+        self.cache = Some(Arc::new(
+            WatchCache::start(self.storage.clone(), prefixes, history, shutdown)
+                .with_metrics(reads),
+        ));
+        self
+    }
+
+    /// The watch cache, if the registry has one.
+    pub fn watch_cache(&self) -> Option<&WatchCache> {
+        self.cache.as_deref()
+    }
+
+    /// The cache of `def`, if the registry has a watch cache.
+    pub fn cacher(&self, def: &ResourceDef) -> Option<&Arc<Cacher>> {
+        self.cache
+            .as_ref()
+            .and_then(|c| c.cacher(&self.collection_prefix(def, None)))
     }
 
     /// Enforces the input policy with these gates and components.
@@ -1193,6 +1239,67 @@ impl Registry {
         })
     }
 
+    /// LIST from the watch cache, when it can answer as etcd would: an unpaged LIST at the
+    /// latest revision (after the cache has caught up with etcd's current revision, as
+    /// kube-apiserver's consistent reads from cache), at `0` (any) or not older than a
+    /// revision. `None`: etcd answers (exact and paged reads, a cache not synced or slow).
+    async fn list_cached(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        opts: &ListOptions,
+        sink: &mut impl FnMut(Value) -> ApiResult<()>,
+    ) -> ApiResult<Option<ListMeta>> {
+        let (Some(cache), Some(c)) = (self.cache.as_deref(), self.cacher(def)) else {
+            return Ok(None);
+        };
+        if opts.continue_token.is_some() || opts.limit > 0 {
+            return Ok(None);
+        }
+        let rv = opts.resource_version.as_deref().filter(|s| !s.is_empty());
+        let m = opts
+            .resource_version_match
+            .as_deref()
+            .filter(|s| !s.is_empty());
+        let want = match (rv, m) {
+            (None, None) => self
+                .storage
+                .current_revision()
+                .await
+                .map_err(storage_error)?,
+            (Some(r), None | Some("NotOlderThan")) => match r.parse::<i64>() {
+                Ok(v) if v >= 0 => v,
+                _ => return Ok(None),
+            },
+            _ => return Ok(None),
+        };
+        let listed = match c.wait_for(want, CACHE_WAIT).await {
+            Ok(()) => c.list(&self.collection_prefix(def, ns)),
+            Err(miss) => Err(miss),
+        };
+        let (items, revision) = match listed {
+            Ok(l) => l,
+            Err(miss) => {
+                cache.count("list", Some(miss));
+                return Ok(None);
+            }
+        };
+        cache.count("list", None);
+        for raw in items {
+            let value: Value = serde_json::from_slice(&raw.bytes)
+                .map_err(|_| ApiError::internal("a cached object is corrupt"))?;
+            let obj = objects::with_rv(value, raw.revision);
+            if Self::matches(def, opts, &obj) {
+                sink(obj)?;
+            }
+        }
+        Ok(Some(ListMeta {
+            revision,
+            continue_token: None,
+            remaining: None,
+        }))
+    }
+
     /// LIST that hands each matching item (with resourceVersion) to `sink` as soon as it
     /// is decoded, instead of collecting them: the HTTP LIST encodes items one by one,
     /// so a large collection is held only as etcd's encoded bytes and the encoded
@@ -1205,6 +1312,9 @@ impl Registry {
         opts: &ListOptions,
         mut sink: impl FnMut(Value) -> ApiResult<()>,
     ) -> ApiResult<ListMeta> {
+        if let Some(meta) = self.list_cached(def, ns, opts, &mut sink).await? {
+            return Ok(meta);
+        }
         let prefix = self.collection_prefix(def, ns);
         let mut revision = self.list_revision(opts).await?;
         let mut start = prefix.clone();
@@ -1215,10 +1325,12 @@ impl Registry {
             }
             start = format!("{prefix}{}", t.start);
         }
+        // An unpaged LIST still reads etcd in pages (at the first page's revision), so no
+        // gRPC message grows with the collection.
         let chunk = if opts.limit > 0 {
             opts.limit.max(50)
         } else {
-            0
+            UNPAGED_CHUNK
         };
         let mut emitted = 0i64;
         loop {
@@ -1269,7 +1381,7 @@ impl Registry {
                 }
                 last_key = Some(s.key);
             }
-            if !page.more || chunk == 0 {
+            if !page.more {
                 return Ok(ListMeta {
                     revision,
                     continue_token: None,

@@ -1,6 +1,7 @@
 //! WATCH: one etcd watch per request, converted to Kubernetes watch events with
 //! selector transitions, bookmarks, WatchList initial events, timeouts and 410s.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -8,10 +9,11 @@ use futures::stream::BoxStream;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::cache::{Cacher, Item, Miss, Subscription};
 use crate::error::{ApiError, ApiResult};
 use crate::kinds::ResourceDef;
 use crate::objects;
-use crate::rest::{ListOptions, Registry};
+use crate::rest::{CACHE_WAIT, ListOptions, Registry};
 use crate::storage::{Change, StorageError};
 
 /// The longest a watch runs before the server ends it (the client re-watches from its
@@ -145,6 +147,193 @@ pub async fn watch(
     }
 }
 
+/// A storage change as the watch event a client with these selectors sees (none when the
+/// object neither matched before nor matches now), with the change's revision.
+fn convert(def: &ResourceDef, opts: &ListOptions, change: Change) -> (i64, Option<Event>) {
+    match change {
+        Change::Put { new, prev } => {
+            let rev = new.revision;
+            let new_obj = objects::with_rv(new.value, rev);
+            let new_match = Registry::matches(def, opts, &new_obj);
+            // The previous state at the new revision: what a client that stops seeing the
+            // object must forget (kube-apiserver's rule).
+            let prev_obj = prev.map(|p| objects::with_rv(p.value, rev));
+            let prev_match = prev_obj.as_ref().map(|o| Registry::matches(def, opts, o));
+            let event = match (prev_match, new_match, prev_obj) {
+                (None | Some(false), true, _) => Some(Event {
+                    type_: "ADDED",
+                    object: new_obj,
+                }),
+                (Some(true), true, _) => Some(Event {
+                    type_: "MODIFIED",
+                    object: new_obj,
+                }),
+                (Some(true), false, Some(old)) => Some(Event {
+                    type_: "DELETED",
+                    object: old,
+                }),
+                _ => None,
+            };
+            (rev, event)
+        }
+        Change::Delete { prev, revision } => {
+            let obj = objects::with_rv(prev.value, revision);
+            let event = Registry::matches(def, opts, &obj).then_some(Event {
+                type_: "DELETED",
+                object: obj,
+            });
+            (revision, event)
+        }
+        Change::Progress(rev) => (rev, None),
+    }
+}
+
+/// kube-apiserver's default (a random 30–60 min, so watches do not all end at once); a
+/// client's own timeoutSeconds is held to the same hour at most, so no watch outlives the
+/// point where a cache of its revisions could be relied on.
+fn watch_timeout(params: &WatchParams) -> Duration {
+    params
+        .timeout
+        .map(|t| t.min(MAX_WATCH_TIMEOUT))
+        .unwrap_or_else(|| Duration::from_secs(1800 + rand::random::<u64>() % 1800))
+}
+
+/// Where a watch served by the cache begins: a snapshot (initial events), the events
+/// after the client's resourceVersion, or now. `Ok(Err(miss))`: etcd serves it.
+async fn subscribe(
+    registry: &Registry,
+    c: &Cacher,
+    prefix: &str,
+    params: &WatchParams,
+    no_rv: bool,
+    start_rv: i64,
+) -> ApiResult<Result<Subscription, Miss>> {
+    let initial = params.send_initial_events.unwrap_or(no_rv);
+    let rv_unset = params
+        .list
+        .resource_version
+        .as_deref()
+        .is_none_or(str::is_empty);
+    // Without a resourceVersion the watch starts at the latest state: etcd's current
+    // revision, which the cache must have reached (kube-apiserver's rule).
+    let want = if rv_unset {
+        registry
+            .storage()
+            .current_revision()
+            .await
+            .map_err(crate::rest::storage_error)?
+    } else {
+        start_rv
+    };
+    if let Err(miss) = c.wait_for(want, CACHE_WAIT).await {
+        return Ok(Err(miss));
+    }
+    Ok(if initial {
+        c.subscribe_snapshot(prefix)
+    } else if start_rv > 0 {
+        c.subscribe_since(start_rv)
+    } else {
+        c.subscribe_now()
+    })
+}
+
+/// A watch fed by the cache: the snapshot or the replayed events, then live ones, with
+/// the same events, bookmarks and timeouts as one fed by etcd.
+fn from_cache(
+    def: &'static ResourceDef,
+    cacher: Arc<Cacher>,
+    prefix: String,
+    params: WatchParams,
+    start_rv: i64,
+    sub: Subscription,
+    shutdown: CancellationToken,
+) -> BoxStream<'static, Event> {
+    let timeout = watch_timeout(&params);
+    let send_end_bookmark = params.send_initial_events == Some(true) && params.allow_bookmarks;
+    let allow_bookmarks = params.allow_bookmarks;
+    let interval = params.bookmark_interval;
+    let list_opts = params.list;
+    let Subscription {
+        replay,
+        snapshot,
+        revision,
+        mut live,
+    } = sub;
+    async_stream::stream! {
+        for (key, raw) in snapshot {
+            if !key.starts_with(&prefix) {
+                continue;
+            }
+            match serde_json::from_slice::<Value>(&raw.bytes) {
+                Ok(v) => {
+                    let obj = objects::with_rv(v, raw.revision);
+                    if Registry::matches(def, &list_opts, &obj) {
+                        yield Event { type_: "ADDED", object: obj };
+                    }
+                }
+                Err(e) => tracing::warn!(key, error = %e, "Skipping a corrupt cached object"),
+            }
+        }
+        if send_end_bookmark {
+            yield bookmark(def, revision, true);
+        }
+        // The replay holds the events after the client's resourceVersion.
+        let mut last_rv = start_rv;
+        for ev in replay {
+            if ev.revision <= last_rv {
+                continue;
+            }
+            last_rv = ev.revision;
+            if ev.key.starts_with(&prefix)
+                && let (_, Some(e)) = convert(def, &list_opts, ev.change.clone())
+            {
+                yield e;
+            }
+        }
+        // Every change up to the subscription's revision was in the replay.
+        last_rv = last_rv.max(revision);
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let mut ticker = tokio::time::interval(interval);
+        ticker.tick().await;
+        loop {
+            tokio::select! {
+                _ = &mut deadline => break,
+                _ = shutdown.cancelled() => break,
+                _ = ticker.tick(), if allow_bookmarks => {
+                    cacher.request_progress();
+                    yield bookmark(def, last_rv, false);
+                }
+                item = live.recv() => match item {
+                    // Ended: the watcher fell behind or the cache is listing again. The
+                    // client watches again from its last resourceVersion.
+                    None => break,
+                    Some(Item::Progress(rev)) => {
+                        if rev > last_rv {
+                            last_rv = rev;
+                            if allow_bookmarks {
+                                yield bookmark(def, rev, false);
+                            }
+                        }
+                    }
+                    Some(Item::Event(ev)) => {
+                        if ev.revision <= last_rv {
+                            continue;
+                        }
+                        last_rv = ev.revision;
+                        if ev.key.starts_with(&prefix)
+                            && let (_, Some(e)) = convert(def, &list_opts, ev.change.clone())
+                        {
+                            yield e;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    .boxed()
+}
+
 async fn start(
     registry: Registry,
     def: &'static ResourceDef,
@@ -154,6 +343,24 @@ async fn start(
     start_rv: i64,
     shutdown: CancellationToken,
 ) -> ApiResult<BoxStream<'static, Event>> {
+    if let (Some(cache), Some(c)) = (registry.watch_cache(), registry.cacher(def)) {
+        let prefix = registry.collection_prefix(def, ns.as_deref());
+        match subscribe(&registry, c, &prefix, &params, no_rv, start_rv).await? {
+            Ok(sub) => {
+                cache.count("watch", None);
+                return Ok(from_cache(
+                    def,
+                    c.clone(),
+                    prefix,
+                    params,
+                    start_rv,
+                    sub,
+                    shutdown,
+                ));
+            }
+            Err(miss) => cache.count("watch", Some(miss)),
+        }
+    }
     let initial = params.send_initial_events.unwrap_or(no_rv);
     let mut initial_items = Vec::new();
     let mut from = start_rv;
@@ -190,13 +397,7 @@ async fn start(
     let prefix = registry.collection_prefix(def, ns.as_deref());
     let (tick_tx, tick_rx) = tokio::sync::mpsc::channel(1);
     let changes = registry.storage().watch(prefix, from + 1, tick_rx);
-    // kube-apiserver's default (a random 30–60 min, so watches do not all end at once); a
-    // client's own timeoutSeconds is held to the same hour at most, so no watch outlives
-    // the point where a cache of its revisions could be relied on.
-    let timeout = params
-        .timeout
-        .map(|t| t.min(MAX_WATCH_TIMEOUT))
-        .unwrap_or_else(|| Duration::from_secs(1800 + rand::random::<u64>() % 1800));
+    let timeout = watch_timeout(&params);
     let send_end_bookmark = params.send_initial_events == Some(true) && params.allow_bookmarks;
     let allow_bookmarks = params.allow_bookmarks;
     let interval = params.bookmark_interval;
@@ -235,28 +436,11 @@ async fn start(
                                 yield bookmark(def, rev, false);
                             }
                         }
-                        Ok(Change::Put { new, prev }) => {
-                            last_rv = new.revision;
-                            let new_obj = objects::with_rv(new.value, new.revision);
-                            let new_match = Registry::matches(def, &list_opts, &new_obj);
-                            // The previous state at the new revision: what a client that
-                            // stops seeing the object must forget (kube-apiserver's rule).
-                            let prev_obj = prev.map(|p| objects::with_rv(p.value, new.revision));
-                            let prev_match = prev_obj.as_ref().map(|o| Registry::matches(def, &list_opts, o));
-                            match (prev_match, new_match, prev_obj) {
-                                (None | Some(false), true, _) => yield Event { type_: "ADDED", object: new_obj },
-                                (Some(true), true, _) => yield Event { type_: "MODIFIED", object: new_obj },
-                                (Some(true), false, Some(old)) => {
-                                    yield Event { type_: "DELETED", object: old };
-                                }
-                                _ => {}
-                            }
-                        }
-                        Ok(Change::Delete { prev, revision }) => {
-                            last_rv = revision;
-                            let obj = objects::with_rv(prev.value, revision);
-                            if Registry::matches(def, &list_opts, &obj) {
-                                yield Event { type_: "DELETED", object: obj };
+                        Ok(change @ (Change::Put { .. } | Change::Delete { .. })) => {
+                            let (rev, event) = convert(def, &list_opts, change);
+                            last_rv = rev;
+                            if let Some(e) = event {
+                                yield e;
                             }
                         }
                         Err(StorageError::Compacted(compacted)) => {

@@ -1,7 +1,8 @@
-//! Watches and reads at the edges of etcd's history, against a real etcd and the real
-//! virt-apiserver binary: compacted and future resourceVersions end with 410 Gone in
-//! the form clients re-list on, a large backlog of events is delivered whole, and an
-//! idle watcher's bookmarks follow the store's revision.
+//! Watches and reads at the edges of etcd's history and of the watch cache's, against a
+//! real etcd and the real virt-apiserver binary: compacted and future resourceVersions end
+//! with 410 Gone in the form clients re-list on, a large backlog of events is delivered
+//! whole, an idle watcher's bookmarks follow the store's revision, and many watchers share
+//! one etcd watch.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -60,7 +61,9 @@ fn assert_gone(code: u16, events: &[Value], what: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn compacted_and_future_versions_are_gone_not_internal_errors() {
-    let env = common::start(true);
+    // A watch cache of 2 events: the versions below are older than it, so etcd answers
+    // them, as it does every version once the cache has moved past.
+    let env = common::start_with(&["--watch-cache-history=2"]);
     let c = admin(&env);
     let url = format!("{}{VMS}", env.server_url);
     for i in 0..5 {
@@ -283,4 +286,108 @@ async fn idle_watchers_get_bookmarks_at_the_current_revision() {
         marks.iter().any(|rv| *rv >= last),
         "a bookmark at or after the store's revision {last} (watch began at {from}): {marks:?}"
     );
+}
+
+/// etcd's watcher count, from its metrics.
+async fn etcd_watchers(env: &virt_devenv::DevEnv) -> u64 {
+    let text = reqwest::get(format!("{}/metrics", env.etcd_url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_watcher_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .expect("etcd_debugging_mvcc_watcher_total in etcd's metrics")
+}
+
+/// The watch cache: fifty client watches (every namespace, one namespace, a selector) add
+/// no etcd watcher; each gets the same change; a version etcd has compacted is still
+/// served while the cache holds its events, as kube-apiserver's watch cache does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_watchers_share_one_etcd_watch_per_resource() {
+    let env = common::start(true);
+    let c = admin(&env);
+    let url = format!("{}{VMS}", env.server_url);
+    let all = format!("{}/apis/kubevirt.io/v1/virtualmachines", env.server_url);
+    let (code, first) = json_of(c.post(&url).json(&vm("w0")).send().await.unwrap()).await;
+    assert_eq!(code, 201, "{first}");
+    let from = rv_of(&first);
+    // The cache's reflectors: one etcd watch per stored resource, before any client.
+    let baseline = etcd_watchers(&env).await;
+    let mut streams = Vec::new();
+    for i in 0..50 {
+        let base = if i % 2 == 0 { &url } else { &all };
+        let selector = if i % 5 == 0 {
+            "&labelSelector=app%3Ddemo"
+        } else {
+            ""
+        };
+        let r = c
+            .get(format!(
+                "{base}?watch=1&resourceVersion={from}&timeoutSeconds=6{selector}"
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        streams.push(r);
+    }
+    assert_eq!(
+        etcd_watchers(&env).await,
+        baseline,
+        "client watches are fed by the cache's etcd watch"
+    );
+    let (code, o) = json_of(c.post(&url).json(&vm("w1")).send().await.unwrap()).await;
+    assert_eq!(code, 201, "{o}");
+    let want = rv_of(&o);
+    for r in streams {
+        let text = r.text().await.unwrap();
+        let events: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0]["type"], "ADDED");
+        assert_eq!(events[0]["object"]["metadata"]["name"], "w1");
+        assert_eq!(rv_of(&events[0]["object"]), want);
+    }
+    let s = storage(&env).await;
+    s.compact(s.current_revision().await.unwrap())
+        .await
+        .unwrap();
+    let (code, events) = events_of(
+        &c,
+        &format!("{url}?watch=1&resourceVersion={from}&timeoutSeconds=2"),
+    )
+    .await;
+    assert_eq!(code, 200);
+    let names: Vec<&str> = events
+        .iter()
+        .map(|e| e["object"]["metadata"]["name"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        names,
+        ["w1"],
+        "served from the cache after compaction: {events:?}"
+    );
+    // A consistent LIST from the cache sees the latest write.
+    let (_, list) = json_of(c.get(&all).send().await.unwrap()).await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 2);
+    assert!(rv_of(&list) >= want);
+    let metrics = c
+        .get(format!("{}/metrics", env.server_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for op in ["list", "watch"] {
+        let line =
+            format!("apiserver_watch_cache_reads_total{{operation=\"{op}\",served_by=\"cache\"}}");
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
 }
