@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 /// `dryRun: ["All"]`, the only value Kubernetes defines.
@@ -24,6 +25,31 @@ pub fn is_dry_run(d: Option<&[String]>) -> Result<bool, String> {
             "invalid dryRun value {other:?}: supported value is [\"All\"]"
         )),
     }
+}
+
+/// Why an options body was refused (a 400).
+#[derive(Debug, thiserror::Error)]
+pub enum OptionsError {
+    /// Not JSON of the options type (KubeVirt's wording).
+    #[error("Can not unmarshal Request body to struct, error: {0}")]
+    Decode(#[from] serde_json::Error),
+    /// Decoded, but a value is not allowed.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Decodes an options body; an empty one (clients may send none) is the type's default.
+pub fn decode<T: Default + DeserializeOwned>(body: &[u8]) -> Result<T, OptionsError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    Ok(serde_json::from_slice(body)?)
+}
+
+/// The dry-run flag of a body that carries only `dryRun` (`PauseOptions`' shape).
+pub fn decode_dry_run(body: &[u8]) -> Result<bool, OptionsError> {
+    let o: PauseOptions = decode(body)?;
+    is_dry_run(o.dry_run.as_deref()).map_err(OptionsError::Invalid)
 }
 
 /// Options of the start action.
@@ -151,5 +177,20 @@ mod tests {
         );
         assert_eq!(is_dry_run(Some(&["All".to_string()])), Ok(true));
         assert!(is_dry_run(Some(&["x".to_string()])).is_err());
+    }
+
+    #[test]
+    fn empty_bodies_are_defaults_and_bad_ones_say_why() {
+        assert!(matches!(decode_dry_run(b""), Ok(false)));
+        assert!(matches!(decode_dry_run(b" \n"), Ok(false)));
+        assert!(matches!(decode_dry_run(br#"{"dryRun":["All"]}"#), Ok(true)));
+        let e = decode_dry_run(b"{").map(drop).err().map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.starts_with("Can not unmarshal Request body to struct, error: ")),
+            "{e:?}"
+        );
+        let e = decode_dry_run(br#"{"dryRun":["x"]}"#).map(drop).err();
+        assert!(matches!(e, Some(OptionsError::Invalid(_))), "{e:?}");
     }
 }

@@ -24,7 +24,7 @@ use tokio::net::UnixListener;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, Message};
 use virt_devenv::{DevEnv, HandlerCerts, Options, free_port};
-use virt_domain::protocol::{DomainState, LauncherStatus, Request, Response};
+use virt_domain::protocol::{DomainState, LauncherStatus, Request, Response, VmiAction};
 
 const NODE: &str = "node-a";
 /// virt-handler's close reason for a session another writer took over.
@@ -89,11 +89,11 @@ fn fake_launcher(path: &Path, seen: Arc<Mutex<Vec<String>>>) {
                             let _ = lines.next_line().await;
                             return;
                         }
-                        Request::Pause => {
+                        Request::Action(VmiAction::Pause) => {
                             *st = DomainState::Paused;
                             Response::Ok
                         }
-                        Request::Unpause => {
+                        Request::Action(VmiAction::Unpause) => {
                             *st = DomainState::Running;
                             Response::Ok
                         }
@@ -101,8 +101,11 @@ fn fake_launcher(path: &Path, seen: Arc<Mutex<Vec<String>>>) {
                         _ => Response::Ok,
                     }
                 };
-                if !matches!(req, Request::GetStatus) {
-                    seen.lock().unwrap().push(format!("{req:?}"));
+                match &req {
+                    Request::GetStatus => {}
+                    // The action by its name alone, as when each was a request of its own.
+                    Request::Action(a) => seen.lock().unwrap().push(format!("{a:?}")),
+                    other => seen.lock().unwrap().push(format!("{other:?}")),
                 }
                 let mut out = serde_json::to_vec(&reply).unwrap();
                 out.push(b'\n');

@@ -16,7 +16,9 @@ use virt::domain::{
     DomainStateReasonEnum,
 };
 use virt::enumutil::Enum;
-use virt_domain::protocol::{DomainState, MigrationMode, MigrationProgress, MigrationStatus};
+use virt_domain::protocol::{
+    DomainState, MigrationMode, MigrationProgress, MigrationStatus, VmiAction,
+};
 
 use crate::daemon::{DaemonError, PrivateDaemon};
 
@@ -119,11 +121,8 @@ enum Cmd {
     CancelMigration(Reply<()>),
     Start(Reply<()>),
     Shutdown(Reply<()>),
-    Reboot(Reply<()>),
-    Reset(Reply<()>),
     Destroy(Reply<()>),
-    Pause(Reply<()>),
-    Resume(Reply<()>),
+    Action(VmiAction, Reply<()>),
     Close(Reply<()>),
 }
 
@@ -211,25 +210,17 @@ impl DomainHandle {
     pub async fn shutdown(&self) -> Result<(), LibvirtError> {
         self.ask(Cmd::Shutdown).await
     }
-    /// ACPI reboot.
-    pub async fn reboot(&self) -> Result<(), LibvirtError> {
-        self.ask(Cmd::Reboot).await
-    }
-    /// Resets the guest (the reset button).
-    pub async fn reset(&self) -> Result<(), LibvirtError> {
-        self.ask(Cmd::Reset).await
-    }
     /// Stops the domain now.
     pub async fn destroy(&self) -> Result<(), LibvirtError> {
         self.ask(Cmd::Destroy).await
     }
+    /// Carries out a VMI action (see [`act`]).
+    pub async fn act(&self, a: VmiAction) -> Result<(), LibvirtError> {
+        self.ask(|r| Cmd::Action(a, r)).await
+    }
     /// Pauses the vCPUs.
     pub async fn pause(&self) -> Result<(), LibvirtError> {
-        self.ask(Cmd::Pause).await
-    }
-    /// Resumes the vCPUs.
-    pub async fn resume(&self) -> Result<(), LibvirtError> {
-        self.ask(Cmd::Resume).await
+        self.act(VmiAction::Pause).await
     }
     /// Destroys and undefines the domain, stops the daemon and ends the thread.
     pub async fn close(&self) -> Result<(), LibvirtError> {
@@ -242,6 +233,17 @@ impl DomainHandle {
     /// Versions gathered at connect time.
     pub fn versions(&self) -> &Versions {
         &self.versions
+    }
+}
+
+/// What each VMI action of the API catalogue does to the domain: the one place that names
+/// them on the node (virt-apiserver and virt-handler pass any catalogued action through).
+fn act(b: &mut dyn Backend, a: &VmiAction) -> Result<(), LibvirtError> {
+    match a {
+        VmiAction::Pause => b.suspend(),
+        VmiAction::Unpause => b.resume(),
+        VmiAction::SoftReboot => b.reboot(),
+        VmiAction::Reset => b.reset(),
     }
 }
 
@@ -396,20 +398,11 @@ fn thread_main(
             Ok(Cmd::Shutdown(r)) => {
                 let _ = r.send(b.shutdown());
             }
-            Ok(Cmd::Reboot(r)) => {
-                let _ = r.send(b.reboot());
-            }
-            Ok(Cmd::Reset(r)) => {
-                let _ = r.send(b.reset());
-            }
             Ok(Cmd::Destroy(r)) => {
                 let _ = r.send(b.destroy());
             }
-            Ok(Cmd::Pause(r)) => {
-                let _ = r.send(b.suspend());
-            }
-            Ok(Cmd::Resume(r)) => {
-                let _ = r.send(b.resume());
+            Ok(Cmd::Action(a, r)) => {
+                let _ = r.send(act(b.as_mut(), &a));
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
