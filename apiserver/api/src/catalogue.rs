@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::options::{OptionsError, decode_dry_run};
+use crate::options::{FreezeUnfreezeTimeout, OptionsError, decode, decode_dry_run};
 use crate::{GROUP, SUBRESOURCES_GROUP, VERSION};
 
 /// A printer column of `kubectl get` (a Table column after NAME).
@@ -288,6 +288,18 @@ pub const RESET: Subresource = action(
     None,
     "Reset a VirtualMachineInstance: the reset button, the guest restarts at once without shutting down.",
 );
+pub const FREEZE: Subresource = action(
+    &VIRTUAL_MACHINE_INSTANCE,
+    "freeze",
+    Some("FreezeUnfreezeTimeout"),
+    "Freeze the file systems of a VirtualMachineInstance's guest through its guest agent (for a consistent snapshot), until unfreeze or the unfreeze timeout.",
+);
+pub const UNFREEZE: Subresource = action(
+    &VIRTUAL_MACHINE_INSTANCE,
+    "unfreeze",
+    None,
+    "Thaw the file systems of a VirtualMachineInstance's guest.",
+);
 pub const CONSOLE: Subresource = Subresource {
     kind: &VIRTUAL_MACHINE_INSTANCE,
     name: "console",
@@ -346,7 +358,7 @@ pub const EVACUATE_CANCEL_VM: Subresource = Subresource {
 /// Every subresource served under `subresources.kubevirt.io/v1`. What is listed here is
 /// advertised in discovery and OpenAPI and granted by the user roles; virt-apiserver's tests
 /// fail when one has no handler.
-pub const SUBRESOURCES: [&Subresource; 14] = [
+pub const SUBRESOURCES: [&Subresource; 16] = [
     &START,
     &STOP,
     &RESTART,
@@ -355,6 +367,8 @@ pub const SUBRESOURCES: [&Subresource; 14] = [
     &UNPAUSE,
     &SOFTREBOOT,
     &RESET,
+    &FREEZE,
+    &UNFREEZE,
     &CONSOLE,
     &VNC,
     &PORTFORWARD_VMI,
@@ -391,6 +405,11 @@ pub enum VmiAction {
     SoftReboot,
     /// Hard reset (the reset button): the guest restarts at once, nothing shuts down.
     Reset,
+    /// Freeze the guest's file systems (guest agent); thawed after the timeout unless
+    /// unfrozen first (0: no timeout).
+    Freeze { unfreeze_timeout_seconds: u64 },
+    /// Thaw the guest's file systems.
+    Unfreeze,
 }
 
 impl VmiAction {
@@ -402,6 +421,8 @@ impl VmiAction {
             Self::Unpause => &UNPAUSE_ACTION,
             Self::SoftReboot => &SOFTREBOOT_ACTION,
             Self::Reset => &RESET_ACTION,
+            Self::Freeze { .. } => &FREEZE_ACTION,
+            Self::Unfreeze => &UNFREEZE_ACTION,
         }
     }
 
@@ -532,12 +553,46 @@ pub const RESET_ACTION: VmiActionDef = VmiActionDef {
     }),
 };
 
+pub const FREEZE_ACTION: VmiActionDef = VmiActionDef {
+    subresource: &FREEZE,
+    paused: PausedRule::Either,
+    checked_by_api: false,
+    decode: |b| {
+        let o: FreezeUnfreezeTimeout = decode(b)?;
+        // KubeVirt's virt-handler wording; the duration's whole seconds, as it takes them.
+        let timeout = o.unfreeze_timeout.ok_or_else(|| {
+            OptionsError::Invalid("Unfreeze timeout in freeze request is not set".into())
+        })?;
+        let d = crate::duration::parse(&timeout)
+            .map_err(|e| OptionsError::Invalid(format!("unfreezeTimeout: {e}")))?;
+        let unfreeze_timeout_seconds = d.as_secs();
+        Ok((
+            VmiAction::Freeze {
+                unfreeze_timeout_seconds,
+            },
+            false,
+        ))
+    },
+    // Upstream virtctl has no freeze command (VM snapshots call it).
+    command: None,
+};
+pub const UNFREEZE_ACTION: VmiActionDef = VmiActionDef {
+    subresource: &UNFREEZE,
+    paused: PausedRule::Either,
+    checked_by_api: false,
+    // KubeVirt reads no body for unfreeze.
+    decode: |_| Ok((VmiAction::Unfreeze, false)),
+    command: None,
+};
+
 /// Every VMI action, in the order the plugin lists their commands.
-pub const VMI_ACTIONS: [&VmiActionDef; 4] = [
+pub const VMI_ACTIONS: [&VmiActionDef; 6] = [
     &PAUSE_ACTION,
     &UNPAUSE_ACTION,
     &SOFTREBOOT_ACTION,
     &RESET_ACTION,
+    &FREEZE_ACTION,
+    &UNFREEZE_ACTION,
 ];
 
 /// The VMI action this subresource is, if it is one.
@@ -681,8 +736,13 @@ mod tests {
             );
             assert_eq!(vmi_action(a.subresource), Some(*a));
             assert_eq!(vmi_action_named(a.subresource.name), Some(*a));
-            // The action an entry decodes has that entry.
-            let (action, dry) = (a.decode)(b"").expect("defaults decode");
+            // The action an entry decodes has that entry (freeze needs its timeout).
+            let body = if *a == &FREEZE_ACTION {
+                r#"{"unfreezeTimeout":"1m"}"#
+            } else {
+                ""
+            };
+            let (action, dry) = (a.decode)(body.as_bytes()).expect("defaults decode");
             assert_eq!((action.def(), dry), (*a, false));
             assert_eq!(action.name(), a.subresource.name);
         }
@@ -722,5 +782,47 @@ mod tests {
         assert_eq!(json(VmiAction::Unpause), r#"{"op":"unpause"}"#);
         assert_eq!(json(VmiAction::SoftReboot), r#"{"op":"softReboot"}"#);
         assert_eq!(json(VmiAction::Reset), r#"{"op":"reset"}"#);
+        assert_eq!(
+            json(VmiAction::Freeze {
+                unfreeze_timeout_seconds: 300
+            }),
+            r#"{"op":"freeze","unfreezeTimeoutSeconds":300}"#
+        );
+        assert_eq!(json(VmiAction::Unfreeze), r#"{"op":"unfreeze"}"#);
+    }
+
+    #[test]
+    fn freeze_needs_kubevirts_unfreeze_timeout() {
+        let freeze = |body: &str| (FREEZE_ACTION.decode)(body.as_bytes());
+        let f = |s| VmiAction::Freeze {
+            unfreeze_timeout_seconds: s,
+        };
+        assert_eq!(
+            freeze(r#"{"unfreezeTimeout":"5m0s"}"#).ok(),
+            Some((f(300), false))
+        );
+        assert_eq!(
+            freeze(r#"{"unfreezeTimeout":"1.9s"}"#).ok(),
+            Some((f(1), false))
+        );
+        assert_eq!(
+            freeze(r#"{"unfreezeTimeout":"0s"}"#).ok(),
+            Some((f(0), false))
+        );
+        let message = |body| freeze(body).err().map(|e| e.to_string());
+        assert_eq!(
+            message(""),
+            Some("Unfreeze timeout in freeze request is not set".into())
+        );
+        assert_eq!(
+            message(r#"{"unfreezeTimeout":"5 minutes"}"#),
+            Some(r#"unfreezeTimeout: invalid duration "5 minutes""#.into())
+        );
+        assert_eq!(
+            (UNFREEZE_ACTION.decode)(b"anything").ok(),
+            Some((VmiAction::Unfreeze, false))
+        );
+        assert_eq!(FREEZE_ACTION.refusal(true), None);
+        assert_eq!(vmi_action(&FREEZE), Some(&FREEZE_ACTION));
     }
 }

@@ -111,6 +111,17 @@ pub struct PauseOptions {
     pub dry_run: Option<Vec<String>>,
 }
 
+/// Options of the freeze action.
+// KubeVirt's FreezeUnfreezeTimeout.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FreezeUnfreezeTimeout {
+    /// How long the guest's file systems stay frozen at most: they are thawed after it unless
+    /// unfreeze came first. A Go duration (`5m0s`); `0s` keeps them frozen until unfreeze.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unfreeze_timeout: Option<String>,
+}
+
 /// Options of the evacuate/cancel action.
 // KubeVirt's EvacuateCancelOptions.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -122,7 +133,7 @@ pub struct EvacuateCancelOptions {
 }
 
 /// The OpenAPI kinds of the options bodies (the catalogue's `Style::Action { options }`).
-pub const KINDS: [&str; 7] = [
+pub const KINDS: [&str; 8] = [
     "StartOptions",
     "StopOptions",
     "RestartOptions",
@@ -130,6 +141,7 @@ pub const KINDS: [&str; 7] = [
     "PauseOptions",
     "UnpauseOptions",
     "EvacuateCancelOptions",
+    "FreezeUnfreezeTimeout",
 ];
 
 /// The schema of the options kind `kind` (one of [`KINDS`]) as `settings` generate it: what
@@ -154,6 +166,7 @@ pub fn root_schema(
             s
         }
         "EvacuateCancelOptions" => g.into_root_schema_for::<EvacuateCancelOptions>(),
+        "FreezeUnfreezeTimeout" => g.into_root_schema_for::<FreezeUnfreezeTimeout>(),
         _ => return None,
     })
 }

@@ -340,6 +340,32 @@ async fn apiserver_drives_the_real_virt_handler() {
         launcher_seen.lock().unwrap().as_slice(),
         ["SoftReboot", "Pause"]
     );
+    // freeze, a catalogued action nothing here names: its options are checked by
+    // virt-apiserver, passed on, and decoded again by the handler for the launcher.
+    let (code, s) = put(&c, &env, "freeze").await;
+    assert_eq!(code, 400, "{s}");
+    assert_eq!(
+        s["message"],
+        "Unfreeze timeout in freeze request is not set"
+    );
+    let r = c
+        .put(format!(
+            "{}{SUB}/virtualmachineinstances/vm1/freeze",
+            env.server_url
+        ))
+        .json(&json!({"unfreezeTimeout": "5m0s"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(put(&c, &env, "unfreeze").await.0, 200);
+    assert_eq!(
+        launcher_seen.lock().unwrap()[2..],
+        [
+            "Freeze { unfreeze_timeout_seconds: 300 }".to_string(),
+            "Unfreeze".to_string()
+        ]
+    );
 
     // Console: 1 MiB byte-exact through virt-apiserver, the handler and the socket.
     let ws = open(&env, "vm1", "console").await.unwrap();
