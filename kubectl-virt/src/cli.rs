@@ -1,6 +1,9 @@
 //! Command line, as `kubectl virt …`.
 
-use clap::{Parser, Subcommand};
+use clap::builder::EnumValueParser;
+use clap::error::ErrorKind;
+use clap::{Arg, ArgAction, ArgMatches, Parser, Subcommand};
+use kubevirt_api::catalogue::{self, ActionCommand, VmiActionDef};
 
 use crate::connect::GlobalArgs;
 use crate::create::VolumeArg;
@@ -64,34 +67,10 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Pause a VM's or VMI's guest.
-    Pause {
-        /// `vm` or `vmi`.
-        kind: ObjectKind,
-        name: String,
-        /// Ask the server to validate the request without changing anything.
-        #[arg(long)]
-        dry_run: bool,
-    },
-    /// Resume a paused VM or VMI.
-    Unpause {
-        /// `vm` or `vmi`.
-        kind: ObjectKind,
-        name: String,
-        /// Ask the server to validate the request without changing anything.
-        #[arg(long)]
-        dry_run: bool,
-    },
-    /// Ask the guest to reboot (ACPI or guest agent).
-    SoftReboot {
-        /// Name of the VMI.
-        name: String,
-    },
-    /// Reset the VMI at once, as the reset button (no guest shutdown).
-    Reset {
-        /// Name of the VMI.
-        name: String,
-    },
+    /// pause, unpause, soft-reboot, reset, …: one command per VMI action of the API
+    /// catalogue that upstream virtctl has.
+    #[command(flatten)]
+    VmiAction(VmiActionCommand),
     /// Live-migrate a VM's instance to another node.
     Migrate {
         /// Name of the VM.
@@ -237,6 +216,110 @@ pub enum Command {
     },
     /// Print a shell completion script (for the `kubectl-virt` binary).
     Completion { shell: clap_complete::Shell },
+}
+
+/// A VMI action's command, built from its catalogue entry (`catalogue::VMI_ACTIONS`):
+/// `pause vm|vmi NAME [--dry-run]` when the action takes a VM (its instance) or a VMI,
+/// `soft-reboot NAME` when it takes a VMI's name. A catalogued action with a command gets
+/// its subcommand, help, completion and confirmation here without an edit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VmiActionCommand {
+    pub def: &'static VmiActionDef,
+    /// What NAME names (`vmi` for the commands that take a VMI's name only).
+    pub kind: ObjectKind,
+    pub name: String,
+    pub dry_run: bool,
+}
+
+const DRY_RUN_HELP: &str = "Ask the server to validate the request without changing anything";
+
+/// The catalogued VMI actions that have a command, in the catalogue's order.
+pub fn action_commands() -> impl Iterator<Item = (&'static VmiActionDef, ActionCommand)> {
+    catalogue::VMI_ACTIONS
+        .into_iter()
+        .filter_map(|d| d.command.map(|c| (d, c)))
+}
+
+/// The command whose name is `name`.
+pub fn action_command(name: &str) -> Option<(&'static VmiActionDef, ActionCommand)> {
+    action_commands().find(|(_, c)| c.name == name)
+}
+
+fn action_subcommand(c: ActionCommand) -> clap::Command {
+    let mut cmd = clap::Command::new(c.name).about(c.about).long_about(None);
+    if c.vm_or_vmi {
+        cmd = cmd
+            .arg(
+                Arg::new("kind")
+                    .value_name("KIND")
+                    .required(true)
+                    .help("`vm` or `vmi`")
+                    .value_parser(EnumValueParser::<ObjectKind>::new()),
+            )
+            .arg(Arg::new("name").value_name("NAME").required(true));
+    } else {
+        cmd = cmd.arg(
+            Arg::new("name")
+                .value_name("NAME")
+                .required(true)
+                .help("Name of the VMI"),
+        );
+    }
+    if c.dry_run {
+        cmd = cmd.arg(
+            Arg::new("dry_run")
+                .long("dry-run")
+                .action(ArgAction::SetTrue)
+                .help(DRY_RUN_HELP),
+        );
+    }
+    cmd
+}
+
+impl clap::FromArgMatches for VmiActionCommand {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        let missing = |what: &str| clap::Error::raw(ErrorKind::MissingRequiredArgument, what);
+        let (sub, m) = m
+            .subcommand()
+            .ok_or_else(|| clap::Error::new(ErrorKind::MissingSubcommand))?;
+        let (def, c) = action_command(sub).ok_or_else(|| {
+            clap::Error::raw(ErrorKind::InvalidSubcommand, format!("no action {sub:?}"))
+        })?;
+        let kind = if c.vm_or_vmi {
+            *m.get_one::<ObjectKind>("kind")
+                .ok_or_else(|| missing("KIND"))?
+        } else {
+            ObjectKind::Vmi
+        };
+        Ok(Self {
+            def,
+            kind,
+            name: m
+                .get_one::<String>("name")
+                .cloned()
+                .ok_or_else(|| missing("NAME"))?,
+            dry_run: c.dry_run && m.get_flag("dry_run"),
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl clap::Subcommand for VmiActionCommand {
+    fn augment_subcommands(cmd: clap::Command) -> clap::Command {
+        action_commands().fold(cmd, |cmd, (_, c)| cmd.subcommand(action_subcommand(c)))
+    }
+
+    fn augment_subcommands_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_subcommands(cmd)
+    }
+
+    fn has_subcommand(name: &str) -> bool {
+        action_command(name).is_some()
+    }
 }
 
 /// Options of `ssh` and `scp`, as upstream virtctl names them.
@@ -415,21 +498,54 @@ mod tests {
         let c = parse(&["pause", "vmi", "a", "--dry-run"]);
         assert!(matches!(
             c.command,
-            Command::Pause {
+            Command::VmiAction(VmiActionCommand {
+                def,
                 kind: ObjectKind::Vmi,
                 dry_run: true,
                 ..
-            }
+            }) if *def == catalogue::PAUSE_ACTION
         ));
         let c = parse(&["unpause", "vm", "a"]);
         assert!(matches!(
             c.command,
-            Command::Unpause {
+            Command::VmiAction(VmiActionCommand {
+                def,
                 kind: ObjectKind::Vm,
                 ..
-            }
+            }) if *def == catalogue::UNPAUSE_ACTION
         ));
         assert!(Cli::try_parse_from(["kubectl-virt", "pause", "pod", "a"]).is_err());
+    }
+
+    #[test]
+    fn vmi_action_commands_come_from_the_catalogue() {
+        let Command::VmiAction(c) = parse(&["soft-reboot", "a"]).command else {
+            panic!("not a VMI action");
+        };
+        assert_eq!(
+            c,
+            VmiActionCommand {
+                def: &catalogue::SOFTREBOOT_ACTION,
+                kind: ObjectKind::Vmi,
+                name: "a".into(),
+                dry_run: false,
+            }
+        );
+        // Only the commands with --dry-run take it, and each needs its NAME.
+        assert!(Cli::try_parse_from(["kubectl-virt", "reset", "a", "--dry-run"]).is_err());
+        assert!(Cli::try_parse_from(["kubectl-virt", "reset"]).is_err());
+        assert!(Cli::try_parse_from(["kubectl-virt", "pause", "vm"]).is_err());
+        let root = Cli::command();
+        for (def, c) in action_commands() {
+            let sub = root
+                .find_subcommand(c.name)
+                .unwrap_or_else(|| panic!("no {} command", c.name));
+            assert_eq!(
+                sub.get_about().map(ToString::to_string).as_deref(),
+                Some(c.about)
+            );
+            assert_eq!(def.command, Some(c));
+        }
     }
 
     #[test]

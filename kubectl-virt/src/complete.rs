@@ -10,7 +10,7 @@ use clap::CommandFactory;
 use kube::Api;
 use kube::api::ListParams;
 
-use crate::cli::Cli;
+use crate::cli::{Cli, action_command};
 use crate::connect::GlobalArgs;
 
 /// The hidden argument cobra-style completion is requested with.
@@ -44,9 +44,17 @@ pub struct Plan {
 fn name_lookup(cmd: &str) -> Option<Lookup> {
     match cmd {
         "start" | "stop" | "restart" | "migrate" | "migrate-cancel" => Some(Lookup::Vms),
-        "console" | "vnc" | "soft-reboot" => Some(Lookup::Vmis),
-        _ => None,
+        "console" | "vnc" => Some(Lookup::Vmis),
+        // The VMI actions that take a VMI's name (soft-reboot, reset, …).
+        c => action_command(c)
+            .filter(|(_, c)| !c.vm_or_vmi)
+            .map(|_| Lookup::Vmis),
     }
+}
+
+/// Whether `cmd` is a VMI action taking `vm|vmi NAME` (pause, unpause, …).
+fn takes_vm_or_vmi(cmd: &str) -> bool {
+    action_command(cmd).is_some_and(|(_, c)| c.vm_or_vmi)
 }
 
 fn takes_value(cmd: &clap::Command, flag: &str) -> bool {
@@ -147,14 +155,14 @@ pub fn plan(args: &[String], cur: &str) -> Plan {
     }
     let leaf = path.last().map(String::as_str).unwrap_or_default();
     match (leaf, positionals.len()) {
-        ("pause" | "unpause", 0) => {
+        (leaf, 0) if takes_vm_or_vmi(leaf) => {
             out.candidates = ["vm", "vmi"]
                 .into_iter()
                 .filter(|k| k.starts_with(cur))
                 .map(str::to_owned)
                 .collect();
         }
-        ("pause" | "unpause", 1) => {
+        (leaf, 1) if takes_vm_or_vmi(leaf) => {
             out.lookup = Some(if positionals[0] == "vmi" {
                 Lookup::Vmis
             } else {
@@ -291,6 +299,8 @@ mod tests {
         assert_eq!(p(&["pause"], "").candidates, vec!["vm", "vmi"]);
         assert_eq!(p(&["pause", "vmi"], "").lookup, Some(Lookup::Vmis));
         assert_eq!(p(&["unpause", "vm"], "").lookup, Some(Lookup::Vms));
+        assert_eq!(p(&["soft-reboot"], "").lookup, Some(Lookup::Vmis));
+        assert_eq!(p(&["reset"], "").lookup, Some(Lookup::Vmis));
     }
 
     #[test]

@@ -196,21 +196,12 @@ async fn run_with_session(
             let action = restart_action(grace_period, force, dry_run)?;
             ops::run_action(session, &action, vm, &name, out).await
         }
-        Command::Pause {
-            kind,
-            name,
-            dry_run,
-        } => ops::run_action(session, &Action::Pause { dry_run }, kind, &name, out).await,
-        Command::Unpause {
-            kind,
-            name,
-            dry_run,
-        } => ops::run_action(session, &Action::Unpause { dry_run }, kind, &name, out).await,
-        Command::Reset { name } => {
-            ops::run_action(session, &Action::Reset, ObjectKind::Vmi, &name, out).await
-        }
-        Command::SoftReboot { name } => {
-            ops::run_action(session, &Action::SoftReboot, ObjectKind::Vmi, &name, out).await
+        Command::VmiAction(c) => {
+            let action = Action::Vmi {
+                def: c.def,
+                dry_run: c.dry_run,
+            };
+            ops::run_action(session, &action, c.kind, &c.name, out).await
         }
         Command::Migrate {
             name,

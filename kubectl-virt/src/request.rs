@@ -9,7 +9,7 @@ use crate::error::{CliError, Target};
 pub const SUBRESOURCES_GROUP: &str = kubevirt_api::SUBRESOURCES_GROUP;
 pub const SUBRESOURCES_VERSION: &str = "v1";
 
-use kubevirt_api::catalogue::{self, Subresource};
+use kubevirt_api::catalogue::{self, Subresource, VmiActionDef};
 use kubevirt_api::options::{
     EvacuateCancelOptions, MigrateOptions, PauseOptions, RestartOptions, StartOptions, StopOptions,
     dry_run_all,
@@ -34,14 +34,12 @@ pub enum Action {
         added_node_selector: BTreeMap<String, String>,
         dry_run: bool,
     },
-    Pause {
+    /// Any VMI action of the catalogue; its body is `dryRun` alone (the options of every
+    /// action that has a command).
+    Vmi {
+        def: &'static VmiActionDef,
         dry_run: bool,
     },
-    Unpause {
-        dry_run: bool,
-    },
-    SoftReboot,
-    Reset,
     /// `evacuate/cancel` of a VMI (or of a VM's instance, `vmi: false`).
     EvacuateCancel {
         vmi: bool,
@@ -90,10 +88,7 @@ impl Action {
             Self::Stop { .. } => &catalogue::STOP,
             Self::Restart { .. } => &catalogue::RESTART,
             Self::Migrate { .. } => &catalogue::MIGRATE,
-            Self::Pause { .. } => &catalogue::PAUSE,
-            Self::Unpause { .. } => &catalogue::UNPAUSE,
-            Self::SoftReboot => &catalogue::SOFTREBOOT,
-            Self::Reset => &catalogue::RESET,
+            Self::Vmi { def, .. } => def.subresource,
             Self::EvacuateCancel { vmi: true, .. } => &catalogue::EVACUATE_CANCEL_VMI,
             Self::EvacuateCancel { vmi: false, .. } => &catalogue::EVACUATE_CANCEL_VM,
         }
@@ -105,10 +100,7 @@ impl Action {
             Self::Stop { .. } => "stop",
             Self::Restart { .. } => "restart",
             Self::Migrate { .. } => "migrate",
-            Self::Pause { .. } => "pause",
-            Self::Unpause { .. } => "unpause",
-            Self::SoftReboot => "soft-reboot",
-            Self::Reset => "reset",
+            Self::Vmi { def, .. } => def.command.map_or(def.subresource.name, |c| c.verb),
             Self::EvacuateCancel { .. } => "cancel its evacuation",
         }
     }
@@ -119,10 +111,8 @@ impl Action {
             | Self::Stop { dry_run, .. }
             | Self::Restart { dry_run, .. }
             | Self::Migrate { dry_run, .. }
-            | Self::Pause { dry_run }
-            | Self::Unpause { dry_run }
+            | Self::Vmi { dry_run, .. }
             | Self::EvacuateCancel { dry_run, .. } => *dry_run,
-            Self::SoftReboot | Self::Reset => false,
         }
     }
 
@@ -154,12 +144,9 @@ impl Action {
                 added_node_selector: (!added_node_selector.is_empty())
                     .then(|| added_node_selector.clone()),
             }),
-            Self::Pause { dry_run } | Self::Unpause { dry_run } => {
-                serde_json::to_value(PauseOptions {
-                    dry_run: dry_run_all(*dry_run),
-                })
-            }
-            Self::SoftReboot | Self::Reset => Ok(serde_json::json!({})),
+            Self::Vmi { dry_run, .. } => serde_json::to_value(PauseOptions {
+                dry_run: dry_run_all(*dry_run),
+            }),
             Self::EvacuateCancel { dry_run, .. } => serde_json::to_value(EvacuateCancelOptions {
                 dry_run: dry_run_all(*dry_run),
             }),
@@ -359,7 +346,8 @@ mod tests {
 
     #[test]
     fn vmi_actions() {
-        let r = req(Action::Pause { dry_run: false });
+        let vmi = |def, dry_run| Action::Vmi { def, dry_run };
+        let r = req(vmi(&catalogue::PAUSE_ACTION, false));
         assert_eq!(
             r.path,
             "/apis/subresources.kubevirt.io/v1/namespaces/ns1/virtualmachineinstances/vm1/pause"
@@ -367,10 +355,10 @@ mod tests {
         assert_eq!(r.target.resource, "virtualmachineinstances");
         assert_eq!(r.target.kind, "VMI");
         assert_eq!(r.body, json!({}));
-        let r = req(Action::Unpause { dry_run: true });
+        let r = req(vmi(&catalogue::UNPAUSE_ACTION, true));
         assert!(r.path.ends_with("/virtualmachineinstances/vm1/unpause"));
         assert_eq!(r.body, json!({"dryRun": ["All"]}));
-        let r = req(Action::SoftReboot);
+        let r = req(vmi(&catalogue::SOFTREBOOT_ACTION, false));
         assert!(r.path.ends_with("/virtualmachineinstances/vm1/softreboot"));
         assert_eq!(r.target.subresource, Some("softreboot"));
     }

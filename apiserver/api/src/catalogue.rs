@@ -4,6 +4,9 @@
 //! plugin's request paths are derived from these values, so adding a subresource is one
 //! entry here plus its handler. Pure data: no transport.
 
+use serde::{Deserialize, Serialize};
+
+use crate::options::{FreezeUnfreezeTimeout, OptionsError, decode, decode_dry_run};
 use crate::{GROUP, SUBRESOURCES_GROUP, VERSION};
 
 /// A printer column of `kubectl get` (a Table column after NAME).
@@ -285,6 +288,18 @@ pub const RESET: Subresource = action(
     None,
     "Reset a VirtualMachineInstance: the reset button, the guest restarts at once without shutting down.",
 );
+pub const FREEZE: Subresource = action(
+    &VIRTUAL_MACHINE_INSTANCE,
+    "freeze",
+    Some("FreezeUnfreezeTimeout"),
+    "Freeze the file systems of a VirtualMachineInstance's guest through its guest agent (for a consistent snapshot), until unfreeze or the unfreeze timeout.",
+);
+pub const UNFREEZE: Subresource = action(
+    &VIRTUAL_MACHINE_INSTANCE,
+    "unfreeze",
+    None,
+    "Thaw the file systems of a VirtualMachineInstance's guest.",
+);
 pub const CONSOLE: Subresource = Subresource {
     kind: &VIRTUAL_MACHINE_INSTANCE,
     name: "console",
@@ -343,7 +358,7 @@ pub const EVACUATE_CANCEL_VM: Subresource = Subresource {
 /// Every subresource served under `subresources.kubevirt.io/v1`. What is listed here is
 /// advertised in discovery and OpenAPI and granted by the user roles; virt-apiserver's tests
 /// fail when one has no handler.
-pub const SUBRESOURCES: [&Subresource; 14] = [
+pub const SUBRESOURCES: [&Subresource; 16] = [
     &START,
     &STOP,
     &RESTART,
@@ -352,6 +367,8 @@ pub const SUBRESOURCES: [&Subresource; 14] = [
     &UNPAUSE,
     &SOFTREBOOT,
     &RESET,
+    &FREEZE,
+    &UNFREEZE,
     &CONSOLE,
     &VNC,
     &PORTFORWARD_VMI,
@@ -370,6 +387,222 @@ pub fn subresource(plural: &str, name: &str) -> Option<&'static Subresource> {
     SUBRESOURCES
         .into_iter()
         .find(|s| s.kind.plural == plural && s.name == name)
+}
+
+/// An action virt-handler carries out on a VMI's guest through its launcher, with its
+/// options. virt-apiserver decodes it from the request ([`VmiActionDef::decode`]), virt-handler
+/// checks it against the domain's state ([`VmiActionDef::refusal`]) and sends it to the
+/// launcher as it is: serialized, it is the launcher protocol's request, tagged `op` with the
+/// names older launchers already read (`{"op":"pause"}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase", rename_all_fields = "camelCase")]
+pub enum VmiAction {
+    /// Pause the guest's vCPUs.
+    Pause,
+    /// Resume the guest's vCPUs.
+    Unpause,
+    /// ACPI reboot request.
+    SoftReboot,
+    /// Hard reset (the reset button): the guest restarts at once, nothing shuts down.
+    Reset,
+    /// Freeze the guest's file systems (guest agent); thawed after the timeout unless
+    /// unfrozen first (0: no timeout).
+    Freeze { unfreeze_timeout_seconds: u64 },
+    /// Thaw the guest's file systems.
+    Unfreeze,
+}
+
+impl VmiAction {
+    /// Its catalogue entry. The one match over the actions outside the launcher, which
+    /// carries them out.
+    pub fn def(&self) -> &'static VmiActionDef {
+        match self {
+            Self::Pause => &PAUSE_ACTION,
+            Self::Unpause => &UNPAUSE_ACTION,
+            Self::SoftReboot => &SOFTREBOOT_ACTION,
+            Self::Reset => &RESET_ACTION,
+            Self::Freeze { .. } => &FREEZE_ACTION,
+            Self::Unfreeze => &UNFREEZE_ACTION,
+        }
+    }
+
+    /// The subresource's name (`pause`), as paths, logs and metrics labels name it.
+    pub fn name(&self) -> &'static str {
+        self.def().subresource.name
+    }
+}
+
+/// What a VMI action requires of the guest's paused state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PausedRule {
+    /// Allowed either way.
+    Either,
+    /// Refused (409, with this message) while the guest is paused.
+    NotPaused(&'static str),
+    /// Refused (409, with this message) while the guest runs.
+    Paused(&'static str),
+}
+
+/// The `kubectl virt` command of a VMI action, as upstream virtctl spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActionCommand {
+    /// Subcommand name.
+    pub name: &'static str,
+    /// One line of help (no final period, like the plugin's other commands).
+    pub about: &'static str,
+    /// Takes `vm|vmi NAME` (a VM's action goes to its instance) rather than a VMI's name.
+    pub vm_or_vmi: bool,
+    /// Offers `--dry-run`.
+    pub dry_run: bool,
+    /// The verb of the confirmation, `VMI a was scheduled to <verb>`.
+    pub verb: &'static str,
+}
+
+/// A decoded VMI action request: the action, and whether it is a dry run.
+pub type Decoded = (VmiAction, bool);
+
+/// The facts of one VMI action: everything virt-apiserver, virt-handler and the plugin need,
+/// so that none of them names an action.
+#[derive(Debug)]
+pub struct VmiActionDef {
+    pub subresource: &'static Subresource,
+    /// Checked by virt-handler against the domain's state, which is the truth (the VMI's
+    /// Paused condition may lag).
+    pub paused: PausedRule,
+    /// virt-apiserver also checks `paused` on the VMI's Paused condition before it calls
+    /// virt-handler (KubeVirt's virt-api does so for pause and unpause).
+    pub checked_by_api: bool,
+    /// Decodes a request body (empty: the defaults) into the action and whether it is a
+    /// dry run; the type decoded is the one `subresource`'s options name.
+    pub decode: fn(&[u8]) -> Result<Decoded, OptionsError>,
+    /// The plugin's command; `None` when upstream virtctl has none.
+    pub command: Option<ActionCommand>,
+}
+
+/// Compared by their subresource (each has its own): `decode` is a function pointer, whose
+/// addresses are not reliable to compare.
+impl PartialEq for VmiActionDef {
+    fn eq(&self, other: &Self) -> bool {
+        self.subresource == other.subresource
+    }
+}
+
+impl Eq for VmiActionDef {}
+
+impl VmiActionDef {
+    /// The 409 message when the guest's paused state refuses this action.
+    pub fn refusal(&self, paused: bool) -> Option<&'static str> {
+        match (self.paused, paused) {
+            (PausedRule::NotPaused(why), true) | (PausedRule::Paused(why), false) => Some(why),
+            _ => None,
+        }
+    }
+}
+
+pub const PAUSE_ACTION: VmiActionDef = VmiActionDef {
+    subresource: &PAUSE,
+    paused: PausedRule::NotPaused("VMI is already paused"),
+    checked_by_api: true,
+    decode: |b| Ok((VmiAction::Pause, decode_dry_run(b)?)),
+    command: Some(ActionCommand {
+        name: "pause",
+        about: "Pause a VM's or VMI's guest",
+        vm_or_vmi: true,
+        dry_run: true,
+        verb: "pause",
+    }),
+};
+pub const UNPAUSE_ACTION: VmiActionDef = VmiActionDef {
+    subresource: &UNPAUSE,
+    paused: PausedRule::Paused("VMI is not paused"),
+    checked_by_api: true,
+    decode: |b| Ok((VmiAction::Unpause, decode_dry_run(b)?)),
+    command: Some(ActionCommand {
+        name: "unpause",
+        about: "Resume a paused VM or VMI",
+        vm_or_vmi: true,
+        dry_run: true,
+        verb: "unpause",
+    }),
+};
+pub const SOFTREBOOT_ACTION: VmiActionDef = VmiActionDef {
+    subresource: &SOFTREBOOT,
+    paused: PausedRule::NotPaused("VMI is paused"),
+    checked_by_api: false,
+    // No options type of its own; KubeVirt's clients may send PauseOptions' dryRun.
+    decode: |b| Ok((VmiAction::SoftReboot, decode_dry_run(b)?)),
+    command: Some(ActionCommand {
+        name: "soft-reboot",
+        about: "Ask the guest to reboot (ACPI or guest agent)",
+        vm_or_vmi: false,
+        dry_run: false,
+        verb: "soft-reboot",
+    }),
+};
+pub const RESET_ACTION: VmiActionDef = VmiActionDef {
+    subresource: &RESET,
+    paused: PausedRule::Either,
+    checked_by_api: false,
+    decode: |b| Ok((VmiAction::Reset, decode_dry_run(b)?)),
+    command: Some(ActionCommand {
+        name: "reset",
+        about: "Reset the VMI at once, as the reset button (no guest shutdown)",
+        vm_or_vmi: false,
+        dry_run: false,
+        verb: "reset",
+    }),
+};
+
+pub const FREEZE_ACTION: VmiActionDef = VmiActionDef {
+    subresource: &FREEZE,
+    paused: PausedRule::Either,
+    checked_by_api: false,
+    decode: |b| {
+        let o: FreezeUnfreezeTimeout = decode(b)?;
+        // KubeVirt's virt-handler wording; the duration's whole seconds, as it takes them.
+        let timeout = o.unfreeze_timeout.ok_or_else(|| {
+            OptionsError::Invalid("Unfreeze timeout in freeze request is not set".into())
+        })?;
+        let d = crate::duration::parse(&timeout)
+            .map_err(|e| OptionsError::Invalid(format!("unfreezeTimeout: {e}")))?;
+        let unfreeze_timeout_seconds = d.as_secs();
+        Ok((
+            VmiAction::Freeze {
+                unfreeze_timeout_seconds,
+            },
+            false,
+        ))
+    },
+    // Upstream virtctl has no freeze command (VM snapshots call it).
+    command: None,
+};
+pub const UNFREEZE_ACTION: VmiActionDef = VmiActionDef {
+    subresource: &UNFREEZE,
+    paused: PausedRule::Either,
+    checked_by_api: false,
+    // KubeVirt reads no body for unfreeze.
+    decode: |_| Ok((VmiAction::Unfreeze, false)),
+    command: None,
+};
+
+/// Every VMI action, in the order the plugin lists their commands.
+pub const VMI_ACTIONS: [&VmiActionDef; 6] = [
+    &PAUSE_ACTION,
+    &UNPAUSE_ACTION,
+    &SOFTREBOOT_ACTION,
+    &RESET_ACTION,
+    &FREEZE_ACTION,
+    &UNFREEZE_ACTION,
+];
+
+/// The VMI action this subresource is, if it is one.
+pub fn vmi_action(sub: &Subresource) -> Option<&'static VmiActionDef> {
+    VMI_ACTIONS.into_iter().find(|a| a.subresource == sub)
+}
+
+/// The VMI action of this subresource name (the last segment of virt-handler's path).
+pub fn vmi_action_named(name: &str) -> Option<&'static VmiActionDef> {
+    VMI_ACTIONS.into_iter().find(|a| a.subresource.name == name)
 }
 
 /// A cluster-wide administrative endpoint of `subresources.kubevirt.io/v1`, on no kind and
@@ -484,5 +717,112 @@ mod tests {
             EVACUATE_CANCEL_VMI.resource(),
             "virtualmachineinstances/evacuate"
         );
+    }
+
+    #[test]
+    fn vmi_actions_are_catalogued_vmi_subresources_each_once() {
+        for (i, a) in VMI_ACTIONS.iter().enumerate() {
+            assert!(
+                SUBRESOURCES.contains(&a.subresource),
+                "{}",
+                a.subresource.name
+            );
+            assert_eq!(a.subresource.kind, &VIRTUAL_MACHINE_INSTANCE);
+            assert!(!a.subresource.is_stream());
+            assert!(
+                VMI_ACTIONS[i + 1..]
+                    .iter()
+                    .all(|b| b.subresource != a.subresource)
+            );
+            assert_eq!(vmi_action(a.subresource), Some(*a));
+            assert_eq!(vmi_action_named(a.subresource.name), Some(*a));
+            // The action an entry decodes has that entry (freeze needs its timeout).
+            let body = if *a == &FREEZE_ACTION {
+                r#"{"unfreezeTimeout":"1m"}"#
+            } else {
+                ""
+            };
+            let (action, dry) = (a.decode)(body.as_bytes()).expect("defaults decode");
+            assert_eq!((action.def(), dry), (*a, false));
+            assert_eq!(action.name(), a.subresource.name);
+        }
+        assert_eq!(vmi_action(&CONSOLE), None);
+        assert_eq!(vmi_action(&EVACUATE_CANCEL_VMI), None);
+        let commands: Vec<&str> = VMI_ACTIONS
+            .iter()
+            .filter_map(|a| a.command.map(|c| c.name))
+            .collect();
+        assert_eq!(commands, ["pause", "unpause", "soft-reboot", "reset"]);
+    }
+
+    #[test]
+    fn paused_rules_word_kubevirts_refusals() {
+        assert_eq!(PAUSE_ACTION.refusal(true), Some("VMI is already paused"));
+        assert_eq!(PAUSE_ACTION.refusal(false), None);
+        assert_eq!(UNPAUSE_ACTION.refusal(false), Some("VMI is not paused"));
+        assert_eq!(UNPAUSE_ACTION.refusal(true), None);
+        assert_eq!(SOFTREBOOT_ACTION.refusal(true), Some("VMI is paused"));
+        assert_eq!(RESET_ACTION.refusal(true), None);
+        let by_api: Vec<&str> = VMI_ACTIONS
+            .iter()
+            .filter(|a| a.checked_by_api)
+            .map(|a| a.subresource.name)
+            .collect();
+        assert_eq!(by_api, ["pause", "unpause"]);
+    }
+
+    #[test]
+    fn vmi_actions_decode_dry_runs_and_serialize_as_the_launchers_requests() {
+        let dry = (PAUSE_ACTION.decode)(br#"{"dryRun":["All"]}"#).expect("decodes");
+        assert_eq!(dry, (VmiAction::Pause, true));
+        assert!((UNPAUSE_ACTION.decode)(b"{").is_err());
+        assert!((RESET_ACTION.decode)(br#"{"dryRun":["Some"]}"#).is_err());
+        let json = |a: VmiAction| serde_json::to_string(&a).unwrap_or_default();
+        assert_eq!(json(VmiAction::Pause), r#"{"op":"pause"}"#);
+        assert_eq!(json(VmiAction::Unpause), r#"{"op":"unpause"}"#);
+        assert_eq!(json(VmiAction::SoftReboot), r#"{"op":"softReboot"}"#);
+        assert_eq!(json(VmiAction::Reset), r#"{"op":"reset"}"#);
+        assert_eq!(
+            json(VmiAction::Freeze {
+                unfreeze_timeout_seconds: 300
+            }),
+            r#"{"op":"freeze","unfreezeTimeoutSeconds":300}"#
+        );
+        assert_eq!(json(VmiAction::Unfreeze), r#"{"op":"unfreeze"}"#);
+    }
+
+    #[test]
+    fn freeze_needs_kubevirts_unfreeze_timeout() {
+        let freeze = |body: &str| (FREEZE_ACTION.decode)(body.as_bytes());
+        let f = |s| VmiAction::Freeze {
+            unfreeze_timeout_seconds: s,
+        };
+        assert_eq!(
+            freeze(r#"{"unfreezeTimeout":"5m0s"}"#).ok(),
+            Some((f(300), false))
+        );
+        assert_eq!(
+            freeze(r#"{"unfreezeTimeout":"1.9s"}"#).ok(),
+            Some((f(1), false))
+        );
+        assert_eq!(
+            freeze(r#"{"unfreezeTimeout":"0s"}"#).ok(),
+            Some((f(0), false))
+        );
+        let message = |body| freeze(body).err().map(|e| e.to_string());
+        assert_eq!(
+            message(""),
+            Some("Unfreeze timeout in freeze request is not set".into())
+        );
+        assert_eq!(
+            message(r#"{"unfreezeTimeout":"5 minutes"}"#),
+            Some(r#"unfreezeTimeout: invalid duration "5 minutes""#.into())
+        );
+        assert_eq!(
+            (UNFREEZE_ACTION.decode)(b"anything").ok(),
+            Some((VmiAction::Unfreeze, false))
+        );
+        assert_eq!(FREEZE_ACTION.refusal(true), None);
+        assert_eq!(vmi_action(&FREEZE), Some(&FREEZE_ACTION));
     }
 }

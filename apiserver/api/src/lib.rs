@@ -11,6 +11,7 @@ pub mod catalogue;
 pub mod cloudinit;
 pub mod common;
 pub mod defaults;
+pub mod duration;
 pub mod eviction;
 pub mod kubevirt;
 pub mod migration;

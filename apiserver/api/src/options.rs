@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 /// `dryRun: ["All"]`, the only value Kubernetes defines.
@@ -24,6 +25,31 @@ pub fn is_dry_run(d: Option<&[String]>) -> Result<bool, String> {
             "invalid dryRun value {other:?}: supported value is [\"All\"]"
         )),
     }
+}
+
+/// Why an options body was refused (a 400).
+#[derive(Debug, thiserror::Error)]
+pub enum OptionsError {
+    /// Not JSON of the options type (KubeVirt's wording).
+    #[error("Can not unmarshal Request body to struct, error: {0}")]
+    Decode(#[from] serde_json::Error),
+    /// Decoded, but a value is not allowed.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Decodes an options body; an empty one (clients may send none) is the type's default.
+pub fn decode<T: Default + DeserializeOwned>(body: &[u8]) -> Result<T, OptionsError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    Ok(serde_json::from_slice(body)?)
+}
+
+/// The dry-run flag of a body that carries only `dryRun` (`PauseOptions`' shape).
+pub fn decode_dry_run(body: &[u8]) -> Result<bool, OptionsError> {
+    let o: PauseOptions = decode(body)?;
+    is_dry_run(o.dry_run.as_deref()).map_err(OptionsError::Invalid)
 }
 
 /// Options of the start action.
@@ -85,6 +111,17 @@ pub struct PauseOptions {
     pub dry_run: Option<Vec<String>>,
 }
 
+/// Options of the freeze action.
+// KubeVirt's FreezeUnfreezeTimeout.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FreezeUnfreezeTimeout {
+    /// How long the guest's file systems stay frozen at most: they are thawed after it unless
+    /// unfreeze came first. A Go duration (`5m0s`); `0s` keeps them frozen until unfreeze.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unfreeze_timeout: Option<String>,
+}
+
 /// Options of the evacuate/cancel action.
 // KubeVirt's EvacuateCancelOptions.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -96,7 +133,7 @@ pub struct EvacuateCancelOptions {
 }
 
 /// The OpenAPI kinds of the options bodies (the catalogue's `Style::Action { options }`).
-pub const KINDS: [&str; 7] = [
+pub const KINDS: [&str; 8] = [
     "StartOptions",
     "StopOptions",
     "RestartOptions",
@@ -104,6 +141,7 @@ pub const KINDS: [&str; 7] = [
     "PauseOptions",
     "UnpauseOptions",
     "EvacuateCancelOptions",
+    "FreezeUnfreezeTimeout",
 ];
 
 /// The schema of the options kind `kind` (one of [`KINDS`]) as `settings` generate it: what
@@ -128,6 +166,7 @@ pub fn root_schema(
             s
         }
         "EvacuateCancelOptions" => g.into_root_schema_for::<EvacuateCancelOptions>(),
+        "FreezeUnfreezeTimeout" => g.into_root_schema_for::<FreezeUnfreezeTimeout>(),
         _ => return None,
     })
 }
@@ -151,5 +190,20 @@ mod tests {
         );
         assert_eq!(is_dry_run(Some(&["All".to_string()])), Ok(true));
         assert!(is_dry_run(Some(&["x".to_string()])).is_err());
+    }
+
+    #[test]
+    fn empty_bodies_are_defaults_and_bad_ones_say_why() {
+        assert!(matches!(decode_dry_run(b""), Ok(false)));
+        assert!(matches!(decode_dry_run(b" \n"), Ok(false)));
+        assert!(matches!(decode_dry_run(br#"{"dryRun":["All"]}"#), Ok(true)));
+        let e = decode_dry_run(b"{").map(drop).err().map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.starts_with("Can not unmarshal Request body to struct, error: ")),
+            "{e:?}"
+        );
+        let e = decode_dry_run(br#"{"dryRun":["x"]}"#).map(drop).err();
+        assert!(matches!(e, Some(OptionsError::Invalid(_))), "{e:?}");
     }
 }

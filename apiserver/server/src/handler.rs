@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HOST, SEC_WEBSOCKET_PROTOCOL};
 use http::{HeaderValue, StatusCode};
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
@@ -390,13 +390,15 @@ impl HandlerClient {
         Ok((addr.clone(), res?))
     }
 
-    /// `PUT /v1/namespaces/{ns}/virtualmachineinstances/{name}/{action}` on the handler.
+    /// `PUT /v1/namespaces/{ns}/virtualmachineinstances/{name}/{action}` on the handler, with
+    /// the action's options body as the client sent it.
     pub async fn put_action(
         &self,
         node: &str,
         ns: &str,
         name: &str,
         action: &str,
+        body: Bytes,
     ) -> Result<(), HandlerError> {
         let (addr, tls) = self.connect(node).await?;
         let unreachable = |detail: String| HandlerError::Unreachable {
@@ -413,7 +415,8 @@ impl HandlerClient {
             });
             let req = http::Request::put(handler_path(ns, name, action, None))
                 .header(HOST, HANDLER_SERVER_NAME)
-                .body(Empty::<Bytes>::new())
+                .header(CONTENT_TYPE, "application/json")
+                .body(Full::new(body))
                 .map_err(|e| unreachable(e.to_string()))?;
             let res = sender
                 .send_request(req)

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult, Gr};
@@ -48,8 +47,7 @@ pub async fn handle(
 use kubevirt_api::catalogue::{self, Subresource};
 use kubevirt_api::common::ConditionStatus;
 use kubevirt_api::options::{
-    EvacuateCancelOptions, MigrateOptions, PauseOptions as DryRunOnly, RestartOptions,
-    StartOptions, StopOptions,
+    EvacuateCancelOptions, MigrateOptions, RestartOptions, StartOptions, StopOptions,
 };
 use kubevirt_api::vm::{RunStrategy, VirtualMachineSpec};
 use kubevirt_api::vmi::condition_types;
@@ -111,15 +109,8 @@ fn accepted() -> Response {
     StatusCode::ACCEPTED.into_response()
 }
 
-fn parse_body<T: Default + for<'de> Deserialize<'de>>(bytes: &[u8]) -> ApiResult<T> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(bytes).map_err(|e| {
-        ApiError::bad_request(format!(
-            "Can not unmarshal Request body to struct, error: {e}"
-        ))
-    })
+fn parse_body<T: Default + serde::de::DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
+    kubevirt_api::options::decode(bytes).map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 /// Effective run strategy of a stored VM (runStrategy, else deprecated `running`), typed:
@@ -161,7 +152,8 @@ enum Route {
     Stop,
     Restart,
     Migrate,
-    /// pause, unpause, softreboot: forwarded to the VMI's virt-handler.
+    /// Every VMI action of the catalogue (`catalogue::VMI_ACTIONS`): checked against its
+    /// entry and forwarded to the VMI's virt-handler.
     VmiAction,
     /// console, vnc, portforward: relayed to the VMI's virt-handler.
     VmiStream,
@@ -176,10 +168,6 @@ fn route(sub: &Subresource) -> Option<Route> {
         (&c::STOP, Route::Stop),
         (&c::RESTART, Route::Restart),
         (&c::MIGRATE, Route::Migrate),
-        (&c::PAUSE, Route::VmiAction),
-        (&c::UNPAUSE, Route::VmiAction),
-        (&c::SOFTREBOOT, Route::VmiAction),
-        (&c::RESET, Route::VmiAction),
         (&c::CONSOLE, Route::VmiStream),
         (&c::VNC, Route::VmiStream),
         (&c::PORTFORWARD_VMI, Route::VmiStream),
@@ -190,6 +178,7 @@ fn route(sub: &Subresource) -> Option<Route> {
     .into_iter()
     .find(|(s, _)| *s == sub)
     .map(|(_, r)| r)
+    .or_else(|| catalogue::vmi_action(sub).map(|_| Route::VmiAction))
 }
 
 /// The stream's path below the VMI at its handler: the subresource, and for portforward
@@ -294,9 +283,11 @@ impl Subresources<'_> {
                     .await
             }
             Route::VmiAction => {
-                let action = sub;
-                let opts: DryRunOnly = parse_body(&body_bytes(body).await?)?;
-                let dry_run = dry(&opts.dry_run)?;
+                // route() gives VmiAction to catalogued VMI actions only.
+                let def = catalogue::vmi_action(entry).ok_or_else(ApiError::path_not_found)?;
+                let bytes = body_bytes(body).await?;
+                let (_, dry_run) =
+                    (def.decode)(&bytes).map_err(|e| ApiError::bad_request(e.to_string()))?;
                 let vmi = typed_vmi(st.registry.get(vmi_def(), ns, name).await?)?;
                 self.vmi_must_run(&vmi, name)?;
                 let paused = vmi
@@ -304,27 +295,15 @@ impl Subresources<'_> {
                     .as_ref()
                     .and_then(|s| s.condition(condition_types::PAUSED))
                     .is_some_and(|c| c.status == ConditionStatus::True);
-                match (action, paused) {
-                    ("pause", true) => {
-                        return Err(state_conflict(
-                            "virtualmachineinstance",
-                            name,
-                            "VMI is already paused",
-                        ));
-                    }
-                    ("unpause", false) => {
-                        return Err(state_conflict(
-                            "virtualmachineinstance",
-                            name,
-                            "VMI is not paused",
-                        ));
-                    }
-                    _ => {}
+                if let Some(why) = def.refusal(paused).filter(|_| def.checked_by_api) {
+                    return Err(state_conflict("virtualmachineinstance", name, why));
                 }
-                // KubeVirt answers a dry run after the checks, without the handler.
+                // KubeVirt answers a dry run after the checks, without the handler; otherwise
+                // the handler gets the body as sent (KubeVirt passes it on too) and decodes
+                // the action with the same catalogue entry.
                 if !dry_run {
                     let node = node_of(&vmi)?;
-                    if let Err(e) = self.handler.put_action(node, ns, name, action).await {
+                    if let Err(e) = self.handler.put_action(node, ns, name, sub, bytes).await {
                         return Ok(e.into_response());
                     }
                 }

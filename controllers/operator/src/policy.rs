@@ -235,28 +235,11 @@ impl FieldError {
 #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
 pub struct PolicyError(pub Vec<FieldError>);
 
-/// Parses a Go `time.Duration` string as `metav1.Duration` holds it: a sequence of decimal
-/// numbers, each with an optional fraction and a unit (`ns`, `us`/`µs`, `ms`, `s`, `m`, `h`),
-/// e.g. `24h0m0s`, `4m`, `1h30m`, `1.5s`; `0` alone is zero. humantime does the arithmetic; its
-/// extra units (days, months, words) and spaces are refused first, as Go refuses them.
+/// Parses a Go `time.Duration` string as `metav1.Duration` holds it
+/// ([`kubevirt_api::duration::parse`]), as the signed duration the policy computes with.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let invalid = || format!("invalid duration {s:?}");
-    let body = s.strip_prefix('+').unwrap_or(s);
-    if body.starts_with('-') {
-        return Err(format!("must be positive, got {s:?}"));
-    }
-    if body == "0" {
-        return Ok(Duration::ZERO);
-    }
-    // U+03BC (Greek mu) is Go's other spelling of U+00B5 (micro sign).
-    let body = body.replace('\u{3bc}', "\u{b5}");
-    let go_chars =
-        |c: char| c.is_ascii_digit() || matches!(c, '.' | 'n' | 'u' | '\u{b5}' | 'm' | 's' | 'h');
-    if body.is_empty() || !body.chars().all(go_chars) {
-        return Err(invalid());
-    }
-    let std = humantime::parse_duration(&body).map_err(|_| invalid())?;
-    Duration::try_from(std).map_err(|_| invalid())
+    let d = kubevirt_api::duration::parse(s)?;
+    Duration::try_from(d).map_err(|_| format!("invalid duration {s:?}"))
 }
 
 /// A duration the way Go prints one (`720h0m0s`, `4m0s`, `1.5s`), for messages.

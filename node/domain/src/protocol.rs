@@ -18,14 +18,6 @@ pub enum Request {
     Ping,
     /// Current state of the domain.
     GetStatus,
-    /// Pause the guest's vCPUs.
-    Pause,
-    /// Resume the guest's vCPUs.
-    Unpause,
-    /// ACPI reboot request.
-    SoftReboot,
-    /// Hard reset (the reset button): the guest restarts at once, nothing shuts down.
-    Reset,
     /// ACPI power button, then destroy after the grace period.
     Shutdown,
     /// Destroy the domain now.
@@ -45,7 +37,15 @@ pub enum Request {
     /// Stream [`Response::Migration`] (one per progress report, about every second,
     /// and one final) until the migration ends.
     WatchMigration,
+    /// A VMI action of the API catalogue (pause, unpause, softreboot, reset, …), carried
+    /// out on the domain. Untagged: the action's own `op` tag names it, so the messages
+    /// read as they did when each action was a variant here, and a new catalogued action
+    /// needs no change to this protocol.
+    #[serde(untagged)]
+    Action(VmiAction),
 }
+
+pub use kubevirt_api::catalogue::VmiAction;
 
 /// Directory, inside the private libvirtd's mount namespace, where the migration
 /// sockets live. The launcher binds `<cmd socket dir>/migration` (host side, shared with
@@ -315,7 +315,21 @@ mod tests {
 
     #[test]
     fn messages_are_tagged_json() -> Result<(), serde_json::Error> {
-        assert_eq!(serde_json::to_string(&Request::Pause)?, r#"{"op":"pause"}"#);
+        assert_eq!(
+            serde_json::to_string(&Request::Action(VmiAction::Pause))?,
+            r#"{"op":"pause"}"#
+        );
+        for (line, req) in [
+            (r#"{"op":"pause"}"#, Request::Action(VmiAction::Pause)),
+            (
+                r#"{"op":"softReboot"}"#,
+                Request::Action(VmiAction::SoftReboot),
+            ),
+            (r#"{"op":"getStatus"}"#, Request::GetStatus),
+        ] {
+            assert_eq!(serde_json::from_str::<Request>(line)?, req);
+        }
+        assert!(serde_json::from_str::<Request>(r#"{"op":"fly"}"#).is_err());
         let r = Response::Event(DomainEvent::Crashed {
             reason: "qemu died".into(),
         });

@@ -34,7 +34,7 @@ use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstanceStatus};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use virt_domain::domain_name;
-use virt_domain::protocol::{DomainEvent, Request, Response};
+use virt_domain::protocol::{DomainEvent, Request, Response, VmiAction};
 
 pub use client::{ClientError, LauncherClient};
 pub use status::{Observation, vmi_status};
@@ -283,15 +283,16 @@ impl Handler {
 
     /// Pauses the guest.
     pub async fn pause(&self, key: &str) -> Result<(), HandlerError> {
-        self.simple(key, Request::Pause).await
+        self.simple(key, Request::Action(VmiAction::Pause)).await
     }
     /// Resumes the guest.
     pub async fn unpause(&self, key: &str) -> Result<(), HandlerError> {
-        self.simple(key, Request::Unpause).await
+        self.simple(key, Request::Action(VmiAction::Unpause)).await
     }
     /// ACPI reboot.
     pub async fn soft_reboot(&self, key: &str) -> Result<(), HandlerError> {
-        self.simple(key, Request::SoftReboot).await
+        self.simple(key, Request::Action(VmiAction::SoftReboot))
+            .await
     }
     /// Graceful shutdown (ACPI, then destroy after the grace period).
     pub async fn shutdown(&self, key: &str) -> Result<(), HandlerError> {

@@ -1,7 +1,7 @@
 //! The HTTPS server on :8186 (cluster-flow.md §4): mutual TLS (only clients whose
 //! certificate chains to the configured CA get past the handshake, and only virt-apiserver's
-//! certificate gets an answer other than 403), KubeVirt's paths for
-//! pause/unpause/softreboot, and the console/VNC websockets.
+//! certificate gets an answer other than 403), KubeVirt's paths for the VMI actions of the
+//! API catalogue (pause, unpause, softreboot, reset, …), and the console/VNC websockets.
 //!
 //! Console: one connection to QEMU's console socket per VMI, shared by every session
 //! (QEMU serves one client at a time). Its output goes to all sessions; input is taken
@@ -25,6 +25,7 @@ use bytes::Bytes;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
+use kubevirt_api::catalogue::{self, VmiActionDef};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::net::unix::OwnedWriteHalf;
@@ -207,30 +208,37 @@ fn conflict(message: String) -> Response {
 async fn action(
     State(st): State<AppState>,
     UrlPath((ns, name, action)): UrlPath<(String, String, String)>,
+    body: Bytes,
 ) -> Response {
     let metrics = st.metrics.clone();
-    let label = match action.as_str() {
-        a @ ("pause" | "unpause" | "softreboot" | "reset") => a.to_string(),
-        _ => "unknown".to_string(),
+    let def = catalogue::vmi_action_named(&action);
+    let r = match def {
+        Some(def) => do_action(st, ns, name, def, &body).await,
+        None => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("unknown action {action:?}"),
+        ),
     };
-    let r = do_action(st, ns, name, action).await;
-    metrics.request(&label, r.status().as_u16());
+    metrics.request(
+        def.map_or("unknown", |d| d.subresource.name),
+        r.status().as_u16(),
+    );
     r
 }
 
-async fn do_action(st: AppState, ns: String, name: String, action: String) -> Response {
-    let req = match action.as_str() {
-        "pause" => Request::Pause,
-        "unpause" => Request::Unpause,
-        "softreboot" => Request::SoftReboot,
-        "reset" => Request::Reset,
-        _ => {
-            return status(
-                StatusCode::NOT_FOUND,
-                "NotFound",
-                format!("unknown action {action:?}"),
-            );
-        }
+/// Any VMI action of the API catalogue: its options from the body virt-apiserver passed on,
+/// its paused rule checked against the domain, then the launcher carries it out.
+async fn do_action(
+    st: AppState,
+    ns: String,
+    name: String,
+    def: &'static VmiActionDef,
+    body: &[u8],
+) -> Response {
+    let action = match (def.decode)(body) {
+        Ok((action, _dry_run)) => action,
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
     };
     let Some(uid) = st.registry.uid(&ns, &name) else {
         return not_found(&ns, &name);
@@ -248,19 +256,17 @@ async fn do_action(st: AppState, ns: String, name: String, action: String) -> Re
         }
         Err(e) => return conflict(format!("VMI {ns}/{name} is not running: {e}")),
     };
-    let wrong = match (&req, state) {
-        (Request::Pause, DomainState::Paused) => Some("VMI is already paused"),
-        (Request::Unpause, DomainState::Running) => Some("VMI is not paused"),
-        (Request::SoftReboot, DomainState::Paused) => Some("VMI is paused"),
-        (_, DomainState::Running | DomainState::Paused) => None,
+    let wrong = match state {
+        DomainState::Running => def.refusal(false),
+        DomainState::Paused => def.refusal(true),
         _ => Some("VMI is not running"),
     };
     if let Some(w) = wrong {
         return conflict(w.to_string());
     }
-    match launcher.call(&req).await {
+    match launcher.call(&Request::Action(action)).await {
         Ok(LauncherResponse::Ok) => {
-            tracing::info!(%ns, %name, %action, "done");
+            tracing::info!(%ns, %name, action = action.name(), "done");
             (StatusCode::OK, Json(serde_json::json!({}))).into_response()
         }
         Ok(LauncherResponse::Error { message }) => conflict(message),

@@ -86,10 +86,7 @@ async fn connection(
                 version: PROTOCOL_VERSION,
             },
             Request::GetStatus => Response::Status(running.status()),
-            Request::Pause => done(h.pause().await),
-            Request::Unpause => done(h.resume().await),
-            Request::SoftReboot => done(h.reboot().await),
-            Request::Reset => done(h.reset().await),
+            Request::Action(a) => done(h.act(a).await),
             Request::Kill => done(h.destroy().await),
             Request::Shutdown => {
                 shutdown.cancel();
