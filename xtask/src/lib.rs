@@ -74,7 +74,7 @@ pub const SUBCOMMANDS: &[Subcommand] = &[
     },
     Subcommand {
         name: "bench",
-        about: "Run a benchmark and write the figures to docs/benchmarks.md",
+        about: "Run a benchmark (`bench all`: every one) and write its figures to docs/benchmarks.md",
         needs: Needs::All,
     },
     Subcommand {

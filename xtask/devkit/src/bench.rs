@@ -1,10 +1,12 @@
 //! `cargo xtask bench …`: benchmarks that print a summary and record their figures in
-//! their own section of docs/benchmarks.md.
+//! their own generated section of docs/benchmarks.md (section.rs: provenance, markers,
+//! median with min–max); `bench all` runs every one of them and so rebuilds the document.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 
+mod all;
 mod apiserver;
 mod crd;
 mod drain;
@@ -12,7 +14,11 @@ mod migrate;
 mod network;
 mod portforward;
 pub(crate) mod report;
+pub(crate) mod section;
 mod start;
+
+use all::AllArgs;
+use section::Section;
 
 /// Arguments.
 #[derive(clap::Args, Debug)]
@@ -45,42 +51,41 @@ pub enum Bench {
     /// `kubectl virt port-forward` against a direct connection to the VMI's pod IP, in one
     /// run: download throughput and small-request round trips (local cluster).
     PortForward(portforward::PortForwardArgs),
+    /// Every benchmark above, one after the other, each writing its section: the whole of
+    /// docs/benchmarks.md from one command (needs the two-node local cluster with
+    /// kubevirt-rs deployed, and an otherwise idle machine; about 35 minutes on 2 CPUs).
+    All(AllArgs),
 }
 
 /// Arguments of the launcher benchmark.
 #[derive(clap::Args, Debug)]
 pub struct LauncherArgs {
     /// Boots per variant (bare QEMU and virt-launcher alternate).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// Only print the figures; leave docs/benchmarks.md alone.
     #[arg(long)]
     pub no_docs: bool,
 }
 
-/// Heading of the launcher section (the guest module renders the table under it).
-const LAUNCHER_HEADING: &str = "## Launcher (TCG, busybox guest, same run)";
-
 fn launcher(args: LauncherArgs) -> anyhow::Result<()> {
-    let bench = crate::guest::bench_launcher(args.runs.max(1))?;
-    let table = bench.markdown();
-    print!("{table}");
-    if args.no_docs {
-        return Ok(());
-    }
-    let machine = report::Machine::probe();
-    let date = report::now_utc();
-    let body = table.strip_prefix(LAUNCHER_HEADING).unwrap_or(&table);
-    let section = format!(
-        "{LAUNCHER_HEADING}\n\nCommand: `cargo xtask bench launcher --runs {}`; {date}; machine: {machine}. \
-         The guest is the tiny busybox guest of `cargo xtask guest`; both variants boot the same \
-         kernel and initramfs under TCG. Goals: overhead ≤ 1 s, ≤ 40 MiB per VM beside QEMU \
-         (KubeVirt reserves 240 MiB).\n{body}",
-        args.runs
+    let runs = args.runs.max(1);
+    // Taken before the run: the figures belong to the code and machine at its start.
+    let provenance =
+        section::Provenance::probe(format!("cargo xtask bench launcher --runs {runs}"));
+    let bench = crate::guest::bench_launcher(runs)?;
+    let body = format!(
+        "Both variants boot the tiny busybox guest of `cargo xtask guest` (same kernel and \
+         initramfs, TCG), alternating, {runs} boots each; the first, unmeasured boot warms \
+         virt-launcher only. Memory is measured once, at the last launcher's banner. Goals: \
+         overhead ≤ 1 s, ≤ 40 MiB per VM beside QEMU (KubeVirt reserves 240 MiB).\n\n{}",
+        bench.markdown()
     );
-    let path = write_section(LAUNCHER_HEADING, &section)?;
-    eprintln!("figures written to {}", path.display());
-    Ok(())
+    print!("{body}");
+    record(
+        &Section::new(section::LAUNCHER, provenance, body),
+        args.no_docs,
+    )
 }
 
 /// A VM of the test guest (256 MiB, kernel boot from its image, 5 s grace) for the
@@ -116,6 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Bench::Drain(a) => drain::run(a),
         Bench::Network(a) => network::run(a),
         Bench::PortForward(a) => portforward::run(a),
+        Bench::All(a) => all::run(a),
     }
 }
 
@@ -124,8 +130,19 @@ fn docs_path() -> PathBuf {
     crate::workspace_root().join("docs").join("benchmarks.md")
 }
 
-/// Replaces (or appends) the section under `heading` in docs/benchmarks.md.
-fn write_section(heading: &str, section: &str) -> anyhow::Result<PathBuf> {
+/// Writes `section` into docs/benchmarks.md unless `no_docs` (the benchmark has printed
+/// its figures either way).
+fn record(section: &Section, no_docs: bool) -> anyhow::Result<()> {
+    if no_docs {
+        return Ok(());
+    }
+    let path = write_generated(section.slot.key, &section.render())?;
+    eprintln!("figures written to {}", path.display());
+    Ok(())
+}
+
+/// Replaces (or appends) the generated section `key` in docs/benchmarks.md.
+fn write_generated(key: &str, rendered: &str) -> anyhow::Result<PathBuf> {
     let path = docs_path();
     // Read right before writing: other benchmarks may have updated their sections
     // while this one ran, and those must survive.
@@ -134,7 +151,8 @@ fn write_section(heading: &str, section: &str) -> anyhow::Result<PathBuf> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
-    let out = report::replace_section(&doc, heading, section);
+    let out = section::replace_generated(&doc, key, rendered)
+        .with_context(|| format!("updating {}", path.display()))?;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }

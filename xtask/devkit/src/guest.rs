@@ -61,38 +61,25 @@ pub struct LauncherBench {
     pub libvirtd_mem: (u64, u64),
 }
 
-fn median(v: &[Duration]) -> Duration {
-    let mut v = v.to_vec();
-    v.sort();
-    v.get(v.len() / 2).copied().unwrap_or_default()
-}
-
 impl LauncherBench {
-    /// The figures as a markdown section.
+    /// The figures as markdown tables (no heading: the caller places them).
     pub fn markdown(&self) -> String {
-        let fmt = |v: &[Duration]| {
-            v.iter()
-                .map(|d| format!("{:.2}", d.as_secs_f64()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let (bare, launcher) = (median(&self.bare), median(&self.launcher));
+        use crate::bench::section::Runs;
+        let (bare, launcher) = (Runs::secs(&self.bare), Runs::secs(&self.launcher));
+        let overhead = launcher.median().unwrap_or(0.0) - bare.median().unwrap_or(0.0);
         let mib = |k: u64| k as f64 / 1024.0;
         format!(
-            "## Launcher (TCG, busybox guest, same run)\n\n\
-             | what | median | runs (s) |\n|---|---|---|\n\
-             | bare qemu-system-x86_64 → banner | {:.2} s | {} |\n\
-             | virt-launcher start → banner on console socket | {:.2} s | {} |\n\
-             | launcher overhead | {:.2} s | |\n\n\
+            "| what | median of {} (min–max) |\n|---|---|\n\
+             | bare qemu-system-x86_64 → banner | {} |\n\
+             | virt-launcher start → banner on console socket | {} |\n\
+             | launcher overhead (difference of the medians) | {overhead:.2} s |\n\n\
              | per-VM memory beside QEMU | RSS | PSS |\n|---|---|---|\n\
              | virt-launcher | {:.1} MiB | {:.1} MiB |\n\
              | private libvirtd (+ unshare, sh) | {:.1} MiB | {:.1} MiB |\n\
              | total | {:.1} MiB | {:.1} MiB |\n",
-            bare.as_secs_f64(),
-            fmt(&self.bare),
-            launcher.as_secs_f64(),
-            fmt(&self.launcher),
-            launcher.as_secs_f64() - bare.as_secs_f64(),
+            bare.len(),
+            bare.summary(2, "s"),
+            launcher.summary(2, "s"),
             mib(self.launcher_mem.0),
             mib(self.launcher_mem.1),
             mib(self.libvirtd_mem.0),
@@ -258,4 +245,29 @@ fn descendants(root: u32) -> Vec<u32> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launcher_table_has_medians_ranges_and_overhead() {
+        let s = Duration::from_millis;
+        let b = LauncherBench {
+            bare: vec![s(2400), s(2200), s(2300)],
+            launcher: vec![s(2900), s(2700), s(2800)],
+            launcher_mem: (20 * 1024, 10 * 1024),
+            libvirtd_mem: (30 * 1024, 15 * 1024),
+        };
+        let t = b.markdown();
+        assert!(t.contains("| what | median of 3 (min–max) |"), "{t}");
+        assert!(t.contains("| 2.30 s (2.20–2.40) |"), "{t}");
+        assert!(t.contains("| 2.80 s (2.70–2.90) |"), "{t}");
+        assert!(
+            t.contains("| launcher overhead (difference of the medians) | 0.50 s |"),
+            "{t}"
+        );
+        assert!(t.contains("| total | 50.0 MiB | 25.0 MiB |"), "{t}");
+    }
 }

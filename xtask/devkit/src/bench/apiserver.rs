@@ -14,9 +14,9 @@ use anyhow::Context;
 use serde_json::{Value, json};
 use virt_devenv::{DevEnv, Options};
 
-use super::report::{self, Machine, bytes, p50_p99_max, p50_p99_max_ns};
+use super::report::{self, bytes, p50_p99_max, p50_p99_max_ns};
+use super::section::{self, Provenance, Section};
 
-const HEADING: &str = "## virt-apiserver (cargo xtask bench apiserver)";
 const VMS: &str = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines";
 /// Written by each update: the update's sequence number and when it was sent, in
 /// nanoseconds since the benchmark's start instant. One process owns the clock, so a
@@ -74,10 +74,10 @@ pub fn run(args: ApiserverArgs) -> anyhow::Result<()> {
         return super::crd::run(args);
     }
     let bin = crate::dev_apiserver::build_apiserver(true)?;
-    let machine = Machine::probe();
     let etcd_bin = Options::default().etcd_bin;
     let etcd_version = etcd_version(&etcd_bin);
-    let date = utc_now();
+    // Taken before the run: the figures belong to the code and machine at its start.
+    let provenance = Provenance::probe(args.command());
     eprintln!("starting etcd and the release virt-apiserver");
     let mut env = DevEnv::start(Options {
         apiserver_bin: bin,
@@ -109,12 +109,29 @@ pub fn run(args: ApiserverArgs) -> anyhow::Result<()> {
                 .join("\n")
         );
     }
-    if !args.no_docs {
-        let section = section(&date, &machine, &etcd_version, &args, &rows, &results);
-        let path = super::write_section(HEADING, &section)?;
-        println!("wrote {}", path.display());
+    let body = body(&etcd_version, &args, &rows, &results);
+    super::record(
+        &Section::new(section::APISERVER, provenance, body),
+        args.no_docs,
+    )
+}
+
+impl ApiserverArgs {
+    /// The command that reproduces this run, every option that shapes the figures spelt out.
+    pub fn command(&self) -> String {
+        format!(
+            "cargo xtask bench apiserver{} --count {} --concurrency {} --lists {} --page-size {} \
+             --watchers {} --updates {}{}",
+            if self.vs_crd { " --vs-crd" } else { "" },
+            self.count,
+            self.concurrency,
+            self.lists,
+            self.page_size,
+            self.watchers,
+            self.updates,
+            if self.this_build { " --this-build" } else { "" },
+        )
     }
-    Ok(())
 }
 
 /// The client's runtime: two workers, like the machine's CPUs.
@@ -868,22 +885,16 @@ fn table(rows: &[(String, String)]) -> String {
     s
 }
 
-fn section(
-    date: &str,
-    machine: &Machine,
+fn body(
     etcd_version: &str,
     args: &ApiserverArgs,
     rows: &[(String, String)],
     results: &Results,
 ) -> String {
-    let mut s = format!("{HEADING}\n\n");
-    s.push_str(&format!(
-        "Measured {date} with `cargo xtask bench apiserver --count {} --concurrency {} --lists {} --page-size {} --watchers {} --updates {}`.\n\n",
-        args.count, args.concurrency, args.lists, args.page_size, args.watchers, args.updates
-    ));
-    s.push_str(&format!(
-        "- Machine: {machine}; etcd {etcd_version} (Debian, default settings, data in a temp dir).\n"
-    ));
+    let mut s = format!(
+        "- One run (no repetitions yet: issue 21); etcd {etcd_version} (Debian, default \
+         settings, data in a temp dir).\n"
+    );
     let client = if cfg!(debug_assertions) {
         "an unoptimised build"
     } else {
@@ -927,18 +938,6 @@ fn section(
 fn tail(log: &str, n: usize) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-pub(super) fn utc_now() -> String {
-    let t = time::OffsetDateTime::now_utc();
-    format!(
-        "{:04}-{:02}-{:02} {:02}:{:02} UTC",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute()
-    )
 }
 
 pub(super) fn etcd_version(bin: &Path) -> String {
@@ -1127,19 +1126,16 @@ mod tests {
             this_build: true,
             vs_crd: false,
         };
-        let m = Machine {
-            cpus: 2,
-            cpu_model: "X".into(),
-            mem_total: 1 << 30,
-            kernel: "6".into(),
-        };
-        let s = section("d", &m, "3.4", &args, &rows, &Results::default());
-        assert!(s.starts_with(HEADING));
-        // The section must not contain a heading that would end it early on re-runs.
+        let s = body("3.4", &args, &rows, &Results::default());
+        // The body must not carry a heading of its own: the section supplies it.
         assert!(
             !s.lines()
-                .skip(1)
                 .any(|l| l.starts_with("# ") || l.starts_with("## "))
+        );
+        assert_eq!(
+            args.command(),
+            "cargo xtask bench apiserver --count 1 --concurrency 1 --lists 1 --page-size 1 \
+             --watchers 0 --updates 0 --this-build"
         );
     }
 }

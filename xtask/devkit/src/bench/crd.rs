@@ -17,9 +17,9 @@ use virt_devenv::{DevEnv, Options};
 use super::apiserver::{
     self, ApiserverArgs, Pids, Results, Target, bench, bench_devenv, client, parse_stat,
 };
-use super::report::{Machine, bytes, ms, percentile};
+use super::report::{bytes, ms, percentile};
+use super::section::{self, Provenance, Section};
 
-pub(super) const HEADING: &str = "## virt-apiserver vs CRD on kube-apiserver";
 const GROUP: &str = "bench.kubevirt-rs.io";
 const CRD_NAME: &str = "virtualmachines.bench.kubevirt-rs.io";
 /// The cluster's etcd client port (xtask/src/cluster).
@@ -54,8 +54,8 @@ pub fn run(args: ApiserverArgs) -> anyhow::Result<()> {
 }
 
 fn run_sides(args: &ApiserverArgs, kubeconfig: &std::path::Path) -> anyhow::Result<()> {
-    let machine = Machine::probe();
-    let date = apiserver::utc_now();
+    // Taken before the run: the figures belong to the code and machine at its start.
+    let provenance = Provenance::probe(args.command());
     let rt = apiserver::runtime()?;
 
     // (a) ours.
@@ -110,38 +110,31 @@ fn run_sides(args: &ApiserverArgs, kubeconfig: &std::path::Path) -> anyhow::Resu
 
     let text = comparison(args, &ours, &crd);
     println!("\n{text}");
-    if !args.no_docs {
-        let section = format!(
-            "{HEADING}\n\nMeasured {date} with `cargo xtask bench apiserver --vs-crd --count {} \
-             --concurrency {} --lists {} --watchers {} --updates {}`; machine: {machine}.\n\n\
-             - (a) ours: the release virt-apiserver with its own etcd {etcd_version} (DevEnv, \
-             127.0.0.1), talked to directly with a client certificate — not through \
-             kube-apiserver's aggregator.\n\
-             - (b) CRD: `{CRD_NAME}` (kind VirtualMachine, our OpenAPI v3 schema with \
-             `metadata` as a plain object, status subresource), created by the benchmark on the \
-             local cluster's kube-apiserver (`cargo xtask cluster`, v1.34) with its etcd, talked \
-             to directly with the admin client certificate; deleted at the end.\n\
-             - The same phases for both, one after the other, with the same client: create \
-             {n} VirtualMachines ({c} in flight), LIST all of them {l} times, {w} watches while \
-             {u} merge-patch updates are made ({c} in flight). Memory added per 10k objects is \
-             (VmRSS after − VmRSS before the load) × 10000 / {n}, API server plus its etcd; \
-             the watch buffers are included. The client and both servers share the machine's \
-             CPUs; the cluster's other components keep running during (a).\n\n{text}",
-            args.count,
-            args.concurrency,
-            args.lists,
-            args.watchers,
-            args.updates,
-            n = args.count,
-            c = args.concurrency,
-            l = args.lists,
-            w = args.watchers,
-            u = args.updates,
-        );
-        let path = super::write_section(HEADING, &section)?;
-        println!("wrote {}", path.display());
-    }
-    Ok(())
+    let body = format!(
+        "- One run of each side, (a) then (b), not alternated or repeated yet (issue 21).\n\
+         - (a) ours: the release virt-apiserver with its own etcd {etcd_version} (DevEnv, \
+         127.0.0.1, `--standalone`: no namespace-lifecycle admission, no SubjectAccessReview), \
+         talked to directly with a client certificate — not through kube-apiserver's \
+         aggregator.\n\
+         - (b) CRD: `{CRD_NAME}` (kind VirtualMachine, our OpenAPI v3 schema with `metadata` as \
+         a plain object, status subresource), created by the benchmark on the local cluster's \
+         kube-apiserver (`cargo xtask cluster`, v1.34) with the cluster's own etcd (shared with \
+         the rest of the cluster), talked to directly with the admin client certificate; \
+         deleted at the end.\n\
+         - The same phases for both, one after the other, with the same client: create {n} \
+         VirtualMachines ({c} in flight), LIST all of them {l} times, {w} watches while {u} \
+         merge-patch updates are made ({c} in flight). \"RSS added per 10k objects\" is (VmRSS \
+         after − VmRSS before the whole run) × 10000 / {n}, API server plus its etcd: it \
+         includes the LISTs, the watches and the updates (and Go's retained heap), so it is not \
+         a per-object cost. The client and both servers share the machine's CPUs; the cluster's \
+         other components keep running during (a).\n\n{text}",
+        n = args.count,
+        c = args.concurrency,
+        l = args.lists,
+        w = args.watchers,
+        u = args.updates,
+    );
+    super::record(&Section::new(section::CRD, provenance, body), args.no_docs)
 }
 
 /// Server, CA and client identity of the admin kubeconfig (written by cluster/pki.rs

@@ -15,10 +15,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use super::report::{Machine, percentile};
+use super::section::{self, Provenance, Runs, Section};
 use crate::deploy::Kubectl as Kube;
 
-pub const HEADING: &str = "## Node drain (cargo xtask bench drain)";
 /// KubeVirt's default parallelOutboundMigrationsPerNode, which virt-controller enforces.
 const OUTBOUND_LIMIT: usize = 2;
 
@@ -51,20 +50,6 @@ pub struct Figures {
     pub restarts: usize,
 }
 
-fn median_min_max(v: &[Duration]) -> String {
-    let mut s = v.to_vec();
-    s.sort_unstable();
-    match (percentile(&s, 50.0), s.first(), s.last()) {
-        (Some(m), Some(a), Some(b)) => format!(
-            "{:.1} s ({:.1}–{:.1})",
-            m.as_secs_f64(),
-            a.as_secs_f64(),
-            b.as_secs_f64()
-        ),
-        _ => "n/a".into(),
-    }
-}
-
 /// The goal for `vms` VMs given one migration's median.
 pub fn goal(vms: usize, single: Duration) -> Duration {
     let waves = u32::try_from(vms.div_ceil(OUTBOUND_LIMIT)).unwrap_or(u32::MAX);
@@ -78,20 +63,17 @@ pub fn table(all: &[Figures]) -> String {
          |---|---|---|---|---|---|\n"
     );
     for f in all {
-        let mut singles = f.singles.clone();
-        singles.sort_unstable();
-        let single = percentile(&singles, 50.0).unwrap_or_default();
-        let mut drains = f.drains.clone();
-        drains.sort_unstable();
-        let drain = percentile(&drains, 50.0).unwrap_or_default();
+        let (drains, singles) = (Runs::secs(&f.drains), Runs::secs(&f.singles));
+        let single = Duration::from_secs_f64(singles.median().unwrap_or_default());
         let goal = goal(f.vms, single);
+        let met = drains.median().is_some_and(|d| d <= goal.as_secs_f64());
         out.push_str(&format!(
             "| {} | {} | {} | {:.1} s | {} | {} |\n",
             f.vms,
-            median_min_max(&f.drains),
-            median_min_max(&f.singles),
+            drains.summary(1, "s"),
+            singles.summary(1, "s"),
             goal.as_secs_f64(),
-            if drain <= goal { "yes" } else { "no" },
+            if met { "yes" } else { "no" },
             f.restarts,
         ));
     }
@@ -222,6 +204,9 @@ fn measure(
 
 /// Runs the benchmark.
 pub fn run(args: DrainArgs) -> anyhow::Result<()> {
+    // Taken before the run: the figures belong to the code and machine at its start.
+    let provenance = Provenance::probe(args.command());
+
     let kubeconfig = args
         .kubeconfig
         .clone()
@@ -253,31 +238,34 @@ pub fn run(args: DrainArgs) -> anyhow::Result<()> {
     }
     let table = table(&figures);
     print!("{table}");
-    if args.no_docs {
-        return Ok(());
-    }
-    let section = format!(
-        "{HEADING}\n\nCommand: `cargo xtask bench drain --vms {} --runs {}`; commit {}; {}; machine: {}. \
-         N idle test guests (busybox initramfs, 256 MiB, TCG, `evictionStrategy: LiveMigrate`) on \
-         one node of the local cluster; each run first migrates one of them there and back \
-         (VMIM created → `Succeeded`, two samples per run), then times `kubectl drain NODE \
-         --ignore-daemonsets --delete-emptydir-data --pod-selector=kubevirt.io=virt-launcher` from \
-         start to exit (drain retries each refused eviction every 5 s), checks every VM runs on the \
-         other node as the same VMI, uncordons, and the next run drains the other way. Limits: \
-         parallelOutboundMigrationsPerNode 2, parallelMigrationsPerCluster 5.\n\n{table}",
-        args.vms
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(","),
-        args.runs,
-        super::report::commit(),
-        super::report::now_utc(),
-        Machine::probe(),
+    let section = Section::new(
+        section::DRAIN,
+        provenance,
+        format!("{DESCRIPTION}\n\n{table}"),
     );
-    let path = super::write_section(HEADING, &section)?;
-    eprintln!("figures written to {}", path.display());
-    Ok(())
+    super::record(&section, args.no_docs)
+}
+
+/// What the table measures; the same for every run.
+const DESCRIPTION: &str = "N idle test guests (busybox initramfs, 256 MiB, TCG, \
+    `evictionStrategy: LiveMigrate`) on one node of the local cluster; each run first migrates one \
+    of them there and back (VMIM created → `Succeeded`, two samples per run), then times \
+    `kubectl drain NODE --ignore-daemonsets --delete-emptydir-data \
+    --pod-selector=kubevirt.io=virt-launcher` from start to exit (drain retries each refused \
+    eviction every 5 s), checks every VM runs on the other node as the same VMI, uncordons, and \
+    the next run drains the other way. Limits: parallelOutboundMigrationsPerNode 2, \
+    parallelMigrationsPerCluster 5. Median and min–max over the runs.";
+
+impl DrainArgs {
+    /// The command that reproduces this run, every option spelt out.
+    pub fn command(&self) -> String {
+        let vms: Vec<String> = self.vms.iter().map(ToString::to_string).collect();
+        format!(
+            "cargo xtask bench drain --vms {} --runs {}",
+            vms.join(","),
+            self.runs
+        )
+    }
 }
 
 #[cfg(test)]
@@ -290,6 +278,17 @@ mod tests {
         assert_eq!(goal(4, one), Duration::from_secs(2 * 2 * 8 + 10));
         assert_eq!(goal(5, one), Duration::from_secs(2 * 3 * 8 + 10));
         assert_eq!(goal(1, one), Duration::from_secs(2 * 8 + 10));
+    }
+
+    #[test]
+    fn command_spells_out_the_options() {
+        let a = DrainArgs {
+            vms: vec![4, 16],
+            runs: 3,
+            kubeconfig: None,
+            no_docs: false,
+        };
+        assert_eq!(a.command(), "cargo xtask bench drain --vms 4,16 --runs 3");
     }
 
     #[test]

@@ -18,9 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use super::report::{Machine, percentile};
+use super::section::{self, Provenance, Runs, Section};
 
-pub const HEADING: &str = "## Live migration (cargo xtask bench migrate)";
 const VM: &str = "mover";
 
 /// Arguments of `cargo xtask bench migrate`.
@@ -51,45 +50,29 @@ pub struct Sample {
     pub transfer: Option<Duration>,
 }
 
-fn median<T: Copy + Ord>(v: &[T]) -> Option<T> {
-    let mut s = v.to_vec();
-    s.sort_unstable();
-    percentile(&s, 50.0)
-}
-
-fn secs(d: Option<Duration>) -> String {
-    d.map_or("n/a".into(), |d| format!("{:.2} s", d.as_secs_f64()))
-}
-
-/// The figures as a markdown table: medians, then every run.
+/// The figures as a markdown table: per column the median of the runs with their range
+/// (each column's median may come from a different run).
 pub fn table(cluster: &[Sample], bare: &[Sample]) -> String {
     let row = |name: &str, s: &[Sample]| {
-        let total = median(&s.iter().map(|x| x.total).collect::<Vec<_>>());
-        let transfer = median(&s.iter().filter_map(|x| x.transfer).collect::<Vec<_>>());
-        let down = median(&s.iter().filter_map(|x| x.downtime_ms).collect::<Vec<_>>());
-        let bytes = median(&s.iter().filter_map(|x| x.bytes).collect::<Vec<_>>());
-        let runs: Vec<String> = s
-            .iter()
-            .map(|x| {
-                format!(
-                    "{:.2} s / {}",
-                    x.total.as_secs_f64(),
-                    x.downtime_ms.map_or("n/a".into(), |d| format!("{d} ms"))
-                )
-            })
-            .collect();
+        let total = Runs::secs(&s.iter().map(|x| x.total).collect::<Vec<_>>());
+        let transfer = Runs::secs(&s.iter().filter_map(|x| x.transfer).collect::<Vec<_>>());
+        let down = Runs::new(s.iter().filter_map(|x| x.downtime_ms).map(|d| d as f64));
+        let moved = Runs::new(
+            s.iter()
+                .filter_map(|x| x.bytes)
+                .map(|b| b as f64 / 1048576.0),
+        );
         format!(
-            "| {name} | {} | {} | {} | {} | {} |\n",
-            secs(total),
-            secs(transfer),
-            down.map_or("n/a".into(), |d| format!("{d} ms")),
-            bytes.map_or("n/a".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
-            runs.join(", ")
+            "| {name} | {} | {} | {} | {} |\n",
+            total.summary(2, "s"),
+            transfer.summary(2, "s"),
+            down.summary(0, "ms"),
+            moved.summary(1, "MiB"),
         )
     };
     format!(
-        "| variant | total (median) | transfer (median) | downtime (median) | moved (median) | runs: total / downtime |\n\
-         |---|---|---|---|---|---|\n{}{}",
+        "| variant | total | transfer | downtime | moved |\n\
+         |---|---|---|---|---|\n{}{}",
         row("kubevirt-rs: VMIM created → Succeeded", cluster),
         row("bare QEMU → QEMU (QMP migrate, unix socket)", bare),
     )
@@ -325,6 +308,8 @@ fn cluster_once(kube: &Kube, ns: &str, n: usize) -> anyhow::Result<Sample> {
 /// Runs the benchmark.
 pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
     let runs = args.runs.max(1);
+    // Taken before the run: the figures belong to the code and machine at its start.
+    let provenance = Provenance::probe(format!("cargo xtask bench migrate --runs {runs}"));
     let guest = virt_testguest::ensure(&virt_testguest::default_dir())?;
     let kubeconfig = args
         .kubeconfig
@@ -340,7 +325,9 @@ pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
     }
     let ns = format!("bench-migrate-{}", std::process::id());
     kube.run(&["create", "namespace", &ns], None)?;
-    let result = (|| -> anyhow::Result<Vec<Sample>> {
+    let dir =
+        std::env::temp_dir().join(format!("kubevirt-rs-bench-migrate-{}", std::process::id()));
+    let result = (|| -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
         kube.run(&["apply", "-f", "-"], Some(&super::test_guest_vm(VM, &ns)))?;
         wait_for("the VM to run", Duration::from_secs(300), || {
             kube.run(
@@ -359,50 +346,43 @@ pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
         })?;
         // Booted and idle (the banner comes ~2 s after Running under TCG).
         std::thread::sleep(Duration::from_secs(10));
-        let mut out = Vec::new();
+        // The two sides alternate so that a slow patch of this shared machine hits both.
+        let mut out = (Vec::new(), Vec::new());
         for n in 0..runs {
             let s = cluster_once(&kube, &ns, n)?;
             eprintln!("cluster run {n}: {s:?}");
-            out.push(s);
+            out.0.push(s);
             // The source pod goes with its grace period; let the node settle.
             std::thread::sleep(Duration::from_secs(5));
+            let s = bare_once(&guest, &dir)?;
+            eprintln!("bare run {n}: {s:?}");
+            out.1.push(s);
         }
         Ok(out)
     })();
     let _ = kube.run(&["delete", "namespace", &ns, "--wait=false"], None);
-    let cluster = result?;
-    let dir =
-        std::env::temp_dir().join(format!("kubevirt-rs-bench-migrate-{}", std::process::id()));
-    let mut bare = Vec::new();
-    for n in 0..runs {
-        let s = bare_once(&guest, &dir)?;
-        eprintln!("bare run {n}: {s:?}");
-        bare.push(s);
-    }
     let _ = std::fs::remove_dir_all(&dir);
-
+    let (cluster, bare) = result?;
     let table = table(&cluster, &bare);
     print!("{table}");
-    if args.no_docs {
-        return Ok(());
-    }
-    let machine = Machine::probe();
-    let date = super::report::now_utc();
-    let section = format!(
-        "{HEADING}\n\nCommand: `cargo xtask bench migrate --runs {runs}`; {date}; machine: {machine}. \
-         An idle test guest (busybox initramfs, 256 MiB, TCG) migrated {runs} times between the \
+    let description = format!(
+        "An idle test guest (busybox initramfs, 256 MiB, TCG) migrated {runs} times between the \
          two nodes of the local cluster (both kubelets on this machine; the stream goes \
          launcher → virt-handler's mTLS proxy → the other handler → the target launcher over the \
-         bridge), against bare QEMU → QEMU in the same run (QMP `migrate` over a unix socket, \
-         no TLS, no libvirt). Total = request → done as a client sees it (VMIM created → \
-         `Succeeded`, polled every 100 ms; QMP `migrate` → `completed`, polled every 20 ms); \
-         the cluster's total includes the target pod (scheduling, image copy, its libvirtd) and \
-         the hand-offs through the API. Transfer: QEMU's `total-time`; for the cluster the VMIM's \
-         `Running` → `Succeeded` stamps (whole seconds). Downtime: libvirt's/QEMU's measured pause.\n\n{table}"
+         bridge), against bare QEMU → QEMU (QMP `migrate` over a unix socket, no TLS, no \
+         libvirt), the two alternating in one run. Total = request → done as a client sees it \
+         (VMIM created → `Succeeded`, polled every 100 ms; QMP `migrate` → `completed`, polled \
+         every 20 ms); the cluster's total includes the target pod (scheduling, image copy, its \
+         libvirtd) and the hand-offs through the API. Transfer: QEMU's `total-time`; for the \
+         cluster the VMIM's `Running` → `Succeeded` stamps (whole seconds). Downtime: \
+         libvirt's/QEMU's measured pause. Median and min–max over the runs."
     );
-    let path = super::write_section(HEADING, &section)?;
-    eprintln!("figures written to {}", path.display());
-    Ok(())
+    let section = Section::new(
+        section::MIGRATE,
+        provenance,
+        format!("{description}\n\n{table}"),
+    );
+    super::record(&section, args.no_docs)
 }
 
 #[cfg(test)]
@@ -422,7 +402,7 @@ mod tests {
     }
 
     #[test]
-    fn table_has_medians_and_runs() {
+    fn table_has_medians_and_ranges() {
         let s = |t: u64, d: u64| Sample {
             total: Duration::from_millis(t),
             downtime_ms: Some(d),
@@ -430,9 +410,10 @@ mod tests {
             transfer: Some(Duration::from_millis(t / 2)),
         };
         let t = table(&[s(9000, 50), s(7000, 40), s(8000, 60)], &[s(1000, 10)]);
-        assert!(t.contains("| 8.00 s | 4.00 s | 50 ms | 100.0 MiB |"), "{t}");
         assert!(
-            t.contains("9.00 s / 50 ms, 7.00 s / 40 ms, 8.00 s / 60 ms"),
+            t.contains(
+                "| 8.00 s (7.00–9.00) | 4.00 s (3.50–4.50) | 50 ms (40–60) | 100.0 MiB (100.0–100.0) |"
+            ),
             "{t}"
         );
     }

@@ -29,9 +29,9 @@ use virt_netsetup::plan::{BRIDGE, TAP};
 use virt_netsetup::{Cidr, Dns, Lease, Mac, PlanInput, plan};
 use virt_testguest::{BANNER, BareVm, Guest};
 
-use super::report::{Machine, percentile};
+use super::report::percentile;
+use super::section::{self, Provenance, Runs, Section};
 
-pub const HEADING: &str = "## Pod network (cargo xtask bench network)";
 const NODE_IP: &str = "10.98.0.1";
 const POD_IP: &str = "10.98.0.2";
 const BARE_IP: &str = "10.98.0.3";
@@ -383,47 +383,33 @@ fn memory_per_vm(variant: Variant, count: usize) -> anyhow::Result<(f64, f64)> {
     Ok((per(kernel_after, kernel_before), per(rss_after, rss_before)))
 }
 
-fn median_f(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
 
-/// The figures as a markdown table: per variant the median of the runs, the spread, and
-/// the share of the bare limit.
+/// The figures as a markdown table: per variant the median of the runs with their range,
+/// and the share of the bare limit.
 fn table(samples: &[Sample]) -> String {
-    let bare: Vec<f64> = samples
-        .iter()
-        .filter(|s| s.variant == Variant::Bare)
-        .map(|s| s.mbits)
-        .collect();
-    let bare_median = median_f(&mut bare.clone());
+    let of = |v: Variant| samples.iter().filter(move |s| s.variant == v);
+    let bare = Runs::new(of(Variant::Bare).map(|s| s.mbits))
+        .median()
+        .unwrap_or(f64::NAN);
     let mut out = String::from(
-        "| variant | TCP throughput node → guest (median) | of bare | runs (Mbit/s) | HTTP round trip p50 / p99 | lease → answering (median) |\n|---|---|---|---|---|---|\n",
+        "| variant | TCP throughput node → guest, median (min–max) | of bare (medians) | HTTP round trip p50 / p99 (all runs) | lease → answering, median (min–max) |\n|---|---|---|---|---|\n",
     );
     for v in Variant::ALL {
-        let of: Vec<&Sample> = samples.iter().filter(|s| s.variant == v).collect();
-        let mut rates: Vec<f64> = of.iter().map(|s| s.mbits).collect();
-        let runs = rates
-            .iter()
-            .map(|r| format!("{r:.0}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let m = median_f(&mut rates);
-        let mut rtt: Vec<Duration> = of.iter().flat_map(|s| s.round_trips.clone()).collect();
+        let rates = Runs::new(of(v).map(|s| s.mbits));
+        let mut rtt: Vec<Duration> = of(v).flat_map(|s| s.round_trips.clone()).collect();
         rtt.sort_unstable();
-        let mut reach: Vec<Duration> = of.iter().map(|s| s.reachable).collect();
-        reach.sort_unstable();
+        let reach: Vec<Duration> = of(v).map(|s| s.reachable).collect();
         out.push_str(&format!(
-            "| {} | {m:.0} Mbit/s | {:.0} % | {runs} | {} / {} | {} |\n",
+            "| {} | {} | {:.0} % | {} / {} | {} |\n",
             v.label(),
-            100.0 * m / bare_median,
+            rates.summary(0, "Mbit/s"),
+            100.0 * rates.median().unwrap_or(f64::NAN) / bare,
             percentile(&rtt, 50.0).map_or("n/a".into(), ms),
             percentile(&rtt, 99.0).map_or("n/a".into(), ms),
-            percentile(&reach, 50.0).map_or("n/a".into(), ms),
+            Runs::millis(&reach).summary(1, "ms"),
         ));
     }
     out
@@ -441,11 +427,17 @@ pub fn run(args: NetworkArgs) -> anyhow::Result<()> {
             bail!("{tool} not found: cargo xtask deps installs it");
         }
     }
+    let runs = args.runs.max(1);
+    // Taken before the run: the figures belong to the code and machine at its start.
+    let provenance = Provenance::probe(format!(
+        "cargo xtask bench network --runs {runs} --seconds {}",
+        args.seconds
+    ));
     let dir = crate::target_dir().join("guest-bench");
     let g = virt_testguest::ensure_with(&dir, &["/usr/bin/iperf3"])?;
     let mut samples = Vec::new();
     let mut n = 0;
-    for run in 0..args.runs.max(1) {
+    for run in 0..runs {
         for v in Variant::ALL {
             n += 1;
             let s = measure(n, &g, v, args.seconds)?;
@@ -476,31 +468,27 @@ pub fn run(args: NetworkArgs) -> anyhow::Result<()> {
     }
     let t = format!("{}{memory}", table(&samples));
     print!("{t}");
-    if args.no_docs {
-        return Ok(());
-    }
-    let machine = Machine::probe();
-    let date = super::report::now_utc();
-    let commit = super::report::commit();
-    let section = format!(
-        "{HEADING}\n\nCommand: `cargo xtask bench network --runs {} --seconds {}`; commit {commit}; {date}; machine: {machine}. \
-         The test guest (busybox initramfs plus iperf3, 256 MiB, TCG) booted {} times per variant, the variants \
-         alternating, each in namespaces of its own: a \"node\" with bridge `br0` where the client runs, and a \"pod\" \
-         whose `eth0` is a veth on `br0`, as the CNI bridge plugin leaves a pod. bare = QEMU with a tap directly on \
-         `br0` (no pod, no binding: the limit); masquerade and bridge = the plan virt-handler applies, by the same code \
-         (`virt_netsetup::exec`), the guest on `tap0` in the pod. Throughput: iperf3 TCP node → guest for {} s (median \
-         of the runs, every run listed); round trip: connect, `GET /` to the guest's busybox httpd, answer, close \
-         ({ROUND_TRIPS} per boot); lease → answering: the guest's DHCP lease on its console → the first full HTTP \
-         answer. Under TCG the guest's emulated CPU is the bottleneck, so these are shares of what this machine can \
-         do, not NIC speeds. Goals (issue 16): masquerade ≥ 80 %, bridge ≥ 90 % of bare; answering ≤ 1 s after the lease.\n\n{t}",
-        args.runs,
-        args.seconds,
-        args.runs.max(1),
+    let description = format!(
+        "The test guest (busybox initramfs plus iperf3, 256 MiB, TCG) booted {runs} times per \
+         variant, the variants alternating, each in namespaces of its own: a \"node\" with bridge \
+         `br0` where the client runs, and a \"pod\" whose `eth0` is a veth on `br0`, as the CNI \
+         bridge plugin leaves a pod. bare = QEMU with a tap directly on `br0` (no pod, no \
+         binding: the limit); masquerade and bridge = the plan virt-handler applies, by the same \
+         code (`virt_netsetup::exec`), the guest on `tap0` in the pod. Throughput: iperf3 TCP \
+         node → guest for {} s per boot; round trip: connect, `GET /` to the guest's busybox \
+         httpd, answer, close ({ROUND_TRIPS} per boot, pooled over the runs); lease → answering: \
+         the guest's DHCP lease on its console → the first full HTTP answer. Under TCG the \
+         guest's emulated CPU is the bottleneck, so these are shares of what this machine can \
+         do, not NIC speeds. Goals (issue 16): masquerade ≥ 80 %, bridge ≥ 90 % of bare; \
+         answering ≤ 1 s after the lease.",
         args.seconds
     );
-    let path = super::write_section(HEADING, &section)?;
-    eprintln!("figures written to {}", path.display());
-    Ok(())
+    let section = Section::new(
+        section::NETWORK,
+        provenance,
+        format!("{description}\n\n{t}"),
+    );
+    super::record(&section, args.no_docs)
 }
 
 #[cfg(test)]
@@ -523,8 +511,12 @@ mod tests {
             s(Variant::Masquerade, 800.0),
             s(Variant::Bridge, 900.0),
         ]);
-        assert!(t.contains("| 1000 Mbit/s | 100 % | 1000, 900 |"), "{t}");
-        assert!(t.contains("| 850 Mbit/s | 85 % | 850, 800 |"), "{t}");
-        assert!(t.contains("300.0 ms"), "{t}");
+        // Two runs: the median is the lower one, a value that was measured.
+        assert!(t.contains("| 900 Mbit/s (900–1000) | 100 % |"), "{t}");
+        assert!(t.contains("| 800 Mbit/s (800–850) | 89 % |"), "{t}");
+        assert!(
+            t.contains("| 2.0 ms / 2.0 ms | 300.0 ms (300.0–300.0) |"),
+            "{t}"
+        );
     }
 }

@@ -10,10 +10,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use super::report::{Machine, percentile};
+use super::section::{self, Provenance, Runs, Section};
 use crate::deploy::Kubectl as Kube;
 
-const HEADING: &str = "## Port-forward through the API server (local cluster)";
 const VM: &str = "pf";
 
 /// Arguments.
@@ -48,16 +47,6 @@ fn get(addr: &str, path: &str) -> anyhow::Result<(Duration, u64)> {
         }
     }
     Ok((t0.elapsed(), n))
-}
-
-fn median_min_max(v: &[f64]) -> (f64, f64, f64) {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    (
-        percentile(&s, 50.0).unwrap_or(0.0),
-        s.first().copied().unwrap_or(0.0),
-        s.last().copied().unwrap_or(0.0),
-    )
 }
 
 /// Figures of one path.
@@ -95,6 +84,11 @@ impl Drop for Forward {
 /// Runs the benchmark.
 pub fn run(args: PortForwardArgs) -> anyhow::Result<()> {
     let runs = args.runs.max(1);
+    // Taken before the run: the figures belong to the code and machine at its start.
+    let provenance = Provenance::probe(format!(
+        "cargo xtask bench port-forward --runs {runs} --requests {}",
+        args.requests
+    ));
     let kubeconfig = args
         .kubeconfig
         .clone()
@@ -170,41 +164,36 @@ pub fn run(args: PortForwardArgs) -> anyhow::Result<()> {
     let (direct, forward) = result?;
     let table = table(&direct, &forward, runs, args.requests);
     print!("{table}");
-    if args.no_docs {
-        return Ok(());
-    }
-    let section = format!(
-        "{HEADING}\n\nCommand: `cargo xtask bench port-forward --runs {runs} --requests {}`; {}; \
-         commit {}; machine: {}. One test guest (TCG, 256 MiB) on the local cluster serving HTTP \
-         with busybox httpd. Direct: a TCP connection from the node to the VMI's pod IP \
-         (masquerade, the guest behind it). Port-forward: `kubectl virt port-forward vm/pf 0:80` \
-         on the node, so each connection goes kubectl-virt → kube-apiserver (aggregation, TLS) → \
-         virt-apiserver → virt-handler (mTLS) → the guest from inside the pod's network \
-         namespace. The two paths alternate in one run. Download: `GET /zeros` ({} MiB from the \
-         guest's memory); round trip: `GET /` of a ~100-byte page on a new connection (for \
-         port-forward a new websocket each time, as ssh's ProxyCommand opens one). Goal: \
-         port-forward ≥ 50 % of direct throughput. kubectl-virt is a release build, as installed.\n\n{table}",
-        args.requests,
-        super::report::now_utc(),
-        super::report::commit(),
-        Machine::probe(),
+    let description = format!(
+        "One test guest (TCG, 256 MiB) on the local cluster serving HTTP with busybox httpd. \
+         Direct: a TCP connection from the node to the VMI's pod IP (masquerade, the guest \
+         behind it). Port-forward: `kubectl virt port-forward vm/pf 0:80` on the node, so each \
+         connection goes kubectl-virt → kube-apiserver (aggregation, TLS) → virt-apiserver → \
+         virt-handler (mTLS) → the guest from inside the pod's network namespace. The two paths \
+         alternate in one run. Download: `GET /zeros` ({} MiB from the guest's memory); round \
+         trip: `GET /` of a ~100-byte page on a new connection (for port-forward a new \
+         websocket each time, as ssh's ProxyCommand opens one). Goal: port-forward ≥ 50 % of \
+         direct throughput. kubectl-virt is a release build, as installed.",
         virt_testguest::ZEROS_BYTES / (1024 * 1024),
     );
-    let path = super::write_section(HEADING, &section)?;
-    eprintln!("figures written to {}", path.display());
-    Ok(())
+    let section = Section::new(
+        section::PORT_FORWARD,
+        provenance,
+        format!("{description}\n\n{table}"),
+    );
+    super::record(&section, args.no_docs)
 }
 
 fn table(direct: &PathFigures, forward: &PathFigures, runs: usize, requests: usize) -> String {
     let row = |name: &str, f: &PathFigures| {
-        let (t, tmin, tmax) = median_min_max(&f.throughput);
-        let (r, rmin, rmax) = median_min_max(&f.round_trip);
         format!(
-            "| {name} | {t:.1} MiB/s ({tmin:.1}–{tmax:.1}) | {r:.1} ms ({rmin:.1}–{rmax:.1}) |\n"
+            "| {name} | {} | {} |\n",
+            Runs::new(f.throughput.iter().copied()).summary(1, "MiB/s"),
+            Runs::new(f.round_trip.iter().copied()).summary(1, "ms"),
         )
     };
-    let (d, _, _) = median_min_max(&direct.throughput);
-    let (p, _, _) = median_min_max(&forward.throughput);
+    let median = |v: &[f64]| Runs::new(v.iter().copied()).median().unwrap_or(0.0);
+    let (d, p) = (median(&direct.throughput), median(&forward.throughput));
     format!(
         "| path | download, median of {runs} (min–max) | GET /, median of {} (min–max) |\n|---|---|---|\n{}{}\n\
          Port-forward throughput: {:.0} % of direct.\n",

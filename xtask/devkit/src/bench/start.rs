@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use super::report::{self, Machine, percentile};
+use super::report::{self, percentile};
+use super::section::{self, Provenance, Section};
 
-pub const HEADING: &str = "## VM start density (cargo xtask bench start)";
 const TEST_GUEST: &str = "localhost/kubevirt-rs/test-guest:latest";
 /// Memory this machine keeps for everything else (builds of the other users, the cluster).
 const HOST_RESERVE: u64 = 3 << 30;
@@ -571,6 +571,8 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
     };
     let plugin = plugin_binary()?;
     let ns = "bench-start";
+    // Taken before the run: the figures belong to the code and machine at its start.
+    let provenance = Provenance::probe(args.command());
     let timeout = Duration::from_secs(args.timeout_seconds);
     if kube
         .run(&["get", "namespace", ns, "--ignore-not-found", "-o", "name"])?
@@ -753,8 +755,6 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
     drop(probes);
     drop(watch);
 
-    let machine = Machine::probe();
-    let date = report::now_utc();
     let rss = |c: &str| report::bytes(rss_peak.get(c).copied().unwrap_or(0));
     let table = format!(
         "| from the VM create request to | samples | P50 | P95 | P99 | max |\n\
@@ -784,24 +784,24 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
         report::bytes(fit.pod_memory),
     );
     print!("{table}");
-    let section = format!(
-        "{HEADING}\n\nCommand: `cargo xtask bench start --vms {} --interval-ms {} --guest-memory {} \
-         --cpu-request {}`; {date}; machine: {machine}. After one primer VM, {count} VMs \
-         (runStrategy Always, the busybox test guest by kernelBoot, TCG) created {} ms apart \
-         in one namespace; exact nearest-rank percentiles over the VMs (KubeVirt's are \
-         interpolated over 10 s histogram buckets). Fit: {fit_note}. The guest answered with \
-         its banner in {banners} of {} cases, otherwise with its prompt (the console attached \
-         after the banner). All guests share this machine's CPUs under TCG, so the tail is \
-         CPU contention of booting guests, not the control plane. KubeVirt anchor \
+    let description = format!(
+        "One run. After one primer VM, {count} VMs (runStrategy Always, the busybox test guest \
+         by kernelBoot, TCG) created {} ms apart in one namespace; exact nearest-rank \
+         percentiles over the VMs (KubeVirt's are interpolated over 10 s histogram buckets). \
+         Fit: {fit_note}. The guest answered with its banner in {banners} of {} cases, \
+         otherwise with its prompt (the console attached after the banner). All guests share \
+         this machine's CPUs under TCG, so the tail is CPU contention of booting guests, not \
+         the control plane. Writes per start: `apiserver_request_total` of the first \
+         virt-apiserver pod (one with `cargo xtask deploy`) and kube-apiserver, before the \
+         first create and after every VMI ran and its guest answered, so no deletion is in the \
+         window; \
+         KubeVirt's figures count UPDATE + PATCH only. KubeVirt anchor \
          (../shared/reference/kubevirt.md §4.1): VMI creation → Running P50 ≈ 17–19 s, \
          P95 ≈ 27–28 s (weekly averages, 100 CirrOS VMIs, KVM).\n\n{table}",
-        args.vms,
-        args.interval_ms,
-        args.guest_memory,
-        args.cpu_request,
         args.interval_ms,
         to_guest.len(),
     );
+    let section = Section::new(section::START, provenance, description);
 
     if !args.keep {
         eprintln!("deleting the benchmark namespace…");
@@ -817,11 +817,17 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
             to_running.len()
         );
     }
-    if !args.no_docs {
-        let path = super::write_section(HEADING, &section)?;
-        eprintln!("figures written to {}", path.display());
+    super::record(&section, args.no_docs)
+}
+
+impl StartArgs {
+    /// The command that reproduces this run, every option that shapes the figures spelt out.
+    pub fn command(&self) -> String {
+        format!(
+            "cargo xtask bench start --vms {} --interval-ms {} --guest-memory {} --cpu-request {}",
+            self.vms, self.interval_ms, self.guest_memory, self.cpu_request
+        )
     }
-    Ok(())
 }
 
 #[cfg(test)]
