@@ -941,6 +941,8 @@ pub mod condition_types {
     pub const POD_SCHEDULED: &str = "PodScheduled";
     /// Failure reported by the controller.
     pub const SYNCHRONIZED: &str = "Synchronized";
+    /// A QEMU guest agent runs in the guest.
+    pub const AGENT_CONNECTED: &str = "AgentConnected";
 }
 
 impl VirtualMachineInstanceStatus {

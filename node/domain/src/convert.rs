@@ -96,6 +96,7 @@ pub fn domain_for(vmi: &VirtualMachineInstance, host: &HostFacts) -> Result<Doma
     disks(&vmi.spec, host, &mut d)?;
     interfaces(spec, host, &mut d)?;
     console(spec, host, &mut d);
+    guest_agent_channel(&mut d);
     graphics(spec, host, &mut d);
     misc_devices(spec, &mut d);
     Ok(d)
@@ -513,6 +514,26 @@ fn console(spec: &DomainSpec, host: &HostFacts, d: &mut Domain) {
     });
 }
 
+/// The QEMU guest agent's channel, on every domain as KubeVirt does: whether the guest
+/// runs an agent is only known once it opens the port. The socket has no path, so libvirt
+/// places it in its own per-domain state directory: the XML names nothing of this
+/// launcher, libvirt leaves its own path out of the migratable XML, and a migration
+/// target picks its own.
+fn guest_agent_channel(d: &mut Domain) {
+    d.devices.channel.push(Channel {
+        type_: CharType::Unix,
+        source: Some(CharSource {
+            mode: Some("bind".into()),
+            path: None,
+        }),
+        target: ChannelTarget {
+            type_: "virtio".into(),
+            name: Some(GUEST_AGENT_CHANNEL.into()),
+            state: None,
+        },
+    });
+}
+
 fn graphics(spec: &DomainSpec, host: &HostFacts, d: &mut Domain) {
     let Some(sock) = &host.vnc_socket else { return };
     if spec.devices.autoattach_graphics_device == Some(false) {
@@ -589,6 +610,38 @@ mod tests {
         assert_eq!(models, ["isa", "hyperv"]);
         // None asked for, none added: a panic then reboots the guest as before.
         assert!(panic_devices(&DomainSpec::default()).is_empty());
+    }
+
+    #[test]
+    fn every_domain_has_a_guest_agent_channel_without_a_path() {
+        let mut d = Domain {
+            type_: DomainType::Qemu,
+            name: "n".into(),
+            uuid: None,
+            memory: SizedValue::kib(1),
+            current_memory: None,
+            vcpu: Vcpu {
+                placement: None,
+                count: 1,
+            },
+            os: Os::default(),
+            features: None,
+            cpu: None,
+            clock: None,
+            on_poweroff: None,
+            on_reboot: None,
+            on_crash: None,
+            devices: Devices::default(),
+        };
+        guest_agent_channel(&mut d);
+        let xml = d.to_xml().expect("serialises");
+        assert!(
+            xml.contains(
+                "<channel type=\"unix\">\n      <source mode=\"bind\"/>\n      \
+                 <target type=\"virtio\" name=\"org.qemu.guest_agent.0\"/>\n    </channel>"
+            ),
+            "{xml}"
+        );
     }
 
     #[test]

@@ -261,6 +261,10 @@ pub struct LauncherStatus {
     /// still understand each other.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_ip: Option<String>,
+    /// The guest runs a QEMU guest agent (its channel's port is open): KubeVirt's
+    /// `AgentConnected` condition. Defaulted, as `pod_ip`, for launchers without it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub guest_agent_connected: bool,
 }
 
 /// A domain lifecycle event.
@@ -282,6 +286,12 @@ pub enum DomainEvent {
     },
     /// The guest left for a migration target.
     Migrated,
+    /// The guest agent connected or went away (re-read the status). A handler that
+    /// does not know this event only loses its stream once and subscribes again.
+    GuestAgent {
+        /// Whether it is connected now.
+        connected: bool,
+    },
 }
 
 /// File a launcher writes next to its command socket when it ends, so that a handler
@@ -362,6 +372,23 @@ mod tests {
             }))?,
             r#"{"kind":"migration","state":"failed","reason":"r"}"#
         );
+        assert_eq!(
+            serde_json::to_string(&Response::Event(DomainEvent::GuestAgent {
+                connected: true
+            }))?,
+            r#"{"kind":"event","event":"guestAgent","connected":true}"#
+        );
+        // Reported only when connected; a status without the field reads as not connected.
+        let st = LauncherStatus::default();
+        let s = serde_json::to_string(&st)?;
+        assert!(!s.contains("guestAgentConnected"), "{s}");
+        let on = LauncherStatus {
+            guest_agent_connected: true,
+            ..st
+        };
+        let s = serde_json::to_string(&on)?;
+        assert!(s.contains(r#""guestAgentConnected":true"#), "{s}");
+        assert_eq!(serde_json::from_str::<LauncherStatus>(&s)?, on);
         assert_eq!(
             serde_json::to_string(&LauncherOutcome::Crashed { reason: "x".into() })?,
             r#"{"outcome":"crashed","reason":"x"}"#

@@ -268,6 +268,9 @@ pub struct Devices {
     /// Consoles (libvirt adds one mirroring serial0 on parse-back).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub console: Vec<Serial>,
+    /// virtio-serial channels (the QEMU guest agent's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub channel: Vec<Channel>,
     /// Graphics.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub graphics: Vec<Graphics>,
@@ -610,6 +613,47 @@ pub struct CharLog {
     pub append: Option<String>,
 }
 
+/// The name of the QEMU guest agent's virtio-serial port, which qemu-guest-agent in the
+/// guest opens and libvirt recognises as the agent's channel.
+pub const GUEST_AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
+
+/// A virtio-serial channel between host and guest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Channel {
+    /// Host side kind.
+    #[serde(rename = "@type")]
+    pub type_: CharType,
+    /// Host side socket; without a path libvirt chooses one in its own state directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<CharSource>,
+    /// Guest side.
+    pub target: ChannelTarget,
+}
+
+/// `<target type='virtio' name='org.qemu.guest_agent.0'/>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelTarget {
+    /// `virtio`.
+    #[serde(rename = "@type")]
+    pub type_: String,
+    /// Port name the guest sees.
+    #[serde(rename = "@name", skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Live XML only: whether a guest process has the port open.
+    #[serde(rename = "@state", skip_serializing_if = "Option::is_none")]
+    pub state: Option<ChannelState>,
+}
+
+/// A virtio-serial port's state as libvirt reports it in the live XML.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChannelState {
+    /// A guest process (the agent) has the port open.
+    Connected,
+    /// Nothing in the guest listens.
+    Disconnected,
+}
+
 /// Graphics kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -721,4 +765,31 @@ impl Domain {
     pub fn from_xml(xml: &str) -> Result<Self, XmlError> {
         Ok(quick_xml::de::from_str(xml)?)
     }
+}
+
+/// Whether libvirt's live domain XML shows a guest agent in the guest: its channel's port
+/// is open. Only the channels are read, so nothing else libvirt adds to a running
+/// domain's XML can make this fail.
+pub fn guest_agent_connected(live_xml: &str) -> Result<bool, XmlError> {
+    #[derive(Deserialize)]
+    struct Live {
+        #[serde(default)]
+        devices: LiveDevices,
+    }
+    #[derive(Default, Deserialize)]
+    struct LiveDevices {
+        #[serde(default)]
+        channel: Vec<LiveChannel>,
+    }
+    #[derive(Deserialize)]
+    struct LiveChannel {
+        target: Option<ChannelTarget>,
+    }
+    let live: Live = quick_xml::de::from_str(live_xml)?;
+    Ok(live.devices.channel.iter().any(|c| {
+        c.target.as_ref().is_some_and(|t| {
+            t.name.as_deref() == Some(GUEST_AGENT_CHANNEL)
+                && t.state == Some(ChannelState::Connected)
+        })
+    }))
 }

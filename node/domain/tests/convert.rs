@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use kubevirt_api::VirtualMachineInstance;
 use kubevirt_api::defaults::default_vmi;
-use virt_domain::schema::{DiskFormat, DiskType};
+use virt_domain::schema::{ChannelState, DiskFormat, DiskType, guest_agent_connected};
 use virt_domain::{
     Accel, ConvertError, Domain, HostFacts, KernelBootFiles, NetworkMode, PodTap, PreparedVolume,
     domain_for,
@@ -152,6 +152,7 @@ fn parses_libvirt_live_xml() {
     <interface type='user'><mac address='52:54:00:12:34:56'/><model type='virtio'/></interface>
     <serial type='unix'><source mode='bind' path='/c.sock'/><target type='isa-serial' port='0'><model name='isa-serial'/></target><alias name='serial0'/></serial>
     <console type='unix'><source mode='bind' path='/c.sock'/><target type='serial' port='0'/></console>
+    <channel type='unix'><source mode='bind' path='/tmp/.vl-x/config/libvirt/qemu/channel/target/domain-1-default_guest/org.qemu.guest_agent.0'/><target type='virtio' name='org.qemu.guest_agent.0' state='disconnected'/><alias name='channel0'/><address type='virtio-serial' controller='0' bus='0' port='1'/></channel>
     <input type='mouse' bus='ps2'/>
     <controller type='sata' index='0'/>
     <memballoon model='virtio'/>
@@ -166,6 +167,58 @@ fn parses_libvirt_live_xml() {
         d.devices.serial[0].source.as_ref().unwrap().path.as_deref(),
         Some("/c.sock")
     );
+    assert_eq!(
+        d.devices.channel[0].target.state,
+        Some(ChannelState::Disconnected)
+    );
+    assert!(!guest_agent_connected(xml).unwrap());
+}
+
+/// The agent counts as connected only when libvirt reports its own channel's port open;
+/// other channels and the inactive XML (no state) do not.
+#[test]
+fn guest_agent_connected_reads_the_agent_channel_state() {
+    let live = |channels: &str| {
+        format!(
+            "<domain type='qemu' id='3'><name>n</name><devices>\
+             <emulator>/usr/bin/qemu-system-x86_64</emulator>\
+             <controller type='virtio-serial' index='0'><alias name='virtio-serial0'/></controller>\
+             {channels}<memballoon model='virtio'/></devices></domain>"
+        )
+    };
+    let channel = |name: &str, state: &str| {
+        format!(
+            "<channel type='unix'><source mode='bind' path='/s'/>\
+             <target type='virtio' name='{name}'{state}/><alias name='channel0'/>\
+             <address type='virtio-serial' controller='0' bus='0' port='1'/></channel>"
+        )
+    };
+    let agent = "org.qemu.guest_agent.0";
+    let samples = [
+        (channel(agent, " state='connected'"), true),
+        (channel(agent, " state='disconnected'"), false),
+        (channel(agent, ""), false),
+        (channel("org.example.other", " state='connected'"), false),
+        (
+            channel("org.example.other", " state='disconnected'")
+                + &channel(agent, " state='connected'"),
+            true,
+        ),
+        (String::new(), false),
+    ];
+    for (channels, want) in samples {
+        let xml = live(&channels);
+        assert_eq!(guest_agent_connected(&xml).unwrap(), want, "{xml}");
+    }
+    // Our own domains, as defined, have the channel but no state.
+    for (name, host) in cases() {
+        let xml = domain_for(&load(&format!("{name}.json")), &host)
+            .unwrap()
+            .to_xml()
+            .unwrap();
+        assert!(xml.contains(agent), "{name}: no guest agent channel");
+        assert!(!guest_agent_connected(&xml).unwrap(), "{name}");
+    }
 }
 
 #[test]

@@ -66,6 +66,18 @@ pub fn vmi_status(
             } else {
                 kubevirt_api::common::remove_condition(&mut conds, condition_types::PAUSED);
             }
+            // As KubeVirt: present while an agent is connected, gone otherwise.
+            if l.guest_agent_connected {
+                set_condition(
+                    &mut conds,
+                    cond(condition_types::AGENT_CONNECTED, true, "", ""),
+                );
+            } else {
+                kubevirt_api::common::remove_condition(
+                    &mut conds,
+                    condition_types::AGENT_CONNECTED,
+                );
+            }
             if l.accel == Accel::Tcg {
                 set_condition(
                     &mut conds,
@@ -109,6 +121,10 @@ pub fn vmi_status(
                 );
             }
         }
+    }
+    // A guest that ended has no agent, whatever was last reported.
+    if s.phase.is_final() {
+        kubevirt_api::common::remove_condition(&mut conds, condition_types::AGENT_CONNECTED);
     }
     s.conditions = (!conds.is_empty()).then_some(conds);
     s
@@ -221,6 +237,28 @@ mod tests {
             launcher_version: "0.1.0".into(),
             ..LauncherStatus::default()
         })
+    }
+
+    #[test]
+    fn agent_connected_follows_the_launcher_and_ends_with_the_guest() {
+        let with_agent = |connected: bool| {
+            Observation::Launcher(LauncherStatus {
+                state: DomainState::Running,
+                guest_agent_connected: connected,
+                ..LauncherStatus::default()
+            })
+        };
+        let s = vmi_status(&Default::default(), &launcher(DomainState::Running));
+        assert!(s.condition("AgentConnected").is_none());
+        let s = vmi_status(&s, &with_agent(true));
+        assert_eq!(
+            s.condition("AgentConnected").map(|c| c.status),
+            Some(ConditionStatus::True)
+        );
+        let gone = vmi_status(&s, &with_agent(false));
+        assert!(gone.condition("AgentConnected").is_none());
+        let done = vmi_status(&s, &Observation::ShutDown);
+        assert!(done.condition("AgentConnected").is_none());
     }
 
     #[test]

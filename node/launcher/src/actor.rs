@@ -80,7 +80,13 @@ pub struct Observed {
     pub state: DomainState,
     /// Details (crash reason).
     pub reason: Option<String>,
+    /// A guest agent has its channel open (polled every [`AGENT_POLL`]).
+    pub agent_connected: bool,
 }
+
+/// How often the guest agent's channel state is read while the guest runs. KubeVirt's
+/// agent poller is as slow; the condition it feeds is not time-critical.
+const AGENT_POLL: Duration = Duration::from_secs(2);
 
 /// Versions and process facts.
 #[derive(Clone, Debug, Default)]
@@ -276,7 +282,7 @@ pub trait Backend: Send {
     fn start(&mut self) -> Result<(), LibvirtError>;
     /// ACPI power button.
     fn shutdown(&mut self) -> Result<(), LibvirtError>;
-    /// ACPI reboot.
+    /// Reboots through the guest agent when it is connected, else by ACPI.
     fn reboot(&mut self) -> Result<(), LibvirtError>;
     /// Resets it at once, as the reset button.
     fn reset(&mut self) -> Result<(), LibvirtError>;
@@ -325,6 +331,10 @@ pub trait Backend: Send {
     fn fs_thaw(&mut self) -> Result<(), LibvirtError> {
         Err(LibvirtError::NoGuestAgent)
     }
+    /// Whether a guest agent has its channel open.
+    fn guest_agent_connected(&mut self) -> bool {
+        false
+    }
     /// Destroys and undefines the domain and releases the daemon.
     fn cleanup(&mut self);
 }
@@ -348,7 +358,7 @@ fn thread_main(
     };
     let publish = |o: Observed| {
         state.send_if_modified(|cur| {
-            if cur.state == o.state {
+            if cur.state == o.state && cur.agent_connected == o.agent_connected {
                 return false;
             }
             *cur = o;
@@ -364,6 +374,9 @@ fn thread_main(
     // After a completed migration the domain here is shut off with reason "migrated";
     // that is not the guest's end, so it is no longer observed.
     let mut migrated = false;
+    // The agent's last known state and when it was read (never: at once).
+    let mut agent = false;
+    let mut agent_read: Option<Instant> = None;
     loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(Cmd::Close(reply)) => {
@@ -371,7 +384,7 @@ fn thread_main(
                 if started && !migrated {
                     publish(Observed {
                         state: DomainState::Shutoff,
-                        reason: None,
+                        ..Observed::default()
                     });
                 }
                 let _ = reply.send(Ok(()));
@@ -449,7 +462,7 @@ fn thread_main(
                     migration.send_replace(MigrationStatus::Completed { progress });
                     publish(Observed {
                         state: DomainState::Migrated,
-                        reason: None,
+                        ..Observed::default()
                     });
                     outgoing = None;
                 }
@@ -480,8 +493,17 @@ fn thread_main(
         }
         if started
             && !migrated
-            && let Some(o) = b.observe()
+            && let Some(mut o) = b.observe()
         {
+            if matches!(o.state, DomainState::Running | DomainState::Paused) {
+                if agent_read.is_none_or(|t| t.elapsed() >= AGENT_POLL) {
+                    agent_read = Some(Instant::now());
+                    agent = b.guest_agent_connected();
+                }
+            } else {
+                agent = false;
+            }
+            o.agent_connected = agent;
             publish(o);
         }
     }
@@ -607,11 +629,20 @@ impl Backend for LibvirtBackend {
     }
 
     fn reboot(&mut self) -> Result<(), LibvirtError> {
-        call(
-            "reboot",
-            self.dom()?
-                .reboot(virt::sys::VIR_DOMAIN_REBOOT_ACPI_POWER_BTN),
-        )
+        let d = self.dom()?;
+        // As KubeVirt: through the guest agent when one runs (it reboots guests that
+        // ignore the power button, and cleanly), else the ACPI button. Read now, not
+        // the last poll: the agent may have come or gone since.
+        let connected = agent_connected(d).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "reading the guest agent's state; rebooting by ACPI");
+            false
+        });
+        let flags = if connected {
+            virt::sys::VIR_DOMAIN_REBOOT_GUEST_AGENT
+        } else {
+            virt::sys::VIR_DOMAIN_REBOOT_ACPI_POWER_BTN
+        };
+        call("reboot", d.reboot(flags))
     }
 
     fn reset(&mut self) -> Result<(), LibvirtError> {
@@ -815,6 +846,17 @@ impl Backend for LibvirtBackend {
         virsh(&self.uri, "unfreeze", &["domfsthaw", &name]).map(drop)
     }
 
+    fn guest_agent_connected(&mut self) -> bool {
+        let Some(d) = self.domain.as_ref() else {
+            return false;
+        };
+        // Unknown counts as not connected; polled, so not worth a warning each time.
+        agent_connected(d).unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "reading the guest agent's state");
+            false
+        })
+    }
+
     fn observe(&mut self) -> Option<Observed> {
         let d = self.domain.as_ref()?;
         match d.state() {
@@ -824,6 +866,7 @@ impl Backend for LibvirtBackend {
             Err(e) => Some(Observed {
                 state: DomainState::Crashed,
                 reason: Some(e.message().to_string()),
+                agent_connected: false,
             }),
         }
     }
@@ -846,6 +889,13 @@ impl Backend for LibvirtBackend {
             d.stop();
         }
     }
+}
+
+/// Whether the guest agent has its channel open, from the live XML (libvirt follows the
+/// port's state through QEMU's events, so this costs no guest round trip).
+fn agent_connected(d: &Domain) -> Result<bool, String> {
+    let xml = d.xml_desc(0).map_err(|e| e.message().to_string())?;
+    virt_domain::schema::guest_agent_connected(&xml).map_err(|e| e.to_string())
 }
 
 /// Runs virsh on the launcher's libvirt (the `virt` crate binds neither virDomainFSFreeze
@@ -946,6 +996,7 @@ fn classify(state: VirState, reason: DomainStateReasonEnum) -> Option<Observed> 
         Some(Observed {
             state: DomainState::Crashed,
             reason: Some(why.to_string()),
+            agent_connected: false,
         })
     };
     let state = match state {
@@ -982,6 +1033,7 @@ fn classify(state: VirState, reason: DomainStateReasonEnum) -> Option<Observed> 
     Some(Observed {
         state,
         reason: None,
+        agent_connected: false,
     })
 }
 

@@ -128,8 +128,21 @@ async fn connection(
 async fn watch(running: &Running, w: &mut (impl AsyncWriteExt + Unpin)) -> std::io::Result<()> {
     let mut rx = running.handle.state();
     let mut last = DomainState::Pending;
+    // Only changes from here on: the subscriber reads the status on the first event
+    // (`started` for a running guest), which carries the agent's state as it is.
+    let mut last_agent = rx.borrow().agent_connected;
     loop {
         let o = rx.borrow_and_update().clone();
+        if o.agent_connected != last_agent {
+            last_agent = o.agent_connected;
+            send(
+                w,
+                &Response::Event(DomainEvent::GuestAgent {
+                    connected: o.agent_connected,
+                }),
+            )
+            .await?;
+        }
         let ev = match (last, o.state) {
             (a, b) if a == b => None,
             (DomainState::Paused, DomainState::Running) => Some(DomainEvent::Resumed),

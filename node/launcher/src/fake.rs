@@ -100,11 +100,13 @@ impl Backend for FakeBackend {
                 Some(Observed {
                     state: DomainState::Crashed,
                     reason: Some(r),
+                    agent_connected: false,
                 })
             }
             None => Some(Observed {
                 state: s.state,
                 reason: None,
+                agent_connected: false,
             }),
         })
     }

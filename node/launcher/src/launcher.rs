@@ -209,7 +209,9 @@ impl Running {
     /// Status with the current state.
     pub fn status(&self) -> LauncherStatus {
         let mut s = self.status.clone();
-        s.state = self.handle.state().borrow().state;
+        let o = self.handle.state().borrow().clone();
+        s.state = o.state;
+        s.guest_agent_connected = o.agent_connected;
         s
     }
 
@@ -579,6 +581,7 @@ pub async fn run(
         qemu_version: Some(handle.versions().qemu.clone()),
         qemu_pid: None,
         pod_ip: pod_ip(),
+        guest_agent_connected: false,
     };
     let running = Running {
         handle: handle.clone(),

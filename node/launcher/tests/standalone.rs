@@ -699,3 +699,59 @@ fn soft_reboot_restarts_the_guest() {
     assert_eq!(code, 0, "{err}");
     l.assert_clean();
 }
+
+/// With a guest agent connected, the status says so (the `AgentConnected` condition) and a
+/// soft reboot goes through the agent, as KubeVirt's does: a guest that ignores the power
+/// button reboots too. The test guest's stand-in agent (`kubevirt-rs.fake-agent`) answers
+/// libvirt's sync and reboots on `guest-shutdown`. Run as an unprivileged user, so the
+/// channel's socket is where session-mode libvirt places it.
+#[test]
+fn soft_reboot_goes_through_a_connected_guest_agent() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let images = guest_dir();
+    let copy = tempfile::tempdir().unwrap();
+    for f in ["vmlinuz", "initramfs.gz"] {
+        std::fs::copy(images.join(f), copy.path().join(f)).unwrap();
+    }
+    std::fs::set_permissions(
+        copy.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    // A long name: libvirt's channel socket path takes the first 20 characters of the
+    // domain name, and with them it is longest (103 of a unix socket's 107 bytes).
+    let v = vmi(
+        "agent-channel-with-a-long-name",
+        3,
+        &format!("{KERNEL_ARGS} kubevirt-rs.ignore-acpi kubevirt-rs.fake-agent"),
+        json!([]),
+        json!([]),
+    );
+    let mut l = Launcher::start_as(&v, copy.path(), Some(65534));
+    let mut c = l.connect_console(Duration::from_secs(60));
+    c.prompt();
+    // libvirt learns of the open port from QEMU's event; the launcher polls it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = cmd(&l.cmd_socket(), r#"{"op":"getStatus"}"#);
+        if st["guestAgentConnected"] == true {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agent never reported connected: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(cmd(&l.cmd_socket(), r#"{"op":"softReboot"}"#)["kind"], "ok");
+    c.expect("guest agent: rebooting", Duration::from_secs(20));
+    c.expect(virt_testguest::BANNER, Duration::from_secs(60));
+    assert_eq!(
+        cmd(&l.cmd_socket(), r#"{"op":"getStatus"}"#)["state"],
+        "running"
+    );
+    // Stopped by force after the grace period (the guest ignores ACPI).
+    l.signal(nix::sys::signal::Signal::SIGTERM);
+    let (code, err, _) = l.wait(Duration::from_secs(40));
+    assert_eq!(code, 0, "{err}");
+}

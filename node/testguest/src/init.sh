@@ -74,6 +74,27 @@ udp-echo 7 &
 # The network benchmark's guest carries iperf3 (ensure_with); the everyday one does not.
 [ -x /bin/iperf3 ] && iperf3 -s -D >/dev/null 2>&1
 
+# kubevirt-rs.fake-agent: a stand-in for qemu-guest-agent, started only on request (and
+# before the banner, so it listens once the guest is up) so that other guests have none. Opening the agent's virtio-serial port is what libvirt
+# reports as a connected agent; it answers libvirt's guest-sync and reboots on any
+# guest-shutdown (the mode is not read). Anything else gets CommandNotFound.
+grep -q kubevirt-rs.fake-agent /proc/cmdline &&
+for p in /sys/class/virtio-ports/*; do
+    [ "$(cat "$p/name" 2>/dev/null)" = org.qemu.guest_agent.0 ] || continue
+    ( exec <>"/dev/${p##*/}" >&0
+      while read -r req; do
+          case "$req" in
+              *guest-sync*)
+                  id=$(echo "$req" | sed 's/.*"id"[^0-9]*\([0-9]*\).*/\1/')
+                  echo "{\"return\": $id}" ;;
+              *guest-shutdown*)
+                  echo "kubevirt-rs guest: guest agent: rebooting" >/dev/console
+                  sync; reboot -f ;;
+              *) echo '{"error": {"class": "CommandNotFound", "desc": "fake agent"}}' ;;
+          esac
+      done ) &
+done
+
 echo "kubevirt-rs guest ready"
 
 # Test hooks on the kernel command line: a guest that powers itself off cleanly, or one

@@ -38,7 +38,7 @@ pub const KERNEL_ARGS: &str = "console=ttyS0 quiet panic=-1";
 pub const DISK_MARKER: &str = "kubevirt-rs-test-disk";
 
 /// Kernel modules the guest needs (virtio disks and NIC, the NoCloud ISO, the ACPI power
-/// button, the panic device);
+/// button, the panic device, virtio-serial);
 /// the cloud kernel builds them as modules. Dependencies are added from `modules.dep`.
 const MODULES: &[&str] = &[
     "kernel/drivers/virtio/virtio_pci.ko",
@@ -53,6 +53,8 @@ const MODULES: &[&str] = &[
     "kernel/drivers/misc/pvpanic/pvpanic-mmio.ko",
     // The NIC: pod-network tests and the network benchmark talk to the guest.
     "kernel/drivers/net/virtio_net.ko",
+    // virtio-serial: the guest agent's channel (kubevirt-rs.fake-agent).
+    "kernel/drivers/char/virtio_console.ko",
 ];
 
 /// Errors while building the guest.
