@@ -637,12 +637,20 @@ impl Backend for LibvirtBackend {
             tracing::warn!(error = %e, "reading the guest agent's state; rebooting by ACPI");
             false
         });
-        let flags = if connected {
-            virt::sys::VIR_DOMAIN_REBOOT_GUEST_AGENT
-        } else {
-            virt::sys::VIR_DOMAIN_REBOOT_ACPI_POWER_BTN
-        };
-        call("reboot", d.reboot(flags))
+        if connected {
+            match d.reboot(virt::sys::VIR_DOMAIN_REBOOT_GUEST_AGENT) {
+                Ok(_) => return Ok(()),
+                // An agent that is connected but does not answer (hung, or not yet
+                // ready) must not make soft reboot fail where the power button works.
+                Err(e) => {
+                    tracing::warn!(error = %e, "rebooting through the guest agent; pressing the ACPI button")
+                }
+            }
+        }
+        call(
+            "reboot",
+            d.reboot(virt::sys::VIR_DOMAIN_REBOOT_ACPI_POWER_BTN),
+        )
     }
 
     fn reset(&mut self) -> Result<(), LibvirtError> {
