@@ -237,6 +237,25 @@ async fn subscribe(
     })
 }
 
+/// A cached change as this watcher's event: none when it was already sent, is outside the
+/// watched namespace, or matches the selectors neither before nor after. Moves `last_rv`.
+fn deliver(
+    def: &ResourceDef,
+    opts: &ListOptions,
+    prefix: &str,
+    last_rv: &mut i64,
+    ev: &crate::cache::Event,
+) -> Option<Event> {
+    if ev.revision <= *last_rv {
+        return None;
+    }
+    *last_rv = ev.revision;
+    if !ev.key.starts_with(prefix) {
+        return None;
+    }
+    convert(def, opts, ev.change.clone()).1
+}
+
 /// A watch fed by the cache: the snapshot or the replayed events, then live ones, with
 /// the same events, bookmarks and timeouts as one fed by etcd.
 fn from_cache(
@@ -280,13 +299,7 @@ fn from_cache(
         // The replay holds the events after the client's resourceVersion.
         let mut last_rv = start_rv;
         for ev in replay {
-            if ev.revision <= last_rv {
-                continue;
-            }
-            last_rv = ev.revision;
-            if ev.key.starts_with(&prefix)
-                && let (_, Some(e)) = convert(def, &list_opts, ev.change.clone())
-            {
+            if let Some(e) = deliver(def, &list_opts, &prefix, &mut last_rv, &ev) {
                 yield e;
             }
         }
@@ -317,13 +330,7 @@ fn from_cache(
                         }
                     }
                     Some(Item::Event(ev)) => {
-                        if ev.revision <= last_rv {
-                            continue;
-                        }
-                        last_rv = ev.revision;
-                        if ev.key.starts_with(&prefix)
-                            && let (_, Some(e)) = convert(def, &list_opts, ev.change.clone())
-                        {
+                        if let Some(e) = deliver(def, &list_opts, &prefix, &mut last_rv, &ev) {
                             yield e;
                         }
                     }
