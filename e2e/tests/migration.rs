@@ -673,6 +673,289 @@ fn a_vm_on_a_shared_claim_migrates_and_keeps_writing_to_it() {
     }
 }
 
+/// The hex digest right after `tag` on the screen (the typed command has `$(` there).
+fn tagged_sha(screen: &str, tag: &str) -> Option<String> {
+    screen.match_indices(tag).find_map(|(i, _)| {
+        let h: String = screen[i + tag.len()..]
+            .chars()
+            .take_while(char::is_ascii_hexdigit)
+            .collect();
+        (h.len() == 64).then_some(h)
+    })
+}
+
+/// Runs `script` in the guest, which must print `<tag>$(… | sha256sum)`, and returns the
+/// digest. Each call uses a new tag, so an earlier answer is never taken for this one.
+fn guest_sha(console: &Console, ns: &Ns<'_>, vm: &str, script: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let tag = format!(
+        "sha{}=",
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    console.line(&script.replace("TAG=", &tag));
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        if let Some(h) = tagged_sha(&console.screen(), &tag) {
+            return h;
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "no digest {tag} from the guest\nscreen:\n{}\n{}",
+                console.screen(),
+                ns.diagnose(vm)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Claims a migration made and still owns, in the namespace.
+fn migration_claims(ns: &Ns<'_>) -> Vec<String> {
+    ns.k(&[
+        "get",
+        "pvc",
+        "-l",
+        "kubevirt-rs.io/migration-uid",
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    ])
+    .expect("claims")
+    .split_whitespace()
+    .map(str::to_string)
+    .collect()
+}
+
+/// A VM whose disk is a ReadWriteOnce claim on node-local storage (local-path) migrates
+/// anyway (issue 18, beyond KubeVirt, which refuses): the migration makes a claim on the
+/// target node and copies the disk into it while the guest runs and writes. A cancelled
+/// migration leaves no claim behind; a successful one moves the VM to the new claim
+/// (its template too, so a restart finds the data) and deletes the old claim.
+#[test]
+#[ignore = "needs root and a two-node cluster: cargo test -p e2e --test migration -- --ignored"]
+fn a_vm_on_a_readwriteonce_claim_migrates_with_its_disk_copied() {
+    let c = cluster();
+    let ns = Ns::new(c, "rwo");
+    ns.apply(
+        &serde_json::json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "rwo-disk", "namespace": ns.name},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "600Mi"}}}
+        })
+        .to_string(),
+    );
+    // Throttled (MiB/s), so that the guest writes while its disk is being copied and a
+    // cancel comes in mid-transfer. The throttle counts the disk's unwritten (sparse)
+    // part too: 567 MiB take ~35 s at 16 MiB/s, within the completion timeout.
+    let mut vm: serde_json::Value = serde_json::from_str(&vm_manifest(
+        "copier",
+        &ns.name,
+        serde_json::json!({BANDWIDTH: "16"}),
+        false,
+    ))
+    .unwrap();
+    let spec = &mut vm["spec"]["template"]["spec"];
+    spec["domain"]["devices"]["disks"] =
+        serde_json::json!([{"name": "data", "disk": {"bus": "virtio"}}]);
+    spec["volumes"] =
+        serde_json::json!([{"name": "data", "persistentVolumeClaim": {"claimName": "rwo-disk"}}]);
+    ns.apply(&vm.to_string());
+    ns.wait_running("copier");
+    assert_eq!(
+        ns.get(
+            "vmi",
+            "copier",
+            "{.status.conditions[?(@.type==\"LiveMigratable\")].status}"
+        ),
+        "True",
+        "a ReadWriteOnce claim is copied, so the VMI is live-migratable"
+    );
+    let first = ns.node_of("copier");
+    let console = Console::open(&ns, "copier");
+    let before = guest_run(&console, &ns, "copier");
+    // 32 MiB of random data at the start of the disk (a 567 MiB disk.img), written
+    // before any migration.
+    let pre = guest_sha(
+        &console,
+        &ns,
+        "copier",
+        "dd if=/dev/urandom of=/dev/vda bs=1M count=32 2>/dev/null; sync; echo TAG=$(dd if=/dev/vda bs=1M count=32 2>/dev/null | sha256sum)",
+    );
+
+    // A cancelled migration: its claim goes with it, the VMI keeps its own.
+    ns.virt(&["migrate", "copier"]);
+    ns.wait("copier", "the transfer to start", MIGRATE, || {
+        !ns.migration_state("copier", "startTimestamp").is_empty()
+    });
+    let made = migration_claims(&ns);
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert!(made[0].starts_with("rwo-disk-mig-"), "{made:?}");
+    ns.virt(&["migrate-cancel", "copier"]);
+    ns.wait(
+        "copier",
+        "the cancelled migration's claim and pod gone",
+        Duration::from_secs(180),
+        || {
+            migration_claims(&ns).is_empty()
+                && ns.launcher_pods_by_node("copier").len() == 1
+                && ns.vmim_phases("copier").is_empty()
+        },
+    );
+    assert_eq!(
+        ns.k(&["get", "pvc", &made[0], "--ignore-not-found", "-o", "name"])
+            .expect("claim"),
+        "",
+        "the cancelled migration's claim is still there"
+    );
+    assert_eq!(ns.node_of("copier"), first);
+    assert_eq!(
+        ns.get(
+            "vmi",
+            "copier",
+            "{.spec.volumes[0].persistentVolumeClaim.claimName}"
+        ),
+        "rwo-disk"
+    );
+
+    // The migration that goes through, with a writer running (it prints IO-ERROR-42 if a
+    // write fails) and 4 MiB more written while the disk is being copied.
+    console.line(
+        "(i=0; while true; do echo w$i | dd of=/dev/vda bs=512 seek=$((200000 + i % 1024)) 2>/dev/null && sync || echo IO-ERROR-$((6*7)); i=$((i+1)); usleep 100000; done) &",
+    );
+    // The VMI's migrationState still describes the cancelled migration until the new one's
+    // hand-off replaces it.
+    let cancelled = ns.migration_state("copier", "migrationUid");
+    ns.virt(&["migrate", "copier"]);
+    ns.wait("copier", "the transfer to start", MIGRATE, || {
+        ns.migration_state("copier", "migrationUid") != cancelled
+            && !ns.migration_state("copier", "startTimestamp").is_empty()
+    });
+    let mid = guest_sha(
+        &console,
+        &ns,
+        "copier",
+        "dd if=/dev/urandom of=/dev/vda bs=1M count=4 seek=100 2>/dev/null; sync; echo TAG=$(dd if=/dev/vda bs=1M count=4 skip=100 2>/dev/null | sha256sum)",
+    );
+    assert!(
+        ns.migration_state("copier", "endTimestamp").is_empty(),
+        "the migration ended before the guest's write during the copy: not a test of it"
+    );
+    ns.wait_migration_success("copier", MIGRATE);
+    let second = ns.node_of("copier");
+    assert_ne!(second, first, "the VMI did not change node");
+    ns.wait(
+        "copier",
+        "the old console to end",
+        Duration::from_secs(60),
+        || console.exited(),
+    );
+    assert!(
+        !console.screen().contains("IO-ERROR-42"),
+        "{}",
+        console.screen()
+    );
+    let console = Console::open(&ns, "copier");
+    assert_eq!(
+        guest_run(&console, &ns, "copier"),
+        before,
+        "not the same guest after the migration: restarted or rebooted"
+    );
+    let read = |skip: u32, count: u32| {
+        guest_sha(
+            &console,
+            &ns,
+            "copier",
+            &format!(
+                "echo TAG=$(dd if=/dev/vda bs=1M count={count} skip={skip} 2>/dev/null | sha256sum)"
+            ),
+        )
+    };
+    assert_eq!(read(0, 32), pre, "data written before the migration");
+    assert_eq!(read(100, 4), mid, "data written during the copy");
+    assert!(
+        !console.screen().contains("IO-ERROR-42"),
+        "{}",
+        console.screen()
+    );
+
+    // The VM lives on the new claim now: the VMI, its volumeStatus and the VM's template
+    // name it; it is handed over (no migration label or owner); the old claim is deleted.
+    let claim = ns.get(
+        "vmi",
+        "copier",
+        "{.spec.volumes[0].persistentVolumeClaim.claimName}",
+    );
+    assert!(claim.starts_with("rwo-disk-mig-"), "{claim}");
+    assert_eq!(
+        ns.get(
+            "vm",
+            "copier",
+            "{.spec.template.spec.volumes[0].persistentVolumeClaim.claimName}"
+        ),
+        claim
+    );
+    assert_eq!(
+        ns.get(
+            "vmi",
+            "copier",
+            "{.status.volumeStatus[?(@.name==\"data\")].persistentVolumeClaimInfo.claimName}"
+        ),
+        claim
+    );
+    assert_eq!(
+        ns.get(
+            "pvc",
+            &claim,
+            "{.metadata.labels.kubevirt-rs\\.io/migration-uid}{.metadata.ownerReferences}"
+        ),
+        ""
+    );
+    assert_eq!(
+        ns.get(
+            "pvc",
+            &claim,
+            "{.metadata.annotations.kubevirt-rs\\.io/migrated-from}"
+        ),
+        "rwo-disk"
+    );
+    ns.wait(
+        "copier",
+        "the source claim deleted",
+        Duration::from_secs(120),
+        || {
+            ns.k(&["get", "pvc", "rwo-disk", "--ignore-not-found", "-o", "name"])
+                .is_ok_and(|o| o.is_empty())
+        },
+    );
+    if c.local {
+        let pv = ns.get("pvc", &claim, "{.spec.volumeName}");
+        let affinity = c
+            .kubectl(&["get", "pv", &pv, "-o", "jsonpath={.spec.nodeAffinity}"])
+            .expect("the new claim's volume");
+        assert!(affinity.contains(&second), "{affinity}");
+    }
+
+    // A stop and start runs the guest from the new claim, with the data.
+    drop(console);
+    ns.virt(&["stop", "copier"]);
+    ns.wait_stopped("copier");
+    ns.virt(&["start", "copier"]);
+    ns.wait_running("copier");
+    assert_eq!(ns.node_of("copier"), second, "the new claim is on {second}");
+    let console = Console::open(&ns, "copier");
+    common::wait_for_shell(&console, &ns, "copier");
+    assert_eq!(
+        guest_sha(
+            &console,
+            &ns,
+            "copier",
+            "echo TAG=$(dd if=/dev/vda bs=1M count=32 2>/dev/null | sha256sum)"
+        ),
+        pre,
+        "data after a restart on the new claim"
+    );
+}
+
 /// A VM like the others with this `evictionStrategy`.
 fn vm_with_strategy(name: &str, ns: &str, strategy: &str) -> String {
     let mut vm: serde_json::Value =

@@ -25,18 +25,18 @@ pub mod vmi;
 pub use common::{Condition, ConditionStatus};
 pub use kubevirt::{KubeVirt, KubeVirtSpec, KubeVirtStatus};
 pub use migration::{
-    MigrationAbortStatus, MigrationMethod, MigrationMode, NotMigratable,
+    CopiedClaim, MigrationAbortStatus, MigrationMethod, MigrationMode, NotMigratable,
     VirtualMachineInstanceMigration, VirtualMachineInstanceMigrationPhase,
     VirtualMachineInstanceMigrationSpec, VirtualMachineInstanceMigrationState,
-    VirtualMachineInstanceMigrationStatus, live_migratable,
+    VirtualMachineInstanceMigrationStatus, copied_claims, live_migratable,
 };
 pub use vm::{
     PrintableStatus, RunStrategy, StateChangeRequest, StateChangeRequestAction, VirtualMachine,
     VirtualMachineSpec, VirtualMachineStatus,
 };
 pub use vmi::{
-    VirtualMachineInstance, VirtualMachineInstancePhase, VirtualMachineInstanceSpec,
-    VirtualMachineInstanceStatus,
+    StorageMigratedVolumeInfo, VirtualMachineInstance, VirtualMachineInstancePhase,
+    VirtualMachineInstanceSpec, VirtualMachineInstanceStatus,
 };
 
 /// API group of the kinds in this crate.

@@ -260,6 +260,15 @@ pub mod names {
         "kubevirt.io/allow-pod-bridge-network-live-migration";
     /// Migration condition: an abort was requested.
     pub const CONDITION_ABORT_REQUESTED: &str = "migrationAbortRequested";
+    /// VMI annotation (from the VM template): what becomes of a claim whose disk a
+    /// migration copied to a new claim, once the guest runs on the target: `Delete` (the
+    /// default) or `Retain`.
+    pub const MIGRATED_CLAIM_POLICY_ANNOTATION: &str = "kubevirt-rs.io/migrated-claim-policy";
+    /// Label of a claim a migration creates on the target node: the migration's uid
+    /// (removed once the migration succeeded and the claim is the VM's).
+    pub const MIGRATION_CLAIM_LABEL: &str = "kubevirt-rs.io/migration-uid";
+    /// Annotation of a claim a migration created: the claim it was copied from.
+    pub const MIGRATED_FROM_ANNOTATION: &str = "kubevirt-rs.io/migrated-from";
 }
 
 /// KubeVirt's reasons of `LiveMigratable=False`.
@@ -292,9 +301,13 @@ impl std::fmt::Display for NotMigratable {
 /// Pure, so virt-handler (which writes the condition), virt-apiserver (which refuses
 /// `migrate`) and virt-controller (which fails a migration) agree. Checked in
 /// KubeVirt's order, disks before interfaces:
-/// - a PVC or DataVolume must be ReadWriteMany, as its
-///   `status.volumeStatus[].persistentVolumeClaimInfo.accessModes` says (unknown access
-///   modes count as not shared: the copy would lose writes);
+/// - a PVC is shared when ReadWriteMany (or ReadOnlyMany), as its
+///   `status.volumeStatus[].persistentVolumeClaimInfo.accessModes` says; any other known
+///   access mode (ReadWriteOnce, ReadWriteOncePod) is copied to a new claim on the target
+///   node (`BlockMigration`, [`copied_claims`]; KubeVirt refuses these), unless its disk
+///   is read-only (libvirt never copies a read-only disk); unknown access modes are not
+///   migratable (the controller could not make the target's claim);
+/// - a DataVolume must be ReadWriteMany (kubevirt-rs has no CDI to make a target one);
 /// - a hostDisk must be `shared`;
 /// - containerDisk, ephemeral, emptyDisk, cloud-init, ConfigMap, Secret and
 ///   ServiceAccount disks are local and are copied (`BlockMigration`) or rebuilt;
@@ -314,21 +327,40 @@ pub fn live_migratable(vmi: &VirtualMachineInstance) -> Result<MigrationMethod, 
             .map(|c| c.claim_name.as_str())
             .or_else(|| v.data_volume.as_ref().map(|d| d.name.as_str()));
         if let Some(claim) = claim {
-            let rwx = volume_status
+            let modes = volume_status
                 .iter()
                 .find(|s| s.name == v.name)
                 .and_then(|s| s.persistent_volume_claim_info.as_ref())
-                .and_then(|i| i.access_modes.as_ref())
-                .is_some_and(|m| m.iter().any(|m| m == "ReadWriteMany"));
-            if !rwx {
+                .and_then(|i| i.access_modes.as_deref())
+                .filter(|m| !m.is_empty());
+            let shared = modes.is_some_and(|m| {
+                m.iter()
+                    .any(|m| m == "ReadWriteMany" || m == "ReadOnlyMany")
+            });
+            if shared {
+                continue;
+            }
+            let not_shared = || NotMigratable {
+                reason: not_migratable_reasons::DISKS,
+                message: format!(
+                    "cannot migrate VMI: PVC {claim} is not shared, live migration requires \
+                     that all PVCs must be shared (using ReadWriteMany access mode)"
+                ),
+            };
+            if modes.is_none() || v.data_volume.is_some() {
+                return Err(not_shared());
+            }
+            if disk_is_read_only(vmi, &v.name) {
                 return Err(NotMigratable {
                     reason: not_migratable_reasons::DISKS,
                     message: format!(
-                        "cannot migrate VMI: PVC {claim} is not shared, live migration requires \
-                         that all PVCs must be shared (using ReadWriteMany access mode)"
+                        "cannot migrate VMI: PVC {claim} is not shared and its disk {} is \
+                         read-only or shareable, so it cannot be copied to the target node",
+                        v.name
                     ),
                 });
             }
+            method = MigrationMethod::BlockMigration;
         } else if let Some(hd) = &v.host_disk {
             if hd.shared != Some(true) {
                 return Err(NotMigratable {
@@ -372,6 +404,69 @@ pub fn live_migratable(vmi: &VirtualMachineInstance) -> Result<MigrationMethod, 
         });
     }
     Ok(method)
+}
+
+/// Whether libvirt leaves the disk of volume `volume` out of a migration's copy: a
+/// `readonly` disk, a CD-ROM (read-only in KubeVirt unless it says otherwise), a `lun`
+/// marked read-only, or a shareable disk.
+fn disk_is_read_only(vmi: &VirtualMachineInstance, volume: &str) -> bool {
+    vmi.spec
+        .domain
+        .devices
+        .disks
+        .iter()
+        .flatten()
+        .find(|d| d.name == volume)
+        .is_some_and(|d| {
+            d.disk.as_ref().is_some_and(|t| t.readonly == Some(true))
+                || d.cdrom.as_ref().is_some_and(|t| t.readonly != Some(false))
+                || d.lun.as_ref().is_some_and(|t| t.readonly == Some(true))
+                || d.shareable == Some(true)
+        })
+}
+
+/// A claim whose disk a live migration copies to a new claim on the target node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopiedClaim {
+    /// The VMI volume.
+    pub volume: String,
+    /// The claim it names now (on the source node).
+    pub claim: String,
+}
+
+/// The `persistentVolumeClaim` volumes of a migratable `vmi` whose disks a migration copies
+/// (not shared: see [`live_migratable`]), in spec order. Empty when the VMI is not
+/// migratable or all its claims are shared.
+pub fn copied_claims(vmi: &VirtualMachineInstance) -> Vec<CopiedClaim> {
+    if live_migratable(vmi).is_err() {
+        return Vec::new();
+    }
+    let volume_status = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.volume_status.as_deref())
+        .unwrap_or_default();
+    vmi.spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| Some((v, v.persistent_volume_claim.as_ref()?)))
+        .filter(|(v, _)| {
+            !volume_status
+                .iter()
+                .find(|s| s.name == v.name)
+                .and_then(|s| s.persistent_volume_claim_info.as_ref())
+                .and_then(|i| i.access_modes.as_ref())
+                .is_some_and(|m| {
+                    m.iter()
+                        .any(|m| m == "ReadWriteMany" || m == "ReadOnlyMany")
+                })
+        })
+        .map(|(v, c)| CopiedClaim {
+            volume: v.name.clone(),
+            claim: c.claim_name.clone(),
+        })
+        .collect()
 }
 
 /// Whether `vmi` can be live-migrated now, or why not: the spec (disks, interfaces) and

@@ -77,10 +77,36 @@ fn live_migratable_table() {
             Err(not_migratable_reasons::DISKS),
         ),
         (
-            "RWO PVC",
+            "RWO PVC is copied to a new claim",
             json!({"volumes": [{"name": "p", "persistentVolumeClaim": {"claimName": "c"}}]}),
             json!({"volumeStatus": [{"name": "p", "persistentVolumeClaimInfo": {"accessModes": ["ReadWriteOnce"]}}]}),
+            Ok(MigrationMethod::BlockMigration),
+        ),
+        (
+            "RWO PVC on a read-only disk cannot be copied",
+            json!({"domain": {"devices": {"disks": [{"name": "p", "disk": {"readonly": true}}]}},
+                   "volumes": [{"name": "p", "persistentVolumeClaim": {"claimName": "c"}}]}),
+            json!({"volumeStatus": [{"name": "p", "persistentVolumeClaimInfo": {"accessModes": ["ReadWriteOnce"]}}]}),
             Err(not_migratable_reasons::DISKS),
+        ),
+        (
+            "RWO PVC on a CD-ROM cannot be copied",
+            json!({"domain": {"devices": {"disks": [{"name": "p", "cdrom": {}}]}},
+                   "volumes": [{"name": "p", "persistentVolumeClaim": {"claimName": "c"}}]}),
+            json!({"volumeStatus": [{"name": "p", "persistentVolumeClaimInfo": {"accessModes": ["ReadWriteOnce"]}}]}),
+            Err(not_migratable_reasons::DISKS),
+        ),
+        (
+            "PVC with an empty access mode list",
+            json!({"volumes": [{"name": "p", "persistentVolumeClaim": {"claimName": "c"}}]}),
+            json!({"volumeStatus": [{"name": "p", "persistentVolumeClaimInfo": {"accessModes": []}}]}),
+            Err(not_migratable_reasons::DISKS),
+        ),
+        (
+            "ROX PVC is shared",
+            json!({"volumes": [{"name": "p", "persistentVolumeClaim": {"claimName": "c"}}]}),
+            json!({"volumeStatus": [{"name": "p", "persistentVolumeClaimInfo": {"accessModes": ["ReadOnlyMany"]}}]}),
+            Ok(MigrationMethod::LiveMigration),
         ),
         (
             "RWX PVC",
@@ -111,6 +137,33 @@ fn live_migratable_table() {
         let got = live_migratable(&vmi(spec, status)).map_err(|e| e.reason);
         assert_eq!(got, want, "{name}");
     }
+}
+
+#[test]
+fn copied_claims_are_the_unshared_claims_of_a_migratable_vmi() {
+    let spec = json!({"volumes": [
+        {"name": "a", "persistentVolumeClaim": {"claimName": "ca"}},
+        {"name": "r", "containerDisk": {"image": "x"}},
+        {"name": "b", "persistentVolumeClaim": {"claimName": "cb"}},
+        {"name": "c", "persistentVolumeClaim": {"claimName": "cc"}}]});
+    let status = json!({"volumeStatus": [
+        {"name": "a", "persistentVolumeClaimInfo": {"accessModes": ["ReadWriteOnce"]}},
+        {"name": "b", "persistentVolumeClaimInfo": {"accessModes": ["ReadWriteMany"]}},
+        {"name": "c", "persistentVolumeClaimInfo": {"accessModes": ["ReadWriteOncePod"]}}]});
+    let v = vmi(spec.clone(), status);
+    assert_eq!(live_migratable(&v), Ok(MigrationMethod::BlockMigration));
+    let got: Vec<(String, String)> = copied_claims(&v)
+        .into_iter()
+        .map(|c| (c.volume, c.claim))
+        .collect();
+    assert_eq!(got, [("a".into(), "ca".into()), ("c".into(), "cc".into())]);
+    // Not migratable (c's access modes unknown): nothing is copied.
+    let v = vmi(
+        spec,
+        json!({"volumeStatus": [{"name": "a", "persistentVolumeClaimInfo": {"accessModes": ["ReadWriteOnce"]}}]}),
+    );
+    assert!(live_migratable(&v).is_err());
+    assert!(copied_claims(&v).is_empty());
 }
 
 #[test]

@@ -9,10 +9,12 @@
 //!   KubeVirt): a hostDisk is a path on the node, so without the gate anyone allowed to
 //!   create a VM could hand a node's files or devices to a guest.
 //! - A VMI's spec cannot change after creation, except by virt-apiserver itself (its
-//!   action subresources: a forced restart shortens the grace period). KubeVirt lets only
-//!   its own service accounts change a VMI spec, and only for hotplug, which kubevirt-rs
-//!   does not have; a spec edit would otherwise reach the node at the next migration
-//!   (the target launcher is rendered from the spec) without any of the create checks.
+//!   action subresources: a forced restart shortens the grace period) and, for the claim
+//!   names of `persistentVolumeClaim` volumes only, by the other components (a migration
+//!   that copied a claim points the volume at the new one). KubeVirt lets only its own
+//!   service accounts change a VMI spec, for hotplug and volume migration; a spec edit
+//!   would otherwise reach the node at the next migration (the target launcher is
+//!   rendered from the spec) without any of the create checks.
 //! - A VMIM's spec cannot change after creation (KubeVirt: "update of Migration object's
 //!   spec is restricted"): the controller decided on the spec it saw.
 //! - Labels and annotations under `kubevirt.io/` and `kubevirt-rs.io/` on VMs (also in
@@ -49,7 +51,7 @@ pub const RESERVED_PREFIXES: [&str; 2] = ["kubevirt.io/", "kubevirt-rs.io/"];
 /// Keys under the reserved prefixes that users set: KubeVirt's documented user labels
 /// (`kubevirt.io/domain`, `kubevirt.io/size`, `kubevirt.io/vm`, `kubevirt.io/os`, used in
 /// its examples and preset selectors) and user annotations, and kubevirt-rs's own knobs.
-pub const USER_SETTABLE: [&str; 10] = [
+pub const USER_SETTABLE: [&str; 11] = [
     "kubevirt.io/domain",
     "kubevirt.io/size",
     "kubevirt.io/vm",
@@ -61,6 +63,9 @@ pub const USER_SETTABLE: [&str; 10] = [
     "kubevirt.io/placePCIDevicesOnRootComplex",
     // Read by virt-handler from the VMI: the migration's bandwidth (docs/node.md).
     "kubevirt-rs.io/migration-bandwidth-mib",
+    // Read by virt-controller from the VMI: what becomes of a claim a migration copied
+    // (docs/architecture.md, "Persistent disks").
+    crate::migration::names::MIGRATED_CLAIM_POLICY_ANNOTATION,
 ];
 
 /// Who is writing, as far as the policy cares.
@@ -165,10 +170,17 @@ pub fn admit(
                 "spec",
                 gates,
             ));
-            if let Some(old) = old
-                && actor != Actor::Server
-            {
-                errs.extend(immutable_spec(old.get("spec"), new.get("spec")));
+            if let Some(old) = old {
+                match actor {
+                    Actor::Server => {}
+                    // virt-controller points a volume at the claim a migration copied it
+                    // to; nothing else of the spec changes.
+                    Actor::Component => errs.extend(immutable_spec(
+                        without_claim_names(old.get("spec")).as_ref(),
+                        without_claim_names(new.get("spec")).as_ref(),
+                    )),
+                    Actor::User => errs.extend(immutable_spec(old.get("spec"), new.get("spec"))),
+                }
             }
             if !actor.may_write_reserved() {
                 errs.extend(reserved_keys(
@@ -222,6 +234,23 @@ fn host_disk_gate(
             )
         })
         .collect()
+}
+
+/// A VMI spec with the claim names of its `persistentVolumeClaim` volumes blanked: the
+/// one change a component may make (a migration moved the volume to another claim).
+fn without_claim_names(spec: Option<&Value>) -> Option<Value> {
+    let mut spec = spec?.clone();
+    for v in spec
+        .get_mut("volumes")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(c) = v.pointer_mut("/persistentVolumeClaim/claimName") {
+            *c = Value::Null;
+        }
+    }
+    Some(spec)
 }
 
 /// One `Forbidden: field is immutable` per top-level spec field that differs.
@@ -349,6 +378,25 @@ mod tests {
             );
         }
         assert!(admit(VMI, Some(&old), &new, Actor::Server, &ON).is_empty());
+        // A component may point a claim volume at another claim, and change nothing else.
+        let claim = |name: &str| {
+            vmi(
+                json!([{"name": "d", "persistentVolumeClaim": {"claimName": name}}]),
+                json!({}),
+            )
+        };
+        let (before, after) = (claim("data"), claim("data-mig-1a2b3"));
+        assert!(admit(VMI, Some(&before), &after, Actor::Component, &ON).is_empty());
+        assert_eq!(
+            admit(VMI, Some(&before), &after, Actor::User, &ON),
+            vec![FieldError::forbidden("spec.volumes", "field is immutable")]
+        );
+        let mut read_only = after.clone();
+        read_only["spec"]["volumes"][0]["persistentVolumeClaim"]["readOnly"] = json!(true);
+        assert_eq!(
+            admit(VMI, Some(&before), &read_only, Actor::Component, &ON),
+            vec![FieldError::forbidden("spec.volumes", "field is immutable")]
+        );
         // Removing a field is a change too; metadata and status are not the spec.
         let mut no_volumes = old.clone();
         no_volumes["spec"]

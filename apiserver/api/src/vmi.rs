@@ -823,6 +823,26 @@ pub struct VirtualMachineInstanceStatus {
     pub volume_status: Option<Vec<VolumeStatus>>,
     /// Versions of the components running the guest.
     pub runtime_versions: Option<RuntimeVersions>,
+    /// Volumes whose claims the current (or last) migration copies to new claims on the
+    /// target node (KubeVirt's field of its volume migration): written by virt-controller
+    /// when it creates the target, read by the source virt-handler.
+    pub migrated_volumes: Option<Vec<StorageMigratedVolumeInfo>>,
+}
+
+/// One volume of a migration that moves its claim (KubeVirt's `StorageMigratedVolumeInfo`).
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageMigratedVolumeInfo {
+    /// The VMI volume.
+    #[serde(default)]
+    pub volume_name: String,
+    /// The claim the data comes from.
+    #[serde(rename = "sourcePVCInfo")]
+    pub source_pvc_info: Option<PersistentVolumeClaimInfo>,
+    /// The claim the data goes to.
+    #[serde(rename = "destinationPVCInfo")]
+    pub destination_pvc_info: Option<PersistentVolumeClaimInfo>,
 }
 
 fn is_unset(p: &VirtualMachineInstancePhase) -> bool {
@@ -902,6 +922,8 @@ pub struct VolumeStatus {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PersistentVolumeClaimInfo {
+    /// The claim's name (set in `migratedVolumes`).
+    pub claim_name: Option<String>,
     /// Access modes of the claim (`ReadWriteMany` makes it shared).
     pub access_modes: Option<Vec<String>>,
     /// `Filesystem` or `Block`.

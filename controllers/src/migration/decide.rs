@@ -2,8 +2,9 @@
 //! VirtualMachineInstanceMigration, its VMI, the VMI's launcher pods and every other
 //! migration.
 //!
-//! [`decide`] returns the whole [`Decision`]: objects to touch (finalizer, target pod,
-//! pods to delete, the target pod to adopt), the next VMI status and labels, and the
+//! [`decide`] returns the whole [`Decision`]: objects to touch (finalizer, target pod and
+//! claims, pods and claims to delete, the target pod to adopt, claims to move the VMI
+//! to), the next VMI status and labels, and the
 //! next migration status. The clock and the last progress seen are inputs, so the full
 //! phase × VMI × pod table is unit-tested without a cluster. The contract with
 //! virt-handler is docs/cluster-flow.md §6.
@@ -11,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kubevirt_api::common::{Condition, ConditionStatus, find_condition, set_condition};
@@ -26,6 +27,7 @@ use kubevirt_api::{
     VirtualMachineInstanceMigrationStatus, VirtualMachineInstanceStatus,
 };
 
+use super::claims::{self, ClaimMove};
 use crate::vmi::decide::PodRef;
 use crate::vmi::render::COMPUTE_CONTAINER;
 
@@ -88,6 +90,8 @@ pub struct Observed<'a> {
     pub vmi: Option<&'a VirtualMachineInstance>,
     /// The VMI's launcher pods (source and targets, any state).
     pub pods: &'a [Pod],
+    /// The claims this migration made for the target (labelled with its uid).
+    pub claims: &'a [PersistentVolumeClaim],
     /// Every migration in the cluster (this one is skipped by uid).
     pub migrations: &'a [VirtualMachineInstanceMigration],
     /// The last progress mark of this migration.
@@ -108,6 +112,13 @@ pub struct Decision {
     pub remove_finalizer: bool,
     /// Create the target launcher pod (the status below assumes it was created).
     pub create_target_pod: bool,
+    /// Before the pod: make these claims for the target, copies of the moves' sources.
+    pub create_claims: Vec<ClaimMove>,
+    /// Delete these claims this migration made (it failed).
+    pub delete_claims: Vec<String>,
+    /// The guest runs on the target: point the VMI and its VM at these moves' new claims,
+    /// hand the new claims over and let the old ones go (per the VMI's policy).
+    pub claim_moves: Vec<ClaimMove>,
     /// Hand the target pod over to the VMI (controller ownerReference).
     pub adopt_target_pod: Option<PodRef>,
     /// Delete these pods (a failed target pod, or the source pod after success).
@@ -443,6 +454,14 @@ impl Step<'_> {
                 self.d.delete_pods.push(pod_ref(p));
             }
         }
+        // Only claims still labelled as this migration's: a handed-over one is the VM's.
+        self.d.delete_claims = self
+            .o
+            .claims
+            .iter()
+            .filter(|c| claims::made_by(c, &self.uid) && c.metadata.deletion_timestamp.is_none())
+            .filter_map(|c| c.metadata.name.clone())
+            .collect();
     }
 
     fn clear_target_label(&mut self) {
@@ -463,6 +482,12 @@ impl Step<'_> {
     /// controller ends the VMI's migrationState itself.
     fn fail(&mut self, message: String, cancelled: bool) {
         let now = Time(self.o.now);
+        if self.vmi_state().is_some()
+            && let Some(st) = self.vmi_status.as_mut()
+        {
+            // The guest stays on its claims: the record of this migration's copies goes.
+            st.migrated_volumes = None;
+        }
         if let Some(s) = self.vmi_state_mut() {
             if s.is_finished() {
                 // virt-handler reported the end: its account stands.
@@ -564,6 +589,22 @@ impl Step<'_> {
         self.clear_target_label();
         if let Some(t) = target.filter(|t| controlled_by(t, &self.uid)) {
             self.d.adopt_target_pod = Some(pod_ref(t));
+        }
+        // Copied claims: the volumes now live on the new claims, as volumeStatus says.
+        if let Some(v) = vmi {
+            self.d.claim_moves = claims::recorded_moves(v);
+        }
+        if let Some(st) = self.vmi_status.as_mut() {
+            let record = st.migrated_volumes.clone().unwrap_or_default();
+            for s in st.volume_status.iter_mut().flatten() {
+                if let Some(dest) = record
+                    .iter()
+                    .find(|m| m.volume_name == s.name)
+                    .and_then(|m| m.destination_pvc_info.clone())
+                {
+                    s.persistent_volume_claim_info = Some(dest);
+                }
+            }
         }
         let target_uid = target.and_then(|t| t.metadata.uid.clone());
         if let Some(vmi_uid) = vmi.and_then(|v| v.metadata.uid.as_deref()) {
@@ -703,6 +744,7 @@ fn decide_phase(step: &mut Step<'_>, cfg: &MigrationConfig) {
             return;
         }
         step.d.create_target_pod = true;
+        step.d.create_claims = claims::planned_moves(vmi, &uid);
         step.d.status.migration_state = Some(VirtualMachineInstanceMigrationState {
             migration_uid: Some(uid),
             source_node: Some(source_node),
@@ -806,6 +848,14 @@ fn decide_phase(step: &mut Step<'_>, cfg: &MigrationConfig) {
             target_node.filter(|_| pod_phase(target) == "Running" && compute_running(target))
         {
             // Hand-off: the VMI now names both ends; the target handler prepares.
+            let moves = claims::planned_moves(vmi, &uid);
+            let migrated = match claims::migrated_volumes(vmi, &moves, o.claims) {
+                Ok(m) => (!m.is_empty()).then_some(m),
+                Err(why) => {
+                    step.fail(why, false);
+                    return;
+                }
+            };
             let source_node = vmi.status.as_ref().and_then(|s| s.node_name.clone());
             let state = VirtualMachineInstanceMigrationState {
                 migration_uid: Some(uid.clone()),
@@ -829,6 +879,9 @@ fn decide_phase(step: &mut Step<'_>, cfg: &MigrationConfig) {
             {
                 st.migration_state = Some(state);
                 st.migration_method = live_migratable(vmi).ok().map(|m| m.as_str().to_string());
+                // Which claims the source copies, and where to: read by the source handler
+                // and, on success, by the move to the new claims.
+                st.migrated_volumes = migrated;
             }
             step.d.vmi_labels.insert(
                 names::MIGRATION_TARGET_NODE_NAME_LABEL.into(),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kubevirt_api::{
     MigrationAbortStatus, VirtualMachineInstance, VirtualMachineInstanceMigration,
@@ -169,6 +169,17 @@ fn run(
     others: &[VirtualMachineInstanceMigration],
     progress: Option<&ProgressMark>,
 ) -> Decision {
+    run_with_claims(m, vmi, pods, &[], others, progress)
+}
+
+fn run_with_claims(
+    m: &VirtualMachineInstanceMigration,
+    vmi: Option<&VirtualMachineInstance>,
+    pods: &[Pod],
+    claims: &[PersistentVolumeClaim],
+    others: &[VirtualMachineInstanceMigration],
+    progress: Option<&ProgressMark>,
+) -> Decision {
     let mut migrations = others.to_vec();
     migrations.push(m.clone());
     decide(
@@ -176,6 +187,7 @@ fn run(
             vmim: m,
             vmi,
             pods,
+            claims,
             migrations: &migrations,
             progress,
             now: now(),
@@ -907,4 +919,147 @@ fn a_transfer_that_never_starts_fails_after_the_pending_timeout() {
     );
     // Before the transfer the controller ends the VMI's state itself.
     assert_eq!(vmi_state(&d).failed, Some(true));
+}
+
+/// A VMI whose disk `d` is on ReadWriteOnce claim `data`, with extra status.
+fn rwo_vmi(status: Value) -> VirtualMachineInstance {
+    let mut st = json!({"volumeStatus": [{"name": "d", "persistentVolumeClaimInfo":
+        {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+         "capacity": {"storage": "1Gi"}}}]});
+    if let (Some(s), Some(e)) = (st.as_object_mut(), status.as_object()) {
+        s.extend(e.clone());
+    }
+    vmi_with(
+        json!({"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]}),
+        st,
+    )
+}
+
+/// The claim this migration made for the target, bound.
+fn made_claim(label: &str) -> PersistentVolumeClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": "data-mig-muid", "namespace": "ns",
+            "labels": {"kubevirt-rs.io/migration-uid": label}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        "status": {"phase": "Bound", "capacity": {"storage": "1Gi"}}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_readwriteonce_claim_is_copied_to_a_claim_made_for_the_target() {
+    use super::claims::ClaimMove;
+    let moved = ClaimMove {
+        volume: "d".into(),
+        from: "data".into(),
+        to: "data-mig-muid".into(),
+    };
+    // Start: the claim is made with the target pod.
+    let v = rwo_vmi(json!({}));
+    let d = run(&vmim(""), Some(&v), &[source_pod()], &[], None);
+    assert!(d.create_target_pod, "{d:?}");
+    assert_eq!(d.create_claims, std::slice::from_ref(&moved));
+
+    // Hand-off: the VMI records the copy, with both claims.
+    let mut pods = vec![source_pod(), target_pod("running")];
+    let claim = made_claim(MUID);
+    let d = run_with_claims(
+        &vmim("Scheduling"),
+        Some(&v),
+        &pods,
+        std::slice::from_ref(&claim),
+        &[],
+        None,
+    );
+    assert_eq!(d.status.phase, Phase::Scheduled);
+    let st = d.vmi_status.as_ref().unwrap();
+    assert_eq!(st.migration_method.as_deref(), Some("BlockMigration"));
+    let rec = serde_json::to_value(st.migrated_volumes.as_ref().unwrap()).unwrap();
+    assert_eq!(rec[0]["volumeName"], "d");
+    assert_eq!(rec[0]["sourcePVCInfo"]["claimName"], "data");
+    assert_eq!(rec[0]["destinationPVCInfo"]["claimName"], "data-mig-muid");
+    // …and without the made claim the hand-off fails, naming it.
+    let d = run(&vmim("Scheduling"), Some(&v), &pods, &[], None);
+    assert_eq!(d.status.phase, Phase::Failed);
+    assert!(failure(&d).contains("data-mig-muid"), "{}", failure(&d));
+
+    // Success: the moves come from the record; volumeStatus names the new claim.
+    let record = json!([{"volumeName": "d",
+        "sourcePVCInfo": {"claimName": "data", "accessModes": ["ReadWriteOnce"]},
+        "destinationPVCInfo": {"claimName": "data-mig-muid", "accessModes": ["ReadWriteOnce"],
+            "capacity": {"storage": "1Gi"}}}]);
+    let mut done = rwo_vmi(json!({"migratedVolumes": record,
+        "migrationState": {"migrationUid": MUID, "sourceNode": "node-1", "targetNode": "node-2",
+            "targetPod": "tgt", "completed": true, "startTimestamp": ts(ago(20)),
+            "endTimestamp": ts(ago(1))}}));
+    done.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(
+            "kubevirt.io/migrationTargetNodeName".into(),
+            "node-2".into(),
+        );
+    let d = run_with_claims(
+        &vmim("Running"),
+        Some(&done),
+        &pods,
+        std::slice::from_ref(&claim),
+        &[],
+        None,
+    );
+    assert_eq!(d.status.phase, Phase::Succeeded);
+    assert_eq!(d.claim_moves, [moved]);
+    assert!(d.delete_claims.is_empty());
+    let vs = &d
+        .vmi_status
+        .as_ref()
+        .unwrap()
+        .volume_status
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(
+        vs.persistent_volume_claim_info
+            .as_ref()
+            .unwrap()
+            .claim_name
+            .as_deref(),
+        Some("data-mig-muid")
+    );
+
+    // Failure: the claims this migration still owns go, the record too.
+    let failed = rwo_vmi(json!({"migratedVolumes": record,
+        "migrationState": {"migrationUid": MUID, "sourceNode": "node-1", "targetNode": "node-2",
+            "failed": true, "failureReason": "boom", "endTimestamp": ts(ago(1))}}));
+    let d = run_with_claims(
+        &vmim("Running"),
+        Some(&failed),
+        &pods,
+        std::slice::from_ref(&claim),
+        &[],
+        None,
+    );
+    assert_eq!(d.status.phase, Phase::Failed);
+    assert_eq!(d.delete_claims, ["data-mig-muid"]);
+    assert!(d.claim_moves.is_empty());
+    assert_eq!(d.vmi_status.as_ref().unwrap().migrated_volumes, None);
+    // …also when the failed migration is looked at again, but never a claim handed over.
+    let d = run_with_claims(
+        &vmim("Failed"),
+        Some(&failed),
+        &pods,
+        std::slice::from_ref(&claim),
+        &[],
+        None,
+    );
+    assert_eq!(d.delete_claims, ["data-mig-muid"]);
+    let d = run_with_claims(
+        &vmim("Failed"),
+        Some(&failed),
+        &pods,
+        &[made_claim("another-migration")],
+        &[],
+        None,
+    );
+    assert!(d.delete_claims.is_empty());
+    pods.clear();
 }

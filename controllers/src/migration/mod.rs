@@ -7,6 +7,7 @@
 //! the VMI's `status.migrationState`; this controller validates, limits, schedules the
 //! target, hands off, times out, cancels, cleans up and moves the VMI on success.
 
+pub mod claims;
 pub mod decide;
 pub mod reconcile;
 pub mod target;

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -12,11 +12,12 @@ use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use kubevirt_api::migration::names;
 use kubevirt_api::{
-    API_VERSION, VirtualMachineInstance, VirtualMachineInstanceMigration,
+    API_VERSION, VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration,
     VirtualMachineInstanceMigrationPhase as Phase,
 };
 use serde_json::{Map, Value, json};
 
+use super::claims::{self, ClaimMove, SourcePolicy};
 use super::decide::{self, Decision, MigrationConfig, Observed, ProgressMark};
 use super::target;
 use crate::context::{Context, FIELD_MANAGER};
@@ -50,6 +51,14 @@ pub enum MigrationError {
     /// The target pod does not render (the VMI spec is unusable).
     #[error("rendering the target pod")]
     Render(#[from] target::TargetRenderError),
+    /// A claim for the target cannot be made.
+    #[error("target claim {claim}: {message}")]
+    Claim {
+        /// The claim the migration would make.
+        claim: String,
+        /// Why not.
+        message: String,
+    },
     /// Serialising a patch failed (a bug).
     #[error("serialising a patch")]
     Serialize(#[from] serde_json::Error),
@@ -63,6 +72,7 @@ impl MigrationError {
             Self::Read { .. } => "ReadFailed",
             Self::Write { .. } => "WriteFailed",
             Self::Render(_) => "RenderFailed",
+            Self::Claim { .. } => "ClaimFailed",
             Self::Serialize(_) => "SerializeFailed",
         }
     }
@@ -232,12 +242,19 @@ pub async fn reconcile(
         .await
         .map_err(read("migrations"))?
         .items;
+    // The claims this migration made for its target (none unless it copies a claim).
+    let claim_list = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default().labels(&format!("{}={uid}", names::MIGRATION_CLAIM_LABEL)))
+        .await
+        .map_err(read("migration claims"))?
+        .items;
     let progress = state.progress_of(&uid);
     let d = decide::decide(
         &Observed {
             vmim: &vmim,
             vmi: vmi.as_ref(),
             pods: &pod_list,
+            claims: &claim_list,
             migrations: &migrations,
             progress: progress.as_ref(),
             now: Timestamp::now(),
@@ -296,7 +313,12 @@ async fn execute(
     if d.create_target_pod
         && let Some(vmi) = vmi
     {
-        let desired = target::target_pod(vmi, vmim, &ctx.config.launcher)?;
+        // The claims first: the pod would wait for them anyway, and a pod whose claim
+        // cannot be made should never exist.
+        for m in &d.create_claims {
+            create_claim(ctx, vmim, m).await?;
+        }
+        let desired = target::target_pod(vmi, vmim, &ctx.config.launcher, &d.create_claims)?;
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.to_string()),
             ..PostParams::default()
@@ -386,6 +408,22 @@ async fn execute(
             }
         }
     }
+    if let (false, Some(vmi)) = (d.claim_moves.is_empty(), vmi) {
+        move_claims(ctx, vmim, vmi, &d.claim_moves).await?;
+    }
+    let claim_api = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns);
+    for c in &d.delete_claims {
+        match claim_api.delete(c, &DeleteParams::default()).await {
+            Ok(_) => tracing::info!(claim = %c, "deleted the target claim of a failed migration"),
+            Err(e) if is_not_found(&e) => {}
+            Err(source) => {
+                return Err(MigrationError::Write {
+                    what: "target claim deletion",
+                    source,
+                });
+            }
+        }
+    }
     for p in &d.delete_pods {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
@@ -438,6 +476,193 @@ async fn execute(
             Err(source) => {
                 return Err(MigrationError::Write {
                     what: "migration finalizer",
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Makes the claim `m.to` for the target, a copy of `m.from`'s shape; one that exists
+/// already must be this migration's (a repeated reconcile), never a user's.
+async fn create_claim(
+    ctx: &Context,
+    vmim: &VirtualMachineInstanceMigration,
+    m: &ClaimMove,
+) -> Result<(), MigrationError> {
+    let ns = vmim.namespace().ok_or(MigrationError::NotPersisted)?;
+    let uid = vmim.uid().ok_or(MigrationError::NotPersisted)?;
+    let api = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns);
+    let fail = |message: String| MigrationError::Claim {
+        claim: m.to.clone(),
+        message,
+    };
+    let source = api
+        .get_opt(&m.from)
+        .await
+        .map_err(|source| MigrationError::Read {
+            what: "source claim",
+            source,
+        })?
+        .ok_or_else(|| fail(format!("its source claim {} does not exist", m.from)))?;
+    let desired = claims::destination_claim(&source, m, vmim);
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PostParams::default()
+    };
+    match api.create(&params, &desired).await {
+        Ok(_) => {
+            tracing::info!(claim = %m.to, from = %m.from, volume = %m.volume, "created the target claim");
+            ctx.event(
+                &vmim.object_ref(&()),
+                EventType::Normal,
+                decide::reasons::SUCCESSFUL_CREATE,
+                format!(
+                    "Created claim {} for volume {} on the target node (copy of {})",
+                    m.to, m.volume, m.from
+                ),
+            )
+            .await;
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            let existing = api
+                .get_opt(&m.to)
+                .await
+                .map_err(|source| MigrationError::Read {
+                    what: "target claim",
+                    source,
+                })?;
+            match existing {
+                Some(c) if claims::made_by(&c, &uid) => Ok(()),
+                _ => Err(fail(
+                    "a claim of that name exists and was not made by this migration".into(),
+                )),
+            }
+        }
+        Err(e) => {
+            ctx.event(
+                &vmim.object_ref(&()),
+                EventType::Warning,
+                "FailedCreate",
+                format!("Error creating claim {} for volume {}: {e}", m.to, m.volume),
+            )
+            .await;
+            Err(MigrationError::Write {
+                what: "target claim",
+                source: e,
+            })
+        }
+    }
+}
+
+/// The guest runs on the target and its copied disks are on the new claims: the VMI and
+/// its VM name them (so a restart finds the data), each new claim is handed over (no
+/// longer labelled or owned by the migration: the VM's, as the old one was the user's),
+/// and each old claim is deleted or kept as the VMI's policy says. Every step is
+/// idempotent: an interrupted success is completed by the next reconcile.
+async fn move_claims(
+    ctx: &Context,
+    vmim: &VirtualMachineInstanceMigration,
+    vmi: &VirtualMachineInstance,
+    moves: &[ClaimMove],
+) -> Result<(), MigrationError> {
+    let ns = vmim.namespace().ok_or(MigrationError::NotPersisted)?;
+    let client = ctx.client.clone();
+    let write = |what| move |source| MigrationError::Write { what, source };
+    let vmis = Api::<VirtualMachineInstance>::namespaced(client.clone(), &ns);
+    // Fresh: the status write before this changed the resourceVersion.
+    if let Some(fresh) =
+        vmis.get_opt(&vmi.name_any())
+            .await
+            .map_err(|source| MigrationError::Read {
+                what: "VirtualMachineInstance",
+                source,
+            })?
+    {
+        let spec = serde_json::to_value(&fresh.spec)?;
+        if let Some(volumes) = claims::moved_volumes(spec.get("volumes"), moves) {
+            let patch = json!({"metadata": {"resourceVersion": fresh.metadata.resource_version},
+                               "spec": {"volumes": volumes}});
+            vmis.patch(&fresh.name_any(), &patch_params(), &Patch::Merge(&patch))
+                .await
+                .map_err(write("VMI volumes"))?;
+            tracing::info!(?moves, "VMI volumes point at the migrated claims");
+        }
+    }
+    let vm_name = vmi
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "VirtualMachine" && o.controller == Some(true))
+        .map(|o| (o.name.clone(), o.uid.clone()));
+    if let Some((vm_name, vm_uid)) = vm_name {
+        let vms = Api::<VirtualMachine>::namespaced(client.clone(), &ns);
+        let vm = vms
+            .get_opt(&vm_name)
+            .await
+            .map_err(|source| MigrationError::Read {
+                what: "VirtualMachine",
+                source,
+            })?;
+        if let Some(vm) = vm.filter(|vm| vm.metadata.uid.as_deref() == Some(vm_uid.as_str())) {
+            let spec = serde_json::to_value(&vm.spec)?;
+            if let Some(volumes) =
+                claims::moved_volumes(spec.pointer("/template/spec/volumes"), moves)
+            {
+                let patch = json!({"metadata": {"resourceVersion": vm.metadata.resource_version},
+                                   "spec": {"template": {"spec": {"volumes": volumes}}}});
+                vms.patch(&vm_name, &patch_params(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(write("VM template volumes"))?;
+                tracing::info!(vm = %vm_name, ?moves, "VM template points at the migrated claims");
+            }
+        }
+    }
+    let claim_api = Api::<PersistentVolumeClaim>::namespaced(client, &ns);
+    let release = json!({"metadata": {"labels": {names::MIGRATION_CLAIM_LABEL: null},
+                                      "ownerReferences": null}});
+    let policy = claims::source_policy(vmi);
+    for m in moves {
+        match claim_api
+            .patch(&m.to, &patch_params(), &Patch::Merge(&release))
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {
+                tracing::warn!(claim = %m.to, "the migrated claim is gone");
+            }
+            Err(source) => {
+                return Err(MigrationError::Write {
+                    what: "migrated claim hand-over",
+                    source,
+                });
+            }
+        }
+        if policy == SourcePolicy::Retain || m.from == m.to {
+            continue;
+        }
+        match claim_api.delete(&m.from, &DeleteParams::default()).await {
+            Ok(_) => {
+                tracing::info!(claim = %m.from, "deleted the source claim of a migrated volume");
+                ctx.event(
+                    &vmim.object_ref(&()),
+                    EventType::Normal,
+                    decide::reasons::SUCCESSFUL_MIGRATION,
+                    format!(
+                        "Volume {} now on claim {}; claim {} deleted ({}: Delete)",
+                        m.volume,
+                        m.to,
+                        m.from,
+                        names::MIGRATED_CLAIM_POLICY_ANNOTATION
+                    ),
+                )
+                .await;
+            }
+            Err(e) if is_not_found(&e) => {}
+            Err(source) => {
+                return Err(MigrationError::Write {
+                    what: "source claim deletion",
                     source,
                 });
             }

@@ -8,6 +8,7 @@ use kube::ResourceExt;
 use kubevirt_api::migration::names;
 use kubevirt_api::{API_VERSION, VirtualMachineInstance, VirtualMachineInstanceMigration};
 
+use super::claims::{ClaimMove, retarget_pod};
 use crate::vmi::render::{
     COMPUTE_CONTAINER, CREATED_BY_LABEL, LauncherConfig, PodRenderError, launcher_pod,
 };
@@ -37,11 +38,14 @@ pub enum TargetRenderError {
 ///   VMI (KubeVirt's): never the source node;
 /// - `spec.addedNodeSelector` merged into the node selector;
 /// - the launcher waits for the incoming guest (`--migration-target`); its sockets are in
-///   its own emptyDir like every launcher pod's.
+///   its own emptyDir like every launcher pod's;
+/// - the claims the migration copies (`moves`) are mounted from their new claims, where
+///   the source pod mounts the old ones.
 pub fn target_pod(
     vmi: &VirtualMachineInstance,
     vmim: &VirtualMachineInstanceMigration,
     cfg: &LauncherConfig,
+    moves: &[ClaimMove],
 ) -> Result<Pod, TargetRenderError> {
     let muid = vmim
         .metadata
@@ -49,6 +53,7 @@ pub fn target_pod(
         .clone()
         .ok_or_else(|| TargetRenderError::NotPersisted(vmim.name_any()))?;
     let mut pod = launcher_pod(vmi, cfg)?;
+    retarget_pod(&mut pod, moves);
     let vmi_uid = vmi.metadata.uid.clone().unwrap_or_default();
 
     pod.labels_mut()
@@ -123,7 +128,7 @@ mod tests {
         .unwrap();
         let cfg = LauncherConfig::default();
         let base = serde_json::to_value(launcher_pod(&vmi, &cfg).unwrap()).unwrap();
-        let pod = serde_json::to_value(target_pod(&vmi, &vmim, &cfg).unwrap()).unwrap();
+        let pod = serde_json::to_value(target_pod(&vmi, &vmim, &cfg, &[]).unwrap()).unwrap();
         assert_eq!(
             pod["metadata"]["labels"]["kubevirt.io/migrationJobUID"],
             vmim.metadata.uid.clone().unwrap()

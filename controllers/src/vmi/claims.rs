@@ -70,6 +70,7 @@ impl Claim {
             capacity,
             phase: status.phase.clone().unwrap_or_else(|| "Pending".into()),
             info: PersistentVolumeClaimInfo {
+                claim_name: pvc.metadata.name.clone(),
                 access_modes: status.access_modes.clone().or(spec.access_modes.clone()),
                 volume_mode: Some(
                     match mode {

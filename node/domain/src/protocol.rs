@@ -111,6 +111,10 @@ pub struct MigrationOptions {
     /// Longest acceptable pause at the switchover, in ms (libvirt's default is 300).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_downtime_ms: Option<u64>,
+    /// Claim volumes whose disks are copied to the target's own claim (not shared: the
+    /// VMI's `status.migratedVolumes`); every other claim is shared storage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copy_claims: Vec<String>,
 }
 
 /// Body of [`Request::Migrate`].
@@ -358,12 +362,13 @@ mod tests {
             options: MigrationOptions {
                 bandwidth_mib: Some(4),
                 max_downtime_ms: None,
+                copy_claims: vec!["d".into()],
             },
         });
         let s = serde_json::to_string(&m)?;
         assert_eq!(
             s,
-            r#"{"op":"migrate","target":{"workDir":"/w","consoleSocket":"/c"},"options":{"bandwidthMib":4}}"#
+            r#"{"op":"migrate","target":{"workDir":"/w","consoleSocket":"/c"},"options":{"bandwidthMib":4,"copyClaims":["d"]}}"#
         );
         assert_eq!(serde_json::from_str::<Request>(&s)?, m);
         assert_eq!(

@@ -175,6 +175,14 @@ pub fn options(vmi: &VirtualMachineInstance) -> MigrationOptions {
             .and_then(|v| v.trim().parse().ok())
             .filter(|b| *b > 0),
         max_downtime_ms: None,
+        copy_claims: vmi
+            .status
+            .as_ref()
+            .and_then(|s| s.migrated_volumes.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .map(|m| m.volume_name.clone())
+            .collect(),
     }
 }
 
@@ -588,6 +596,14 @@ mod tests {
         .unwrap();
         assert_eq!(launcher_dir_name("u", &vmi, "a"), "u");
         assert_eq!(options(&vmi).bandwidth_mib, Some(4));
+        assert!(options(&vmi).copy_claims.is_empty());
+        vmi.status = Some(
+            serde_json::from_value(json!({"migratedVolumes": [{"volumeName": "d",
+                "sourcePVCInfo": {"claimName": "data"},
+                "destinationPVCInfo": {"claimName": "data-mig-12345"}}]}))
+            .unwrap(),
+        );
+        assert_eq!(options(&vmi).copy_claims, ["d"]);
         vmi.status = Some(
             serde_json::from_value(json!({"migrationState": {
                 "migrationUid": "1234abcd-0000", "sourceNode": "a", "targetNode": "b",

@@ -244,7 +244,7 @@ impl Running {
             uri: format!("unix://{}", sock(MigrationStream::Memory)),
             disks_uri: format!("unix://{}", sock(MigrationStream::Disks)),
             rewrite,
-            disks: self.migration_disks.clone(),
+            disks: self.migration_disks.copying(&options.copy_claims),
             bandwidth_mib: options.bandwidth_mib,
             max_downtime_ms: options.max_downtime_ms,
         }
@@ -256,10 +256,31 @@ impl Running {
 pub struct MigrationDisks {
     /// Copied to the target over NBD: every writable disk but the claims.
     pub copy: Vec<String>,
-    /// Claims: shared storage the target mounts too, never copied. A claim that may
-    /// migrate is ReadWriteMany (`kubevirt_api::live_migratable`): copying it onto itself
-    /// would corrupt it.
+    /// Claims: shared storage the target mounts too, never copied, unless the migration
+    /// names the claim's volume ([`MigrationDisks::copying`]). A shared claim is
+    /// ReadWriteMany (`kubevirt_api::live_migratable`): copying it onto itself would
+    /// corrupt it.
     pub shared: Vec<String>,
+    /// The claim volume of each disk in `shared`, by target name.
+    pub claim_volumes: std::collections::BTreeMap<String, String>,
+}
+
+impl MigrationDisks {
+    /// The plan of a migration that copies the claims of `volumes` to the target's own
+    /// claims (not shared: virt-controller made a new claim on the target node, which the
+    /// target pod mounts where this pod mounts the old one).
+    pub fn copying(&self, volumes: &[String]) -> MigrationDisks {
+        let mut out = self.clone();
+        let (copied, shared): (Vec<String>, Vec<String>) =
+            self.shared.iter().cloned().partition(|dev| {
+                self.claim_volumes
+                    .get(dev)
+                    .is_some_and(|v| volumes.contains(v))
+            });
+        out.copy.extend(copied);
+        out.shared = shared;
+        out
+    }
 }
 
 /// Sorts the domain's writable disks for a migration. Read-only and shareable disks are
@@ -276,10 +297,16 @@ pub fn migration_disks(
         .filter(|d| d.readonly.is_none() && d.shareable.is_none())
     {
         let source = d.source.file.as_deref().or(d.source.dev.as_deref());
-        let claim =
-            source.is_some_and(|s| claims.0.values().any(|c| Path::new(s).starts_with(&c.path)));
-        if claim {
+        let claim = source.and_then(|s| {
+            claims
+                .0
+                .iter()
+                .find(|(_, c)| Path::new(s).starts_with(&c.path))
+                .map(|(volume, _)| volume.clone())
+        });
+        if let Some(volume) = claim {
             out.shared.push(d.target.dev.clone());
+            out.claim_volumes.insert(d.target.dev.clone(), volume);
         } else {
             out.copy.push(d.target.dev.clone());
         }
@@ -779,6 +806,11 @@ mod tests {
         let plan = migration_disks(&domain, &claims);
         assert_eq!(plan.copy, ["vda"]);
         assert_eq!(plan.shared, ["vdb", "vdc"]);
+        // A migration that copies claim `data` (ReadWriteOnce) to the target's claim.
+        let copying = plan.copying(&["data".into()]);
+        assert_eq!(copying.copy, ["vda", "vdb"]);
+        assert_eq!(copying.shared, ["vdc"]);
+        assert_eq!(plan.copying(&[]), plan);
         let plan = migration_disks(&domain, &crate::claims::Claims::default());
         assert_eq!(plan.copy, ["vda", "vdb", "vdc"]);
         assert!(plan.shared.is_empty());

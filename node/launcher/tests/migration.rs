@@ -518,6 +518,7 @@ async fn cancelled_migration_leaves_the_guest_on_the_source() {
         MigrationOptions {
             bandwidth_mib: Some(1),
             max_downtime_ms: None,
+            copy_claims: Vec::new(),
         },
     );
     let seen = tokio::task::block_in_place(|| {
@@ -595,6 +596,7 @@ async fn killed_target_leaves_the_guest_on_the_source() {
         MigrationOptions {
             bandwidth_mib: Some(1),
             max_downtime_ms: None,
+            copy_claims: Vec::new(),
         },
     );
     tokio::time::sleep(Duration::from_secs(3)).await;

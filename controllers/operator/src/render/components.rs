@@ -218,11 +218,12 @@ fn controller_rules() -> Vec<PolicyRule> {
         // annotations, which `view` reads).
         rule("", strings(&["secrets"]), &["create"]),
         // The claims behind persistentVolumeClaim volumes: their volumeMode and size
-        // shape the launcher pod and volumeStatus.
+        // shape the launcher pod and volumeStatus; a migration that copies a
+        // ReadWriteOnce claim makes the target's claim, hands it over and deletes the old.
         rule(
             "",
             strings(&["persistentvolumeclaims"]),
-            &["get", "list", "watch"],
+            &["get", "list", "watch", "create", "patch", "delete"],
         ),
         rule("", strings(&["nodes"]), &["get", "list", "watch"]),
         rule("", strings(&["events"]), &["create", "update", "patch"]),
