@@ -706,8 +706,6 @@ fn soft_reboot_restarts_the_guest() {
 /// libvirt's sync and reboots on `guest-shutdown`. Run as an unprivileged user, so the
 /// channel's socket is where session-mode libvirt places it.
 #[test]
-#[ignore = "fails on the shared dev machine (the stand-in agent connects late and libvirt's \
-            agent reboot returns an error); passed in a fresh worktree; to be fixed"]
 fn soft_reboot_goes_through_a_connected_guest_agent() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let images = guest_dir();

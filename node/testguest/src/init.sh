@@ -75,25 +75,47 @@ udp-echo 7 &
 [ -x /bin/iperf3 ] && iperf3 -s -D >/dev/null 2>&1
 
 # kubevirt-rs.fake-agent: a stand-in for qemu-guest-agent, started only on request (and
-# before the banner, so it listens once the guest is up) so that other guests have none. Opening the agent's virtio-serial port is what libvirt
-# reports as a connected agent; it answers libvirt's guest-sync and reboots on any
-# guest-shutdown (the mode is not read). Anything else gets CommandNotFound.
-grep -q kubevirt-rs.fake-agent /proc/cmdline &&
-for p in /sys/class/virtio-ports/*; do
-    [ "$(cat "$p/name" 2>/dev/null)" = org.qemu.guest_agent.0 ] || continue
-    ( exec <>"/dev/${p##*/}" >&0
-      while read -r req; do
-          case "$req" in
-              *guest-sync*)
-                  id=$(echo "$req" | sed 's/.*"id"[^0-9]*\([0-9]*\).*/\1/')
-                  echo "{\"return\": $id}" ;;
-              *guest-shutdown*)
-                  echo "kubevirt-rs guest: guest agent: rebooting" >/dev/console
-                  sync; reboot -f ;;
-              *) echo '{"error": {"class": "CommandNotFound", "desc": "fake agent"}}' ;;
-          esac
-      done ) &
-done
+# before the banner, so it listens once the guest is up) so that other guests have none.
+# Opening the agent's virtio-serial port is what libvirt reports as a connected agent; it
+# answers libvirt's guest-sync and reboots on any guest-shutdown (the mode is not read).
+# Anything else gets CommandNotFound.
+# virtio_console adds and names its ports from the host's control messages, not within
+# insmod; they are there by now on every boot seen, but on a busy host they may come late,
+# so the port is looked for for up to 5 s.
+# A read of the port returns end-of-file while nothing is connected on the host side, and
+# libvirt connects to the channel only once QEMU reports the port open. So, like qemu-ga,
+# the stand-in keeps the port open and reads again a moment later: ending at that first
+# end-of-file closed the port right after opening it, and libvirt saw the agent connect
+# and vanish (QEMU reports the close up to a second late, so a poll could catch it
+# "connected" and a reboot through it fail).
+if grep -q kubevirt-rs.fake-agent /proc/cmdline; then
+    agent=
+    for i in $(seq 50); do
+        for p in /sys/class/virtio-ports/*; do
+            [ "$(cat "$p/name" 2>/dev/null)" = org.qemu.guest_agent.0 ] && agent=/dev/${p##*/}
+        done
+        [ -c "$agent" ] && break
+        agent=
+        sleep 0.1
+    done
+    if [ -z "$agent" ]; then
+        echo "kubevirt-rs guest: guest agent: no org.qemu.guest_agent.0 port"
+    else
+        ( exec <>"$agent" >&0
+          while :; do
+              read -r req || { sleep 0.2; continue; }
+              case "$req" in
+                  *guest-sync*)
+                      id=$(echo "$req" | sed 's/.*"id"[^0-9]*\([0-9]*\).*/\1/')
+                      echo "{\"return\": $id}" ;;
+                  *guest-shutdown*)
+                      echo "kubevirt-rs guest: guest agent: rebooting" >/dev/console
+                      sync; reboot -f ;;
+                  *) echo '{"error": {"class": "CommandNotFound", "desc": "fake agent"}}' ;;
+              esac
+          done ) &
+    fi
+fi
 
 echo "kubevirt-rs guest ready"
 
