@@ -1,16 +1,29 @@
-//! Compiles the guest's UDP echo service (guest/udp_echo.rs) with the same rustc: a plain
-//! host binary, linked against the glibc the guest already carries for dropbear.
+//! Compiles the guest's own programs (guest/udp_echo.rs, guest/disk_bench.rs) with the
+//! same rustc: plain host binaries, linked against the glibc the guest already carries for
+//! dropbear.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 fn main() -> ExitCode {
-    let src = "guest/udp_echo.rs";
-    println!("cargo::rerun-if-changed={src}");
     let Some(out) = std::env::var_os("OUT_DIR").map(PathBuf::from) else {
         eprintln!("OUT_DIR is not set: run through cargo");
         return ExitCode::FAILURE;
     };
+    for (src, name) in [
+        ("guest/udp_echo.rs", "udp-echo"),
+        ("guest/disk_bench.rs", "disk-bench"),
+    ] {
+        println!("cargo::rerun-if-changed={src}");
+        if let Err(e) = compile(src, &out.join(name)) {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn compile(src: &str, out: &std::path::Path) -> Result<(), String> {
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let status = Command::new(rustc)
         .args([
@@ -24,17 +37,11 @@ fn main() -> ExitCode {
         ])
         .arg(src)
         .arg("-o")
-        .arg(out.join("udp-echo"))
+        .arg(out)
         .status();
     match status {
-        Ok(s) if s.success() => ExitCode::SUCCESS,
-        Ok(s) => {
-            eprintln!("rustc failed on {src}: {s}");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!("running rustc for {src}: {e}");
-            ExitCode::FAILURE
-        }
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("rustc failed on {src}: {s}")),
+        Err(e) => Err(format!("running rustc for {src}: {e}")),
     }
 }

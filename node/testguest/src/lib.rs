@@ -18,6 +18,10 @@ const INIT: &str = include_str!("init.sh");
 /// `/bin/udp-echo` and started on [`UDP_ECHO_PORT`].
 const UDP_ECHO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/udp-echo"));
 const UDP_ECHO_SOURCE: &str = include_str!("../guest/udp_echo.rs");
+/// The guest's disk benchmark (guest/disk_bench.rs, compiled by build.rs), installed as
+/// `/bin/disk-bench` for `cargo xtask bench storage`.
+const DISK_BENCH: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/disk-bench"));
+const DISK_BENCH_SOURCE: &str = include_str!("../guest/disk_bench.rs");
 
 /// The UDP port on which every guest sends each datagram back (the classic echo port).
 pub const UDP_ECHO_PORT: u16 = 7;
@@ -179,7 +183,7 @@ pub fn ensure_with(dir: &Path, programs: &[&str]) -> Result<Guest, GuestError> {
 
 /// What the stamp file holds: the init script and the extra programs it was built with.
 fn stamp(extra: &[&str]) -> String {
-    let base = format!("{INIT}\n{UDP_ECHO_SOURCE}");
+    let base = format!("{INIT}\n{UDP_ECHO_SOURCE}\n{DISK_BENCH_SOURCE}");
     if extra.is_empty() {
         base
     } else {
@@ -337,14 +341,16 @@ fn build_initramfs(
     ] {
         io(&root.join(f), fs::write(root.join(f), text))?;
     }
-    let echo = root.join("bin/udp-echo");
-    io(&echo, fs::write(&echo, UDP_ECHO))?;
-    io(
-        &echo,
-        fs::set_permissions(&echo, std::os::unix::fs::PermissionsExt::from_mode(0o755)),
-    )?;
-    for lib in shared_libraries(&echo)? {
-        copy_library(&root, &lib)?;
+    for (name, program) in [("bin/udp-echo", UDP_ECHO), ("bin/disk-bench", DISK_BENCH)] {
+        let path = root.join(name);
+        io(&path, fs::write(&path, program))?;
+        io(
+            &path,
+            fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)),
+        )?;
+        for lib in shared_libraries(&path)? {
+            copy_library(&root, &lib)?;
+        }
     }
     for program in SSH_PROGRAMS.iter().chain(programs) {
         let host = Path::new(program);

@@ -16,6 +16,7 @@ mod portforward;
 pub(crate) mod report;
 pub(crate) mod section;
 mod start;
+mod storage;
 
 use all::AllArgs;
 use section::Section;
@@ -41,6 +42,10 @@ pub enum Bench {
     /// Live migration of an idle 256 MiB guest between the two local nodes, against bare
     /// QEMU → QEMU in the same run.
     Migrate(migrate::MigrateArgs),
+    /// Persistent disks: guest disk throughput on a claim against bare QEMU on a host file,
+    /// and live migration of a 1 GiB ReadWriteOnce claim against `qemu-img convert` (two-node
+    /// local cluster).
+    Storage(storage::StorageArgs),
     /// `kubectl drain` of a node holding N idle LiveMigrate VMs, against one migration in
     /// the same run (two-node local cluster).
     Drain(drain::DrainArgs),
@@ -53,7 +58,7 @@ pub enum Bench {
     PortForward(portforward::PortForwardArgs),
     /// Every benchmark above, one after the other, each writing its section: the whole of
     /// docs/benchmarks.md from one command (needs the two-node local cluster with
-    /// kubevirt-rs deployed, and an otherwise idle machine; about 35 minutes on 2 CPUs).
+    /// kubevirt-rs deployed, and an otherwise idle machine; about 47 minutes on 2 CPUs).
     All(AllArgs),
 }
 
@@ -119,6 +124,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Bench::Start(a) => start::run(a),
         Bench::Migrate(a) => migrate::run(a),
         Bench::Drain(a) => drain::run(a),
+        Bench::Storage(a) => storage::run(a),
         Bench::Network(a) => network::run(a),
         Bench::PortForward(a) => portforward::run(a),
         Bench::All(a) => all::run(a),

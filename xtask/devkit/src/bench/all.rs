@@ -16,7 +16,7 @@ pub struct AllArgs {
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// Benchmarks to leave out (apiserver, apiserver-vs-crd, launcher, network, migrate,
-    /// port-forward, start, drain), e.g. `start,drain`; their sections keep what they hold.
+    /// storage, port-forward, start, drain), e.g. `start,drain`; their sections keep what they hold.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
 }
@@ -51,6 +51,7 @@ pub fn plan(args: &AllArgs) -> Vec<Step> {
         step(section::NETWORK, false, &["--runs", &runs]),
         step(section::CRD, true, &["--vs-crd"]),
         step(section::MIGRATE, true, &["--runs", &runs]),
+        step(section::STORAGE, true, &["--runs", &runs]),
         step(section::PORT_FORWARD, true, &["--runs", &runs]),
         step(section::START, true, &[]),
         step(section::DRAIN, true, &["--runs", &runs]),

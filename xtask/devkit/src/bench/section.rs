@@ -60,6 +60,11 @@ pub const DRAIN: Slot = Slot {
     title: "Node drain (cargo xtask bench drain)",
     command: "cargo xtask bench drain",
 };
+pub const STORAGE: Slot = Slot {
+    key: "storage",
+    title: "Persistent disks (cargo xtask bench storage)",
+    command: "cargo xtask bench storage",
+};
 pub const ALL: Slot = Slot {
     key: "all",
     title: "The last full run (cargo xtask bench all)",
@@ -69,13 +74,14 @@ pub const ALL: Slot = Slot {
 /// Every generated section, in the document's order: what `bench all`'s plan and the
 /// checked-in document are tested against.
 #[cfg(test)]
-pub const SLOTS: [Slot; 9] = [
+pub const SLOTS: [Slot; 10] = [
     ALL,
     APISERVER,
     CRD,
     LAUNCHER,
     START,
     MIGRATE,
+    STORAGE,
     NETWORK,
     PORT_FORWARD,
     DRAIN,

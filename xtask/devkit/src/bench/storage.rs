@@ -1,0 +1,612 @@
+//! `cargo xtask bench storage`: persistent disks on the local cluster (issue 18), each
+//! against its floor on this machine in the same run.
+//!
+//! 1. Throughput inside the guest: the test guest's `disk-bench` (O_DIRECT, guest/
+//!    disk_bench.rs) on a claim of the default class (local-path: a raw `disk.img` in a host
+//!    directory) against the same guest under bare QEMU with a raw file on the same file
+//!    system: sequential 1 MiB and random 4 KiB, read and write. Both sides TCG, same
+//!    kernel, initramfs, memory and disk size; they alternate run by run.
+//! 2. Live migration of a VM whose 1 GiB disk is a ReadWriteOnce claim (copied to a new
+//!    claim on the other node while the guest runs) against `qemu-img convert` of the same
+//!    disk.img on this machine, and its downtime against a memory-only migration of the
+//!    same guest without the disk, alternating.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use super::migrate::migrate_and_wait;
+use super::section::{self, Provenance, Runs, Section};
+use crate::deploy::Kubectl as Kube;
+
+/// The guest's disk modes: (mode, block bytes).
+const MODES: [(&str, usize); 4] = [
+    ("seqwrite", 1 << 20),
+    ("seqread", 1 << 20),
+    ("randwrite", 4096),
+    ("randread", 4096),
+];
+/// The part of the disk the throughput runs use (MiB).
+const SPAN_MIB: u64 = 256;
+/// The throughput VM's claim: a 483 MiB disk.img.
+const THROUGHPUT_CLAIM: &str = "512Mi";
+/// The migration VM's claim: a 1 GiB disk.img (1084 MiB less 5.5 %).
+const MIGRATION_CLAIM: &str = "1084Mi";
+/// The migration VM's disk is filled with this much data before its first move (MiB).
+const FILL_MIB: u64 = 1000;
+
+/// Arguments of `cargo xtask bench storage`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StorageArgs {
+    /// Runs per variant (they alternate).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Seconds per throughput measurement.
+    #[arg(long, default_value_t = 5)]
+    pub seconds: u64,
+    /// Kubeconfig of the cluster (default: $KUBECONFIG, then the local cluster's).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Only print the figures; leave docs/benchmarks.md alone.
+    #[arg(long)]
+    pub no_docs: bool,
+}
+
+/// A serial console driven through a child's stdin and stdout: `kubectl-virt console`
+/// for a cluster VM, QEMU's `-serial stdio` for the bare one.
+struct Console {
+    child: Child,
+    stdin: ChildStdin,
+    out: Arc<Mutex<String>>,
+}
+
+impl Console {
+    fn spawn(mut cmd: Command) -> anyhow::Result<Self> {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {cmd:?}"))?;
+        let mut stdout = child.stdout.take().context("console stdout")?;
+        let stdin = child.stdin.take().context("console stdin")?;
+        let out = Arc::new(Mutex::new(String::new()));
+        let sink = out.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                if let Ok(mut o) = sink.lock() {
+                    o.push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            }
+        });
+        Ok(Console { child, stdin, out })
+    }
+
+    fn text(&self) -> String {
+        self.out.lock().map(|o| o.clone()).unwrap_or_default()
+    }
+
+    fn send(&mut self, line: &str) -> anyhow::Result<()> {
+        self.stdin.write_all(line.as_bytes())?;
+        self.stdin.write_all(b"\r")?;
+        self.stdin.flush()?;
+        Ok(())
+    }
+
+    /// Presses Enter until the guest's prompt shows.
+    fn wait_for_shell(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.send("")?;
+            std::thread::sleep(Duration::from_secs(1));
+            if self.text().contains(virt_testguest::PROMPT.trim()) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("no shell prompt on the console within {timeout:?}");
+            }
+        }
+    }
+
+    /// Sends `line` and returns the first output line containing `answer` after it (the
+    /// typed command must not contain `answer` itself).
+    fn run(&mut self, line: &str, answer: &str, timeout: Duration) -> anyhow::Result<String> {
+        let from = self.text().len();
+        self.send(line)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let text = self.text();
+            if let Some(l) = text
+                .get(from..)
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.contains(answer))
+            {
+                return Ok(l.trim().to_string());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "no {answer:?} within {timeout:?} after {line:?}; console:\n{}",
+                    text.get(from..).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One `disk-bench` answer: MiB/s and operations per second.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Throughput {
+    mib_s: f64,
+    iops: f64,
+}
+
+fn parse_answer(line: &str) -> Option<Throughput> {
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    Some(Throughput {
+        mib_s: field("MiBps=")?,
+        iops: field("iops=")?,
+    })
+}
+
+/// Every mode once on `console`'s guest, whose disk is /dev/vda.
+fn measure(console: &mut Console, seconds: u64) -> anyhow::Result<Vec<Throughput>> {
+    let mut out = Vec::new();
+    for (mode, bs) in MODES {
+        let line = console.run(
+            &format!("disk-bench /dev/vda {mode} {bs} {seconds} {SPAN_MIB}"),
+            "MiBps=",
+            Duration::from_secs(seconds + 120),
+        )?;
+        out.push(parse_answer(&line).with_context(|| format!("disk-bench answered {line:?}"))?);
+    }
+    Ok(out)
+}
+
+/// Writes the span once, so that the reads read data, not holes.
+fn prefill(console: &mut Console) -> anyhow::Result<()> {
+    console.run(
+        &format!("dd if=/dev/zero of=/dev/vda bs=1M count={SPAN_MIB} oflag=direct 2>/dev/null; echo pre$((40+2))fill"),
+        "pre42fill",
+        Duration::from_secs(600),
+    )?;
+    Ok(())
+}
+
+/// The bare side: QEMU (TCG, q35, 256 MiB) with the test guest and `disk` as a raw virtio
+/// disk with QEMU's defaults, as libvirt gives a claim's disk.img without a cache mode.
+fn bare_console(g: &virt_testguest::Guest, disk: &Path) -> anyhow::Result<Console> {
+    let mut c = Command::new("qemu-system-x86_64");
+    c.args([
+        "-accel", "tcg", "-M", "q35", "-m", "256", "-display", "none",
+    ])
+    .args(["-nodefaults", "-no-user-config", "-monitor", "none"])
+    .args(["-serial", "stdio"])
+    .arg("-kernel")
+    .arg(&g.kernel)
+    .arg("-initrd")
+    .arg(&g.initrd)
+    .args(["-append", virt_testguest::KERNEL_ARGS])
+    .arg("-drive")
+    .arg(format!(
+        "file={},format=raw,if=none,id=data",
+        disk.display()
+    ))
+    .args(["-device", "virtio-blk-pci,drive=data"]);
+    Console::spawn(c)
+}
+
+/// A VM of the test guest with disk `data` on claim `claim`.
+fn vm_with_claim(name: &str, ns: &str, claim: &str) -> anyhow::Result<String> {
+    let mut vm: Value = serde_json::from_str(&super::test_guest_vm(name, ns))?;
+    let spec = &mut vm["spec"]["template"]["spec"];
+    spec["domain"]["devices"]["disks"] = json!([{"name": "data", "disk": {"bus": "virtio"}}]);
+    spec["volumes"] = json!([{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]);
+    Ok(vm.to_string())
+}
+
+fn claim(name: &str, ns: &str, size: &str) -> String {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}
+    })
+    .to_string()
+}
+
+fn wait_running(kube: &Kube, ns: &str, vm: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let phase = kube
+            .run(
+                &["-n", ns, "get", "vmi", vm, "-o", "jsonpath={.status.phase}"],
+                None,
+            )
+            .unwrap_or_default();
+        if phase == "Running" {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("VM {vm} not Running within 300 s (phase {phase:?})");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn cluster_console(
+    plugin: &Path,
+    kubeconfig: &Path,
+    ns: &str,
+    vm: &str,
+) -> anyhow::Result<Console> {
+    let mut c = Command::new(plugin);
+    c.env("KUBECONFIG", kubeconfig)
+        .args(["console", vm, "-n", ns, "--timeout", "60"]);
+    let mut console = Console::spawn(c)?;
+    console.wait_for_shell(Duration::from_secs(180))?;
+    Ok(console)
+}
+
+/// The host path of the disk.img of volume `data` of `vm` (local-path: a hostPath PV).
+fn disk_img(kube: &Kube, ns: &str, vm: &str) -> anyhow::Result<PathBuf> {
+    let claim = kube.run(
+        &[
+            "-n",
+            ns,
+            "get",
+            "vmi",
+            vm,
+            "-o",
+            "jsonpath={.spec.volumes[0].persistentVolumeClaim.claimName}",
+        ],
+        None,
+    )?;
+    let pv = kube.run(
+        &[
+            "-n",
+            ns,
+            "get",
+            "pvc",
+            &claim,
+            "-o",
+            "jsonpath={.spec.volumeName}",
+        ],
+        None,
+    )?;
+    let dir = kube.run(
+        &["get", "pv", &pv, "-o", "jsonpath={.spec.hostPath.path}"],
+        None,
+    )?;
+    if dir.is_empty() {
+        bail!("claim {claim}'s volume {pv} has no hostPath: bench storage needs the local cluster");
+    }
+    Ok(Path::new(&dir).join("disk.img"))
+}
+
+/// `qemu-img convert` of `src`: raw to raw, no sparse detection (`-S 0`, the migration
+/// copies every allocated byte too), no host cache on either side, while its VM runs
+/// (`-U`: QEMU holds the image's lock; the idle guest does not write).
+fn convert_once(src: &Path, dir: &Path) -> anyhow::Result<Duration> {
+    let dst = dir.join("convert.img");
+    let _ = std::fs::remove_file(&dst);
+    let t0 = Instant::now();
+    let st = Command::new("qemu-img")
+        .args([
+            "convert", "-U", "-f", "raw", "-O", "raw", "-S", "0", "-T", "none", "-t", "none",
+        ])
+        .arg(src)
+        .arg(&dst)
+        .status()
+        .context("qemu-img (apt-get install qemu-utils)")?;
+    let took = t0.elapsed();
+    let _ = std::fs::remove_file(&dst);
+    if !st.success() {
+        bail!("qemu-img convert {} failed: {st}", src.display());
+    }
+    Ok(took)
+}
+
+#[derive(Clone, Debug, Default)]
+struct MigrationSample {
+    total: Duration,
+    downtime_ms: Option<u64>,
+    bytes: Option<u64>,
+}
+
+fn migrate_once(kube: &Kube, ns: &str, vm: &str, name: &str) -> anyhow::Result<MigrationSample> {
+    let (total, _) = migrate_and_wait(kube, ns, vm, name)?;
+    let vmi = kube
+        .json(&["-n", ns, "get", "vmi", vm])?
+        .context("the VMI is gone")?;
+    let ms = &vmi["status"]["migrationState"];
+    Ok(MigrationSample {
+        total,
+        downtime_ms: ms["downtimeMs"].as_u64(),
+        bytes: ms["dataProcessedBytes"].as_u64(),
+    })
+}
+
+/// Everything measured.
+#[derive(Debug, Default)]
+struct Figures {
+    /// Per mode: cluster and bare answers over the runs.
+    cluster: Vec<Vec<Throughput>>,
+    bare: Vec<Vec<Throughput>>,
+    copy: Vec<MigrationSample>,
+    memory_only: Vec<MigrationSample>,
+    convert: Vec<Duration>,
+}
+
+fn ratio(a: &Runs, b: &Runs) -> String {
+    match (a.median(), b.median()) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.0} %", a / b * 100.0),
+        _ => "n/a".into(),
+    }
+}
+
+/// How many times `b` `a` is (medians): times and pauses compare as factors.
+fn factor(a: &Runs, b: &Runs) -> String {
+    match (a.median(), b.median()) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
+        _ => "n/a".into(),
+    }
+}
+
+fn table(f: &Figures) -> String {
+    let mut t = String::from(
+        "| in the guest (O_DIRECT, 256 MiB span) | claim on the cluster | bare QEMU, host file | cluster / bare |\n|---|---|---|---|\n",
+    );
+    for (i, (mode, bs)) in MODES.iter().enumerate() {
+        let pick = |side: &[Vec<Throughput>]| {
+            Runs::new(
+                side.iter()
+                    .filter_map(|r| r.get(i))
+                    .map(|t| if *bs >= 1 << 20 { t.mib_s } else { t.iops }),
+            )
+        };
+        let (c, b) = (pick(&f.cluster), pick(&f.bare));
+        let unit = if *bs >= 1 << 20 { "MiB/s" } else { "IOPS" };
+        t.push_str(&format!(
+            "| {mode} {} | {} | {} | {} |\n",
+            if *bs >= 1 << 20 { "1 MiB" } else { "4 KiB" },
+            c.summary(1, unit),
+            b.summary(1, unit),
+            ratio(&c, &b)
+        ));
+    }
+    let secs = |v: &[MigrationSample]| Runs::secs(&v.iter().map(|s| s.total).collect::<Vec<_>>());
+    let down =
+        |v: &[MigrationSample]| Runs::new(v.iter().filter_map(|s| s.downtime_ms).map(|d| d as f64));
+    let mib = |v: &[MigrationSample]| {
+        Runs::new(
+            v.iter()
+                .filter_map(|s| s.bytes)
+                .map(|b| b as f64 / (1u64 << 20) as f64),
+        )
+    };
+    let (copy_t, conv_t) = (secs(&f.copy), Runs::secs(&f.convert));
+    let (copy_d, mem_d) = (down(&f.copy), down(&f.memory_only));
+    t.push_str(&format!(
+        "\n| live migration | total | guest downtime | moved |\n|---|---|---|---|\n\
+         | 1 GiB ReadWriteOnce claim, copied to the other node | {} | {} | {} |\n\
+         | same guest, memory only (no disk) | {} | {} | {} |\n\
+         | `qemu-img convert -S 0 -T none -t none` of the same disk.img | {} | | |\n\
+         | copy migration / convert (goal ≤ 2×) | {} | | |\n\
+         | copy / memory-only downtime (goal ≤ 1.2×) | | {} | |\n",
+        copy_t.summary(1, "s"),
+        copy_d.summary(0, "ms"),
+        mib(&f.copy).summary(0, "MiB"),
+        secs(&f.memory_only).summary(1, "s"),
+        mem_d.summary(0, "ms"),
+        mib(&f.memory_only).summary(0, "MiB"),
+        conv_t.summary(1, "s"),
+        factor(&copy_t, &conv_t),
+        factor(&copy_d, &mem_d),
+    ));
+    t
+}
+
+/// Runs the benchmark.
+pub fn run(args: StorageArgs) -> anyhow::Result<()> {
+    let runs = args.runs.max(1);
+    let provenance = Provenance::probe(format!(
+        "cargo xtask bench storage --runs {runs} --seconds {}",
+        args.seconds
+    ));
+    let guest = virt_testguest::ensure(&virt_testguest::default_dir())?;
+    let kubeconfig = args
+        .kubeconfig
+        .clone()
+        .or_else(|| std::env::var_os("KUBECONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| crate::target_dir().join("cluster/kubeconfig"));
+    let kube = Kube::new(kubeconfig.clone());
+    if kube
+        .run(&["get", "nodes", "-o", "name"], None)?
+        .lines()
+        .count()
+        < 2
+    {
+        bail!(
+            "the copy migration needs two nodes: cargo xtask cluster up --nodes 2 && cargo xtask deploy"
+        );
+    }
+    let plugin = super::start::plugin_binary()?;
+    let ns = format!("bench-storage-{}", std::process::id());
+    // The bare disk on the file system of the cluster's storage (target/cluster).
+    let dir = crate::target_dir()
+        .join("cluster")
+        .join(format!("bench-storage-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    kube.run(&["create", "namespace", &ns], None)?;
+    let result = (|| -> anyhow::Result<Figures> {
+        let mut f = Figures::default();
+        for (name, size) in [("tput", THROUGHPUT_CLAIM), ("copy", MIGRATION_CLAIM)] {
+            kube.run(&["apply", "-f", "-"], Some(&claim(name, &ns, size)))?;
+            kube.run(
+                &["apply", "-f", "-"],
+                Some(&vm_with_claim(name, &ns, name)?),
+            )?;
+        }
+        kube.run(
+            &["apply", "-f", "-"],
+            Some(&super::test_guest_vm("memonly", &ns)),
+        )?;
+        for vm in ["tput", "copy", "memonly"] {
+            wait_running(&kube, &ns, vm)?;
+        }
+
+        // 1. Throughput, the two sides alternating.
+        let img = disk_img(&kube, &ns, "tput")?;
+        let size = std::fs::metadata(&img)
+            .with_context(|| format!("{}", img.display()))?
+            .len();
+        let bare_disk = dir.join("disk.img");
+        std::fs::File::create(&bare_disk)?.set_len(size)?;
+        let mut cluster = cluster_console(&plugin, &kubeconfig, &ns, "tput")?;
+        let mut bare = bare_console(&guest, &bare_disk)?;
+        bare.wait_for_shell(Duration::from_secs(120))?;
+        prefill(&mut cluster)?;
+        prefill(&mut bare)?;
+        for n in 0..runs {
+            let c = measure(&mut cluster, args.seconds)?;
+            eprintln!("throughput run {n}, cluster: {c:?}");
+            f.cluster.push(c);
+            let b = measure(&mut bare, args.seconds)?;
+            eprintln!("throughput run {n}, bare: {b:?}");
+            f.bare.push(b);
+        }
+        drop((cluster, bare));
+        kube.run(&["-n", &ns, "delete", "vm", "tput", "--wait=false"], None)?;
+
+        // 2. The copy migration: fill the disk, then move it back and forth.
+        let mut console = cluster_console(&plugin, &kubeconfig, &ns, "copy")?;
+        console.run(
+            &format!("dd if=/dev/zero of=/dev/vda bs=1M count={FILL_MIB} oflag=direct 2>/dev/null; echo fil$((40+2))led"),
+            "fil42led",
+            Duration::from_secs(1200),
+        )?;
+        drop(console);
+        for n in 0..runs {
+            let s = migrate_once(&kube, &ns, "copy", &format!("copy-{n}"))?;
+            eprintln!("copy migration {n}: {s:?}");
+            f.copy.push(s);
+            let src = disk_img(&kube, &ns, "copy")?;
+            let c = convert_once(&src, &dir)?;
+            eprintln!("qemu-img convert {n}: {c:?}");
+            f.convert.push(c);
+            let s = migrate_once(&kube, &ns, "memonly", &format!("memonly-{n}"))?;
+            eprintln!("memory-only migration {n}: {s:?}");
+            f.memory_only.push(s);
+        }
+        Ok(f)
+    })();
+    let _ = kube.run(&["delete", "namespace", &ns, "--wait=false"], None);
+    let _ = std::fs::remove_dir_all(&dir);
+    let f = result?;
+    let table = table(&f);
+    print!("{table}");
+    let description = format!(
+        "Two parts, each against its floor on this machine in the same run, {runs} runs per \
+         side, alternating. Throughput: the test guest (busybox, 256 MiB, TCG) runs \
+         `disk-bench` (O_DIRECT, {} s per figure, over the first {SPAN_MIB} MiB, written \
+         once before) on a {THROUGHPUT_CLAIM} claim of the default class (local-path: a raw \
+         disk.img in a host directory, no cache mode: QEMU's default) against bare QEMU with \
+         a raw file of the same size on the same file system; both TCG, so the guest's CPU \
+         bounds both. Migration: a guest whose {MIGRATION_CLAIM} ReadWriteOnce claim (a \
+         1 GiB disk.img, {FILL_MIB} MiB of it written) is copied to a new claim on the \
+         other node, unthrottled, VMIM created → `Succeeded` as a client sees it; against \
+         `qemu-img convert` of the same disk.img between two files on this machine, and its \
+         downtime against the same guest without the disk migrated memory-only. Median and \
+         min–max over the runs.",
+        args.seconds
+    );
+    let section = Section::new(
+        section::STORAGE,
+        provenance,
+        format!("{description}\n\n{table}"),
+    );
+    super::record(&section, args.no_docs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_parse_and_the_table_compares_like_with_like() {
+        let t = parse_answer("disk-bench randread bs=4096 ops=100 MiBps=0.39 iops=100.0")
+            .expect("an answer");
+        assert_eq!(
+            t,
+            Throughput {
+                mib_s: 0.39,
+                iops: 100.0
+            }
+        );
+        assert_eq!(
+            parse_answer("disk-bench /dev/vda randread 4096 5 256"),
+            None
+        );
+        let tp = |m: f64, i: f64| Throughput { mib_s: m, iops: i };
+        let side = |k: f64| {
+            vec![
+                tp(10.0 * k, 10.0),
+                tp(20.0 * k, 20.0),
+                tp(1.0, 100.0 * k),
+                tp(1.0, 200.0 * k),
+            ]
+        };
+        let s = |t: u64, d: u64| MigrationSample {
+            total: Duration::from_secs(t),
+            downtime_ms: Some(d),
+            bytes: Some(1 << 30),
+        };
+        let f = Figures {
+            cluster: vec![side(0.9), side(0.9)],
+            bare: vec![side(1.0), side(1.0)],
+            copy: vec![s(20, 60)],
+            memory_only: vec![s(5, 50)],
+            convert: vec![Duration::from_secs(10)],
+        };
+        let t = table(&f);
+        assert!(
+            t.contains("| seqwrite 1 MiB | 9.0 MiB/s (9.0–9.0) | 10.0 MiB/s (10.0–10.0) | 90 % |"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "| randread 4 KiB | 180.0 IOPS (180.0–180.0) | 200.0 IOPS (200.0–200.0) | 90 % |"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("| copy migration / convert (goal ≤ 2×) | 2.00× |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| copy / memory-only downtime (goal ≤ 1.2×) | | 1.20× |"),
+            "{t}"
+        );
+    }
+}
