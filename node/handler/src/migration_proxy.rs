@@ -221,10 +221,17 @@ async fn target_conn(
         }
     };
     tracing::debug!(%peer, ?stream, "migration stream in");
-    if let Err(e) = tokio::io::copy_bidirectional(&mut tls, &mut unix).await {
+    if let Err(e) =
+        tokio::io::copy_bidirectional_with_sizes(&mut tls, &mut unix, STREAM_BUF, STREAM_BUF).await
+    {
         tracing::debug!(?stream, error = %e, "migration stream ended");
     }
 }
+
+/// Copy buffer of a migration stream, each way: memory and disk copies are bulk
+/// streams of up to gigabytes, and tokio's default 8 KiB means a read, a TLS record and a
+/// write per 8 KiB.
+const STREAM_BUF: usize = 256 << 10;
 
 /// File in the target's migration directory holding its
 /// [`MigrationTarget`](virt_domain::protocol::MigrationTarget) (JSON); the source handler
@@ -369,7 +376,9 @@ async fn source_conn(
         return;
     }
     tracing::debug!(%target, ?stream, "migration stream out");
-    if let Err(e) = tokio::io::copy_bidirectional(&mut unix, &mut tls).await {
+    if let Err(e) =
+        tokio::io::copy_bidirectional_with_sizes(&mut unix, &mut tls, STREAM_BUF, STREAM_BUF).await
+    {
         tracing::debug!(?stream, error = %e, "migration stream ended");
     }
 }
