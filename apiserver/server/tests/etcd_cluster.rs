@@ -2,6 +2,8 @@
 //! the flags virt-operator gives them (virt_devenv): with one member killed — the leader, the
 //! hardest case for writes — creates, reads, lists and an open watch go on.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

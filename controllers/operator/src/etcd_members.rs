@@ -48,7 +48,7 @@ pub struct Addresses {
 impl Addresses {
     /// The ordinal a member's peer URLs name, if it is one of ours.
     pub fn ordinal(&self, m: &Member) -> Option<usize> {
-        if m.peer_urls.iter().any(|u| *u == self.legacy_peer_url) {
+        if m.peer_urls.contains(&self.legacy_peer_url) {
             return Some(0);
         }
         self.peer_urls
@@ -147,10 +147,7 @@ pub fn plan(desired: usize, addresses: &Addresses, o: &Observed) -> Plan {
     }
     let healthy = |i: usize| o.healthy.contains(&i);
     if let Some(first) = by_ordinal.get(&0)
-        && first
-            .peer_urls
-            .iter()
-            .any(|u| *u == addresses.legacy_peer_url)
+        && first.peer_urls.contains(&addresses.legacy_peer_url)
     {
         // Nobody can join before the first member's peer URL is one they can dial, and that
         // only after its pod listens for peers over TLS.
