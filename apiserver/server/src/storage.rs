@@ -328,11 +328,15 @@ impl Storage {
     }
 
     /// Runs `op` on the KV client, again after a failure another attempt may cure (a member
-    /// that went down, an election: [`endpoints::transient`]) or an attempt that took longer
-    /// than [`endpoints::ATTEMPT_TIMEOUT`], pausing [`endpoints::RETRY_DELAYS`] between
-    /// attempts. Also says whether a failed attempt may have been applied nonetheless (only a
-    /// write cares: see [`Storage::cas`]).
-    async fn with_retries<T, F, Fut>(&self, mut op: F) -> (Result<T, etcd_client::Error>, bool)
+    /// that went down, an election: [`endpoints::transient`]) or, with `patience`, an attempt
+    /// that took longer than that, pausing [`endpoints::RETRY_DELAYS`] between attempts. Also
+    /// says whether a failed attempt may have been applied nonetheless (only a write cares:
+    /// see [`Storage::cas`]).
+    async fn with_retries<T, F, Fut>(
+        &self,
+        patience: Option<Duration>,
+        mut op: F,
+    ) -> (Result<T, etcd_client::Error>, bool)
     where
         F: FnMut(etcd_client::KvClient) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -340,15 +344,17 @@ impl Storage {
         let mut delays = endpoints::RETRY_DELAYS.iter();
         let mut maybe_applied = false;
         loop {
-            let e = match tokio::time::timeout(endpoints::ATTEMPT_TIMEOUT, op(self.kv())).await {
+            let attempt = op(self.kv());
+            let outcome = match patience {
+                Some(p) => tokio::time::timeout(p, attempt).await.map_err(|_| p),
+                None => Ok(attempt.await),
+            };
+            let e = match outcome {
                 Ok(Err(e)) if endpoints::transient(&e) => e,
                 Ok(other) => return (other, maybe_applied),
-                Err(_) => {
-                    etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(format!(
-                        "no answer from etcd within {:?}",
-                        endpoints::ATTEMPT_TIMEOUT
-                    )))
-                }
+                Err(p) => etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(
+                    format!("no answer from etcd within {p:?}"),
+                )),
             };
             maybe_applied |= !endpoints::not_applied(&e);
             let Some(d) = delays.next() else {
@@ -359,13 +365,27 @@ impl Storage {
         }
     }
 
-    /// A read, sent again after a transient failure.
+    /// A read of one key, sent again after a transient failure or when it does not answer
+    /// within [`endpoints::ATTEMPT_TIMEOUT`] (a member waiting for a leader that is gone).
     async fn read<T, F, Fut>(&self, op: F) -> Result<T, etcd_client::Error>
     where
         F: FnMut(etcd_client::KvClient) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        self.with_retries(op).await.0
+        self.with_retries(Some(endpoints::ATTEMPT_TIMEOUT), op)
+            .await
+            .0
+    }
+
+    /// A request that may legitimately take long (a range over a whole collection, a
+    /// compaction): sent again after a transient failure only, within the client's own
+    /// timeout.
+    async fn read_long<T, F, Fut>(&self, op: F) -> Result<T, etcd_client::Error>
+    where
+        F: FnMut(etcd_client::KvClient) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.with_retries(None, op).await.0
     }
 
     /// A compare-and-swap write of `key` (`wrote`: the value put, `None` for a delete): the
@@ -383,7 +403,7 @@ impl Storage {
         wrote: Option<&Value>,
     ) -> Result<Option<i64>, StorageError> {
         let (resp, maybe_applied) = self
-            .with_retries(|mut kv| {
+            .with_retries(Some(endpoints::ATTEMPT_TIMEOUT), |mut kv| {
                 let txn = txn.clone();
                 async move { kv.txn(txn).await }
             })
@@ -614,7 +634,7 @@ impl Storage {
         let from = if start.is_empty() { prefix } else { start };
         let start = std::time::Instant::now();
         let mut resp = self
-            .read(|mut kv| {
+            .read_long(|mut kv| {
                 let opts = opts.clone();
                 async move { kv.get(from, Some(opts)).await }
             })
@@ -693,7 +713,7 @@ impl Storage {
     /// Compacts history up to `revision` (used by tests and maintenance).
     pub async fn compact(&self, revision: i64) -> Result<(), StorageError> {
         // Compacting twice to one revision changes nothing the first did not.
-        self.read(|mut kv| async move {
+        self.read_long(|mut kv| async move {
             kv.compact(
                 revision,
                 Some(etcd_client::CompactionOptions::new().with_physical()),
