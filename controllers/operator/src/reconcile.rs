@@ -1545,6 +1545,90 @@ mod tests {
     }
 
     #[test]
+    fn etcd_members_need_a_claim_each_and_a_cluster_stays_one() {
+        let claim = EtcdStorage::Claim { size: "1Gi".into() };
+        let host = EtcdStorage::HostPath {
+            node: "node-a".into(),
+            path: "/var/lib/kubevirt-rs/etcd-1".into(),
+        };
+        let sts = |cluster: bool, replicas: i32| {
+            let e = EtcdParams {
+                storage: claim.clone(),
+                topology: if cluster {
+                    etcd::Topology::Cluster(etcd::ClusterTopology {
+                        member_ips: vec!["10.0.0.1".into(); 3],
+                        replicas,
+                    })
+                } else {
+                    etcd::Topology::Single
+                },
+                ..EtcdParams::default()
+            };
+            let p = Params {
+                etcd: EtcdMode::StatefulSet(e),
+                ..Params::default()
+            };
+            let text = render::static_manifest(&p).unwrap();
+            let doc = parse_docs(&text)
+                .unwrap()
+                .into_iter()
+                .find(|d| d["kind"] == "StatefulSet")
+                .unwrap();
+            serde_json::from_value::<StatefulSet>(doc).unwrap()
+        };
+        let layout = |requested, storage: &EtcdStorage, existing: Option<&StatefulSet>| {
+            let l = etcd_layout(requested, storage, existing);
+            (l.cluster, l.desired, l.refused.is_some())
+        };
+        // A new installation, and the single member from before clusters.
+        assert_eq!(layout(Some(1), &claim, None), (false, 1, false));
+        assert_eq!(layout(Some(3), &claim, None), (true, 3, false));
+        let single = sts(false, 1);
+        assert_eq!(layout(Some(1), &claim, Some(&single)), (false, 1, false));
+        assert_eq!(layout(Some(3), &claim, Some(&single)), (true, 3, false));
+        // The bootstrap (no KubeVirt resource) keeps what there is.
+        let three = sts(true, 3);
+        assert_eq!(layout(None, &claim, Some(&three)), (true, 3, false));
+        assert_eq!(layout(None, &claim, Some(&single)), (false, 1, false));
+        // Shrunk back to one: still rendered as a cluster (no restart for nothing).
+        assert_eq!(layout(Some(1), &claim, Some(&three)), (true, 1, false));
+        // One directory of one node cannot hold three members: refused, by name.
+        assert_eq!(layout(Some(3), &host, Some(&single)), (false, 1, true));
+        let refused = etcd_layout(Some(3), &host, Some(&single)).refused.unwrap();
+        assert!(
+            refused.starts_with(
+                "spec.kubevirtRs.etcd.members: 3 members need a PersistentVolumeClaim each"
+            ) && refused.contains("node node-a"),
+            "{refused}"
+        );
+        let none = etcd_layout(Some(3), &EtcdStorage::Ephemeral, None)
+            .refused
+            .unwrap();
+        assert!(none.contains("no default StorageClass"), "{none}");
+    }
+
+    #[test]
+    fn an_etcd_member_count_kube_apiserver_would_refuse_names_the_field() {
+        let kv = |n: i32| -> KubeVirt {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+                "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+                "spec": {"kubevirtRs": {"etcd": {"members": n}}},
+            }))
+            .unwrap()
+        };
+        assert_eq!(etcd_members(&kv(3)), Ok(Some(3)));
+        assert_eq!(
+            etcd_members(&KubeVirt::new("kubevirt", Default::default())),
+            Ok(Some(1))
+        );
+        assert_eq!(
+            etcd_members(&kv(2)),
+            Err("spec.kubevirtRs.etcd.members: Unsupported value: 2: supported values: \"1\", \"3\"".into())
+        );
+    }
+
+    #[test]
     fn an_unknown_eviction_strategy_names_the_field() {
         let kv = |v: &str| -> KubeVirt {
             serde_json::from_value(serde_json::json!({
