@@ -239,6 +239,17 @@ impl Ca {
         sans: &[S],
         validity: Duration,
     ) -> Result<IssuedCert> {
+        self.issue_peer_at(common_name, sans, validity, OffsetDateTime::now_utc())
+    }
+
+    /// [`Self::issue_peer`] as of `now` (rotation decides with its own clock).
+    pub fn issue_peer_at<S: AsRef<str>>(
+        &self,
+        common_name: &str,
+        sans: &[S],
+        validity: Duration,
+        now: OffsetDateTime,
+    ) -> Result<IssuedCert> {
         let mut params = CertificateParams::default();
         params.distinguished_name = dn(common_name, &[])?;
         params.subject_alt_names = sans
@@ -253,7 +264,7 @@ impl Ca {
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
-        self.sign(params, validity, OffsetDateTime::now_utc())
+        self.sign(params, validity, now)
     }
 
     /// Issues a TLS client certificate. Kubernetes maps the CN to the user

@@ -92,7 +92,36 @@ pub struct KubeVirtSpec {
     /// Patches and flags applied to the rendered components (not implemented: kept and
     /// reported).
     pub customize_components: Option<CustomizeComponents>,
+    /// kubevirt-rs's own settings, which upstream KubeVirt does not have. Named after the
+    /// project so that no future upstream field can collide with them.
+    pub kubevirt_rs: Option<KubevirtRsSpec>,
 }
+
+/// `spec.kubevirtRs`: settings of kubevirt-rs that have no counterpart in KubeVirt.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubevirtRsSpec {
+    /// virt-apiserver's own etcd.
+    pub etcd: Option<EtcdSpec>,
+}
+
+/// `spec.kubevirtRs.etcd`: the etcd that stores VirtualMachines, VMIs and migrations.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdSpec {
+    /// Members of the etcd cluster: 1 (the default) or 3. Three members keep the VM API
+    /// answering while any one of them is down (a node drained or lost); they need a default
+    /// StorageClass (each member keeps its data on a PersistentVolumeClaim of its own).
+    /// Changing it on a running installation adds or removes members one at a time through
+    /// etcd's membership API, keeping every object.
+    #[schemars(extend("enum" = [1, 3]))]
+    pub members: Option<i32>,
+}
+
+/// The etcd member counts [`EtcdSpec::members`] allows.
+pub const ETCD_MEMBER_COUNTS: [i32; 2] = [1, 3];
 
 /// How workloads are updated after an upgrade.
 #[skip_serializing_none]
@@ -388,9 +417,17 @@ spec:
             "uninstallStrategy",
             "workloadUpdateStrategy",
             "workloads",
+            "kubevirtRs",
         ] {
             assert!(spec.get(f).is_some(), "{f} missing from the CRD schema");
         }
+        // kube-apiserver itself refuses any other member count, naming the field.
+        let members = &spec["kubevirtRs"]["properties"]["etcd"]["properties"]["members"];
+        assert_eq!(
+            members["enum"],
+            serde_json::json!(ETCD_MEMBER_COUNTS),
+            "{members}"
+        );
         let conf = &spec["configuration"];
         assert_eq!(conf["x-kubernetes-preserve-unknown-fields"], true, "{conf}");
         assert_eq!(

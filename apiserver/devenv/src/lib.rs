@@ -113,6 +113,12 @@ pub struct Options {
     /// Talk to this kube-apiserver (SubjectAccessReview, TokenReview, namespaces)
     /// instead of running standalone.
     pub kube_kubeconfig: Option<PathBuf>,
+    /// etcd members: 1 (plain HTTP unless [`Options::etcd_tls`]) or more, a cluster whose
+    /// members reach each other over peer TLS when [`Options::etcd_tls`] is set, with the
+    /// flags virt-operator gives a cluster's members.
+    pub etcd_members: usize,
+    /// mTLS between virt-apiserver and etcd (a CA of its own, as virt-operator deploys it).
+    pub etcd_tls: bool,
 }
 
 impl Default for Options {
@@ -125,8 +131,27 @@ impl Default for Options {
             extra_args: Vec::new(),
             allow_client_ca_users: true,
             kube_kubeconfig: None,
+            etcd_members: 1,
+            etcd_tls: false,
         }
     }
+}
+
+/// etcd's client-side TLS files, when [`Options::etcd_tls`] is set.
+#[derive(Debug, Clone)]
+pub struct EtcdClientFiles {
+    /// etcd's CA.
+    pub ca: PathBuf,
+    /// A client certificate etcd accepts (CN `virt-apiserver`).
+    pub client: ClientFiles,
+}
+
+/// One etcd member process.
+#[derive(Debug)]
+struct EtcdMember {
+    child: Child,
+    client_port: u16,
+    metrics_port: u16,
 }
 
 /// Files of a client identity.
@@ -141,11 +166,15 @@ pub struct ClientFiles {
 /// A running environment; dropping it stops both processes and removes the data.
 #[derive(Debug)]
 pub struct DevEnv {
-    etcd: Child,
+    etcd: Vec<EtcdMember>,
     apiserver: Option<Child>,
     dir: tempfile::TempDir,
-    /// etcd client URL.
+    /// etcd client URL (of the first member).
     pub etcd_url: String,
+    /// Every member's client URL, in member order.
+    pub etcd_urls: Vec<String>,
+    /// etcd's CA and a client certificate, with [`Options::etcd_tls`].
+    pub etcd_tls: Option<EtcdClientFiles>,
     /// API server URL.
     pub server_url: String,
     /// Kubeconfig for the dev user (full access).
@@ -176,6 +205,129 @@ fn wait_tcp(port: u16, timeout: Duration, what: &str) -> Result<(), DevEnvError>
     Err(DevEnvError::NotReady(format!(
         "{what} did not listen on 127.0.0.1:{port} within {timeout:?}"
     )))
+}
+
+/// Waits until the etcd member with metrics on `port` reports itself healthy (it has a
+/// leader), asking its `/health` over plain HTTP.
+fn wait_healthy(port: u16, timeout: Duration) -> Result<(), DevEnvError> {
+    use std::io::Read;
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            let _ = s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+            let mut body = String::new();
+            let _ = s.read_to_string(&mut body);
+            if body.contains("\"health\":\"true\"") {
+                return Ok(());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(DevEnvError::NotReady(format!(
+        "etcd (metrics on 127.0.0.1:{port}) was not healthy within {timeout:?}"
+    )))
+}
+
+fn etcd_client_url(port: u16, tls: bool) -> String {
+    format!("{}://127.0.0.1:{port}", if tls { "https" } else { "http" })
+}
+
+/// The common name etcd members accept from a peer (virt-operator's choice, see
+/// virt-operator's render/etcd.rs): a client certificate of the same CA is no peer.
+pub const ETCD_PEER_COMMON_NAME: &str = "kubevirt-etcd-peer";
+
+/// etcd's CA, serving, peer and client certificates in `dir`; the client side's files.
+fn etcd_certs(dir: &Path, validity: time::Duration) -> Result<EtcdClientFiles, DevEnvError> {
+    let ca = Ca::generate("kubevirt-rs-dev-etcd-ca", validity)?;
+    let (ca_cert, _) = ca.write_pair(dir, "etcd-ca")?;
+    ca.issue_server("kubevirt-etcd", &["127.0.0.1"], validity)?
+        .write_pair(dir, "etcd-server")?;
+    ca.issue_peer(ETCD_PEER_COMMON_NAME, &["127.0.0.1"], validity)?
+        .write_pair(dir, "etcd-peer")?;
+    let (cert, key) = ca
+        .issue_client("virt-apiserver", &[] as &[&str], validity)?
+        .write_pair(dir, "etcd-client")?;
+    Ok(EtcdClientFiles {
+        ca: ca_cert,
+        client: ClientFiles { cert, key },
+    })
+}
+
+/// Starts `opts.etcd_members` etcd processes on free loopback ports (data under `dir`), with
+/// TLS from `certs` when given.
+fn start_etcd(
+    opts: &Options,
+    dir: &Path,
+    certs: Option<&Path>,
+) -> Result<Vec<EtcdMember>, DevEnvError> {
+    let n = opts.etcd_members.max(1);
+    let tls = certs.is_some();
+    let mut ports = Vec::new();
+    for _ in 0..n {
+        ports.push((free_port()?, free_port()?, free_port()?));
+    }
+    // Between members over TLS only when there is TLS at all (one member: loopback HTTP, as
+    // virt-operator's single member).
+    let peer_scheme = if tls && n > 1 { "https" } else { "http" };
+    let name = |i: usize| {
+        if n == 1 {
+            "dev".to_string()
+        } else {
+            format!("dev-{i}")
+        }
+    };
+    let cluster: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (_, peer, _))| format!("{}={peer_scheme}://127.0.0.1:{peer}", name(i)))
+        .collect();
+    let mut members = Vec::new();
+    for (i, (client, peer, metrics)) in ports.into_iter().enumerate() {
+        let url = etcd_client_url(client, tls);
+        let peer_url = format!("{peer_scheme}://127.0.0.1:{peer}");
+        let log = std::fs::File::create(dir.join(format!("etcd-{i}.log")))
+            .map_err(io("creating an etcd log"))?;
+        let mut cmd = Command::new(&opts.etcd_bin);
+        cmd.arg(format!("--name={}", name(i)))
+            .arg("--data-dir")
+            .arg(dir.join(format!("etcd-{i}")))
+            .arg(format!("--listen-client-urls={url}"))
+            .arg(format!("--advertise-client-urls={url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster={}", cluster.join(",")))
+            .arg("--initial-cluster-state=new")
+            .arg(format!("--listen-metrics-urls=http://127.0.0.1:{metrics}"));
+        if let Some(c) = certs {
+            let f = |name: &str| c.join(name).display().to_string();
+            cmd.arg(format!("--cert-file={}", f("etcd-server.crt")))
+                .arg(format!("--key-file={}", f("etcd-server.key")))
+                .arg(format!("--trusted-ca-file={}", f("etcd-ca.crt")))
+                .arg("--client-cert-auth=true");
+            if n > 1 {
+                cmd.arg(format!("--peer-cert-file={}", f("etcd-peer.crt")))
+                    .arg(format!("--peer-key-file={}", f("etcd-peer.key")))
+                    .arg(format!("--peer-trusted-ca-file={}", f("etcd-ca.crt")))
+                    .arg("--peer-client-cert-auth=true")
+                    .arg(format!("--peer-cert-allowed-cn={ETCD_PEER_COMMON_NAME}"))
+                    .arg("--experimental-peer-skip-client-san-verification=true");
+            }
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(io(format!(
+                "starting {} (install Debian's etcd-server package)",
+                opts.etcd_bin.display()
+            )))?;
+        members.push(EtcdMember {
+            child,
+            client_port: client,
+            metrics_port: metrics,
+        });
+    }
+    Ok(members)
 }
 
 fn b64(s: &str) -> String {
@@ -216,47 +368,23 @@ impl DevEnv {
         let other = other_ca.issue_client("kubevirt-dev", &["system:masters"], validity)?;
         let (other_cert, other_key) = other.write_pair(&certs, "untrusted")?;
 
-        let client_port = free_port()?;
-        let peer_port = free_port()?;
-        let etcd_url = format!("http://127.0.0.1:{client_port}");
-        let etcd_log =
-            std::fs::File::create(d.join("etcd.log")).map_err(io("creating etcd.log"))?;
-        let etcd = Command::new(&opts.etcd_bin)
-            .args(["--name", "dev", "--data-dir"])
-            .arg(d.join("etcd"))
-            .args([
-                "--listen-client-urls",
-                &etcd_url,
-                "--advertise-client-urls",
-                &etcd_url,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &format!("http://127.0.0.1:{peer_port}"),
-            ])
-            .args([
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{peer_port}"),
-            ])
-            .args([
-                "--initial-cluster",
-                &format!("dev=http://127.0.0.1:{peer_port}"),
-            ])
-            .args([
-                "--listen-metrics-urls",
-                &format!("http://127.0.0.1:{}", free_port()?),
-            ])
-            .stdout(Stdio::null())
-            .stderr(etcd_log)
-            .spawn()
-            .map_err(io(format!(
-                "starting {} (install Debian's etcd-server package)",
-                opts.etcd_bin.display()
-            )))?;
+        let etcd_tls = if opts.etcd_tls {
+            Some(etcd_certs(&certs, validity)?)
+        } else {
+            None
+        };
+        let etcd = start_etcd(&opts, d, etcd_tls.is_some().then_some(certs.as_path()))?;
+        let etcd_urls: Vec<String> = etcd
+            .iter()
+            .map(|m| etcd_client_url(m.client_port, etcd_tls.is_some()))
+            .collect();
+        let etcd_url = etcd_urls.first().cloned().unwrap_or_default();
         let mut env = Self {
             etcd,
             apiserver: None,
             etcd_url,
+            etcd_urls,
+            etcd_tls,
             server_url: String::new(),
             kubeconfig: opts
                 .kubeconfig
@@ -283,7 +411,15 @@ impl DevEnv {
             dir,
             opts,
         };
-        wait_tcp(client_port, Duration::from_secs(20), "etcd")?;
+        for m in &env.etcd {
+            wait_tcp(m.client_port, Duration::from_secs(20), "etcd")?;
+        }
+        if env.etcd.len() > 1 {
+            // A cluster serves once it has elected a leader.
+            for m in &env.etcd {
+                wait_healthy(m.metrics_port, Duration::from_secs(30))?;
+            }
+        }
         // A port picked by free_port() can be taken by a parallel test before the
         // server binds it; the server then exits at once. Try again on another port.
         let mut attempts = 0;
@@ -330,8 +466,16 @@ impl DevEnv {
         cmd.arg("--bind")
             .arg(format!("127.0.0.1:{port}"))
             .arg("--etcd-servers")
-            .arg(&self.etcd_url)
-            .arg("--tls-cert-file")
+            .arg(self.etcd_urls.join(","));
+        if let Some(t) = &self.etcd_tls {
+            cmd.arg("--etcd-cafile")
+                .arg(&t.ca)
+                .arg("--etcd-certfile")
+                .arg(&t.client.cert)
+                .arg("--etcd-keyfile")
+                .arg(&t.client.key);
+        }
+        cmd.arg("--tls-cert-file")
             .arg(cert)
             .arg("--tls-private-key-file")
             .arg(key)
@@ -409,15 +553,27 @@ impl DevEnv {
         self.apiserver.as_ref().map(Child::id)
     }
 
-    /// Stops etcd (SIGKILL), to test behaviour while storage is unreachable.
+    /// Stops etcd (SIGKILL, every member), to test behaviour while storage is unreachable.
     pub fn kill_etcd(&mut self) {
-        let _ = self.etcd.kill();
-        let _ = self.etcd.wait();
+        for i in 0..self.etcd.len() {
+            self.kill_etcd_member(i);
+        }
     }
 
-    /// Whether both processes still run.
+    /// Stops one etcd member (SIGKILL: no goodbye to its peers or clients).
+    pub fn kill_etcd_member(&mut self, i: usize) {
+        if let Some(m) = self.etcd.get_mut(i) {
+            let _ = m.child.kill();
+            let _ = m.child.wait();
+        }
+    }
+
+    /// Whether both processes still run (every etcd member).
     pub fn alive(&mut self) -> bool {
-        let etcd = matches!(self.etcd.try_wait(), Ok(None));
+        let etcd = self
+            .etcd
+            .iter_mut()
+            .all(|m| matches!(m.child.try_wait(), Ok(None)));
         let api = self
             .apiserver
             .as_mut()
@@ -434,7 +590,9 @@ impl DevEnv {
         if let Some(mut c) = self.apiserver.take() {
             terminate(&mut c);
         }
-        terminate(&mut self.etcd);
+        for m in &mut self.etcd {
+            terminate(&mut m.child);
+        }
         if self.opts.kubeconfig.is_some() {
             let _ = std::fs::remove_file(&self.kubeconfig);
         }

@@ -12,8 +12,10 @@
 //! - its revision, advanced by events and by etcd's progress notifications, which it asks
 //!   for when a reader needs a revision it has not seen (a revision of another resource).
 //!
-//! When the reflector's watch fails it lists again; watchers of the old generation are
-//! ended (their clients watch again from their last resourceVersion). Readers fall back to
+//! When the reflector's watch breaks it is resumed from the cache's revision (on another etcd
+//! member if its own went down), and watchers stay connected; only a compacted revision or a
+//! watch that cannot be resumed makes it list again, which ends the watchers of the old
+//! generation (their clients watch again from their last resourceVersion). Readers fall back to
 //! etcd whenever the cache cannot answer exactly: not synced yet, a resourceVersion older
 //! than its events, a paged or exact read.
 
@@ -36,6 +38,9 @@ pub const DEFAULT_HISTORY: usize = 1024;
 const LIST_PAGE: i64 = 500;
 /// Events buffered per watcher before it is ended as too slow (it watches again).
 const WATCHER_QUEUE: usize = 1024;
+/// Failed resumes of the reflector's etcd watch in a row (about 4 s with their pauses)
+/// before it lists again instead.
+const RESUME_ATTEMPTS: u32 = 6;
 
 /// One change of the cached resource, shared by every watcher that receives it.
 #[derive(Debug)]
@@ -355,18 +360,52 @@ impl Cacher {
                 _ => break,
             }
         }
+        let mut changes = self.watch_from(store, revision + 1);
+        self.reset(objects, revision);
+        tracing::info!(prefix = %self.prefix, revision, "Watch cache synced");
+        // A watch that breaks (its etcd member went down, lost its leader, or the connection
+        // broke) is resumed where it stopped, on whichever member serves now: every change up
+        // to the cache's revision has arrived, etcd's revisions are the whole cluster's, so
+        // nothing is missed and the watchers stay connected. Only a compacted revision, or a
+        // watch that cannot be resumed at all, makes it list again.
+        let mut failures = 0;
+        let mut delay = Duration::from_millis(50);
+        loop {
+            match changes.next().await {
+                Some(Ok(c)) => {
+                    failures = 0;
+                    delay = Duration::from_millis(50);
+                    self.apply(c);
+                }
+                Some(Err(e @ StorageError::Compacted(_))) => return Err(e),
+                other => {
+                    failures += 1;
+                    let why = match other {
+                        Some(Err(e)) => e.to_string(),
+                        _ => "the watch ended".to_string(),
+                    };
+                    if failures > RESUME_ATTEMPTS {
+                        return Err(StorageError::Cancelled(why));
+                    }
+                    let from = read(&self.inner).revision + 1;
+                    tracing::info!(prefix = %self.prefix, from, error = %why, "Watch cache resuming its etcd watch");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                    changes = self.watch_from(store, from);
+                }
+            }
+        }
+    }
+
+    /// An etcd watch of the prefix from `revision`, whose progress notifications
+    /// [`Cacher::request_progress`] asks for.
+    fn watch_from(&self, store: &dyn Store, revision: i64) -> crate::storage::Changes {
         let (ptx, prx) = mpsc::channel(1);
         *self
             .progress
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(ptx);
-        let mut changes = store.watch(self.prefix.clone(), revision + 1, prx);
-        self.reset(objects, revision);
-        tracing::info!(prefix = %self.prefix, revision, "Watch cache synced");
-        while let Some(c) = changes.next().await {
-            self.apply(c?);
-        }
-        Err(StorageError::Cancelled("watch ended".into()))
+        store.watch(self.prefix.clone(), revision, prx)
     }
 
     /// The reflector: syncs, and syncs again after each failure, until `shutdown`.
@@ -617,5 +656,41 @@ mod tests {
         assert!(closed, "the slow watcher was ended");
         settle(&c, &store).await;
         assert_eq!(c.list("/r/vms/").expect("synced").0.len(), 5000);
+    }
+
+    /// A broken etcd watch (its member went down) is resumed where it stopped: the cache's
+    /// watchers stay connected and receive every later change, none twice.
+    #[tokio::test]
+    async fn a_broken_etcd_watch_is_resumed_and_watchers_stay() {
+        let store = Arc::new(MemStore::default());
+        let (cache, _t) = started(&store, 64).await;
+        let c = cache.cacher("/r/vms/").expect("cacher").clone();
+        let mut sub = c
+            .subscribe_since(c.revision().expect("synced"))
+            .expect("sub");
+        let first = store
+            .create("/r/vms/a/1", &json!({}))
+            .await
+            .expect("create")
+            .expect("new");
+        store.break_watches();
+        let second = store
+            .create("/r/vms/a/2", &json!({}))
+            .await
+            .expect("create")
+            .expect("new");
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            match tokio::time::timeout(Duration::from_secs(5), sub.live.recv()).await {
+                Ok(Some(Item::Event(e))) => got.push(e.revision),
+                Ok(Some(Item::Progress(_))) => {}
+                other => panic!("the watcher was ended or starved: {other:?} after {got:?}"),
+            }
+        }
+        assert_eq!(got, [first, second]);
+        assert!(
+            c.list("/r/vms/").is_ok(),
+            "still synced, never listed again"
+        );
     }
 }

@@ -129,6 +129,15 @@ async fn main() -> anyhow::Result<()> {
     .await
     .context("connecting to etcd")?;
     let shutdown = CancellationToken::new();
+    // The members of an etcd cluster that can serve, probed every second: a member that goes
+    // down leaves rotation within about that, and the requests sent to it meanwhile are sent
+    // again where that cannot apply them twice (storage::endpoints).
+    storage.balance_endpoints(
+        args.etcd_servers.clone(),
+        etcd_tls.clone(),
+        std::time::Duration::from_secs(1),
+        shutdown.clone(),
+    );
     if let Some(t) = etcd_tls {
         storage.follow_tls_files(
             args.etcd_servers.clone(),

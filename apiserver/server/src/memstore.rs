@@ -29,6 +29,8 @@ struct Inner {
 pub struct MemStore {
     inner: Mutex<Inner>,
     events: broadcast::Sender<(String, Change)>,
+    /// Ends every open watch with an error ([`MemStore::break_watches`]).
+    breaks: broadcast::Sender<()>,
 }
 
 impl Default for MemStore {
@@ -36,7 +38,15 @@ impl Default for MemStore {
         Self {
             inner: Mutex::default(),
             events: broadcast::channel(4096).0,
+            breaks: broadcast::channel(1).0,
         }
+    }
+}
+
+impl MemStore {
+    /// Ends every open watch with an error, as a broken connection to an etcd member does.
+    pub fn break_watches(&self) {
+        let _ = self.breaks.send(());
     }
 }
 
@@ -269,6 +279,7 @@ impl Store for MemStore {
                 .collect();
             (replay, self.events.subscribe(), compacted, inner.revision)
         };
+        let mut broken = self.breaks.subscribe();
         Box::pin(async_stream::stream! {
             if let Some(c) = compacted {
                 yield Err(StorageError::Compacted(c));
@@ -282,6 +293,10 @@ impl Store for MemStore {
             let mut last = seen.max(revision_of);
             loop {
                 tokio::select! {
+                    _ = broken.recv() => {
+                        yield Err(StorageError::Cancelled("connection to the member lost".into()));
+                        break;
+                    }
                     tick = progress.recv() => {
                         if tick.is_none() { break; }
                         yield Ok(Change::Progress(last));

@@ -3,6 +3,7 @@
 //! revision, so versions are monotonic across objects, lists and watch events.
 //! Every write is a compare-and-swap transaction.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,6 +15,8 @@ use etcd_client::{
 use futures::Stream;
 use serde_json::Value;
 use thiserror::Error;
+
+mod endpoints;
 
 /// A storage failure.
 #[derive(Debug, Error)]
@@ -184,8 +187,17 @@ const MAX_RECEIVE_BYTES: usize = i32::MAX as usize;
 pub struct Storage {
     /// Replaced whole when the client certificate is rotated ([`Storage::follow_tls_files`]);
     /// requests and watches already running finish on the connection they started on.
-    client: Arc<std::sync::RwLock<Client>>,
+    conn: Arc<std::sync::RwLock<Conn>>,
     metrics: Option<crate::metrics::StorageMetrics>,
+}
+
+/// The client in use and the endpoints its balancer holds ([`Storage::balance_endpoints`]).
+struct Conn {
+    client: Client,
+    in_use: BTreeSet<String>,
+    /// Counts replacements: endpoint changes made on a client that was replaced meanwhile
+    /// are not recorded on its successor.
+    generation: u64,
 }
 
 impl std::fmt::Debug for Storage {
@@ -247,6 +259,13 @@ pub fn prefix_end(prefix: &str) -> Vec<u8> {
     vec![0]
 }
 
+/// etcd-client's TLS options for `t`.
+fn tls_options(t: &EtcdTls) -> etcd_client::TlsOptions {
+    etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(&t.ca_pem))
+        .identity(etcd_client::Identity::from_pem(&t.cert_pem, &t.key_pem))
+}
+
 impl Storage {
     /// Connects to etcd at `endpoints`.
     pub async fn connect(endpoints: &[String]) -> Result<Self, StorageError> {
@@ -254,38 +273,234 @@ impl Storage {
     }
 
     /// Connects to etcd at `endpoints` (`https://`), verifying its certificate against
-    /// `tls.ca_pem` and authenticating with the client certificate.
+    /// `tls.ca_pem` and authenticating with the client certificate. With several endpoints
+    /// (the members of a cluster) requests go to those that answer; see
+    /// [`Storage::balance_endpoints`].
     pub async fn connect_tls(
         endpoints: &[String],
         tls: Option<&EtcdTls>,
     ) -> Result<Self, StorageError> {
-        let client = Self::dial(endpoints, tls).await?;
+        let conn = Self::dial(endpoints, tls).await?;
         Ok(Self {
-            client: Arc::new(std::sync::RwLock::new(client)),
+            conn: Arc::new(std::sync::RwLock::new(conn)),
             metrics: None,
         })
     }
 
-    async fn dial(endpoints: &[String], tls: Option<&EtcdTls>) -> Result<Client, StorageError> {
+    /// A client of the endpoints that can serve now (all of them when there is one, or when
+    /// none answers): a member that is down from the start never enters the balancer.
+    async fn dial(endpoints: &[String], tls: Option<&EtcdTls>) -> Result<Conn, StorageError> {
+        let in_use = if endpoints.len() > 1 {
+            let (healthy, down) = endpoints::probe_all(endpoints, tls).await;
+            for (endpoint, why) in &down {
+                tracing::warn!(%endpoint, %why, "etcd member cannot serve; not sending requests to it");
+            }
+            endpoints::wanted(endpoints, &healthy)
+        } else {
+            endpoints.iter().cloned().collect()
+        };
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
             .with_timeout(Duration::from_secs(10))
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            // A member that has lost its leader refuses requests at once (and ends its
+            // watches) instead of letting them wait for a leader that may be elsewhere: the
+            // request goes to another member, the watch is resumed there.
+            .with_require_leader(true);
         if let Some(t) = tls {
-            opts = opts.with_tls(
-                etcd_client::TlsOptions::new()
-                    .ca_certificate(etcd_client::Certificate::from_pem(&t.ca_pem))
-                    .identity(etcd_client::Identity::from_pem(&t.cert_pem, &t.key_pem)),
-            );
+            opts = opts.with_tls(tls_options(t));
         }
-        Ok(Client::connect(endpoints, Some(opts)).await?)
+        let list: Vec<&String> = in_use.iter().collect();
+        let client = Client::connect(&list, Some(opts)).await?;
+        Ok(Conn {
+            client,
+            in_use,
+            generation: 0,
+        })
     }
 
     fn client(&self) -> Client {
-        self.client
+        self.conn
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .client
             .clone()
+    }
+
+    /// Runs `op` on the KV client, again after a failure another attempt may cure (a member
+    /// that went down, an election: [`endpoints::transient`]) or, with `patience`, an attempt
+    /// that took longer than that, pausing [`endpoints::RETRY_DELAYS`] between attempts. Also
+    /// says whether a failed attempt may have been applied nonetheless (only a write cares:
+    /// see [`Storage::cas`]).
+    async fn with_retries<T, F, Fut>(
+        &self,
+        patience: Option<Duration>,
+        mut op: F,
+    ) -> (Result<T, etcd_client::Error>, bool)
+    where
+        F: FnMut(etcd_client::KvClient) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut delays = endpoints::RETRY_DELAYS.iter();
+        let mut maybe_applied = false;
+        loop {
+            let attempt = op(self.kv());
+            let outcome = match patience {
+                Some(p) => tokio::time::timeout(p, attempt).await.map_err(|_| p),
+                None => Ok(attempt.await),
+            };
+            let e = match outcome {
+                Ok(Err(e)) if endpoints::transient(&e) => e,
+                Ok(other) => return (other, maybe_applied),
+                Err(p) => etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(
+                    format!("no answer from etcd within {p:?}"),
+                )),
+            };
+            maybe_applied |= !endpoints::not_applied(&e);
+            let Some(d) = delays.next() else {
+                return (Err(e), maybe_applied);
+            };
+            tracing::debug!(error = %e, "etcd request failed; sending it again");
+            tokio::time::sleep(*d).await;
+        }
+    }
+
+    /// A read of one key, sent again after a transient failure or when it does not answer
+    /// within [`endpoints::ATTEMPT_TIMEOUT`] (a member waiting for a leader that is gone).
+    async fn read<T, F, Fut>(&self, op: F) -> Result<T, etcd_client::Error>
+    where
+        F: FnMut(etcd_client::KvClient) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.with_retries(Some(endpoints::ATTEMPT_TIMEOUT), op)
+            .await
+            .0
+    }
+
+    /// A request that may legitimately take long (a range over a whole collection, a
+    /// compaction): sent again after a transient failure only, within the client's own
+    /// timeout.
+    async fn read_long<T, F, Fut>(&self, op: F) -> Result<T, etcd_client::Error>
+    where
+        F: FnMut(etcd_client::KvClient) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.with_retries(None, op).await.0
+    }
+
+    /// A compare-and-swap write of `key` (`wrote`: the value put, `None` for a delete): the
+    /// new revision, `None` when the compare failed. Sent again after a transient failure,
+    /// which is safe because a compare-and-swap applies at most once. If an attempt failed in a
+    /// way that may have applied it (a timeout, a broken connection, a leader that failed
+    /// mid-proposal) and the next attempt's compare fails, the key is read: holding exactly
+    /// what was written (or gone, for a delete), the write was this one's. (If another writer
+    /// changed the key in the moment between, it counts as a lost race, as it would without
+    /// the failure.)
+    async fn cas(
+        &self,
+        key: &str,
+        txn: Txn,
+        wrote: Option<&Value>,
+    ) -> Result<Option<i64>, StorageError> {
+        let (resp, maybe_applied) = self
+            .with_retries(Some(endpoints::ATTEMPT_TIMEOUT), |mut kv| {
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
+            .await;
+        let resp = resp?;
+        if resp.succeeded() {
+            return Ok(Some(
+                resp.header().map(|h| h.revision()).unwrap_or_default(),
+            ));
+        }
+        if !maybe_applied {
+            return Ok(None);
+        }
+        let now = self.get(key).await?;
+        Ok(match (wrote, now) {
+            (Some(v), Some(s)) if s.value == *v => {
+                tracing::info!(
+                    key,
+                    revision = s.revision,
+                    "etcd write whose answer was lost was applied"
+                );
+                Some(s.revision)
+            }
+            (None, None) => {
+                tracing::info!(key, "etcd delete whose answer was lost was applied");
+                Some(self.current_revision().await?)
+            }
+            _ => None,
+        })
+    }
+
+    /// Keeps the client's endpoints to the members that can serve ([`endpoints`]): every
+    /// `every`, asks each of `all` for its status and adds or removes endpoints of the client
+    /// in use (a client rebuilt by [`Storage::follow_tls_files`] included). Only for more than
+    /// one endpoint.
+    pub fn balance_endpoints(
+        &self,
+        all: Vec<String>,
+        tls: Option<Arc<virt_certs::reload::Reloading<EtcdTls>>>,
+        every: Duration,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        if all.len() < 2 {
+            return None;
+        }
+        let slot = self.conn.clone();
+        Some(tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                let tls = tls.as_ref().map(|t| t.get());
+                let (healthy, down) = endpoints::probe_all(&all, tls.as_deref()).await;
+                let wanted = endpoints::wanted(&all, &healthy);
+                let (client, in_use, generation) = {
+                    let c = slot
+                        .read()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    (c.client.clone(), c.in_use.clone(), c.generation)
+                };
+                let (add, remove) = endpoints::changes(&in_use, &wanted);
+                let mut now_in_use = in_use;
+                for endpoint in add {
+                    match client.add_endpoint(&endpoint).await {
+                        Ok(()) => {
+                            tracing::info!(%endpoint, "etcd member serves again; sending requests to it");
+                            now_in_use.insert(endpoint);
+                        }
+                        Err(e) => tracing::warn!(%endpoint, error = %e, "adding an etcd endpoint"),
+                    }
+                }
+                for endpoint in remove {
+                    let why = down
+                        .iter()
+                        .find(|(e, _)| *e == endpoint)
+                        .map_or("", |(_, w)| w.as_str());
+                    match client.remove_endpoint(&endpoint).await {
+                        Ok(()) => {
+                            tracing::warn!(%endpoint, %why, "etcd member cannot serve; not sending requests to it");
+                            now_in_use.remove(&endpoint);
+                        }
+                        Err(e) => {
+                            tracing::warn!(%endpoint, error = %e, "removing an etcd endpoint")
+                        }
+                    }
+                }
+                let mut c = slot
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                // Only if the client is still the one changed here (not replaced meanwhile by
+                // a certificate rotation, whose client starts from its own probe).
+                if c.generation == generation {
+                    c.in_use = now_in_use;
+                }
+            }
+        }))
     }
 
     /// The KV client without gRPC's 4 MiB default receive limit: a LIST page, a
@@ -308,7 +523,7 @@ impl Storage {
         every: Duration,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
-        let slot = self.client.clone();
+        let slot = self.conn.clone();
         tokio::spawn(async move {
             let mut current = tls.get();
             loop {
@@ -324,10 +539,12 @@ impl Storage {
                     continue;
                 }
                 match Self::dial(&endpoints, Some(&latest)).await {
-                    Ok(client) => {
-                        *slot
+                    Ok(mut conn) => {
+                        let mut c = slot
                             .write()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner) = client;
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        conn.generation = c.generation + 1;
+                        *c = conn;
                         current = latest;
                         tracing::info!("etcd client certificate rotated: new connection in use");
                     }
@@ -358,14 +575,18 @@ impl Storage {
 
     /// Current revision of the store (a cheap read of a key that never exists).
     pub async fn current_revision(&self) -> Result<i64, StorageError> {
-        let resp = self.kv().get("\0kubevirt-rs-revision-probe", None).await?;
+        let resp = self
+            .read(|mut kv| async move { kv.get("\0kubevirt-rs-revision-probe", None).await })
+            .await?;
         Ok(resp.header().map(|h| h.revision()).unwrap_or_default())
     }
 
     /// Reads one key, at the latest revision.
     pub async fn get(&self, key: &str) -> Result<Option<Stored>, StorageError> {
         let start = std::time::Instant::now();
-        let resp = self.kv().get(key, None).await?;
+        let resp = self
+            .read(|mut kv| async move { kv.get(key, None).await })
+            .await?;
         self.observe("get", start, false);
         resp.kvs()
             .first()
@@ -413,8 +634,10 @@ impl Storage {
         let from = if start.is_empty() { prefix } else { start };
         let start = std::time::Instant::now();
         let mut resp = self
-            .kv()
-            .get(from, Some(opts))
+            .read_long(|mut kv| {
+                let opts = opts.clone();
+                async move { kv.get(from, Some(opts)).await }
+            })
             .await
             .map_err(|e| classify(e, revision))?;
         self.observe("list", start, false);
@@ -451,11 +674,9 @@ impl Storage {
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key, bytes, None)]);
         let start = std::time::Instant::now();
-        let resp = self.kv().txn(txn).await?;
-        self.observe("create", start, resp.succeeded());
-        Ok(resp
-            .succeeded()
-            .then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))
+        let rev = self.cas(key, txn, Some(value)).await?;
+        self.observe("create", start, rev.is_some());
+        Ok(rev)
     }
 
     /// Replaces `key` if its mod_revision is still `expected`. `None` on a lost race.
@@ -473,11 +694,9 @@ impl Storage {
             .when([Compare::mod_revision(key, CompareOp::Equal, expected)])
             .and_then([TxnOp::put(key, bytes, None)]);
         let start = std::time::Instant::now();
-        let resp = self.kv().txn(txn).await?;
-        self.observe("update", start, resp.succeeded());
-        Ok(resp
-            .succeeded()
-            .then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))
+        let rev = self.cas(key, txn, Some(value)).await?;
+        self.observe("update", start, rev.is_some());
+        Ok(rev)
     }
 
     /// Deletes `key` if its mod_revision is still `expected`. `None` on a lost race.
@@ -486,21 +705,22 @@ impl Storage {
             .when([Compare::mod_revision(key, CompareOp::Equal, expected)])
             .and_then([TxnOp::delete(key, None)]);
         let start = std::time::Instant::now();
-        let resp = self.kv().txn(txn).await?;
-        self.observe("delete", start, resp.succeeded());
-        Ok(resp
-            .succeeded()
-            .then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))
+        let rev = self.cas(key, txn, None).await?;
+        self.observe("delete", start, rev.is_some());
+        Ok(rev)
     }
 
     /// Compacts history up to `revision` (used by tests and maintenance).
     pub async fn compact(&self, revision: i64) -> Result<(), StorageError> {
-        self.kv()
-            .compact(
+        // Compacting twice to one revision changes nothing the first did not.
+        self.read_long(|mut kv| async move {
+            kv.compact(
                 revision,
                 Some(etcd_client::CompactionOptions::new().with_physical()),
             )
-            .await?;
+            .await
+        })
+        .await?;
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 //! [`render`] holds every object kubevirt-rs deploys (typed k8s-openapi objects → YAML); the
 //! operator, `gen-manifests` and `cargo xtask deploy` all render from it.
 
+pub mod etcd_members;
 pub mod install;
 pub mod kubevirt;
 pub mod metrics;

@@ -27,6 +27,7 @@ use kubevirt_api::eviction::EvictionStrategy;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
+use crate::etcd_members;
 use crate::kubevirt::{BLOCK_UNINSTALL, FINALIZER, KubeVirt, REMOVE_WORKLOADS};
 use crate::metrics::Metrics;
 use crate::policy::CertPolicy;
@@ -413,6 +414,9 @@ struct Certs {
     serving: Tls,
     handler: HandlerTls,
     etcd: EtcdTls,
+    /// The etcd domain as stored after rotation: its CA signs virt-operator's own client
+    /// certificate for membership changes.
+    etcd_state: rotation::DomainState,
     /// caBundle of the APIServices: the serving trust bundle (every serving CA still valid, so
     /// a CA rotation never leaves kube-apiserver unable to verify a replica).
     bundle: String,
@@ -428,7 +432,7 @@ struct Certs {
 /// written). `policy` is `None` with an invalid strategy: nothing existing is rotated.
 async fn certificates(
     client: &Client,
-    etcd_host: &str,
+    etcd_hosts: &etcd::EtcdHosts,
     policy: Option<&CertPolicy>,
     now: time::OffsetDateTime,
 ) -> Result<Certs, Error> {
@@ -444,7 +448,7 @@ async fn certificates(
     let mut changes = Vec::new();
     let mut next_due: Option<time::OffsetDateTime> = None;
     for domain in Domain::ALL {
-        let specs = rotation::leaf_specs(domain, etcd_host);
+        let specs = rotation::leaf_specs(domain, etcd_hosts);
         let ca_stored = secrets.get_opt(domain.ca_secret()).await?;
         let mut leaves = Vec::new();
         for spec in &specs {
@@ -488,12 +492,13 @@ async fn certificates(
         rotation::handler_tls(state(Domain::Handler)?).ok_or_else(|| missing(Domain::Handler))?;
     // What signer.rs signs handler certificates with: the handlers renew theirs by it.
     handler.lifetime = Some(policy.leaf());
-    let etcd =
-        rotation::etcd_tls(state(Domain::Etcd)?, etcd_host).ok_or_else(|| missing(Domain::Etcd))?;
+    let etcd_state = state(Domain::Etcd)?.clone();
+    let etcd = rotation::etcd_tls(&etcd_state, etcd_hosts).ok_or_else(|| missing(Domain::Etcd))?;
     Ok(Certs {
         serving,
         handler,
         etcd,
+        etcd_state,
         bundle,
         changes,
         next_due,
@@ -793,6 +798,197 @@ async fn has_default_storage_class(client: &Client) -> Result<bool, Error> {
     }))
 }
 
+/// The field that sets etcd's member count.
+pub const ETCD_MEMBERS_FIELD: &str = "spec.kubevirtRs.etcd.members";
+
+/// `spec.kubevirtRs.etcd.members` (1 when unset), or what is wrong with it. kube-apiserver
+/// already refuses other values (the CRD's enum); this holds for a resource stored before.
+fn etcd_members(kv: &KubeVirt) -> Result<Option<usize>, String> {
+    let n = kv
+        .spec
+        .kubevirt_rs
+        .as_ref()
+        .and_then(|r| r.etcd.as_ref())
+        .and_then(|e| e.members)
+        .unwrap_or(1);
+    if kubevirt_api::kubevirt::ETCD_MEMBER_COUNTS.contains(&n) {
+        Ok(usize::try_from(n).ok())
+    } else {
+        Err(format!(
+            "{ETCD_MEMBERS_FIELD}: Unsupported value: {n}: supported values: \"1\", \"3\""
+        ))
+    }
+}
+
+/// etcd's shape for one reconcile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct EtcdLayout {
+    /// Render the cluster (member Services, peer TLS) rather than the single member.
+    cluster: bool,
+    /// Members to have.
+    desired: usize,
+    /// Why the requested count is not taken (the field named), if it is not.
+    refused: Option<String>,
+}
+
+/// Where etcd goes from here: `requested` members (`None`: keep what there is), given where
+/// its data lives and the StatefulSet there is. A cluster needs a volume per member, i.e. a
+/// PVC: on a host directory every member would share one directory of one node, so more than
+/// one member is refused there, naming the field. Once a cluster, always rendered as one
+/// (also at 1 member): going back would restart the member for nothing.
+fn etcd_layout(
+    requested: Option<usize>,
+    storage: &EtcdStorage,
+    existing: Option<&StatefulSet>,
+) -> EtcdLayout {
+    let is_cluster = existing.is_some_and(etcd::is_cluster);
+    let current = existing
+        .and_then(|s| s.spec.as_ref())
+        .and_then(|s| s.replicas)
+        .and_then(|r| usize::try_from(r).ok())
+        .filter(|_| is_cluster)
+        .unwrap_or(1);
+    let want = requested.unwrap_or(current);
+    if want > 1 && !matches!(storage, EtcdStorage::Claim { .. }) {
+        let why = match storage {
+            EtcdStorage::HostPath { node, path } => format!(
+                "etcd keeps its data in the host directory {path} of node {node} (the cluster \
+                 had no default StorageClass when it was installed)"
+            ),
+            _ => "the cluster has no default StorageClass".to_string(),
+        };
+        return EtcdLayout {
+            cluster: is_cluster,
+            desired: current,
+            refused: Some(format!(
+                "{ETCD_MEMBERS_FIELD}: {want} members need a PersistentVolumeClaim each, but \
+                 {why}: staying at {current} (docs/deploy.md, \"etcd members\")"
+            )),
+        };
+    }
+    EtcdLayout {
+        cluster: is_cluster || want > 1,
+        desired: want,
+        refused: None,
+    }
+}
+
+/// Applies every member's Service and returns their cluster IPs by ordinal: they go into the
+/// certificates and every member's host aliases.
+async fn member_service_ips(client: &Client) -> Result<Vec<String>, Error> {
+    let api = Api::<Service>::namespaced(client.clone(), NAMESPACE);
+    let mut ips = Vec::new();
+    for i in 0..etcd::MAX_MEMBERS {
+        let svc = etcd::member_service(i);
+        let name = etcd::member_name(i);
+        let body = serde_json::to_value(&svc).map_err(|e| Error::Other(e.to_string()))?;
+        let applied = api.patch(&name, &pp(), &Patch::Apply(&body)).await?;
+        let ip = applied
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .filter(|ip| !ip.is_empty() && ip != "None")
+            .ok_or_else(|| Error::Other(format!("Service {name} has no cluster IP yet")))?;
+        ips.push(ip);
+    }
+    Ok(ips)
+}
+
+/// One step of etcd's membership towards `layout.desired` ([`etcd_members`]): observes the
+/// members, carries out the next change, and says how many members there are afterwards (the
+/// StatefulSet's replicas). Failing to reach etcd is no reconcile error: etcd keeps its
+/// members, and the reason is in the Progressing condition.
+async fn etcd_membership(
+    kv: &KubeVirt,
+    ctx: &Ctx,
+    layout: &EtcdLayout,
+    existing: Option<&StatefulSet>,
+    member_ips: &[String],
+    certs: &Certs,
+    now: time::OffsetDateTime,
+) -> etcd_members::Plan {
+    let current = existing
+        .and_then(|s| s.spec.as_ref())
+        .and_then(|s| s.replicas)
+        .unwrap_or(1);
+    let Some(existing) = existing else {
+        // A new cluster: its first member bootstraps it alone, the others join afterwards.
+        return etcd_members::Plan {
+            replicas: 1,
+            step: None,
+            pending: (layout.desired > 1)
+                .then(|| format!("etcd member {}: starting the cluster", etcd::member_name(0))),
+        };
+    };
+    let addresses = etcd_members::Addresses {
+        peer_urls: (0..etcd::MAX_MEMBERS).map(etcd::peer_url).collect(),
+        client_urls: member_ips
+            .iter()
+            .map(|ip| etcd::member_client_url(ip))
+            .collect(),
+        legacy_peer_url: etcd::LEGACY_PEER_URL.into(),
+    };
+    let unreachable = |why: String| etcd_members::Plan {
+        replicas: current,
+        step: None,
+        pending: Some(format!("etcd's membership cannot be read: {why}")),
+    };
+    let tls = match rotation::operator_etcd_client(&certs.etcd_state, time::Duration::hours(1), now)
+    {
+        Ok(pem) => etcd_members::ClientTls {
+            ca: certs.etcd.ca.clone(),
+            cert: pem.cert,
+            key: pem.key,
+        },
+        Err(e) => return unreachable(e.to_string()),
+    };
+    let rolled_out = etcd::is_cluster(existing)
+        && status::statefulset_pending(etcd::ETCD, Some(existing)).is_none();
+    let (observed, mut client) =
+        match etcd_members::observe(&addresses, Some(&tls), rolled_out).await {
+            Ok(o) => o,
+            Err(e) => return unreachable(e.to_string()),
+        };
+    let plan = etcd_members::plan(layout.desired, &addresses, &observed);
+    let Some(change) = plan.step else {
+        return plan;
+    };
+    match etcd_members::execute(&mut client, &addresses, change).await {
+        Ok(etcd_members::Outcome::Done) => {
+            let note = plan.pending.clone().unwrap_or_default();
+            tracing::info!(
+                ?change,
+                members = plan.replicas,
+                "etcd membership changed: {note}"
+            );
+            ctx.event(kv, EventType::Normal, "EtcdMembership", note)
+                .await;
+            plan
+        }
+        // The next reconcile tries again; the membership is as it was.
+        Ok(etcd_members::Outcome::NotYet(why)) => etcd_members::Plan {
+            replicas: current,
+            step: None,
+            pending: Some(format!(
+                "{}: {why}",
+                plan.pending
+                    .unwrap_or_else(|| "changing etcd's membership".into())
+            )),
+        },
+        Err(e) => {
+            tracing::warn!(?change, error = %e, "changing etcd's membership");
+            etcd_members::Plan {
+                replicas: current,
+                step: None,
+                pending: Some(format!(
+                    "{}: {e}",
+                    plan.pending
+                        .unwrap_or_else(|| "changing etcd's membership".into())
+                )),
+            }
+        }
+    }
+}
+
 fn apiservice_available(a: &APIService) -> bool {
     status::apiservice_pending("", Some(a)).is_none()
 }
@@ -872,12 +1068,39 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         .await;
     }
     let policy = CertPolicy::from_spec(kv.spec.certificate_rotate_strategy.as_ref());
+    // A missing CRD (manifests/virt-operator.yaml being deleted) fails the reconcile: nothing
+    // is applied that the garbage collector would delete again at once.
+    step("reading the KubeVirt CRD and etcd's StatefulSet");
+    let crd_uid = Api::<CustomResourceDefinition>::all(client.clone())
+        .get(KUBEVIRT_CRD)
+        .await?
+        .metadata
+        .uid
+        .unwrap_or_default();
+    let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), NAMESPACE);
+    let existing = sts_api.get_opt(etcd::ETCD).await?;
+    let storage = etcd_storage(client, ctx, existing.as_ref(), &crd_uid).await?;
+    // The bootstrap (no KubeVirt resource) never changes the membership: it keeps what the
+    // last resource asked for.
+    let requested = match scope {
+        Scope::All => etcd_members(kv),
+        Scope::ApiLayer => Ok(None),
+    };
+    let layout = etcd_layout(
+        requested.clone().ok().flatten(),
+        &storage,
+        existing.as_ref(),
+    );
     // Each invalid part of the configuration: the field at fault, and what is done instead.
     let invalid: Vec<(String, &str)> = [
         policy
             .as_ref()
             .err()
             .map(|e| (e.to_string(), "the certificates are kept as they are")),
+        requested
+            .err()
+            .or(layout.refused.clone())
+            .map(|e| (e, "etcd keeps the members it has")),
         eviction_strategy(kv)
             .err()
             .map(|e| (e, "VMIs without their own evictionStrategy use None")),
@@ -925,8 +1148,18 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         }
     }
     let now = time::OffsetDateTime::now_utc();
+    let member_ips = if layout.cluster {
+        step("applying the etcd members' Services");
+        member_service_ips(client).await?
+    } else {
+        Vec::new()
+    };
+    let etcd_hosts = etcd::EtcdHosts {
+        service: host.clone(),
+        members: member_ips.clone(),
+    };
     step("reading and renewing certificates");
-    let certs = certificates(client, &host, policy.as_ref().ok(), now).await?;
+    let certs = certificates(client, &etcd_hosts, policy.as_ref().ok(), now).await?;
     let delay = policy
         .as_ref()
         .map(CertPolicy::propagation_delay)
@@ -942,26 +1175,42 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         ctx.event(kv, EventType::Normal, "CertificateRotated", note)
             .await;
     }
-    // A missing CRD (manifests/virt-operator.yaml being deleted) fails the reconcile: nothing
-    // is applied that the garbage collector would delete again at once.
-    step("reading the KubeVirt CRD and etcd's StatefulSet");
-    let crd_uid = Api::<CustomResourceDefinition>::all(client.clone())
-        .get(KUBEVIRT_CRD)
-        .await?
-        .metadata
-        .uid
-        .unwrap_or_default();
-    let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), NAMESPACE);
-    let existing = sts_api.get_opt(etcd::ETCD).await?;
+    let membership = if layout.cluster {
+        step("changing etcd's membership");
+        etcd_membership(
+            kv,
+            ctx,
+            &layout,
+            existing.as_ref(),
+            &member_ips,
+            &certs,
+            now,
+        )
+        .await
+    } else {
+        etcd_members::Plan {
+            replicas: 1,
+            step: None,
+            pending: None,
+        }
+    };
     let etcd_params = EtcdParams {
         host: host.clone(),
-        storage: etcd_storage(client, ctx, existing.as_ref(), &crd_uid).await?,
+        storage,
         // etcd re-reads its certificate and key on every handshake but its trusted CA file
         // only at start: a new trust bundle (a CA rotation) restarts it, a new leaf does not.
         annotations: BTreeMap::from([(
             "kubevirt-rs.io/etcd-ca-sha256".to_string(),
             sha256_hex(certs.etcd.ca.as_bytes()),
         )]),
+        topology: if layout.cluster {
+            etcd::Topology::Cluster(etcd::ClusterTopology {
+                member_ips,
+                replicas: membership.replicas,
+            })
+        } else {
+            etcd::Topology::Single
+        },
     };
     let (mut docs, mut apiservices) = render_all(kv, &target, &certs, &auth, etcd_params)?;
     if scope == Scope::ApiLayer {
@@ -1033,6 +1282,7 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         .list(&ListParams::default())
         .await?;
     let rollout_pending: Vec<String> = [
+        membership.pending,
         etcd_pending,
         apiserver_pending,
         controller_pending,
@@ -1099,8 +1349,16 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
 /// Every object an installation consists of (Secrets, ConfigMap, APIServices included), as
 /// (apiVersion-kind API, name); rendering with any parameters gives the same names.
 fn installed_objects() -> Result<Vec<serde_json::Value>, Error> {
+    // A cluster: its objects (member Services, ConfigMap, PDB) are a superset of one
+    // member's.
     let p = Params {
-        etcd: EtcdMode::StatefulSet(EtcdParams::default()),
+        etcd: EtcdMode::StatefulSet(EtcdParams {
+            topology: etcd::Topology::Cluster(etcd::ClusterTopology {
+                member_ips: vec![String::new(); etcd::MAX_MEMBERS],
+                replicas: 1,
+            }),
+            ..EtcdParams::default()
+        }),
         ..Params::default()
     };
     let tls = Tls {
@@ -1129,6 +1387,7 @@ fn installed_objects() -> Result<Vec<serde_json::Value>, Error> {
         server_key: String::new(),
         client_cert: String::new(),
         client_key: String::new(),
+        peer: Some((String::new(), String::new())),
     };
     for s in etcd_tls.secrets() {
         render::push_doc(&mut yaml, &s)?;
@@ -1286,6 +1545,90 @@ mod tests {
     }
 
     #[test]
+    fn etcd_members_need_a_claim_each_and_a_cluster_stays_one() {
+        let claim = EtcdStorage::Claim { size: "1Gi".into() };
+        let host = EtcdStorage::HostPath {
+            node: "node-a".into(),
+            path: "/var/lib/kubevirt-rs/etcd-1".into(),
+        };
+        let sts = |cluster: bool, replicas: i32| {
+            let e = EtcdParams {
+                storage: claim.clone(),
+                topology: if cluster {
+                    etcd::Topology::Cluster(etcd::ClusterTopology {
+                        member_ips: vec!["10.0.0.1".into(); 3],
+                        replicas,
+                    })
+                } else {
+                    etcd::Topology::Single
+                },
+                ..EtcdParams::default()
+            };
+            let p = Params {
+                etcd: EtcdMode::StatefulSet(e),
+                ..Params::default()
+            };
+            let text = render::static_manifest(&p).unwrap();
+            let doc = parse_docs(&text)
+                .unwrap()
+                .into_iter()
+                .find(|d| d["kind"] == "StatefulSet")
+                .unwrap();
+            serde_json::from_value::<StatefulSet>(doc).unwrap()
+        };
+        let layout = |requested, storage: &EtcdStorage, existing: Option<&StatefulSet>| {
+            let l = etcd_layout(requested, storage, existing);
+            (l.cluster, l.desired, l.refused.is_some())
+        };
+        // A new installation, and the single member from before clusters.
+        assert_eq!(layout(Some(1), &claim, None), (false, 1, false));
+        assert_eq!(layout(Some(3), &claim, None), (true, 3, false));
+        let single = sts(false, 1);
+        assert_eq!(layout(Some(1), &claim, Some(&single)), (false, 1, false));
+        assert_eq!(layout(Some(3), &claim, Some(&single)), (true, 3, false));
+        // The bootstrap (no KubeVirt resource) keeps what there is.
+        let three = sts(true, 3);
+        assert_eq!(layout(None, &claim, Some(&three)), (true, 3, false));
+        assert_eq!(layout(None, &claim, Some(&single)), (false, 1, false));
+        // Shrunk back to one: still rendered as a cluster (no restart for nothing).
+        assert_eq!(layout(Some(1), &claim, Some(&three)), (true, 1, false));
+        // One directory of one node cannot hold three members: refused, by name.
+        assert_eq!(layout(Some(3), &host, Some(&single)), (false, 1, true));
+        let refused = etcd_layout(Some(3), &host, Some(&single)).refused.unwrap();
+        assert!(
+            refused.starts_with(
+                "spec.kubevirtRs.etcd.members: 3 members need a PersistentVolumeClaim each"
+            ) && refused.contains("node node-a"),
+            "{refused}"
+        );
+        let none = etcd_layout(Some(3), &EtcdStorage::Ephemeral, None)
+            .refused
+            .unwrap();
+        assert!(none.contains("no default StorageClass"), "{none}");
+    }
+
+    #[test]
+    fn an_etcd_member_count_kube_apiserver_would_refuse_names_the_field() {
+        let kv = |n: i32| -> KubeVirt {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+                "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+                "spec": {"kubevirtRs": {"etcd": {"members": n}}},
+            }))
+            .unwrap()
+        };
+        assert_eq!(etcd_members(&kv(3)), Ok(Some(3)));
+        assert_eq!(
+            etcd_members(&KubeVirt::new("kubevirt", Default::default())),
+            Ok(Some(1))
+        );
+        assert_eq!(
+            etcd_members(&kv(2)),
+            Err("spec.kubevirtRs.etcd.members: Unsupported value: 2: supported values: \"1\", \"3\"".into())
+        );
+    }
+
+    #[test]
     fn an_unknown_eviction_strategy_names_the_field() {
         let kv = |v: &str| -> KubeVirt {
             serde_json::from_value(serde_json::json!({
@@ -1387,7 +1730,11 @@ mod tests {
 
     #[test]
     fn rendered_secrets_parse_back_with_their_pem_blocks() {
-        let handler = rotation::handler_tls(&rotation::first_install(Domain::Handler, "")).unwrap();
+        let handler = rotation::handler_tls(&rotation::first_install(
+            Domain::Handler,
+            &Default::default(),
+        ))
+        .unwrap();
         let mut yaml = String::new();
         components::handler_secrets(&mut yaml, &handler).unwrap();
         let auth = ClusterAuth {
@@ -1395,7 +1742,11 @@ mod tests {
             requestheader_ca: handler.ca.clone(),
             allowed_names: "front-proxy-client".into(),
         };
-        let tls = rotation::serving_tls(&rotation::first_install(Domain::Apiserver, "")).unwrap();
+        let tls = rotation::serving_tls(&rotation::first_install(
+            Domain::Apiserver,
+            &Default::default(),
+        ))
+        .unwrap();
         yaml.push_str(&render::cluster_manifest(&tls, &auth).unwrap());
         let docs = parse_docs(&yaml).unwrap();
         // Handler client Secret and CA ConfigMap, serving Secret and ConfigMap, APIServices,

@@ -112,8 +112,9 @@ impl Domain {
     }
 }
 
-/// The leaf Secrets of `domain` (etcd's serving certificate names `etcd_host`).
-pub fn leaf_specs(domain: Domain, etcd_host: &str) -> Vec<LeafSpec> {
+/// The leaf Secrets of `domain` (etcd's certificates name the addresses in `etcd`; a cluster's
+/// members get a peer certificate too).
+pub fn leaf_specs(domain: Domain, etcd: &etcd::EtcdHosts) -> Vec<LeafSpec> {
     match domain {
         Domain::Apiserver => vec![LeafSpec {
             secret: render::TLS_SECRET,
@@ -131,22 +132,36 @@ pub fn leaf_specs(domain: Domain, etcd_host: &str) -> Vec<LeafSpec> {
             sans: vec![],
             host: None,
         }],
-        Domain::Etcd => vec![
-            LeafSpec {
-                secret: etcd::SERVER_SECRET,
-                kind: LeafKind::Server,
-                common_name: etcd::ETCD,
-                sans: etcd::server_names(etcd_host),
-                host: Some(etcd_host.to_string()),
-            },
-            LeafSpec {
-                secret: etcd::CLIENT_SECRET,
-                kind: LeafKind::Client,
-                common_name: "virt-apiserver",
-                sans: vec![],
-                host: Some(etcd_host.to_string()),
-            },
-        ],
+        Domain::Etcd => {
+            let host = Some(etcd.key());
+            let mut specs = vec![
+                LeafSpec {
+                    secret: etcd::SERVER_SECRET,
+                    kind: LeafKind::Server,
+                    common_name: etcd::ETCD,
+                    sans: etcd::server_names(etcd),
+                    host: host.clone(),
+                },
+                LeafSpec {
+                    secret: etcd::CLIENT_SECRET,
+                    kind: LeafKind::Client,
+                    common_name: "virt-apiserver",
+                    sans: vec![],
+                    host: host.clone(),
+                },
+            ];
+            if !etcd.members.is_empty() {
+                // Serving and client auth: members dial each other with it.
+                specs.push(LeafSpec {
+                    secret: etcd::PEER_SECRET,
+                    kind: LeafKind::Peer,
+                    common_name: etcd::PEER_COMMON_NAME,
+                    sans: etcd::peer_names(etcd),
+                    host,
+                });
+            }
+            specs
+        }
     }
 }
 
@@ -434,7 +449,7 @@ fn issue(
 ) -> Result<IssuedCert, CertError> {
     match spec.kind {
         LeafKind::Server => ca.issue_server_at(spec.common_name, &spec.sans, validity, now),
-        LeafKind::Peer => ca.issue_peer(spec.common_name, &spec.sans, validity),
+        LeafKind::Peer => ca.issue_peer_at(spec.common_name, &spec.sans, validity, now),
         LeafKind::Client => ca.issue_client_at::<&str>(spec.common_name, &[], validity, now),
     }
 }
@@ -696,8 +711,8 @@ pub fn rotate(
 /// A first install's state of `domain` (nothing stored before), for tests of what is rendered
 /// from it.
 #[cfg(test)]
-pub(crate) fn first_install(domain: Domain, etcd_host: &str) -> DomainState {
-    let specs = leaf_specs(domain, etcd_host);
+pub(crate) fn first_install(domain: Domain, etcd: &etcd::EtcdHosts) -> DomainState {
+    let specs = leaf_specs(domain, etcd);
     let none = vec![None; specs.len()];
     let now = OffsetDateTime::now_utc();
     rotate(
@@ -740,16 +755,39 @@ pub fn handler_tls(st: &DomainState) -> Option<components::HandlerTls> {
     })
 }
 
-/// The etcd material of a [`Domain::Etcd`] state whose server certificate names `host`.
-pub fn etcd_tls(st: &DomainState, host: &str) -> Option<etcd::EtcdTls> {
+/// The etcd material of a [`Domain::Etcd`] state whose certificates name `hosts` (the peer
+/// certificate when there is one: a cluster's).
+pub fn etcd_tls(st: &DomainState, hosts: &etcd::EtcdHosts) -> Option<etcd::EtcdTls> {
     let (server, client) = (leaf_at(st, 0)?, leaf_at(st, 1)?);
     Some(etcd::EtcdTls {
-        host: host.to_string(),
+        host: hosts.key(),
         ca: st.ca.bundle.clone(),
         server_cert: server.pem.cert.clone(),
         server_key: server.pem.key.clone(),
         client_cert: client.pem.cert.clone(),
         client_key: client.pem.key.clone(),
+        peer: leaf_at(st, 2).map(|p| (p.pem.cert.clone(), p.pem.key.clone())),
+    })
+}
+
+/// A client certificate for virt-operator itself towards etcd (membership changes), issued
+/// from the active etcd CA of `st` for `validity`: kept in memory only, never in a Secret, so
+/// no other component can use it.
+pub fn operator_etcd_client(
+    st: &DomainState,
+    validity: Duration,
+    now: OffsetDateTime,
+) -> Result<Pem, RotationError> {
+    let ca = st
+        .ca
+        .active
+        .as_ref()
+        .ok_or(RotationError::NoSigner(Domain::Etcd.describe()))?;
+    let ca = Ca::from_pem(&ca.cert, &ca.key)?;
+    let c = ca.issue_client_at("virt-operator", &[] as &[&str], validity, now)?;
+    Ok(Pem {
+        cert: c.cert_pem,
+        key: c.key_pem,
     })
 }
 
@@ -885,7 +923,6 @@ mod tests {
 
     #[test]
     fn leaf_rotation_keeps_the_ca_and_the_bundle() {
-        // (etcd's leaves: `Ca::issue_peer` has no clock parameter, and this test moves time.)
         let specs = etcd_specs("10.0.0.10");
         let p = short_leaves();
         let t = now();
@@ -1113,6 +1150,44 @@ mod tests {
         let ip = rustls_pki_types::ServerName::try_from("10.0.0.11").unwrap();
         ee.verify_is_valid_for_subject_name(&ip).unwrap();
         settled(&moved, &specs, &p, t);
+    }
+
+    /// Growing etcd to a cluster: the server and client certificates name the members'
+    /// addresses from then on, a peer certificate (serving and client auth, the CN members
+    /// accept) joins them, all from the same CA; a single member's leaves stay as they were.
+    #[test]
+    fn a_cluster_adds_a_peer_certificate_from_the_same_ca() {
+        let t = now();
+        let p = CertPolicy::default();
+        let single = etcd::EtcdHosts {
+            service: "10.0.0.10".into(),
+            members: vec![],
+        };
+        let specs = leaf_specs(Domain::Etcd, &single);
+        assert_eq!(specs.len(), 2);
+        assert_eq!(specs[0].host.as_deref(), Some("10.0.0.10"));
+        let (_, st) = step(&DomainState::default(), &specs, &p, t);
+        let cluster = etcd::EtcdHosts {
+            service: "10.0.0.10".into(),
+            members: vec!["10.0.0.20".into(), "10.0.0.21".into(), "10.0.0.22".into()],
+        };
+        let specs = leaf_specs(Domain::Etcd, &cluster);
+        assert_eq!(specs[2].secret, etcd::PEER_SECRET);
+        assert_eq!(specs[2].kind, LeafKind::Peer);
+        let mut grown = st.clone();
+        grown.leaves.push(None);
+        let (d, grown) = step(&grown, &specs, &p, t);
+        assert_eq!(d.step, CaStep::Keep, "the CA stays");
+        assert_eq!(d.reissue, [true, true, true]);
+        assert_eq!(grown.ca.active, st.ca.active);
+        all_verify(&grown, &specs, &[grown.ca.bundle.as_str()], t);
+        let peer = &leaf(&grown, 2).pem.cert;
+        assert!(virt_certs::has_client_auth(peer).unwrap());
+        assert_eq!(
+            virt_certs::node_identity::common_name_of_pem(peer).as_deref(),
+            Some(etcd::PEER_COMMON_NAME)
+        );
+        settled(&grown, &specs, &p, t);
     }
 
     #[test]

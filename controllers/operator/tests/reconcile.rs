@@ -672,3 +672,184 @@ async fn leaf_certificates_rotate_from_the_same_ca_without_touching_pod_template
     );
     operator.stop().await;
 }
+
+/// The KubeVirt condition of `type_`, as (status, reason, message).
+async fn condition(kvs: &Api<KubeVirt>, type_: &str) -> Option<(String, String, String)> {
+    let kv = kvs.get("kubevirt").await.ok()?;
+    let c = kv
+        .status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == type_)?;
+    Some((
+        format!("{:?}", c.status),
+        c.reason.unwrap_or_default(),
+        c.message.unwrap_or_default(),
+    ))
+}
+
+fn three_members() -> KubeVirt {
+    serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1alpha3", "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+        "spec": {"kubevirtRs": {"etcd": {"members": 3}}}
+    }))
+    .unwrap()
+}
+
+/// Without a default StorageClass etcd's data is in one directory (here an emptyDir: no
+/// node), which three members cannot share: the field is refused by name and etcd stays one
+/// member; a count other than 1 or 3 is refused by kube-apiserver itself.
+#[tokio::test]
+async fn three_etcd_members_without_a_storage_class_are_refused_by_name() {
+    let api = start().await;
+    let c = api.client.clone();
+    let operator = Operator::start(&c).await;
+    let kvs = operator.kvs.clone();
+    kvs.create(&PostParams::default(), &three_members())
+        .await
+        .unwrap();
+    let (status, reason, message) = eventually("Degraded names the field", || async {
+        condition(&kvs, "Degraded")
+            .await
+            .filter(|(_, r, _)| r == "InvalidConfiguration")
+    })
+    .await;
+    assert_eq!(status, "True");
+    assert_eq!(reason, "InvalidConfiguration");
+    assert!(
+        message.starts_with(
+            "spec.kubevirtRs.etcd.members: 3 members need a PersistentVolumeClaim each"
+        ),
+        "{message}"
+    );
+    let sts = Api::<StatefulSet>::namespaced(c.clone(), "kubevirt")
+        .get("kubevirt-etcd")
+        .await
+        .unwrap();
+    assert!(!virt_operator::render::etcd::is_cluster(&sts));
+    assert_eq!(sts.spec.unwrap().replicas, Some(1));
+    let two = kvs
+        .patch(
+            "kubevirt",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"kubevirtRs": {"etcd": {"members": 2}}}})),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        two.contains("spec.kubevirtRs.etcd.members") && two.contains("supported values"),
+        "{two}"
+    );
+    operator.stop().await;
+}
+
+/// With a default StorageClass, three members render as a cluster: a Service per member whose
+/// cluster IP is in every pod's host aliases and in the certificates, the initial cluster in a
+/// ConfigMap, a PDB, a peer certificate, virt-apiserver dialling every member. The existing
+/// single member is taken over (its pod template is the cluster's) and the operator waits for
+/// it before adding members; no etcd runs here, so that is where this stops.
+#[tokio::test]
+async fn three_etcd_members_render_a_cluster_around_the_existing_member() {
+    let api = start().await;
+    let c = api.client.clone();
+    let sc: k8s_openapi::api::storage::v1::StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": "standard",
+                     "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+        "provisioner": "example.com/none"
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::storage::v1::StorageClass>::all(c.clone())
+        .create(&PostParams::default(), &sc)
+        .await
+        .unwrap();
+    let operator = Operator::start(&c).await;
+    let kvs = operator.kvs.clone();
+    let sts_api = Api::<StatefulSet>::namespaced(c.clone(), "kubevirt");
+    // The bootstrap's single member, on a claim, as an installation from before clusters.
+    let single = eventually("the single member", || async {
+        sts_api.get_opt("kubevirt-etcd").await.ok()?
+    })
+    .await;
+    assert!(!virt_operator::render::etcd::is_cluster(&single));
+    kvs.create(&PostParams::default(), &three_members())
+        .await
+        .unwrap();
+    let sts = eventually("the cluster's template", || async {
+        let s = sts_api.get("kubevirt-etcd").await.ok()?;
+        virt_operator::render::etcd::is_cluster(&s).then_some(s)
+    })
+    .await;
+    let spec = sts.spec.unwrap();
+    assert_eq!(spec.replicas, Some(1), "members join one at a time");
+    assert!(spec.volume_claim_templates.is_some());
+    let services = Api::<k8s_openapi::api::core::v1::Service>::namespaced(c.clone(), "kubevirt");
+    let mut ips = Vec::new();
+    for i in 0..3 {
+        let s = services.get(&format!("kubevirt-etcd-{i}")).await.unwrap();
+        ips.push(s.spec.unwrap().cluster_ip.unwrap());
+    }
+    let aliases: Vec<(String, Vec<String>)> = spec
+        .template
+        .spec
+        .unwrap()
+        .host_aliases
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.ip, a.hostnames.unwrap()))
+        .collect();
+    assert_eq!(
+        aliases,
+        (0..3)
+            .map(|i| (ips[i].clone(), vec![format!("kubevirt-etcd-{i}")]))
+            .collect::<Vec<_>>()
+    );
+    let cm = Api::<ConfigMap>::namespaced(c.clone(), "kubevirt")
+        .get("kubevirt-etcd-cluster")
+        .await
+        .unwrap();
+    assert_eq!(
+        cm.data.unwrap()["initial-cluster"],
+        "kubevirt-etcd-0=https://kubevirt-etcd-0:2380"
+    );
+    Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(c.clone(), "kubevirt")
+        .get("kubevirt-etcd")
+        .await
+        .unwrap();
+    let peer = Api::<Secret>::namespaced(c.clone(), "kubevirt")
+        .get("kubevirt-etcd-peer")
+        .await
+        .unwrap();
+    let host = peer.metadata.annotations.unwrap()["kubevirt-rs.io/etcd-host"].clone();
+    for ip in &ips {
+        assert!(host.contains(ip.as_str()), "{host} lacks {ip}");
+    }
+    let apiserver = Api::<Deployment>::namespaced(c.clone(), "kubevirt")
+        .get("kubevirt-apiserver")
+        .await
+        .unwrap();
+    let args = apiserver.spec.unwrap().template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    let want = format!(
+        "--etcd-servers={}",
+        ips.iter()
+            .map(|ip| format!("https://{ip}:2379"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    assert!(args.contains(&want), "{args:?}");
+    let (_, _, message) = eventually("Progressing says what etcd waits for", || async {
+        condition(&kvs, "Progressing")
+            .await
+            .filter(|(_, _, m)| m.contains("etcd"))
+    })
+    .await;
+    assert!(
+        message.contains("etcd member kubevirt-etcd-0") || message.contains("etcd's membership"),
+        "{message}"
+    );
+    operator.stop().await;
+}

@@ -2,17 +2,31 @@
 //! mTLS with a CA of its own, data on a PVC when the cluster has a default StorageClass, else
 //! in a host directory of one node the pod is pinned to ([`EtcdStorage`]), so virt-apiserver
 //! pods, etcd's own pod and whole upgrades come and go without losing objects.
+//!
+//! One member ([`Topology::Single`]) or a cluster of up to [`MAX_MEMBERS`]
+//! ([`Topology::Cluster`], `spec.kubevirtRs.etcd.members`). Cluster members need stable peer
+//! addresses, and our clusters may have no DNS (the local one has none), so pod DNS names of
+//! a headless Service are not an option: each member `kubevirt-etcd-N` gets a Service of its
+//! own, and every pod's /etc/hosts (hostAliases) maps the names `kubevirt-etcd-N` to those
+//! Services' cluster IPs. Peer URLs name `kubevirt-etcd-N`, so the membership etcd stores
+//! stays right even if a Service is recreated with another IP (the pods roll with the new
+//! aliases). Peers authenticate each other by a certificate of the etcd CA with the common
+//! name [`PEER_COMMON_NAME`]; etcd's check of a peer's source address against its certificate
+//! is off, because behind a Service that address is a pod IP, which no certificate can name.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{
-    Deployment, DeploymentStrategy, RollingUpdateDeployment, StatefulSet, StatefulSetSpec,
+    Deployment, DeploymentStrategy, RollingUpdateDeployment, StatefulSet,
+    StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, HostPathVolumeSource, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
-    Secret, Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+    Affinity, ConfigMap, ConfigMapKeySelector, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, HostAlias, HostPathVolumeSource, ObjectFieldSelector,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity,
+    PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile, Secret, Service, ServicePort,
+    ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -30,10 +44,32 @@ pub const ETCD: &str = "kubevirt-etcd";
 pub const SERVER_SECRET: &str = "kubevirt-etcd-server";
 /// virt-apiserver's client certificate towards etcd.
 pub const CLIENT_SECRET: &str = "kubevirt-etcd-client";
+/// The members' certificate towards each other (serving and client), cluster only.
+pub const PEER_SECRET: &str = "kubevirt-etcd-peer";
+/// Common name of [`PEER_SECRET`]'s certificate, the only one a member accepts as a peer:
+/// virt-apiserver's client certificate comes from the same CA and must not pass for one.
+pub const PEER_COMMON_NAME: &str = "kubevirt-etcd-peer";
+/// ConfigMap with `--initial-cluster` and `--initial-cluster-state` (cluster only): read by a
+/// member when it starts, so a change of membership changes no pod template and restarts no
+/// running member.
+pub const CLUSTER_CONFIGMAP: &str = "kubevirt-etcd-cluster";
+/// Keys of [`CLUSTER_CONFIGMAP`].
+pub const INITIAL_CLUSTER_KEY: &str = "initial-cluster";
+pub const INITIAL_CLUSTER_STATE_KEY: &str = "initial-cluster-state";
 pub const CLIENT_PORT: i32 = 2379;
+/// The single member's peer URL, on loopback: what etcd's membership records for every
+/// installation from before clusters.
+pub const LEGACY_PEER_URL: &str = "http://127.0.0.1:2380";
+pub const PEER_PORT: i32 = 2380;
+/// Largest etcd cluster rendered (`spec.kubevirtRs.etcd.members` allows 1 or 3).
+pub const MAX_MEMBERS: usize = 3;
 /// On both Secrets: the host etcd's serving certificate names.
 pub const HOST_ANNOTATION: &str = "kubevirt-rs.io/etcd-host";
+/// Label kube's StatefulSet controller puts on each of its pods: a member's Service selects
+/// its one pod by it.
+const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
 const CERT_DIR: &str = "/etc/etcd/tls";
+const PEER_CERT_DIR: &str = "/etc/etcd/peer";
 const APISERVER_ETCD_DIR: &str = "/etc/kubevirt-apiserver/etcd";
 /// virt-apiserver replicas when etcd is shared: one can be replaced while the other serves.
 pub const APISERVER_REPLICAS: i32 = 2;
@@ -48,6 +84,32 @@ pub struct EtcdParams {
     /// Of the etcd pod template (the operator's: a hash of the trust bundle, which etcd reads
     /// only at start; its certificate and key it re-reads on every handshake).
     pub annotations: BTreeMap<String, String>,
+    /// One member or a cluster.
+    pub topology: Topology,
+}
+
+/// How many members, and how they reach each other.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Topology {
+    /// One member whose peer port stays on loopback: every installation from before member
+    /// counts existed and every new one of 1 member. Rendered exactly as before, so that an
+    /// upgrade does not restart the store.
+    #[default]
+    Single,
+    /// Members `kubevirt-etcd-0..` with peer TLS between them. Only ever on PVCs (a host
+    /// directory would put every member's data into one directory of one node).
+    Cluster(ClusterTopology),
+}
+
+/// A cluster's addresses and size.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClusterTopology {
+    /// Cluster IP of each member's Service, by ordinal ([`MAX_MEMBERS`] of them, all created
+    /// up front: their names are in every pod's /etc/hosts and the certificates).
+    pub member_ips: Vec<String>,
+    /// Members in etcd's membership now, which is the StatefulSet's replicas: a member is
+    /// added to etcd before its pod starts and removed before its pod goes.
+    pub replicas: i32,
 }
 
 /// Where etcd's data lives.
@@ -124,13 +186,84 @@ pub fn pinned_node(sts: &StatefulSet) -> Option<String> {
         .cloned()
 }
 
+/// Whether an existing etcd StatefulSet runs as a cluster (peer TLS, members by name), as
+/// opposed to the single member with loopback peers: read from what only the cluster's pod
+/// template has, the ConfigMap reference for `--initial-cluster`.
+pub fn is_cluster(sts: &StatefulSet) -> bool {
+    sts.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .is_some_and(|p| {
+            p.containers
+                .iter()
+                .flat_map(|c| c.env.iter().flatten())
+                .any(|e| e.name == "ETCD_INITIAL_CLUSTER")
+        })
+}
+
+/// Member `i`'s name: its pod's name, its Service's name and the host name in its peer URL.
+pub fn member_name(i: usize) -> String {
+    format!("{ETCD}-{i}")
+}
+
+/// The peer URL member `i` advertises (and etcd's membership records).
+pub fn peer_url(i: usize) -> String {
+    format!("https://{}:{PEER_PORT}", member_name(i))
+}
+
+/// `https://HOST:PORT`, brackets around an IPv6 address.
+fn https_url(host: &str, port: i32) -> String {
+    if host.contains(':') {
+        format!("https://[{host}]:{port}")
+    } else {
+        format!("https://{host}:{port}")
+    }
+}
+
+/// A member's client URL at its Service's cluster IP (what virt-apiserver and virt-operator
+/// dial: they have no host aliases).
+pub fn member_client_url(ip: &str) -> String {
+    https_url(ip, CLIENT_PORT)
+}
+
+/// `--initial-cluster` and `--initial-cluster-state` for a cluster of `replicas` members. A
+/// member reads them only when it starts with an empty data directory, so they describe the
+/// membership a member joining now finds: one member bootstraps a new cluster, every later
+/// member joins an existing one (added by virt-operator through etcd's membership API before
+/// its pod starts). Once there are two members no member's configuration says `new` any more:
+/// a member that lost its volume then tries to join and is refused, rather than bootstrapping
+/// a second, empty cluster under the same identity.
+pub fn initial_cluster(replicas: i32) -> (String, &'static str) {
+    let urls: Vec<String> = (0..MAX_MEMBERS).map(peer_url).collect();
+    initial_cluster_of(&urls, replicas)
+}
+
+/// [`initial_cluster`] for members whose peer URLs, by ordinal, are `peer_urls` (tests run
+/// members on loopback ports).
+pub fn initial_cluster_of(peer_urls: &[String], replicas: i32) -> (String, &'static str) {
+    let n = usize::try_from(replicas)
+        .unwrap_or(1)
+        .clamp(1, peer_urls.len().max(1));
+    let members: Vec<String> = peer_urls
+        .iter()
+        .take(n)
+        .enumerate()
+        .map(|(i, url)| format!("{}={url}", member_name(i)))
+        .collect();
+    (members.join(","), if n == 1 { "new" } else { "existing" })
+}
+
 impl EtcdParams {
-    /// `https://HOST:2379`.
-    pub fn endpoint(&self) -> String {
-        if self.host.contains(':') {
-            format!("https://[{}]:{CLIENT_PORT}", self.host)
-        } else {
-            format!("https://{}:{CLIENT_PORT}", self.host)
+    /// Where virt-apiserver dials etcd: the Service's cluster IP for one member, every
+    /// member's Service for a cluster (its etcd client balances across those that answer).
+    pub fn endpoints(&self) -> Vec<String> {
+        match &self.topology {
+            Topology::Single => vec![https_url(&self.host, CLIENT_PORT)],
+            Topology::Cluster(c) => c
+                .member_ips
+                .iter()
+                .map(|ip| member_client_url(ip))
+                .collect(),
         }
     }
 }
@@ -148,108 +281,329 @@ fn selector() -> BTreeMap<String, String> {
     BTreeMap::from([("app.kubernetes.io/name".to_string(), ETCD.to_string())])
 }
 
+fn port(name: &str, port: i32) -> ServicePort {
+    ServicePort {
+        name: Some(name.into()),
+        port,
+        target_port: Some(IntOrString::String(name.into())),
+        ..ServicePort::default()
+    }
+}
+
 /// The Service clients reach etcd by (its cluster IP goes into the serving certificate).
 pub fn service() -> Service {
     Service {
         metadata: meta(ETCD),
         spec: Some(ServiceSpec {
             selector: Some(selector()),
-            ports: Some(vec![ServicePort {
-                name: Some("client".into()),
-                port: CLIENT_PORT,
-                target_port: Some(IntOrString::String("client".into())),
-                ..ServicePort::default()
-            }]),
+            ports: Some(vec![port("client", CLIENT_PORT)]),
             ..ServiceSpec::default()
         }),
         ..Service::default()
     }
 }
 
-/// SANs of etcd's serving certificate.
-pub fn server_names(host: &str) -> Vec<String> {
-    vec![
-        host.to_string(),
+/// Member `i`'s own Service: a stable address for a pod whose IP changes. It publishes the
+/// pod before it is Ready: members must reach each other to elect a leader, and etcd is Ready
+/// only once there is one.
+pub fn member_service(i: usize) -> Service {
+    let name = member_name(i);
+    Service {
+        metadata: meta(&name),
+        spec: Some(ServiceSpec {
+            selector: Some(BTreeMap::from([(POD_NAME_LABEL.to_string(), name)])),
+            ports: Some(vec![port("client", CLIENT_PORT), port("peer", PEER_PORT)]),
+            publish_not_ready_addresses: Some(true),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
+}
+
+/// SANs of etcd's serving certificate: the client Service and, for a cluster, every member's
+/// Service IP and name.
+pub fn server_names(hosts: &EtcdHosts) -> Vec<String> {
+    let mut out = vec![
+        hosts.service.clone(),
         format!("{ETCD}.{NAMESPACE}.svc"),
         format!("{ETCD}.{NAMESPACE}.svc.cluster.local"),
         format!("{ETCD}-0.{ETCD}.{NAMESPACE}.svc"),
         "127.0.0.1".into(),
-    ]
+    ];
+    for (i, ip) in hosts.members.iter().enumerate() {
+        out.push(ip.clone());
+        out.push(member_name(i));
+    }
+    out
 }
 
-/// Service and StatefulSet.
+/// SANs of the members' peer certificate: the names in their peer URLs (a member verifies
+/// the one it dials by it) and the Services' IPs.
+pub fn peer_names(hosts: &EtcdHosts) -> Vec<String> {
+    hosts
+        .members
+        .iter()
+        .enumerate()
+        .flat_map(|(i, ip)| [member_name(i), ip.clone()])
+        .collect()
+}
+
+/// The addresses etcd's certificates name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EtcdHosts {
+    /// The client Service's cluster IP.
+    pub service: String,
+    /// The members' Services' cluster IPs by ordinal; empty for a single member.
+    pub members: Vec<String>,
+}
+
+impl EtcdHosts {
+    /// What the Secrets' [`HOST_ANNOTATION`] records: certificates issued for other
+    /// addresses are issued anew. One member: the Service IP alone, as before clusters.
+    pub fn key(&self) -> String {
+        std::iter::once(self.service.as_str())
+            .chain(self.members.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// etcd's objects: the client Service, for a cluster the members' Services, the ConfigMap
+/// with the initial cluster and the PodDisruptionBudget, and the StatefulSet.
 pub fn objects(out: &mut String, p: &Params, e: &EtcdParams) -> Result<()> {
     push_doc(out, &service())?;
+    if let Topology::Cluster(c) = &e.topology {
+        for i in 0..MAX_MEMBERS {
+            push_doc(out, &member_service(i))?;
+        }
+        push_doc(out, &cluster_configmap(c.replicas))?;
+        push_doc(out, &pdb())?;
+    }
     push_doc(out, &statefulset(p, e))
 }
 
-fn statefulset(p: &Params, e: &EtcdParams) -> StatefulSet {
-    let container = Container {
-        name: "etcd".into(),
-        image: Some(p.etcd_image.clone()),
-        image_pull_policy: Some(p.image_pull_policy.clone()),
-        args: Some(
-            [
-                format!("--name={ETCD}"),
-                "--data-dir=/var/lib/etcd/data".into(),
-                format!("--listen-client-urls=https://0.0.0.0:{CLIENT_PORT}"),
-                format!("--advertise-client-urls={}", e.endpoint()),
-                // One member: the peer port stays on loopback.
-                "--listen-peer-urls=http://127.0.0.1:2380".into(),
-                "--initial-advertise-peer-urls=http://127.0.0.1:2380".into(),
-                format!("--initial-cluster={ETCD}=http://127.0.0.1:2380"),
-                format!("--cert-file={CERT_DIR}/tls.crt"),
-                format!("--key-file={CERT_DIR}/tls.key"),
-                format!("--trusted-ca-file={CERT_DIR}/ca.crt"),
-                "--client-cert-auth=true".into(),
-                // /health for kubelet's probes (and /metrics), plain HTTP on the pod IP.
-                format!("--listen-metrics-urls=http://0.0.0.0:{ETCD_METRICS_PORT}"),
-                "--auto-compaction-mode=periodic".into(),
-                "--auto-compaction-retention=1h".into(),
-            ]
-            .into(),
+/// [`CLUSTER_CONFIGMAP`] for `replicas` members ([`initial_cluster`]).
+pub fn cluster_configmap(replicas: i32) -> ConfigMap {
+    let (cluster, state) = initial_cluster(replicas);
+    ConfigMap {
+        metadata: meta(CLUSTER_CONFIGMAP),
+        data: Some(BTreeMap::from([
+            (INITIAL_CLUSTER_KEY.to_string(), cluster),
+            (INITIAL_CLUSTER_STATE_KEY.to_string(), state.to_string()),
+        ])),
+        ..ConfigMap::default()
+    }
+}
+
+/// At most one member away for a voluntary disruption (a drain): three members keep quorum
+/// with one gone, not with two.
+pub fn pdb() -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: meta(ETCD),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector()),
+                ..LabelSelector::default()
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        ..PodDisruptionBudget::default()
+    }
+}
+
+/// Members on different nodes where there are enough (preferred, not required: a cluster of
+/// fewer nodes still runs, e.g. the local cluster's two).
+fn spread_members() -> PodAntiAffinity {
+    PodAntiAffinity {
+        preferred_during_scheduling_ignored_during_execution: Some(vec![WeightedPodAffinityTerm {
+            weight: 100,
+            pod_affinity_term: PodAffinityTerm {
+                label_selector: Some(LabelSelector {
+                    match_labels: Some(selector()),
+                    ..LabelSelector::default()
+                }),
+                topology_key: HOSTNAME_LABEL.into(),
+                ..PodAffinityTerm::default()
+            },
+        }]),
+        ..PodAntiAffinity::default()
+    }
+}
+
+/// Where every member keeps its data and serves clients.
+fn common_args() -> Vec<String> {
+    vec![
+        "--data-dir=/var/lib/etcd/data".into(),
+        format!("--listen-client-urls=https://0.0.0.0:{CLIENT_PORT}"),
+    ]
+}
+
+/// The single member's flags, unchanged since before clusters (a change would restart it).
+fn single_args(e: &EtcdParams) -> Vec<String> {
+    let mut args = vec![format!("--name={ETCD}")];
+    args.extend(common_args());
+    args.extend([
+        format!(
+            "--advertise-client-urls={}",
+            https_url(&e.host, CLIENT_PORT)
         ),
-        ports: Some(vec![
-            ContainerPort {
-                name: Some("client".into()),
-                container_port: CLIENT_PORT,
-                ..ContainerPort::default()
-            },
-            ContainerPort {
-                name: Some("etcd-metrics".into()),
-                container_port: ETCD_METRICS_PORT,
-                ..ContainerPort::default()
-            },
-        ]),
-        startup_probe: Some(http_probe("/health", "etcd-metrics", "HTTP", 1, 60)),
-        liveness_probe: Some(http_probe("/health", "etcd-metrics", "HTTP", 10, 3)),
-        readiness_probe: Some(http_probe("/health", "etcd-metrics", "HTTP", 2, 3)),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: "data".into(),
-                mount_path: "/var/lib/etcd".into(),
-                ..VolumeMount::default()
-            },
-            VolumeMount {
-                name: "tls".into(),
-                mount_path: CERT_DIR.into(),
-                read_only: Some(true),
-                ..VolumeMount::default()
-            },
-        ]),
-        resources: Some(requests("50m", "64Mi")),
-        security_context: Some(restricted()),
-        ..Container::default()
-    };
-    let mut volumes = vec![Volume {
-        name: "tls".into(),
+        // One member: the peer port stays on loopback.
+        format!("--listen-peer-urls={LEGACY_PEER_URL}"),
+        format!("--initial-advertise-peer-urls={LEGACY_PEER_URL}"),
+        format!("--initial-cluster={ETCD}={LEGACY_PEER_URL}"),
+    ]);
+    args.extend(tls_args());
+    args
+}
+
+/// A cluster member's flags: the same for every pod (one template), the member's own name
+/// from its pod name, `--initial-cluster(-state)` from [`CLUSTER_CONFIGMAP`] through the
+/// environment (etcd reads `ETCD_<FLAG>` for a flag not on the command line).
+fn cluster_args() -> Vec<String> {
+    let mut args = vec!["--name=$(POD_NAME)".to_string()];
+    args.extend(common_args());
+    args.extend([
+        format!("--advertise-client-urls=https://$(POD_NAME):{CLIENT_PORT}"),
+        format!("--listen-peer-urls=https://0.0.0.0:{PEER_PORT}"),
+        format!("--initial-advertise-peer-urls=https://$(POD_NAME):{PEER_PORT}"),
+        format!("--initial-cluster-token={ETCD}"),
+    ]);
+    args.extend(tls_args());
+    args.extend([
+        format!("--peer-cert-file={PEER_CERT_DIR}/tls.crt"),
+        format!("--peer-key-file={PEER_CERT_DIR}/tls.key"),
+        format!("--peer-trusted-ca-file={PEER_CERT_DIR}/ca.crt"),
+        "--peer-client-cert-auth=true".into(),
+        format!("--peer-cert-allowed-cn={PEER_COMMON_NAME}"),
+        // A peer connects from its pod IP (a Service translates only the destination), which
+        // no certificate can name: peers are authenticated by CA and common name instead.
+        "--experimental-peer-skip-client-san-verification=true".into(),
+    ]);
+    args
+}
+
+fn tls_args() -> Vec<String> {
+    vec![
+        format!("--cert-file={CERT_DIR}/tls.crt"),
+        format!("--key-file={CERT_DIR}/tls.key"),
+        format!("--trusted-ca-file={CERT_DIR}/ca.crt"),
+        "--client-cert-auth=true".into(),
+        // /health for kubelet's probes (and /metrics), plain HTTP on the pod IP.
+        format!("--listen-metrics-urls=http://0.0.0.0:{ETCD_METRICS_PORT}"),
+        "--auto-compaction-mode=periodic".into(),
+        "--auto-compaction-retention=1h".into(),
+    ]
+}
+
+fn env_from_configmap(name: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            config_map_key_ref: Some(ConfigMapKeySelector {
+                name: CLUSTER_CONFIGMAP.into(),
+                key: key.into(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn cluster_env() -> Vec<EnvVar> {
+    vec![
+        EnvVar {
+            name: "POD_NAME".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.name".into(),
+                    ..ObjectFieldSelector::default()
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        },
+        env_from_configmap("ETCD_INITIAL_CLUSTER", INITIAL_CLUSTER_KEY),
+        env_from_configmap("ETCD_INITIAL_CLUSTER_STATE", INITIAL_CLUSTER_STATE_KEY),
+    ]
+}
+
+fn secret_volume(name: &str, secret: &str) -> Volume {
+    Volume {
+        name: name.into(),
         secret: Some(k8s_openapi::api::core::v1::SecretVolumeSource {
-            secret_name: Some(SERVER_SECRET.into()),
+            secret_name: Some(secret.into()),
             default_mode: Some(0o440),
             ..Default::default()
         }),
         ..Volume::default()
+    }
+}
+
+fn statefulset(p: &Params, e: &EtcdParams) -> StatefulSet {
+    let cluster = match &e.topology {
+        Topology::Single => None,
+        Topology::Cluster(c) => Some(c),
+    };
+    let mut ports = vec![ContainerPort {
+        name: Some("client".into()),
+        container_port: CLIENT_PORT,
+        ..ContainerPort::default()
     }];
+    if cluster.is_some() {
+        ports.push(ContainerPort {
+            name: Some("peer".into()),
+            container_port: PEER_PORT,
+            ..ContainerPort::default()
+        });
+    }
+    ports.push(ContainerPort {
+        name: Some("etcd-metrics".into()),
+        container_port: ETCD_METRICS_PORT,
+        ..ContainerPort::default()
+    });
+    let mut mounts = vec![
+        VolumeMount {
+            name: "data".into(),
+            mount_path: "/var/lib/etcd".into(),
+            ..VolumeMount::default()
+        },
+        VolumeMount {
+            name: "tls".into(),
+            mount_path: CERT_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        },
+    ];
+    let mut volumes = vec![secret_volume("tls", SERVER_SECRET)];
+    if cluster.is_some() {
+        mounts.push(VolumeMount {
+            name: "peer-tls".into(),
+            mount_path: PEER_CERT_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+        volumes.push(secret_volume("peer-tls", PEER_SECRET));
+    }
+    let container = Container {
+        name: "etcd".into(),
+        image: Some(p.etcd_image.clone()),
+        image_pull_policy: Some(p.image_pull_policy.clone()),
+        args: Some(match cluster {
+            None => single_args(e),
+            Some(_) => cluster_args(),
+        }),
+        env: cluster.map(|_| cluster_env()),
+        ports: Some(ports),
+        startup_probe: Some(http_probe("/health", "etcd-metrics", "HTTP", 1, 60)),
+        liveness_probe: Some(http_probe("/health", "etcd-metrics", "HTTP", 10, 3)),
+        readiness_probe: Some(http_probe("/health", "etcd-metrics", "HTTP", 2, 3)),
+        volume_mounts: Some(mounts),
+        resources: Some(requests("50m", "64Mi")),
+        security_context: Some(restricted()),
+        ..Container::default()
+    };
     let claims = match &e.storage {
         EtcdStorage::Claim { size } => Some(vec![PersistentVolumeClaim {
             metadata: ObjectMeta {
@@ -308,10 +662,36 @@ fn statefulset(p: &Params, e: &EtcdParams) -> StatefulSet {
             .get_or_insert_with(BTreeMap::new)
             .insert(HOSTNAME_LABEL.into(), node.clone());
     }
+    if let Some(c) = cluster {
+        spec.host_aliases = Some(
+            c.member_ips
+                .iter()
+                .enumerate()
+                .map(|(i, ip)| HostAlias {
+                    ip: ip.clone(),
+                    hostnames: Some(vec![member_name(i)]),
+                })
+                .collect(),
+        );
+        // Spread across nodes unless the infra placement says where members go.
+        let affinity = spec.affinity.get_or_insert_with(Affinity::default);
+        if affinity.pod_anti_affinity.is_none() {
+            affinity.pod_anti_affinity = Some(spread_members());
+        }
+    }
     StatefulSet {
         metadata: meta(ETCD),
         spec: Some(StatefulSetSpec {
-            replicas: Some(1),
+            replicas: Some(cluster.map_or(1, |c| c.replicas.max(1))),
+            // A member removed from etcd takes its volume along when its pod goes: one that
+            // is added again later must start empty and join, not come back with the data
+            // and identity of a removed member.
+            persistent_volume_claim_retention_policy: cluster.map(|_| {
+                StatefulSetPersistentVolumeClaimRetentionPolicy {
+                    when_scaled: Some("Delete".into()),
+                    when_deleted: Some("Retain".into()),
+                }
+            }),
             service_name: Some(ETCD.into()),
             selector: LabelSelector {
                 match_labels: Some(selector()),
@@ -363,7 +743,9 @@ fn pod_security(storage: &EtcdStorage) -> PodSecurityContext {
 }
 
 /// Points virt-apiserver's Deployment at the StatefulSet: no sidecar, mTLS flags, two replicas
-/// rolled one at a time (a new pod serves before an old one goes).
+/// rolled one at a time (a new pod serves before an old one goes). A cluster's every member,
+/// whatever its current size: growing or shrinking it then rolls no virt-apiserver, which
+/// uses the members that answer.
 pub fn externalise(d: &mut Deployment, e: &EtcdParams) {
     let Some(spec) = d.spec.as_mut() else {
         return;
@@ -400,7 +782,7 @@ pub fn externalise(d: &mut Deployment, e: &EtcdParams) {
         if let Some(args) = c.args.as_mut() {
             args.retain(|a| !a.starts_with("--etcd-servers="));
             args.extend([
-                format!("--etcd-servers={}", e.endpoint()),
+                format!("--etcd-servers={}", e.endpoints().join(",")),
                 format!("--etcd-cafile={APISERVER_ETCD_DIR}/ca.crt"),
                 format!("--etcd-certfile={APISERVER_ETCD_DIR}/tls.crt"),
                 format!("--etcd-keyfile={APISERVER_ETCD_DIR}/tls.key"),
@@ -442,16 +824,19 @@ pub fn apiserver_pdb() -> PodDisruptionBudget {
 }
 
 /// etcd's mTLS material (PEM): a CA, etcd's serving certificate, virt-apiserver's client
-/// certificate.
+/// certificate and, for a cluster, the members' peer certificate.
 #[derive(Clone, PartialEq)]
 pub struct EtcdTls {
-    /// The host the serving certificate was issued for (annotation [`HOST_ANNOTATION`]).
+    /// The hosts the serving certificate was issued for (annotation [`HOST_ANNOTATION`],
+    /// [`EtcdHosts::key`]).
     pub host: String,
     pub ca: String,
     pub server_cert: String,
     pub server_key: String,
     pub client_cert: String,
     pub client_key: String,
+    /// The peer certificate and key (cluster only).
+    pub peer: Option<(String, String)>,
 }
 
 impl std::fmt::Debug for EtcdTls {
@@ -461,13 +846,18 @@ impl std::fmt::Debug for EtcdTls {
 }
 
 impl EtcdTls {
-    /// The two Secrets.
+    /// The server and client Secrets, and the peer Secret of a cluster.
     pub fn secrets(&self) -> Vec<Secret> {
         [
             (SERVER_SECRET, &self.server_cert, &self.server_key),
             (CLIENT_SECRET, &self.client_cert, &self.client_key),
         ]
         .into_iter()
+        .chain(
+            self.peer
+                .as_ref()
+                .map(|(cert, key)| (PEER_SECRET, cert, key)),
+        )
         .map(|(name, cert, key)| Secret {
             metadata: ObjectMeta {
                 annotations: Some(BTreeMap::from([(
@@ -591,8 +981,13 @@ mod tests {
 
     #[test]
     fn etcd_secrets_carry_the_host_they_were_issued_for() {
-        let st = crate::rotation::first_install(crate::rotation::Domain::Etcd, "10.96.0.20");
-        let t = crate::rotation::etcd_tls(&st, "10.96.0.20").unwrap();
+        let hosts = EtcdHosts {
+            service: "10.96.0.20".into(),
+            members: vec![],
+        };
+        let st = crate::rotation::first_install(crate::rotation::Domain::Etcd, &hosts);
+        let t = crate::rotation::etcd_tls(&st, &hosts).unwrap();
+        assert!(t.peer.is_none(), "one member has no peers");
         let now = time::OffsetDateTime::now_utc();
         for pem in [&t.server_cert, &t.client_cert] {
             let (nb, na) = virt_certs::validity_of(pem).unwrap();
@@ -606,5 +1001,316 @@ mod tests {
                 .and_then(|a| a.get(HOST_ANNOTATION));
             assert_eq!(host.map(String::as_str), Some("10.96.0.20"));
         }
+    }
+
+    fn cluster(replicas: i32) -> EtcdParams {
+        EtcdParams {
+            host: "10.96.0.20".into(),
+            storage: EtcdStorage::Claim { size: "1Gi".into() },
+            annotations: BTreeMap::new(),
+            topology: Topology::Cluster(ClusterTopology {
+                member_ips: vec![
+                    "10.96.0.30".into(),
+                    "10.96.0.31".into(),
+                    "10.96.0.32".into(),
+                ],
+                replicas,
+            }),
+        }
+    }
+
+    fn pod(sts: &StatefulSet) -> PodSpec {
+        sts.spec.clone().unwrap().template.spec.unwrap()
+    }
+
+    /// Every pod has one template, so everything that differs per member comes from the pod
+    /// (its name) or, read at start, from the ConfigMap: a membership change restarts nobody.
+    #[test]
+    fn one_template_for_every_member_whatever_the_membership() {
+        let p = Params::default();
+        let (one, three) = (statefulset(&p, &cluster(1)), statefulset(&p, &cluster(3)));
+        assert_eq!(
+            one.spec.as_ref().unwrap().template,
+            three.spec.as_ref().unwrap().template
+        );
+        assert_eq!(three.spec.as_ref().unwrap().replicas, Some(3));
+        assert_eq!(one.spec.as_ref().unwrap().replicas, Some(1));
+        assert!(is_cluster(&three));
+        assert!(!is_cluster(&statefulset(&p, &EtcdParams::default())));
+        let retention = three
+            .spec
+            .unwrap()
+            .persistent_volume_claim_retention_policy
+            .unwrap();
+        assert_eq!(
+            (
+                retention.when_scaled.as_deref(),
+                retention.when_deleted.as_deref()
+            ),
+            (Some("Delete"), Some("Retain"))
+        );
+    }
+
+    /// The flags of a cluster member, in full: peers by name over TLS, authenticated by CA and
+    /// common name (not by source address, which is a pod IP behind the Service).
+    #[test]
+    fn a_cluster_member_is_named_by_its_pod_and_talks_peer_tls() {
+        let pod = pod(&statefulset(&Params::default(), &cluster(3)));
+        let c = &pod.containers[0];
+        assert_eq!(
+            c.args.clone().unwrap(),
+            [
+                "--name=$(POD_NAME)",
+                "--data-dir=/var/lib/etcd/data",
+                "--listen-client-urls=https://0.0.0.0:2379",
+                "--advertise-client-urls=https://$(POD_NAME):2379",
+                "--listen-peer-urls=https://0.0.0.0:2380",
+                "--initial-advertise-peer-urls=https://$(POD_NAME):2380",
+                "--initial-cluster-token=kubevirt-etcd",
+                "--cert-file=/etc/etcd/tls/tls.crt",
+                "--key-file=/etc/etcd/tls/tls.key",
+                "--trusted-ca-file=/etc/etcd/tls/ca.crt",
+                "--client-cert-auth=true",
+                "--listen-metrics-urls=http://0.0.0.0:2381",
+                "--auto-compaction-mode=periodic",
+                "--auto-compaction-retention=1h",
+                "--peer-cert-file=/etc/etcd/peer/tls.crt",
+                "--peer-key-file=/etc/etcd/peer/tls.key",
+                "--peer-trusted-ca-file=/etc/etcd/peer/ca.crt",
+                "--peer-client-cert-auth=true",
+                "--peer-cert-allowed-cn=kubevirt-etcd-peer",
+                "--experimental-peer-skip-client-san-verification=true",
+            ]
+        );
+        let env: Vec<(String, String)> = c
+            .env
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|e| {
+                let from = e.value_from.unwrap();
+                let src = match (from.field_ref, from.config_map_key_ref) {
+                    (Some(f), None) => f.field_path,
+                    (None, Some(k)) => format!("{}/{}", k.name, k.key),
+                    other => panic!("{other:?}"),
+                };
+                (e.name, src)
+            })
+            .collect();
+        assert_eq!(
+            env,
+            [
+                ("POD_NAME".into(), "metadata.name".into()),
+                (
+                    "ETCD_INITIAL_CLUSTER".into(),
+                    "kubevirt-etcd-cluster/initial-cluster".into()
+                ),
+                (
+                    "ETCD_INITIAL_CLUSTER_STATE".into(),
+                    "kubevirt-etcd-cluster/initial-cluster-state".into()
+                ),
+            ]
+        );
+        // The names in the peer URLs, without DNS: each pod's /etc/hosts.
+        let aliases: Vec<(String, Vec<String>)> = pod
+            .host_aliases
+            .unwrap()
+            .into_iter()
+            .map(|a| (a.ip, a.hostnames.unwrap()))
+            .collect();
+        assert_eq!(
+            aliases,
+            [
+                ("10.96.0.30".into(), vec!["kubevirt-etcd-0".to_string()]),
+                ("10.96.0.31".into(), vec!["kubevirt-etcd-1".to_string()]),
+                ("10.96.0.32".into(), vec!["kubevirt-etcd-2".to_string()]),
+            ]
+        );
+        let spread = pod.affinity.unwrap().pod_anti_affinity.unwrap();
+        let term = &spread
+            .preferred_during_scheduling_ignored_during_execution
+            .unwrap()[0];
+        assert_eq!(term.pod_affinity_term.topology_key, HOSTNAME_LABEL);
+        assert!(
+            spread
+                .required_during_scheduling_ignored_during_execution
+                .is_none()
+        );
+        let peer = pod
+            .volumes
+            .unwrap()
+            .into_iter()
+            .find(|v| v.name == "peer-tls")
+            .unwrap();
+        assert_eq!(
+            peer.secret.unwrap().secret_name.as_deref(),
+            Some(PEER_SECRET)
+        );
+    }
+
+    /// The single member stays exactly as every installation before clusters ran it: an
+    /// upgrade must not restart the store.
+    #[test]
+    fn a_single_member_keeps_its_flags() {
+        let e = EtcdParams {
+            host: "10.96.0.20".into(),
+            ..EtcdParams::default()
+        };
+        let pod = pod(&statefulset(&Params::default(), &e));
+        let c = &pod.containers[0];
+        assert_eq!(
+            c.args.clone().unwrap(),
+            [
+                "--name=kubevirt-etcd",
+                "--data-dir=/var/lib/etcd/data",
+                "--listen-client-urls=https://0.0.0.0:2379",
+                "--advertise-client-urls=https://10.96.0.20:2379",
+                "--listen-peer-urls=http://127.0.0.1:2380",
+                "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+                "--initial-cluster=kubevirt-etcd=http://127.0.0.1:2380",
+                "--cert-file=/etc/etcd/tls/tls.crt",
+                "--key-file=/etc/etcd/tls/tls.key",
+                "--trusted-ca-file=/etc/etcd/tls/ca.crt",
+                "--client-cert-auth=true",
+                "--listen-metrics-urls=http://0.0.0.0:2381",
+                "--auto-compaction-mode=periodic",
+                "--auto-compaction-retention=1h",
+            ]
+        );
+        assert!(c.env.is_none() && pod.host_aliases.is_none() && pod.affinity.is_none());
+        let ports: Vec<i32> = c.ports.iter().flatten().map(|p| p.container_port).collect();
+        assert_eq!(ports, [2379, 2381]);
+    }
+
+    #[test]
+    fn the_initial_cluster_bootstraps_once_then_every_member_joins() {
+        assert_eq!(
+            initial_cluster(1),
+            (
+                "kubevirt-etcd-0=https://kubevirt-etcd-0:2380".to_string(),
+                "new"
+            )
+        );
+        assert_eq!(
+            initial_cluster(2),
+            (
+                "kubevirt-etcd-0=https://kubevirt-etcd-0:2380,\
+                 kubevirt-etcd-1=https://kubevirt-etcd-1:2380"
+                    .to_string(),
+                "existing"
+            )
+        );
+        assert_eq!(initial_cluster(3).1, "existing");
+        assert_eq!(initial_cluster(3).0.matches("https://").count(), 3);
+        let cm = cluster_configmap(3);
+        assert_eq!(cm.data.unwrap()[INITIAL_CLUSTER_STATE_KEY], "existing");
+    }
+
+    #[test]
+    fn a_cluster_adds_member_services_its_configmap_and_a_pdb() {
+        let p = Params::default();
+        let mut out = String::new();
+        objects(&mut out, &p, &cluster(3)).unwrap();
+        let docs: Vec<serde_json::Value> = out
+            .split("---\n")
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| serde_saphyr::from_str(d).unwrap())
+            .collect();
+        let names: Vec<String> = docs
+            .iter()
+            .map(|d| {
+                format!(
+                    "{}/{}",
+                    d["kind"].as_str().unwrap(),
+                    d["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "Service/kubevirt-etcd",
+                "Service/kubevirt-etcd-0",
+                "Service/kubevirt-etcd-1",
+                "Service/kubevirt-etcd-2",
+                "ConfigMap/kubevirt-etcd-cluster",
+                "PodDisruptionBudget/kubevirt-etcd",
+                "StatefulSet/kubevirt-etcd",
+            ]
+        );
+        let member = &docs[2];
+        assert_eq!(
+            member["spec"]["selector"]["statefulset.kubernetes.io/pod-name"],
+            "kubevirt-etcd-1"
+        );
+        assert_eq!(member["spec"]["publishNotReadyAddresses"], true);
+        assert_eq!(docs[5]["spec"]["maxUnavailable"], 1);
+        let mut single = String::new();
+        objects(&mut single, &p, &EtcdParams::default()).unwrap();
+        assert!(!single.contains("kubevirt-etcd-0") && !single.contains("PodDisruptionBudget"));
+    }
+
+    #[test]
+    fn virt_apiserver_dials_every_member_of_a_cluster() {
+        assert_eq!(
+            cluster(1).endpoints(),
+            [
+                "https://10.96.0.30:2379",
+                "https://10.96.0.31:2379",
+                "https://10.96.0.32:2379"
+            ]
+        );
+        let single = EtcdParams {
+            host: "fd00::1".into(),
+            ..EtcdParams::default()
+        };
+        assert_eq!(single.endpoints(), ["https://[fd00::1]:2379"]);
+        let p = Params {
+            etcd: super::super::EtcdMode::StatefulSet(cluster(1)),
+            ..Params::default()
+        };
+        let text = super::super::static_manifest(&p).unwrap();
+        assert!(text.contains(
+            "--etcd-servers=https://10.96.0.30:2379,https://10.96.0.31:2379,https://10.96.0.32:2379"
+        ));
+    }
+
+    #[test]
+    fn a_cluster_has_a_peer_certificate_naming_every_member() {
+        let hosts = EtcdHosts {
+            service: "10.96.0.20".into(),
+            members: vec![
+                "10.96.0.30".into(),
+                "10.96.0.31".into(),
+                "10.96.0.32".into(),
+            ],
+        };
+        assert_eq!(hosts.key(), "10.96.0.20,10.96.0.30,10.96.0.31,10.96.0.32");
+        let st = crate::rotation::first_install(crate::rotation::Domain::Etcd, &hosts);
+        let t = crate::rotation::etcd_tls(&st, &hosts).unwrap();
+        let (peer, _) = t.peer.clone().unwrap();
+        assert!(virt_certs::has_client_auth(&peer).unwrap());
+        assert_eq!(
+            virt_certs::node_identity::common_name_of_pem(&peer).as_deref(),
+            Some(PEER_COMMON_NAME)
+        );
+        assert_eq!(
+            peer_names(&hosts),
+            [
+                "kubevirt-etcd-0",
+                "10.96.0.30",
+                "kubevirt-etcd-1",
+                "10.96.0.31",
+                "kubevirt-etcd-2",
+                "10.96.0.32"
+            ]
+        );
+        assert!(server_names(&hosts).contains(&"10.96.0.31".to_string()));
+        let names: Vec<String> = t
+            .secrets()
+            .into_iter()
+            .map(|s| s.metadata.name.unwrap())
+            .collect();
+        assert_eq!(names, [SERVER_SECRET, CLIENT_SECRET, PEER_SECRET]);
     }
 }
