@@ -84,11 +84,22 @@ impl Ctx {
         }
         step("publishing an Event");
         let reference: ObjectReference = kv.object_ref(&());
+        // kube-runtime's recorder folds every Event with the same type, reason and action
+        // into the series of the first one, which keeps that first note: the steps of an
+        // etcd membership change (one reason, several messages) would show only the first.
+        // The note's hash in the action keeps distinct messages apart; a repeated message
+        // still counts up one series.
+        let action = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            note.hash(&mut h);
+            format!("{reason}-{:08x}", h.finish() as u32)
+        };
         let ev = Event {
             type_,
             reason: reason.into(),
             note: Some(note),
-            action: reason.into(),
+            action,
             secondary: None,
         };
         if let Err(e) = r.publish(&ev, &reference).await {
