@@ -225,7 +225,11 @@ fn bare_once(g: &virt_testguest::Guest, dir: &Path) -> anyhow::Result<Sample> {
 
 use crate::deploy::Kubectl as Kube;
 
-fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
+pub(super) fn wait_for(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     while !f() {
         if Instant::now() > deadline {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use super::migrate::migrate_and_wait;
+use super::migrate::{migrate_and_wait, wait_for};
 use super::section::{self, Provenance, Runs, Section};
 use crate::deploy::Kubectl as Kube;
 
@@ -236,22 +236,13 @@ fn claim(name: &str, ns: &str, size: &str) -> String {
 }
 
 fn wait_running(kube: &Kube, ns: &str, vm: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let phase = kube
-            .run(
-                &["-n", ns, "get", "vmi", vm, "-o", "jsonpath={.status.phase}"],
-                None,
-            )
-            .unwrap_or_default();
-        if phase == "Running" {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("VM {vm} not Running within 300 s (phase {phase:?})");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_for(&format!("VM {vm} to run"), Duration::from_secs(300), || {
+        kube.run(
+            &["-n", ns, "get", "vmi", vm, "-o", "jsonpath={.status.phase}"],
+            None,
+        )
+        .is_ok_and(|p| p == "Running")
+    })
 }
 
 fn cluster_console(
