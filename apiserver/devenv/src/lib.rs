@@ -13,6 +13,9 @@ use base64::Engine;
 use virt_certs::Ca;
 
 pub mod cluster_etcd;
+mod etcd;
+
+pub use etcd::Etcd;
 
 /// Errors starting the environment.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +35,9 @@ pub enum DevEnvError {
     /// A process did not become ready.
     #[error("{0}")]
     NotReady(String),
+    /// Options that contradict each other.
+    #[error("{0}")]
+    Options(&'static str),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DevEnvError {
@@ -113,6 +119,15 @@ pub struct Options {
     /// Talk to this kube-apiserver (SubjectAccessReview, TokenReview, namespaces)
     /// instead of running standalone.
     pub kube_kubeconfig: Option<PathBuf>,
+    /// Trust the client and front-proxy CAs that kube-apiserver publishes in
+    /// `kube-system/extension-apiserver-authentication`, as a deployed virt-apiserver does,
+    /// instead of the generated ones: the server then sits behind that kube-apiserver's
+    /// aggregator, and the generated identities ([`DevEnv::admin`], [`DevEnv::front_proxy`],
+    /// the kubeconfig) are not trusted. Needs `kube_kubeconfig`.
+    pub published_auth: bool,
+    /// Address to serve on; besides loopback, it is also a name in the serving certificate
+    /// (an EndpointSlice, which the aggregator routes by, cannot hold a loopback address).
+    pub bind_host: std::net::IpAddr,
 }
 
 impl Default for Options {
@@ -125,6 +140,8 @@ impl Default for Options {
             extra_args: Vec::new(),
             allow_client_ca_users: true,
             kube_kubeconfig: None,
+            published_auth: false,
+            bind_host: std::net::Ipv4Addr::LOCALHOST.into(),
         }
     }
 }
@@ -141,7 +158,7 @@ pub struct ClientFiles {
 /// A running environment; dropping it stops both processes and removes the data.
 #[derive(Debug)]
 pub struct DevEnv {
-    etcd: Child,
+    etcd: Etcd,
     apiserver: Option<Child>,
     dir: tempfile::TempDir,
     /// etcd client URL.
@@ -165,19 +182,6 @@ pub struct DevEnv {
     opts: Options,
 }
 
-fn wait_tcp(port: u16, timeout: Duration, what: &str) -> Result<(), DevEnvError> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Err(DevEnvError::NotReady(format!(
-        "{what} did not listen on 127.0.0.1:{port} within {timeout:?}"
-    )))
-}
-
 fn b64(s: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(s)
 }
@@ -185,6 +189,11 @@ fn b64(s: &str) -> String {
 impl DevEnv {
     /// Starts etcd and virt-apiserver and waits until both serve.
     pub fn start(opts: Options) -> Result<Self, DevEnvError> {
+        if opts.published_auth && opts.kube_kubeconfig.is_none() {
+            return Err(DevEnvError::Options(
+                "published_auth needs kube_kubeconfig: the CAs come from that kube-apiserver",
+            ));
+        }
         let dir = tempfile::Builder::new()
             .prefix("kubevirt-rs-dev-")
             .tempdir()
@@ -201,11 +210,12 @@ impl DevEnv {
         server_ca.write_pair(&certs, "serving-ca")?;
         client_ca.write_pair(&certs, "client-ca")?;
         proxy_ca.write_pair(&certs, "front-proxy-ca")?;
-        let serving = server_ca.issue_server(
-            "virt-apiserver",
-            &["127.0.0.1", "localhost", "kubevirt-apiserver.kubevirt.svc"],
-            validity,
-        )?;
+        let bind_host = opts.bind_host.to_string();
+        let mut names = vec!["127.0.0.1", "localhost", "kubevirt-apiserver.kubevirt.svc"];
+        if !names.contains(&bind_host.as_str()) {
+            names.push(&bind_host);
+        }
+        let serving = server_ca.issue_server("virt-apiserver", &names, validity)?;
         let (cert, key) = serving.write_pair(&certs, "serving")?;
         let admin = client_ca.issue_client("kubevirt-dev", &["kubevirt-dev"], validity)?;
         let (admin_cert, admin_key) = admin.write_pair(&certs, "admin")?;
@@ -216,43 +226,8 @@ impl DevEnv {
         let other = other_ca.issue_client("kubevirt-dev", &["system:masters"], validity)?;
         let (other_cert, other_key) = other.write_pair(&certs, "untrusted")?;
 
-        let client_port = free_port()?;
-        let peer_port = free_port()?;
-        let etcd_url = format!("http://127.0.0.1:{client_port}");
-        let etcd_log =
-            std::fs::File::create(d.join("etcd.log")).map_err(io("creating etcd.log"))?;
-        let etcd = Command::new(&opts.etcd_bin)
-            .args(["--name", "dev", "--data-dir"])
-            .arg(d.join("etcd"))
-            .args([
-                "--listen-client-urls",
-                &etcd_url,
-                "--advertise-client-urls",
-                &etcd_url,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &format!("http://127.0.0.1:{peer_port}"),
-            ])
-            .args([
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{peer_port}"),
-            ])
-            .args([
-                "--initial-cluster",
-                &format!("dev=http://127.0.0.1:{peer_port}"),
-            ])
-            .args([
-                "--listen-metrics-urls",
-                &format!("http://127.0.0.1:{}", free_port()?),
-            ])
-            .stdout(Stdio::null())
-            .stderr(etcd_log)
-            .spawn()
-            .map_err(io(format!(
-                "starting {} (install Debian's etcd-server package)",
-                opts.etcd_bin.display()
-            )))?;
+        let etcd = Etcd::start(&opts.etcd_bin, d)?;
+        let etcd_url = etcd.url.clone();
         let mut env = Self {
             etcd,
             apiserver: None,
@@ -283,7 +258,6 @@ impl DevEnv {
             dir,
             opts,
         };
-        wait_tcp(client_port, Duration::from_secs(20), "etcd")?;
         // A port picked by free_port() can be taken by a parallel test before the
         // server binds it; the server then exits at once. Try again on another port.
         let mut attempts = 0;
@@ -327,24 +301,17 @@ impl DevEnv {
         let log =
             std::fs::File::create(&self.apiserver_log).map_err(io("creating apiserver.log"))?;
         let mut cmd = Command::new(&self.opts.apiserver_bin);
+        let addr = std::net::SocketAddr::new(self.opts.bind_host, port);
         cmd.arg("--bind")
-            .arg(format!("127.0.0.1:{port}"))
+            .arg(addr.to_string())
             .arg("--etcd-servers")
             .arg(&self.etcd_url)
             .arg("--tls-cert-file")
             .arg(cert)
             .arg("--tls-private-key-file")
             .arg(key)
-            .arg("--client-ca-file")
-            .arg(certs.join("client-ca.crt"))
-            .arg("--requestheader-client-ca-file")
-            .arg(certs.join("front-proxy-ca.crt"))
             .args(["--bookmark-interval-seconds", "1"])
-            .args(
-                self.opts
-                    .allow_client_ca_users
-                    .then_some("--allow-client-ca-users"),
-            )
+            .args(self.auth_args(&certs))
             .args(&self.opts.extra_args)
             .args(match &self.opts.kube_kubeconfig {
                 Some(k) => vec![
@@ -374,7 +341,7 @@ impl DevEnv {
             }
         });
         self.apiserver = Some(child);
-        self.server_url = format!("https://127.0.0.1:{port}");
+        self.server_url = format!("https://{addr}");
         match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(()) => Ok(()),
             Err(_) => Err(DevEnvError::NotReady(format!(
@@ -382,6 +349,23 @@ impl DevEnv {
                 self.apiserver_log.display()
             ))),
         }
+    }
+
+    /// Whom the server trusts: the generated CAs, or kube-apiserver's published ones.
+    fn auth_args(&self, certs: &Path) -> Vec<std::ffi::OsString> {
+        if self.opts.published_auth {
+            return Vec::new();
+        }
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--client-ca-file".into(),
+            certs.join("client-ca.crt").into(),
+            "--requestheader-client-ca-file".into(),
+            certs.join("front-proxy-ca.crt").into(),
+        ];
+        if self.opts.allow_client_ca_users {
+            args.push("--allow-client-ca-users".into());
+        }
+        args
     }
 
     fn write_kubeconfig(&self, ca: &Ca, admin: &virt_certs::IssuedCert) -> Result<(), DevEnvError> {
@@ -409,15 +393,19 @@ impl DevEnv {
         self.apiserver.as_ref().map(Child::id)
     }
 
+    /// PID of etcd.
+    pub fn etcd_pid(&self) -> u32 {
+        self.etcd.pid()
+    }
+
     /// Stops etcd (SIGKILL), to test behaviour while storage is unreachable.
     pub fn kill_etcd(&mut self) {
-        let _ = self.etcd.kill();
-        let _ = self.etcd.wait();
+        self.etcd.kill();
     }
 
     /// Whether both processes still run.
     pub fn alive(&mut self) -> bool {
-        let etcd = matches!(self.etcd.try_wait(), Ok(None));
+        let etcd = self.etcd.alive();
         let api = self
             .apiserver
             .as_mut()
@@ -434,13 +422,14 @@ impl DevEnv {
         if let Some(mut c) = self.apiserver.take() {
             terminate(&mut c);
         }
-        terminate(&mut self.etcd);
+        self.etcd.stop();
         if self.opts.kubeconfig.is_some() {
             let _ = std::fs::remove_file(&self.kubeconfig);
         }
     }
 }
 
+/// SIGTERM, then SIGKILL after 10 s.
 fn terminate(c: &mut Child) {
     if let Ok(Some(_)) = c.try_wait() {
         return;
