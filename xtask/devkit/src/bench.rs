@@ -33,6 +33,11 @@ pub struct Args {
 pub enum Bench {
     /// virt-apiserver on etcd: create throughput, LIST, watch fan-out latency, memory.
     Apiserver(apiserver::ApiserverArgs),
+    /// virt-apiserver through kube-apiserver's aggregator against a CRD of the same kind in
+    /// that kube-apiserver, each on a fresh etcd of its own (a private kube-apiserver, no
+    /// cluster): creates, memory per stored object, LIST, watch delivery, updates, and the
+    /// aggregator's own overhead.
+    Crd(crd::CrdArgs),
     /// virt-launcher: start → guest banner against bare QEMU in the same run, memory beside QEMU.
     Launcher(LauncherArgs),
     /// VM start density on the local cluster: VMs created 100 ms apart → Running, guest
@@ -115,6 +120,7 @@ fn test_guest_vm(name: &str, ns: &str) -> String {
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.bench {
         Bench::Apiserver(a) => apiserver::run(a),
+        Bench::Crd(a) => crd::run(a),
         Bench::Launcher(a) => launcher(a),
         Bench::Start(a) => start::run(a),
         Bench::Migrate(a) => migrate::run(a),
