@@ -212,7 +212,10 @@ pub fn run(args: CrdArgs) -> anyhow::Result<()> {
     drop(rt);
     let table = table(&args, &runs);
     println!("\n{table}");
-    let body = format!("{}\n\n{table}", describe(&args, &versions, &runs));
+    let body = format!(
+        "{}\n\n{table}",
+        describe(&args, &versions, &runs).trim_end()
+    );
     super::record(&Section::new(section::CRD, provenance, body), args.no_docs)
 }
 
