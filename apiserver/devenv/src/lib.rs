@@ -13,6 +13,10 @@ use base64::Engine;
 use virt_certs::Ca;
 
 pub mod cluster_etcd;
+mod etcd;
+
+pub use etcd::Etcd;
+use etcd::wait_tcp;
 
 /// Errors starting the environment.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +36,9 @@ pub enum DevEnvError {
     /// A process did not become ready.
     #[error("{0}")]
     NotReady(String),
+    /// Options that contradict each other.
+    #[error("{0}")]
+    Options(&'static str),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DevEnvError {
@@ -119,6 +126,15 @@ pub struct Options {
     pub etcd_members: usize,
     /// mTLS between virt-apiserver and etcd (a CA of its own, as virt-operator deploys it).
     pub etcd_tls: bool,
+    /// Trust the client and front-proxy CAs that kube-apiserver publishes in
+    /// `kube-system/extension-apiserver-authentication`, as a deployed virt-apiserver does,
+    /// instead of the generated ones: the server then sits behind that kube-apiserver's
+    /// aggregator, and the generated identities ([`DevEnv::admin`], [`DevEnv::front_proxy`],
+    /// the kubeconfig) are not trusted. Needs `kube_kubeconfig`.
+    pub published_auth: bool,
+    /// Address to serve on; besides loopback, it is also a name in the serving certificate
+    /// (an EndpointSlice, which the aggregator routes by, cannot hold a loopback address).
+    pub bind_host: std::net::IpAddr,
 }
 
 impl Default for Options {
@@ -133,6 +149,8 @@ impl Default for Options {
             kube_kubeconfig: None,
             etcd_members: 1,
             etcd_tls: false,
+            published_auth: false,
+            bind_host: std::net::Ipv4Addr::LOCALHOST.into(),
         }
     }
 }
@@ -192,19 +210,6 @@ pub struct DevEnv {
     /// Log of the API server.
     pub apiserver_log: PathBuf,
     opts: Options,
-}
-
-fn wait_tcp(port: u16, timeout: Duration, what: &str) -> Result<(), DevEnvError> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Err(DevEnvError::NotReady(format!(
-        "{what} did not listen on 127.0.0.1:{port} within {timeout:?}"
-    )))
 }
 
 /// Waits until the etcd member with metrics on `port` reports itself healthy (it has a
@@ -337,6 +342,11 @@ fn b64(s: &str) -> String {
 impl DevEnv {
     /// Starts etcd and virt-apiserver and waits until both serve.
     pub fn start(opts: Options) -> Result<Self, DevEnvError> {
+        if opts.published_auth && opts.kube_kubeconfig.is_none() {
+            return Err(DevEnvError::Options(
+                "published_auth needs kube_kubeconfig: the CAs come from that kube-apiserver",
+            ));
+        }
         let dir = tempfile::Builder::new()
             .prefix("kubevirt-rs-dev-")
             .tempdir()
@@ -353,11 +363,12 @@ impl DevEnv {
         server_ca.write_pair(&certs, "serving-ca")?;
         client_ca.write_pair(&certs, "client-ca")?;
         proxy_ca.write_pair(&certs, "front-proxy-ca")?;
-        let serving = server_ca.issue_server(
-            "virt-apiserver",
-            &["127.0.0.1", "localhost", "kubevirt-apiserver.kubevirt.svc"],
-            validity,
-        )?;
+        let bind_host = opts.bind_host.to_string();
+        let mut names = vec!["127.0.0.1", "localhost", "kubevirt-apiserver.kubevirt.svc"];
+        if !names.contains(&bind_host.as_str()) {
+            names.push(&bind_host);
+        }
+        let serving = server_ca.issue_server("virt-apiserver", &names, validity)?;
         let (cert, key) = serving.write_pair(&certs, "serving")?;
         let admin = client_ca.issue_client("kubevirt-dev", &["kubevirt-dev"], validity)?;
         let (admin_cert, admin_key) = admin.write_pair(&certs, "admin")?;
@@ -463,8 +474,9 @@ impl DevEnv {
         let log =
             std::fs::File::create(&self.apiserver_log).map_err(io("creating apiserver.log"))?;
         let mut cmd = Command::new(&self.opts.apiserver_bin);
+        let addr = std::net::SocketAddr::new(self.opts.bind_host, port);
         cmd.arg("--bind")
-            .arg(format!("127.0.0.1:{port}"))
+            .arg(addr.to_string())
             .arg("--etcd-servers")
             .arg(self.etcd_urls.join(","));
         if let Some(t) = &self.etcd_tls {
@@ -479,16 +491,8 @@ impl DevEnv {
             .arg(cert)
             .arg("--tls-private-key-file")
             .arg(key)
-            .arg("--client-ca-file")
-            .arg(certs.join("client-ca.crt"))
-            .arg("--requestheader-client-ca-file")
-            .arg(certs.join("front-proxy-ca.crt"))
             .args(["--bookmark-interval-seconds", "1"])
-            .args(
-                self.opts
-                    .allow_client_ca_users
-                    .then_some("--allow-client-ca-users"),
-            )
+            .args(self.auth_args(&certs))
             .args(&self.opts.extra_args)
             .args(match &self.opts.kube_kubeconfig {
                 Some(k) => vec![
@@ -518,7 +522,7 @@ impl DevEnv {
             }
         });
         self.apiserver = Some(child);
-        self.server_url = format!("https://127.0.0.1:{port}");
+        self.server_url = format!("https://{addr}");
         match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(()) => Ok(()),
             Err(_) => Err(DevEnvError::NotReady(format!(
@@ -526,6 +530,23 @@ impl DevEnv {
                 self.apiserver_log.display()
             ))),
         }
+    }
+
+    /// Whom the server trusts: the generated CAs, or kube-apiserver's published ones.
+    fn auth_args(&self, certs: &Path) -> Vec<std::ffi::OsString> {
+        if self.opts.published_auth {
+            return Vec::new();
+        }
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--client-ca-file".into(),
+            certs.join("client-ca.crt").into(),
+            "--requestheader-client-ca-file".into(),
+            certs.join("front-proxy-ca.crt").into(),
+        ];
+        if self.opts.allow_client_ca_users {
+            args.push("--allow-client-ca-users".into());
+        }
+        args
     }
 
     fn write_kubeconfig(&self, ca: &Ca, admin: &virt_certs::IssuedCert) -> Result<(), DevEnvError> {
@@ -551,6 +572,11 @@ impl DevEnv {
     /// PID of the API server process.
     pub fn apiserver_pid(&self) -> Option<u32> {
         self.apiserver.as_ref().map(Child::id)
+    }
+
+    /// PID of the (first) etcd member.
+    pub fn etcd_pid(&self) -> u32 {
+        self.etcd.first().map_or(0, |m| m.child.id())
     }
 
     /// Stops etcd (SIGKILL, every member), to test behaviour while storage is unreachable.
@@ -599,6 +625,7 @@ impl DevEnv {
     }
 }
 
+/// SIGTERM, then SIGKILL after 10 s.
 fn terminate(c: &mut Child) {
     if let Ok(Some(_)) = c.try_wait() {
         return;

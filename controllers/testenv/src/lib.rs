@@ -8,7 +8,7 @@
 //!
 //! kube-apiserver: `$KUBE_APISERVER_BIN` (set by `cargo xtask test`), else
 //! `target/k8s/*/bin/kube-apiserver`, which `cargo xtask cluster up` builds. etcd: Debian's
-//! `etcd-server`.
+//! `etcd-server`, started by [`virt_devenv::Etcd`] with the same flags as a DevEnv's.
 
 // A test helper: a failure to start is the test's failure, with the reason.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -41,14 +41,6 @@ pub fn kube_apiserver_bin() -> PathBuf {
     })
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A child process killed on drop.
 #[derive(Debug)]
 struct Proc(Child);
@@ -60,13 +52,28 @@ impl Drop for Proc {
     }
 }
 
+/// How to start a [`KubeApi`] beyond its admin token.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// RBAC instead of AlwaysAllow (the token's user, in `system:masters`, may still do
+    /// anything).
+    pub rbac: bool,
+    /// The kube-apiserver binary; [`kube_apiserver_bin`] when `None`.
+    pub kube_apiserver_bin: Option<PathBuf>,
+    /// More kube-apiserver flags, e.g. the aggregation layer's (`--proxy-client-cert-file`,
+    /// `--requestheader-*`, `--enable-aggregator-routing`).
+    pub extra_args: Vec<String>,
+}
+
 /// etcd + kube-apiserver, stopped on drop.
 pub struct KubeApi {
     // Field order = drop order: the apiserver stops before its etcd, the dir goes last.
-    _apiserver: Proc,
-    _etcd: Proc,
+    apiserver: Proc,
+    etcd: virt_devenv::Etcd,
     /// Logs (`etcd.log`, `kube-apiserver.log`) and data.
     pub dir: tempfile::TempDir,
+    /// `https://127.0.0.1:<port>`.
+    pub url: String,
     /// An admin client (`system:masters`).
     pub client: Client,
 }
@@ -84,36 +91,30 @@ impl KubeApi {
     /// ready and has created its system namespaces (`kube-system` appears just after
     /// `/readyz`).
     pub async fn start(token: &str) -> Self {
-        Self::start_with(token, "AlwaysAllow").await
+        Self::start_with(token, Options::default()).await
     }
 
     /// [`KubeApi::start`] with RBAC authorization, for tests that need a SubjectAccessReview
     /// to deny (the `token` user is in `system:masters` and still may do anything).
     pub async fn start_rbac(token: &str) -> Self {
-        Self::start_with(token, "RBAC").await
+        Self::start_with(
+            token,
+            Options {
+                rbac: true,
+                ..Options::default()
+            },
+        )
+        .await
     }
 
-    async fn start_with(token: &str, authorization_mode: &str) -> Self {
+    /// [`KubeApi::start`] with `opts`.
+    pub async fn start_with(token: &str, opts: Options) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let etcd = Proc(
-            Command::new("/usr/bin/etcd")
-                .arg("--data-dir")
-                .arg(d.join("etcd"))
-                .args(["--listen-client-urls", &etcd_url])
-                .args(["--advertise-client-urls", &etcd_url])
-                .args(["--listen-peer-urls", &peer_url])
-                .args(["--initial-advertise-peer-urls", &peer_url])
-                .args(["--initial-cluster", &format!("default={peer_url}")])
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(d.join("etcd.log")).unwrap())
-                .spawn()
-                .expect("start etcd (install Debian's etcd-server)"),
-        );
+        let etcd = virt_devenv::Etcd::start(Path::new("/usr/bin/etcd"), d)
+            .expect("start etcd (install Debian's etcd-server)");
+        let api_port = virt_devenv::free_port().unwrap();
         let key = d.join("sa.key");
         let ok = Command::new("openssl")
             .args(["genrsa", "-out"])
@@ -128,9 +129,11 @@ impl KubeApi {
             format!("{token},admin,admin-uid,system:masters\n"),
         )
         .unwrap();
+        let bin = opts.kube_apiserver_bin.unwrap_or_else(kube_apiserver_bin);
+        let authorization_mode = if opts.rbac { "RBAC" } else { "AlwaysAllow" };
         let apiserver = Proc(
-            Command::new(kube_apiserver_bin())
-                .args(["--etcd-servers", &etcd_url])
+            Command::new(bin)
+                .args(["--etcd-servers", &etcd.url])
                 .args(["--bind-address", "127.0.0.1"])
                 .args(["--secure-port", &api_port.to_string()])
                 .arg("--cert-dir")
@@ -148,6 +151,7 @@ impl KubeApi {
                 .args(["--service-cluster-ip-range", "10.0.0.0/24"])
                 // No kubernetes Service endpoints: nothing here runs in a pod.
                 .args(["--endpoint-reconciler-type", "none"])
+                .args(&opts.extra_args)
                 .stdout(Stdio::null())
                 .stderr(std::fs::File::create(d.join("kube-apiserver.log")).unwrap())
                 .spawn()
@@ -170,13 +174,34 @@ impl KubeApi {
             .unwrap();
         let client = Client::try_from(cfg).unwrap();
         let api = Self {
-            _apiserver: apiserver,
-            _etcd: etcd,
+            apiserver,
+            etcd,
             dir,
+            url: format!("https://127.0.0.1:{api_port}"),
             client,
         };
         api.wait_ready().await;
         api
+    }
+
+    /// kube-apiserver's process id, for /proc.
+    pub fn apiserver_pid(&self) -> u32 {
+        self.apiserver.0.id()
+    }
+
+    /// Its etcd's process id.
+    pub fn etcd_pid(&self) -> u32 {
+        self.etcd.pid()
+    }
+
+    /// Whether kube-apiserver and its etcd still run.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.apiserver.0.try_wait(), Ok(None)) && self.etcd.alive()
+    }
+
+    /// Its etcd's client URL (`/metrics` is served there too).
+    pub fn etcd_url(&self) -> &str {
+        &self.etcd.url
     }
 
     async fn wait_ready(&self) {

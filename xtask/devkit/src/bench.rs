@@ -34,6 +34,11 @@ pub struct Args {
 pub enum Bench {
     /// virt-apiserver on etcd: create throughput, LIST, watch fan-out latency, memory.
     Apiserver(apiserver::ApiserverArgs),
+    /// virt-apiserver through kube-apiserver's aggregator against a CRD of the same kind in
+    /// that kube-apiserver, each on a fresh etcd of its own (a private kube-apiserver, no
+    /// cluster): creates, memory per stored object, LIST, watch delivery, updates, and the
+    /// aggregator's own overhead.
+    Crd(crd::CrdArgs),
     /// virt-launcher: start → guest banner against bare QEMU in the same run, memory beside QEMU.
     Launcher(LauncherArgs),
     /// VM start density on the local cluster: VMs created 100 ms apart → Running, guest
@@ -58,7 +63,7 @@ pub enum Bench {
     PortForward(portforward::PortForwardArgs),
     /// Every benchmark above, one after the other, each writing its section: the whole of
     /// docs/benchmarks.md from one command (needs the two-node local cluster with
-    /// kubevirt-rs deployed, and an otherwise idle machine; about 47 minutes on 2 CPUs).
+    /// kubevirt-rs deployed, and an otherwise idle machine; about 57 minutes on 2 CPUs).
     All(AllArgs),
 }
 
@@ -120,6 +125,7 @@ fn test_guest_vm(name: &str, ns: &str) -> String {
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.bench {
         Bench::Apiserver(a) => apiserver::run(a),
+        Bench::Crd(a) => crd::run(a),
         Bench::Launcher(a) => launcher(a),
         Bench::Start(a) => start::run(a),
         Bench::Migrate(a) => migrate::run(a),

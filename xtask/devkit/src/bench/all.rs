@@ -39,7 +39,7 @@ pub fn plan(args: &AllArgs) -> Vec<Step> {
     let step = |slot: section::Slot, cluster: bool, extra: &[&str]| Step {
         name: slot.key,
         slot,
-        argv: std::iter::once(slot.key)
+        argv: std::iter::once(subcommand(slot))
             .chain(extra.iter().copied())
             .map(str::to_string)
             .collect(),
@@ -47,9 +47,9 @@ pub fn plan(args: &AllArgs) -> Vec<Step> {
     };
     [
         step(section::APISERVER, false, &[]),
+        step(section::CRD, false, &["--runs", &runs]),
         step(section::LAUNCHER, false, &["--runs", &runs]),
         step(section::NETWORK, false, &["--runs", &runs]),
-        step(section::CRD, true, &["--vs-crd"]),
         step(section::MIGRATE, true, &["--runs", &runs]),
         step(section::STORAGE, true, &["--runs", &runs]),
         step(section::PORT_FORWARD, true, &["--runs", &runs]),
@@ -57,15 +57,17 @@ pub fn plan(args: &AllArgs) -> Vec<Step> {
         step(section::DRAIN, true, &["--runs", &runs]),
     ]
     .into_iter()
-    .map(|mut s| {
-        // The CRD comparison is `bench apiserver --vs-crd`, named apart for --skip.
-        if s.name == "apiserver-vs-crd" {
-            s.argv[0] = "apiserver".into();
-        }
-        s
-    })
     .filter(|s| !args.skip.iter().any(|k| k == s.name))
     .collect()
+}
+
+/// The `cargo xtask bench` subcommand that writes `slot`, from the command its
+/// placeholder names: a section's key is its marker's and need not be the subcommand's.
+fn subcommand(slot: section::Slot) -> &'static str {
+    slot.command
+        .strip_prefix("cargo xtask bench ")
+        .and_then(|c| c.split_whitespace().next())
+        .unwrap_or(slot.key)
 }
 
 /// How one step ended.
@@ -212,16 +214,23 @@ mod tests {
     fn every_step_parses_as_its_subcommand() {
         for s in plan(&args(&[])) {
             let one = One::try_parse_from(&s.argv).unwrap_or_else(|e| panic!("{s:?}: {e}"));
-            let vs_crd = matches!(one.bench, crate::bench::Bench::Apiserver(ref a) if a.vs_crd);
-            assert_eq!(vs_crd, s.name == "apiserver-vs-crd", "{s:?}");
+            let crd = matches!(one.bench, crate::bench::Bench::Crd(_));
+            assert_eq!(crd, s.name == "apiserver-vs-crd", "{s:?}");
         }
     }
 
     #[test]
     fn skip_and_runs_are_honoured() {
+        let crd = plan(&args(&[]))
+            .into_iter()
+            .find(|s| s.name == "apiserver-vs-crd")
+            .unwrap();
+        // Its own harness, no cluster.
+        assert_eq!(crd.argv, ["crd", "--runs", "3"]);
+        assert!(!crd.cluster);
         let p = plan(&args(&["start", "apiserver-vs-crd"]));
         assert!(p.iter().all(|s| s.name != "start"));
-        assert!(p.iter().all(|s| !s.argv.contains(&"--vs-crd".to_string())));
+        assert!(p.iter().all(|s| s.argv[0] != "crd"));
         let drain = p.iter().find(|s| s.name == "drain").unwrap();
         assert_eq!(drain.argv, ["drain", "--runs", "3"]);
         assert_eq!(

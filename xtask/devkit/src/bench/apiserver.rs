@@ -56,10 +56,6 @@ pub struct ApiserverArgs {
     /// Run the client from this (possibly unoptimised) build instead of a release build.
     #[arg(long)]
     pub this_build: bool,
-    /// Also run the same phases against a CRD of the same schema on the local
-    /// kube-apiserver (`cargo xtask cluster`) and record the ratios.
-    #[arg(long)]
-    pub vs_crd: bool,
 }
 
 /// Runs the benchmark.
@@ -69,9 +65,6 @@ pub fn run(args: ApiserverArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.page_size > 0, "--page-size must be positive");
     if cfg!(debug_assertions) && !args.this_build {
         return rerun_release();
-    }
-    if args.vs_crd {
-        return super::crd::run(args);
     }
     let bin = crate::dev_apiserver::build_apiserver(true)?;
     let etcd_bin = Options::default().etcd_bin;
@@ -120,9 +113,8 @@ impl ApiserverArgs {
     /// The command that reproduces this run, every option that shapes the figures spelt out.
     pub fn command(&self) -> String {
         format!(
-            "cargo xtask bench apiserver{} --count {} --concurrency {} --lists {} --page-size {} \
+            "cargo xtask bench apiserver --count {} --concurrency {} --lists {} --page-size {} \
              --watchers {} --updates {}{}",
-            if self.vs_crd { " --vs-crd" } else { "" },
             self.count,
             self.concurrency,
             self.lists,
@@ -153,7 +145,7 @@ pub(super) fn bench_devenv(
         apiserver: env
             .apiserver_pid()
             .context("virt-apiserver has no process")?,
-        etcd: find_child("etcd").context("finding etcd's process")?,
+        etcd: env.etcd_pid(),
     };
     let ca = std::fs::read(&env.server_ca).context("reading the serving CA")?;
     let mut identity = std::fs::read(&env.admin.cert).context("reading the client certificate")?;
@@ -269,12 +261,21 @@ pub(super) struct Watch {
     duplicates: usize,
     unexpected: usize,
     out_of_order: usize,
+    /// Streams the server ended early and the watchers opened again.
+    pub rewatches: usize,
     /// Receipt minus the annotated send time.
     pub from_sent: Vec<Duration>,
     /// Receipt minus when the updater got its response (negative: the event won).
     from_response_ns: Vec<i64>,
     /// Watch streams that ended early or failed.
     pub failures: Vec<String>,
+}
+
+impl Watch {
+    /// Events some watcher should have received and did not.
+    pub fn missing(&self) -> usize {
+        (self.expected * self.watchers).saturating_sub(self.received.iter().sum())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -308,7 +309,7 @@ pub(super) fn client(t: &Target, timeout: Option<Duration>) -> anyhow::Result<re
     Ok(b.build()?)
 }
 
-fn vm(api_version: &str, name: &str) -> Value {
+pub(super) fn vm(api_version: &str, name: &str) -> Value {
     json!({
         "apiVersion": api_version, "kind": "VirtualMachine",
         "metadata": {"name": name, "labels": {"app": "bench"}},
@@ -319,7 +320,7 @@ fn vm(api_version: &str, name: &str) -> Value {
     })
 }
 
-fn vm_name(i: usize) -> String {
+pub(super) fn vm_name(i: usize) -> String {
     format!("bench-{i:05}")
 }
 
@@ -410,7 +411,12 @@ async fn failure(what: &str, resp: Result<reqwest::Response, reqwest::Error>) ->
     }
 }
 
-async fn create(c: &reqwest::Client, url: &str, api_version: &str, args: &ApiserverArgs) -> Phase {
+pub(super) async fn create(
+    c: &reqwest::Client,
+    url: &str,
+    api_version: &str,
+    args: &ApiserverArgs,
+) -> Phase {
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -457,7 +463,7 @@ async fn create(c: &reqwest::Client, url: &str, api_version: &str, args: &Apiser
 }
 
 /// Walks the collection with `limit`; returns each page's latency and the item count.
-async fn paged_list(
+pub(super) async fn paged_list(
     c: &reqwest::Client,
     url: &str,
     limit: usize,
@@ -496,10 +502,12 @@ struct Seen {
     duplicates: usize,
     unexpected: usize,
     out_of_order: usize,
+    /// Streams the server ended early that this watcher opened again.
+    rewatches: usize,
     failure: Option<String>,
 }
 
-async fn watch_fanout(
+pub(super) async fn watch_fanout(
     t: &Target,
     c: &reqwest::Client,
     url: &str,
@@ -525,14 +533,20 @@ async fn watch_fanout(
     let (conn_tx, mut conn_rx) = tokio::sync::mpsc::channel::<()>(args.watchers);
     let updates = args.updates;
     let mut watchers = Vec::new();
+    let spec = Arc::new(WatchSpec {
+        client: wc,
+        url: url.to_string(),
+        timeout_seconds: args.max_seconds.to_string(),
+    });
     for _ in 0..args.watchers {
-        let req = wc.get(url).query(&[
-            ("watch", "1"),
-            ("resourceVersion", rv.as_str()),
-            ("timeoutSeconds", &args.max_seconds.to_string()),
-        ]);
         let conn_tx = conn_tx.clone();
-        watchers.push(tokio::spawn(watcher(req, conn_tx, updates, t0)));
+        watchers.push(tokio::spawn(watcher(
+            spec.clone(),
+            rv.clone(),
+            conn_tx,
+            updates,
+            t0,
+        )));
     }
     drop(conn_tx);
     let mut connected = 0;
@@ -642,6 +656,7 @@ async fn watch_fanout(
         w.duplicates += seen.duplicates;
         w.unexpected += seen.unexpected;
         w.out_of_order += seen.out_of_order;
+        w.rewatches += seen.rewatches;
         if let Some(f) = seen.failure {
             w.failures.push(f);
         }
@@ -649,10 +664,34 @@ async fn watch_fanout(
     Ok((update, w, cpu))
 }
 
-/// One watch stream: records when each update's event arrived, until it has all of
-/// them or the stream goes quiet for [`WATCH_IDLE`].
+/// Where every watcher connects, and what each (re)connection asks for.
+struct WatchSpec {
+    client: reqwest::Client,
+    url: String,
+    timeout_seconds: String,
+}
+
+impl WatchSpec {
+    fn request(&self, rv: &str) -> reqwest::RequestBuilder {
+        self.client.get(&self.url).query(&[
+            ("watch", "1"),
+            ("resourceVersion", rv),
+            ("timeoutSeconds", &self.timeout_seconds),
+        ])
+    }
+}
+
+/// How often one watcher opens its stream again after the server ended it.
+const MAX_REWATCHES: usize = 10;
+
+/// One watcher: records when each update's event arrived, until it has all of them or its
+/// stream goes quiet for [`WATCH_IDLE`]. A stream the server ends early is opened again
+/// from the last resourceVersion seen, as an informer does (kube-apiserver ends a watch
+/// that does not keep up; so does virt-apiserver, later); the events in between then
+/// arrive late, and count so.
 async fn watcher(
-    req: reqwest::RequestBuilder,
+    spec: Arc<WatchSpec>,
+    rv: String,
     connected: tokio::sync::mpsc::Sender<()>,
     updates: usize,
     t0: Instant,
@@ -662,63 +701,110 @@ async fn watcher(
         sent_ns: vec![0; updates],
         ..Default::default()
     };
-    let mut resp = match req.send().await {
-        Ok(r) if r.status() == 200 => r,
-        other => {
-            seen.failure = Some(failure("watch", other).await);
-            return seen;
-        }
+    let mut connected = Some(connected);
+    let mut stream = Stream {
+        last_rv: rv.parse().unwrap_or(0),
+        got: 0,
     };
-    let _ = connected.send(()).await;
-    drop(connected);
-    let mut buf: Vec<u8> = Vec::new();
-    let mut got = 0;
-    let mut last_rv = 0i64;
-    while got < updates {
-        let chunk = match tokio::time::timeout(WATCH_IDLE, resp.chunk()).await {
-            Ok(Ok(Some(c))) => c,
-            Ok(Ok(None)) => {
-                seen.failure = Some(format!("watch ended after {got} of {updates} events"));
-                break;
-            }
-            Ok(Err(e)) => {
-                seen.failure = Some(format!("watch failed after {got} events: {e}"));
-                break;
-            }
-            Err(_) => {
-                seen.failure = Some(format!(
-                    "watch idle for {WATCH_IDLE:?} after {got} of {updates} events"
-                ));
-                break;
+    let mut from = rv;
+    loop {
+        let resp = match spec.request(&from).send().await {
+            Ok(r) if r.status() == 200 => r,
+            other => {
+                seen.failure = Some(failure("watch", other).await);
+                return seen;
             }
         };
-        // One receipt time per chunk: lines in the same chunk arrived together.
-        let now = t0.elapsed().as_nanos() as u64;
-        buf.extend_from_slice(&chunk);
-        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=pos).collect();
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
+        if let Some(c) = connected.take() {
+            let _ = c.send(()).await;
+        }
+        match stream.read(resp, &mut seen, updates, t0).await {
+            None => return seen,
+            Some(End::Closed(_)) if seen.rewatches < MAX_REWATCHES => {
+                seen.rewatches += 1;
+                from = stream.last_rv.to_string();
             }
-            match parse_event(&line) {
-                Some(ev) if ev.seq < updates => {
-                    if ev.rv < last_rv {
-                        seen.out_of_order += 1;
-                    }
-                    last_rv = ev.rv;
-                    if seen.recv_ns[ev.seq].is_some() {
-                        seen.duplicates += 1;
-                    } else {
-                        seen.recv_ns[ev.seq] = Some(now);
-                        seen.sent_ns[ev.seq] = ev.sent_ns;
-                        got += 1;
-                    }
-                }
-                _ => seen.unexpected += 1,
+            Some(End::Closed(why) | End::Idle(why)) => {
+                seen.failure = Some(why);
+                return seen;
             }
         }
     }
-    seen
+}
+
+/// Why a stream stopped before every event arrived.
+enum End {
+    /// The server ended it (or the connection failed): worth opening again.
+    Closed(String),
+    /// Nothing arrived for [`WATCH_IDLE`]: the events are not coming.
+    Idle(String),
+}
+
+/// A watcher's progress across its streams.
+struct Stream {
+    last_rv: i64,
+    got: usize,
+}
+
+impl Stream {
+    /// Reads `resp` until every event arrived (`None`) or it stops.
+    async fn read(
+        &mut self,
+        mut resp: reqwest::Response,
+        seen: &mut Seen,
+        updates: usize,
+        t0: Instant,
+    ) -> Option<End> {
+        let mut buf: Vec<u8> = Vec::new();
+        while self.got < updates {
+            let got = self.got;
+            let chunk = match tokio::time::timeout(WATCH_IDLE, resp.chunk()).await {
+                Ok(Ok(Some(c))) => c,
+                Ok(Ok(None)) => {
+                    return Some(End::Closed(format!(
+                        "watch ended after {got} of {updates} events"
+                    )));
+                }
+                Ok(Err(e)) => {
+                    return Some(End::Closed(format!("watch failed after {got} events: {e}")));
+                }
+                Err(_) => {
+                    return Some(End::Idle(format!(
+                        "watch idle for {WATCH_IDLE:?} after {got} of {updates} events"
+                    )));
+                }
+            };
+            // One receipt time per chunk: lines in the same chunk arrived together.
+            let now = t0.elapsed().as_nanos() as u64;
+            buf.extend_from_slice(&chunk);
+            while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=pos).collect();
+                if !line.iter().all(u8::is_ascii_whitespace) {
+                    self.record(&line, now, seen, updates);
+                }
+            }
+        }
+        None
+    }
+
+    fn record(&mut self, line: &[u8], now: u64, seen: &mut Seen, updates: usize) {
+        match parse_event(line) {
+            Some(ev) if ev.seq < updates => {
+                if ev.rv < self.last_rv {
+                    seen.out_of_order += 1;
+                }
+                self.last_rv = ev.rv;
+                if seen.recv_ns[ev.seq].is_some() {
+                    seen.duplicates += 1;
+                } else {
+                    seen.recv_ns[ev.seq] = Some(now);
+                    seen.sent_ns[ev.seq] = ev.sent_ns;
+                    self.got += 1;
+                }
+            }
+            _ => seen.unexpected += 1,
+        }
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -814,11 +900,12 @@ impl Results {
             row(
                 "watch events received".into(),
                 format!(
-                    "{total} of {} ({complete} of {} watchers got all {}; {} connected; {} duplicates, {} unexpected, {} out of order)",
+                    "{total} of {} ({complete} of {} watchers got all {}; {} connected; {} re-watches after the server ended a stream; {} duplicates, {} unexpected, {} out of order)",
                     w.expected * w.watchers,
                     w.watchers,
                     w.expected,
                     w.connected,
+                    w.rewatches,
                     w.duplicates,
                     w.unexpected,
                     w.out_of_order
@@ -920,7 +1007,9 @@ fn body(
     s.push_str(
         "- Latencies are to the full response body; percentiles are nearest-rank. \
          \"Watch delivery from update sent\" includes the update's own write; \"after update \
-         response\" is negative when the event beat the response. RSS from \
+         response\" is negative when the event beat the response; a watch stream the server \
+         ends early is opened again from the last resourceVersion seen (at most 10 times), \
+         and its missed events count when they arrive. RSS from \
          /proc/<pid>/status (VmRSS, VmHWM); CPU is utime+stime from /proc/<pid>/stat, \
          \"client\" being this benchmark process.\n\n",
     );
@@ -960,31 +1049,16 @@ pub(super) fn status_kib(pid: u32, key: &str) -> Option<u64> {
     report::proc_kib(&s, key)
 }
 
-/// Fields of /proc/<pid>/stat that the benchmark uses.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct Stat<'a> {
-    pub comm: &'a str,
-    pub ppid: u32,
-    /// utime + stime of all threads, in clock ticks.
-    cpu_ticks: u64,
-}
-
-/// Parses /proc/<pid>/stat. The command name is in parentheses and may itself contain
-/// spaces and parentheses, hence the last ')'.
-pub(super) fn parse_stat(stat: &str) -> Option<Stat<'_>> {
-    let open = stat.find('(')?;
+/// utime + stime of all threads from /proc/<pid>/stat, in clock ticks. The command name
+/// before them is in parentheses and may itself contain spaces and parentheses, hence the
+/// last ')'.
+fn cpu_ticks(stat: &str) -> Option<u64> {
     let close = stat.rfind(')')?;
-    let comm = stat.get(open + 1..close)?;
     // Fields after the name start at field 3 (state); utime and stime are 14 and 15.
     let rest: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
-    let ppid = rest.get(1)?.parse().ok()?;
     let utime: u64 = rest.get(11)?.parse().ok()?;
     let stime: u64 = rest.get(12)?.parse().ok()?;
-    Some(Stat {
-        comm,
-        ppid,
-        cpu_ticks: utime + stime,
-    })
+    Some(utime + stime)
 }
 
 /// CPU time used so far by a process. The kernel reports it in USER_HZ ticks, which
@@ -992,13 +1066,13 @@ pub(super) fn parse_stat(stat: &str) -> Option<Stat<'_>> {
 fn cpu_time(pid: u32) -> Duration {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| parse_stat(&s).map(|st| Duration::from_millis(st.cpu_ticks * 10)))
+        .and_then(|s| cpu_ticks(&s).map(|t| Duration::from_millis(t * 10)))
         .unwrap_or_default()
 }
 
 /// CPU time of the server, etcd and this benchmark client.
 #[derive(Debug, Clone, Copy, Default)]
-struct Cpu {
+pub(super) struct Cpu {
     api: Duration,
     etcd: Duration,
     client: Duration,
@@ -1038,28 +1112,6 @@ impl std::fmt::Display for Cpu {
     }
 }
 
-/// The pid of our child process named `comm` (DevEnv does not expose etcd's).
-fn find_child(comm: &str) -> anyhow::Result<u32> {
-    let me = std::process::id();
-    for entry in std::fs::read_dir("/proc").context("reading /proc")? {
-        let Ok(entry) = entry else { continue };
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        if parse_stat(&stat).is_some_and(|st| st.comm == comm && st.ppid == me) {
-            return Ok(pid);
-        }
-    }
-    anyhow::bail!("no child process named {comm}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1067,23 +1119,15 @@ mod tests {
     #[test]
     fn stat_parsing_handles_odd_names() {
         assert_eq!(
-            parse_stat("1234 (etcd) S 99 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20"),
-            Some(Stat {
-                comm: "etcd",
-                ppid: 99,
-                cpu_ticks: 300
-            })
+            cpu_ticks("1234 (etcd) S 99 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20"),
+            Some(300)
         );
         assert_eq!(
-            parse_stat("7 (a (b) c) R 1 7 7 0 -1 0 0 0 0 0 1 2 3"),
-            Some(Stat {
-                comm: "a (b) c",
-                ppid: 1,
-                cpu_ticks: 3
-            })
+            cpu_ticks("7 (a (b) c) R 1 7 7 0 -1 0 0 0 0 0 1 2 3"),
+            Some(3)
         );
-        assert_eq!(parse_stat("7 (short) R 1 7"), None);
-        assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(cpu_ticks("7 (short) R 1 7"), None);
+        assert_eq!(cpu_ticks("garbage"), None);
     }
 
     #[test]
@@ -1124,7 +1168,6 @@ mod tests {
             max_seconds: 1,
             no_docs: true,
             this_build: true,
-            vs_crd: false,
         };
         let s = body("3.4", &args, &rows, &Results::default());
         // The body must not carry a heading of its own: the section supplies it.

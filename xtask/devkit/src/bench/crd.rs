@@ -1,492 +1,828 @@
-//! `cargo xtask bench apiserver --vs-crd`: the same phases, in one run, against
-//! (a) the release virt-apiserver on its own etcd (DevEnv, on loopback, talked to
-//! directly — not through kube-apiserver's aggregator) and (b) a CRD of the same schema
-//! under a separate group, served by the local cluster's kube-apiserver on its etcd
-//! (`cargo xtask cluster`), also talked to directly with the admin client certificate.
-//!
-//! The CRD is created by the benchmark and deleted at its end. A cluster the benchmark
-//! brought up is taken down again.
+//! `cargo xtask bench crd`: virt-apiserver against a CRD of the same kind, like for like.
+//! Both behind one private kube-apiserver (its aggregator in front of ours, the CRD inside
+//! it), each on a fresh etcd of its own started the same way, reached at the same URL
+//! prefix by the same client; phases measured one at a time, the sides alternating which
+//! goes first, `--runs` fresh harnesses. No local cluster is needed or touched.
+
+mod harness;
+mod memory;
+mod schema;
 
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use base64::Engine;
-use serde_json::{Value, json};
-use virt_devenv::{DevEnv, Options};
+use serde_json::Value;
 
-use super::apiserver::{
-    self, ApiserverArgs, Pids, Results, Target, bench, bench_devenv, client, parse_stat,
-};
-use super::report::{bytes, ms, percentile};
-use super::section::{self, Provenance, Section};
+use super::apiserver::{self, ApiserverArgs, Phase, Pids, Target, Watch};
+use super::report::percentile;
+use super::section::{self, Provenance, Runs, Section};
+use harness::{Binaries, Harness, OURS_COLLECTION, Procs};
+use memory::{NAMES, PerObject};
 
-const GROUP: &str = "bench.kubevirt-rs.io";
-const CRD_NAME: &str = "virtualmachines.bench.kubevirt-rs.io";
-/// The cluster's etcd client port (xtask/src/cluster).
-const CLUSTER_ETCD_PORT: &str = "12379";
-
-/// Runs both sides and records the ratios. The cluster counts as up when its
-/// kube-apiserver (127.0.0.1:6443) accepts connections.
-pub fn run(args: ApiserverArgs) -> anyhow::Result<()> {
-    let was_up = std::net::TcpStream::connect_timeout(
-        &std::net::SocketAddr::from(([127, 0, 0, 1], 6443)),
-        Duration::from_secs(1),
-    )
-    .is_ok();
-    eprintln!(
-        "{} the local cluster",
-        if was_up { "reusing" } else { "bringing up" }
-    );
-    let kubeconfig = crate::cluster::ensure_up(None).context("bringing the cluster up")?;
-    let result = run_sides(&args, &kubeconfig);
-    if !was_up {
-        eprintln!("taking the cluster down (this run brought it up)");
-        let exe = std::env::current_exe().context("finding this xtask")?;
-        let status = std::process::Command::new(&exe)
-            .args(["cluster", "down"])
-            .status()
-            .context("running cluster down")?;
-        if !status.success() {
-            eprintln!("warning: `cargo xtask cluster down` failed");
-        }
-    }
-    result
+/// Arguments of `cargo xtask bench crd`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CrdArgs {
+    /// VirtualMachines each side stores.
+    #[arg(long, default_value_t = 10_000)]
+    pub count: usize,
+    /// Requests in flight during creates and updates.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Repeats of the unpaged LIST and of the paged walk, per side and run.
+    #[arg(long, default_value_t = 5)]
+    pub lists: usize,
+    /// Page size of the paged walk.
+    #[arg(long, default_value_t = 500)]
+    pub page_size: usize,
+    /// Concurrent watches on the collection during the updates.
+    #[arg(long, default_value_t = 100)]
+    pub watchers: usize,
+    /// Updates (merge patches) made while the watches run.
+    #[arg(long, default_value_t = 500)]
+    pub updates: usize,
+    /// GETs of one VM per path (direct, through kube-apiserver) for the aggregator's overhead.
+    #[arg(long, default_value_t = 200)]
+    pub gets: usize,
+    /// Seconds to wait after the creates before memory is sampled until it settles.
+    #[arg(long, default_value_t = 10)]
+    pub settle_seconds: u64,
+    /// Fresh harnesses; the side that goes first alternates between them.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Abort a run after this many seconds.
+    #[arg(long, default_value_t = 3600)]
+    pub max_seconds: u64,
+    /// Only print the figures; leave docs/benchmarks.md alone.
+    #[arg(long)]
+    pub no_docs: bool,
+    /// Run the client from this (possibly unoptimised) build instead of a release build.
+    #[arg(long)]
+    pub this_build: bool,
 }
 
-fn run_sides(args: &ApiserverArgs, kubeconfig: &std::path::Path) -> anyhow::Result<()> {
+impl CrdArgs {
+    /// The command that reproduces this run, every option that shapes the figures spelt out.
+    pub fn command(&self) -> String {
+        format!(
+            "cargo xtask bench crd --count {} --concurrency {} --lists {} --page-size {} \
+             --watchers {} --updates {} --gets {} --settle-seconds {} --runs {}{}",
+            self.count,
+            self.concurrency,
+            self.lists,
+            self.page_size,
+            self.watchers,
+            self.updates,
+            self.gets,
+            self.settle_seconds,
+            self.runs,
+            if self.this_build { " --this-build" } else { "" },
+        )
+    }
+
+    /// The phases' shape in the form the shared phase code (bench apiserver's) takes.
+    fn load(&self) -> ApiserverArgs {
+        ApiserverArgs {
+            count: self.count,
+            concurrency: self.concurrency,
+            lists: self.lists,
+            page_size: self.page_size,
+            watchers: self.watchers,
+            updates: self.updates,
+            max_seconds: self.max_seconds,
+            no_docs: true,
+            this_build: self.this_build,
+        }
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        for (name, v) in [
+            ("--count", self.count),
+            ("--concurrency", self.concurrency),
+            ("--lists", self.lists),
+            ("--page-size", self.page_size),
+            ("--gets", self.gets),
+            ("--runs", self.runs),
+        ] {
+            anyhow::ensure!(v > 0, "{name} must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// Also the index of a side's figures in [`RunResult::sides`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Ours = 0,
+    Crd = 1,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::Ours => "virt-apiserver",
+            Side::Crd => "CRD",
+        }
+    }
+
+    /// Run `r` (from 0) puts ours first when even: each side goes first as often as the
+    /// other, give or take one.
+    fn order(run: usize) -> [Side; 2] {
+        if run.is_multiple_of(2) {
+            [Side::Ours, Side::Crd]
+        } else {
+            [Side::Crd, Side::Ours]
+        }
+    }
+}
+
+/// What one side measured in one run.
+#[derive(Debug, Default)]
+struct SideRun {
+    create: Phase,
+    memory: PerObject,
+    settled: bool,
+    list: Vec<Duration>,
+    list_bytes: usize,
+    list_items: usize,
+    paged: Vec<Duration>,
+    update: Phase,
+    watch: Watch,
+}
+
+/// The aggregator's overhead: the same requests to virt-apiserver's own port and through
+/// kube-apiserver, alternating.
+#[derive(Debug, Default)]
+struct Overhead {
+    get_direct: Vec<Duration>,
+    get_through: Vec<Duration>,
+    list_direct: Vec<Duration>,
+    list_through: Vec<Duration>,
+}
+
+impl Overhead {
+    /// (direct, through) for the GETs, then for the LISTs.
+    fn pairs(&self) -> [(&[Duration], &[Duration]); 2] {
+        [
+            (&self.get_direct, &self.get_through),
+            (&self.list_direct, &self.list_through),
+        ]
+    }
+}
+
+/// One fresh harness's figures.
+#[derive(Debug)]
+struct RunResult {
+    order: [Side; 2],
+    /// The 1-minute load average when the run started.
+    load: f64,
+    procs: Procs,
+    /// Indexed by [`Side`].
+    sides: [SideRun; 2],
+    overhead: Overhead,
+    alive: bool,
+}
+
+impl RunResult {
+    fn side(&self, s: Side) -> &SideRun {
+        &self.sides[s as usize]
+    }
+}
+
+/// Runs the benchmark.
+pub fn run(args: CrdArgs) -> anyhow::Result<()> {
+    args.check()?;
+    if cfg!(debug_assertions) && !args.this_build {
+        return apiserver::rerun_release();
+    }
     // Taken before the run: the figures belong to the code and machine at its start.
     let provenance = Provenance::probe(args.command());
+    let bins = binaries()?;
+    let versions = Versions::probe(&bins);
     let rt = apiserver::runtime()?;
-
-    // (a) ours.
-    let bin = crate::dev_apiserver::build_apiserver(true)?;
-    let etcd_bin = Options::default().etcd_bin;
-    let etcd_version = apiserver::etcd_version(&etcd_bin);
-    eprintln!("(a) starting etcd and the release virt-apiserver");
-    let mut env = DevEnv::start(Options {
-        apiserver_bin: bin,
-        etcd_bin,
-        ..Default::default()
-    })
-    .context("starting etcd and virt-apiserver")?;
-    let ours = bench_devenv(&rt, &mut env, args);
-    env.stop();
-    let ours = ours?;
-
-    // (b) the CRD on kube-apiserver.
-    let kc = Kubeconfig::read(kubeconfig)?;
-    let pids = Pids {
-        apiserver: find_process("kube-apiserver", None)?,
-        etcd: find_process("etcd", Some(CLUSTER_ETCD_PORT))?,
-    };
-    let target = Target {
-        collection: format!(
-            "{}/apis/{GROUP}/v1/namespaces/default/virtualmachines",
-            kc.server
-        ),
-        api_version: format!("{GROUP}/v1"),
-        ca: kc.ca,
-        identity: kc.identity,
-        pids,
-    };
-    let crd = rt.block_on(async {
-        let c = client(&target, Some(Duration::from_secs(60)))?;
-        let base = kc.server.clone();
-        let _ = delete_crd(&c, &base).await;
-        create_crd(&c, &base, &target.collection).await?;
-        eprintln!("(b) CRD {CRD_NAME} established");
-        let r =
-            tokio::time::timeout(Duration::from_secs(args.max_seconds), bench(&target, args)).await;
-        if let Err(e) = delete_crd(&c, &base).await {
-            eprintln!("warning: deleting the CRD: {e:#}");
-        }
-        match r {
-            Ok(r) => r,
-            Err(_) => anyhow::bail!("the CRD side did not finish within {}s", args.max_seconds),
-        }
-    });
+    let mut runs = Vec::new();
+    for r in 0..args.runs {
+        let order = Side::order(r);
+        eprintln!("run {} of {}: {} first", r + 1, args.runs, order[0].name());
+        let limit = Duration::from_secs(args.max_seconds);
+        let result = rt
+            .block_on(async { tokio::time::timeout(limit, one_run(&bins, &args, order)).await })
+            .map_err(|_| anyhow::anyhow!("run {} took longer than {limit:?}", r + 1))??;
+        runs.push(result);
+    }
     drop(rt);
-    let crd = crd?;
-
-    let text = comparison(args, &ours, &crd);
-    println!("\n{text}");
+    let table = table(&args, &runs);
+    println!("\n{table}");
     let body = format!(
-        "- One run of each side, (a) then (b), not alternated or repeated yet (issue 21).\n\
-         - (a) ours: the release virt-apiserver with its own etcd {etcd_version} (DevEnv, \
-         127.0.0.1, `--standalone`: no namespace-lifecycle admission, no SubjectAccessReview), \
-         talked to directly with a client certificate — not through kube-apiserver's \
-         aggregator.\n\
-         - (b) CRD: `{CRD_NAME}` (kind VirtualMachine, our OpenAPI v3 schema with `metadata` as \
-         a plain object, status subresource), created by the benchmark on the local cluster's \
-         kube-apiserver (`cargo xtask cluster`, v1.34) with the cluster's own etcd (shared with \
-         the rest of the cluster), talked to directly with the admin client certificate; \
-         deleted at the end.\n\
-         - The same phases for both, one after the other, with the same client: create {n} \
-         VirtualMachines ({c} in flight), LIST all of them {l} times, {w} watches while {u} \
-         merge-patch updates are made ({c} in flight). \"RSS added per 10k objects\" is (VmRSS \
-         after − VmRSS before the whole run) × 10000 / {n}, API server plus its etcd: it \
-         includes the LISTs, the watches and the updates (and Go's retained heap), so it is not \
-         a per-object cost. The client and both servers share the machine's CPUs; the cluster's \
-         other components keep running during (a).\n\n{text}",
-        n = args.count,
-        c = args.concurrency,
-        l = args.lists,
-        w = args.watchers,
-        u = args.updates,
+        "{}\n\n{table}",
+        describe(&args, &versions, &runs).trim_end()
     );
     super::record(&Section::new(section::CRD, provenance, body), args.no_docs)
 }
 
-/// Server, CA and client identity of the admin kubeconfig (written by cluster/pki.rs
-/// with inline `*-data` fields).
-struct Kubeconfig {
-    server: String,
-    ca: Vec<u8>,
-    identity: Vec<u8>,
-}
-
-impl Kubeconfig {
-    fn read(path: &std::path::Path) -> anyhow::Result<Self> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        Self::parse(&text).with_context(|| format!("parsing {}", path.display()))
-    }
-
-    fn parse(text: &str) -> anyhow::Result<Self> {
-        let field = |key: &str| -> anyhow::Result<&str> {
-            text.lines()
-                .find_map(|l| l.trim().strip_prefix(key))
-                .map(str::trim)
-                .with_context(|| format!("no {key}"))
-        };
-        let b64 = |key: &str| -> anyhow::Result<Vec<u8>> {
-            base64::engine::general_purpose::STANDARD
-                .decode(field(key)?)
-                .with_context(|| format!("decoding {key}"))
-        };
-        let mut identity = b64("client-certificate-data:")?;
-        identity.push(b'\n');
-        identity.extend(b64("client-key-data:")?);
-        Ok(Self {
-            server: field("server:")?.trim_end_matches('/').to_string(),
-            ca: b64("certificate-authority-data:")?,
-            identity,
-        })
-    }
-}
-
-/// The pid of the process named `comm` (whose command line mentions `arg`, if given).
-fn find_process(comm: &str, arg: Option<&str>) -> anyhow::Result<u32> {
-    for entry in std::fs::read_dir("/proc").context("reading /proc")? {
-        let Ok(entry) = entry else { continue };
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        if parse_stat(&stat).is_none_or(|st| st.comm != comm) {
-            continue;
-        }
-        if let Some(arg) = arg {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            if !String::from_utf8_lossy(&cmdline).contains(arg) {
-                continue;
-            }
-        }
-        return Ok(pid);
-    }
-    anyhow::bail!(
-        "no process {comm}{} (is the cluster up?)",
-        arg.map(|a| format!(" with {a}")).unwrap_or_default()
-    )
-}
-
-/// The CRD: our VirtualMachine schema, made structural.
-fn crd_object() -> anyhow::Result<Value> {
-    let mut schema = virt_apimachinery::openapi::kind_schema("VirtualMachine")
-        .context("no VirtualMachine schema")?;
-    structural(&mut schema);
-    if let Some(props) = schema["properties"].as_object_mut() {
-        props.insert("metadata".into(), json!({"type": "object"}));
-        props.remove("apiVersion");
-        props.remove("kind");
-        props.insert("apiVersion".into(), json!({"type": "string"}));
-        props.insert("kind".into(), json!({"type": "string"}));
-    }
-    Ok(json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME},
-        "spec": {
-            "group": GROUP,
-            "scope": "Namespaced",
-            "names": {"plural": "virtualmachines", "singular": "virtualmachine",
-                      "kind": "VirtualMachine", "listKind": "VirtualMachineList"},
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": schema},
-                "subresources": {"status": {}},
-            }],
-        },
-    }))
-}
-
-/// Rewrites an OpenAPI v3 schema into what a CRD accepts: no `$ref` (those become
-/// objects that keep unknown fields), no vendor keys CRDs reject, no composition.
-fn structural(v: &mut Value) {
-    let Some(obj) = v.as_object_mut() else {
-        if let Some(arr) = v.as_array_mut() {
-            arr.iter_mut().for_each(structural);
-        }
-        return;
+/// kube-apiserver: `$KUBE_APISERVER_BIN` as for the integration tests, else the pinned
+/// release (built once if missing); virt-apiserver: a release build of this tree.
+fn binaries() -> anyhow::Result<Binaries> {
+    let kube_apiserver = match std::env::var_os("KUBE_APISERVER_BIN") {
+        Some(p) => p.into(),
+        None => crate::cluster::ensure_kubernetes_binaries()
+            .context("Kubernetes binaries")?
+            .join("kube-apiserver"),
     };
-    let is_ref = obj.contains_key("$ref")
-        || obj.get("allOf").is_some_and(|a| {
-            a.as_array()
-                .is_some_and(|a| a.iter().any(|x| x.get("$ref").is_some()))
-        });
-    if is_ref {
-        let desc = obj.get("description").cloned();
-        obj.clear();
-        obj.insert("type".into(), json!("object"));
-        obj.insert("x-kubernetes-preserve-unknown-fields".into(), json!(true));
-        if let Some(d) = desc {
-            obj.insert("description".into(), d);
+    Ok(Binaries {
+        kube_apiserver,
+        virt_apiserver: crate::dev_apiserver::build_apiserver(true)?,
+        etcd: virt_devenv::Options::default().etcd_bin,
+    })
+}
+
+/// Versions named in the description.
+struct Versions {
+    etcd: String,
+    kube: String,
+}
+
+impl Versions {
+    fn probe(bins: &Binaries) -> Self {
+        let kube = std::process::Command::new(&bins.kube_apiserver)
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        Self {
+            etcd: apiserver::etcd_version(&bins.etcd),
+            kube: if kube.is_empty() {
+                "unknown".into()
+            } else {
+                kube
+            },
         }
-        return;
-    }
-    obj.retain(|k, _| {
-        !matches!(
-            k.as_str(),
-            "x-kubernetes-group-version-kind" | "allOf" | "oneOf" | "anyOf" | "default" | "format"
-        )
-    });
-    // CRDs want list-map keys required (or defaulted) in the items.
-    let keys = obj
-        .get("x-kubernetes-list-map-keys")
-        .and_then(Value::as_array)
-        .cloned();
-    if let (Some(keys), Some(items)) = (keys, obj.get_mut("items").and_then(Value::as_object_mut)) {
-        let required = items.entry("required").or_insert_with(|| json!([]));
-        if let Some(req) = required.as_array_mut() {
-            for k in keys {
-                if !req.contains(&k) {
-                    req.push(k);
-                }
-            }
-        }
-    }
-    if obj.get("x-kubernetes-int-or-string") == Some(&json!(true)) {
-        obj.remove("type");
-    }
-    if obj.get("type") == Some(&json!("object"))
-        && !obj.contains_key("properties")
-        && !obj.contains_key("additionalProperties")
-    {
-        obj.insert("x-kubernetes-preserve-unknown-fields".into(), json!(true));
-    }
-    for (_, child) in obj.iter_mut() {
-        structural(child);
     }
 }
 
-async fn create_crd(c: &reqwest::Client, base: &str, collection: &str) -> anyhow::Result<()> {
-    let url = format!("{base}/apis/apiextensions.k8s.io/v1/customresourcedefinitions");
-    let resp = c.post(&url).json(&crd_object()?).send().await?;
-    let status = resp.status();
-    anyhow::ensure!(
-        status == 201,
-        "creating the CRD: {status}: {}",
-        resp.text().await.unwrap_or_default()
-    );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let v: Value = c
-            .get(format!("{url}/{CRD_NAME}"))
-            .send()
-            .await?
-            .json()
-            .await?;
-        let established = v["status"]["conditions"].as_array().is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c["type"] == "Established" && c["status"] == "True")
-        });
-        if established && c.get(collection).send().await?.status() == 200 {
-            return Ok(());
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// One fresh harness: store, then LIST, then watch + update, each phase for one side and
+/// then the other, then the aggregator's overhead.
+async fn one_run(bins: &Binaries, args: &CrdArgs, order: [Side; 2]) -> anyhow::Result<RunResult> {
+    let load = load_average();
+    let mut h = Harness::start(bins).await?;
+    let procs = h.procs()?;
+    let targets = Targets::new(&h, &procs);
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let mut sides: [SideRun; 2] = Default::default();
+    let wait = Duration::from_secs(args.settle_seconds);
+    eprintln!("settling before the first creates");
+    let mut before = memory::settle(&procs, &http, wait).await?;
+    for side in order {
+        let r = &mut sides[side as usize];
+        before = store(targets.of(side), args, &procs, &http, before, r).await?;
+    }
+    for side in order {
+        lists(targets.of(side), args, &mut sides[side as usize]).await?;
+    }
+    for side in order {
+        watch_and_update(targets.of(side), args, &mut sides[side as usize]).await?;
+    }
+    let overhead = overhead(&h, &targets.ours, args).await?;
+    let alive = h.alive();
+    h.stop();
+    Ok(RunResult {
+        order,
+        load,
+        procs,
+        sides,
+        overhead,
+        alive,
+    })
+}
+
+/// Each side's collection through kube-apiserver.
+struct Targets {
+    ours: Target,
+    crd: Target,
+}
+
+impl Targets {
+    fn new(h: &Harness, p: &Procs) -> Self {
+        Self {
+            ours: h.target(
+                OURS_COLLECTION,
+                "kubevirt.io/v1",
+                Pids {
+                    apiserver: p.virt_apiserver,
+                    etcd: p.etcd_b,
+                },
+            ),
+            crd: h.target(
+                schema::COLLECTION,
+                &format!("{}/v1", schema::GROUP),
+                Pids {
+                    apiserver: p.kube_apiserver,
+                    etcd: p.etcd_a,
+                },
+            ),
         }
-        anyhow::ensure!(Instant::now() < deadline, "the CRD is not established: {v}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    fn of(&self, s: Side) -> &Target {
+        match s {
+            Side::Ours => &self.ours,
+            Side::Crd => &self.crd,
+        }
     }
 }
 
-/// Deletes the CRD (and so every object of it) and waits until it is gone.
-async fn delete_crd(c: &reqwest::Client, base: &str) -> anyhow::Result<()> {
-    let url = format!("{base}/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}");
-    let resp = c.delete(&url).send().await?;
-    if resp.status() == 404 {
-        return Ok(());
-    }
+/// Creates the side's objects, lets memory settle, and charges the growth of every
+/// process to them; returns the settled reading the next side starts from.
+async fn store(
+    t: &Target,
+    args: &CrdArgs,
+    procs: &Procs,
+    http: &reqwest::Client,
+    before: memory::Settled,
+    r: &mut SideRun,
+) -> anyhow::Result<memory::Settled> {
+    eprintln!("{}: creating {} VirtualMachines", t.api_version, args.count);
+    let c = apiserver::client(t, Some(Duration::from_secs(60)))?;
+    r.create = apiserver::create(&c, &t.collection, &t.api_version, &args.load()).await;
     anyhow::ensure!(
-        resp.status().is_success(),
-        "deleting the CRD: {}",
-        resp.status()
+        r.create.ok > 0,
+        "every create failed: {:?}",
+        r.create.errors.first()
     );
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while c.get(&url).send().await?.status() != 404 {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the CRD is still there after 300 s"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    // Idle keep-alive connections hold buffers in the servers: close them before reading.
+    drop(c);
+    eprintln!("{}: settling", t.api_version);
+    let after = memory::settle(procs, http, Duration::from_secs(args.settle_seconds)).await?;
+    r.memory = PerObject::between(&before.sample, &after.sample, r.create.ok);
+    r.settled = before.stable && after.stable;
+    Ok(after)
+}
+
+/// Unpaged LISTs, then paged walks.
+async fn lists(t: &Target, args: &CrdArgs, r: &mut SideRun) -> anyhow::Result<()> {
+    eprintln!("{}: listing", t.api_version);
+    let c = apiserver::client(t, Some(Duration::from_secs(120)))?;
+    for i in 0..args.lists {
+        let start = Instant::now();
+        let resp = c.get(&t.collection).send().await?;
+        anyhow::ensure!(resp.status() == 200, "LIST: {}", resp.status());
+        let body = resp.bytes().await?;
+        r.list.push(start.elapsed());
+        if i == 0 {
+            r.list_bytes = body.len();
+            let v: Value = serde_json::from_slice(&body).context("decoding the LIST")?;
+            r.list_items = v["items"].as_array().map_or(0, Vec::len);
+        }
+    }
+    for _ in 0..args.lists {
+        let (pages, _) = apiserver::paged_list(&c, &t.collection, args.page_size).await?;
+        r.paged.push(pages.iter().sum());
     }
     Ok(())
 }
 
-/// KiB added to the API server and its etcd, per 10k objects.
-fn per_10k(r: &Results, n: usize) -> (f64, f64) {
-    let grow = |idle: u64, after: u64| {
-        after.saturating_sub(idle) as f64 * 1024.0 * 10_000.0 / n.max(1) as f64
-    };
-    (
-        grow(r.api.idle, r.api.after),
-        grow(r.etcd.idle, r.etcd.after),
-    )
-}
-
-/// Nearest-rank percentile, `q` in 0..=100.
-fn p(samples: &[Duration], q: f64) -> Option<Duration> {
-    let mut s = samples.to_vec();
-    s.sort();
-    percentile(&s, q)
-}
-
-fn ratio(a: f64, b: f64) -> Option<f64> {
-    (b > 0.0 && a.is_finite()).then(|| a / b)
-}
-
-/// The comparison table with ratios and goals.
-fn comparison(args: &ApiserverArgs, ours: &Results, crd: &Results) -> String {
-    let mut s = String::from(
-        "| measurement | (a) virt-apiserver | (b) CRD on kube-apiserver | ours / CRD | goal |\n|---|---|---|---|---|\n",
+async fn watch_and_update(t: &Target, args: &CrdArgs, r: &mut SideRun) -> anyhow::Result<()> {
+    if args.watchers == 0 || args.updates == 0 {
+        return Ok(());
+    }
+    eprintln!(
+        "{}: {} watches, {} updates",
+        t.api_version, args.watchers, args.updates
     );
-    let fmt_ratio = |r: Option<f64>| r.map_or("n/a".to_string(), |r| format!("{r:.2}×"));
-    let verdict = |r: Option<f64>, ok: &dyn Fn(f64) -> bool, goal: &str| match r {
-        Some(r) if ok(r) => format!("{goal}: met"),
-        Some(_) => format!("{goal}: **not met**"),
-        None => format!("{goal}: not measured"),
-    };
-    // Create throughput.
-    let (ra, rb) = (ours.create.rate(), crd.create.rate());
-    let r = ratio(ra, rb);
-    s.push_str(&format!(
-        "| create throughput, {} objects, {} in flight | {ra:.0}/s ({} ok) | {rb:.0}/s ({} ok) | {} | {} |\n",
-        args.count,
-        args.concurrency,
-        ours.create.ok,
-        crd.create.ok,
-        fmt_ratio(r),
-        verdict(r, &|r| r >= 2.0, "≥ 2×")
-    ));
-    // LIST.
-    for (q, name) in [(50.0, "p50"), (99.0, "p99")] {
-        let (a, b) = (p(&ours.list, q), p(&crd.list, q));
-        let r = a
-            .zip(b)
-            .and_then(|(a, b)| ratio(a.as_secs_f64(), b.as_secs_f64()));
-        s.push_str(&format!(
-            "| LIST of {} / {} objects ×{}, {name} | {} | {} | {} | — |\n",
-            ours.list_items,
-            crd.list_items,
-            ours.list.len(),
-            a.map_or("n/a".into(), ms),
-            b.map_or("n/a".into(), ms),
-            fmt_ratio(r)
-        ));
+    let c = apiserver::client(t, Some(Duration::from_secs(60)))?;
+    let (update, watch, _) = apiserver::watch_fanout(
+        t,
+        &c,
+        &t.collection,
+        &args.load(),
+        Instant::now(),
+        r.create.ok,
+    )
+    .await?;
+    r.update = update;
+    r.watch = watch;
+    Ok(())
+}
+
+/// GET one VM and LIST all of them on virt-apiserver's own port and through
+/// kube-apiserver, alternating which goes first.
+async fn overhead(h: &Harness, through: &Target, args: &CrdArgs) -> anyhow::Result<Overhead> {
+    eprintln!(
+        "aggregator overhead: {} GETs and {} LISTs per path",
+        args.gets, args.lists
+    );
+    let direct = h.direct_client()?;
+    let via = apiserver::client(through, Some(Duration::from_secs(60)))?;
+    let direct_list = h.direct_url(OURS_COLLECTION);
+    let name = apiserver::vm_name(0);
+    let mut o = Overhead::default();
+    for i in 0..args.gets {
+        let d = (&direct, format!("{direct_list}/{name}"));
+        let v = (&via, format!("{}/{name}", through.collection));
+        let (a, b) = timed_pair(i, d, v).await?;
+        o.get_direct.push(a);
+        o.get_through.push(b);
     }
-    // Watch delivery.
-    for (q, name, goal) in [(50.0, "p50", None), (99.0, "p99", Some(0.5))] {
-        let (a, b) = (p(&ours.watch.from_sent, q), p(&crd.watch.from_sent, q));
-        let r = a
-            .zip(b)
-            .and_then(|(a, b)| ratio(a.as_secs_f64(), b.as_secs_f64()));
-        let g = match goal {
-            Some(g) => verdict(r, &|r| r <= g, "≤ 0.5×"),
-            None => "—".into(),
+    for i in 0..args.lists {
+        let d = (&direct, direct_list.clone());
+        let v = (&via, through.collection.clone());
+        let (a, b) = timed_pair(i, d, v).await?;
+        o.list_direct.push(a);
+        o.list_through.push(b);
+    }
+    Ok(o)
+}
+
+/// Times the two GETs, the first one first on even `i`; returns (first's, second's).
+async fn timed_pair(
+    i: usize,
+    a: (&reqwest::Client, String),
+    b: (&reqwest::Client, String),
+) -> anyhow::Result<(Duration, Duration)> {
+    if i.is_multiple_of(2) {
+        let ta = timed_get(a.0, &a.1).await?;
+        Ok((ta, timed_get(b.0, &b.1).await?))
+    } else {
+        let tb = timed_get(b.0, &b.1).await?;
+        Ok((timed_get(a.0, &a.1).await?, tb))
+    }
+}
+
+/// A GET to the last byte of its body.
+async fn timed_get(c: &reqwest::Client, url: &str) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let resp = c.get(url).send().await?;
+    anyhow::ensure!(resp.status() == 200, "GET {url}: {}", resp.status());
+    resp.bytes().await?;
+    Ok(start.elapsed())
+}
+
+/// Nearest-rank percentile of one run's samples.
+fn pct(samples: &[Duration], q: f64) -> Option<f64> {
+    let mut s = samples.to_vec();
+    s.sort_unstable();
+    percentile(&s, q).map(|d| d.as_secs_f64() * 1000.0)
+}
+
+/// One figure per run for each side.
+fn per_run(runs: &[RunResult], side: Side, f: impl Fn(&SideRun) -> Option<f64>) -> Runs {
+    Runs::new(runs.iter().filter_map(|r| f(r.side(side))))
+}
+
+/// A comparison goal on ours / CRD (medians).
+#[derive(Clone, Copy)]
+enum Goal {
+    AtLeast(f64),
+    AtMost(f64),
+}
+
+impl Goal {
+    fn verdict(self, ratio: Option<f64>) -> String {
+        let (ok, text) = match self {
+            Goal::AtLeast(g) => (ratio.map(|r| r >= g), format!("≥ {g}×")),
+            Goal::AtMost(g) => (ratio.map(|r| r <= g), format!("≤ {g}×")),
         };
+        match ok {
+            Some(true) => format!("{text}: met"),
+            Some(false) => format!("{text}: **not met**"),
+            None => format!("{text}: not measured"),
+        }
+    }
+}
+
+/// One comparison row.
+struct Row {
+    what: String,
+    ours: Runs,
+    crd: Runs,
+    decimals: usize,
+    unit: &'static str,
+    goal: Option<Goal>,
+    /// Off where one side's figure is only an idle process's drift.
+    ratio: bool,
+}
+
+impl Row {
+    fn new(
+        what: impl Into<String>,
+        ours: Runs,
+        crd: Runs,
+        decimals: usize,
+        unit: &'static str,
+    ) -> Self {
+        Self {
+            what: what.into(),
+            ours,
+            crd,
+            decimals,
+            unit,
+            goal: None,
+            ratio: true,
+        }
+    }
+
+    fn without_ratio(mut self) -> Self {
+        self.ratio = false;
+        self
+    }
+
+    fn goal(mut self, g: Goal) -> Self {
+        self.goal = Some(g);
+        self
+    }
+
+    fn render(&self) -> String {
+        let ratio = match (self.ours.median(), self.crd.median()) {
+            (Some(a), Some(b)) if b != 0.0 => Some(a / b),
+            _ => None,
+        };
+        let shown = match (self.ratio, ratio) {
+            (false, _) => "—".into(),
+            (true, Some(r)) => format!("{r:.2}×"),
+            (true, None) => "n/a".into(),
+        };
+        format!(
+            "| {} | {} | {} | {} | {} |\n",
+            self.what,
+            self.ours.summary(self.decimals, self.unit),
+            self.crd.summary(self.decimals, self.unit),
+            shown,
+            self.goal.map_or("—".into(), |g| g.verdict(ratio)),
+        )
+    }
+}
+
+fn rows(args: &CrdArgs, runs: &[RunResult]) -> Vec<Row> {
+    let both = |f: &dyn Fn(&SideRun) -> Option<f64>| {
+        (per_run(runs, Side::Ours, f), per_run(runs, Side::Crd, f))
+    };
+    let mut out = Vec::new();
+    let (a, b) = both(&|s| Some(s.create.rate()));
+    out.push(
+        Row::new(
+            format!(
+                "create {} VMs, {} in flight: throughput",
+                args.count, args.concurrency
+            ),
+            a,
+            b,
+            0,
+            "/s",
+        )
+        .goal(Goal::AtLeast(2.0)),
+    );
+    for q in [50.0, 99.0] {
+        let (a, b) = both(&|s| pct(&s.create.latencies, q));
+        out.push(Row::new(format!("create latency p{q}"), a, b, 1, "ms"));
+    }
+    let kib = |v: f64| v / 1024.0;
+    for (i, name) in NAMES.iter().enumerate() {
+        let (a, b) = both(&|s| Some(kib(s.memory.rss[i])));
+        // The process in one side's path only drifts while the other side is written.
+        out.push(
+            Row::new(format!("RSS per stored object: {name}"), a, b, 2, "KiB").without_ratio(),
+        );
+    }
+    let (a, b) = both(&|s| Some(kib(s.memory.rss_total())));
+    out.push(
+        Row::new("RSS per stored object: all four processes", a, b, 2, "KiB")
+            .goal(Goal::AtMost(0.3)),
+    );
+    // Each side's objects live in its own etcd: B for ours, A for the CRD.
+    let a = per_run(runs, Side::Ours, |s| Some(s.memory.db_in_use[1]));
+    let b = per_run(runs, Side::Crd, |s| Some(s.memory.db_in_use[0]));
+    out.push(Row::new(
+        "etcd database in use per stored object (the side's etcd)",
+        a,
+        b,
+        0,
+        "B",
+    ));
+    let (a, b) = both(&|s| Some(s.list_bytes as f64 / s.list_items.max(1) as f64));
+    out.push(Row::new("LIST response per object", a, b, 0, "B"));
+    let (a, b) = both(&|s| pct(&s.list, 50.0));
+    out.push(Row::new(
+        format!("LIST all, unpaged, p50 of {}", args.lists),
+        a,
+        b,
+        1,
+        "ms",
+    ));
+    let (a, b) = both(&|s| pct(&s.paged, 50.0));
+    out.push(Row::new(
+        format!(
+            "LIST all, pages of {}, whole walk, p50 of {}",
+            args.page_size, args.lists
+        ),
+        a,
+        b,
+        1,
+        "ms",
+    ));
+    if args.watchers > 0 && args.updates > 0 {
+        let (a, b) = both(&|s| Some(s.update.rate()));
+        out.push(Row::new(
+            format!(
+                "updates during {} watches, {} in flight: throughput",
+                args.watchers, args.concurrency
+            ),
+            a,
+            b,
+            0,
+            "/s",
+        ));
+        for (q, goal) in [(50.0, None), (99.0, Some(Goal::AtMost(0.5)))] {
+            let (a, b) = both(&|s| pct(&s.watch.from_sent, q));
+            let row = Row::new(
+                format!(
+                    "watch delivery from update sent, p{q} of {} updates × {} watches",
+                    args.updates, args.watchers
+                ),
+                a,
+                b,
+                1,
+                "ms",
+            );
+            out.push(match goal {
+                Some(g) => row.goal(g),
+                None => row,
+            });
+        }
+        let (a, b) = both(&|s| Some(s.watch.rewatches as f64));
+        out.push(
+            Row::new("watch streams the server ended, opened again", a, b, 0, "").without_ratio(),
+        );
+    }
+    out
+}
+
+fn overhead_table(args: &CrdArgs, runs: &[RunResult]) -> String {
+    let mut s = String::from(
+        "| virt-apiserver, request | direct to its port | through kube-apiserver | added by the aggregator |\n|---|---|---|---|\n",
+    );
+    let labels = [
+        format!("GET one VM, p50 of {}", args.gets),
+        format!("LIST all {}, unpaged, p50 of {}", args.count, args.lists),
+    ];
+    for (i, what) in labels.iter().enumerate() {
+        let p50s = |r: &RunResult| {
+            let (d, t) = r.overhead.pairs()[i];
+            pct(d, 50.0).zip(pct(t, 50.0))
+        };
+        let direct = Runs::new(runs.iter().filter_map(|r| p50s(r).map(|p| p.0)));
+        let through = Runs::new(runs.iter().filter_map(|r| p50s(r).map(|p| p.1)));
+        let added = Runs::new(runs.iter().filter_map(|r| p50s(r).map(|(d, t)| t - d)));
         s.push_str(&format!(
-            "| watch delivery from update sent, {} watchers, {} updates, {name} | {} ({} events) | {} ({} events) | {} | {g} |\n",
-            args.watchers,
-            args.updates,
-            a.map_or("n/a".into(), ms),
-            ours.watch.from_sent.len(),
-            b.map_or("n/a".into(), ms),
-            crd.watch.from_sent.len(),
-            fmt_ratio(r)
+            "| {what} | {} | {} | {} |\n",
+            direct.summary(2, "ms"),
+            through.summary(2, "ms"),
+            added.summary(2, "ms"),
         ));
     }
-    // Memory.
-    let (oa, oe) = per_10k(ours, ours.create.ok);
-    let (ca, ce) = per_10k(crd, crd.create.ok);
-    let b = |v: f64| bytes(v as u64);
-    s.push_str(&format!(
-        "| RSS added per 10k objects: API server | {} | {} | {} | — |\n",
-        b(oa),
-        b(ca),
-        fmt_ratio(ratio(oa, ca))
-    ));
-    s.push_str(&format!(
-        "| RSS added per 10k objects: its etcd | {} | {} | {} | — |\n",
-        b(oe),
-        b(ce),
-        fmt_ratio(ratio(oe, ce))
-    ));
-    let r = ratio(oa + oe, ca + ce);
-    s.push_str(&format!(
-        "| RSS added per 10k objects: API server + etcd | {} | {} | {} | {} |\n",
-        b(oa + oe),
-        b(ca + ce),
-        fmt_ratio(r),
-        verdict(r, &|r| r <= 0.3, "≤ 0.3×")
-    ));
-    let rss =
-        |r: &super::apiserver::Rss| format!("{} → {}", bytes(r.idle * 1024), bytes(r.after * 1024));
-    s.push_str(&format!(
-        "| RSS before → after: API server | {} | {} | — | — |\n| RSS before → after: etcd | {} | {} | — | — |\n",
-        rss(&ours.api),
-        rss(&crd.api),
-        rss(&ours.etcd),
-        rss(&crd.etcd)
-    ));
-    // After-load RSS alone would flatter a server that peaks high and then returns the
-    // memory, so the peak is reported too. VmHWM is since the process started: for (b)
-    // that includes the cluster's life before this run, so it is an upper bound there.
-    let peak = |r: &super::apiserver::Rss| bytes(r.peak * 1024);
-    s.push_str(&format!(
-        "| RSS peak (VmHWM): API server | {} | {} (since it started) | — | — |\n| RSS peak (VmHWM): etcd | {} | {} (since it started) | — | — |\n",
-        peak(&ours.api),
-        peak(&crd.api),
-        peak(&ours.etcd),
-        peak(&crd.etcd)
-    ));
-    let problems = |r: &Results| -> usize { r.create.errors.len() + r.watch.failures.len() };
-    if problems(ours) + problems(crd) > 0 {
+    s
+}
+
+/// Both tables, and what went wrong, if anything.
+fn table(args: &CrdArgs, runs: &[RunResult]) -> String {
+    let runs_text = match runs.len() {
+        1 => "one run".to_string(),
+        n => format!("median of {n} runs (min–max)"),
+    };
+    let mut s = format!(
+        "| measurement, {runs_text} | virt-apiserver through the aggregator | CRD in kube-apiserver | ours / CRD (medians) | goal |\n|---|---|---|---|---|\n"
+    );
+    for r in rows(args, runs) {
+        s.push_str(&r.render());
+    }
+    s.push_str("\nThe aggregator's own overhead, on the same harness after the phases above:\n\n");
+    s.push_str(&overhead_table(args, runs));
+    let problems = problems(args, runs);
+    if !problems.is_empty() {
+        s.push_str("\nObserved during these runs:\n\n");
+        for p in problems {
+            s.push_str(&format!("- {}\n", p.replace('\n', " ")));
+        }
+    }
+    s
+}
+
+fn problems(args: &CrdArgs, runs: &[RunResult]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, r) in runs.iter().enumerate() {
+        let run = i + 1;
+        if !r.alive {
+            out.push(format!("run {run}: a process exited during the run"));
+        }
+        for side in [Side::Ours, Side::Crd] {
+            let s = r.side(side);
+            let name = side.name();
+            if !s.settled {
+                out.push(format!(
+                    "run {run}, {name}: memory did not settle within 60 s; the figure is the last five samples' median"
+                ));
+            }
+            let errors = s.create.errors.iter().chain(&s.update.errors);
+            for e in errors.take(3) {
+                out.push(format!("run {run}, {name}: {e}"));
+            }
+            if s.list_items != s.create.ok {
+                out.push(format!(
+                    "run {run}, {name}: LIST returned {} items after {} creates",
+                    s.list_items, s.create.ok
+                ));
+            }
+            if args.watchers > 0 && args.updates > 0 && s.watch.missing() > 0 {
+                out.push(format!(
+                    "run {run}, {name}: {} watch events missing; {}",
+                    s.watch.missing(),
+                    s.watch.failures.first().map_or("", String::as_str)
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The generated description: method, versions, and each run's processes.
+fn describe(args: &CrdArgs, v: &Versions, runs: &[RunResult]) -> String {
+    let mut s = format!(
+        "- One harness per run, started fresh and needing no cluster: kube-apiserver ({kube}, \
+         RBAC, the local cluster's aggregation flags: front-proxy CA and client certificate, \
+         `--enable-aggregator-routing`) on etcd A; the release virt-apiserver on etcd B, not \
+         standalone (it reads the CAs kube-apiserver publishes and checks namespaces with it), \
+         registered by the two APIServices virt-operator renders and reached through a Service \
+         and an EndpointSlice holding this host's address, as the aggregator reaches a pod; and \
+         the CRD `{crd}` (kind VirtualMachine, our OpenAPI v3 schema made structural, status \
+         subresource). Both etcds are {etcd} started by the same code with the same flags \
+         (`virt_devenv::Etcd`), data in a temp dir.\n\
+         - One client (this release build, HTTP/1.1 over TLS, the admin's client certificate, \
+         group system:masters) sends both sides' requests to the same kube-apiserver URL: \
+         `/apis/kubevirt.io/v1/…` goes through the aggregator to virt-apiserver, \
+         `/apis/{group}/v1/…` is served by kube-apiserver itself. Client and servers share the \
+         machine's CPUs.\n\
+         - Phases, each run for one side and then the other before the next phase (run 1 ours \
+         first, run 2 the CRD first, and so on): create {n} VirtualMachines (the bench's test VM \
+         manifest, {c} in flight); memory; LIST all {l} times unpaged and walk them {l} times \
+         in pages of {p}; {w} watches from the current resourceVersion while {u} merge-patch \
+         updates ({c} in flight) write their send time into an annotation; then, on ours only, \
+         {g} GETs of one VM and {l} unpaged LISTs on virt-apiserver's own port (the \
+         front-proxy certificate with the admin's X-Remote-User/Group, as the aggregator \
+         sends) and through kube-apiserver, alternating.\n\
+         - Memory per stored object: every process's VmRSS (/proc/<pid>/status of the pids \
+         the harness spawned) and each etcd's `etcd_mvcc_db_total_size_in_use_in_bytes` are \
+         read before and after a side's creates, nothing else running between: {settle} s of \
+         rest, then a sample a second until five in a row agree within 0.5 % or 512 KiB (at \
+         most 60 s), their median counting; the growth is divided by the objects created. All \
+         four processes are read at the same moments for both sides, because kube-apiserver \
+         is in the path of both: for ours it proxies the creates (and any memory that costs \
+         it is charged to ours), for the CRD it stores them; the side not being written shows \
+         what an idle process drifts by. The second side's \"before\" is the first side's \
+         \"after\". A negative figure is memory given back.\n\
+         - Latencies are to the last byte of the body, percentiles nearest-rank within a run; \
+         each cell is the median of the runs' figures with their min–max, the ratio that of \
+         the medians. Watch delivery includes the update's own write; a watch stream the \
+         server ends early (kube-apiserver ends those that do not keep up) is opened again \
+         from the last resourceVersion seen, as an informer does, and the events missed \
+         meanwhile count when they arrive. Goals, on the medians: \
+         ours ≥ 2× the CRD's create throughput, ≤ 0.5× its watch delivery p99, ≤ 0.3× its \
+         memory per stored object.\n",
+        kube = v.kube,
+        crd = schema::CRD_NAME,
+        etcd = v.etcd,
+        group = schema::GROUP,
+        n = args.count,
+        c = args.concurrency,
+        l = args.lists,
+        p = args.page_size,
+        w = args.watchers,
+        u = args.updates,
+        g = args.gets,
+        settle = args.settle_seconds,
+    );
+    for (i, r) in runs.iter().enumerate() {
+        let p = &r.procs;
         s.push_str(&format!(
-            "\nErrors: (a) {} create errors, {} watch failures; (b) {} create errors, {} watch failures{}.\n",
-            ours.create.errors.len(),
-            ours.watch.failures.len(),
-            crd.create.errors.len(),
-            crd.watch.failures.len(),
-            crd.create
-                .errors
-                .first()
-                .or(ours.create.errors.first())
-                .map(|e| format!("; e.g. `{}`", e.chars().take(200).collect::<String>()))
-                .unwrap_or_default()
+            "- Run {}: {} first; load average {:.2} at its start; kube-apiserver pid {} ({}), \
+             etcd A pid {} ({}), virt-apiserver pid {} ({}), etcd B pid {} ({}).\n",
+            i + 1,
+            r.order[0].name(),
+            r.load,
+            p.kube_apiserver,
+            p.kube_apiserver_url,
+            p.etcd_a,
+            p.etcd_a_url,
+            p.virt_apiserver,
+            p.virt_apiserver_url,
+            p.etcd_b,
+            p.etcd_b_url,
         ));
     }
     s
@@ -496,36 +832,132 @@ fn comparison(args: &ApiserverArgs, ours: &Results, crd: &Results) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn percentiles_are_in_percent() {
-        let s: Vec<Duration> = (1..=100).rev().map(Duration::from_millis).collect();
-        assert_eq!(p(&s, 50.0), Some(Duration::from_millis(50)));
-        assert_eq!(p(&s, 99.0), Some(Duration::from_millis(99)));
-        assert_eq!(p(&[], 50.0), None);
+    fn args() -> CrdArgs {
+        CrdArgs {
+            count: 4,
+            concurrency: 2,
+            lists: 2,
+            page_size: 2,
+            watchers: 0,
+            updates: 0,
+            gets: 2,
+            settle_seconds: 1,
+            runs: 2,
+            max_seconds: 60,
+            no_docs: true,
+            this_build: false,
+        }
+    }
+
+    fn side(rate_secs: u64, ms: u64) -> SideRun {
+        SideRun {
+            create: Phase {
+                ok: 4,
+                latencies: vec![Duration::from_millis(ms); 4],
+                elapsed: Duration::from_secs(rate_secs),
+                errors: Vec::new(),
+            },
+            memory: PerObject {
+                rss: [1024.0, 0.0, 0.0, 0.0],
+                db_in_use: [100.0, 200.0],
+            },
+            settled: true,
+            list: vec![Duration::from_millis(ms)],
+            list_bytes: 400,
+            list_items: 4,
+            paged: vec![Duration::from_millis(ms)],
+            ..SideRun::default()
+        }
+    }
+
+    fn run(order: [Side; 2]) -> RunResult {
+        RunResult {
+            order,
+            load: 0.5,
+            procs: Procs {
+                kube_apiserver: 1,
+                etcd_a: 2,
+                virt_apiserver: 3,
+                etcd_b: 4,
+                etcd_a_url: String::new(),
+                etcd_b_url: String::new(),
+                kube_apiserver_url: String::new(),
+                virt_apiserver_url: String::new(),
+            },
+            sides: [side(1, 10), side(4, 40)],
+            overhead: Overhead {
+                get_direct: vec![Duration::from_millis(1)],
+                get_through: vec![Duration::from_millis(3)],
+                list_direct: vec![Duration::from_millis(10)],
+                list_through: vec![Duration::from_millis(15)],
+            },
+            alive: true,
+        }
     }
 
     #[test]
-    fn kubeconfig_fields() {
-        let e = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-        let text = format!(
-            "clusters:\n- cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority-data: {}\nusers:\n- user:\n    client-certificate-data: {}\n    client-key-data: {}\n",
-            e("CA"),
-            e("CERT"),
-            e("KEY")
+    fn sides_alternate_which_goes_first() {
+        assert_eq!(Side::order(0), [Side::Ours, Side::Crd]);
+        assert_eq!(Side::order(1), [Side::Crd, Side::Ours]);
+        assert_eq!(Side::order(2), Side::order(0));
+    }
+
+    #[test]
+    fn command_spells_out_every_option() {
+        assert_eq!(
+            args().command(),
+            "cargo xtask bench crd --count 4 --concurrency 2 --lists 2 --page-size 2 \
+             --watchers 0 --updates 0 --gets 2 --settle-seconds 1 --runs 2"
         );
-        let k = Kubeconfig::parse(&text).unwrap();
-        assert_eq!(k.server, "https://127.0.0.1:6443");
-        assert_eq!(k.ca, b"CA");
-        assert_eq!(k.identity, b"CERT\nKEY");
+        let mut zero = args();
+        zero.count = 0;
+        assert!(zero.check().is_err());
+        assert!(args().check().is_ok());
     }
 
     #[test]
-    fn crd_schema_is_structural() {
-        let crd = crd_object().unwrap();
-        let text = crd.to_string();
-        assert!(!text.contains("$ref"));
-        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
-        assert_eq!(schema["properties"]["metadata"], json!({"type": "object"}));
-        assert!(schema["properties"]["spec"].is_object());
+    fn table_has_ratios_goals_and_the_aggregator_line() {
+        let runs = [run(Side::order(0)), run(Side::order(1))];
+        let t = table(&args(), &runs);
+        assert!(
+            t.contains("| create 4 VMs, 2 in flight: throughput | 4 /s (4–4) | 1 /s (1–1) | 4.00× | ≥ 2×: met |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| RSS per stored object: all four processes | 1.00 KiB (1.00–1.00) | 1.00 KiB (1.00–1.00) | 1.00× | ≤ 0.3×: **not met** |"),
+            "{t}"
+        );
+        assert!(t.contains("| etcd database in use per stored object (the side's etcd) | 200 B (200–200) | 100 B (100–100) | 2.00× | — |"), "{t}");
+        assert!(t.contains("| GET one VM, p50 of 2 | 1.00 ms (1.00–1.00) | 3.00 ms (3.00–3.00) | 2.00 ms (2.00–2.00) |"), "{t}");
+        // No watch rows without watches, and nothing went wrong.
+        assert!(
+            !t.contains("watch delivery") && !t.contains("Observed"),
+            "{t}"
+        );
+        let d = describe(
+            &args(),
+            &Versions {
+                etcd: "3.4".into(),
+                kube: "Kubernetes v1".into(),
+            },
+            &runs,
+        );
+        assert!(d.contains("- Run 2: CRD first; load average 0.50"), "{d}");
+        // A section body carries no heading of its own.
+        assert!(
+            !format!("{d}{t}")
+                .lines()
+                .any(|l| l.starts_with("# ") || l.starts_with("## "))
+        );
+    }
+
+    #[test]
+    fn problems_are_reported() {
+        let mut r = run(Side::order(0));
+        r.sides[Side::Crd as usize].settled = false;
+        r.sides[Side::Ours as usize].list_items = 3;
+        r.alive = false;
+        let p = problems(&args(), &[r]);
+        assert_eq!(p.len(), 3, "{p:?}");
     }
 }

@@ -158,6 +158,31 @@ pub fn kubernetes_bin_dir() -> anyhow::Result<PathBuf> {
     ))
 }
 
+/// kube-apiserver's aggregation layer as this cluster runs it: the front-proxy CA that it
+/// and extension API servers trust for X-Remote-* headers, the client certificate it proxies
+/// with, and APIService traffic sent to endpoint (pod) IPs, so no kube-proxy is needed.
+/// `cargo xtask bench crd` registers virt-apiserver behind a kube-apiserver of its own with
+/// the same flags.
+pub fn aggregation_flags(
+    front_proxy_ca: &Path,
+    proxy_cert: &Path,
+    proxy_key: &Path,
+) -> Vec<String> {
+    vec![
+        format!(
+            "--requestheader-client-ca-file={}",
+            front_proxy_ca.display()
+        ),
+        "--requestheader-allowed-names=front-proxy-client".into(),
+        "--requestheader-username-headers=X-Remote-User".into(),
+        "--requestheader-group-headers=X-Remote-Group".into(),
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+        format!("--proxy-client-cert-file={}", proxy_cert.display()),
+        format!("--proxy-client-key-file={}", proxy_key.display()),
+        "--enable-aggregator-routing=true".into(),
+    ]
+}
+
 #[allow(dead_code)]
 /// Brings the cluster up (or reuses it) and returns the path of the admin kubeconfig.
 pub fn ensure_up(kubeconfig: Option<PathBuf>) -> anyhow::Result<PathBuf> {
@@ -591,25 +616,14 @@ fn start_all(
         ))
         .arg("--authorization-mode=Node,RBAC")
         .arg("--enable-admission-plugins=NodeRestriction")
-        .arg("--allow-privileged=true")
-        .arg(format!(
-            "--requestheader-client-ca-file={}",
-            p("front-proxy-ca.crt")
-        ))
-        .arg("--requestheader-allowed-names=front-proxy-client")
-        .arg("--requestheader-username-headers=X-Remote-User")
-        .arg("--requestheader-group-headers=X-Remote-Group")
-        .arg("--requestheader-extra-headers-prefix=X-Remote-Extra-")
-        .arg(format!(
-            "--proxy-client-cert-file={}",
-            p("front-proxy-client.crt")
-        ))
-        .arg(format!(
-            "--proxy-client-key-file={}",
-            p("front-proxy-client.key")
-        ))
-        // APIService and webhook traffic goes to endpoint (pod) IPs: no kube-proxy needed.
-        .arg("--enable-aggregator-routing=true");
+        .arg("--allow-privileged=true");
+    let apiserver = aggregation_flags(
+        &layout.state.join("pki/front-proxy-ca.crt"),
+        &layout.state.join("pki/front-proxy-client.crt"),
+        &layout.state.join("pki/front-proxy-client.key"),
+    )
+    .into_iter()
+    .fold(apiserver, Daemon::arg);
     start(
         layout,
         progress,
