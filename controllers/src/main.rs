@@ -86,6 +86,12 @@ struct Args {
     /// devices.kubevirt.io/kvm and the launcher may fall back when KVM does not work.
     #[arg(long, env = "VIRT_CONTROLLER_ALLOW_EMULATION", default_value_t = false, action = clap::ArgAction::Set)]
     allow_emulation: bool,
+    /// Launcher pods log the guest's serial console (a `guest-console-log` container)
+    /// unless the VMI sets `domain.devices.logSerialConsole: false`; with `false`, only
+    /// VMIs that set it to true (virt-operator passes `false` when the KubeVirt resource
+    /// has `configuration.virtualMachineOptions.disableSerialConsoleLog`).
+    #[arg(long, env = "VIRT_CONTROLLER_SERIAL_CONSOLE_LOG", default_value_t = true, action = clap::ArgAction::Set)]
+    serial_console_log: bool,
     /// evictionStrategy of VMIs that set none (virt-operator passes the KubeVirt resource's
     /// `configuration.evictionStrategy`): None, LiveMigrate, LiveMigrateIfPossible, External.
     #[arg(long, env = "VIRT_CONTROLLER_EVICTION_STRATEGY", default_value = "None", value_parser = parse_eviction_strategy)]
@@ -182,6 +188,7 @@ async fn main() -> anyhow::Result<()> {
             image: args.launcher_image.clone(),
             image_pull_policy: Some(args.launcher_pull_policy.clone()),
             allow_emulation: args.allow_emulation,
+            serial_console_log: args.serial_console_log,
             ..LauncherConfig::default()
         },
         eviction_strategy: args.eviction_strategy,

@@ -247,10 +247,41 @@ pub struct KubeVirtConfiguration {
     pub eviction_strategy: Option<String>,
     /// Live migration limits and timeouts.
     pub migrations: Option<MigrationConfiguration>,
+    /// Cluster-wide defaults of VMs.
+    pub virtual_machine_options: Option<VirtualMachineOptions>,
     /// The other fields of KubeVirt's configuration, as given.
     #[serde(flatten)]
     #[schemars(skip)]
     pub other: BTreeMap<String, serde_json::Value>,
+}
+
+/// Cluster-wide defaults of VMs (KubeVirt's `VirtualMachineOptions`).
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct VirtualMachineOptions {
+    /// Present (`{}`, as KubeVirt's empty struct): launcher pods get no `guest-console-log`
+    /// container unless a VMI asks with `domain.devices.logSerialConsole: true`. Absent:
+    /// every VMI's serial console is logged unless it sets `logSerialConsole: false`.
+    pub disable_serial_console_log: Option<DisableSerialConsoleLog>,
+    /// The other fields (disableFreePageReporting, …), as given.
+    #[serde(flatten)]
+    #[schemars(skip)]
+    pub other: BTreeMap<String, serde_json::Value>,
+}
+
+/// KubeVirt's `DisableSerialConsoleLog`: an empty object whose presence is the setting.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DisableSerialConsoleLog {}
+
+impl KubeVirtConfiguration {
+    /// Whether launcher pods log the serial console by default.
+    pub fn serial_console_log(&self) -> bool {
+        self.virtual_machine_options
+            .as_ref()
+            .is_none_or(|o| o.disable_serial_console_log.is_none())
+    }
 }
 
 /// Live migration settings (KubeVirt's `MigrationConfiguration`). What virt-controller
@@ -342,6 +373,24 @@ pub struct KubeVirtStatus {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    /// KubeVirt's `disableSerialConsoleLog` is an empty object whose presence disables;
+    /// the other VM options survive a round trip.
+    #[test]
+    fn disable_serial_console_log_is_a_presence() {
+        let c =
+            |v: serde_json::Value| -> KubeVirtConfiguration { serde_json::from_value(v).unwrap() };
+        assert!(c(serde_json::json!({})).serial_console_log());
+        assert!(c(serde_json::json!({"virtualMachineOptions": {}})).serial_console_log());
+        let off = c(serde_json::json!({"virtualMachineOptions": {
+            "disableSerialConsoleLog": {}, "disableFreePageReporting": {}}}));
+        assert!(!off.serial_console_log());
+        assert_eq!(
+            serde_json::to_value(&off).unwrap(),
+            serde_json::json!({"virtualMachineOptions": {
+                "disableSerialConsoleLog": {}, "disableFreePageReporting": {}}})
+        );
+    }
 
     /// The kubevirt-cr.yaml KubeVirt's releases ship, unchanged.
     const KUBEVIRT_CR: &str = "apiVersion: kubevirt.io/v1

@@ -625,6 +625,11 @@ fn render_all(
         // Invalid parts are reported (invalid_config) and left out.
         workload_update: workload_update(kv).unwrap_or_default(),
         migration_flags: migration_flags(kv).unwrap_or_default(),
+        serial_console_log: kv
+            .spec
+            .configuration
+            .as_ref()
+            .is_none_or(|c| c.serial_console_log()),
     };
     let mut yaml = render::static_manifest(&p)?;
     yaml.push_str(&render::cluster_manifest(&certs.serving, auth)?);
@@ -1637,6 +1642,21 @@ mod tests {
             etcd_members(&kv(2)),
             Err("spec.kubevirtRs.etcd.members: Unsupported value: 2: supported values: \"1\", \"3\"".into())
         );
+    }
+
+    /// `disableSerialConsoleLog` reaches virt-controller as a flag; without it the
+    /// controller's arguments stay as they were.
+    #[test]
+    fn disable_serial_console_log_becomes_a_controller_flag() {
+        let p = Params {
+            serial_console_log: false,
+            ..Params::default()
+        };
+        assert_eq!(
+            render::serial_console_log_flag(&p).as_deref(),
+            Some("--serial-console-log=false")
+        );
+        assert_eq!(render::serial_console_log_flag(&Params::default()), None);
     }
 
     #[test]

@@ -130,6 +130,9 @@ pub struct Params {
     pub workload_update: WorkloadUpdate,
     /// virt-controller's migration flags from `configuration.migrations` (validated).
     pub migration_flags: Vec<String>,
+    /// Launcher pods log the serial console unless a VMI says otherwise
+    /// (`configuration.virtualMachineOptions.disableSerialConsoleLog` absent).
+    pub serial_console_log: bool,
 }
 
 /// `spec.workloadUpdateStrategy`, validated.
@@ -163,6 +166,12 @@ pub fn workload_update_flags(p: &Params) -> Vec<String> {
 pub fn eviction_strategy_flag(p: &Params) -> Option<String> {
     (p.eviction_strategy != kubevirt_api::eviction::EvictionStrategy::None)
         .then(|| format!("--eviction-strategy={}", p.eviction_strategy))
+}
+
+/// virt-controller's `--serial-console-log`: only when off, so an installation that never
+/// sets `disableSerialConsoleLog` keeps its pod template.
+pub fn serial_console_log_flag(p: &Params) -> Option<String> {
+    (!p.serial_console_log).then(|| "--serial-console-log=false".to_string())
 }
 
 /// The KubeVirt feature gates virt-apiserver enforces: `HostDisk` (hostDisk volumes).
@@ -241,6 +250,7 @@ impl Default for Params {
             eviction_strategy: kubevirt_api::eviction::EvictionStrategy::None,
             workload_update: WorkloadUpdate::default(),
             migration_flags: Vec::new(),
+            serial_console_log: true,
         }
     }
 }

@@ -9,8 +9,8 @@ use kubevirt_api::VirtualMachineInstance;
 use serde_json::json;
 
 use super::render::{
-    COPY_FN, ImageCopy, LauncherConfig, PodRenderError, copy_script, hostname_of, image_copies,
-    launcher_pod, memory_overhead_mib,
+    CONSOLE_LOG_CONTAINER, COPY_FN, ImageCopy, LauncherConfig, PodRenderError, copy_script,
+    hostname_of, image_copies, launcher_pod, memory_overhead_mib,
 };
 
 fn vmi() -> VirtualMachineInstance {
@@ -417,4 +417,65 @@ fn launcher_pod_has_no_host_path() {
             volumes.iter().map(|v| &v.name).collect::<Vec<_>>()
         );
     }
+}
+
+/// KubeVirt's rule for the `guest-console-log` container: no serial console, no log; the
+/// VMI's `logSerialConsole` over the cluster's default.
+#[test]
+fn the_serial_console_is_logged_by_the_vmi_then_the_cluster_default() {
+    let with = |auto: Option<bool>, log: Option<bool>, default: bool| {
+        let mut v = vmi();
+        v.spec.domain.devices.autoattach_serial_console = auto;
+        v.spec.domain.devices.log_serial_console = log;
+        let cfg = LauncherConfig {
+            serial_console_log: default,
+            ..LauncherConfig::default()
+        };
+        let pod = launcher_pod(&v, &cfg).unwrap();
+        let spec = pod.spec.unwrap();
+        let names: Vec<String> = spec.containers.iter().map(|c| c.name.clone()).collect();
+        let args = spec.containers[0].args.clone().unwrap_or_default();
+        let logged = names.iter().any(|n| n == CONSOLE_LOG_CONTAINER);
+        // The launcher writes the file exactly when a container reads it.
+        assert_eq!(
+            logged,
+            args.iter().any(|a| a == "--console-log"),
+            "{names:?}"
+        );
+        logged
+    };
+    assert!(with(None, None, true));
+    assert!(!with(None, None, false));
+    assert!(with(None, Some(true), false));
+    assert!(!with(None, Some(false), true));
+    assert!(!with(Some(false), Some(true), true));
+    assert!(with(Some(true), None, true));
+}
+
+/// A VMI with limits for CPU and memory has a Guaranteed pod: the log container's requests
+/// equal its limits so that the second container keeps that QoS class.
+#[test]
+fn the_console_log_container_keeps_guaranteed_qos() {
+    let mut v = vmi();
+    v.spec.domain.resources = Some(
+        serde_json::from_value(json!({
+            "requests": {"cpu": "1", "memory": "128Mi"},
+            "limits": {"cpu": "1", "memory": "128Mi"}
+        }))
+        .unwrap(),
+    );
+    let pod = launcher_pod(&v, &LauncherConfig::default()).unwrap();
+    let spec = pod.spec.unwrap();
+    let log = spec
+        .containers
+        .iter()
+        .find(|c| c.name == CONSOLE_LOG_CONTAINER)
+        .unwrap();
+    let r = log.resources.as_ref().unwrap();
+    assert_eq!(r.requests, r.limits);
+    // Burstable VMIs: a smaller request.
+    let pod = launcher_pod(&vmi(), &LauncherConfig::default()).unwrap();
+    let spec = pod.spec.unwrap();
+    let r = spec.containers[1].resources.as_ref().unwrap();
+    assert_ne!(r.requests, r.limits);
 }

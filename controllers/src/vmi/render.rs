@@ -69,6 +69,11 @@ pub const LIBVIRT_CACHE_DIR: &str = "/var/cache/kubevirt-rs/libvirt";
 const VIRT_BIN_DIR: &str = "/virt-bin";
 const BUSYBOX: &str = "/usr/bin/busybox";
 const LAUNCHER_BINARY: &str = "/usr/bin/virt-launcher";
+/// KubeVirt's name of the container that streams the serial console to the pod's log.
+pub const CONSOLE_LOG_CONTAINER: &str = "guest-console-log";
+/// Shared by the compute container (QEMU writes) and the log container (reads, empties).
+const CONSOLE_LOG_DIR: &str = "/var/run/kubevirt-rs/console-log";
+const CONSOLE_LOG_FILE: &str = "/var/run/kubevirt-rs/console-log/serial0.log";
 
 /// Cluster-wide inputs of launcher pods.
 #[derive(Clone, Debug, PartialEq)]
@@ -83,6 +88,8 @@ pub struct LauncherConfig {
     pub overhead_base_mib: u64,
     /// Memory per vCPU, in MiB.
     pub overhead_per_vcpu_mib: u64,
+    /// The cluster's default of `domain.devices.logSerialConsole`.
+    pub serial_console_log: bool,
 }
 
 impl Default for LauncherConfig {
@@ -96,6 +103,7 @@ impl Default for LauncherConfig {
             allow_emulation: false,
             overhead_base_mib: 160,
             overhead_per_vcpu_mib: 8,
+            serial_console_log: true,
         }
     }
 }
@@ -571,6 +579,16 @@ pub fn launcher_pod(
 
     // containerd 1.6 has no image volumes: like KubeVirt, a static busybox from the
     // launcher image runs inside each disk image and copies the files out.
+    let console_log = serial_console_log(vmi, cfg);
+    if console_log {
+        args.push("--console-log".into());
+        args.push(CONSOLE_LOG_FILE.into());
+        mounts.push(mount("console-log", CONSOLE_LOG_DIR, false));
+        volumes.push(empty("console-log"));
+    }
+    // Guaranteed QoS (limits for both) must survive the second container.
+    let guaranteed = limits.contains_key("cpu") && limits.contains_key("memory");
+
     let mut init_containers = Vec::new();
     if !copies.is_empty() {
         mounts.push(mount("images", IMAGES_DIR, true));
@@ -664,7 +682,7 @@ pub fn launcher_pod(
             dns_config: spec.dns_config.clone(),
             image_pull_secrets: (!pull_secrets.is_empty()).then_some(pull_secrets),
             init_containers: (!init_containers.is_empty()).then_some(init_containers),
-            containers: vec![Container {
+            containers: [Container {
                 name: COMPUTE_CONTAINER.into(),
                 image: Some(cfg.image.clone()),
                 image_pull_policy: cfg.image_pull_policy.clone(),
@@ -705,7 +723,10 @@ pub fn launcher_pod(
                 volume_mounts: Some(mounts),
                 volume_devices: (!devices.is_empty()).then_some(devices),
                 ..Container::default()
-            }],
+            }]
+            .into_iter()
+            .chain(console_log.then(|| console_log_container(cfg, guaranteed)))
+            .collect(),
             volumes: Some(volumes),
             security_context: Some(PodSecurityContext {
                 run_as_user: Some(LAUNCHER_UID.into()),
@@ -723,6 +744,53 @@ pub fn launcher_pod(
         }),
         status: None,
     })
+}
+
+/// KubeVirt's rule: not without the auto-attached serial console; then the VMI's
+/// `logSerialConsole`, else the cluster's default.
+pub fn serial_console_log(vmi: &VirtualMachineInstance, cfg: &LauncherConfig) -> bool {
+    let devices = &vmi.spec.domain.devices;
+    devices.autoattach_serial_console != Some(false)
+        && devices.log_serial_console.unwrap_or(cfg.serial_console_log)
+}
+
+/// `guest-console-log`: `virt-launcher tail-console` copies the file QEMU logs the serial
+/// console to onto its stdout, so `kubectl logs POD -c guest-console-log` shows the guest's
+/// console with kubelet's timestamps (node/launcher/src/console_log.rs). It ends with the
+/// launcher, so the pod completes with the guest.
+fn console_log_container(cfg: &LauncherConfig, guaranteed: bool) -> Container {
+    // A tail mostly asleep on inotify (a few MiB resident); the limits stop a guest that
+    // floods its console from taking more than a log shipper would.
+    let limits = BTreeMap::from([("cpu".to_string(), q("15m")), ("memory".into(), q("32Mi"))]);
+    let requests = if guaranteed {
+        limits.clone()
+    } else {
+        BTreeMap::from([("cpu".to_string(), q("5m")), ("memory".into(), q("16Mi"))])
+    };
+    Container {
+        name: CONSOLE_LOG_CONTAINER.into(),
+        image: Some(cfg.image.clone()),
+        image_pull_policy: cfg.image_pull_policy.clone(),
+        command: Some(vec![
+            LAUNCHER_BINARY.into(),
+            "tail-console".into(),
+            CONSOLE_LOG_FILE.into(),
+        ]),
+        resources: Some(ResourceRequirements {
+            requests: Some(requests),
+            limits: Some(limits),
+            ..ResourceRequirements::default()
+        }),
+        // Read and emptied once copied: not read-only.
+        volume_mounts: Some(vec![VolumeMount {
+            name: "console-log".into(),
+            mount_path: CONSOLE_LOG_DIR.into(),
+            ..VolumeMount::default()
+        }]),
+        security_context: Some(unprivileged()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Container::default()
+    }
 }
 
 /// Every container of a launcher pod: what Pod Security Standard `restricted` asks of a

@@ -39,6 +39,10 @@ pub struct Args {
     /// Unix socket for the guest's serial console (bound by QEMU).
     #[arg(long, env = "VIRT_LAUNCHER_CONSOLE_SOCKET")]
     console_socket: PathBuf,
+    /// File QEMU also writes the serial console to, for the pod's `guest-console-log`
+    /// container (`virt-launcher tail-console FILE`).
+    #[arg(long, env = "VIRT_LAUNCHER_CONSOLE_LOG")]
+    console_log: Option<PathBuf>,
     /// Unix socket for VNC; no graphics device when unset.
     #[arg(long, env = "VIRT_LAUNCHER_VNC_SOCKET")]
     vnc_socket: Option<PathBuf>,
@@ -117,6 +121,7 @@ impl Args {
         cfg.claims = virt_launcher::claims::Claims::from_args(&self.claims, &self.claim_disk_sizes)
             .map_err(anyhow::Error::msg)?;
         cfg.vnc_socket = self.vnc_socket;
+        cfg.console_log = self.console_log;
         cfg.libvirt_uri = self.libvirt_uri;
         cfg.libvirt_cache = self.libvirt_cache;
         cfg.accel = match self.accel {

@@ -27,6 +27,9 @@ pub struct Config {
     pub vmi: PathBuf,
     /// Unix socket QEMU binds for the serial console.
     pub console_socket: PathBuf,
+    /// File QEMU also writes the serial console to (`guest-console-log`, see
+    /// [`crate::console_log`]).
+    pub console_log: Option<PathBuf>,
     /// Unix socket QEMU binds for VNC.
     pub vnc_socket: Option<PathBuf>,
     /// Image reference → directory.
@@ -65,6 +68,7 @@ impl Config {
         Self {
             vmi,
             console_socket,
+            console_log: None,
             vnc_socket: None,
             images: ImageDirs::default(),
             claims: crate::claims::Claims::default(),
@@ -498,6 +502,10 @@ pub async fn run(
         tokio::task::spawn_blocking(move || volumes::prepare(&vmi, &images, &claims, &dir))
             .await??
     };
+    tracing::info!(
+        elapsed_ms = t0.elapsed().as_millis() as u64,
+        "volumes prepared"
+    );
 
     let (accel, why) = {
         let kernel = prepared.kernel_boot.as_ref().and_then(|k| k.kernel.clone());
@@ -531,6 +539,12 @@ pub async fn run(
         console_socket: Some(
             std::path::absolute(&cfg.console_socket).map_err(io(&cfg.console_socket))?,
         ),
+        console_log: cfg
+            .console_log
+            .as_deref()
+            .map(std::path::absolute)
+            .transpose()
+            .map_err(io(&work_dir))?,
         vnc_socket: cfg
             .vnc_socket
             .as_deref()
@@ -572,6 +586,10 @@ pub async fn run(
         },
     };
     let handle = DomainHandle::spawn(target).await?;
+    tracing::info!(
+        elapsed_ms = t0.elapsed().as_millis() as u64,
+        "libvirt daemon ready"
+    );
     let paths = MigrationTarget {
         work_dir: std::path::absolute(&work_dir)
             .map_err(io(&work_dir))?
@@ -674,6 +692,7 @@ async fn drive(
     started: impl FnOnce(),
 ) -> Result<Outcome, LauncherError> {
     handle.define(xml).await?;
+    tracing::info!("domain defined");
     let state = handle.state();
     handle.start().await?;
     // spec.startStrategy: Paused — the guest waits for an unpause (start --paused).

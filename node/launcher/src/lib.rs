@@ -5,6 +5,7 @@
 pub mod actor;
 pub mod claims;
 pub mod cmd_server;
+pub mod console_log;
 pub mod daemon;
 #[cfg(test)]
 mod fake;

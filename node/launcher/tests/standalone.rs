@@ -79,6 +79,11 @@ impl Launcher {
         self.dir.path().join("vnc.sock")
     }
 
+    /// The serial console's log file (`--console-log`, as in a pod).
+    fn console_log(&self) -> PathBuf {
+        self.dir.path().join("console-log/serial0.log")
+    }
+
     fn start(vmi: &Value, image_dir: &Path) -> Self {
         Self::start_as(vmi, image_dir, None)
     }
@@ -94,6 +99,7 @@ impl Launcher {
         std::fs::write(&file, serde_json::to_vec_pretty(vmi).unwrap()).unwrap();
         let work = dir.path().join("work");
         std::fs::create_dir(&work).unwrap();
+        std::fs::create_dir(dir.path().join("console-log")).unwrap();
         let mut command = match uid {
             None => Command::new(env!("CARGO_BIN_EXE_virt-launcher")),
             Some(uid) => {
@@ -124,6 +130,8 @@ impl Launcher {
             .arg(format!("guest:latest={}", image_dir.display()))
             .arg("--work-dir")
             .arg(&work)
+            .arg("--console-log")
+            .arg(dir.path().join("console-log/serial0.log"))
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -371,6 +379,17 @@ fn unprivileged_launcher_runs_libvirt_in_session_mode() {
     .unwrap();
     const NOBODY: u32 = 65534;
     let mut l = Launcher::start_as(&simple_vmi("unpriv"), copy.path(), Some(NOBODY));
+    // The pod's guest-console-log container: the same binary, as the same user.
+    let mut tail = Command::new("setpriv")
+        .arg(format!("--reuid={NOBODY}"))
+        .arg(format!("--regid={NOBODY}"))
+        .args(["--clear-groups", "--inh-caps=-all"])
+        .arg(env!("CARGO_BIN_EXE_virt-launcher"))
+        .arg(virt_launcher::console_log::TAIL_ARG)
+        .arg(l.console_log())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut c = l.connect_console(Duration::from_secs(60));
     c.prompt();
     c.send("echo $((6*7))");
@@ -398,6 +417,26 @@ fn unprivileged_launcher_runs_libvirt_in_session_mode() {
 
     l.signal(nix::sys::signal::Signal::SIGKILL);
     let _ = l.wait(Duration::from_secs(10));
+    // The tail ends with the launcher, even killed, having copied the whole boot (logged
+    // before anyone attached to the console) and what the console session typed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tail.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the log tail outlived the launcher"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut logged = String::new();
+    tail.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut logged)
+        .unwrap();
+    assert!(
+        logged.contains(virt_testguest::BANNER) && logged.contains("42"),
+        "{logged}"
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     let work = l.work().display().to_string();
     loop {

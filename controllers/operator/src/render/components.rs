@@ -291,6 +291,7 @@ fn controller_deployment(p: &Params) -> Deployment {
             ]
             .into_iter()
             .chain(super::eviction_strategy_flag(p))
+            .chain(super::serial_console_log_flag(p))
             .chain(super::workload_update_flags(p))
             .chain(p.migration_flags.iter().cloned())
             .collect(),
