@@ -62,6 +62,8 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let cfg = cli::Args::parse().into_config()?;
+    // The first line of the compute container's log: where `bench start` sees the process.
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), "virt-launcher started");
     // Before anything can fail: the log container ends with this process, however it ends.
     let _console_log_lock = cfg
         .console_log

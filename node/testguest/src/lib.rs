@@ -565,11 +565,27 @@ impl BareVm {
 
     /// Waits until the console has shown `text`; returns the time since QEMU was spawned.
     pub fn wait_for(&self, text: &str, timeout: Duration) -> Result<Duration, GuestError> {
+        self.wait_until(text, timeout, |seen| {
+            String::from_utf8_lossy(seen).contains(text)
+        })
+    }
+
+    /// Waits for the guest's first console byte; returns the time since QEMU was spawned.
+    pub fn wait_first_output(&self, timeout: Duration) -> Result<Duration, GuestError> {
+        self.wait_until("any output", timeout, |seen| !seen.is_empty())
+    }
+
+    fn wait_until(
+        &self,
+        text: &str,
+        timeout: Duration,
+        done: impl Fn(&[u8]) -> bool,
+    ) -> Result<Duration, GuestError> {
         let deadline = Instant::now() + timeout;
         let (seen, cv) = &*self.console;
         let mut guard = seen.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if String::from_utf8_lossy(&guard).contains(text) {
+            if done(&guard) {
                 return Ok(self.started.elapsed());
             }
             let left = deadline.saturating_duration_since(Instant::now());

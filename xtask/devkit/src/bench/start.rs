@@ -23,6 +23,9 @@ use serde_json::{Value, json};
 use super::report::{self, percentile};
 use super::section::{self, Provenance, Section};
 
+mod steps;
+use steps::{Step, Timeline};
+
 const TEST_GUEST: &str = "localhost/kubevirt-rs/test-guest:latest";
 /// Memory this machine keeps for everything else (builds of the other users, the cluster).
 const HOST_RESERVE: u64 = 3 << 30;
@@ -30,7 +33,19 @@ const HOST_RESERVE: u64 = 3 << 30;
 /// Arguments of `cargo xtask bench start`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct StartArgs {
-    /// VMs to create (fewer when they do not fit; the reason is printed and recorded).
+    /// Single VMs started one at a time, each against bare QEMU booting the same guest,
+    /// alternating (the start-latency breakdown); 0 skips them.
+    #[arg(long, default_value_t = 5)]
+    pub single_runs: usize,
+    /// VMs of the burst after the single runs, created `--burst-interval-ms` apart; 0
+    /// skips it.
+    #[arg(long, default_value_t = 10)]
+    pub burst: usize,
+    /// Pause between two creations of the burst.
+    #[arg(long, default_value_t = 100)]
+    pub burst_interval_ms: u64,
+    /// VMs of the density run after the burst (fewer when they do not fit; the reason is
+    /// printed and recorded); 0 skips it.
     #[arg(long, default_value_t = 100)]
     pub vms: usize,
     /// Pause between two creations.
@@ -203,6 +218,17 @@ fn kubectl_binary() -> PathBuf {
 }
 
 fn vm_manifest(name: &str, ns: &str, args: &StartArgs) -> String {
+    manifest(name, ns, &args.guest_memory, &args.cpu_request)
+}
+
+fn s2(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+/// Bare QEMU's memory ([`virt_testguest::BareVm`]): the latency runs' guests get the same.
+const LATENCY_GUEST_MEMORY: &str = "256Mi";
+
+fn manifest(name: &str, ns: &str, memory: &str, cpu: &str) -> String {
     json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachine",
@@ -212,8 +238,8 @@ fn vm_manifest(name: &str, ns: &str, args: &StartArgs) -> String {
             "template": {"spec": {
                 "terminationGracePeriodSeconds": 5,
                 "domain": {
-                    "memory": {"guest": args.guest_memory},
-                    "resources": {"requests": {"cpu": args.cpu_request}},
+                    "memory": {"guest": memory},
+                    "resources": {"requests": {"cpu": cpu}},
                     "devices": {},
                     "firmware": {"kernelBoot": {
                         "kernelArgs": virt_testguest::KERNEL_ARGS,
@@ -542,6 +568,167 @@ fn launcher_pods(kube: &Kube, ns: &str) -> anyhow::Result<Vec<Value>> {
     Ok(v["items"].as_array().cloned().unwrap_or_default())
 }
 
+/// Deletes VMs and waits until their launcher pods are gone: the next measurement starts on
+/// an idle cluster.
+fn delete_vms(kube: &Kube, ns: &str, names: &[String], timeout: Duration) -> anyhow::Result<()> {
+    let mut args = vec!["-n", ns, "delete", "vm", "--wait=false"];
+    args.extend(names.iter().map(String::as_str));
+    kube.run(&args)?;
+    wait_for("the launcher pods gone", timeout, || {
+        launcher_pods(kube, ns).is_ok_and(|pods| {
+            !pods.iter().any(|p| {
+                p.pointer("/metadata/labels/vm.kubevirt.io~1name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| names.iter().any(|m| m == n))
+            })
+        })
+    })
+}
+
+/// Single VMs against bare QEMU, alternating, then a burst: the body's latency part, and
+/// whether the goals were met.
+fn latency(kube: &Kube, ns: &str, args: &StartArgs, timeout: Duration) -> anyhow::Result<String> {
+    if args.single_runs == 0 && args.burst == 0 {
+        return Ok(String::new());
+    }
+    let guest = virt_testguest::ensure(&virt_testguest::default_dir())
+        .context("the test guest for bare QEMU (cargo xtask guest)")?;
+    let watches = steps::Watches::start(kube, ns)?;
+    let mut singles: Vec<Timeline> = Vec::new();
+    let (mut bare_first, mut bare_banner) = (Vec::new(), Vec::new());
+    for i in 0..args.single_runs {
+        for side in if i % 2 == 0 { [0, 1] } else { [1, 0] } {
+            if side == 0 {
+                let name = format!("single-{i}");
+                let created = std::time::SystemTime::now();
+                kube.create(&manifest(
+                    &name,
+                    ns,
+                    LATENCY_GUEST_MEMORY,
+                    &args.cpu_request,
+                ))?;
+                let tl = steps::collect(kube, ns, &watches, &name, created, timeout)?;
+                eprintln!(
+                    "single {i}: first console byte {:.2} s after the create, banner {:.2} s",
+                    tl.since_create(Step::FirstOutput)
+                        .unwrap_or_default()
+                        .as_secs_f64(),
+                    tl.since_create(Step::Banner)
+                        .unwrap_or_default()
+                        .as_secs_f64()
+                );
+                singles.push(tl);
+                delete_vms(kube, ns, &[name], timeout)?;
+            } else {
+                let vm = virt_testguest::BareVm::start(&guest, &[], &[], "")?;
+                let first = vm.wait_first_output(Duration::from_secs(60))?;
+                let banner = vm.wait_for(virt_testguest::BANNER, Duration::from_secs(60))?;
+                eprintln!(
+                    "bare {i}: first console byte {:.2} s after the spawn, banner {:.2} s",
+                    first.as_secs_f64(),
+                    banner.as_secs_f64()
+                );
+                bare_first.push(first);
+                bare_banner.push(banner);
+            }
+        }
+    }
+    let mut burst: Vec<Timeline> = Vec::new();
+    if args.burst > 0 {
+        let names: Vec<String> = (0..args.burst).map(|i| format!("burst-{i:02}")).collect();
+        let t0 = Instant::now();
+        let mut created = Vec::new();
+        let mut creators = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let k = Kube {
+                kubectl: kube.kubectl.clone(),
+                kubeconfig: kube.kubeconfig.clone(),
+            };
+            let m = manifest(name, ns, LATENCY_GUEST_MEMORY, &args.cpu_request);
+            created.push(std::time::SystemTime::now());
+            creators.push(std::thread::spawn(move || k.create(&m)));
+            let next = t0 + Duration::from_millis(args.burst_interval_ms * (i as u64 + 1));
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        for c in creators {
+            c.join()
+                .map_err(|_| anyhow::anyhow!("a creating thread panicked"))??;
+        }
+        for (name, at) in names.iter().zip(&created) {
+            burst.push(steps::collect(kube, ns, &watches, name, *at, timeout)?);
+        }
+        delete_vms(kube, ns, &names, timeout)?;
+    }
+    drop(watches);
+
+    let med = |v: &[Duration]| {
+        let mut v = v.to_vec();
+        v.sort();
+        percentile(&v, 50.0).unwrap_or_default()
+    };
+    let (bf, bb) = (med(&bare_first), med(&bare_banner));
+    let single_first: Vec<Duration> = singles
+        .iter()
+        .filter_map(|t| t.since_create(Step::FirstOutput))
+        .collect();
+    let single_banner: Vec<Duration> = singles
+        .iter()
+        .filter_map(|t| t.since_create(Step::Banner))
+        .collect();
+    let mut burst_first: Vec<Duration> = burst
+        .iter()
+        .filter_map(|t| t.since_create(Step::FirstOutput))
+        .collect();
+    burst_first.sort();
+    let met = |ok: bool| if ok { "met" } else { "not met" };
+    let mut s = String::new();
+    if args.single_runs > 0 {
+        let (sf, sb) = (med(&single_first), med(&single_banner));
+        s.push_str(&format!(
+            "### One VM at a time ({} runs, each against bare QEMU, alternating)
+
+{}
+             | bare QEMU (same kernel, initramfs and memory, TCG, no libvirt) | from the spawn, median (min–max) |
+|---|---|
+             | first console byte | {} |
+| banner | {} |
+
+             Goal: create → guest's first console byte ≤ bare QEMU's + 1.0 s: {} vs {} + 1.0 s,              {} (gap {:+.2} s). To the banner: {} vs {} (gap {:+.2} s).
+
+",
+            args.single_runs,
+            steps::single_table(&singles),
+            steps::median_range(&bare_first),
+            steps::median_range(&bare_banner),
+            s2(sf),
+            s2(bf),
+            met(sf <= bf + Duration::from_secs(1)),
+            sf.as_secs_f64() - bf.as_secs_f64(),
+            s2(sb),
+            s2(bb),
+            sb.as_secs_f64() - bb.as_secs_f64(),
+        ));
+    }
+    if args.burst > 0 {
+        let p95 = percentile(&burst_first, 95.0).unwrap_or_default();
+        s.push_str(&format!(
+            "### A burst: {} VMs created {} ms apart
+
+{}
+             Goal: P95 of create → first console byte ≤ bare QEMU's median + 2.0 s: {} vs {} + 2.0 s, {}.
+
+",
+            args.burst,
+            args.burst_interval_ms,
+            steps::burst_table(&burst),
+            s2(p95),
+            s2(bf),
+            met(p95 <= bf + Duration::from_secs(2)),
+        ));
+    }
+    Ok(s)
+}
+
 /// Deletes the benchmark's namespace when dropped (without waiting), unless `--keep`.
 struct NamespaceGuard<'a> {
     kube: Kube,
@@ -614,6 +801,23 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
         ])
         .is_ok_and(|p| p == "Running")
     })?;
+    let latency_body = latency(&kube, ns, &args, timeout)?;
+    let latency_note = "Latency runs: one VM at a time (the primer running), each alternating with \
+         bare QEMU booting the same kernel and initramfs with the same memory on this machine; \
+         then a burst. Times on one clock: the client's watches for API objects (when the \
+         client saw them), the kubelet's log timestamps for the launcher's steps and the guest's \
+         console (the `guest-console-log` container copies what QEMU writes to the serial \
+         port). A step seen by a watch can come after a later step's log line: its own \
+         duration then counts as zero.";
+    if args.vms == 0 {
+        print!("{latency_body}");
+        let section = Section::new(
+            section::START,
+            provenance,
+            format!("{latency_note}\n\n{latency_body}"),
+        );
+        return super::record(&section, args.no_docs);
+    }
     let primer_pod = launcher_pods(&kube, ns)?
         .into_iter()
         .next()
@@ -785,7 +989,7 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
     );
     print!("{table}");
     let description = format!(
-        "One run. After one primer VM, {count} VMs (runStrategy Always, the busybox test guest \
+        "{latency_note}\n\n{latency_body}### Density\n\nOne run. After one primer VM, {count} VMs (runStrategy Always, the busybox test guest \
          by kernelBoot, TCG) created {} ms apart in one namespace; exact nearest-rank \
          percentiles over the VMs (KubeVirt's are interpolated over 10 s histogram buckets). \
          Fit: {fit_note}. The guest answered with its banner in {banners} of {} cases, \
@@ -824,8 +1028,14 @@ impl StartArgs {
     /// The command that reproduces this run, every option that shapes the figures spelt out.
     pub fn command(&self) -> String {
         format!(
-            "cargo xtask bench start --vms {} --interval-ms {} --guest-memory {} --cpu-request {}",
-            self.vms, self.interval_ms, self.guest_memory, self.cpu_request
+            "cargo xtask bench start --single-runs {} --burst {} --burst-interval-ms {} --vms {} --interval-ms {} --guest-memory {} --cpu-request {}",
+            self.single_runs,
+            self.burst,
+            self.burst_interval_ms,
+            self.vms,
+            self.interval_ms,
+            self.guest_memory,
+            self.cpu_request
         )
     }
 }

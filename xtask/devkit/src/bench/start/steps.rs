@@ -1,0 +1,532 @@
+//! Where a VM's start goes: the time of each step from the client's create request to the
+//! guest's first console byte, for one VM at a time and for a burst, against bare QEMU
+//! booting the same guest in the same invocation (issue 21 point 3).
+//!
+//! Sources, all on this machine's one clock:
+//! - the client's own watches (`kubectl get -w`) for what the API shows: VMI created, launcher
+//!   pod created, scheduled, its init containers done, VMI `Running`;
+//! - the kubelet's timestamp of each log line (`kubectl logs --timestamps`) for what happens
+//!   in the pod: the compute container's launcher logs its steps, and the
+//!   `guest-console-log` container copies the serial console as QEMU writes it.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+use super::Kube;
+use crate::bench::report::percentile;
+
+/// A step of a VM's start, in the order they happen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Step {
+    VmiCreated,
+    PodCreated,
+    PodScheduled,
+    InitDone,
+    LauncherStarted,
+    VolumesPrepared,
+    NetworkReady,
+    LibvirtReady,
+    DomainDefined,
+    DomainStarted,
+    VmiRunning,
+    FirstOutput,
+    Banner,
+}
+
+impl Step {
+    pub const ALL: [Step; 13] = [
+        Step::VmiCreated,
+        Step::PodCreated,
+        Step::PodScheduled,
+        Step::InitDone,
+        Step::LauncherStarted,
+        Step::VolumesPrepared,
+        Step::NetworkReady,
+        Step::LibvirtReady,
+        Step::DomainDefined,
+        Step::DomainStarted,
+        Step::VmiRunning,
+        Step::FirstOutput,
+        Step::Banner,
+    ];
+
+    /// The table's row label, with where the time comes from.
+    pub fn label(self) -> &'static str {
+        match self {
+            Step::VmiCreated => "VMI created (watch)",
+            Step::PodCreated => "launcher pod created (watch)",
+            Step::PodScheduled => "pod scheduled: nodeName set (watch)",
+            Step::InitDone => "init containers done: kubelet's status (watch)",
+            Step::LauncherStarted => "virt-launcher started (its first log line)",
+            Step::VolumesPrepared => "volumes prepared (launcher log)",
+            Step::NetworkReady => "pod network ready, from virt-handler (launcher log)",
+            Step::LibvirtReady => "private libvirt daemon ready (launcher log)",
+            Step::DomainDefined => "domain defined (launcher log)",
+            Step::DomainStarted => "QEMU started: domain running (launcher log)",
+            Step::VmiRunning => "VMI `Running` (watch)",
+            Step::FirstOutput => "guest's first console byte (guest-console-log)",
+            Step::Banner => "guest ready: its banner (guest-console-log)",
+        }
+    }
+
+    /// The launcher's log message that marks the step.
+    fn launcher_message(self) -> Option<&'static str> {
+        Some(match self {
+            Step::LauncherStarted => "virt-launcher started",
+            Step::VolumesPrepared => "volumes prepared",
+            Step::NetworkReady => "pod network ready",
+            Step::LibvirtReady => "libvirt daemon ready",
+            Step::DomainDefined => "domain defined",
+            Step::DomainStarted => "domain started",
+            _ => return None,
+        })
+    }
+}
+
+/// One kubelet log line, `RFC3339NANO TEXT`: its time and text.
+pub fn log_line(line: &str) -> Option<(SystemTime, &str)> {
+    let (ts, text) = line.split_once(' ').unwrap_or((line, ""));
+    let t = time::OffsetDateTime::parse(ts, &time::format_description::well_known::Rfc3339).ok()?;
+    let since = t - time::OffsetDateTime::UNIX_EPOCH;
+    let d = Duration::try_from(since).ok()?;
+    Some((SystemTime::UNIX_EPOCH + d, text))
+}
+
+/// The launcher's steps in its log (`kubectl logs --timestamps -c compute`).
+pub fn launcher_steps(log: &str) -> BTreeMap<Step, SystemTime> {
+    let mut out = BTreeMap::new();
+    for (t, text) in log.lines().filter_map(log_line) {
+        for s in Step::ALL {
+            if let Some(m) = s.launcher_message()
+                && text.contains(m)
+            {
+                out.entry(s).or_insert(t);
+            }
+        }
+    }
+    out
+}
+
+/// The guest's first output and its banner in the console log (`-c guest-console-log`).
+pub fn console_steps(log: &str, banner: &str) -> BTreeMap<Step, SystemTime> {
+    let mut out = BTreeMap::new();
+    for (t, text) in log.lines().filter_map(log_line) {
+        out.entry(Step::FirstOutput).or_insert(t);
+        if text.contains(banner) {
+            out.entry(Step::Banner).or_insert(t);
+        }
+    }
+    out
+}
+
+/// One VM's start: when the client sent the create, and when each step happened.
+#[derive(Debug, Clone, Default)]
+pub struct Timeline {
+    pub created: Option<SystemTime>,
+    pub at: BTreeMap<Step, SystemTime>,
+}
+
+impl Timeline {
+    /// From the create request to `s`.
+    pub fn since_create(&self, s: Step) -> Option<Duration> {
+        self.at.get(&s)?.duration_since(self.created?).ok()
+    }
+
+    /// From the step before `s` that this timeline has to `s` (zero when they are
+    /// out of order: a watch delivers later than the log line of a later step).
+    pub fn step_took(&self, s: Step) -> Option<Duration> {
+        let prev = Step::ALL
+            .iter()
+            .take_while(|p| **p != s)
+            .filter_map(|p| self.at.get(p))
+            .last()
+            .copied()
+            .or(self.created)?;
+        let at = self.at.get(&s)?;
+        Some(at.duration_since(prev).unwrap_or_default())
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+/// `median (min–max)` of `xs`, or `n/a`.
+pub fn median_range(xs: &[Duration]) -> String {
+    if xs.is_empty() {
+        return "n/a".into();
+    }
+    let mut v = xs.to_vec();
+    v.sort();
+    format!(
+        "{} ({:.2}–{:.2})",
+        secs(percentile(&v, 50.0).unwrap_or_default()),
+        v[0].as_secs_f64(),
+        v[v.len() - 1].as_secs_f64()
+    )
+}
+
+/// The single-VM table: per step, the median (min–max) over the runs of the time since the
+/// create request and of the step itself.
+pub fn single_table(runs: &[Timeline]) -> String {
+    let mut s = String::from(
+        "| step | from the create request, median (min–max) | the step itself |\n|---|---|---|\n",
+    );
+    for step in Step::ALL {
+        let since: Vec<Duration> = runs.iter().filter_map(|t| t.since_create(step)).collect();
+        let took: Vec<Duration> = runs.iter().filter_map(|t| t.step_took(step)).collect();
+        s.push_str(&format!(
+            "| {} | {} | {} |\n",
+            step.label(),
+            median_range(&since),
+            median_range(&took)
+        ));
+    }
+    s
+}
+
+/// The burst table: per step, P50 and P95 over the VMs of the time since each one's create.
+pub fn burst_table(vms: &[Timeline]) -> String {
+    let mut s = String::from(
+        "| step | VMs | from its create request, P50 | P95 | max |\n|---|---|---|---|---|\n",
+    );
+    for step in Step::ALL {
+        let mut v: Vec<Duration> = vms.iter().filter_map(|t| t.since_create(step)).collect();
+        v.sort();
+        let cell = |p: f64| {
+            if v.is_empty() {
+                "n/a".to_string()
+            } else {
+                secs(percentile(&v, p).unwrap_or_default())
+            }
+        };
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            step.label(),
+            v.len(),
+            cell(50.0),
+            cell(95.0),
+            cell(100.0)
+        ));
+    }
+    s
+}
+
+/// What the client's watches saw, by VMI name: first times of the API-visible steps.
+#[derive(Default)]
+struct Seen {
+    at: BTreeMap<(String, Step), SystemTime>,
+    /// Launcher pod name by VMI name.
+    pods: BTreeMap<String, String>,
+}
+
+/// `kubectl get vmi,pods -w` in the namespace, recording first times.
+pub struct Watches {
+    children: Vec<Child>,
+    seen: Arc<Mutex<Seen>>,
+}
+
+fn note(seen: &Arc<Mutex<Seen>>, name: &str, step: Step, t: SystemTime) {
+    if let Ok(mut s) = seen.lock() {
+        s.at.entry((name.to_string(), step)).or_insert(t);
+    }
+}
+
+fn pod_event(seen: &Arc<Mutex<Seen>>, p: &Value, t: SystemTime) {
+    let Some(vmi) = p
+        .pointer("/metadata/labels/vm.kubevirt.io~1name")
+        .and_then(Value::as_str)
+    else {
+        return;
+    };
+    // A migration target is another pod of the same VMI: only the first counts.
+    if let (Some(pod), Ok(mut s)) = (
+        p.pointer("/metadata/name").and_then(Value::as_str),
+        seen.lock(),
+    ) {
+        s.pods.entry(vmi.to_string()).or_insert(pod.to_string());
+    }
+    note(seen, vmi, Step::PodCreated, t);
+    if p.pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty())
+    {
+        note(seen, vmi, Step::PodScheduled, t);
+    }
+    let inits = p
+        .pointer("/status/initContainerStatuses")
+        .and_then(Value::as_array);
+    let all_done = |v: &Vec<Value>| {
+        v.iter()
+            .all(|c| c.pointer("/state/terminated/exitCode") == Some(&Value::from(0)))
+    };
+    let compute_running = p
+        .pointer("/status/containerStatuses")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| cs.iter().any(|c| c.pointer("/state/running").is_some()));
+    // No init containers: done when a container runs.
+    if inits.is_some_and(all_done) || (inits.is_none() && compute_running) {
+        note(seen, vmi, Step::InitDone, t);
+    }
+}
+
+fn vmi_event(seen: &Arc<Mutex<Seen>>, v: &Value, t: SystemTime) {
+    let Some(name) = v.pointer("/metadata/name").and_then(Value::as_str) else {
+        return;
+    };
+    note(seen, name, Step::VmiCreated, t);
+    if v.pointer("/status/phase").and_then(Value::as_str) == Some("Running") {
+        note(seen, name, Step::VmiRunning, t);
+    }
+}
+
+impl Watches {
+    pub fn start(kube: &Kube, ns: &str) -> anyhow::Result<Self> {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let mut children = Vec::new();
+        for (args, on) in [
+            (
+                vec!["-n", ns, "get", "vmi", "-w", "-o", "json"],
+                vmi_event as fn(&Arc<Mutex<Seen>>, &Value, SystemTime),
+            ),
+            (
+                vec![
+                    "-n",
+                    ns,
+                    "get",
+                    "pods",
+                    "-l",
+                    "kubevirt.io=virt-launcher",
+                    "-w",
+                    "-o",
+                    "json",
+                ],
+                pod_event,
+            ),
+        ] {
+            let mut child = kube
+                .cmd()
+                .args(&args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("kubectl get -w")?;
+            let stdout = child.stdout.take().context("watch stdout")?;
+            let sink = seen.clone();
+            std::thread::spawn(move || {
+                for v in serde_json::Deserializer::from_reader(stdout).into_iter::<Value>() {
+                    let Ok(v) = v else { break };
+                    on(&sink, &v, SystemTime::now());
+                }
+            });
+            children.push(child);
+        }
+        Ok(Self { children, seen })
+    }
+
+    fn get(&self, vmi: &str, step: Step) -> Option<SystemTime> {
+        self.seen
+            .lock()
+            .ok()?
+            .at
+            .get(&(vmi.to_string(), step))
+            .copied()
+    }
+
+    fn pod(&self, vmi: &str) -> Option<String> {
+        self.seen.lock().ok()?.pods.get(vmi).cloned()
+    }
+
+    /// The API-visible steps of `vmi` seen so far.
+    fn steps(&self, vmi: &str) -> BTreeMap<Step, SystemTime> {
+        Step::ALL
+            .iter()
+            .filter_map(|s| Some((*s, self.get(vmi, *s)?)))
+            .collect()
+    }
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Follows a launcher pod's `guest-console-log` until the guest's banner (or `timeout`).
+fn follow_console(
+    kube: &Kube,
+    ns: &str,
+    pod: &str,
+    banner: &str,
+    deadline: Instant,
+) -> anyhow::Result<String> {
+    // The container may not have started yet: `logs -f` then fails at once; try again.
+    loop {
+        let mut child = kube
+            .cmd()
+            .args([
+                "-n",
+                ns,
+                "logs",
+                "-f",
+                "--timestamps",
+                "-c",
+                "guest-console-log",
+                pod,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("kubectl logs -f")?;
+        let stdout = child.stdout.take().context("logs stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut text = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left.min(Duration::from_secs(1))) {
+                Ok(line) => {
+                    let done = line.contains(banner);
+                    text.push_str(&line);
+                    text.push('\n');
+                    if done {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        return Ok(text);
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !left.is_zero() => {}
+                Err(_) => break,
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        if Instant::now() >= deadline {
+            bail!("no banner on {pod}'s guest-console-log in time; it showed:\n{text}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Once `vmi` shows its banner: its whole timeline.
+pub fn collect(
+    kube: &Kube,
+    ns: &str,
+    w: &Watches,
+    vmi: &str,
+    created: SystemTime,
+    timeout: Duration,
+) -> anyhow::Result<Timeline> {
+    let deadline = Instant::now() + timeout;
+    let pod = loop {
+        if let Some(p) = w.pod(vmi) {
+            break p;
+        }
+        if Instant::now() > deadline {
+            bail!("no launcher pod of {vmi} within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let console = follow_console(kube, ns, &pod, virt_testguest::BANNER, deadline)?;
+    // The watch reports Running shortly after the guest's output began, at most.
+    while w.get(vmi, Step::VmiRunning).is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let launcher = kube.run(&["-n", ns, "logs", "--timestamps", "-c", "compute", &pod])?;
+    let mut at = w.steps(vmi);
+    at.extend(launcher_steps(&launcher));
+    at.extend(console_steps(&console, virt_testguest::BANNER));
+    Ok(Timeline {
+        created: Some(created),
+        at,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> SystemTime {
+        log_line(&format!("{s} x")).unwrap().0
+    }
+
+    #[test]
+    fn kubelet_timestamps_are_parsed_to_the_nanosecond() {
+        let (at, text) = log_line("2026-12-03T19:05:01.123456789Z hello world").unwrap();
+        assert_eq!(text, "hello world");
+        let d = at.duration_since(SystemTime::UNIX_EPOCH).unwrap();
+        assert_eq!(d.subsec_nanos(), 123_456_789);
+        assert_eq!(
+            t("2026-12-03T19:05:01.5Z"),
+            t("2026-12-03T20:05:01.5+01:00")
+        );
+        assert!(log_line("not a timestamp").is_none());
+    }
+
+    #[test]
+    fn launcher_and_console_logs_give_their_steps() {
+        let launcher = "2026-12-03T19:00:00.100Z  INFO virt_launcher: virt-launcher started version=0.1.0\n\
+            2026-12-03T19:00:00.200Z  INFO virt_launcher::launcher: volumes prepared elapsed_ms=90\n\
+            2026-12-03T19:00:00.300Z  INFO virt_launcher::network: pod network ready guest=10.0.0.2\n\
+            2026-12-03T19:00:00.900Z  INFO virt_launcher::launcher: libvirt daemon ready elapsed_ms=800\n\
+            2026-12-03T19:00:01.000Z  INFO virt_launcher::launcher: domain defined\n\
+            2026-12-03T19:00:01.200Z  INFO virt_launcher::launcher: domain started domain=ns_vm elapsed_ms=1100\n";
+        let s = launcher_steps(launcher);
+        assert_eq!(s.len(), 6);
+        assert_eq!(s[&Step::DomainStarted], t("2026-12-03T19:00:01.200Z"));
+        let console = "2026-12-03T19:00:01.700Z [    0.000000] Linux version 6.1\n\
+            2026-12-03T19:00:02.900Z kubevirt-rs guest ready\n";
+        let c = console_steps(console, "kubevirt-rs guest ready");
+        assert_eq!(c[&Step::FirstOutput], t("2026-12-03T19:00:01.700Z"));
+        assert_eq!(c[&Step::Banner], t("2026-12-03T19:00:02.900Z"));
+    }
+
+    #[test]
+    fn steps_are_measured_from_the_create_and_from_the_step_before() {
+        let mut tl = Timeline {
+            created: Some(t("2026-12-03T19:00:00Z")),
+            ..Timeline::default()
+        };
+        tl.at.insert(Step::VmiCreated, t("2026-12-03T19:00:00.1Z"));
+        tl.at.insert(Step::PodCreated, t("2026-12-03T19:00:00.3Z"));
+        // Missing steps are skipped: the next one counts from the last one present.
+        tl.at
+            .insert(Step::LauncherStarted, t("2026-12-03T19:00:01Z"));
+        assert_eq!(
+            tl.since_create(Step::PodCreated),
+            Some(Duration::from_millis(300))
+        );
+        assert_eq!(
+            tl.step_took(Step::VmiCreated),
+            Some(Duration::from_millis(100))
+        );
+        assert_eq!(
+            tl.step_took(Step::LauncherStarted),
+            Some(Duration::from_millis(700))
+        );
+        assert_eq!(tl.since_create(Step::Banner), None);
+        let table = single_table(&[tl.clone(), tl]);
+        assert!(
+            table.contains(
+                "| launcher pod created (watch) | 0.30 s (0.30–0.30) | 0.20 s (0.20–0.20) |"
+            ),
+            "{table}"
+        );
+    }
+}
