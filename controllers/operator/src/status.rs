@@ -365,6 +365,14 @@ pub fn unimplemented_fields(spec: &KubeVirtSpec) -> Vec<String> {
                     .map(|(k, _)| format!("spec.configuration.migrations.{k}")),
             );
         }
+        if let Some(o) = &conf.virtual_machine_options {
+            // KubeVirt's options are empty objects whose presence is the setting.
+            out.extend(
+                o.other
+                    .keys()
+                    .map(|k| format!("spec.configuration.virtualMachineOptions.{k}")),
+            );
+        }
         out.extend(
             conf.other
                 .iter()
@@ -847,6 +855,8 @@ mod tests {
                 "developerConfiguration": {"useEmulation": true, "featureGates": ["Snapshot"],
                     "logVerbosity": {"virtLauncher": 4}},
                 "migrations": {"parallelMigrationsPerCluster": 5, "allowPostCopy": true},
+                "virtualMachineOptions": {"disableSerialConsoleLog": {},
+                    "disableFreePageReporting": {}},
                 "network": {}}}));
         assert_eq!(
             unimplemented_fields(&s),
@@ -855,6 +865,7 @@ mod tests {
                 "spec.infra.replicas",
                 "spec.configuration.developerConfiguration.logVerbosity",
                 "spec.configuration.migrations.allowPostCopy",
+                "spec.configuration.virtualMachineOptions.disableFreePageReporting",
             ]
         );
         let note = unsupported_note(&s).unwrap();
@@ -862,7 +873,8 @@ mod tests {
             note.starts_with(
                 "spec.monitorNamespace, spec.infra.replicas, \
                  spec.configuration.developerConfiguration.logVerbosity, \
-                 spec.configuration.migrations.allowPostCopy are kept but not implemented by kubevirt-rs; \
+                 spec.configuration.migrations.allowPostCopy, \
+                 spec.configuration.virtualMachineOptions.disableFreePageReporting are kept but not implemented by kubevirt-rs; \
                  they have no effect; spec.configuration.developerConfiguration.featureGates: \
                  Snapshot is not implemented"
             ),
