@@ -149,6 +149,15 @@ pub async fn run(
         vmis.clone(),
         shutdown.child_token(),
     ));
+    if matches!(cfg.paths, Paths::Pods { .. }) {
+        tokio::spawn(crate::early::run(
+            client.clone(),
+            cfg.node_name.clone(),
+            vmis.clone(),
+            metrics.watches.clone(),
+            shutdown.child_token(),
+        ));
+    }
     let mut node = Node::default();
     let mut listed: HashSet<String> = HashSet::new();
     let mut listed_in: HashSet<String> = HashSet::new();

@@ -14,6 +14,7 @@ pub mod capabilities;
 pub mod client;
 pub mod cluster;
 pub mod cluster_migration;
+pub mod early;
 pub mod identity;
 pub mod launcher_fs;
 pub mod metrics;

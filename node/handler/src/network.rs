@@ -25,11 +25,35 @@ use crate::vmis::Paths;
 const POLL: Duration = Duration::from_millis(100);
 
 /// The VMIs this handler knows (its node's and those migrating here), by uid: the plan is
-/// made from the API server's VMI, never from anything the launcher says.
+/// made from the API server's VMI, never from anything the launcher says. Also the launcher
+/// pods bound to this node before their VMI is (see [`crate::early`]), by pod uid.
 #[derive(Clone, Debug, Default)]
-pub struct KnownVmis(Arc<RwLock<HashMap<String, VirtualMachineInstance>>>);
+pub struct KnownVmis(
+    Arc<RwLock<HashMap<String, VirtualMachineInstance>>>,
+    Arc<RwLock<HashMap<String, VirtualMachineInstance>>>,
+);
 
 impl KnownVmis {
+    /// Records a launcher pod on this node and the VMI that (per the VMI's own
+    /// `status.activePods`, which only virt-controller writes) it runs.
+    pub fn insert_pod(&self, pod_uid: &str, vmi: &VirtualMachineInstance) {
+        if let Ok(mut m) = self.1.write() {
+            m.insert(pod_uid.to_string(), vmi.clone());
+        }
+    }
+
+    /// Forgets a launcher pod recorded by [`Self::insert_pod`].
+    pub fn remove_pod(&self, pod_uid: &str) {
+        if let Ok(mut m) = self.1.write() {
+            m.remove(pod_uid);
+        }
+    }
+
+    /// Whether [`Self::insert_pod`] recorded this pod.
+    pub fn has_pod(&self, pod_uid: &str) -> bool {
+        self.1.read().is_ok_and(|m| m.contains_key(pod_uid))
+    }
+
     /// Records the latest version of a VMI.
     pub fn insert(&self, vmi: &VirtualMachineInstance) {
         if let (Some(uid), Ok(mut m)) = (vmi.uid(), self.0.write()) {
@@ -56,7 +80,8 @@ impl KnownVmis {
         };
         // A final VMI's pods serve nothing any more (and may be gone: looking for them
         // would scan /proc every round for as long as the VMI exists).
-        m.values()
+        let mut out: Vec<(String, VirtualMachineInstance)> = m
+            .values()
             .filter(|vmi| !vmi.status.as_ref().is_some_and(|s| s.phase.is_final()))
             .flat_map(|vmi| {
                 vmi.status
@@ -66,8 +91,25 @@ impl KnownVmis {
                     .map(|(pod, _)| (pod.clone(), vmi.clone()))
                     .collect::<Vec<_>>()
             })
-            .collect()
+            .collect();
+        // Pods known early whose VMI is not known yet (once it is, its own entry counts).
+        if let Ok(early) = self.1.read() {
+            for (pod, vmi) in early.iter() {
+                if !out.iter().any(|(p, _)| p == pod) {
+                    out.push((pod.clone(), vmi.clone()));
+                }
+            }
+        }
+        out
     }
+}
+
+#[cfg(test)]
+pub(crate) fn launchers_on_for_tests(
+    vmis: &KnownVmis,
+    node: &str,
+) -> Vec<(String, VirtualMachineInstance)> {
+    vmis.launchers_on(node)
 }
 
 /// The VMI uid of a socket directory: `<uid>`, or `<uid>-<suffix>` for a migration target.

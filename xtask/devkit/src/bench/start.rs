@@ -666,64 +666,47 @@ fn latency(kube: &Kube, ns: &str, args: &StartArgs, timeout: Duration) -> anyhow
         v.sort();
         percentile(&v, 50.0).unwrap_or_default()
     };
-    let (bf, bb) = (med(&bare_first), med(&bare_banner));
-    let single_first: Vec<Duration> = singles
-        .iter()
-        .filter_map(|t| t.since_create(Step::FirstOutput))
-        .collect();
-    let single_banner: Vec<Duration> = singles
-        .iter()
-        .filter_map(|t| t.since_create(Step::Banner))
-        .collect();
-    let mut burst_first: Vec<Duration> = burst
-        .iter()
-        .filter_map(|t| t.since_create(Step::FirstOutput))
-        .collect();
-    burst_first.sort();
+    let bb = med(&bare_banner);
+    // The guest is `quiet`: its first console output is its banner. Bare QEMU has no VGA,
+    // so SeaBIOS prints to its serial port first; the launcher's domain has a display, so
+    // SeaBIOS does not. Firmware chatter is no start, so the goals compare the banner.
+    let since = |tls: &[Timeline], step: Step| -> Vec<Duration> {
+        tls.iter().filter_map(|t| t.since_create(step)).collect()
+    };
     let met = |ok: bool| if ok { "met" } else { "not met" };
     let mut s = String::new();
     if args.single_runs > 0 {
-        let (sf, sb) = (med(&single_first), med(&single_banner));
+        let sb = med(&since(&singles, Step::Banner));
         s.push_str(&format!(
-            "### One VM at a time ({} runs, each against bare QEMU, alternating)
-
-{}
-             | bare QEMU (same kernel, initramfs and memory, TCG, no libvirt) | from the spawn, median (min–max) |
-|---|---|
-             | first console byte | {} |
-| banner | {} |
-
-             Goal: create → guest's first console byte ≤ bare QEMU's + 1.0 s: {} vs {} + 1.0 s,              {} (gap {:+.2} s). To the banner: {} vs {} (gap {:+.2} s).
-
-",
+            "### One VM at a time ({} runs, each against bare QEMU, alternating)\n\n{}\n\
+             | bare QEMU (same kernel, initramfs and memory, TCG, no libvirt, no VGA) | from the spawn, median (min–max) |\n\
+             |---|---|\n\
+             | first console byte (SeaBIOS) | {} |\n\
+             | guest ready: its banner | {} |\n\n\
+             Goal: create → guest ready ≤ bare QEMU's spawn → guest ready + 1.0 s: {} vs {} + 1.0 s, {} (gap {:+.2} s).\n\n",
             args.single_runs,
             steps::single_table(&singles),
             steps::median_range(&bare_first),
             steps::median_range(&bare_banner),
-            s2(sf),
-            s2(bf),
-            met(sf <= bf + Duration::from_secs(1)),
-            sf.as_secs_f64() - bf.as_secs_f64(),
             s2(sb),
             s2(bb),
+            met(sb <= bb + Duration::from_secs(1)),
             sb.as_secs_f64() - bb.as_secs_f64(),
         ));
     }
     if args.burst > 0 {
-        let p95 = percentile(&burst_first, 95.0).unwrap_or_default();
+        let mut b = since(&burst, Step::Banner);
+        b.sort();
+        let p95 = percentile(&b, 95.0).unwrap_or_default();
         s.push_str(&format!(
-            "### A burst: {} VMs created {} ms apart
-
-{}
-             Goal: P95 of create → first console byte ≤ bare QEMU's median + 2.0 s: {} vs {} + 2.0 s, {}.
-
-",
+            "### A burst: {} VMs created {} ms apart\n\n{}\n\
+             Goal: P95 of create → guest ready ≤ bare QEMU's median + 2.0 s: {} vs {} + 2.0 s, {}.\n\n",
             args.burst,
             args.burst_interval_ms,
             steps::burst_table(&burst),
             s2(p95),
-            s2(bf),
-            met(p95 <= bf + Duration::from_secs(2)),
+            s2(bb),
+            met(p95 <= bb + Duration::from_secs(2)),
         ));
     }
     Ok(s)
