@@ -41,8 +41,10 @@ pub enum Bench {
     Crd(crd::CrdArgs),
     /// virt-launcher: start → guest banner against bare QEMU in the same run, memory beside QEMU.
     Launcher(LauncherArgs),
-    /// VM start density on the local cluster: VMs created 100 ms apart → Running, guest
-    /// answering; API writes per start; control-plane memory.
+    /// VM start on the local cluster: each step from the create request to the guest's
+    /// banner (one VM at a time against bare QEMU, then a burst of 10), then density (VMs
+    /// created 100 ms apart → Running, guest answering; API writes per start; control-plane
+    /// memory).
     Start(start::StartArgs),
     /// Live migration of an idle 256 MiB guest between the two local nodes, against bare
     /// QEMU → QEMU in the same run.
@@ -63,7 +65,7 @@ pub enum Bench {
     PortForward(portforward::PortForwardArgs),
     /// Every benchmark above, one after the other, each writing its section: the whole of
     /// docs/benchmarks.md from one command (needs the two-node local cluster with
-    /// kubevirt-rs deployed, and an otherwise idle machine; about 57 minutes on 2 CPUs).
+    /// kubevirt-rs deployed, and an otherwise idle machine; about 61 minutes on 2 CPUs).
     All(AllArgs),
 }
 

@@ -37,7 +37,7 @@ pub const CRD: Slot = Slot {
 };
 pub const START: Slot = Slot {
     key: "start",
-    title: "VM start density (cargo xtask bench start)",
+    title: "VM start, step by step, and density (cargo xtask bench start)",
     command: "cargo xtask bench start",
 };
 pub const MIGRATE: Slot = Slot {
