@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use super::Kube;
 use crate::bench::report::percentile;
+use crate::bench::section::Runs;
 
 /// A step of a VM's start, in the order they happen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -157,19 +158,9 @@ fn secs(d: Duration) -> String {
     format!("{:.2} s", d.as_secs_f64())
 }
 
-/// `median (min–max)` of `xs`, or `n/a`.
+/// `median (min–max)` of `xs` in seconds (the file's convention, [`Runs`]), or `n/a`.
 pub fn median_range(xs: &[Duration]) -> String {
-    if xs.is_empty() {
-        return "n/a".into();
-    }
-    let mut v = xs.to_vec();
-    v.sort();
-    format!(
-        "{} ({:.2}–{:.2})",
-        secs(percentile(&v, 50.0).unwrap_or_default()),
-        v[0].as_secs_f64(),
-        v[v.len() - 1].as_secs_f64()
-    )
+    Runs::secs(xs).summary(2, "s")
 }
 
 /// The single-VM table: per step, the median (min–max) over the runs of the time since the
