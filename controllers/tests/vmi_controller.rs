@@ -145,10 +145,7 @@ async fn vmi_controller_against_kube_apiserver() {
         .flatten()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(inits, ["virt-bin"]);
-    // The image copier runs beside the launcher (compute first: kubectl's default).
-    let containers: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(containers, ["compute", "image-0", "guest-console-log"]);
+    assert_eq!(inits, ["virt-bin", "image-0"]);
     assert_eq!(spec.termination_grace_period_seconds, Some(5 + 15));
     assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
 
