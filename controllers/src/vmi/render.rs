@@ -295,25 +295,11 @@ fn sh_quote(s: &str) -> String {
 /// follow links, the path itself included, so nothing but regular files reaches `cp`.
 pub const COPY_FN: &str = "copy() { bad=$(find \"$1\" ! -type f ! -type d 2>/dev/null | head -n 1); \
      if [ -n \"$bad\" ]; then echo \"$bad in the image is not a regular file or directory \
-     (symbolic links, devices and FIFOs are refused)\" >&2; return 1; fi; cp -R \"$1\" \"$2\"; }";
+     (symbolic links, devices and FIFOs are refused)\" >&2; exit 1; fi; cp -R \"$1\" \"$2\"; }";
 
 /// The shell script of an image's copier: create the parents, then copy each file
-/// (or directory) to the same path under `dir`, regular files only ([`COPY_FN`]). It ends
-/// by leaving `DIR.copied`, or `DIR.failed` with its error, which the launcher (running
-/// beside it, `--wait-image-copies`) waits for; a failure also exits non-zero with the
-/// message on stderr.
+/// (or directory) to the same path under `dir`, regular files only ([`COPY_FN`]).
 pub fn copy_script(copy: &ImageCopy, dir: &str) -> String {
-    let log = sh_quote(&format!("{dir}.log"));
-    format!(
-        "if {{ {}; }} 2>{log}; then mv {log} {}; else cat {log} >&2; mv {log} {}; exit 1; fi",
-        copy_commands(copy, dir),
-        sh_quote(&format!("{dir}.copied")),
-        sh_quote(&format!("{dir}.failed")),
-    )
-}
-
-/// [`copy_script`]'s copying part.
-fn copy_commands(copy: &ImageCopy, dir: &str) -> String {
     let mut parents: Vec<String> = vec![dir.to_string()];
     for f in &copy.files {
         if let Some((parent, _)) = f.rsplit_once('/')
@@ -604,9 +590,7 @@ pub fn launcher_pod(
     let guaranteed = limits.contains_key("cpu") && limits.contains_key("memory");
 
     let mut init_containers = Vec::new();
-    let mut image_containers = Vec::new();
     if !copies.is_empty() {
-        args.push("--wait-image-copies".into());
         mounts.push(mount("images", IMAGES_DIR, true));
         volumes.push(empty("virt-bin"));
         volumes.push(empty("images"));
@@ -627,10 +611,7 @@ pub fn launcher_pod(
             ..Container::default()
         });
         for (n, c) in copies.iter().enumerate() {
-            // Beside the launcher, not before it: each init container costs the kubelet's
-            // relist (up to a second) before the next one starts, and the launcher only
-            // needs the files once it prepares its volumes (`--wait-image-copies`).
-            image_containers.push(Container {
+            init_containers.push(Container {
                 name: format!("image-{n}"),
                 image: Some(c.image.clone()),
                 image_pull_policy: c.pull_policy.clone(),
@@ -679,14 +660,7 @@ pub fn launcher_pod(
             )),
             namespace: Some(ns),
             labels: Some(labels),
-            annotations: Some(BTreeMap::from([
-                (VMI_ANNOTATION.to_string(), vmi_json),
-                // `kubectl logs POD` without -c (KubeVirt's annotation too).
-                (
-                    "kubectl.kubernetes.io/default-container".to_string(),
-                    COMPUTE_CONTAINER.to_string(),
-                ),
-            ])),
+            annotations: Some(BTreeMap::from([(VMI_ANNOTATION.to_string(), vmi_json)])),
             owner_references: Some(vec![owner(vmi, &uid)]),
             ..ObjectMeta::default()
         },
@@ -708,8 +682,6 @@ pub fn launcher_pod(
             dns_config: spec.dns_config.clone(),
             image_pull_secrets: (!pull_secrets.is_empty()).then_some(pull_secrets),
             init_containers: (!init_containers.is_empty()).then_some(init_containers),
-            // The compute container first: kubectl's default, and the kubelet starts them
-            // in this order, a moment apart.
             containers: [Container {
                 name: COMPUTE_CONTAINER.into(),
                 image: Some(cfg.image.clone()),
@@ -753,7 +725,6 @@ pub fn launcher_pod(
                 ..Container::default()
             }]
             .into_iter()
-            .chain(image_containers)
             .chain(console_log.then(|| console_log_container(cfg, guaranteed)))
             .collect(),
             volumes: Some(volumes),

@@ -49,10 +49,6 @@ pub struct Args {
     /// Map a container image reference to a local directory: IMAGE=DIR (repeatable).
     #[arg(long = "image-dir", value_name = "IMAGE=DIR")]
     image_dirs: Vec<String>,
-    /// The image directories are being filled by the pod's image containers: wait for each
-    /// one's `DIR.copied` marker (or fail with `DIR.failed`) instead of requiring them now.
-    #[arg(long)]
-    wait_image_copies: bool,
     /// Where a persistentVolumeClaim volume is mounted: VOLUME=PATH, a directory
     /// (Filesystem mode, disk.img inside) or a block device (repeatable).
     #[arg(long = "claim", value_name = "VOLUME=PATH")]
@@ -112,11 +108,6 @@ impl Args {
                 bail!("--image-dir {m:?}: expected IMAGE=DIR");
             };
             let dir = PathBuf::from(dir);
-            if self.wait_image_copies {
-                // Filled (and resolved) once its copier is done.
-                images.insert(image.to_string(), dir);
-                continue;
-            }
             if !dir.is_dir() {
                 bail!("--image-dir {m:?}: {} is not a directory", dir.display());
             }
@@ -126,7 +117,6 @@ impl Args {
                     .with_context(|| dir.display().to_string())?,
             );
         }
-        cfg.wait_image_copies = self.wait_image_copies;
         cfg.images = ImageDirs(images);
         cfg.claims = virt_launcher::claims::Claims::from_args(&self.claims, &self.claim_disk_sizes)
             .map_err(anyhow::Error::msg)?;

@@ -34,9 +34,6 @@ pub struct Config {
     pub vnc_socket: Option<PathBuf>,
     /// Image reference → directory.
     pub images: ImageDirs,
-    /// The image directories are filled by copiers running beside the launcher (its pod's
-    /// image containers): wait for their markers ([`volumes::copy_marker`]).
-    pub wait_image_copies: bool,
     /// Where the pod mounts the VMI's claims (`--claim`).
     pub claims: crate::claims::Claims,
     /// Existing libvirt to use instead of a private daemon.
@@ -74,7 +71,6 @@ impl Config {
             console_log: None,
             vnc_socket: None,
             images: ImageDirs::default(),
-            wait_image_copies: false,
             claims: crate::claims::Claims::default(),
             libvirt_uri: None,
             libvirt_cache: PathBuf::from("/var/cache/kubevirt-rs/libvirt"),
@@ -345,43 +341,6 @@ const SOCKET_DIR_WAIT: Duration = Duration::from_secs(60);
 /// Waits until this process may create files in `dir`. In a pod the directory is created
 /// by kubelet, owned by root, and virt-handler hands it to the launcher user within a
 /// moment (the launcher has no capability to take it).
-/// Waits until the pod's image copiers are done with every image directory (their
-/// containers run beside this one), then resolves the directories. A copier's failure
-/// (a link or device in the image, say) fails the VMI with its message.
-async fn wait_for_copies(
-    images: &ImageDirs,
-    shutdown: &CancellationToken,
-) -> Result<ImageDirs, LauncherError> {
-    let mut resolved = std::collections::BTreeMap::new();
-    for (image, dir) in &images.0 {
-        loop {
-            match volumes::copy_state(dir, true) {
-                volumes::CopyState::Copied => break,
-                volumes::CopyState::Failed(message) => {
-                    return Err(VolumeError::CopyFailed {
-                        image: image.clone(),
-                        message,
-                    }
-                    .into());
-                }
-                volumes::CopyState::Copying if shutdown.is_cancelled() => {
-                    return Err(LauncherError::Io {
-                        path: dir.clone(),
-                        source: std::io::Error::other("stopped while the image was copied"),
-                    });
-                }
-                volumes::CopyState::Copying => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        }
-        let canonical = dir.canonicalize().map_err(|source| LauncherError::Io {
-            path: dir.clone(),
-            source,
-        })?;
-        resolved.insert(image.clone(), canonical);
-    }
-    Ok(ImageDirs(resolved))
-}
-
 async fn wait_writable(
     dir: &Path,
     timeout: Duration,
@@ -533,14 +492,13 @@ pub async fn run(
         tokio::spawn(async move { crate::network::receive(sock.as_deref(), wait, &stop).await })
     });
 
-    let images = if cfg.wait_image_copies {
-        wait_for_copies(&cfg.images, &shutdown).await?
-    } else {
-        cfg.images.clone()
-    };
     let prepared = {
-        let (vmi, images, claims, dir) =
-            (vmi.clone(), images, cfg.claims.clone(), work_dir.clone());
+        let (vmi, images, claims, dir) = (
+            vmi.clone(),
+            cfg.images.clone(),
+            cfg.claims.clone(),
+            work_dir.clone(),
+        );
         tokio::task::spawn_blocking(move || volumes::prepare(&vmi, &images, &claims, &dir))
             .await??
     };

@@ -21,14 +21,6 @@ use crate::claims::Claims;
 /// Why a volume could not be prepared. Every variant names the volume.
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
-    /// The copier of an image failed (a file that is not a regular one, say).
-    #[error("image {image:?}: {message}")]
-    CopyFailed {
-        /// The image reference.
-        image: String,
-        /// The copier's message.
-        message: String,
-    },
     /// The image reference has no `--image-dir` mapping.
     #[error(
         "volume {volume:?}: image {image:?} is not available (map it with --image-dir {image}=DIR)"
@@ -102,38 +94,6 @@ pub enum VolumeError {
 /// `--image-dir IMAGE=DIR` mappings: container image references → local directories.
 #[derive(Clone, Debug, Default)]
 pub struct ImageDirs(pub BTreeMap<String, PathBuf>);
-
-/// Where an image's copier (a container of the launcher pod running beside the launcher,
-/// docs/node.md) says it is done with `dir`: `DIR.copied` once every file is there,
-/// `DIR.failed` holding why not. Beside the directory, so no file of the image can be one.
-pub fn copy_marker(dir: &Path, failed: bool) -> PathBuf {
-    let mut name = dir.file_name().unwrap_or_default().to_os_string();
-    name.push(if failed { ".failed" } else { ".copied" });
-    dir.with_file_name(name)
-}
-
-/// The state of an image's copy.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CopyState {
-    /// Not finished.
-    Copying,
-    /// Every file is there.
-    Copied,
-    /// The copier failed, with its message.
-    Failed(String),
-}
-
-/// Reads the copier's markers of `dir`. No marker and no directory: copying (a directory
-/// without markers is one given by hand, outside a pod: copied).
-pub fn copy_state(dir: &Path, marked: bool) -> CopyState {
-    if let Ok(m) = fs::read_to_string(copy_marker(dir, true)) {
-        return CopyState::Failed(m.trim().to_string());
-    }
-    if copy_marker(dir, false).exists() || (!marked && dir.is_dir()) {
-        return CopyState::Copied;
-    }
-    CopyState::Copying
-}
 
 impl ImageDirs {
     fn dir(&self, volume: &str, image: &str) -> Result<&Path, VolumeError> {
@@ -490,35 +450,5 @@ fn run(volume: &str, tool: &'static str, cmd: &mut Command) -> Result<(), Volume
             tool,
             stderr: String::from_utf8_lossy(&out.stderr).trim().into(),
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn a_copier_marks_its_directory_done_or_failed_beside_it() {
-        let root = tempfile::tempdir().unwrap();
-        let dir = root.path().join("0");
-        assert_eq!(copy_marker(&dir, false), root.path().join("0.copied"));
-        // In a pod the directory appears before the copy ends: only the marker counts.
-        assert_eq!(copy_state(&dir, true), CopyState::Copying);
-        fs::create_dir(&dir).unwrap();
-        assert_eq!(copy_state(&dir, true), CopyState::Copying);
-        // Given by hand (no copier): there is the directory.
-        assert_eq!(copy_state(&dir, false), CopyState::Copied);
-        fs::write(copy_marker(&dir, false), "").unwrap();
-        assert_eq!(copy_state(&dir, true), CopyState::Copied);
-        fs::write(
-            copy_marker(&dir, true),
-            "/disk/x in the image is not a regular file\n",
-        )
-        .unwrap();
-        assert_eq!(
-            copy_state(&dir, true),
-            CopyState::Failed("/disk/x in the image is not a regular file".into())
-        );
     }
 }
