@@ -10,6 +10,7 @@ mod all;
 mod apiserver;
 mod crd;
 mod drain;
+mod memory;
 mod migrate;
 mod network;
 mod portforward;
