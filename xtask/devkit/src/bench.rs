@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
+mod abuse;
 mod all;
 mod apiserver;
 mod crd;
@@ -35,6 +36,9 @@ pub struct Args {
 pub enum Bench {
     /// virt-apiserver on etcd: create throughput, LIST, watch fan-out latency, memory.
     Apiserver(apiserver::ApiserverArgs),
+    /// A normal client's latency while another abuses virt-apiserver: JSON Patch copy bomb,
+    /// 10k silent connections, 5000 watches of one user, 64 MiB bodies, deeply nested JSON.
+    Abuse(abuse::AbuseArgs),
     /// virt-apiserver through kube-apiserver's aggregator against a CRD of the same kind in
     /// that kube-apiserver, each on a fresh etcd of its own (a private kube-apiserver, no
     /// cluster): creates, memory per stored object, LIST, watch delivery, updates, and the
@@ -126,6 +130,7 @@ fn test_guest_vm(name: &str, ns: &str) -> String {
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.bench {
         Bench::Apiserver(a) => apiserver::run(a),
+        Bench::Abuse(a) => abuse::run(a),
         Bench::Crd(a) => crd::run(a),
         Bench::Launcher(a) => launcher(a),
         Bench::Start(a) => start::run(a),
