@@ -224,7 +224,7 @@ async fn h2(env: &DevEnv) -> hyper::client::conn::http2::SendRequest<Empty<Bytes
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap();
-    let tls = common::tls_client_alpn(&env, b"h2")
+    let tls = common::tls_client_alpn(env, b"h2")
         .connect(
             rustls::pki_types::ServerName::try_from("localhost").unwrap(),
             tcp,
@@ -264,7 +264,12 @@ async fn five_thousand_watches_of_one_user_then_429_and_others_go_on() {
         for r in futures::future::join_all(pending).await {
             let r = r.unwrap();
             assert_eq!(r.status(), 200);
-            held.push(r);
+            // Read every event, as a client that keeps up does (one that does not is
+            // ended once 1024 events behind, which would free its slot).
+            let mut body = r.into_body();
+            held.push(tokio::spawn(async move {
+                while let Some(Ok(_)) = body.frame().await {}
+            }));
         }
     }
     assert_eq!(held.len(), 5000);
@@ -304,12 +309,7 @@ async fn five_thousand_watches_of_one_user_then_429_and_others_go_on() {
     assert!(first.is_some());
     normal.check("5000 watches").await;
     // The held watches are still open streams.
-    let mut body = held.pop().unwrap().into_body();
-    let none_yet = tokio::time::timeout(Duration::from_millis(200), body.frame()).await;
-    assert!(
-        none_yet.is_err() || matches!(none_yet, Ok(Some(Ok(_)))),
-        "a held watch ended"
-    );
+    assert!(held.iter().all(|h| !h.is_finished()), "a held watch ended");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -323,14 +323,25 @@ async fn a_64_mib_body_gets_413_and_others_go_on() {
     big["metadata"]["annotations"] = json!({"pad": "x".repeat(64 << 20)});
     let body = serde_json::to_vec(&big).unwrap();
     assert!(body.len() > 64 << 20);
-    for _ in 0..2 {
-        let r = c
+    // The server answers 413 once it has read 8 times the limit and then closes the
+    // connection (as a Go server stops reading an unread body): a client still sending
+    // may see the connection reset before it reads the answer. Either is a refusal; at
+    // least one of the attempts must carry the Status naming the limit.
+    let mut statuses = 0;
+    for _ in 0..5 {
+        let r = match c
             .post(&url)
             .header("Content-Type", "application/json")
             .body(body.clone())
             .send()
             .await
-            .expect("a 413, not a reset connection");
+        {
+            Ok(r) => r,
+            Err(e) => {
+                assert!(e.is_request(), "{e:?}");
+                continue;
+            }
+        };
         let (code, s) = json_of(r).await;
         assert_eq!(
             (code, s["reason"].as_str()),
@@ -344,7 +355,12 @@ async fn a_64_mib_body_gets_413_and_others_go_on() {
                 .contains("limit is 3145728 bytes"),
             "the Status names the limit: {s}"
         );
+        statuses += 1;
     }
+    assert!(
+        statuses >= 1,
+        "every 64 MiB request ended in a reset connection"
+    );
     assert_eq!(
         c.get(format!("{url}/big")).send().await.unwrap().status(),
         404
