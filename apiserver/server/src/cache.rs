@@ -51,6 +51,16 @@ pub struct Event {
     pub revision: i64,
     /// The change as the storage reported it.
     pub change: Change,
+    /// The change's JSON watch line for watchers without selectors, encoded by the first
+    /// of them and shared with the rest.
+    line: std::sync::OnceLock<Option<bytes::Bytes>>,
+}
+
+impl Event {
+    /// The change encoded by `encode` once, however many watchers ask.
+    pub fn json_line(&self, encode: fn(&Change) -> Option<bytes::Bytes>) -> Option<bytes::Bytes> {
+        self.line.get_or_init(|| encode(&self.change)).clone()
+    }
 }
 
 /// What a watcher receives, in revision order.
@@ -298,6 +308,7 @@ impl Cacher {
             key,
             revision,
             change,
+            line: std::sync::OnceLock::new(),
         });
         g.history.push_back(ev.clone());
         while g.history.len() > self.capacity {

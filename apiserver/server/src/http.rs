@@ -899,6 +899,7 @@ async fn watch_collection(
             .filter(|t| *t > 0)
             .map(|t| Duration::from_secs(t as u64)),
         bookmark_interval: st.bookmark_interval,
+        encoded_lines: matches!(out, Output::Object { yaml: false }),
     };
     let ns = (!info.namespace.is_empty()).then(|| info.namespace.clone());
     let events = watch::watch(st.registry.clone(), def, ns, params, st.shutdown.clone()).await?;
@@ -908,6 +909,9 @@ async fn watch_collection(
     let yaml = out.yaml();
     let body = events.map(move |ev| {
         let _keep = &guard;
+        if let Some(line) = ev.encoded {
+            return Ok::<Bytes, std::convert::Infallible>(line);
+        }
         let object = match (out, ev.type_) {
             (_, "ERROR") | (Output::Object { .. }, _) => ev.object,
             (Output::Metadata { .. }, _) => convert::partial(&ev.object),

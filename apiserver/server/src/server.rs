@@ -102,8 +102,9 @@ impl ServingTls {
 /// Bounds on connections, so that clients that connect and say nothing cannot pile up.
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectionLimits {
-    /// Open connections at most; at the limit the server stops accepting until one closes
-    /// (the kernel's backlog holds the rest).
+    /// Open connections at most. A connection accepted at the limit closes the oldest one
+    /// that has not sent a request yet ([`Unproven`]); when every connection has, it waits
+    /// until one closes (the kernel's backlog holds the rest).
     pub max_connections: usize,
     /// HTTP/1: time for a request's headers to arrive, counted from when the connection
     /// waits for one, so it also ends idle keep-alive connections.
@@ -126,6 +127,82 @@ impl Default for ConnectionLimits {
     }
 }
 
+/// Connections that have not sent a request yet (in their TLS handshake or before their
+/// first request's headers), oldest first. At the connection limit the oldest of them is
+/// closed to make room for a new one: clients that connect and say nothing cannot crowd out
+/// the rest, and a connection that has served a request is never shed this way.
+#[derive(Debug, Default)]
+pub struct Unproven {
+    next: std::sync::atomic::AtomicU64,
+    waiting: std::sync::Mutex<std::collections::BTreeMap<u64, CancellationToken>>,
+}
+
+/// A connection's place in [`Unproven`], left at its first request or when it ends.
+#[derive(Debug)]
+pub struct UnprovenEntry {
+    set: Arc<Unproven>,
+    id: u64,
+    /// Cancelled when the connection is shed.
+    pub shed: CancellationToken,
+}
+
+impl Unproven {
+    /// Registers a new connection.
+    pub fn enter(self: &Arc<Self>) -> UnprovenEntry {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let shed = CancellationToken::new();
+        self.lock().insert(id, shed.clone());
+        UnprovenEntry {
+            set: self.clone(),
+            id,
+            shed,
+        }
+    }
+
+    /// Closes the oldest connection that has not sent a request; false when there is none.
+    pub fn shed_oldest(&self) -> bool {
+        match self.lock().pop_first() {
+            Some((_, shed)) => {
+                shed.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// How many connections have not sent a request.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether every connection has sent a request.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, CancellationToken>> {
+        // The map stays consistent whatever panicked while holding it.
+        self.waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl UnprovenEntry {
+    /// The connection sent a request: it is no longer shed at the limit.
+    pub fn proven(&self) {
+        self.set.lock().remove(&self.id);
+    }
+}
+
+impl Drop for UnprovenEntry {
+    fn drop(&mut self) {
+        self.proven();
+    }
+}
+
 /// Accepts connections until `shutdown` is cancelled, then waits for open connections.
 pub async fn serve(
     listener: TcpListener,
@@ -137,14 +214,19 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let tracker = tokio_util::task::TaskTracker::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let unproven = Arc::new(Unproven::default());
     loop {
-        let slot = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            slot = slots.clone().acquire_owned() => match slot {
-                Ok(s) => s,
-                Err(_) => break,
-            },
-        };
+        // At the limit with every connection serving requests, leave new ones in the
+        // kernel's backlog until one closes.
+        if slots.available_permits() == 0 && unproven.is_empty() {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                slot = slots.acquire() => match slot {
+                    Ok(s) => drop(s),
+                    Err(_) => break,
+                },
+            }
+        }
         let (tcp, remote): (_, SocketAddr) = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
@@ -155,6 +237,23 @@ pub async fn serve(
                 }
             },
         };
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(s) => s,
+            Err(tokio::sync::TryAcquireError::Closed) => break,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                if unproven.shed_oldest() {
+                    tracing::debug!(%remote, "At the connection limit: closed the oldest connection without a request");
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    slot = slots.clone().acquire_owned() => match slot {
+                        Ok(s) => s,
+                        Err(_) => break,
+                    },
+                }
+            }
+        };
+        let entry = unproven.enter();
         let _ = tcp.set_nodelay(true);
         let acceptor = TlsAcceptor::from(tls.get());
         let router = router.clone();
@@ -162,18 +261,24 @@ pub async fn serve(
         let shutdown = shutdown.clone();
         tracker.spawn(async move {
             let _slot = slot;
-            let tls =
-                match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
+            let shed = entry.shed.clone();
+            let handshake = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp));
+            let tls = tokio::select! {
+                _ = shed.cancelled() => return,
+                r = handshake => match r {
                     Ok(Ok(s)) => s,
                     Ok(Err(e)) => {
                         tracing::debug!(%remote, error = %e, "TLS handshake failed");
                         return;
                     }
                     Err(_) => return,
-                };
+                },
+            };
             let peer = auth.identify(tls.get_ref().1.peer_certificates());
+            let entry = Arc::new(entry);
             let svc = hyper::service::service_fn(
                 move |mut req: hyper::Request<hyper::body::Incoming>| {
+                    entry.proven();
                     req.extensions_mut().insert(peer.clone());
                     let router = router.clone();
                     async move { router.oneshot(req.map(axum::body::Body::new)).await }
@@ -198,6 +303,8 @@ pub async fn serve(
                         tracing::debug!(%remote, error = %e, "Connection ended with error");
                     }
                 }
+                // Cancelled only while no request has come: nothing to finish.
+                _ = shed.cancelled() => {}
                 _ = shutdown.cancelled() => {
                     conn.as_mut().graceful_shutdown();
                     let _ = tokio::time::timeout(std::time::Duration::from_secs(10), conn).await;
@@ -208,4 +315,28 @@ pub async fn serve(
     tracker.close();
     tracker.wait().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_connection_without_a_request_is_shed_first() {
+        let set = Arc::new(Unproven::default());
+        let a = set.enter();
+        let b = set.enter();
+        let c = set.enter();
+        assert_eq!(set.len(), 3);
+        // `a` sent a request: never shed at the limit.
+        a.proven();
+        assert!(set.shed_oldest());
+        assert!(!a.shed.is_cancelled());
+        assert!(b.shed.is_cancelled());
+        assert!(!c.shed.is_cancelled());
+        // A connection that ends leaves the set.
+        drop(c);
+        assert!(set.is_empty());
+        assert!(!set.shed_oldest());
+    }
 }

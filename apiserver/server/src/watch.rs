@@ -33,11 +33,17 @@ pub struct WatchParams {
     pub timeout: Option<Duration>,
     /// How often to send bookmarks.
     pub bookmark_interval: Duration,
+    /// The client takes plain JSON objects: events from the cache may come as their
+    /// encoded line ([`Event::encoded`]), shared by every such watcher.
+    pub encoded_lines: bool,
 }
 
 /// A watch event ready for encoding: type and object (already with resourceVersion).
 #[derive(Debug, Clone)]
 pub struct Event {
+    /// The whole line of a JSON watch stream, already encoded (then `object` is null):
+    /// only for watchers with [`WatchParams::encoded_lines`].
+    pub encoded: Option<bytes::Bytes>,
     /// ADDED, MODIFIED, DELETED, BOOKMARK, ERROR.
     pub type_: &'static str,
     /// The object (a Status for ERROR).
@@ -94,6 +100,7 @@ fn bookmark(def: &ResourceDef, rv: i64, initial_end: bool) -> Event {
         meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
     }
     Event {
+        encoded: None,
         type_: "BOOKMARK",
         object: json!({"apiVersion": crate::rest::API_VERSION, "kind": def.kind, "metadata": meta}),
     }
@@ -101,6 +108,7 @@ fn bookmark(def: &ResourceDef, rv: i64, initial_end: bool) -> Event {
 
 fn error_event(e: &ApiError) -> Event {
     Event {
+        encoded: None,
         type_: "ERROR",
         object: serde_json::to_value(e.to_status()).unwrap_or_default(),
     }
@@ -161,14 +169,17 @@ fn convert(def: &ResourceDef, opts: &ListOptions, change: Change) -> (i64, Optio
             let prev_match = prev_obj.as_ref().map(|o| Registry::matches(def, opts, o));
             let event = match (prev_match, new_match, prev_obj) {
                 (None | Some(false), true, _) => Some(Event {
+                    encoded: None,
                     type_: "ADDED",
                     object: new_obj,
                 }),
                 (Some(true), true, _) => Some(Event {
+                    encoded: None,
                     type_: "MODIFIED",
                     object: new_obj,
                 }),
                 (Some(true), false, Some(old)) => Some(Event {
+                    encoded: None,
                     type_: "DELETED",
                     object: old,
                 }),
@@ -179,6 +190,7 @@ fn convert(def: &ResourceDef, opts: &ListOptions, change: Change) -> (i64, Optio
         Change::Delete { prev, revision } => {
             let obj = objects::with_rv(prev.value, revision);
             let event = Registry::matches(def, opts, &obj).then_some(Event {
+                encoded: None,
                 type_: "DELETED",
                 object: obj,
             });
@@ -239,9 +251,13 @@ async fn subscribe(
 
 /// A cached change as this watcher's event: none when it was already sent, is outside the
 /// watched namespace, or matches the selectors neither before nor after. Moves `last_rv`.
+/// Without selectors, a watcher that takes plain JSON gets the line encoded once for all
+/// of them (kube-apiserver's cachingObject): a change reaches a thousand watchers with one
+/// encoding instead of a thousand copies of the object.
 fn deliver(
     def: &ResourceDef,
     opts: &ListOptions,
+    encoded_lines: bool,
     prefix: &str,
     last_rv: &mut i64,
     ev: &crate::cache::Event,
@@ -253,7 +269,32 @@ fn deliver(
     if !ev.key.starts_with(prefix) {
         return None;
     }
+    if encoded_lines && opts.label_selector.is_none() && opts.field_selector.is_none() {
+        return ev.json_line(plain_line).map(|line| Event {
+            encoded: Some(line),
+            type_: "",
+            object: Value::Null,
+        });
+    }
     convert(def, opts, ev.change.clone()).1
+}
+
+/// A change as the JSON watch line every watcher without selectors receives (what
+/// [`convert`] gives them, encoded); none for progress.
+pub(crate) fn plain_line(change: &Change) -> Option<bytes::Bytes> {
+    let (type_, object) = match change {
+        Change::Put { new, prev } => (
+            if prev.is_some() { "MODIFIED" } else { "ADDED" },
+            objects::with_rv(new.value.clone(), new.revision),
+        ),
+        Change::Delete { prev, revision } => {
+            ("DELETED", objects::with_rv(prev.value.clone(), *revision))
+        }
+        Change::Progress(_) => return None,
+    };
+    let mut line = serde_json::to_vec(&json!({"type": type_, "object": object})).ok()?;
+    line.push(b'\n');
+    Some(line.into())
 }
 
 /// A watch fed by the cache: the snapshot or the replayed events, then live ones, with
@@ -270,6 +311,7 @@ fn from_cache(
     let timeout = watch_timeout(&params);
     let send_end_bookmark = params.send_initial_events == Some(true) && params.allow_bookmarks;
     let allow_bookmarks = params.allow_bookmarks;
+    let encoded_lines = params.encoded_lines;
     let interval = params.bookmark_interval;
     let list_opts = params.list;
     let Subscription {
@@ -287,7 +329,7 @@ fn from_cache(
                 Ok(v) => {
                     let obj = objects::with_rv(v, raw.revision);
                     if Registry::matches(def, &list_opts, &obj) {
-                        yield Event { type_: "ADDED", object: obj };
+                        yield Event { encoded: None, type_: "ADDED", object: obj };
                     }
                 }
                 Err(e) => tracing::warn!(key, error = %e, "Skipping a corrupt cached object"),
@@ -299,7 +341,7 @@ fn from_cache(
         // The replay holds the events after the client's resourceVersion.
         let mut last_rv = start_rv;
         for ev in replay {
-            if let Some(e) = deliver(def, &list_opts, &prefix, &mut last_rv, &ev) {
+            if let Some(e) = deliver(def, &list_opts, encoded_lines, &prefix, &mut last_rv, &ev) {
                 yield e;
             }
         }
@@ -330,7 +372,7 @@ fn from_cache(
                         }
                     }
                     Some(Item::Event(ev)) => {
-                        if let Some(e) = deliver(def, &list_opts, &prefix, &mut last_rv, &ev) {
+                        if let Some(e) = deliver(def, &list_opts, encoded_lines, &prefix, &mut last_rv, &ev) {
                             yield e;
                         }
                     }
@@ -412,7 +454,7 @@ async fn start(
 
     Ok(async_stream::stream! {
         for obj in initial_items {
-            yield Event { type_: "ADDED", object: obj };
+            yield Event { encoded: None, type_: "ADDED", object: obj };
         }
         if send_end_bookmark {
             yield bookmark(def, from, true);
@@ -473,6 +515,41 @@ async fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shared_line_is_what_convert_gives_a_watcher_without_selectors() {
+        use crate::storage::Stored;
+        let def = ResourceDef::by_plural("virtualmachines").unwrap();
+        let stored = |name: &str, revision: i64| Stored {
+            key: format!("/registry/kubevirt.io/virtualmachines/default/{name}"),
+            value: json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                          "metadata": {"name": name, "namespace": "default"}}),
+            revision,
+        };
+        let changes = [
+            Change::Put {
+                new: stored("a", 5),
+                prev: None,
+            },
+            Change::Put {
+                new: stored("a", 6),
+                prev: Some(stored("a", 5)),
+            },
+            Change::Delete {
+                prev: stored("a", 6),
+                revision: 7,
+            },
+        ];
+        for change in changes {
+            let (_, ev) = convert(def, &ListOptions::default(), change.clone());
+            let ev = ev.unwrap();
+            let mut want =
+                serde_json::to_vec(&json!({"type": ev.type_, "object": ev.object})).unwrap();
+            want.push(b'\n');
+            assert_eq!(plain_line(&change).unwrap(), want);
+        }
+        assert!(plain_line(&Change::Progress(9)).is_none());
+    }
 
     #[test]
     fn send_initial_events_requires_not_older_than() {

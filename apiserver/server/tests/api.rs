@@ -1235,7 +1235,8 @@ async fn requests_beyond_the_in_flight_budget_get_429_and_others_go_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn silent_connections_are_closed_and_cannot_crowd_out_clients() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let env = common::start_with(&["--max-connections=3", "--header-read-timeout-seconds=2"]);
+    // Headers are given a minute: only shedding at the limit can let a client in sooner.
+    let env = common::start_with(&["--max-connections=3", "--header-read-timeout-seconds=60"]);
     let port: u16 = env.server_url.rsplit(':').next().unwrap().parse().unwrap();
     // Three clients that shake hands and then send half a request line: every slot.
     let mut silent = Vec::new();
@@ -1253,9 +1254,8 @@ async fn silent_connections_are_closed_and_cannot_crowd_out_clients() {
         tls.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
         silent.push(tls);
     }
-    // A real client still gets its answer: the silent ones are closed once their headers
-    // are 2 s late, which frees the slots.
-    let t0 = std::time::Instant::now();
+    // A real client gets its answer long before the silent ones' headers are due: its
+    // connection, accepted at the limit, closes the oldest one that sent no request.
     let r = admin(&env)
         .get(format!("{}{VMS}", env.server_url))
         .timeout(Duration::from_secs(20))
@@ -1263,22 +1263,17 @@ async fn silent_connections_are_closed_and_cannot_crowd_out_clients() {
         .await
         .expect("a client behind three silent connections");
     assert_eq!(r.status(), 200);
-    assert!(
-        t0.elapsed() >= Duration::from_millis(1500),
-        "answered in {:?} although every connection slot was taken",
-        t0.elapsed()
-    );
+    let mut closed = 0;
     for mut tls in silent {
         let mut buf = [0u8; 512];
-        let n = tokio::time::timeout(Duration::from_secs(10), tls.read(&mut buf))
-            .await
-            .expect("a silent connection is closed by the server");
-        // Closed, perhaps with hyper's 408 first; never a response to the half request.
-        if let Ok(n) = n {
-            let text = String::from_utf8_lossy(&buf[..n]);
-            assert!(n == 0 || text.starts_with("HTTP/1.1 408"), "{text}");
+        match tokio::time::timeout(Duration::from_secs(2), tls.read(&mut buf)).await {
+            // Closed without a response to the half request.
+            Ok(Ok(0)) | Ok(Err(_)) => closed += 1,
+            Ok(Ok(n)) => panic!("{}", String::from_utf8_lossy(&buf[..n])),
+            Err(_) => {}
         }
     }
+    assert!(closed >= 1, "no silent connection was closed to make room");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

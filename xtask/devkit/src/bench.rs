@@ -6,10 +6,12 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
+mod abuse;
 mod all;
 mod apiserver;
 mod crd;
 mod drain;
+mod memory;
 mod migrate;
 mod network;
 mod portforward;
@@ -34,6 +36,9 @@ pub struct Args {
 pub enum Bench {
     /// virt-apiserver on etcd: create throughput, LIST, watch fan-out latency, memory.
     Apiserver(apiserver::ApiserverArgs),
+    /// A normal client's latency while another abuses virt-apiserver: JSON Patch copy bomb,
+    /// 10k silent connections, 5000 watches of one user, 64 MiB bodies, deeply nested JSON.
+    Abuse(abuse::AbuseArgs),
     /// virt-apiserver through kube-apiserver's aggregator against a CRD of the same kind in
     /// that kube-apiserver, each on a fresh etcd of its own (a private kube-apiserver, no
     /// cluster): creates, memory per stored object, LIST, watch delivery, updates, and the
@@ -65,7 +70,7 @@ pub enum Bench {
     PortForward(portforward::PortForwardArgs),
     /// Every benchmark above, one after the other, each writing its section: the whole of
     /// docs/benchmarks.md from one command (needs the two-node local cluster with
-    /// kubevirt-rs deployed, and an otherwise idle machine; about 61 minutes on 2 CPUs).
+    /// kubevirt-rs deployed, and an otherwise idle machine; about 69 minutes on 2 CPUs).
     All(AllArgs),
 }
 
@@ -127,6 +132,7 @@ fn test_guest_vm(name: &str, ns: &str) -> String {
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.bench {
         Bench::Apiserver(a) => apiserver::run(a),
+        Bench::Abuse(a) => abuse::run(a),
         Bench::Crd(a) => crd::run(a),
         Bench::Launcher(a) => launcher(a),
         Bench::Start(a) => start::run(a),

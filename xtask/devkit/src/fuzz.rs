@@ -30,6 +30,10 @@ const SCHEMATHESIS: &str = "4.32.5";
 /// The OpenAPI v3 groups fuzzed.
 const GROUPS: &[&str] = &["kubevirt.io/v1", "subresources.kubevirt.io/v1"];
 
+/// Every phase schemathesis has: explicit examples, boundary coverage, random fuzzing, and
+/// stateful sequences along the links [`with_links`] adds.
+const PHASES: &str = "examples,coverage,fuzzing,stateful";
+
 /// Checks left out (see the module documentation for why).
 const EXCLUDED_CHECKS: &str = "status_code_conformance,positive_data_acceptance";
 
@@ -40,6 +44,103 @@ const HEADING: &str = "## API fuzzing with schemathesis";
 /// as a malformed list, and an unbounded watch as a request that never answers). Watches are
 /// tested by virt-apiserver's own tests (`tests/api.rs`, `tests/watch_history.rs`).
 const STREAM_PARAMETERS: &[&str] = &["watch"];
+
+/// HTTP methods of an OpenAPI path item.
+const METHODS: &[&str] = &["get", "put", "post", "patch", "delete"];
+
+/// One document of every group's paths and components, so the stateful phase can chain an
+/// operation of one group (create a VM) to one of the other (start it). Component names
+/// are Kubernetes' fully qualified type names; a name both define must be the same schema.
+fn merged(docs: &[Value]) -> anyhow::Result<Value> {
+    let mut out = docs
+        .first()
+        .cloned()
+        .unwrap_or_else(|| serde_json::json!({}));
+    for doc in docs.iter().skip(1) {
+        for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+            anyhow::ensure!(
+                out["paths"].get(path).is_none(),
+                "two groups publish path {path}"
+            );
+            out["paths"][path] = item.clone();
+        }
+        for (kind, entries) in doc["components"].as_object().into_iter().flatten() {
+            for (name, v) in entries.as_object().into_iter().flatten() {
+                match out["components"][kind].get(name) {
+                    Some(have) if have != v => {
+                        bail!("components.{kind}.{name} differs between the groups")
+                    }
+                    _ => out["components"][kind][name] = v.clone(),
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The path without its group and version: `/namespaces/{namespace}/virtualmachines`.
+fn resource_path(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("/apis/")?;
+    let mut parts = rest.splitn(3, '/');
+    let (_group, _version, tail) = (parts.next()?, parts.next()?, parts.next()?);
+    Some(&path[path.len() - tail.len() - 1..])
+}
+
+/// Adds OpenAPI links from every create (a collection's POST answering 201) to every
+/// operation on the object it created, in any group: its path, status and subresources,
+/// with `name` (and `namespace`) taken from the created object, and for a PUT the created
+/// object itself as the body, so the update carries a valid resourceVersion. Kubernetes'
+/// OpenAPI has no links; without them schemathesis' stateful phase finds nothing to chain
+/// (a generated name is never one that exists).
+fn with_links(mut schema: Value) -> Value {
+    let paths: Vec<(String, Value)> = schema["paths"]
+        .as_object()
+        .map(|p| p.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default();
+    for (collection, item) in &paths {
+        if item["post"]["responses"].get("201").is_none() {
+            continue;
+        }
+        let Some(base) = resource_path(collection) else {
+            continue;
+        };
+        let object = format!("{base}/{{name}}");
+        let mut links = serde_json::Map::new();
+        for (target, titem) in &paths {
+            let Some(tail) = resource_path(target) else {
+                continue;
+            };
+            if tail != object && !tail.starts_with(&format!("{object}/")) {
+                continue;
+            }
+            for method in METHODS {
+                let Some(op_id) = titem[*method]["operationId"].as_str() else {
+                    continue;
+                };
+                let mut parameters = serde_json::Map::new();
+                parameters.insert("name".into(), "$response.body#/metadata/name".into());
+                if target.contains("{namespace}") {
+                    parameters.insert(
+                        "namespace".into(),
+                        "$response.body#/metadata/namespace".into(),
+                    );
+                }
+                let mut link = serde_json::json!({
+                    "operationId": op_id,
+                    "parameters": parameters,
+                });
+                if *method == "put" && (tail == object || tail == format!("{object}/status")) {
+                    link["requestBody"] = "$response.body".into();
+                }
+                links.insert(op_id.to_string(), link);
+            }
+        }
+        if !links.is_empty() {
+            schema["paths"][collection]["post"]["responses"]["201"]["links"] = Value::Object(links);
+        }
+    }
+    schema
+}
 
 /// `schema` without [`STREAM_PARAMETERS`] on any operation or path.
 fn without_streams(mut schema: Value) -> Value {
@@ -147,9 +248,11 @@ fn section(outcomes: &[Outcome], args: &Args, alive: bool, took: f64) -> String 
         "{HEADING}\n\nCommand: `cargo xtask fuzz --max-examples {}`; commit {}; {}; machine: {}. \
          schemathesis {SCHEMATHESIS} (PyPI) against virt-apiserver (debug build) on its own etcd \
          (`virt-devenv`), authenticated with a client certificate, both OpenAPI v3 groups the \
-         server publishes (without the `watch` parameter: a stream is no OpenAPI response; \
-         watches have their own tests); phases examples, coverage and fuzzing; every check but \
-         `{EXCLUDED_CHECKS}` (why: `xtask/devkit/src/fuzz.rs`). Run time {took:.0} s.\n\n\
+         server publishes merged into one document (without the `watch` parameter: a stream is no \
+         OpenAPI response; watches have their own tests), with links from every create to \
+         every operation on the created object (get, replace with the created object, patch, \
+         delete, status, subresources) for the stateful phase; phases `{PHASES}`; every check \
+         but `{EXCLUDED_CHECKS}` (why: `xtask/devkit/src/fuzz.rs`). Run time {took:.0} s.\n\n\
          | Group | Operations | Requests generated | Failed checks | Requests without an answer |\n\
          |---|---|---|---|---|\n",
         args.max_examples,
@@ -256,14 +359,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })
     .context("starting etcd and virt-apiserver")?;
     let mut outcomes = Vec::new();
+    let mut published = Vec::new();
     for group in GROUPS {
-        let schema = dir.join(format!("{}.json", group.replace('/', "-")));
-        let published: Value =
-            serde_json::from_str(&fetch(&env, &format!("/openapi/v3/apis/{group}"))?)?;
-        std::fs::write(&schema, serde_json::to_vec(&without_streams(published))?)?;
-        let report = dir.join(format!("{}-report.json", group.replace('/', "-")));
+        published.push(serde_json::from_str::<Value>(&fetch(
+            &env,
+            &format!("/openapi/v3/apis/{group}"),
+        )?)?);
+    }
+    // One document, so that the stateful phase chains across the groups.
+    let merged = with_links(without_streams(merged(&published)?));
+    let label = GROUPS.join(" + ");
+    {
+        let schema = dir.join("openapi.json");
+        std::fs::write(&schema, serde_json::to_vec(&merged)?)?;
+        let report = dir.join("report.json");
         let _ = std::fs::remove_file(&report);
-        println!("fuzzing {group}…");
+        println!("fuzzing {label}…");
         let mut cmd = Command::new(&st);
         // schemathesis keeps a cache of what it found in `.schemathesis/` of its working
         // directory: target/fuzz, not the workspace.
@@ -278,7 +389,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .arg("--request-cert-key")
             .arg(&env.admin.key)
             .args(["--checks", "all", "--exclude-checks", EXCLUDED_CHECKS])
-            .args(["--phases", "examples,coverage,fuzzing"])
+            .args(["--phases", PHASES])
             .args(["--max-examples", &args.max_examples.to_string()])
             .args(["--request-timeout", "30", "--no-color", "--report", "json"])
             .arg("--report-json-path")
@@ -290,7 +401,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cmd.status().context("running schemathesis")?;
         let text = std::fs::read_to_string(&report)
             .with_context(|| format!("schemathesis wrote no report to {}", report.display()))?;
-        outcomes.push(outcome(group, &serde_json::from_str(&text)?));
+        outcomes.push(outcome(&label, &serde_json::from_str(&text)?));
     }
     let alive = env.alive();
     let took = t0.elapsed().as_secs_f64();
@@ -350,6 +461,70 @@ mod tests {
             s["paths"]["/a"]["get"]["parameters"],
             serde_json::json!([{"name": "limit"}])
         );
+    }
+
+    #[test]
+    fn creates_link_to_every_operation_on_the_created_object_in_any_group() {
+        let ops = |id: &str| serde_json::json!({"operationId": id, "responses": {"200": {}}});
+        let core = serde_json::json!({
+            "paths": {
+                "/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines": {
+                    "get": ops("listVM"),
+                    "post": {"operationId": "createVM", "responses": {"201": {"description": "Created"}}},
+                },
+                "/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}": {
+                    "get": ops("readVM"), "put": ops("replaceVM"), "delete": ops("deleteVM"),
+                },
+                "/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}/status": {
+                    "put": ops("replaceVMStatus"),
+                },
+                "/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachineinstances/{name}": {
+                    "get": ops("readVMI"),
+                },
+            },
+            "components": {"schemas": {"Status": {"type": "object"}}},
+        });
+        let sub = serde_json::json!({
+            "paths": {
+                "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}/start": {
+                    "put": ops("startVM"),
+                },
+            },
+            "components": {"schemas": {"Status": {"type": "object"}, "StartOptions": {}}},
+        });
+        let doc = with_links(merged(&[core.clone(), sub]).unwrap());
+        let links = &doc["paths"]["/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines"]["post"]
+            ["responses"]["201"]["links"];
+        let mut ids: Vec<&str> = links
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|l| l["operationId"].as_str().unwrap())
+            .collect();
+        ids.sort_unstable();
+        assert_eq!(
+            ids,
+            [
+                "deleteVM",
+                "readVM",
+                "replaceVM",
+                "replaceVMStatus",
+                "startVM"
+            ]
+        );
+        assert_eq!(
+            links["readVM"]["parameters"],
+            serde_json::json!({"name": "$response.body#/metadata/name",
+                               "namespace": "$response.body#/metadata/namespace"})
+        );
+        // A replace sends the created object back, with its resourceVersion.
+        assert_eq!(links["replaceVM"]["requestBody"], "$response.body");
+        assert!(links["startVM"].get("requestBody").is_none());
+        assert!(doc["components"]["schemas"].get("StartOptions").is_some());
+        // Two groups may not define one schema differently.
+        let clash = serde_json::json!({"paths": {},
+            "components": {"schemas": {"Status": {"type": "string"}}}});
+        assert!(merged(&[core, clash]).is_err());
     }
 
     #[test]

@@ -47,6 +47,11 @@ pub fn client(env: &DevEnv, id: Option<&ClientFiles>) -> reqwest::Client {
 
 /// A raw TLS client with the admin identity, for tests below HTTP.
 pub fn tls_client(env: &DevEnv) -> tokio_rustls::TlsConnector {
+    tls_client_alpn(env, b"http/1.1")
+}
+
+/// [`tls_client`] offering `alpn` (`h2` for HTTP/2).
+pub fn tls_client_alpn(env: &DevEnv, alpn: &[u8]) -> tokio_rustls::TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(&env.server_ca).unwrap() {
         roots.add(c.unwrap()).unwrap();
@@ -63,7 +68,7 @@ pub fn tls_client(env: &DevEnv) -> tokio_rustls::TlsConnector {
         .with_root_certificates(roots)
         .with_client_auth_cert(chain, key)
         .unwrap();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    cfg.alpn_protocols = vec![alpn.to_vec()];
     tokio_rustls::TlsConnector::from(Arc::new(cfg))
 }
 

@@ -14,7 +14,8 @@ use anyhow::Context;
 use serde_json::{Value, json};
 use virt_devenv::{DevEnv, Options};
 
-use super::report::{self, bytes, p50_p99_max, p50_p99_max_ns};
+use super::memory;
+use super::report::{self, bytes, p50_p99_max, p50_p99_max_ns, percentile};
 use super::section::{self, Provenance, Section};
 
 const VMS: &str = "/apis/kubevirt.io/v1/namespaces/default/virtualmachines";
@@ -26,11 +27,16 @@ const SENT: &str = "bench.kubevirt.io/sent-ns";
 /// A watcher that sees nothing for this long has lost events; stop waiting for it.
 const WATCH_IDLE: Duration = Duration::from_secs(30);
 
+/// Goal: virt-apiserver's RSS growth per stored VM (issue 20).
+const GOAL_RSS_PER_VM: f64 = 2048.0;
+/// Goal: p99 of watch delivery from the update's send (issue 20).
+const GOAL_WATCH_P99: Duration = Duration::from_secs(1);
+
 /// Arguments of `cargo xtask bench apiserver`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ApiserverArgs {
     /// VirtualMachines to create.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 100_000)]
     pub count: usize,
     /// Requests in flight during the create and update phases.
     #[arg(long, default_value_t = 16)]
@@ -42,13 +48,24 @@ pub struct ApiserverArgs {
     #[arg(long, default_value_t = 500)]
     pub page_size: usize,
     /// Concurrent watchers on the collection.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 1000)]
     pub watchers: usize,
     /// Updates (merge patches) made while the watchers run.
     #[arg(long, default_value_t = 500)]
     pub updates: usize,
+    /// Label selector of the watches (every VM has `app=bench`): a watch with a selector
+    /// has its events encoded for it alone, one without shares them with the others.
+    #[arg(long)]
+    pub watch_selector: Option<String>,
+    /// Updates sent per second at most (0: as fast as `--concurrency` allows).
+    #[arg(long, default_value_t = 0)]
+    pub update_rate: u32,
+    /// Seconds of rest before memory is sampled until it settles, before and after the
+    /// creates.
+    #[arg(long, default_value_t = 10)]
+    pub settle_seconds: u64,
     /// Abort the run after this many seconds.
-    #[arg(long, default_value_t = 1200)]
+    #[arg(long, default_value_t = 1800)]
     pub max_seconds: u64,
     /// Only print the summary; leave docs/benchmarks.md alone.
     #[arg(long)]
@@ -114,13 +131,18 @@ impl ApiserverArgs {
     pub fn command(&self) -> String {
         format!(
             "cargo xtask bench apiserver --count {} --concurrency {} --lists {} --page-size {} \
-             --watchers {} --updates {}{}",
+             --watchers {} --updates {} --update-rate {} --settle-seconds {}{}{}",
             self.count,
             self.concurrency,
             self.lists,
             self.page_size,
             self.watchers,
             self.updates,
+            self.update_rate,
+            self.settle_seconds,
+            self.watch_selector
+                .as_ref()
+                .map_or(String::new(), |s| format!(" --watch-selector {s}")),
             if self.this_build { " --this-build" } else { "" },
         )
     }
@@ -147,6 +169,10 @@ pub(super) fn bench_devenv(
             .context("virt-apiserver has no process")?,
         etcd: env.etcd_pid(),
     };
+    let watched = memory::Watched {
+        pids: [pids.apiserver, pids.etcd],
+        etcd_urls: [env.etcd_url.clone()],
+    };
     let ca = std::fs::read(&env.server_ca).context("reading the serving CA")?;
     let mut identity = std::fs::read(&env.admin.cert).context("reading the client certificate")?;
     identity.extend(std::fs::read(&env.admin.key).context("reading the client key")?);
@@ -158,7 +184,11 @@ pub(super) fn bench_devenv(
         pids,
     };
     let outcome = rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(args.max_seconds), bench(&target, args)).await
+        tokio::time::timeout(
+            Duration::from_secs(args.max_seconds),
+            bench(&target, &watched, args),
+        )
+        .await
     });
     let alive = env.alive();
     let log = std::fs::read_to_string(&env.apiserver_log).unwrap_or_default();
@@ -291,6 +321,13 @@ pub(super) struct Results {
     pub watch: Watch,
     pub api: Rss,
     pub etcd: Rss,
+    /// Growth per stored VM of virt-apiserver and etcd (RSS), and etcd's database in use,
+    /// between settled readings around the creates.
+    stored: memory::PerObject<2, 1>,
+    /// Both readings settled.
+    settled: bool,
+    /// Items of each paged walk.
+    paged_items: Vec<usize>,
     cpu_total: Cpu,
     cpu_watch: Cpu,
     notes: Vec<String>,
@@ -324,24 +361,41 @@ pub(super) fn vm_name(i: usize) -> String {
     format!("bench-{i:05}")
 }
 
-pub(super) async fn bench(t: &Target, args: &ApiserverArgs) -> anyhow::Result<Results> {
+pub(super) async fn bench(
+    t: &Target,
+    watched: &memory::Watched<2, 1>,
+    args: &ApiserverArgs,
+) -> anyhow::Result<Results> {
     let pids = t.pids;
-    let c = client(t, Some(Duration::from_secs(60)))?;
     let url = t.collection.clone();
     let t0 = Instant::now();
     let mut r = Results::default();
     let cpu_start = Cpu::now(pids, t0);
-    r.api.idle = status_kib(pids.apiserver, "VmRSS").unwrap_or(0);
-    r.etcd.idle = status_kib(pids.etcd, "VmRSS").unwrap_or(0);
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let settle = Duration::from_secs(args.settle_seconds);
+    eprintln!("settling before the creates");
+    let before = memory::settle(watched, &http, settle).await?;
+    r.api.idle = before.sample.rss_kib[0];
+    r.etcd.idle = before.sample.rss_kib[1];
 
     eprintln!(
         "creating {} VirtualMachines, {} in flight",
         args.count, args.concurrency
     );
+    let c = client(t, Some(Duration::from_secs(60)))?;
     r.create = create(&c, &url, &t.api_version, args).await;
     if r.create.ok == 0 {
         anyhow::bail!("every create failed: {:?}", r.create.errors.first());
     }
+    // Idle keep-alive connections hold buffers in the server: close them before reading.
+    drop(c);
+    eprintln!("settling after the creates");
+    let after = memory::settle(watched, &http, settle).await?;
+    r.stored = memory::PerObject::between(&before.sample, &after.sample, r.create.ok);
+    r.settled = before.stable && after.stable;
+    let c = client(t, Some(Duration::from_secs(120)))?;
 
     eprintln!("listing {} times", args.lists);
     for i in 0..args.lists {
@@ -367,6 +421,7 @@ pub(super) async fn bench(t: &Target, args: &ApiserverArgs) -> anyhow::Result<Re
         r.paged.push(pages.iter().sum());
         r.pages_per_list = pages.len();
         r.pages.extend(pages);
+        r.paged_items.push(items);
         if items != r.list_items {
             r.notes.push(format!(
                 "paged LIST returned {items} items, the full LIST {}",
@@ -537,6 +592,7 @@ pub(super) async fn watch_fanout(
         client: wc,
         url: url.to_string(),
         timeout_seconds: args.max_seconds.to_string(),
+        selector: args.watch_selector.clone(),
     });
     for _ in 0..args.watchers {
         let conn_tx = conn_tx.clone();
@@ -565,6 +621,7 @@ pub(super) async fn watch_fanout(
     let start = Instant::now();
     let cpu_start = Cpu::now(pids, t0);
     let mut tasks = Vec::new();
+    let rate = args.update_rate;
     for _ in 0..args.concurrency {
         let (c, url, next) = (c.clone(), url.to_string(), next.clone());
         tasks.push(tokio::spawn(async move {
@@ -575,6 +632,10 @@ pub(super) async fn watch_fanout(
                 let seq = next.fetch_add(1, Ordering::Relaxed);
                 if seq >= updates {
                     return (p, done);
+                }
+                if rate > 0 {
+                    let at = start + Duration::from_secs_f64(seq as f64 / f64::from(rate));
+                    tokio::time::sleep_until(at.into()).await;
                 }
                 let name = vm_name(seq % vms.max(1));
                 let sent = t0.elapsed();
@@ -669,15 +730,20 @@ struct WatchSpec {
     client: reqwest::Client,
     url: String,
     timeout_seconds: String,
+    selector: Option<String>,
 }
 
 impl WatchSpec {
     fn request(&self, rv: &str) -> reqwest::RequestBuilder {
-        self.client.get(&self.url).query(&[
+        let r = self.client.get(&self.url).query(&[
             ("watch", "1"),
             ("resourceVersion", rv),
             ("timeoutSeconds", &self.timeout_seconds),
-        ])
+        ]);
+        match &self.selector {
+            Some(s) => r.query(&[("labelSelector", s)]),
+            None => r,
+        }
     }
 }
 
@@ -814,18 +880,42 @@ struct BenchEvent {
     rv: i64,
 }
 
+/// The parts of a watch line the benchmark reads, borrowed from it: decoding into a
+/// `Value` cost the client more CPU per event than the server spends sending it, and with
+/// 1000 watchers the client, not the server, set the delivery latency.
+#[derive(serde::Deserialize)]
+struct Line<'a> {
+    #[serde(rename = "type", borrow)]
+    type_: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    object: LineObject<'a>,
+}
+
+#[derive(serde::Deserialize)]
+struct LineObject<'a> {
+    #[serde(borrow)]
+    metadata: LineMeta<'a>,
+}
+
+#[derive(serde::Deserialize)]
+struct LineMeta<'a> {
+    #[serde(rename = "resourceVersion", borrow)]
+    resource_version: std::borrow::Cow<'a, str>,
+    #[serde(default, borrow)]
+    annotations: std::collections::HashMap<std::borrow::Cow<'a, str>, std::borrow::Cow<'a, str>>,
+}
+
 /// A MODIFIED event carrying the benchmark's annotations; anything else is `None`.
 fn parse_event(line: &[u8]) -> Option<BenchEvent> {
-    let v: Value = serde_json::from_slice(line).ok()?;
-    if v["type"] != "MODIFIED" {
+    let l: Line = serde_json::from_slice(line).ok()?;
+    if l.type_ != "MODIFIED" {
         return None;
     }
-    let meta = &v["object"]["metadata"];
-    let ann = &meta["annotations"];
+    let meta = &l.object.metadata;
     Some(BenchEvent {
-        seq: ann[SEQ].as_str()?.parse().ok()?,
-        sent_ns: ann[SENT].as_str()?.parse().ok()?,
-        rv: meta["resourceVersion"].as_str()?.parse().ok()?,
+        seq: meta.annotations.get(SEQ)?.parse().ok()?,
+        sent_ns: meta.annotations.get(SENT)?.parse().ok()?,
+        rv: meta.resource_version.parse().ok()?,
     })
 }
 
@@ -932,7 +1022,79 @@ impl Results {
         );
         row("virt-apiserver RSS".into(), rss(&self.api));
         row("etcd RSS".into(), rss(&self.etcd));
+        let settled = if self.settled {
+            ""
+        } else {
+            " (memory did not settle within 60 s)"
+        };
+        row(
+            format!("RSS growth per stored VM: virt-apiserver{settled}"),
+            bytes_f(self.stored.rss[0]),
+        );
+        row(
+            format!("RSS growth per stored VM: etcd{settled}"),
+            bytes_f(self.stored.rss[1]),
+        );
+        row(
+            "etcd database in use per stored VM".into(),
+            bytes_f(self.stored.db_in_use[0]),
+        );
         rows
+    }
+
+    /// The issue's goals: `(goal, measured, met)`.
+    fn goals(&self, args: &ApiserverArgs) -> Vec<(String, String, bool)> {
+        let stored_ok = self.create.errors.is_empty() && self.create.ok == args.count;
+        let listed_ok = self.list_items == args.count
+            && !self.paged_items.is_empty()
+            && self.paged_items.iter().all(|n| *n == args.count);
+        let mut g = vec![
+            (
+                format!(
+                    "{} VMs stored and LISTed (unpaged and paged) with no error",
+                    args.count
+                ),
+                format!(
+                    "{} created, {} failed; unpaged LIST {} items; paged walks {:?} items",
+                    self.create.ok,
+                    self.create.errors.len(),
+                    self.list_items,
+                    self.paged_items
+                        .iter()
+                        .collect::<std::collections::BTreeSet<_>>()
+                ),
+                stored_ok && listed_ok,
+            ),
+            (
+                format!(
+                    "virt-apiserver ≤ {} RSS per stored VM",
+                    bytes(GOAL_RSS_PER_VM as u64)
+                ),
+                bytes_f(self.stored.rss[0]),
+                self.settled && self.stored.rss[0] <= GOAL_RSS_PER_VM,
+            ),
+        ];
+        if self.watch.watchers > 0 {
+            let mut sorted = self.watch.from_sent.clone();
+            sorted.sort_unstable();
+            let p99 = percentile(&sorted, 99.0);
+            let w = &self.watch;
+            let complete = w.missing() == 0 && w.failures.is_empty();
+            g.push((
+                format!(
+                    "{} watchers: delivery p99 ≤ {} s, every event delivered",
+                    w.watchers,
+                    GOAL_WATCH_P99.as_secs()
+                ),
+                format!(
+                    "p99 {}; {} events missing",
+                    p99.map_or("n/a".into(), |d| format!("{:.1} ms", d.as_secs_f64() * 1e3)),
+                    w.missing()
+                ),
+                complete && w.connected == w.watchers && p99.is_some_and(|d| d <= GOAL_WATCH_P99),
+            ));
+        }
+        g
     }
 
     /// Everything that looks wrong, for the record.
@@ -993,16 +1155,34 @@ fn body(
          server.\n"
     ));
     s.push_str(&format!(
-        "- Phases: create {n} VirtualMachines with {c} requests in flight; LIST all {l} times \
-         and walk them {l} times with limit={p}; start {w} watches at the current \
-         resourceVersion, then make {u} merge-patch updates ({c} in flight), each writing \
-         its send time in an annotation, and time each event's arrival at each watcher.\n",
+        "- Phases: memory settles; create {n} VirtualMachines with {c} requests in flight; \
+         memory settles; LIST all {l} times and walk them {l} times with limit={p}; start {w} \
+         watches{sel} at the current resourceVersion, then make {u} merge-patch updates ({c} in \
+         flight, {rate}), each writing its send time in an annotation, and time each event's \
+         arrival at each watcher.\n",
         n = args.count,
         c = args.concurrency,
         l = args.lists,
         p = args.page_size,
         w = args.watchers,
-        u = args.updates
+        u = args.updates,
+        sel = args
+            .watch_selector
+            .as_ref()
+            .map_or(String::new(), |s| format!(" with labelSelector={s}")),
+        rate = if args.update_rate > 0 {
+            format!("at most {} per second", args.update_rate)
+        } else {
+            "unpaced".to_string()
+        },
+    ));
+    s.push_str(&format!(
+        "- Memory per stored VM: virt-apiserver's and etcd's VmRSS and etcd's \
+         `etcd_mvcc_db_total_size_in_use_in_bytes`, read before and after the creates with \
+         nothing else running: {} s of rest, then a sample a second until five in a row agree \
+         within 0.5 % or 512 KiB (at most 60 s), their median counting; the growth divided by \
+         the VMs created.\n",
+        args.settle_seconds
     ));
     s.push_str(
         "- Latencies are to the full response body; percentiles are nearest-rank. \
@@ -1014,6 +1194,11 @@ fn body(
          \"client\" being this benchmark process.\n\n",
     );
     s.push_str(&table(rows));
+    s.push_str("\n| goal | measured | met |\n|---|---|---|\n");
+    for (goal, measured, met) in results.goals(args) {
+        let met = if met { "met" } else { "**not met**" };
+        s.push_str(&format!("| {goal} | {measured} | {met} |\n"));
+    }
     let problems = results.problems();
     if !problems.is_empty() {
         s.push_str("\nObserved during this run:\n\n");
@@ -1022,6 +1207,15 @@ fn body(
         }
     }
     s
+}
+
+/// Bytes (possibly negative or fractional) as B or KiB.
+fn bytes_f(b: f64) -> String {
+    if b.abs() < 1024.0 {
+        format!("{b:.0} B")
+    } else {
+        format!("{:.2} KiB", b / 1024.0)
+    }
 }
 
 fn tail(log: &str, n: usize) -> String {
@@ -1165,6 +1359,9 @@ mod tests {
             page_size: 1,
             watchers: 0,
             updates: 0,
+            watch_selector: None,
+            update_rate: 0,
+            settle_seconds: 0,
             max_seconds: 1,
             no_docs: true,
             this_build: true,
@@ -1178,7 +1375,7 @@ mod tests {
         assert_eq!(
             args.command(),
             "cargo xtask bench apiserver --count 1 --concurrency 1 --lists 1 --page-size 1 \
-             --watchers 0 --updates 0 --this-build"
+             --watchers 0 --updates 0 --update-rate 0 --settle-seconds 0 --this-build"
         );
     }
 }

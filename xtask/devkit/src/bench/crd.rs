@@ -5,7 +5,6 @@
 //! goes first, `--runs` fresh harnesses. No local cluster is needed or touched.
 
 mod harness;
-mod memory;
 mod schema;
 
 use std::time::{Duration, Instant};
@@ -14,10 +13,36 @@ use anyhow::Context;
 use serde_json::Value;
 
 use super::apiserver::{self, ApiserverArgs, Phase, Pids, Target, Watch};
+use super::memory;
 use super::report::percentile;
 use super::section::{self, Provenance, Runs, Section};
 use harness::{Binaries, Harness, OURS_COLLECTION, Procs};
-use memory::{NAMES, PerObject};
+
+/// The processes whose memory is read, in the order of [`Procs::watched`].
+const NAMES: [&str; 4] = [
+    "kube-apiserver",
+    "etcd A (kube-apiserver's)",
+    "virt-apiserver",
+    "etcd B (virt-apiserver's)",
+];
+
+/// Memory growth per object of the four processes and the two etcds' databases (A, B).
+type PerObject = memory::PerObject<4, 2>;
+
+impl Procs {
+    /// The four processes in [`NAMES`]' order, and etcd A and B.
+    fn watched(&self) -> memory::Watched<4, 2> {
+        memory::Watched {
+            pids: [
+                self.kube_apiserver,
+                self.etcd_a,
+                self.virt_apiserver,
+                self.etcd_b,
+            ],
+            etcd_urls: [self.etcd_a_url.clone(), self.etcd_b_url.clone()],
+        }
+    }
+}
 
 /// Arguments of `cargo xtask bench crd`.
 #[derive(clap::Args, Debug, Clone)]
@@ -88,6 +113,9 @@ impl CrdArgs {
             page_size: self.page_size,
             watchers: self.watchers,
             updates: self.updates,
+            watch_selector: None,
+            update_rate: 0,
+            settle_seconds: 0,
             max_seconds: self.max_seconds,
             no_docs: true,
             this_build: self.this_build,
@@ -279,7 +307,7 @@ async fn one_run(bins: &Binaries, args: &CrdArgs, order: [Side; 2]) -> anyhow::R
     let mut sides: [SideRun; 2] = Default::default();
     let wait = Duration::from_secs(args.settle_seconds);
     eprintln!("settling before the first creates");
-    let mut before = memory::settle(&procs, &http, wait).await?;
+    let mut before = memory::settle(&procs.watched(), &http, wait).await?;
     for side in order {
         let r = &mut sides[side as usize];
         before = store(targets.of(side), args, &procs, &http, before, r).await?;
@@ -346,9 +374,9 @@ async fn store(
     args: &CrdArgs,
     procs: &Procs,
     http: &reqwest::Client,
-    before: memory::Settled,
+    before: memory::Settled<4, 2>,
     r: &mut SideRun,
-) -> anyhow::Result<memory::Settled> {
+) -> anyhow::Result<memory::Settled<4, 2>> {
     eprintln!("{}: creating {} VirtualMachines", t.api_version, args.count);
     let c = apiserver::client(t, Some(Duration::from_secs(60)))?;
     r.create = apiserver::create(&c, &t.collection, &t.api_version, &args.load()).await;
@@ -360,7 +388,12 @@ async fn store(
     // Idle keep-alive connections hold buffers in the servers: close them before reading.
     drop(c);
     eprintln!("{}: settling", t.api_version);
-    let after = memory::settle(procs, http, Duration::from_secs(args.settle_seconds)).await?;
+    let after = memory::settle(
+        &procs.watched(),
+        http,
+        Duration::from_secs(args.settle_seconds),
+    )
+    .await?;
     r.memory = PerObject::between(&before.sample, &after.sample, r.create.ok);
     r.settled = before.stable && after.stable;
     Ok(after)

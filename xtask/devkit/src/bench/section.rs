@@ -25,6 +25,11 @@ pub const APISERVER: Slot = Slot {
     title: "virt-apiserver (cargo xtask bench apiserver)",
     command: "cargo xtask bench apiserver",
 };
+pub const ABUSE: Slot = Slot {
+    key: "abuse",
+    title: "virt-apiserver under abuse: a normal client's latency (cargo xtask bench abuse)",
+    command: "cargo xtask bench abuse",
+};
 pub const LAUNCHER: Slot = Slot {
     key: "launcher",
     title: "Launcher (TCG, busybox guest, same run)",
@@ -74,9 +79,10 @@ pub const ALL: Slot = Slot {
 /// Every generated section, in the document's order: what `bench all`'s plan and the
 /// checked-in document are tested against.
 #[cfg(test)]
-pub const SLOTS: [Slot; 10] = [
+pub const SLOTS: [Slot; 11] = [
     ALL,
     APISERVER,
+    ABUSE,
     CRD,
     LAUNCHER,
     START,

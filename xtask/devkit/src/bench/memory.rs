@@ -1,52 +1,70 @@
-//! Memory of the four processes (RSS from /proc/<pid>/status, the etcds' database from
-//! their metrics), sampled at the same moments for both sides, and a settle rule so a
-//! figure is read once the processes have stopped moving rather than mid-collection.
+//! Memory of a benchmark's processes (RSS from /proc/<pid>/status, each etcd's database
+//! from its metrics), sampled at the same moments, and a settle rule so a figure is read
+//! once the processes have stopped moving rather than mid-collection. Used by
+//! `bench crd` (four processes, two etcds) and `bench apiserver` (two and one).
 
 use std::time::{Duration, Instant};
 
-use super::harness::Procs;
 use crate::bench::apiserver::status_kib;
-
-/// The processes, in the order of [`Sample::rss_kib`].
-pub const NAMES: [&str; 4] = [
-    "kube-apiserver",
-    "etcd A (kube-apiserver's)",
-    "virt-apiserver",
-    "etcd B (virt-apiserver's)",
-];
 
 /// Samples one second apart that must agree before memory counts as settled.
 const WINDOW: usize = 5;
 /// How long to wait for them before taking what there is (and saying so).
 const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 
+/// What is read: `P` processes and `D` etcds.
+#[derive(Debug, Clone)]
+pub struct Watched<const P: usize, const D: usize> {
+    pub pids: [u32; P],
+    /// Each etcd's client URL, for `/metrics`.
+    pub etcd_urls: [String; D],
+}
+
 /// One reading of everything.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Sample {
-    /// VmRSS in KiB, in [`NAMES`]' order.
-    pub rss_kib: [u64; 4],
-    /// `etcd_mvcc_db_total_size_in_use_in_bytes` of etcd A and etcd B.
-    pub db_in_use: [u64; 2],
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample<const P: usize, const D: usize> {
+    /// VmRSS in KiB, in [`Watched::pids`]' order.
+    pub rss_kib: [u64; P],
+    /// `etcd_mvcc_db_total_size_in_use_in_bytes` of each etcd.
+    pub db_in_use: [u64; D],
+}
+
+impl<const P: usize, const D: usize> Default for Sample<P, D> {
+    fn default() -> Self {
+        Self {
+            rss_kib: [0; P],
+            db_in_use: [0; D],
+        }
+    }
 }
 
 /// A settled reading: the median of the last [`WINDOW`] samples.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Settled {
-    pub sample: Sample,
+pub struct Settled<const P: usize, const D: usize> {
+    pub sample: Sample<P, D>,
     /// False when [`SETTLE_LIMIT`] passed first.
     pub stable: bool,
 }
 
 /// Growth per object between two settled readings, in bytes (negative when a process
 /// gave memory back).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct PerObject {
-    pub rss: [f64; 4],
-    pub db_in_use: [f64; 2],
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PerObject<const P: usize, const D: usize> {
+    pub rss: [f64; P],
+    pub db_in_use: [f64; D],
 }
 
-impl PerObject {
-    pub fn between(before: &Sample, after: &Sample, objects: usize) -> Self {
+impl<const P: usize, const D: usize> Default for PerObject<P, D> {
+    fn default() -> Self {
+        Self {
+            rss: [0.0; P],
+            db_in_use: [0.0; D],
+        }
+    }
+}
+
+impl<const P: usize, const D: usize> PerObject<P, D> {
+    pub fn between(before: &Sample<P, D>, after: &Sample<P, D>, objects: usize) -> Self {
         let n = objects.max(1) as f64;
         let grow = |b: u64, a: u64| (a as f64 - b as f64) / n;
         Self {
@@ -60,25 +78,23 @@ impl PerObject {
     }
 }
 
-/// Reads all four processes now.
-pub async fn sample(procs: &Procs, http: &reqwest::Client) -> anyhow::Result<Sample> {
-    let pids = [
-        procs.kube_apiserver,
-        procs.etcd_a,
-        procs.virt_apiserver,
-        procs.etcd_b,
-    ];
-    let mut rss_kib = [0; 4];
-    for (slot, pid) in rss_kib.iter_mut().zip(pids) {
+/// Reads every process and etcd now.
+pub async fn sample<const P: usize, const D: usize>(
+    w: &Watched<P, D>,
+    http: &reqwest::Client,
+) -> anyhow::Result<Sample<P, D>> {
+    let mut rss_kib = [0; P];
+    for (slot, pid) in rss_kib.iter_mut().zip(w.pids) {
         *slot = status_kib(pid, "VmRSS")
             .ok_or_else(|| anyhow::anyhow!("no VmRSS for pid {pid}: has it exited?"))?;
     }
+    let mut db = [0; D];
+    for (slot, url) in db.iter_mut().zip(&w.etcd_urls) {
+        *slot = db_in_use(http, url).await?;
+    }
     Ok(Sample {
         rss_kib,
-        db_in_use: [
-            db_in_use(http, &procs.etcd_a_url).await?,
-            db_in_use(http, &procs.etcd_b_url).await?,
-        ],
+        db_in_use: db,
     })
 }
 
@@ -104,16 +120,16 @@ pub fn gauge(text: &str, name: &str) -> Option<f64> {
 }
 
 /// Waits `wait`, then samples every second until the last [`WINDOW`] samples agree.
-pub async fn settle(
-    procs: &Procs,
+pub async fn settle<const P: usize, const D: usize>(
+    w: &Watched<P, D>,
     http: &reqwest::Client,
     wait: Duration,
-) -> anyhow::Result<Settled> {
+) -> anyhow::Result<Settled<P, D>> {
     tokio::time::sleep(wait).await;
     let start = Instant::now();
-    let mut window: Vec<Sample> = Vec::new();
+    let mut window: Vec<Sample<P, D>> = Vec::new();
     loop {
-        window.push(sample(procs, http).await?);
+        window.push(sample(w, http).await?);
         if window.len() > WINDOW {
             window.remove(0);
         }
@@ -130,8 +146,8 @@ pub async fn settle(
 
 /// Whether every process's RSS stayed within 512 KiB or 0.5 % (whichever is larger) over
 /// the samples: a Go heap being scavenged moves by more, an idle one by less.
-pub fn agree(samples: &[Sample]) -> bool {
-    (0..4).all(|i| {
+pub fn agree<const P: usize, const D: usize>(samples: &[Sample<P, D>]) -> bool {
+    (0..P).all(|i| {
         let values = samples.iter().map(|s| s.rss_kib[i]);
         let (lo, hi) = (values.clone().min(), values.max());
         match (lo, hi) {
@@ -142,7 +158,7 @@ pub fn agree(samples: &[Sample]) -> bool {
 }
 
 /// Field by field median (the lower middle), so one odd sample does not decide.
-pub fn median(samples: &[Sample]) -> Sample {
+pub fn median<const P: usize, const D: usize>(samples: &[Sample<P, D>]) -> Sample<P, D> {
     let mid = |mut v: Vec<u64>| {
         v.sort_unstable();
         v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0)
@@ -157,7 +173,7 @@ pub fn median(samples: &[Sample]) -> Sample {
 mod tests {
     use super::*;
 
-    fn s(rss: u64) -> Sample {
+    fn s(rss: u64) -> Sample<4, 2> {
         Sample {
             rss_kib: [rss, 100, 100, 100],
             db_in_use: [0, 0],
@@ -183,7 +199,7 @@ mod tests {
         assert!(!agree(&[s(1000), s(1600)]));
         assert!(agree(&[s(400_000), s(401_900)]));
         assert!(!agree(&[s(400_000), s(402_100)]));
-        assert!(!agree(&[]));
+        assert!(!agree::<4, 2>(&[]));
     }
 
     #[test]

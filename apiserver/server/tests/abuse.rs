@@ -1,0 +1,456 @@
+//! Abuse cases (issue 20): each is answered with the right 4xx/429 — a Status naming the
+//! limit — while a normal client, another user on connections of its own, keeps working:
+//! every request it issues during the abuse succeeds. How fast it stays is a figure, not an
+//! assertion: `cargo xtask bench abuse` measures its p99 under each case (docs/benchmarks.md).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{VMS, admin, client, vm};
+use http_body_util::{BodyExt, Empty};
+use serde_json::{Value, json};
+use virt_devenv::DevEnv;
+
+/// A normal client: another user (through the front proxy, as the aggregator sends it)
+/// reading the collection, reading and patching its own VM, in a loop until stopped.
+struct Normal {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<(usize, Vec<String>)>,
+}
+
+impl Normal {
+    /// Creates its VM, then loops.
+    async fn start(env: &DevEnv, name: &str) -> Self {
+        let c = client(env, Some(&env.front_proxy));
+        let url = format!("{}{VMS}", env.server_url);
+        let as_user = |r: reqwest::RequestBuilder| {
+            r.header("X-Remote-User", "normal-client")
+                .header("X-Remote-Group", "system:masters")
+                .timeout(Duration::from_secs(30))
+        };
+        let r = as_user(c.post(&url)).json(&vm(name)).send().await.unwrap();
+        assert_eq!(r.status(), 201, "{:?}", r.text().await);
+        let stop = Arc::new(AtomicBool::new(false));
+        let name = name.to_string();
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let mut ok = 0;
+                let mut failures = Vec::new();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let requests = [
+                        as_user(c.get(&url)).query(&[("limit", "10")]),
+                        as_user(c.get(format!("{url}/{name}"))),
+                        as_user(c.patch(format!("{url}/{name}")))
+                            .header("Content-Type", "application/merge-patch+json")
+                            .body(
+                                json!({"metadata": {"labels": {"i": i.to_string()}}}).to_string(),
+                            ),
+                    ];
+                    for r in requests {
+                        match r.send().await {
+                            Ok(r) if r.status() == 200 => {
+                                let _ = r.bytes().await;
+                                ok += 1;
+                            }
+                            Ok(r) => failures.push(format!(
+                                "{}: {}",
+                                r.status(),
+                                r.text().await.unwrap_or_default()
+                            )),
+                            Err(e) => failures.push(e.to_string()),
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                (ok, failures)
+            }
+        });
+        Normal { stop, task }
+    }
+
+    /// Stops the loop; asserts that it made requests and every one succeeded.
+    async fn check(self, case: &str) {
+        self.stop.store(true, Ordering::Relaxed);
+        let (ok, failures) = self.task.await.unwrap();
+        assert!(
+            failures.is_empty(),
+            "{case}: {} of the normal client's requests failed: {:?}",
+            failures.len(),
+            &failures[..failures.len().min(5)]
+        );
+        assert!(ok >= 3, "{case}: the normal client made only {ok} requests");
+    }
+}
+
+async fn json_of(r: reqwest::Response) -> (u16, Value) {
+    let code = r.status().as_u16();
+    let v = r.json().await.unwrap_or(Value::Null);
+    (code, v)
+}
+
+/// The soft limit of open files of this process (`/proc/self/limits`).
+fn open_files_limit() -> usize {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+        })
+        .unwrap_or(1024)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_json_patch_copy_bomb_is_refused_and_others_go_on() {
+    let env = common::start(true);
+    let c = admin(&env);
+    let url = format!("{}{VMS}", env.server_url);
+    assert_eq!(
+        c.post(&url)
+            .json(&vm("bomb"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    let normal = Normal::start(&env, "normal").await;
+    // Each copy of /spec into itself doubles the object: 40 copies would be 2^40 times it.
+    let bomb: Vec<Value> = (0..40)
+        .map(|i| json!({"op": "copy", "from": "/spec", "path": format!("/spec/c{i}")}))
+        .collect();
+    for _ in 0..5 {
+        let r = c
+            .patch(format!("{url}/bomb"))
+            .header("Content-Type", "application/json-patch+json")
+            .body(serde_json::to_vec(&bomb).unwrap())
+            .send()
+            .await
+            .unwrap();
+        let (code, s) = json_of(r).await;
+        assert_eq!(
+            (code, s["reason"].as_str()),
+            (413, Some("RequestEntityTooLarge")),
+            "{s}"
+        );
+        assert!(
+            s["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("copies more than"),
+            "the Status names the limit: {s}"
+        );
+    }
+    // Nothing of it was stored.
+    let (_, stored) = json_of(c.get(format!("{url}/bomb")).send().await.unwrap()).await;
+    assert!(stored["spec"].get("c0").is_none(), "{stored}");
+    normal.check("copy bomb").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_thousand_silent_connections_are_closed_and_others_go_on() {
+    use tokio::io::AsyncReadExt;
+    let env = common::start_with(&["--header-read-timeout-seconds=5"]);
+    let port: u16 = env.server_url.rsplit(':').next().unwrap().parse().unwrap();
+    let normal = Normal::start(&env, "normal").await;
+    // Both this process and the server hold one descriptor per connection.
+    let n = 10_000.min(open_files_limit().saturating_sub(1000));
+    assert!(n >= 1000, "open files limit too low for this test: {n}");
+    // At most 100 connecting at once: a burst beyond the listen backlog would leave
+    // connections the kernel completed for the client but dropped for the server.
+    let connecting = Arc::new(tokio::sync::Semaphore::new(100));
+    let mut opening = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let connecting = connecting.clone();
+        opening.spawn(async move {
+            let _turn = connecting.acquire_owned().await;
+            tokio::time::timeout(
+                Duration::from_secs(30),
+                tokio::net::TcpStream::connect(("127.0.0.1", port)),
+            )
+            .await
+        });
+    }
+    let mut silent = Vec::new();
+    while let Some(r) = opening.join_next().await {
+        if let Ok(Ok(Ok(tcp))) = r {
+            silent.push(tcp);
+        }
+    }
+    assert!(
+        silent.len() >= n * 9 / 10,
+        "only {} of {n} connections opened",
+        silent.len()
+    );
+    // A new client on a connection of its own is served, once its turn comes.
+    let r = admin(&env)
+        .get(format!("{}{VMS}", env.server_url))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .expect("a new client beside 10k silent connections");
+    assert_eq!(r.status(), 200);
+    // Every silent connection is closed by the server (after the TLS handshake timeout),
+    // without a response: they never sent a request.
+    let mut closed = tokio::task::JoinSet::new();
+    for mut tcp in silent {
+        closed.spawn(async move {
+            let mut buf = [0u8; 64];
+            tokio::time::timeout(Duration::from_secs(60), tcp.read(&mut buf)).await
+        });
+    }
+    while let Some(r) = closed.join_next().await {
+        match r.unwrap() {
+            Ok(Ok(0)) | Ok(Err(_)) => {}
+            Ok(Ok(n)) => panic!("a silent connection got {n} bytes"),
+            Err(_) => panic!("a silent connection was not closed within 60 s"),
+        }
+    }
+    normal.check("silent connections").await;
+}
+
+/// An HTTP/2 connection with the admin's certificate: many watches on few connections.
+async fn h2(env: &DevEnv) -> hyper::client::conn::http2::SendRequest<Empty<Bytes>> {
+    let port: u16 = env.server_url.rsplit(':').next().unwrap().parse().unwrap();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let tls = common::tls_client_alpn(env, b"h2")
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap();
+    let (send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn five_thousand_watches_of_one_user_then_429_and_others_go_on() {
+    // The default per-user limit: 5000.
+    let env = common::start(true);
+    let normal = Normal::start(&env, "normal").await;
+    let watch = |send: &mut hyper::client::conn::http2::SendRequest<Empty<Bytes>>| {
+        let req = hyper::Request::get(format!("{VMS}?watch=true"))
+            .header("host", "localhost")
+            .body(Empty::new())
+            .unwrap();
+        send.send_request(req)
+    };
+    // The server takes 1000 streams per HTTP/2 connection.
+    let mut conns = Vec::new();
+    for _ in 0..5 {
+        conns.push(h2(&env).await);
+    }
+    let mut held = Vec::new();
+    for send in &mut conns {
+        send.ready().await.unwrap();
+        let pending: Vec<_> = (0..1000).map(|_| watch(send)).collect();
+        for r in futures::future::join_all(pending).await {
+            let r = r.unwrap();
+            assert_eq!(r.status(), 200);
+            // Read every event, as a client that keeps up does (one that does not is
+            // ended once 1024 events behind, which would free its slot).
+            let mut body = r.into_body();
+            held.push(tokio::spawn(async move {
+                while let Some(Ok(_)) = body.frame().await {}
+            }));
+        }
+    }
+    assert_eq!(held.len(), 5000);
+    // The 5001st of the same user: 429 naming the limit.
+    let r = admin(&env)
+        .get(format!("{}{VMS}?watch=true", env.server_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.headers().get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let (code, s) = json_of(r).await;
+    assert_eq!((code, s["reason"].as_str()), (429, Some("TooManyRequests")));
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("Too many watches"),
+        "{s}"
+    );
+    // Another user still watches, and sees its own change.
+    let other = client(&env, Some(&env.front_proxy));
+    let mut w = other
+        .get(format!("{}{VMS}/normal?watch=true", env.server_url))
+        .header("X-Remote-User", "another-user")
+        .header("X-Remote-Group", "system:masters")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(w.status(), 200);
+    let first = tokio::time::timeout(Duration::from_secs(10), w.chunk())
+        .await
+        .expect("an event for the other user's watch")
+        .unwrap();
+    assert!(first.is_some());
+    normal.check("5000 watches").await;
+    // The held watches are still open streams.
+    assert!(held.iter().all(|h| !h.is_finished()), "a held watch ended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_64_mib_body_gets_413_and_others_go_on() {
+    let env = common::start(true);
+    let c = admin(&env);
+    let url = format!("{}{VMS}", env.server_url);
+    let normal = Normal::start(&env, "normal").await;
+    // A valid VM padded with a 64 MiB annotation.
+    let mut big = vm("big");
+    big["metadata"]["annotations"] = json!({"pad": "x".repeat(64 << 20)});
+    let body = serde_json::to_vec(&big).unwrap();
+    assert!(body.len() > 64 << 20);
+    // The server answers 413 once it has read 8 times the limit and then closes the
+    // connection (as a Go server stops reading an unread body): a client still sending
+    // may see the connection reset before it reads the answer. Either is a refusal; at
+    // least one of the attempts must carry the Status naming the limit.
+    let mut statuses = 0;
+    for _ in 0..5 {
+        let r = match c
+            .post(&url)
+            .header("Content-Type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                assert!(e.is_request(), "{e:?}");
+                continue;
+            }
+        };
+        let (code, s) = json_of(r).await;
+        assert_eq!(
+            (code, s["reason"].as_str()),
+            (413, Some("RequestEntityTooLarge")),
+            "{s}"
+        );
+        assert!(
+            s["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("limit is 3145728 bytes"),
+            "the Status names the limit: {s}"
+        );
+        statuses += 1;
+    }
+    assert!(
+        statuses >= 1,
+        "every 64 MiB request ended in a reset connection"
+    );
+    assert_eq!(
+        c.get(format!("{url}/big")).send().await.unwrap().status(),
+        404
+    );
+    normal.check("64 MiB body").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deeply_nested_json_is_refused_on_every_write_and_others_go_on() {
+    let env = common::start(true);
+    let c = admin(&env);
+    let url = format!("{}{VMS}", env.server_url);
+    assert_eq!(
+        c.post(&url)
+            .json(&vm("target"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    let normal = Normal::start(&env, "normal").await;
+    // 100k levels, placed where each write path decodes free-form JSON.
+    let deep = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
+    let object = format!(
+        r#"{{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","metadata":{{"name":"deep"}},"spec":{deep}}}"#
+    );
+    let merge = format!(r#"{{"metadata":{{"annotations":{{"a":{deep}}}}}}}"#);
+    let json_patch = format!(r#"[{{"op":"add","path":"/metadata/annotations/a","value":{deep}}}]"#);
+    let writes = [
+        (c.post(&url), "application/json", object.clone(), false),
+        (
+            c.put(format!("{url}/target")),
+            "application/json",
+            object.clone(),
+            false,
+        ),
+        (
+            c.patch(format!("{url}/target")),
+            "application/merge-patch+json",
+            merge,
+            true,
+        ),
+        (
+            c.patch(format!("{url}/target")),
+            "application/json-patch+json",
+            json_patch,
+            true,
+        ),
+        (
+            c.patch(format!("{url}/target?fieldManager=t")),
+            "application/apply-patch+yaml",
+            object,
+            false,
+        ),
+    ];
+    for (req, ct, body, names_limit) in writes {
+        let r = req
+            .header("Content-Type", ct)
+            .body(body)
+            .send()
+            .await
+            .expect("an answer, not a dead server");
+        let (code, s) = json_of(r).await;
+        assert!(
+            matches!(
+                (code, s["reason"].as_str()),
+                (400, Some("BadRequest")) | (422, Some("Invalid"))
+            ),
+            "{ct}: {code} {s}"
+        );
+        if names_limit {
+            assert!(
+                s["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("recursion limit"),
+                "{ct}: the Status names the limit: {s}"
+            );
+        }
+    }
+    // Nothing was stored or changed.
+    assert_eq!(
+        c.get(format!("{url}/deep")).send().await.unwrap().status(),
+        404
+    );
+    let (_, target) = json_of(c.get(format!("{url}/target")).send().await.unwrap()).await;
+    assert!(
+        target["metadata"]["annotations"].get("a").is_none(),
+        "{target}"
+    );
+    normal.check("deeply nested JSON").await;
+}
