@@ -14,6 +14,7 @@ mod migrate;
 mod network;
 mod portforward;
 pub(crate) mod report;
+mod scale;
 pub(crate) mod section;
 mod start;
 mod storage;
@@ -61,6 +62,11 @@ pub enum Bench {
     /// `kubectl virt port-forward` against a direct connection to the VMI's pod IP, in one
     /// run: download throughput and small-request round trips (local cluster).
     PortForward(portforward::PortForwardArgs),
+    /// The control plane at scale without guests: KWOK's fake nodes (a private
+    /// kube-apiserver, kube-scheduler, virt-apiserver and virt-controller, no cluster), VMs
+    /// created at a fixed rate until every VMI runs: create → Running percentiles, memory
+    /// and API requests per VMI, etcd size, failed requests.
+    Scale(scale::ScaleArgs),
     /// Every benchmark above, one after the other, each writing its section: the whole of
     /// docs/benchmarks.md from one command (needs the two-node local cluster with
     /// kubevirt-rs deployed, and an otherwise idle machine; about 57 minutes on 2 CPUs).
@@ -133,6 +139,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Bench::Storage(a) => storage::run(a),
         Bench::Network(a) => network::run(a),
         Bench::PortForward(a) => portforward::run(a),
+        Bench::Scale(a) => scale::run(a),
         Bench::All(a) => all::run(a),
     }
 }

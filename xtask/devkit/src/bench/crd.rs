@@ -4,8 +4,8 @@
 //! prefix by the same client; phases measured one at a time, the sides alternating which
 //! goes first, `--runs` fresh harnesses. No local cluster is needed or touched.
 
-mod harness;
-mod memory;
+pub(super) mod harness;
+pub(super) mod memory;
 mod schema;
 
 use std::time::{Duration, Instant};
