@@ -131,8 +131,8 @@ pub fn total(counts: &Counts, want: Outcome) -> f64 {
     counts
         .iter()
         .filter(|(k, _)| outcome_of(k) == want)
-        .map(|(_, v)| v)
-        .sum()
+        // Not `sum()`: an empty f64 sum is -0.0.
+        .fold(0.0, |a, (_, v)| a + v)
 }
 
 /// `verb resource code: n` for each key with `want`, for the report.

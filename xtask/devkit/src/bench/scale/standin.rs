@@ -31,6 +31,8 @@ const REPORTERS: usize = 64;
 #[derive(Debug, Default)]
 pub struct Timeline {
     pub created: HashMap<String, Instant>,
+    /// Every VMI seen on the watch (virt-controller created it).
+    pub vmis: HashSet<String>,
     pub scheduled: HashMap<String, Instant>,
     pub running: HashMap<String, Instant>,
     /// Creates that failed, with why.
@@ -137,6 +139,9 @@ pub async fn observe(
         let status = vmi.status.clone().unwrap_or_default();
         {
             let mut tl = lock(&t);
+            if !tl.vmis.contains(&name) {
+                tl.vmis.insert(name.clone());
+            }
             if matches!(status.phase, Phase::Scheduled | Phase::Running) {
                 tl.scheduled.entry(name.clone()).or_insert(now);
             }
