@@ -19,10 +19,16 @@ use crate::vmi::render::LauncherConfig;
 /// Field manager of every write the controllers make.
 pub const FIELD_MANAGER: &str = "virt-controller";
 
+/// Concurrent reconciles of each controller unless configured ([`Config::workers`]).
+pub const DEFAULT_WORKERS: u16 = 64;
+
 /// Validated controller configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Concurrent reconciles (0 = unbounded).
+    /// Concurrent reconciles of each controller (0 = unbounded). A reconcile mostly waits
+    /// on the API (it reads the object fresh, then writes), so this bounds throughput, not
+    /// CPU: with 4, VMs created at 50/s (`cargo xtask bench scale`) got about 6 VMIs a
+    /// second while virt-controller used 10 % of a CPU.
     pub workers: u16,
     /// Crash-loop back-off of VM restarts.
     pub crash_loop: BackoffConfig,
@@ -45,7 +51,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            workers: 4,
+            workers: DEFAULT_WORKERS,
             crash_loop: BackoffConfig::default(),
             error_backoff_base: Duration::from_millis(500),
             error_backoff_max: Duration::from_secs(300),
@@ -165,7 +171,12 @@ impl Context {
 mod tests {
     use kubevirt_api::vmi::VirtualMachineInstancePhase as Phase;
 
-    use super::PhaseTracker;
+    use super::{Config, DEFAULT_WORKERS, PhaseTracker};
+
+    #[test]
+    fn reconciles_run_concurrently_by_default() {
+        assert_eq!(Config::default().workers, DEFAULT_WORKERS);
+    }
 
     #[test]
     fn phase_tracker_counts_seen_transitions_and_drops_final_vmis() {

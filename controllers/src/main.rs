@@ -41,7 +41,7 @@ struct Args {
     #[arg(long, env = "VIRT_CONTROLLER_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
     events: bool,
     /// Concurrent reconciles of each controller (VM, VMI).
-    #[arg(long, env = "VIRT_CONTROLLER_WORKERS", default_value_t = 4)]
+    #[arg(long, env = "VIRT_CONTROLLER_WORKERS", default_value_t = virt_controllers::context::DEFAULT_WORKERS)]
     workers: u16,
     /// Restart delay after the first failed start (grows with failures²).
     #[arg(

@@ -31,11 +31,33 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (reader, writer): (Store<K>, _) = reflector::store();
-    let events = virt_watch::watch(api, config, name, metrics.clone());
+    let events = cached(api, config, name, metrics);
     Controller::for_stream(
         reflector::reflector(writer, events).applied_objects(),
         reader,
     )
+}
+
+/// The watch events of `api` as the stores here keep them: [`slim`]med, with
+/// [`virt_watch`]'s recovery.
+pub fn cached<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    name: &'static str,
+    metrics: &WatchMetrics,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    virt_watch::watch(api, config, name, metrics.clone()).modify(slim)
+}
+
+/// Drops what no controller reads from a cached object: `managedFields`, the server-side
+/// apply bookkeeping, often the largest part of an object's metadata. Every reconcile reads
+/// the object fresh before it writes, and writes by patches that name their fields, so a
+/// cached object is never written back and nothing is lost on the server.
+pub fn slim<K: Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
 }
 
 /// The objects of `api` selected by `config` as they change (for `owns_stream` and
@@ -50,4 +72,34 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     virt_watch::watch(api, config, name, metrics.clone()).touched_objects()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kubevirt_api::VirtualMachineInstance;
+
+    #[test]
+    fn slim_objects_keep_everything_but_managed_fields() {
+        let vmi: VirtualMachineInstance = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "a", "namespace": "ns", "uid": "u", "labels": {"l": "v"},
+                "annotations": {"a": "b"}, "resourceVersion": "7",
+                "managedFields": [{"manager": "kubectl", "operation": "Update",
+                    "apiVersion": "kubevirt.io/v1", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:spec": {}}}]},
+            "spec": {"domain": {"devices": {}}},
+            "status": {"phase": "Running", "nodeName": "n1"},
+        }))
+        .unwrap();
+        let mut slim_vmi = vmi.clone();
+        slim(&mut slim_vmi);
+        assert_eq!(slim_vmi.metadata.managed_fields, None);
+        let mut without = serde_json::to_value(&vmi).unwrap();
+        without["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("managedFields");
+        assert_eq!(serde_json::to_value(&slim_vmi).unwrap(), without);
+    }
 }

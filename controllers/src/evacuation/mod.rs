@@ -82,11 +82,11 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     let (reader, writer) = reflector::store();
     let migration_events = reflector::reflector(
         writer,
-        virt_watch::watch(
+        crate::watch::cached(
             vmims,
             watcher::Config::default(),
             "evacuation-vmims",
-            ctx.metrics.watches.clone(),
+            &ctx.metrics.watches,
         ),
     )
     .applied_objects();

@@ -62,12 +62,7 @@ where
     let (reader, writer) = reflector::store();
     let events = reflector::reflector(
         writer,
-        virt_watch::watch(
-            api,
-            watcher::Config::default(),
-            name,
-            ctx.metrics.watches.clone(),
-        ),
+        crate::watch::cached(api, watcher::Config::default(), name, &ctx.metrics.watches),
     )
     .applied_objects();
     let stop = shutdown.clone();

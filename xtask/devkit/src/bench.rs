@@ -16,6 +16,7 @@ mod migrate;
 mod network;
 mod portforward;
 pub(crate) mod report;
+mod scale;
 pub(crate) mod section;
 mod start;
 mod storage;
@@ -68,9 +69,14 @@ pub enum Bench {
     /// `kubectl virt port-forward` against a direct connection to the VMI's pod IP, in one
     /// run: download throughput and small-request round trips (local cluster).
     PortForward(portforward::PortForwardArgs),
+    /// The control plane at scale without guests: KWOK's fake nodes (a private
+    /// kube-apiserver, kube-scheduler, virt-apiserver and virt-controller, no cluster), VMs
+    /// created at a fixed rate until every VMI runs: create → Running percentiles, memory
+    /// and API requests per VMI, etcd size, failed requests.
+    Scale(scale::ScaleArgs),
     /// Every benchmark above, one after the other, each writing its section: the whole of
     /// docs/benchmarks.md from one command (needs the two-node local cluster with
-    /// kubevirt-rs deployed, and an otherwise idle machine; about 69 minutes on 2 CPUs).
+    /// kubevirt-rs deployed, and an otherwise idle machine; about 120 minutes on 2 CPUs).
     All(AllArgs),
 }
 
@@ -141,6 +147,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Bench::Storage(a) => storage::run(a),
         Bench::Network(a) => network::run(a),
         Bench::PortForward(a) => portforward::run(a),
+        Bench::Scale(a) => scale::run(a),
         Bench::All(a) => all::run(a),
     }
 }

@@ -4,7 +4,7 @@
 //! prefix by the same client; phases measured one at a time, the sides alternating which
 //! goes first, `--runs` fresh harnesses. No local cluster is needed or touched.
 
-mod harness;
+pub(super) mod harness;
 mod schema;
 
 use std::time::{Duration, Instant};

@@ -70,6 +70,11 @@ pub const STORAGE: Slot = Slot {
     title: "Persistent disks (cargo xtask bench storage)",
     command: "cargo xtask bench storage",
 };
+pub const SCALE: Slot = Slot {
+    key: "scale",
+    title: "Control plane at scale on fake nodes (cargo xtask bench scale)",
+    command: "cargo xtask bench scale",
+};
 pub const ALL: Slot = Slot {
     key: "all",
     title: "The last full run (cargo xtask bench all)",
@@ -79,11 +84,12 @@ pub const ALL: Slot = Slot {
 /// Every generated section, in the document's order: what `bench all`'s plan and the
 /// checked-in document are tested against.
 #[cfg(test)]
-pub const SLOTS: [Slot; 11] = [
+pub const SLOTS: [Slot; 12] = [
     ALL,
     APISERVER,
     ABUSE,
     CRD,
+    SCALE,
     LAUNCHER,
     START,
     MIGRATE,

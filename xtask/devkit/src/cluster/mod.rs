@@ -19,6 +19,7 @@ mod daemon;
 mod host;
 mod images;
 mod kube_build;
+mod kwok;
 mod net;
 mod node2;
 mod pki;
@@ -147,6 +148,18 @@ pub fn ensure_kubernetes_binaries() -> anyhow::Result<PathBuf> {
     let layout = Layout::discover()?;
     let _lock = layout.lock()?;
     kube_build::ensure(&layout, &Progress::new())
+}
+
+/// Builds the pinned KWOK controller unless it is cached, and returns the binary
+/// (`cargo xtask bench scale`'s fake nodes).
+pub fn ensure_kwok() -> anyhow::Result<PathBuf> {
+    let layout = Layout::discover()?;
+    kwok::ensure(&layout, &Progress::new())
+}
+
+/// The KWOK version `e2e/kwok/go.mod` pins.
+pub fn kwok_version() -> anyhow::Result<String> {
+    kwok::pinned_version(&Layout::discover()?.root.join("e2e/kwok"))
 }
 
 /// Where the pinned Kubernetes binaries are (built by [`ensure_kubernetes_binaries`]).

@@ -107,8 +107,16 @@ pub struct Harness {
 impl Harness {
     /// Starts everything and returns once both collections answer through kube-apiserver.
     pub async fn start(bins: &Binaries) -> anyhow::Result<Self> {
+        let h = Self::start_apis(bins, "kubevirt-rs-bench-crd-").await?;
+        schema::install(&h.admin()?, &h.kube.url).await?;
+        Ok(h)
+    }
+
+    /// Both API servers, virt-apiserver registered behind the aggregator, without the CRD;
+    /// the temp dir's name starts with `prefix`.
+    pub async fn start_apis(bins: &Binaries, prefix: &str) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
-            .prefix("kubevirt-rs-bench-crd-")
+            .prefix(prefix)
             .tempdir()
             .context("creating a temp dir")?;
         let pki = Pki::generate(dir.path()).context("generating certificates")?;
@@ -119,13 +127,33 @@ impl Harness {
         let ours = start_ours(bins, &kube, host).await?;
         let port = url_port(&ours.server_url)?;
         register(&c, &kube.url, &ours, host, port).await?;
-        schema::install(&c, &kube.url).await?;
         Ok(Self {
             ours,
             kube,
             pki,
             _dir: dir,
         })
+    }
+
+    /// A client of kube-apiserver as the admin user (client certificate, `system:masters`).
+    pub fn admin(&self) -> anyhow::Result<reqwest::Client> {
+        admin_client(&self.pki)
+    }
+
+    /// A kubeconfig for kube-apiserver with the admin's static token (`system:masters`), for
+    /// the processes a benchmark adds (scheduler, controllers).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.kube.dir.path().join("kubeconfig")
+    }
+
+    /// An admin kube client of kube-apiserver.
+    pub fn kube_client(&self) -> kube::Client {
+        self.kube.client.clone()
+    }
+
+    /// The harness's own directory (certificates), for logs of the processes a benchmark adds.
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
     }
 
     pub fn procs(&self) -> anyhow::Result<Procs> {
