@@ -169,3 +169,33 @@ fn major_minor(version: &str) -> anyhow::Result<(String, String)> {
 pub fn has_binaries(dir: &Path) -> bool {
     BINARIES.iter().all(|b| dir.join(b).exists())
 }
+
+/// Builds `package` of the Go module in `module` (its go.mod pins the version) into `out`,
+/// statically and stripped, at low priority; `what` names it in the error. Written beside
+/// `out` and renamed, so an interrupted build never looks cached.
+pub fn go_build(module: &Path, package: &str, out: &Path, what: &str) -> anyhow::Result<()> {
+    let go =
+        go_binary().with_context(|| format!("Go is not installed (needed to build {what})"))?;
+    std::fs::create_dir_all(out.parent().context("no parent")?)?;
+    let partial = out.with_extension("partial");
+    let output = std::process::Command::new("nice")
+        .args(["-n", "10"])
+        .arg(go)
+        .args(["build", "-trimpath", "-ldflags=-s -w", "-o"])
+        .arg(&partial)
+        .arg(package)
+        .current_dir(module)
+        .env("CGO_ENABLED", "0")
+        .env("GOTOOLCHAIN", "local")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("running go build")?;
+    if !output.status.success() {
+        anyhow::bail!(
+            "building {what} failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    std::fs::rename(&partial, out)?;
+    Ok(())
+}

@@ -6,9 +6,8 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
 use super::{Layout, Progress, kube_build};
 
@@ -38,31 +37,15 @@ pub fn ensure(layout: &Layout, progress: &Progress) -> anyhow::Result<PathBuf> {
     if out.is_file() {
         return Ok(out);
     }
-    let go = kube_build::go_binary().context("Go is not installed (needed to build KWOK)")?;
     progress.step(&format!(
         "building KWOK {version} (first time: a few minutes)…"
     ));
-    fs::create_dir_all(out.parent().context("no parent")?)?;
-    let partial = out.with_extension("partial");
-    let output = Command::new("nice")
-        .args(["-n", "10"])
-        .arg(go)
-        .args(["build", "-trimpath", "-ldflags=-s -w", "-o"])
-        .arg(&partial)
-        .arg("sigs.k8s.io/kwok/cmd/kwok")
-        .current_dir(&module)
-        .env("CGO_ENABLED", "0")
-        .env("GOTOOLCHAIN", "local")
-        .stdin(Stdio::null())
-        .output()
-        .context("running go build")?;
-    if !output.status.success() {
-        bail!(
-            "building KWOK {version} failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    fs::rename(&partial, &out)?;
+    kube_build::go_build(
+        &module,
+        "sigs.k8s.io/kwok/cmd/kwok",
+        &out,
+        &format!("KWOK {version}"),
+    )?;
     progress.step(&format!("built KWOK {version}"));
     Ok(out)
 }

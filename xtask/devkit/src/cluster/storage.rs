@@ -15,7 +15,6 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
 
@@ -60,30 +59,13 @@ fn ensure_binary(layout: &Layout, progress: &Progress) -> anyhow::Result<PathBuf
     if out.is_file() {
         return Ok(out);
     }
-    let go = kube_build::go_binary()
-        .context("Go is not installed (needed to build local-path-provisioner)")?;
     progress.step(&format!("building local-path-provisioner {version}…"));
-    fs::create_dir_all(out.parent().context("no parent")?)?;
-    let partial = out.with_extension("partial");
-    let output = Command::new("nice")
-        .args(["-n", "10"])
-        .arg(go)
-        .args(["build", "-trimpath", "-ldflags=-s -w", "-o"])
-        .arg(&partial)
-        .arg("github.com/rancher/local-path-provisioner")
-        .current_dir(&module)
-        .env("CGO_ENABLED", "0")
-        .env("GOTOOLCHAIN", "local")
-        .stdin(Stdio::null())
-        .output()
-        .context("running go build")?;
-    if !output.status.success() {
-        bail!(
-            "building local-path-provisioner {version} failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    fs::rename(&partial, &out)?;
+    kube_build::go_build(
+        &module,
+        "github.com/rancher/local-path-provisioner",
+        &out,
+        &format!("local-path-provisioner {version}"),
+    )?;
     progress.step(&format!("built local-path-provisioner {version}"));
     Ok(out)
 }
