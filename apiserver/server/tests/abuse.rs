@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+use common::json_of;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -89,12 +90,6 @@ impl Normal {
         );
         assert!(ok >= 3, "{case}: the normal client made only {ok} requests");
     }
-}
-
-async fn json_of(r: reqwest::Response) -> (u16, Value) {
-    let code = r.status().as_u16();
-    let v = r.json().await.unwrap_or(Value::Null);
-    (code, v)
 }
 
 /// The soft limit of open files of this process (`/proc/self/limits`).

@@ -1,6 +1,7 @@
 //! HTTP-level API contract tests against a real virt-apiserver and etcd.
 
 mod common;
+use common::json_of;
 
 use std::time::Duration;
 
@@ -18,12 +19,6 @@ async fn metrics_text(c: &reqwest::Client, env: &virt_devenv::DevEnv) -> String 
         .text()
         .await
         .unwrap()
-}
-
-async fn json_of(r: reqwest::Response) -> (u16, Value) {
-    let code = r.status().as_u16();
-    let v = r.json().await.unwrap_or(Value::Null);
-    (code, v)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

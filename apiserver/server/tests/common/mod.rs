@@ -141,3 +141,10 @@ impl Kubectl<'_> {
         o.stdout
     }
 }
+
+/// A response's status code and JSON body (`null` when it has none).
+pub async fn json_of(r: reqwest::Response) -> (u16, Value) {
+    let code = r.status().as_u16();
+    let v = r.json().await.unwrap_or(Value::Null);
+    (code, v)
+}
