@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use virt_netsetup::exec::{self, NetNs};
 use virt_netsetup::{Dns, NetworkPlan, PlanInput, handoff, plan};
 
-use crate::launcher_fs::{LauncherDir, SocketsDir};
+use crate::launcher_fs::{LauncherDir, LauncherFsError, SocketsDir};
 use crate::vmis::Paths;
 
 /// How often socket directories are looked at for a launcher waiting for its network.
@@ -157,6 +157,10 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let mut started: HashSet<String> = HashSet::new();
+    // Launchers whose socket refused the connection: the socket file exists from the
+    // launcher's bind() on, a moment before it listens, so a connection can come too
+    // early. They are tried again on the next round.
+    let (refused_tx, mut refused_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     // Launcher directories found (a launcher pod's is looked for, through /proc, only
     // until found), by key.
     let mut found: HashMap<String, Arc<SocketsDir>> = HashMap::new();
@@ -164,6 +168,9 @@ pub async fn run(
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(POLL) => {}
+        }
+        while let Ok(key) = refused_rx.try_recv() {
+            started.remove(&key);
         }
         let wanted = candidates(&paths, &node, &vmis).await;
         let missing: Vec<String> = wanted
@@ -192,7 +199,15 @@ pub async fn run(
                 continue;
             }
             let (dir, vmi, caps) = (dir.clone(), vmi.clone(), capabilities.clone());
-            tokio::task::spawn_blocking(move || serve_one(&dir, &vmi, caps.as_deref()));
+            let (refused, key) = (refused_tx.clone(), key.clone());
+            tokio::spawn(async move {
+                let served =
+                    tokio::task::spawn_blocking(move || serve_one(&dir, &vmi, caps.as_deref()))
+                        .await;
+                if matches!(served, Ok(false)) {
+                    let _ = refused.send(key);
+                }
+            });
         }
         // A launcher removes its socket once served; a new one (a restarted launcher in a
         // host directory) is served again.
@@ -312,15 +327,23 @@ where
     .map_err(|e| other(&e))?
 }
 
-/// Sets up one launcher's network and tells it the outcome.
-fn serve_one(dir: &SocketsDir, vmi: &VirtualMachineInstance, capabilities: Option<&Path>) {
+/// Sets up one launcher's network and tells it the outcome; false when the launcher could
+/// not be reached (to be tried again).
+fn serve_one(dir: &SocketsDir, vmi: &VirtualMachineInstance, capabilities: Option<&Path>) -> bool {
     let t0 = Instant::now();
     let (ns, name) = (vmi.namespace().unwrap_or_default(), vmi.name_any());
     let stream = match dir.connect_blocking(handoff::SOCKET) {
         Ok(s) => s,
         Err(e) => {
-            tracing::warn!(vmi = %format!("{ns}/{name}"), error = %e, "launcher's network socket");
-            return;
+            // Tried again every round: refused (too early) is expected, anything else is not.
+            if matches!(&e, LauncherFsError::Io { source, .. }
+                if source.kind() == std::io::ErrorKind::ConnectionRefused)
+            {
+                tracing::debug!(vmi = %format!("{ns}/{name}"), "launcher's network socket not listening yet");
+            } else {
+                tracing::warn!(vmi = %format!("{ns}/{name}"), error = %e, "launcher's network socket");
+            }
+            return false;
         }
     };
     if let Some(from) = capabilities {
@@ -337,7 +360,7 @@ fn serve_one(dir: &SocketsDir, vmi: &VirtualMachineInstance, capabilities: Optio
             }
             if let Err(e) = handoff::send_ready(&stream, &plan, &dhcp) {
                 tracing::warn!(vmi = %format!("{ns}/{name}"), error = %e, "handing the network over");
-                return;
+                return true;
             }
             tracing::info!(
                 vmi = %format!("{ns}/{name}"),
@@ -353,6 +376,7 @@ fn serve_one(dir: &SocketsDir, vmi: &VirtualMachineInstance, capabilities: Optio
             let _ = handoff::send_failed(&stream, &e);
         }
     }
+    true
 }
 
 /// Gives the launcher at the other end of `stream` this node's QEMU capabilities; a
@@ -451,6 +475,60 @@ mod tests {
         };
         assert_eq!(on("n1"), ["pa"]);
         assert_eq!(on("n2"), ["pc", "pt"]);
+    }
+
+    /// The socket file exists from the launcher's bind() on, a moment before it listens: a
+    /// connection refused then must be tried again, not taken as served.
+    #[tokio::test]
+    async fn a_launcher_socket_not_listening_yet_is_tried_again() {
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
+        let root = tempfile::tempdir().unwrap();
+        let uid = "5b0f3c1e-8a8e-4c7e-9d55-1f0b8c9c2a10";
+        let dir = root.path().join("sockets").join(uid);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fd = rustix::net::socket(AddressFamily::UNIX, SocketType::STREAM, None).unwrap();
+        rustix::net::bind(
+            &fd,
+            &SocketAddrUnix::new(dir.join(handoff::SOCKET)).unwrap(),
+        )
+        .unwrap();
+        let known = KnownVmis::default();
+        known.insert(
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": {"name": "a", "namespace": "ns", "uid": uid},
+                "spec": {"domain": {"devices": {}}},
+            }))
+            .unwrap(),
+        );
+        let stop = CancellationToken::new();
+        let paths = Paths::Host {
+            run_root: root.path().to_path_buf(),
+        };
+        let served = tokio::spawn(run(paths, "n1".into(), None, known, stop.clone()));
+        // Several rounds find the socket and are refused.
+        tokio::time::sleep(POLL * 5).await;
+        rustix::net::listen(&fd, 1).unwrap();
+        let listener = std::os::unix::net::UnixListener::from(std::os::fd::OwnedFd::from(fd));
+        let accepted = tokio::task::spawn_blocking(move || {
+            listener.set_nonblocking(true).unwrap();
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(5) {
+                if listener.accept().is_ok() {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            false
+        })
+        .await
+        .unwrap();
+        stop.cancel();
+        served.await.unwrap();
+        assert!(
+            accepted,
+            "the handler never came back to the launcher's socket"
+        );
     }
 
     #[test]
