@@ -471,25 +471,6 @@ pub fn go_program(package: &str, dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(out)
 }
 
-/// SIGKILLs every process named `comm` that runs in a container (another PID namespace
-/// than this one) of the local cluster, and returns how many: tests running beside the
-/// cluster start their own virt-apiserver processes, which a plain `pkill` would hit too.
-pub fn kill_in_containers(comm: &str) -> usize {
-    let ours = std::fs::read_link("/proc/self/ns/pid").ok();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    dir.flatten()
-        .filter(|e| {
-            std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == comm)
-                && std::fs::read_link(e.path().join("ns/pid")).ok() != ours
-        })
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::process::Command::new("kill")
-                .args(["-9", &pid.to_string()])
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-        .count()
-}
+/// SIGKILLs every process named `comm` in the local cluster's containers (not the
+/// virt-apiserver processes tests on this host start themselves) and returns how many.
+pub use virt_devenv::procs::kill_in_containers;

@@ -83,6 +83,11 @@ pub const SUBCOMMANDS: &[Subcommand] = &[
         needs: Needs::All,
     },
     Subcommand {
+        name: "chaos",
+        about: "Kill each kubevirt-rs component and etcd under VM churn on the local cluster; all must converge with nothing lost",
+        needs: Needs::All,
+    },
+    Subcommand {
         name: "gen-manifests",
         about: "Write manifests/ from the operator's rendering code (what CI checks is current)",
         needs: Needs::Build,

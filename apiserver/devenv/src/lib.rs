@@ -14,6 +14,7 @@ use virt_certs::Ca;
 
 pub mod cluster_etcd;
 mod etcd;
+pub mod procs;
 
 pub use etcd::Etcd;
 use etcd::wait_tcp;

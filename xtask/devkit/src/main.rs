@@ -6,6 +6,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod chaos;
 mod cluster;
 mod deploy;
 mod dev_apiserver;
@@ -54,6 +55,9 @@ enum Command {
     Up(up::Args),
     /// VM churn on the local cluster across etcd compactions; fails when an operation stalls.
     Soak(soak::Args),
+    /// Kill each kubevirt-rs component and etcd under VM churn on the local cluster; all must
+    /// converge with nothing lost.
+    Chaos(chaos::Args),
     /// Write manifests/ from the operator's rendering code (what CI checks is current).
     GenManifests,
 }
@@ -73,6 +77,7 @@ fn main() -> anyhow::Result<()> {
         Command::Deploy(a) => deploy::run(a),
         Command::Up(a) => up::run(a),
         Command::Soak(a) => soak::run(a),
+        Command::Chaos(a) => chaos::run(a),
         Command::GenManifests => {
             for p in virt_operator::install::write_manifests(&workspace_root())? {
                 println!("wrote {}", p.display());

@@ -9,7 +9,6 @@
 //! after each compaction (local cluster only) so that every watch of every component
 //! reconnects from a resourceVersion etcd may have forgotten.
 
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -282,7 +281,7 @@ fn compactor(
         let now = rt.block_on(fwd.tick(None))?;
         let at = if kills > 0 {
             kills -= 1;
-            if kill_in_containers("virt-apiserver") == 0 {
+            if virt_devenv::procs::kill_in_containers("virt-apiserver") == 0 {
                 bail!("no virt-apiserver container process on this host to kill (use --kills 0)");
             }
             eprintln!(
@@ -303,28 +302,6 @@ fn compactor(
         eprintln!("[soak] etcd compaction {n} at revision {at} (store at {now})");
     }
     Ok(())
-}
-
-/// SIGKILLs every process named `comm` in another PID namespace than ours (the cluster's
-/// containers), not the virt-apiserver processes tests on this host start themselves.
-fn kill_in_containers(comm: &str) -> usize {
-    let ours = std::fs::read_link("/proc/self/ns/pid").ok();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    dir.flatten()
-        .filter(|e| {
-            std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == comm)
-                && std::fs::read_link(e.path().join("ns/pid")).ok() != ours
-        })
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            Command::new("kill")
-                .args(["-9", &pid.to_string()])
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-        .count()
 }
 
 /// Retries `f` while the API is briefly away (virt-apiserver restarting after a kill).
