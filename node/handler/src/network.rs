@@ -509,7 +509,7 @@ mod tests {
         // Several rounds find the socket and are refused.
         tokio::time::sleep(POLL * 5).await;
         rustix::net::listen(&fd, 1).unwrap();
-        let listener = std::os::unix::net::UnixListener::from(std::os::fd::OwnedFd::from(fd));
+        let listener = std::os::unix::net::UnixListener::from(fd);
         let accepted = tokio::task::spawn_blocking(move || {
             listener.set_nonblocking(true).unwrap();
             let t0 = Instant::now();
