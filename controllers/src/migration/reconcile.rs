@@ -681,7 +681,7 @@ pub fn error_policy(
         return Action::requeue(Duration::from_millis(50));
     }
     let key = vmim.uid().unwrap_or_else(|| vmim.name_any());
-    let delay = state.ctx.backoff.next_delay(&key);
+    let delay = state.ctx.backoff.next_delay_after(&key, err);
     tracing::warn!(vmim = %vmim.name_any(), error = %crate::vmi::reconcile::error_chain(err), reason = err.reason(), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }

@@ -333,7 +333,7 @@ pub fn error_policy(vm: Arc<VirtualMachine>, err: &ReconcileError, ctx: Arc<Cont
         return Action::requeue(Duration::from_millis(50));
     }
     let key = vm.metadata.uid.clone().unwrap_or_else(|| vm.name_any());
-    let delay = ctx.backoff.next_delay(&key);
+    let delay = ctx.backoff.next_delay_after(&key, err);
     tracing::warn!(vm = %vm.name_any(), error = %err, reason = err.reason(), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }

@@ -523,7 +523,7 @@ pub fn error_policy(
         return Action::requeue(Duration::from_millis(50));
     }
     let key = vmi.uid().unwrap_or_else(|| vmi.name_any());
-    let delay = ctx.backoff.next_delay(&key);
+    let delay = ctx.backoff.next_delay_after(&key, err);
     tracing::warn!(vmi = %vmi.name_any(), error = %error_chain(err), reason = err.reason(), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }

@@ -174,6 +174,33 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// kubevirt-rs's pods that are not Ready, by name.
+    fn components_unready(&self) -> anyhow::Result<Vec<String>> {
+        let pods: Value = serde_json::from_str(
+            &self
+                .k
+                .run(&["-n", KUBEVIRT_NS, "get", "pods", "-o", "json"], None)?,
+        )?;
+        Ok(pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| {
+                !p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+            .map(|p| {
+                format!(
+                    "{} not Ready",
+                    p["metadata"]["name"].as_str().unwrap_or("?")
+                )
+            })
+            .collect())
+    }
+
     /// Everything the checks compare, read now.
     fn seen(&self) -> anyhow::Result<Seen> {
         let objects: Value = serde_json::from_str(&self.ns(&[
@@ -384,7 +411,9 @@ impl Cluster {
 /// The loop: rounds of operations on half the VMs each, every operation awaited, until
 /// `stop`; between rounds it waits while `pause` is set.
 fn churn(c: Cluster, names: Vec<String>, shared: Arc<Shared>) -> anyhow::Result<()> {
-    let mut turns = vec![0usize; names.len()];
+    // Staggered, so that each round mixes operations instead of, say, stopping every VM.
+    // (A round takes every other VM, so VM i is the (i/2)-th of its round.)
+    let mut turns: Vec<usize> = (0..names.len()).map(|i| i / 2).collect();
     let mut round = 0;
     let mut seq = 0;
     loop {
@@ -594,17 +623,19 @@ fn inject(
             // A guest the current round leaves alone, running.
             let want = lock(&shared.want).clone();
             let seen = c.seen()?;
+            let running = |vm: &String| {
+                want.get(vm) == Some(&Want::RUNNING)
+                    && seen.vmis.get(vm).is_some_and(|v| v.phase == "Running")
+            };
+            // Preferably one the round leaves alone; else one it works on.
             let vm = names
                 .iter()
                 .enumerate()
-                .filter(|(i, vm)| {
-                    !model::in_round(*i, round)
-                        && want.get(*vm) == Some(&Want::RUNNING)
-                        && seen.vmis.get(*vm).is_some_and(|v| v.phase == "Running")
-                })
+                .filter(|(i, vm)| !model::in_round(*i, round) && running(vm))
+                .chain(names.iter().enumerate().filter(|(_, vm)| running(vm)))
                 .map(|(_, vm)| vm.clone())
                 .next()
-                .context("no running guest outside the current round")?;
+                .context("no running guest")?;
             let vmi_uid = &seen.vmis[&vm].uid;
             let pod = seen
                 .pods
@@ -643,6 +674,12 @@ fn converge(
                 let want = lock(&shared.want).clone();
                 let uids = lock(&shared.uids).clone();
                 last = model::violations(&want, &uids, &seen);
+                // Converged includes the killed component back: every pod of kubevirt-rs
+                // Ready again.
+                match c.components_unready() {
+                    Ok(unready) => last.extend(unready),
+                    Err(e) => last.push(format!("reading kubevirt-rs's pods: {e:#}")),
+                }
                 if last.is_empty() {
                     return Ok(t0.elapsed().as_secs_f64());
                 }
@@ -744,7 +781,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if worker.is_finished() {
             break;
         }
-        std::thread::sleep(Duration::from_secs(3));
+        // The round's pods, migrations and stops are under way.
+        std::thread::sleep(Duration::from_secs(1));
         let before = lock(&shared.done).len();
         let t0 = Instant::now();
         let (victim, launcher_vm) = inject(&c, fault, &names, round, &shared)
