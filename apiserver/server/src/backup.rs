@@ -221,6 +221,23 @@ pub fn plan(
                 key: key.clone(),
                 value: want.clone(),
             }),
+            // Another object under the backup's name (a VMI restarted since): deleted, then
+            // the backup's created, never one turned into the other by an update. A watcher
+            // keyed by name (every informer) would see only a modification and keep the
+            // newer uid alive: Kubernetes' garbage collector would never collect its
+            // launcher pod, and its guest would run on without a VMI (`cargo xtask chaos`).
+            Some((now, rev))
+                if uid(now).is_some() && uid(want).is_some() && uid(now) != uid(want) =>
+            {
+                writes.push(Write::Delete {
+                    key: key.clone(),
+                    expected: *rev,
+                });
+                writes.push(Write::Create {
+                    key: key.clone(),
+                    value: want.clone(),
+                });
+            }
             Some((now, rev)) => {
                 let value = merged(now, want);
                 if &value == now {
@@ -425,18 +442,23 @@ mod tests {
     }
 
     #[test]
-    fn an_object_recreated_under_the_same_name_is_replaced_whole() {
+    fn an_object_recreated_under_the_same_name_is_deleted_then_the_backups_created() {
         let current =
             BTreeMap::from([("/r/a".to_string(), (vm("a", "new-uid", true, "Running"), 5))]);
         let wanted = BTreeMap::from([("/r/a".to_string(), vm("a", "old-uid", false, "Stopped"))]);
         let (writes, _) = plan(&current, &wanted);
         assert_eq!(
             writes,
-            vec![Write::Update {
-                key: "/r/a".into(),
-                value: vm("a", "old-uid", false, "Stopped"),
-                expected: 5
-            }]
+            vec![
+                Write::Delete {
+                    key: "/r/a".into(),
+                    expected: 5
+                },
+                Write::Create {
+                    key: "/r/a".into(),
+                    value: vm("a", "old-uid", false, "Stopped"),
+                },
+            ]
         );
     }
 

@@ -102,6 +102,24 @@ async fn restore_sets_the_store_back_to_the_backup() {
     )
     .await;
 
+    // c made again under its name: another uid.
+    assert_eq!(
+        c.delete(format!("{base}{VMS}/c"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let r = c
+        .post(format!("{base}{VMS}"))
+        .json(&vm("c"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let (_, c_newer) = get(&c, format!("{base}{VMS}/c")).await;
+
     // A document naming something we do not store: 422 naming it, nothing written.
     let mut bad = backup.clone();
     bad["items"][0]["resource"] = json!("pods");
@@ -137,6 +155,7 @@ async fn restore_sets_the_store_back_to_the_backup() {
 
     let (code, result) = restore(&c, base, &backup).await;
     assert_eq!(code, 200);
+    // b created; a set back; d deleted; c's newer object deleted and the backup's created.
     assert_eq!(
         (
             &result["created"],
@@ -144,8 +163,38 @@ async fn restore_sets_the_store_back_to_the_backup() {
             &result["deleted"],
             &result["unchanged"]
         ),
-        (&json!(1), &json!(1), &json!(1), &json!(1)),
+        (&json!(2), &json!(1), &json!(2), &json!(0)),
         "{result}"
+    );
+    // Watchers see c's newer object end and the backup's begin, not one turn into the other.
+    let rv = list_after["metadata"]["resourceVersion"].as_str().unwrap();
+    let events = c
+        .get(format!(
+            "{base}{VMS}?watch=1&resourceVersion={rv}&fieldSelector=metadata.name=c&timeoutSeconds=1"
+        ))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let seen: Vec<(String, String)> = events
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().to_string(),
+                uid(&e["object"]).to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("DELETED".to_string(), uid(&c_newer).to_string()),
+            ("ADDED".to_string(), uid(&c_before).to_string()),
+        ],
+        "{events}"
     );
 
     let (code, b) = get(&c, format!("{base}{VMS}/b")).await;
@@ -160,8 +209,9 @@ async fn restore_sets_the_store_back_to_the_backup() {
     );
     let (_, c_after) = get(&c, format!("{base}{VMS}/c")).await;
     assert_eq!(
-        c_before["metadata"]["resourceVersion"], c_after["metadata"]["resourceVersion"],
-        "an unchanged object is not written"
+        uid(&c_after),
+        uid(&c_before),
+        "c is the backup's object again"
     );
 
     // Both endpoints are described in OpenAPI v3, with their documents' schemas.

@@ -1044,8 +1044,9 @@ fn section(
          the cluster must match what the loop asked: every VM there with its uid (none lost or \
          made twice), every running VM with one Running VMI, one live launcher pod and one QEMU \
          process in that pod (from this host's /proc), no VMI, pod or QEMU of a stopped or \
-         deleted VM, no migration unfinished. Converged = seconds from the kill until all of \
-         that held (it includes the round the loop finished meanwhile).\n\n\
+         deleted VM, no migration unfinished, every kubevirt-rs pod Ready again. Converged = \
+         seconds from the kill until all of that held (it includes the round the loop \
+         finished meanwhile). Details: docs/local-cluster.md.\n\n\
          | fault | killed | operations during it | converged after | left over |\n\
          |---|---|---|---|---|\n",
         commit(),
