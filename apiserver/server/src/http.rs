@@ -1012,8 +1012,10 @@ fn write_options(
     apply: bool,
     actor: kubevirt_api::policy::Actor,
 ) -> ApiResult<WriteOptions> {
+    // `dryRun=` (empty) is refused as kube-apiserver refuses it: the published schema says
+    // the one value is `All`, and a client that meant "not dry" would send nothing.
     let dry_run = match query.get("dryRun") {
-        None | Some("") => false,
+        None => false,
         Some("All") => true,
         Some(other) => {
             return Err(ApiError::invalid(
@@ -1166,6 +1168,31 @@ async fn delete_options(st: &AppState, query: &Query, req: Request) -> ApiResult
         dry_run: query.get("dryRun").map(|d| vec![d.to_string()]),
         preconditions: None,
     })
+}
+
+#[cfg(test)]
+mod option_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn dry_run_is_all_or_absent() {
+        let opts = |q: &str| {
+            write_options(
+                &Query::parse(Some(q)),
+                "agent",
+                false,
+                kubevirt_api::policy::Actor::default(),
+            )
+        };
+        assert!(opts("dryRun=All").unwrap().dry_run);
+        assert!(!opts("").unwrap().dry_run);
+        for bad in ["dryRun=", "dryRun=all", "dryRun=x"] {
+            let e = opts(bad).unwrap_err();
+            assert_eq!(e.code, 422, "{bad}");
+            assert!(e.message.contains("dryRun"), "{bad}: {}", e.message);
+        }
+    }
 }
 
 #[cfg(test)]
