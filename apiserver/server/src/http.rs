@@ -756,7 +756,9 @@ fn list_options(def: &ResourceDef, query: &Query) -> ApiResult<ListOptions> {
         .max(0);
     // Parameters that only steer the request (or a watch, not this list): garbage is a 400
     // naming the parameter rather than a silent choice of one meaning.
-    for flag in ["watch", "allowWatchBookmarks"] {
+    // `sendInitialEvents` too: a delete of a collection reads its list parameters, and
+    // kube-apiserver refuses a non-boolean one there (schemathesis sent `null`).
+    for flag in ["watch", "allowWatchBookmarks", "sendInitialEvents"] {
         query.bool(flag).map_err(ApiError::bad_request)?;
     }
     query.int("timeoutSeconds").map_err(ApiError::bad_request)?;

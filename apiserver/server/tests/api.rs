@@ -253,6 +253,20 @@ async fn bad_input_gets_exact_status_and_nothing_is_stored() {
             .expect("an answer, not a reset connection");
         assert_eq!(r.status(), 404);
     }
+    // A collection delete's list parameters are typed, body or not.
+    let (code, s) = json_of(
+        c.delete(format!("{url}?sendInitialEvents=null"))
+            .json(&json!({"propagationPolicy": null}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code, 400, "{s}");
+    assert!(
+        s["message"].as_str().unwrap().contains("sendInitialEvents"),
+        "{s}"
+    );
     // dryRun is All or absent (kube-apiserver's rule; the published schema's enum).
     let (code, s) = json_of(
         c.post(format!("{url}?dryRun="))
