@@ -1152,14 +1152,7 @@ async fn patch(
 }
 
 async fn delete_options(st: &AppState, query: &Query, req: Request) -> ApiResult<DeleteOptions> {
-    let (_, bytes) = st.read_body(req).await?;
-    if !bytes.iter().all(u8::is_ascii_whitespace) {
-        let v: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
-        return serde_json::from_value(v)
-            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")));
-    }
-    Ok(DeleteOptions {
+    let from_query = DeleteOptions {
         grace_period_seconds: query
             .int("gracePeriodSeconds")
             .map_err(ApiError::bad_request)?,
@@ -1169,7 +1162,19 @@ async fn delete_options(st: &AppState, query: &Query, req: Request) -> ApiResult
             .map_err(ApiError::bad_request)?,
         dry_run: query.get("dryRun").map(|d| vec![d.to_string()]),
         preconditions: None,
-    })
+    };
+    let (_, bytes) = st.read_body(req).await?;
+    if !bytes.iter().all(u8::is_ascii_whitespace) {
+        // The body's options win, as in kube-apiserver, which then ignores the query; a
+        // parameter the published schema refuses is refused here all the same, rather than
+        // silently dropped (schemathesis: `propagationPolicy=AAA` beside a body accepted).
+        crate::rest::validate_delete_options(&from_query)?;
+        let v: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
+        return serde_json::from_value(v)
+            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")));
+    }
+    Ok(from_query)
 }
 
 #[cfg(test)]

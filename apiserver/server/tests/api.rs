@@ -267,6 +267,20 @@ async fn bad_input_gets_exact_status_and_nothing_is_stored() {
         s["message"].as_str().unwrap().contains("sendInitialEvents"),
         "{s}"
     );
+    // Delete options in the query are checked even beside a body (whose options win).
+    for (q, want) in [
+        ("propagationPolicy=AAA", 422),
+        ("gracePeriodSeconds=x", 400),
+        ("dryRun=x", 422),
+    ] {
+        let r = c
+            .delete(format!("{url}?{q}"))
+            .json(&json!({"propagationPolicy": "Background"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), want, "{q}");
+    }
     // dryRun is All or absent (kube-apiserver's rule; the published schema's enum).
     let (code, s) = json_of(
         c.post(format!("{url}?dryRun="))
