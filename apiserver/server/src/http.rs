@@ -1171,6 +1171,15 @@ async fn delete_options(st: &AppState, query: &Query, req: Request) -> ApiResult
         crate::rest::validate_delete_options(&from_query)?;
         let v: Value = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
+        // k8s-openapi's DeleteOptions skips its type fields whatever they hold; kube-apiserver
+        // refuses a non-string one (schemathesis: `"kind": true` accepted).
+        for field in ["apiVersion", "kind"] {
+            if v.get(field).is_some_and(|f| !f.is_string() && !f.is_null()) {
+                return Err(ApiError::bad_request(format!(
+                    "invalid DeleteOptions: {field} must be a string"
+                )));
+            }
+        }
         return serde_json::from_value(v)
             .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")));
     }

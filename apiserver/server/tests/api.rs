@@ -281,6 +281,14 @@ async fn bad_input_gets_exact_status_and_nothing_is_stored() {
             .unwrap();
         assert_eq!(r.status(), want, "{q}");
     }
+    // A DeleteOptions' type fields are strings.
+    let r = c
+        .delete(&url)
+        .json(&json!({"kind": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
     // dryRun is All or absent (kube-apiserver's rule; the published schema's enum).
     let (code, s) = json_of(
         c.post(format!("{url}?dryRun="))
