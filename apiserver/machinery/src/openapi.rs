@@ -208,6 +208,8 @@ struct KindDef {
     spec_required: bool,
     spec: fn() -> Value,
     status: fn() -> Value,
+    /// Spec of the `example` on the create request (see [`create_example`]).
+    example_spec: Option<fn() -> Value>,
 }
 
 impl std::ops::Deref for KindDef {
@@ -224,18 +226,27 @@ const KINDS: [KindDef; 4] = [
         spec_required: true,
         spec: inline_schema::<VirtualMachineSpec>,
         status: inline_schema::<VirtualMachineStatus>,
+        example_spec: Some(|| {
+            json!({
+                // Halted: the example creates a definition, it does not start a guest.
+                "runStrategy": "Halted",
+                "template": { "spec": example_vmi_spec() },
+            })
+        }),
     },
     KindDef {
         meta: &catalogue::VIRTUAL_MACHINE_INSTANCE,
         spec_required: true,
         spec: inline_schema::<VirtualMachineInstanceSpec>,
         status: inline_schema::<VirtualMachineInstanceStatus>,
+        example_spec: Some(example_vmi_spec),
     },
     KindDef {
         meta: &catalogue::VIRTUAL_MACHINE_INSTANCE_MIGRATION,
         spec_required: true,
         spec: inline_schema::<VirtualMachineInstanceMigrationSpec>,
         status: inline_schema::<VirtualMachineInstanceMigrationStatus>,
+        example_spec: Some(|| json!({ "vmiName": "example-vmi" })),
     },
     // Served by forwarding to the v1alpha3 CRD in kube-apiserver; the schema is the same
     // type's, so `kubectl explain kubevirt.spec` reads the fields kube-apiserver accepts.
@@ -244,8 +255,38 @@ const KINDS: [KindDef; 4] = [
         spec_required: true,
         spec: inline_schema::<KubeVirtSpec>,
         status: inline_schema::<KubeVirtStatus>,
+        // Stored by kube-apiserver, whose validation is not ours to promise.
+        example_spec: None,
     },
 ];
+
+/// The smallest VMI spec the server accepts: a guest needs memory, nothing else.
+fn example_vmi_spec() -> Value {
+    json!({
+        "domain": {
+            "devices": {},
+            "resources": { "requests": { "memory": "64Mi" } },
+        },
+    })
+}
+
+/// The `example` of a kind's create request: a minimal object the server creates as sent,
+/// so an OpenAPI reader (and a generator such as schemathesis, which mixes examples into
+/// what it sends) starts from a valid object rather than from the schema alone, which cannot
+/// say that names are DNS subdomains or that a guest needs memory. `generateName`, so that
+/// sending the example twice creates two objects instead of a conflict.
+fn create_example(k: &KindDef) -> Option<Value> {
+    let spec = (k.example_spec?)();
+    // The short name (`vm`, `vmi`, `vmim`), as people name examples.
+    let short = k.short_names.first().copied().unwrap_or(k.singular);
+    let prefix = format!("example-{short}-");
+    Some(json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "kind": k.kind,
+        "metadata": { "generateName": prefix },
+        "spec": spec,
+    }))
+}
 
 const API_VERSION_DESC: &str = "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources";
 const KIND_DESC: &str = "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds";
@@ -336,9 +377,35 @@ fn meta_definitions() -> BTreeMap<String, Value> {
         .map(|(name, mut schema)| {
             normalize(&mut schema);
             strip_markers(&mut schema);
+            nullable_optionals(&mut schema);
             (name, schema)
         })
         .collect()
+}
+
+/// Marks every optional property of a meta type `nullable`: Kubernetes decodes JSON `null`
+/// for an optional field as "not set" (kube-apiserver accepts `"propagationPolicy": null` in
+/// a DeleteOptions, and so must we, for its clients), which kube-apiserver's own schemas, and
+/// k8s-openapi's after them, do not say. Only v3 keeps it (swagger 2.0 has no `nullable`);
+/// a `$ref` property is left alone, as siblings of a `$ref` are ignored in OpenAPI 3.0.
+fn nullable_optionals(schema: &mut Value) {
+    let required: Vec<String> = schema["required"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.as_str().map(str::to_string))
+        .collect();
+    let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (name, prop) in props.iter_mut() {
+        if let Some(m) = prop.as_object_mut()
+            && !required.contains(name)
+            && !m.contains_key("$ref")
+        {
+            m.insert("nullable".into(), Value::Bool(true));
+        }
+    }
 }
 
 fn set_description(schema: &mut Value, description: &str) {
@@ -656,6 +723,39 @@ struct Param {
     ty: &'static str,
     description: &'static str,
     required: bool,
+    /// What the server accepts beyond the type, so that the schema says it: a client (or a
+    /// generator such as schemathesis) otherwise learns it from a 400/422 only.
+    constraint: Constraint,
+}
+
+#[derive(Clone, Copy)]
+enum Constraint {
+    None,
+    /// One of these values.
+    OneOf(&'static [&'static str]),
+    /// A string of at most `max_length` characters matching `pattern`.
+    Text {
+        pattern: &'static str,
+        max_length: u32,
+    },
+}
+
+impl Constraint {
+    fn render(self, m: &mut Map<String, Value>) {
+        match self {
+            Constraint::None => {}
+            Constraint::OneOf(values) => {
+                m.insert("enum".into(), json!(values));
+            }
+            Constraint::Text {
+                pattern,
+                max_length,
+            } => {
+                m.insert("pattern".into(), json!(pattern));
+                m.insert("maxLength".into(), json!(max_length));
+            }
+        }
+    }
 }
 
 const fn q(name: &'static str, ty: &'static str, description: &'static str) -> Param {
@@ -665,7 +765,12 @@ const fn q(name: &'static str, ty: &'static str, description: &'static str) -> P
         ty,
         description,
         required: false,
+        constraint: Constraint::None,
     }
+}
+
+const fn with(p: Param, constraint: Constraint) -> Param {
+    Param { constraint, ..p }
 }
 
 const PRETTY: Param = q(
@@ -673,20 +778,34 @@ const PRETTY: Param = q(
     "string",
     "If 'true', then the output is pretty printed.",
 );
-const DRY_RUN: Param = q(
-    "dryRun",
-    "string",
-    "When present, modifications are validated and not persisted. The only valid value is All.",
+const DRY_RUN: Param = with(
+    q(
+        "dryRun",
+        "string",
+        "When present, modifications are validated and not persisted. The only valid value is All.",
+    ),
+    Constraint::OneOf(&["All"]),
 );
-const FIELD_MANAGER: Param = q(
-    "fieldManager",
-    "string",
-    "Name of the actor making the change, recorded in managedFields. At most 128 printable characters; required for apply patches.",
+const FIELD_MANAGER: Param = with(
+    q(
+        "fieldManager",
+        "string",
+        "Name of the actor making the change, recorded in managedFields. At most 128 printable characters; required for apply patches.",
+    ),
+    // Printable: no control character (Unicode category Cc), as the server checks.
+    Constraint::Text {
+        pattern: "^[^\\u0000-\\u001f\\u007f-\\u009f]*$",
+        max_length: 128,
+    },
 );
-const FIELD_VALIDATION: Param = q(
-    "fieldValidation",
-    "string",
-    "How unknown or duplicate fields in the body are treated: Ignore, Warn (the default) or Strict.",
+const FIELD_VALIDATION: Param = with(
+    q(
+        "fieldValidation",
+        "string",
+        "How unknown or duplicate fields in the body are treated: Ignore, Warn (the default) or Strict.",
+    ),
+    // Empty is the default, as in kube-apiserver.
+    Constraint::OneOf(&["", "Ignore", "Warn", "Strict"]),
 );
 const FORCE: Param = q(
     "force",
@@ -703,10 +822,13 @@ const ORPHAN: Param = q(
     "boolean",
     "Deprecated: use propagationPolicy. Whether dependents are orphaned.",
 );
-const PROPAGATION: Param = q(
-    "propagationPolicy",
-    "string",
-    "Garbage collection of dependents: Orphan, Background or Foreground.",
+const PROPAGATION: Param = with(
+    q(
+        "propagationPolicy",
+        "string",
+        "Garbage collection of dependents: Orphan, Background or Foreground.",
+    ),
+    Constraint::OneOf(&["Orphan", "Background", "Foreground"]),
 );
 const LIST_PARAMS: [Param; 10] = [
     q(
@@ -764,6 +886,7 @@ fn path_param(name: &'static str, description: &'static str) -> Param {
         ty: "string",
         description,
         required: true,
+        constraint: Constraint::None,
     }
 }
 
@@ -777,12 +900,14 @@ fn render_param(p: &Param, flavor: Flavor) -> Value {
             Flavor::V2 => {
                 m.insert("type".into(), Value::String(p.ty.into()));
                 m.insert("uniqueItems".into(), Value::Bool(true));
+                p.constraint.render(m);
             }
             Flavor::V3 => {
-                m.insert(
-                    "schema".into(),
-                    json!({ "type": p.ty, "uniqueItems": true }),
-                );
+                let mut schema = json!({ "type": p.ty, "uniqueItems": true });
+                if let Some(s) = schema.as_object_mut() {
+                    p.constraint.render(s);
+                }
+                m.insert("schema".into(), schema);
             }
         }
     }
@@ -808,6 +933,8 @@ struct Op {
     params: Vec<Param>,
     /// Definition name and request content types.
     body: Option<(String, Vec<&'static str>)>,
+    /// `example` of the request body (v3 only: swagger 2.0 has no place for one).
+    example: Option<Value>,
     /// Status code, description, definition name (`None`: no body; `Some("")`: string).
     responses: Vec<(&'static str, &'static str, Option<String>)>,
     produces: Vec<&'static str>,
@@ -841,10 +968,11 @@ fn render_op(op: &Op, flavor: Flavor) -> Value {
                 let content: Map<String, Value> = content_types
                     .iter()
                     .map(|ct| {
-                        (
-                            (*ct).to_string(),
-                            json!({ "schema": flavor.reference(schema) }),
-                        )
+                        let mut media = json!({ "schema": flavor.reference(schema) });
+                        if let Some(example) = &op.example {
+                            media["example"] = example.clone();
+                        }
+                        ((*ct).to_string(), media)
                     })
                     .collect();
                 out.insert(
@@ -959,6 +1087,7 @@ fn add_kind_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
             gvk: kind_gvk.clone(),
             params: Vec::new(),
             body: None,
+            example: None,
             responses: Vec::new(),
             produces: obj_produces.clone(),
         };
@@ -995,6 +1124,7 @@ fn add_kind_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
         let create = Op {
             params: vec![DRY_RUN, FIELD_MANAGER, FIELD_VALIDATION],
             body: Some((def.clone(), vec![JSON, YAML])),
+            example: create_example(k),
             responses: vec![
                 ("200", "OK", Some(def.clone())),
                 ("201", "Created", Some(def.clone())),
@@ -1179,6 +1309,7 @@ fn add_subresource_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
             gvk: gvk(SUBRESOURCES_GROUP, e.body_kind),
             params,
             body,
+            example: None,
             responses: vec![("200", "OK", Some(format!("{SUBRESOURCE_PREFIX}{response}")))],
             produces: vec![JSON],
         };
@@ -1204,6 +1335,7 @@ fn add_subresource_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
                     gvk: gvk_value,
                     params: vec![DRY_RUN],
                     body,
+                    example: None,
                     responses: vec![("202", "Accepted", None)],
                     produces: vec![JSON],
                 }
@@ -1217,6 +1349,7 @@ fn add_subresource_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
                 gvk: gvk(GROUP, parent),
                 params: Vec::new(),
                 body: None,
+                example: None,
                 responses: vec![("200", "OK", Some(String::new()))],
                 produces: vec!["*/*"],
             },
@@ -1499,6 +1632,97 @@ mod tests {
             schemas.keys().all(|k| k.starts_with("io.")),
             "{:?}",
             schemas.keys()
+        );
+    }
+
+    /// Every create of a kind we store carries an example that decodes into the kind's type
+    /// without an unknown field and passes the server's validation, so the example is one
+    /// the server creates as sent (`tests/kubectl.rs` creates them through kubectl).
+    #[test]
+    fn creates_carry_a_valid_minimal_example() {
+        use kubevirt_api::validation::{
+            validate_migration, validate_object_meta, validate_vm, validate_vmi,
+        };
+        use kubevirt_api::{
+            VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration,
+        };
+        let doc = v3();
+        let example = |plural: &str| {
+            let body = &doc["paths"]
+                [&format!("/apis/kubevirt.io/v1/namespaces/{{namespace}}/{plural}")]["post"]["requestBody"]
+                ["content"];
+            let json = body[JSON]["example"].clone();
+            assert_eq!(body[YAML]["example"], json, "{plural}");
+            assert_eq!(json["apiVersion"], "kubevirt.io/v1");
+            let meta: ObjectMeta = serde_json::from_value(json["metadata"].clone()).expect("meta");
+            assert!(validate_object_meta(&meta, "metadata").is_empty(), "{json}");
+            assert!(
+                meta.generate_name
+                    .is_some_and(|g| g.starts_with("example-"))
+            );
+            json
+        };
+        // Decoding into the type and back loses nothing: no field the schema lacks.
+        fn round_trip<T: serde::de::DeserializeOwned + serde::Serialize>(v: &Value) -> T {
+            let t: T = serde_json::from_value(v.clone()).expect("decodes");
+            let back = serde_json::to_value(&t).expect("encodes");
+            assert_eq!(back["spec"], v["spec"]);
+            t
+        }
+        let vm: VirtualMachine = round_trip(&example("virtualmachines"));
+        assert!(validate_vm(&vm).is_empty(), "{:?}", validate_vm(&vm));
+        let vmi: VirtualMachineInstance = round_trip(&example("virtualmachineinstances"));
+        assert!(validate_vmi(&vmi).is_empty(), "{:?}", validate_vmi(&vmi));
+        let vmim: VirtualMachineInstanceMigration =
+            round_trip(&example("virtualmachineinstancemigrations"));
+        assert!(validate_migration(&vmim).is_empty());
+        // KubeVirt is stored by kube-apiserver: no promise made there; swagger 2.0 has no
+        // place for a body example.
+        assert!(
+            doc["paths"]["/apis/kubevirt.io/v1/namespaces/{namespace}/kubevirts"]["post"]
+                ["requestBody"]["content"][JSON]
+                .get("example")
+                .is_none()
+        );
+        assert!(
+            !serde_json::to_string(&openapi_v2())
+                .expect("v2")
+                .contains("example-vm-")
+        );
+    }
+
+    /// JSON null for an optional meta field means "not set" (the server takes it, as
+    /// kube-apiserver does), and the v3 schema says so; v2 has no `nullable`.
+    #[test]
+    fn optional_meta_fields_are_nullable_in_v3_only() {
+        let doc = v3();
+        let delete = &doc["components"]["schemas"][&format!("{META_PREFIX}DeleteOptions")];
+        assert_eq!(delete["properties"]["propagationPolicy"]["nullable"], true);
+        assert_eq!(delete["properties"]["dryRun"]["nullable"], true);
+        let v2 = openapi_v2();
+        assert!(
+            v2["definitions"][&format!("{META_PREFIX}DeleteOptions")]["properties"]
+                ["propagationPolicy"]
+                .get("nullable")
+                .is_none()
+        );
+        // Parameters say what the server accepts.
+        let create = &doc["paths"]["/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines"]["post"]
+            ["parameters"];
+        let param = |n: &str| {
+            create
+                .as_array()
+                .expect("params")
+                .iter()
+                .find(|p| p["name"] == n)
+                .expect("param")["schema"]
+                .clone()
+        };
+        assert_eq!(param("dryRun")["enum"], json!(["All"]));
+        assert_eq!(param("fieldManager")["maxLength"], 128);
+        assert_eq!(
+            param("fieldValidation")["enum"],
+            json!(["", "Ignore", "Warn", "Strict"])
         );
     }
 

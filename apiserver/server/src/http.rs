@@ -756,7 +756,9 @@ fn list_options(def: &ResourceDef, query: &Query) -> ApiResult<ListOptions> {
         .max(0);
     // Parameters that only steer the request (or a watch, not this list): garbage is a 400
     // naming the parameter rather than a silent choice of one meaning.
-    for flag in ["watch", "allowWatchBookmarks"] {
+    // `sendInitialEvents` too: a delete of a collection reads its list parameters, and
+    // kube-apiserver refuses a non-boolean one there (schemathesis sent `null`).
+    for flag in ["watch", "allowWatchBookmarks", "sendInitialEvents"] {
         query.bool(flag).map_err(ApiError::bad_request)?;
     }
     query.int("timeoutSeconds").map_err(ApiError::bad_request)?;
@@ -1012,8 +1014,10 @@ fn write_options(
     apply: bool,
     actor: kubevirt_api::policy::Actor,
 ) -> ApiResult<WriteOptions> {
+    // `dryRun=` (empty) is refused as kube-apiserver refuses it: the published schema says
+    // the one value is `All`, and a client that meant "not dry" would send nothing.
     let dry_run = match query.get("dryRun") {
-        None | Some("") => false,
+        None => false,
         Some("All") => true,
         Some(other) => {
             return Err(ApiError::invalid(
@@ -1148,14 +1152,7 @@ async fn patch(
 }
 
 async fn delete_options(st: &AppState, query: &Query, req: Request) -> ApiResult<DeleteOptions> {
-    let (_, bytes) = st.read_body(req).await?;
-    if !bytes.iter().all(u8::is_ascii_whitespace) {
-        let v: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
-        return serde_json::from_value(v)
-            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")));
-    }
-    Ok(DeleteOptions {
+    let from_query = DeleteOptions {
         grace_period_seconds: query
             .int("gracePeriodSeconds")
             .map_err(ApiError::bad_request)?,
@@ -1165,7 +1162,53 @@ async fn delete_options(st: &AppState, query: &Query, req: Request) -> ApiResult
             .map_err(ApiError::bad_request)?,
         dry_run: query.get("dryRun").map(|d| vec![d.to_string()]),
         preconditions: None,
-    })
+    };
+    let (_, bytes) = st.read_body(req).await?;
+    if !bytes.iter().all(u8::is_ascii_whitespace) {
+        // The body's options win, as in kube-apiserver, which then ignores the query; a
+        // parameter the published schema refuses is refused here all the same, rather than
+        // silently dropped (schemathesis: `propagationPolicy=AAA` beside a body accepted).
+        crate::rest::validate_delete_options(&from_query)?;
+        let v: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
+        // k8s-openapi's DeleteOptions skips its type fields whatever they hold; kube-apiserver
+        // refuses a non-string one (schemathesis: `"kind": true` accepted).
+        for field in ["apiVersion", "kind"] {
+            if v.get(field).is_some_and(|f| !f.is_string() && !f.is_null()) {
+                return Err(ApiError::bad_request(format!(
+                    "invalid DeleteOptions: {field} must be a string"
+                )));
+            }
+        }
+        return serde_json::from_value(v)
+            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")));
+    }
+    Ok(from_query)
+}
+
+#[cfg(test)]
+mod option_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn dry_run_is_all_or_absent() {
+        let opts = |q: &str| {
+            write_options(
+                &Query::parse(Some(q)),
+                "agent",
+                false,
+                kubevirt_api::policy::Actor::default(),
+            )
+        };
+        assert!(opts("dryRun=All").unwrap().dry_run);
+        assert!(!opts("").unwrap().dry_run);
+        for bad in ["dryRun=", "dryRun=all", "dryRun=x"] {
+            let e = opts(bad).unwrap_err();
+            assert_eq!(e.code, 422, "{bad}");
+            assert!(e.message.contains("dryRun"), "{bad}: {}", e.message);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -235,6 +235,9 @@ fn unreachable(e: impl std::fmt::Display) -> ApiError {
 pub async fn handle(st: &AppState, info: &RequestInfo, req: Request) -> ApiResult<Response> {
     // Without kube-apiserver (--standalone) there is no storage: not advertised, not found.
     let Some(kube) = st.auth.kube.clone() else {
+        // Read the body first (bounded, see `read_body`): answered while still sending,
+        // an HTTP/1.1 client gets its connection reset instead of the 404.
+        let _ = st.read_body(req).await;
         return Err(ApiError::path_not_found());
     };
     if !matches!(info.subresource.as_str(), "" | "status") {

@@ -1436,7 +1436,7 @@ fn success_status(def: &ResourceDef, name: &str, uid: &str) -> Status {
     }
 }
 
-fn validate_delete_options(opts: &DeleteOptions) -> ApiResult<()> {
+pub(crate) fn validate_delete_options(opts: &DeleteOptions) -> ApiResult<()> {
     let mut errs = Vec::new();
     if opts.orphan_dependents.is_some() && opts.propagation_policy.is_some() {
         errs.push(FieldError::invalid(

@@ -205,4 +205,34 @@ fn kubectl_workflow() {
         none.stdout,
         none.stderr
     );
+
+    // The `example` of every create in the published OpenAPI is an object kubectl sends
+    // as is (strict field validation) and the server creates, twice (generateName).
+    let doc: serde_json::Value =
+        serde_json::from_str(&k.ok(&["get", "--raw", "/openapi/v3/apis/kubevirt.io/v1"])).unwrap();
+    for (plural, kind) in [
+        ("virtualmachines", "virtualmachine"),
+        ("virtualmachineinstances", "virtualmachineinstance"),
+        (
+            "virtualmachineinstancemigrations",
+            "virtualmachineinstancemigration",
+        ),
+    ] {
+        let example = &doc["paths"]
+            [&format!("/apis/kubevirt.io/v1/namespaces/{{namespace}}/{plural}")]["post"]["requestBody"]
+            ["content"]["application/json"]["example"];
+        assert!(example.is_object(), "{plural}: no example");
+        for _ in 0..2 {
+            let out = k.run_stdin(&["create", "-f", "-"], Some(&example.to_string()));
+            assert!(
+                out.ok && out.stdout.contains(&format!("{kind}.kubevirt.io/example-")),
+                "{plural}: {} {}",
+                out.stdout,
+                out.stderr
+            );
+        }
+        let names = k.ok(&["get", plural, "-o", "name"]);
+        assert_eq!(names.lines().count(), 2, "{names}");
+        k.ok(&["delete", plural, "--all"]);
+    }
 }

@@ -3,7 +3,12 @@
 //! Every operation of `kubevirt.io/v1` and `subresources.kubevirt.io/v1` gets generated
 //! requests, valid and invalid; the run fails on any 5xx, any response that breaks the
 //! published schema or content type, any schema-violating request that is accepted, any
-//! wrong answer to an undeclared method, and on a server that is no longer alive at the end.
+//! wrong answer to an undeclared method, on a server that is no longer alive at the end,
+//! and on a stateful phase that followed no link. The stateful phase chains requests along
+//! links this command adds (create → every operation on the created object); it gets past
+//! the create because the server publishes a minimal valid `example` for each create body,
+//! which schemathesis mixes into its generated bodies (a schema alone generates no valid
+//! VM: names must be DNS subdomains, a guest needs memory).
 //!
 //! Two checks are left out, on purpose: `status_code_conformance` (Kubernetes' OpenAPI, ours
 //! included, documents the success codes only; every error is a `metav1.Status`) and
@@ -14,6 +19,8 @@
 //! Not part of CI (like the benchmarks): it installs a pinned schemathesis from PyPI into
 //! target/fuzz/venv and runs for minutes. The figures go to docs/reliability.md.
 
+use std::collections::BTreeSet;
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -30,9 +37,33 @@ const SCHEMATHESIS: &str = "4.32.5";
 /// The OpenAPI v3 groups fuzzed.
 const GROUPS: &[&str] = &["kubevirt.io/v1", "subresources.kubevirt.io/v1"];
 
-/// Every phase schemathesis has: explicit examples, boundary coverage, random fuzzing, and
-/// stateful sequences along the links [`with_links`] adds.
-const PHASES: &str = "examples,coverage,fuzzing,stateful";
+/// One schemathesis run over the document.
+struct Pass {
+    /// Its row in the docs table.
+    label: &'static str,
+    /// `--phases`.
+    phases: &'static str,
+    /// Whether its event stream is recorded to count the links followed.
+    stateful: bool,
+}
+
+/// Every phase schemathesis has, in two runs: explicit examples, boundary coverage and
+/// random fuzzing, then stateful sequences along the links [`with_links`] adds. Two runs,
+/// because the links followed are only in schemathesis' event stream (`--report ndjson`:
+/// every request and response), which for the first three phases would be hundreds of
+/// megabytes; the stateful run's is small.
+const PASSES: &[Pass] = &[
+    Pass {
+        label: "examples, coverage, fuzzing",
+        phases: "examples,coverage,fuzzing",
+        stateful: false,
+    },
+    Pass {
+        label: "stateful",
+        phases: "stateful",
+        stateful: true,
+    },
+];
 
 /// Checks left out (see the module documentation for why).
 const EXCLUDED_CHECKS: &str = "status_code_conformance,positive_data_acceptance";
@@ -168,11 +199,13 @@ fn without_streams(mut schema: Value) -> Value {
     schema
 }
 
+const DEFAULT_MAX_EXAMPLES: u32 = 50;
+
 /// Arguments.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Generated examples per operation and phase.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = DEFAULT_MAX_EXAMPLES)]
     max_examples: u32,
     /// Seed for a reproducible run.
     #[arg(long)]
@@ -180,31 +213,75 @@ pub struct Args {
     /// Do not write docs/reliability.md.
     #[arg(long)]
     no_docs: bool,
+    /// Only the stateful phase (minutes instead of the coverage phase's quarter hour).
+    #[arg(long)]
+    stateful_only: bool,
 }
 
-/// One group's result, from schemathesis' JSON report.
+/// One pass's result, from schemathesis' JSON report.
 #[derive(Debug, Default, PartialEq)]
 struct Outcome {
-    group: String,
+    /// The pass (its phases).
+    pass: String,
     operations: u64,
     generated: u64,
     /// `(code title, count, operations)` per failed check.
     failures: Vec<(String, u64, Vec<String>)>,
     /// `(title, count)` of requests that got no answer (network errors, timeouts).
     errors: Vec<(String, u64)>,
+    /// The stateful pass: links followed.
+    links: Option<Links>,
 }
 
-impl Outcome {
-    fn clean(&self) -> bool {
-        self.failures.is_empty() && self.errors.is_empty()
+/// Which links the stateful phase followed, from its event stream.
+#[derive(Debug, Default, PartialEq)]
+struct Links {
+    /// Links the state machine has (declared and inferred), as schemathesis counts them.
+    total: u64,
+    /// Links at least one step followed: a request built from a previous response.
+    followed: BTreeSet<String>,
+}
+
+/// Reads schemathesis' NDJSON event stream (`--report ndjson`): the link count from the
+/// stateful phase's `PhaseStarted`, and every step a link produced and that used what it
+/// extracted (`is_transition_applied`: a step may also ignore it, to explore).
+fn links(ndjson: impl BufRead) -> anyhow::Result<Links> {
+    let mut out = Links::default();
+    for line in ndjson.lines() {
+        let line = line?;
+        // Only these two events matter; skip parsing the rest (most of the stream).
+        if !(line.starts_with("{\"PhaseStarted\"") || line.starts_with("{\"ScenarioFinished\"")) {
+            continue;
+        }
+        let event: Value = serde_json::from_str(&line).context("an NDJSON event")?;
+        if let Some(total) = event
+            .pointer("/PhaseStarted/payload/transitions_total")
+            .and_then(Value::as_u64)
+        {
+            out.total = out.total.max(total);
+        }
+        let cases = event.pointer("/ScenarioFinished/recorder/cases");
+        for case in cases
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .map(|(_, c)| c)
+        {
+            if case["is_transition_applied"] == true
+                && let Some(id) = case.pointer("/transition/id").and_then(Value::as_str)
+            {
+                out.followed.insert(id.to_string());
+            }
+        }
     }
+    Ok(out)
 }
 
 /// Reads schemathesis' JSON report (`--report json`).
-fn outcome(group: &str, report: &Value) -> Outcome {
+fn outcome(pass: &str, report: &Value) -> Outcome {
     let n = |v: &Value| v.as_u64().unwrap_or(0);
     Outcome {
-        group: group.to_string(),
+        pass: pass.to_string(),
         operations: n(&report["operations"]["tested"]),
         generated: n(&report["test_cases"]["generated"]),
         failures: report["failures"]
@@ -239,49 +316,119 @@ fn outcome(group: &str, report: &Value) -> Outcome {
                 )
             })
             .collect(),
+        links: None,
+    }
+}
+
+/// The command line that reproduces a run with `args`.
+fn command_line(args: &Args) -> String {
+    let mut c = "cargo xtask fuzz".to_string();
+    if args.max_examples != DEFAULT_MAX_EXAMPLES {
+        c.push_str(&format!(" --max-examples {}", args.max_examples));
+    }
+    if let Some(seed) = args.seed {
+        c.push_str(&format!(" --seed {seed}"));
+    }
+    if args.stateful_only {
+        c.push_str(" --stateful-only");
+    }
+    c
+}
+
+/// The links [`with_links`] declared, per create operation (`POST /apis/…`): its label as
+/// schemathesis names operations, and the number of links.
+fn declared_links(schema: &Value) -> Vec<(String, usize)> {
+    schema["paths"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(path, item)| {
+            let n = item["post"]["responses"]["201"]["links"].as_object()?.len();
+            Some((format!("POST {path}"), n))
+        })
+        .collect()
+}
+
+/// `a, b and c`.
+fn listing(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
     }
 }
 
 /// The docs section for `outcomes`.
-fn section(outcomes: &[Outcome], args: &Args, alive: bool, took: f64) -> String {
+fn section(
+    outcomes: &[Outcome],
+    declared: &[(String, usize)],
+    args: &Args,
+    alive: bool,
+    took: f64,
+) -> String {
     let mut s = format!(
-        "{HEADING}\n\nCommand: `cargo xtask fuzz --max-examples {}`; commit {}; {}; machine: {}. \
-         schemathesis {SCHEMATHESIS} (PyPI) against virt-apiserver (debug build) on its own etcd \
-         (`virt-devenv`), authenticated with a client certificate, both OpenAPI v3 groups the \
-         server publishes merged into one document (without the `watch` parameter: a stream is no \
-         OpenAPI response; watches have their own tests), with links from every create to \
-         every operation on the created object (get, replace with the created object, patch, \
-         delete, status, subresources) for the stateful phase; phases `{PHASES}`; every check \
-         but `{EXCLUDED_CHECKS}` (why: `xtask/devkit/src/fuzz.rs`). Run time {took:.0} s.\n\n\
-         | Group | Operations | Requests generated | Failed checks | Requests without an answer |\n\
+        "{HEADING}\n\nCommand: `{}` (`--max-examples {}`: generated examples per operation and \
+         phase); commit {}; {}; machine: {}. schemathesis {SCHEMATHESIS} (PyPI) against \
+         virt-apiserver (debug build) on its own etcd (`virt-devenv`), authenticated with a \
+         client certificate. The document fuzzed: both OpenAPI v3 groups the server publishes \
+         (`kubevirt.io/v1` and `subresources.kubevirt.io/v1`) merged into one, without the \
+         `watch` parameter (a stream is no OpenAPI response; watches have their own tests), \
+         with links from every create to every operation on the created object (get, replace \
+         with the created object, patch, delete, status, subresources) for the stateful phase; \
+         the creates' request bodies carry the published minimal `example` objects, which \
+         schemathesis mixes into what it generates. Every check but `{EXCLUDED_CHECKS}` (why: \
+         `xtask/devkit/src/fuzz.rs`). Two schemathesis runs, one per row. Run time {took:.0} s.\n\n\
+         | Phases | Operations | Requests generated | Failed checks | Requests without an answer |\n\
          |---|---|---|---|---|\n",
+        command_line(args),
         args.max_examples,
         commit(),
         now_utc(),
         Machine::probe()
     );
-    for o in outcomes {
-        let failures = if o.failures.is_empty() {
+    let joined = |v: &[(String, u64)]| {
+        if v.is_empty() {
             "0".to_string()
         } else {
-            o.failures
-                .iter()
-                .map(|(what, n, _)| format!("{what}: {n}"))
-                .collect::<Vec<_>>()
-                .join("; ")
-        };
-        let errors = if o.errors.is_empty() {
-            "0".to_string()
-        } else {
-            o.errors
-                .iter()
+            v.iter()
                 .map(|(what, n)| format!("{what}: {n}"))
                 .collect::<Vec<_>>()
                 .join("; ")
-        };
+        }
+    };
+    for o in outcomes {
+        let failures: Vec<(String, u64)> = o
+            .failures
+            .iter()
+            .map(|(what, n, ops)| (format!("{what} ({})", ops.join(", ")), *n))
+            .collect();
         s.push_str(&format!(
-            "| `{}` | {} | {} | {failures} | {errors} |\n",
-            o.group, o.operations, o.generated
+            "| {} | {} | {} | {} | {} |\n",
+            o.pass,
+            o.operations,
+            o.generated,
+            joined(&failures),
+            joined(&o.errors)
+        ));
+    }
+    if let Some(links) = outcomes.iter().find_map(|o| o.links.as_ref()) {
+        let per_create: Vec<String> = declared
+            .iter()
+            .map(|(create, n)| {
+                let followed = links
+                    .followed
+                    .iter()
+                    .filter(|id| id.starts_with(&format!("{create} -> ")))
+                    .count();
+                let plural = create.rsplit('/').next().unwrap_or(create);
+                format!("{plural} {followed} of {n}")
+            })
+            .collect();
+        s.push_str(&format!(
+            "\nLinks the stateful phase followed: {} of {} (from the creates of {}).\n",
+            links.followed.len(),
+            links.total,
+            listing(&per_create)
         ));
     }
     s.push_str(&format!(
@@ -368,13 +515,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     // One document, so that the stateful phase chains across the groups.
     let merged = with_links(without_streams(merged(&published)?));
-    let label = GROUPS.join(" + ");
-    {
-        let schema = dir.join("openapi.json");
-        std::fs::write(&schema, serde_json::to_vec(&merged)?)?;
-        let report = dir.join("report.json");
+    let declared = declared_links(&merged);
+    let schema = dir.join("openapi.json");
+    std::fs::write(&schema, serde_json::to_vec(&merged)?)?;
+    for pass in PASSES.iter().filter(|p| p.stateful || !args.stateful_only) {
+        let name = pass.phases.replace(',', "-");
+        let report = dir.join(format!("report-{name}.json"));
+        let events = dir.join(format!("events-{name}.ndjson"));
         let _ = std::fs::remove_file(&report);
-        println!("fuzzing {label}…");
+        let _ = std::fs::remove_file(&events);
+        println!("fuzzing, phases {}…", pass.phases);
         let mut cmd = Command::new(&st);
         // schemathesis keeps a cache of what it found in `.schemathesis/` of its working
         // directory: target/fuzz, not the workspace.
@@ -389,11 +539,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .arg("--request-cert-key")
             .arg(&env.admin.key)
             .args(["--checks", "all", "--exclude-checks", EXCLUDED_CHECKS])
-            .args(["--phases", PHASES])
+            .args(["--phases", pass.phases])
             .args(["--max-examples", &args.max_examples.to_string()])
-            .args(["--request-timeout", "30", "--no-color", "--report", "json"])
+            .args(["--request-timeout", "30", "--no-color"])
+            .args([
+                "--report",
+                if pass.stateful { "json,ndjson" } else { "json" },
+            ])
             .arg("--report-json-path")
             .arg(&report);
+        if pass.stateful {
+            cmd.arg("--report-ndjson-path").arg(&events);
+        }
         if let Some(seed) = args.seed {
             cmd.args(["--seed", &seed.to_string()]);
         }
@@ -401,11 +558,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cmd.status().context("running schemathesis")?;
         let text = std::fs::read_to_string(&report)
             .with_context(|| format!("schemathesis wrote no report to {}", report.display()))?;
-        outcomes.push(outcome(&label, &serde_json::from_str(&text)?));
+        let mut o = outcome(pass.label, &serde_json::from_str(&text)?);
+        if pass.stateful {
+            let file = std::fs::File::open(&events)
+                .with_context(|| format!("schemathesis wrote no events to {}", events.display()))?;
+            o.links = Some(links(std::io::BufReader::new(file))?);
+        }
+        outcomes.push(o);
     }
     let alive = env.alive();
     let took = t0.elapsed().as_secs_f64();
-    let text = section(&outcomes, &args, alive, took);
+    let text = section(&outcomes, &declared, &args, alive, took);
     println!("\n{text}");
     if !args.no_docs {
         let path = crate::workspace_root().join("docs/reliability.md");
@@ -421,24 +584,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !alive {
         bail!("virt-apiserver died during the fuzzing run (log in its temp dir)");
     }
-    let findings: Vec<String> = outcomes
-        .iter()
-        .filter(|o| !o.clean())
-        .flat_map(|o| {
-            o.failures
-                .iter()
-                .map(move |(what, n, ops)| format!("{}: {what} ×{n}: {}", o.group, ops.join(", ")))
-                .chain(
-                    o.errors
-                        .iter()
-                        .map(move |(what, n)| format!("{}: {what} ×{n}", o.group)),
-                )
-        })
-        .collect();
+    let findings = findings(&outcomes);
     if !findings.is_empty() {
         bail!("schemathesis findings:\n{}", findings.join("\n"));
     }
     Ok(())
+}
+
+/// What makes the run fail: every failed check (a 5xx, a response outside the schema, a
+/// schema-violating request accepted, …), every request without an answer, and a stateful
+/// phase that followed no link (it then tested nothing a fresh request does not).
+fn findings(outcomes: &[Outcome]) -> Vec<String> {
+    outcomes
+        .iter()
+        .flat_map(|o| {
+            o.failures
+                .iter()
+                .map(move |(what, n, ops)| format!("{}: {what} ×{n}: {}", o.pass, ops.join(", ")))
+                .chain(
+                    o.errors
+                        .iter()
+                        .map(move |(what, n)| format!("{}: {what} ×{n}", o.pass)),
+                )
+                .chain(
+                    o.links
+                        .as_ref()
+                        .filter(|l| l.followed.is_empty())
+                        .map(|l| format!("{}: none of the {} links followed", o.pass, l.total)),
+                )
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -548,8 +723,83 @@ mod tests {
             )]
         );
         assert_eq!(o.errors, [("Network Error".to_string(), 3)]);
-        assert!(!o.clean());
+        assert_eq!(findings(std::slice::from_ref(&o)).len(), 2);
         let clean = outcome("g", &serde_json::json!({"failures": [], "errors": []}));
-        assert!(clean.clean());
+        assert!(findings(&[clean]).is_empty());
+    }
+
+    #[test]
+    fn links_followed_come_from_the_event_stream() {
+        let vms = "POST /apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines";
+        let read = format!("{vms} -> [201] readVM -> GET /vm");
+        let start = format!("{vms} -> [201] startVM -> PUT /start");
+        let stream = [
+            serde_json::json!({"Initialize": {"seed": 1}}),
+            serde_json::json!({"PhaseStarted": {"payload": null}}),
+            serde_json::json!({"PhaseStarted": {"payload": {"transitions_total": 44,
+                                                              "transitions_selected": 44}}}),
+            serde_json::json!({"ScenarioFinished": {"recorder": {"cases": {
+                "a": {"value": {}},
+                "b": {"transition": {"id": read}, "is_transition_applied": true},
+                // Followed the link but used none of its values: not counted.
+                "c": {"transition": {"id": start}, "is_transition_applied": false},
+            }}}}),
+            serde_json::json!({"ScenarioFinished": {"recorder": {"cases": {
+                "d": {"transition": {"id": read}, "is_transition_applied": true},
+            }}}}),
+        ]
+        .iter()
+        .map(Value::to_string)
+        .collect::<Vec<_>>()
+        .join("\n");
+        let l = links(stream.as_bytes()).unwrap();
+        assert_eq!(l.total, 44);
+        assert_eq!(l.followed, BTreeSet::from([read.clone()]));
+
+        let declared = vec![(vms.to_string(), 2)];
+        let o = Outcome {
+            pass: "stateful".into(),
+            links: Some(l),
+            ..Default::default()
+        };
+        let args = Args {
+            max_examples: DEFAULT_MAX_EXAMPLES,
+            seed: None,
+            no_docs: true,
+            stateful_only: false,
+        };
+        let text = section(std::slice::from_ref(&o), &declared, &args, true, 1.0);
+        assert!(
+            text.contains("Command: `cargo xtask fuzz` (`--max-examples 50`"),
+            "{text}"
+        );
+        assert!(
+            text.contains("followed: 1 of 44 (from the creates of virtualmachines 1 of 2)"),
+            "{text}"
+        );
+        assert!(findings(&[o]).is_empty());
+    }
+
+    #[test]
+    fn a_stateful_phase_that_follows_no_link_fails_the_run() {
+        let o = Outcome {
+            pass: "stateful".into(),
+            links: Some(Links {
+                total: 44,
+                followed: BTreeSet::new(),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(findings(&[o]), ["stateful: none of the 44 links followed"]);
+        let args = Args {
+            max_examples: 5,
+            seed: Some(7),
+            no_docs: true,
+            stateful_only: false,
+        };
+        assert_eq!(
+            command_line(&args),
+            "cargo xtask fuzz --max-examples 5 --seed 7"
+        );
     }
 }
