@@ -53,9 +53,10 @@ where
 }
 
 /// Drops what no controller reads from a cached object: `managedFields`, the server-side
-/// apply bookkeeping, often the largest part of an object's metadata. Every reconcile reads
-/// the object fresh before it writes, and writes by patches that name their fields, so a
-/// cached object is never written back and nothing is lost on the server.
+/// apply bookkeeping, often the largest part of an object's metadata. Controllers write by
+/// patches that name their fields (guarded by the cached resourceVersion where a stale
+/// object must not win), never by sending a cached object back, so nothing is lost on the
+/// server.
 pub fn slim<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
