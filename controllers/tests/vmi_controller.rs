@@ -518,8 +518,8 @@ async fn vmi_controller_against_kube_apiserver() {
 /// may not show it yet. Here the cache is fed by hand and never shows the pod until the
 /// test says so: reconciles of the stale VMI in that window must create no second pod
 /// and write nothing; once the cache shows the pod, a write from the stale VMI gets 409
-/// instead of overwriting; an externally deleted pod still fails the VMI, with no new
-/// pod.
+/// instead of overwriting, and the retry reads the VMI fresh; an externally deleted pod
+/// still fails the VMI, with no new pod.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unseen_pod_creations_hold_the_vmi_instead_of_creating_a_second_launcher() {
     use kube::runtime::reflector;
@@ -542,6 +542,7 @@ async fn unseen_pod_creations_hold_the_vmi_instead_of_creating_a_second_launcher
     let state = Arc::new(Vmis {
         ctx,
         pods: LauncherPods::new(reader, Expectations::default()),
+        stale: Default::default(),
     });
     // The first list: no pods.
     for ev in [Event::Init, Event::InitDone] {
@@ -582,6 +583,14 @@ async fn unseen_pod_creations_hold_the_vmi_instead_of_creating_a_second_launcher
     assert_eq!(err.reason(), "FailedStatusUpdate", "{err}");
     assert_eq!(env.launcher_pods(&d).await.len(), 1);
     env.phase("d", Phase::Scheduling).await;
+
+    // The conflict marks the cached VMI stale: the retry reads it fresh, so even a watch
+    // that never brings the newer VMI cannot wedge it.
+    reconcile::error_policy(stale.clone(), &err, state.clone());
+    reconcile::reconcile(stale.clone(), state.clone())
+        .await
+        .unwrap();
+    assert_eq!(env.launcher_pods(&d).await.len(), 1);
 
     // With the current VMI all is in order.
     let current = Arc::new(env.vmis().get("d").await.unwrap());

@@ -24,6 +24,8 @@ pub struct Vms {
     pub ctx: Arc<Context>,
     /// The VMIs, without what the VM controller does not read.
     pub vmis: Store<VirtualMachineInstance>,
+    /// VMs whose cached copy met a 409: read fresh next time.
+    pub stale: crate::watch::Stale,
 }
 
 /// Drops from a VMI cached for the VM controller what its decisions
@@ -59,6 +61,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     let state = Arc::new(Vms {
         ctx: ctx.clone(),
         vmis: vmi_reader,
+        stale: Default::default(),
     });
     // A VMI event reconciles its VM (owner reference) after the store has it.
     let vmi_events = reflector::reflector(
@@ -76,14 +79,16 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     // A deleted VM's back-off is dropped as its delete is seen (the controller never
     // reconciles an object that left its store).
     let (vm_reader, vm_writer) = reflector::store();
-    let forgetter = ctx.clone();
+    let forgetter = state.clone();
     let vm_events = reflector::reflector(
         vm_writer,
         crate::watch::cached(vms, watcher::Config::default(), "vms", &ctx.metrics.watches),
     )
     .inspect_ok(move |event| {
         if let watcher::Event::Delete(vm) = event {
-            forgetter.backoff.reset(&reconcile::backoff_key(vm));
+            let key = reconcile::backoff_key(vm);
+            forgetter.ctx.backoff.reset(&key);
+            forgetter.stale.take(&key);
         }
     })
     .applied_objects();

@@ -124,7 +124,16 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
         .vmis
         .get(&ObjectRef::new(&name).within(&ns))
         .map(|v| (*v).clone());
-    let mut fresh = false;
+    // A write of the last reconcile found the cached VM stale: read both fresh.
+    let mut fresh = state.stale.take(&key);
+    if fresh {
+        let Some((current, current_vmi)) = read_fresh(&vms, &vmis, &name).await? else {
+            ctx.backoff.reset(&key);
+            return Ok(Action::await_change());
+        };
+        vm = current;
+        vmi = current_vmi;
+    }
     let (observed, decision, now) = loop {
         // A VMI of the same name that another controller owns is not ours to touch, and
         // creating ours would only collide with it: wait until it goes away.
@@ -140,25 +149,12 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
             break (observed, decision, now);
         }
         // An action: decide again on what the apiserver has now.
-        let Some(current) = vms
-            .get_opt(&name)
-            .await
-            .map_err(|source| ReconcileError::Read {
-                what: "VirtualMachine",
-                source,
-            })?
-        else {
+        let Some((current, current_vmi)) = read_fresh(&vms, &vmis, &name).await? else {
             ctx.backoff.reset(&key);
             return Ok(Action::await_change());
         };
         vm = current;
-        vmi = vmis
-            .get_opt(&name)
-            .await
-            .map_err(|source| ReconcileError::Read {
-                what: "VirtualMachineInstance",
-                source,
-            })?;
+        vmi = current_vmi;
         fresh = true;
     };
 
@@ -316,6 +312,32 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
     })
 }
 
+/// The VM and its VMI as the apiserver has them now; None when the VM is gone.
+async fn read_fresh(
+    vms: &Api<VirtualMachine>,
+    vmis: &Api<VirtualMachineInstance>,
+    name: &str,
+) -> Result<Option<(VirtualMachine, Option<VirtualMachineInstance>)>, ReconcileError> {
+    let Some(vm) = vms
+        .get_opt(name)
+        .await
+        .map_err(|source| ReconcileError::Read {
+            what: "VirtualMachine",
+            source,
+        })?
+    else {
+        return Ok(None);
+    };
+    let vmi = vmis
+        .get_opt(name)
+        .await
+        .map_err(|source| ReconcileError::Read {
+            what: "VirtualMachineInstance",
+            source,
+        })?;
+    Ok(Some((vm, vmi)))
+}
+
 /// A merge patch of /status that turns `old` into `new`, guarded by the resourceVersion
 /// the decision was made on so that a stateChangeRequest appended meanwhile is not lost.
 pub fn status_patch(
@@ -359,12 +381,12 @@ async fn write_status(
 /// Retry policy: conflicts retry at once, other errors back off per object.
 pub fn error_policy(vm: Arc<VirtualMachine>, err: &ReconcileError, state: Arc<Vms>) -> Action {
     let ctx = &state.ctx;
-    if err.is_conflict() {
-        // The cached VM is older than the server's: the watch event of the newer one
-        // reconciles it again, normally sooner than this.
-        return Action::requeue(Duration::from_millis(500));
-    }
     let key = backoff_key(&vm);
+    if err.is_conflict() {
+        // The cached VM is older than the server's: read it fresh and retry at once.
+        state.stale.mark(&key);
+        return Action::requeue(Duration::from_millis(50));
+    }
     let delay = ctx.backoff.next_delay_after(&key, err);
     tracing::warn!(vm = %vm.name_any(), error = %err, reason = err.reason(), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)

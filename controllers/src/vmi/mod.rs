@@ -35,6 +35,8 @@ pub struct Vmis {
     /// The launcher pods as the watch shows them, with the expectations that say when
     /// they can be trusted.
     pub pods: LauncherPods,
+    /// VMIs whose cached copy met a 409: read fresh next time.
+    pub stale: crate::watch::Stale,
 }
 
 /// Label selector of every launcher pod.
@@ -72,6 +74,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     let state = Arc::new(Vmis {
         ctx: ctx.clone(),
         pods: LauncherPods::new(pod_reader, Expectations::default()),
+        stale: Default::default(),
     });
     let observer = state.clone();
     let pod_events = reflector::reflector(
@@ -106,6 +109,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
             forgetter.ctx.vmi_phases.forget(&uid);
             forgetter.ctx.backoff.reset(&uid);
             forgetter.pods.expectations.forget(&uid);
+            forgetter.stale.take(&uid);
         }
     })
     .applied_objects();

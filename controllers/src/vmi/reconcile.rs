@@ -211,7 +211,22 @@ pub async fn reconcile(
             );
         }
     }
-    let mut vmi = (*vmi).clone();
+    // The cached VMI, unless a write of the last reconcile found it stale.
+    let mut vmi = if state.stale.take(&uid) {
+        match vmis
+            .get_opt(&name)
+            .await
+            .map_err(|source| ReconcileError::Read {
+                what: "VirtualMachineInstance",
+                source,
+            })? {
+            Some(fresh) if fresh.uid().as_deref() == Some(uid.as_str()) => fresh,
+            // Gone, or replaced by a VMI of the same name that the watch will bring.
+            _ => return Ok(Action::await_change()),
+        }
+    } else {
+        (*vmi).clone()
+    };
     observe_phase(ctx, &uid, &vmi);
 
     let mut pods: Vec<Pod> = state
@@ -411,9 +426,9 @@ const CLAIM_RECHECK: Duration = Duration::from_secs(5);
 /// latest: the pod's event normally brings it back sooner.
 const EXPECTATION_RECHECK: Duration = Duration::from_secs(1);
 
-/// How soon a VMI whose write met a newer resourceVersion is reconciled again at the
-/// latest.
-const CONFLICT_RETRY: Duration = Duration::from_millis(500);
+/// How soon a VMI whose write met a newer resourceVersion is reconciled again (with a
+/// fresh read).
+const CONFLICT_RETRY: Duration = Duration::from_millis(50);
 
 /// Writes the status the pods imply, the node label and the finalizer removal.
 async fn write_back(
@@ -575,8 +590,10 @@ pub fn error_policy(
 ) -> Action {
     let ctx = &state.ctx;
     if err.is_conflict() {
-        // The cached VMI is older than the server's: the watch event of the newer one
-        // reconciles it again, normally sooner than this.
+        // The cached VMI is older than the server's: read it fresh and retry at once.
+        if let Some(uid) = vmi.uid() {
+            state.stale.mark(&uid);
+        }
         return Action::requeue(CONFLICT_RETRY);
     }
     let key = vmi.uid().unwrap_or_else(|| vmi.name_any());
