@@ -26,7 +26,7 @@ pub const DEFAULT_WORKERS: u16 = 64;
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Concurrent reconciles of each controller (0 = unbounded). A reconcile mostly waits
-    /// on the API (it reads the object fresh, then writes), so this bounds throughput, not
+    /// on the API (its writes, and the reads it still makes), so this bounds throughput, not
     /// CPU: with 4, VMs created at 50/s (`cargo xtask bench scale`) got about 6 VMIs a
     /// second while virt-controller used 10 % of a CPU.
     pub workers: u16,

@@ -53,9 +53,10 @@ where
 }
 
 /// Drops what no controller reads from a cached object: `managedFields`, the server-side
-/// apply bookkeeping, often the largest part of an object's metadata. Every reconcile reads
-/// the object fresh before it writes, and writes by patches that name their fields, so a
-/// cached object is never written back and nothing is lost on the server.
+/// apply bookkeeping, often the largest part of an object's metadata. Controllers write by
+/// patches that name their fields (guarded by the cached resourceVersion where a stale
+/// object must not win), never by sending a cached object back, so nothing is lost on the
+/// server.
 pub fn slim<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
@@ -74,8 +75,41 @@ where
     virt_watch::watch(api, config, name, metrics.clone()).touched_objects()
 }
 
+/// Objects whose cached copy a write found stale (409 on its resourceVersion): their next
+/// reconcile reads them fresh. A conflict normally means the watch is a moment behind and
+/// its next event brings the newer object, but if that event never comes (a watch that
+/// restarted past it), a reconcile on the cache would meet the same 409 forever; one
+/// fresh read per conflict keeps the cache from ever wedging an object.
+#[derive(Debug, Default)]
+pub struct Stale(std::sync::Mutex<std::collections::HashSet<String>>);
+
+impl Stale {
+    /// Marks `key` (a uid): its cached copy is older than the server's.
+    pub fn mark(&self, key: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_string());
+    }
+
+    /// Whether `key` was marked, unmarking it.
+    pub fn take(&self, key: &str) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_stale_mark_is_taken_once() {
+        let s = super::Stale::default();
+        assert!(!s.take("a"));
+        s.mark("a");
+        s.mark("a");
+        assert!(s.take("a"));
+        assert!(!s.take("a"));
+    }
+
     use super::*;
     use kubevirt_api::VirtualMachineInstance;
 

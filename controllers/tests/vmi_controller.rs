@@ -512,3 +512,115 @@ async fn vmi_controller_against_kube_apiserver() {
     }
     stop.cancel();
 }
+
+/// The launcher-pod cache's guard, reconcile by reconcile: the VMI controller reads pods
+/// from a watch cache, so right after it created a pod the cache (and the cached VMI)
+/// may not show it yet. Here the cache is fed by hand and never shows the pod until the
+/// test says so: reconciles of the stale VMI in that window must create no second pod
+/// and write nothing; once the cache shows the pod, a write from the stale VMI gets 409
+/// instead of overwriting, and the retry reads the VMI fresh; an externally deleted pod
+/// still fails the VMI, with no new pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unseen_pod_creations_hold_the_vmi_instead_of_creating_a_second_launcher() {
+    use kube::runtime::reflector;
+    use kube::runtime::watcher::Event;
+    use virt_controllers::expectations::Expectations;
+    use virt_controllers::vmi::pods::LauncherPods;
+    use virt_controllers::vmi::{Vmis, reconcile};
+
+    let env = Env::start().await;
+    let config = Config {
+        namespace: Some(NS.to_string()),
+        launcher: LauncherConfig {
+            allow_emulation: true,
+            ..LauncherConfig::default()
+        },
+        ..Config::default()
+    };
+    let ctx = Arc::new(Context::new(env.client.clone(), None, config));
+    let (reader, mut writer) = reflector::store();
+    let state = Arc::new(Vmis {
+        ctx,
+        pods: LauncherPods::new(reader, Expectations::default()),
+        stale: Default::default(),
+    });
+    // The first list: no pods.
+    for ev in [Event::Init, Event::InitDone] {
+        writer.apply_watcher_event(&ev);
+        state.pods.observe(&ev);
+    }
+
+    env.create_vmi("d").await;
+    // The VMI as the controller's cache has it: Pending, never updated below.
+    let stale = Arc::new(env.vmis().get("d").await.unwrap());
+    reconcile::reconcile(stale.clone(), state.clone())
+        .await
+        .unwrap();
+    let d = env.phase("d", Phase::Scheduling).await;
+    let pod = env.only_pod(&d).await;
+
+    // The watch has shown neither the pod nor the new VMI: every reconcile waits.
+    for _ in 0..3 {
+        reconcile::reconcile(stale.clone(), state.clone())
+            .await
+            .unwrap();
+    }
+    assert_eq!(env.launcher_pods(&d).await.len(), 1, "no second launcher");
+    let still = env.vmis().get("d").await.unwrap();
+    assert_eq!(
+        still.metadata.resource_version, d.metadata.resource_version,
+        "nothing written while the cache lags"
+    );
+
+    // The pod arrives; the cached VMI is still the Pending one: its status write is
+    // refused (resourceVersion), never applied over the newer status.
+    let ev = Event::Apply(pod.clone());
+    writer.apply_watcher_event(&ev);
+    state.pods.observe(&ev);
+    let err = reconcile::reconcile(stale.clone(), state.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(err.reason(), "FailedStatusUpdate", "{err}");
+    assert_eq!(env.launcher_pods(&d).await.len(), 1);
+    env.phase("d", Phase::Scheduling).await;
+
+    // The conflict marks the cached VMI stale: the retry reads it fresh, so even a watch
+    // that never brings the newer VMI cannot wedge it.
+    reconcile::error_policy(stale.clone(), &err, state.clone());
+    reconcile::reconcile(stale.clone(), state.clone())
+        .await
+        .unwrap();
+    assert_eq!(env.launcher_pods(&d).await.len(), 1);
+
+    // With the current VMI all is in order.
+    let current = Arc::new(env.vmis().get("d").await.unwrap());
+    reconcile::reconcile(current, state.clone()).await.unwrap();
+    assert_eq!(env.launcher_pods(&d).await.len(), 1);
+
+    // Someone deletes the pod: the VMI fails as before, and gets no new pod.
+    env.pods()
+        .delete(
+            &pod.name_any(),
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            },
+        )
+        .await
+        .unwrap();
+    let ev = Event::Delete(pod);
+    writer.apply_watcher_event(&ev);
+    state.pods.observe(&ev);
+    let current = Arc::new(env.vmis().get("d").await.unwrap());
+    reconcile::reconcile(current, state.clone()).await.unwrap();
+    let d = env.phase("d", Phase::Failed).await;
+    assert_eq!(
+        d.status.as_ref().unwrap().reason.as_deref(),
+        Some("PodNotExists")
+    );
+    for _ in 0..2 {
+        let current = Arc::new(env.vmis().get("d").await.unwrap());
+        reconcile::reconcile(current, state.clone()).await.unwrap();
+    }
+    assert!(env.launcher_pods(&d).await.is_empty(), "never a second pod");
+}

@@ -7,13 +7,15 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use kubevirt_api::{VirtualMachine, VirtualMachineInstance, VirtualMachineStatus};
 use serde_json::{Value, json};
 
+use super::Vms;
 use super::decide::{self, ObservedVmi, Outcome, StatusInputs, VmiAction};
 use super::render::{self, RenderError};
-use crate::context::{Context, FIELD_MANAGER};
+use crate::context::FIELD_MANAGER;
 
 /// Why a reconcile failed.
 #[derive(Debug, thiserror::Error)]
@@ -84,56 +86,79 @@ fn is_already_exists(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.is_already_exists() || s.code == 409)
 }
 
-/// Reconciles one VM: reads it and its VMI fresh, executes the decision, writes status.
-///
-/// Both objects are read from the apiserver rather than the watch cache: the start
-/// failure back-off and the stateChangeRequests this controller wrote a moment ago must
-/// be seen, or a stale cache could start an instance twice or lose a request.
-#[tracing::instrument(skip_all, fields(vm = %vm.name_any(), ns = vm.namespace().unwrap_or_default()))]
-pub async fn reconcile(
-    vm: Arc<VirtualMachine>,
-    ctx: Arc<Context>,
-) -> Result<Action, ReconcileError> {
-    let ns = vm.namespace().ok_or(ReconcileError::MissingNamespace)?;
-    let name = vm.name_any();
-    let key = vm
-        .metadata
+/// The back-off key of a VM: its uid (a re-created VM starts afresh).
+pub fn backoff_key(vm: &VirtualMachine) -> String {
+    vm.metadata
         .uid
         .clone()
-        .unwrap_or_else(|| format!("{ns}/{name}"));
+        .unwrap_or_else(|| format!("{}/{}", vm.namespace().unwrap_or_default(), vm.name_any()))
+}
+
+/// Reconciles one VM: decides on its cached copy and its VMI's, executes the decision,
+/// writes status.
+///
+/// Most reconciles (a VMI changed phase) only write status, from the watch caches: the
+/// write carries the VM's resourceVersion, so a stale cached VM gets 409 and is
+/// reconciled again with the newer one. A decision to create or delete a VMI is made
+/// again on fresh reads of both before it is carried out: the start failure back-off and
+/// the stateChangeRequests this controller wrote a moment ago must be seen, or a stale
+/// cache could start an instance too early or twice, or lose a request. (A create from a
+/// VMI cache that lags is safe anyway: the VMI's name is the VM's, so a second create
+/// gets AlreadyExists.)
+#[tracing::instrument(skip_all, fields(vm = %vm.name_any(), ns = vm.namespace().unwrap_or_default()))]
+pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Action, ReconcileError> {
+    let ctx = &state.ctx;
+    let ns = vm.namespace().ok_or(ReconcileError::MissingNamespace)?;
+    let name = vm.name_any();
+    let key = backoff_key(&vm);
     let vms = Api::<VirtualMachine>::namespaced(ctx.client.clone(), &ns);
     let vmis = Api::<VirtualMachineInstance>::namespaced(ctx.client.clone(), &ns);
 
-    let Some(vm) = vms
-        .get_opt(&name)
-        .await
-        .map_err(|source| ReconcileError::Read {
-            what: "VirtualMachine",
-            source,
-        })?
-    else {
-        ctx.backoff.reset(&key);
+    // Before the first full VMI list the cache would show no VMI for any VM.
+    if state.vmis.wait_until_ready().await.is_err() {
+        // The watch is gone: the controller is shutting down.
         return Ok(Action::await_change());
-    };
-    let vmi = vmis
-        .get_opt(&name)
-        .await
-        .map_err(|source| ReconcileError::Read {
-            what: "VirtualMachineInstance",
-            source,
-        })?;
-    // A VMI of the same name that another controller owns is not ours to touch, and
-    // creating ours would only collide with it: wait until it goes away.
-    if let Some(v) = vmi.as_ref().filter(|v| !render::controlled_by(v, &vm)) {
-        tracing::warn!(vmi_uid = ?v.metadata.uid, "a VMI of this name belongs to another controller");
-        ctx.backoff.reset(&key);
-        return Ok(Action::requeue(ctx.config.resync));
     }
-    let observed = vmi.as_ref().map(ObservedVmi::from_vmi);
+    let mut vm = (*vm).clone();
+    let mut vmi = state
+        .vmis
+        .get(&ObjectRef::new(&name).within(&ns))
+        .map(|v| (*v).clone());
+    // A write of the last reconcile found the cached VM stale: read both fresh.
+    let mut fresh = state.stale.take(&key);
+    if fresh {
+        let Some((current, current_vmi)) = read_fresh(&vms, &vmis, &name).await? else {
+            ctx.backoff.reset(&key);
+            return Ok(Action::await_change());
+        };
+        vm = current;
+        vmi = current_vmi;
+    }
+    let (observed, decision, now) = loop {
+        // A VMI of the same name that another controller owns is not ours to touch, and
+        // creating ours would only collide with it: wait until it goes away.
+        if let Some(v) = vmi.as_ref().filter(|v| !render::controlled_by(v, &vm)) {
+            tracing::warn!(vmi_uid = ?v.metadata.uid, "a VMI of this name belongs to another controller");
+            ctx.backoff.reset(&key);
+            return Ok(Action::requeue(ctx.config.resync));
+        }
+        let observed = vmi.as_ref().map(ObservedVmi::from_vmi);
+        let now = Timestamp::now();
+        let decision = decide::decide(&vm, observed.as_ref(), now);
+        if fresh || matches!(decision.action, VmiAction::Nothing) {
+            break (observed, decision, now);
+        }
+        // An action: decide again on what the apiserver has now.
+        let Some((current, current_vmi)) = read_fresh(&vms, &vmis, &name).await? else {
+            ctx.backoff.reset(&key);
+            return Ok(Action::await_change());
+        };
+        vm = current;
+        vmi = current_vmi;
+        fresh = true;
+    };
 
-    let now = Timestamp::now();
     let jitter = rand::random::<f64>();
-    let decision = decide::decide(&vm, observed.as_ref(), now);
     tracing::debug!(action = ?decision.action, "decided");
     let regarding = vm.object_ref(&());
     let derive = |outcome: &Outcome| {
@@ -287,6 +312,32 @@ pub async fn reconcile(
     })
 }
 
+/// The VM and its VMI as the apiserver has them now; None when the VM is gone.
+async fn read_fresh(
+    vms: &Api<VirtualMachine>,
+    vmis: &Api<VirtualMachineInstance>,
+    name: &str,
+) -> Result<Option<(VirtualMachine, Option<VirtualMachineInstance>)>, ReconcileError> {
+    let Some(vm) = vms
+        .get_opt(name)
+        .await
+        .map_err(|source| ReconcileError::Read {
+            what: "VirtualMachine",
+            source,
+        })?
+    else {
+        return Ok(None);
+    };
+    let vmi = vmis
+        .get_opt(name)
+        .await
+        .map_err(|source| ReconcileError::Read {
+            what: "VirtualMachineInstance",
+            source,
+        })?;
+    Ok(Some((vm, vmi)))
+}
+
 /// A merge patch of /status that turns `old` into `new`, guarded by the resourceVersion
 /// the decision was made on so that a stateChangeRequest appended meanwhile is not lost.
 pub fn status_patch(
@@ -328,11 +379,14 @@ async fn write_status(
 }
 
 /// Retry policy: conflicts retry at once, other errors back off per object.
-pub fn error_policy(vm: Arc<VirtualMachine>, err: &ReconcileError, ctx: Arc<Context>) -> Action {
+pub fn error_policy(vm: Arc<VirtualMachine>, err: &ReconcileError, state: Arc<Vms>) -> Action {
+    let ctx = &state.ctx;
+    let key = backoff_key(&vm);
     if err.is_conflict() {
+        // The cached VM is older than the server's: read it fresh and retry at once.
+        state.stale.mark(&key);
         return Action::requeue(Duration::from_millis(50));
     }
-    let key = vm.metadata.uid.clone().unwrap_or_else(|| vm.name_any());
     let delay = ctx.backoff.next_delay_after(&key, err);
     tracing::warn!(vm = %vm.name_any(), error = %err, reason = err.reason(), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)

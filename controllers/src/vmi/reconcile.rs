@@ -2,11 +2,11 @@
 //! [`super::render`].
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
@@ -15,10 +15,12 @@ use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstanceStatus};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::Vmis;
 use super::claims;
 use super::decide::{self, FINALIZER, Plan};
-use super::render::{self, CREATED_BY_LABEL, NODE_NAME_LABEL};
+use super::render::{self, NODE_NAME_LABEL};
 use crate::context::{Context, FIELD_MANAGER};
+use crate::expectations::Check;
 
 /// Why a VMI reconcile failed.
 #[derive(Debug, thiserror::Error)]
@@ -153,54 +155,86 @@ pub fn finalizer_patch(vmi: &VirtualMachineInstance, add: bool) -> Value {
     }})
 }
 
-/// Reconciles one VMI: reads it and its pods fresh, executes the plan, writes status.
+/// Reconciles one VMI: reads its pods from the launcher-pod cache, executes the plan,
+/// writes status.
 ///
-/// Both are read from the apiservers rather than watch caches: a stale pod list would
-/// create a second launcher, and a stale VMI would overwrite what virt-handler wrote.
+/// The VMI is the controller's cached copy and the pods come from the watch cache
+/// ([`super::pods`]), not fresh reads: a fresh pod LIST per reconcile saturated
+/// kube-apiserver at 10,000 VMIs. Two guards make the caches safe:
+/// - every VMI write carries the resourceVersion the decision was made on (status, node
+///   label, finalizer patches), so a stale cached VMI gets 409 and is reconciled again
+///   once the watch has the newer one — it never overwrites what virt-handler wrote;
+/// - a pod create or delete of ours that the pod cache has not shown yet holds the VMI
+///   (expectations): the reconcile then neither creates another pod nor derives status
+///   from a cache that does not have it (a missing pod would fail the VMI), and looks
+///   again when the pod's event arrives.
 #[tracing::instrument(skip_all, fields(vmi = %vmi.name_any(), ns = vmi.namespace().unwrap_or_default()))]
 pub async fn reconcile(
     vmi: Arc<VirtualMachineInstance>,
-    ctx: Arc<Context>,
+    state: Arc<Vmis>,
 ) -> Result<Action, ReconcileError> {
+    let ctx = &state.ctx;
     let ns = vmi.namespace().ok_or(ReconcileError::NotPersisted)?;
     let uid = vmi.uid().ok_or(ReconcileError::NotPersisted)?;
     let name = vmi.name_any();
     let vmis = Api::<VirtualMachineInstance>::namespaced(ctx.client.clone(), &ns);
     let pod_api = Api::<Pod>::namespaced(ctx.client.clone(), &ns);
 
-    let fresh = vmis
-        .get_opt(&name)
-        .await
-        .map_err(|source| ReconcileError::Read {
-            what: "VirtualMachineInstance",
-            source,
-        })?;
-    let Some(mut vmi) = fresh else {
-        ctx.vmi_phases.forget(&uid);
-        ctx.backoff.reset(&uid);
+    // Before the first full pod list the cache would show no pod for any VMI.
+    if state.pods.wait_until_ready().await.is_err() {
+        // The watch is gone: the controller is shutting down.
         return Ok(Action::await_change());
-    };
-    // The watch cache can lag behind a delete and re-create of the same name: the
-    // object in the apiserver is the one to reconcile.
-    let uid = match vmi.uid() {
-        Some(fresh_uid) if fresh_uid != uid => {
-            ctx.vmi_phases.forget(&uid);
-            ctx.backoff.reset(&uid);
-            fresh_uid
+    }
+    match state.pods.check(&uid) {
+        Check::Satisfied => {}
+        Check::Pending {
+            remaining,
+            creations,
+            deletions,
+        } => {
+            tracing::debug!(
+                creations,
+                deletions,
+                "waiting for the pod watch to show our writes"
+            );
+            return Ok(Action::requeue(remaining.min(EXPECTATION_RECHECK)));
         }
-        _ => uid,
+        Check::Expired {
+            creations,
+            deletions,
+        } => {
+            tracing::warn!(
+                creations,
+                deletions,
+                timeout = ?crate::expectations::TIMEOUT,
+                "pod writes of ours never seen by the watch; trusting the pod cache again"
+            );
+        }
+    }
+    // The cached VMI, unless a write of the last reconcile found it stale.
+    let mut vmi = if state.stale.take(&uid) {
+        match vmis
+            .get_opt(&name)
+            .await
+            .map_err(|source| ReconcileError::Read {
+                what: "VirtualMachineInstance",
+                source,
+            })? {
+            Some(fresh) if fresh.uid().as_deref() == Some(uid.as_str()) => fresh,
+            // Gone, or replaced by a VMI of the same name that the watch will bring.
+            _ => return Ok(Action::await_change()),
+        }
+    } else {
+        (*vmi).clone()
     };
-    observe_phase(&ctx, &uid, &vmi);
+    observe_phase(ctx, &uid, &vmi);
 
-    let selector = format!("{},{CREATED_BY_LABEL}={uid}", super::launcher_selector());
-    let mut pods = pod_api
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(|source| ReconcileError::Read {
-            what: "launcher pods",
-            source,
-        })?
-        .items;
+    let mut pods: Vec<Pod> = state
+        .pods
+        .pods_of(&uid)
+        .iter()
+        .map(|p| (**p).clone())
+        .collect();
 
     let plan = decide::plan(&vmi, &pods);
     tracing::debug!(?plan, "planned");
@@ -286,6 +320,12 @@ pub async fn reconcile(
                     field_manager: Some(FIELD_MANAGER.to_string()),
                     ..PostParams::default()
                 };
+                // Recorded before the request: the watch may show the pod before the
+                // response arrives.
+                state
+                    .pods
+                    .expectations
+                    .expect_creation(&uid, Instant::now());
                 match pod_api.create(&params, &desired).await {
                     Ok(pod) => {
                         ctx.metrics.pod_action("create", true);
@@ -299,6 +339,12 @@ pub async fn reconcile(
                         pods.push(pod);
                     }
                     Err(e) => {
+                        // The server refused it: nothing was made, nothing to wait for.
+                        // A transport error or a 5xx may have made the pod anyway: the
+                        // expectation then holds until the watch shows it or expires.
+                        if matches!(&e, kube::Error::Api(s) if s.code < 500) {
+                            state.pods.expectations.creation_observed(&uid);
+                        }
                         ctx.metrics.pod_action("create", false);
                         tracing::warn!(error = %e, "creating launcher pod failed");
                         events.push((
@@ -326,7 +372,7 @@ pub async fn reconcile(
         }
     }
 
-    if let Err(e) = delete_pods(&ctx, &pod_api, &plan, &mut events).await {
+    if let Err(e) = delete_pods(&state, &uid, &pod_api, &plan, &mut events).await {
         failure.get_or_insert(e);
     }
 
@@ -356,7 +402,7 @@ pub async fn reconcile(
         };
         events.push((type_, reason, note));
     }
-    let written = write_back(&vmis, vmi, &status, &plan, &ctx).await;
+    let written = write_back(&vmis, vmi, &status, &plan, ctx).await;
     for (type_, reason, note) in events {
         ctx.event(&regarding, type_, reason, note).await;
     }
@@ -375,6 +421,14 @@ pub async fn reconcile(
 
 /// How soon a VMI held by a missing claim looks for it again.
 const CLAIM_RECHECK: Duration = Duration::from_secs(5);
+
+/// How soon a VMI whose pod writes the cache has not shown yet looks again, at the
+/// latest: the pod's event normally brings it back sooner.
+const EXPECTATION_RECHECK: Duration = Duration::from_secs(1);
+
+/// How soon a VMI whose write met a newer resourceVersion is reconciled again (with a
+/// fresh read).
+const CONFLICT_RETRY: Duration = Duration::from_millis(50);
 
 /// Writes the status the pods imply, the node label and the finalizer removal.
 async fn write_back(
@@ -440,12 +494,23 @@ fn observe_phase(ctx: &Context, uid: &str, vmi: &VirtualMachineInstance) {
 }
 
 async fn delete_pods(
-    ctx: &Context,
+    state: &Vmis,
+    vmi_uid: &str,
     pod_api: &Api<Pod>,
     plan: &Plan,
     events: &mut Vec<(EventType, &'static str, String)>,
 ) -> Result<(), ReconcileError> {
+    let ctx = &state.ctx;
     let mut first_error = None;
+    // Recorded before the requests, as creations are: an already-deleting pod the cache
+    // still shows alive must not be deleted (and reported) twice.
+    if !plan.delete_pods.is_empty() {
+        state.pods.expectations.expect_deletions(
+            vmi_uid,
+            plan.delete_pods.iter().map(|p| p.uid.clone()),
+            Instant::now(),
+        );
+    }
     for pod in &plan.delete_pods {
         let params = DeleteParams {
             grace_period_seconds: plan
@@ -467,8 +532,12 @@ async fn delete_pods(
                     format!("Deleted virtual machine pod {}", pod.name),
                 ));
             }
-            Err(e) if is_not_found(&e) || is_conflict(&e) => {}
+            // Gone, or replaced: the cache will show it; nothing of ours to wait for.
+            Err(e) if is_not_found(&e) || is_conflict(&e) => {
+                state.pods.expectations.deletion_observed(vmi_uid, &pod.uid);
+            }
             Err(e) => {
+                state.pods.expectations.deletion_observed(vmi_uid, &pod.uid);
                 ctx.metrics.pod_action("delete", false);
                 tracing::warn!(pod = %pod.name, error = %e, "deleting launcher pod failed");
                 events.push((
@@ -517,10 +586,15 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
 pub fn error_policy(
     vmi: Arc<VirtualMachineInstance>,
     err: &ReconcileError,
-    ctx: Arc<Context>,
+    state: Arc<Vmis>,
 ) -> Action {
+    let ctx = &state.ctx;
     if err.is_conflict() {
-        return Action::requeue(Duration::from_millis(50));
+        // The cached VMI is older than the server's: read it fresh and retry at once.
+        if let Some(uid) = vmi.uid() {
+            state.stale.mark(&uid);
+        }
+        return Action::requeue(CONFLICT_RETRY);
     }
     let key = vmi.uid().unwrap_or_else(|| vmi.name_any());
     let delay = ctx.backoff.next_delay_after(&key, err);
