@@ -11,6 +11,12 @@
 //!   from a recent resourceVersion is served from memory;
 //! - its revision, advanced by events and by etcd's progress notifications, which it asks
 //!   for when a reader needs a revision it has not seen (a revision of another resource).
+//!   Only from an etcd whose notifications cannot overtake its events (3.4.31, 3.5.13 on:
+//!   [`crate::storage::progress_notify_reliable`]); with an older one the revision moves with
+//!   events only, and reads that need etcd's latest revision (a LIST without a
+//!   resourceVersion) go to etcd, as kube-apiserver does. A change older than the cache's
+//!   revision (a notification that overtook it after all) makes the reflector list again
+//!   instead of being dropped as already delivered.
 //!
 //! When the reflector's watch breaks it is resumed from the cache's revision (on another etcd
 //! member if its own went down), and watchers stay connected; only a compacted revision or a
@@ -20,6 +26,7 @@
 //! than its events, a paged or exact read.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -93,6 +100,9 @@ pub enum Miss {
     },
     /// The cache did not reach the revision in time.
     Behind,
+    /// The read needs etcd's latest revision, which the cache cannot confirm without
+    /// progress notifications it can trust.
+    NoProgress,
 }
 
 #[derive(Debug, Default)]
@@ -118,6 +128,8 @@ pub struct Cacher {
     revision: watch::Sender<i64>,
     /// Asks the reflector's etcd watch for a progress notification.
     progress: Mutex<Option<mpsc::Sender<()>>>,
+    /// Whether progress notifications move the revision (checked at each sync).
+    trusts_progress: AtomicBool,
 }
 
 /// A watcher's start: what it sends first, then the live items.
@@ -150,7 +162,14 @@ impl Cacher {
             inner: RwLock::default(),
             revision: watch::channel(0).0,
             progress: Mutex::default(),
+            trusts_progress: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the cache can reach etcd's latest revision on a quiet prefix (its etcd's
+    /// progress notifications are trusted); without that, reads needing it go to etcd.
+    pub fn trusts_progress(&self) -> bool {
+        self.trusts_progress.load(Ordering::Relaxed)
     }
 
     /// The key prefix this cache holds.
@@ -160,6 +179,9 @@ impl Cacher {
 
     /// Asks etcd where it is; the answer advances the cache's revision.
     pub fn request_progress(&self) {
+        if !self.trusts_progress() {
+            return;
+        }
         if let Some(tx) = self
             .progress
             .lock()
@@ -275,12 +297,24 @@ impl Cacher {
         g.watchers.retain(|tx| tx.try_send(item.clone()).is_ok());
     }
 
-    fn apply(&self, change: Change) {
+    /// Applies one change of the reflector's watch; `Err` with the change's and the cache's
+    /// revisions when it is not newer than everything applied (the cache must list again).
+    fn apply(&self, change: Change) -> Result<(), (i64, i64)> {
         let mut g = write(&self.inner);
+        let revision = match &change {
+            Change::Put { new, .. } => Some(new.revision),
+            Change::Delete { revision, .. } => Some(*revision),
+            Change::Progress(_) => None,
+        };
+        if let Some(r) = revision
+            && r <= g.revision
+        {
+            return Err((r, g.revision));
+        }
         let (key, revision) = match &change {
             Change::Put { new, .. } => {
                 let Ok(bytes) = serde_json::to_vec(&new.value) else {
-                    return;
+                    return Ok(());
                 };
                 g.objects.insert(
                     new.key.clone(),
@@ -296,12 +330,12 @@ impl Cacher {
                 (prev.key.clone(), *revision)
             }
             Change::Progress(rev) => {
-                if *rev > g.revision {
+                if self.trusts_progress() && *rev > g.revision {
                     g.revision = *rev;
                     Self::fan_out(&mut g, &Item::Progress(*rev));
                     self.revision.send_replace(*rev);
                 }
-                return;
+                return Ok(());
             }
         };
         let ev = Arc::new(Event {
@@ -316,9 +350,10 @@ impl Cacher {
                 g.oldest = old.revision;
             }
         }
-        g.revision = g.revision.max(revision);
+        g.revision = revision;
         Self::fan_out(&mut g, &Item::Event(ev));
         self.revision.send_replace(g.revision);
+        Ok(())
     }
 
     fn reset(&self, objects: BTreeMap<String, Raw>, revision: i64) {
@@ -371,9 +406,12 @@ impl Cacher {
                 _ => break,
             }
         }
+        let trusts_progress = store.progress_notify_reliable().await;
+        self.trusts_progress
+            .store(trusts_progress, Ordering::Relaxed);
         let mut changes = self.watch_from(store, revision + 1);
         self.reset(objects, revision);
-        tracing::info!(prefix = %self.prefix, revision, "Watch cache synced");
+        tracing::info!(prefix = %self.prefix, revision, trusts_progress, "Watch cache synced");
         // A watch that breaks (its etcd member went down, lost its leader, or the connection
         // broke) is resumed where it stopped, on whichever member serves now: every change up
         // to the cache's revision has arrived, etcd's revisions are the whole cluster's, so
@@ -386,7 +424,12 @@ impl Cacher {
                 Some(Ok(c)) => {
                     failures = 0;
                     delay = Duration::from_millis(50);
-                    self.apply(c);
+                    if let Err((change, cache)) = self.apply(c) {
+                        tracing::warn!(prefix = %self.prefix, change, cache, "Watch cache got a change older than its revision (a progress notification overtook it); listing again");
+                        return Err(StorageError::Cancelled(format!(
+                            "a change at revision {change} arrived after revision {cache}"
+                        )));
+                    }
                 }
                 Some(Err(e @ StorageError::Compacted(_))) => return Err(e),
                 other => {
@@ -489,6 +532,7 @@ impl WatchCache {
             Some(Miss::NotSynced) => "not_synced",
             Some(Miss::TooOld { .. }) => "too_old",
             Some(Miss::Behind) => "behind",
+            Some(Miss::NoProgress) => "no_progress",
         };
         self.reads
             .get_or_create(&CacheLabels {
@@ -667,6 +711,49 @@ mod tests {
         assert!(closed, "the slow watcher was ended");
         settle(&c, &store).await;
         assert_eq!(c.list("/r/vms/").expect("synced").0.len(), 5000);
+    }
+
+    fn put(key: &str, revision: i64) -> Change {
+        Change::Put {
+            new: crate::storage::Stored {
+                key: key.to_string(),
+                value: json!({}),
+                revision,
+            },
+            prev: None,
+        }
+    }
+
+    /// etcd before 3.4.31/3.5.13 may send a progress notification ahead of changes still
+    /// queued for the watch. Trusted, it would move the cache past them, and every watcher
+    /// would then drop them as already delivered (VMIs whose status never arrived).
+    #[test]
+    fn an_untrusted_progress_notification_does_not_move_the_revision() {
+        let c = Cacher::new("/r/vms/".into(), 16);
+        c.reset(BTreeMap::new(), 5);
+        let mut sub = c.subscribe_now().expect("synced");
+        c.request_progress(); // untrusted: not even asked for
+        assert_eq!(c.apply(Change::Progress(9)), Ok(()));
+        assert_eq!(c.revision(), Some(5));
+        assert_eq!(c.apply(put("/r/vms/a/x", 7)), Ok(()));
+        assert_eq!(c.revision(), Some(7));
+        match sub.live.try_recv() {
+            Ok(Item::Event(e)) => assert_eq!(e.revision, 7),
+            other => panic!("the change was not delivered: {other:?}"),
+        }
+    }
+
+    /// A change older than the cache's revision is never dropped silently: the reflector
+    /// is told to list again (which ends the watchers, who then get 410 for older revisions).
+    #[test]
+    fn a_change_behind_a_trusted_progress_notification_asks_for_a_relist() {
+        let c = Cacher::new("/r/vms/".into(), 16);
+        c.trusts_progress.store(true, Ordering::Relaxed);
+        c.reset(BTreeMap::new(), 5);
+        assert_eq!(c.apply(Change::Progress(9)), Ok(()));
+        assert_eq!(c.revision(), Some(9));
+        assert_eq!(c.apply(put("/r/vms/a/x", 7)), Err((7, 9)));
+        assert!(c.list("/r/vms/").expect("synced").0.is_empty());
     }
 
     /// A broken etcd watch (its member went down) is resumed where it stopped: the cache's

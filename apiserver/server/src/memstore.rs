@@ -258,6 +258,13 @@ impl Store for MemStore {
         Box::pin(async { Ok(()) })
     }
 
+    /// Its progress follows the events it has sent (like a fixed etcd).
+    fn progress_notify_reliable(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
+        Box::pin(async { true })
+    }
+
     fn watch(
         &self,
         prefix: String,

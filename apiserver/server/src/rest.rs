@@ -17,7 +17,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::{Cacher, WatchCache};
+use crate::cache::{Cacher, Miss, WatchCache};
 use crate::error::{ApiError, ApiResult, Gr};
 use crate::kinds::ResourceDef;
 use crate::metrics::CacheLabels;
@@ -1242,7 +1242,8 @@ impl Registry {
     /// LIST from the watch cache, when it can answer as etcd would: an unpaged LIST at the
     /// latest revision (after the cache has caught up with etcd's current revision, as
     /// kube-apiserver's consistent reads from cache), at `0` (any) or not older than a
-    /// revision. `None`: etcd answers (exact and paged reads, a cache not synced or slow).
+    /// revision. `None`: etcd answers (exact and paged reads, a cache not synced or slow,
+    /// a latest-revision read when the cache cannot trust etcd's progress notifications).
     async fn list_cached(
         &self,
         def: &ResourceDef,
@@ -1262,6 +1263,11 @@ impl Registry {
             .as_deref()
             .filter(|s| !s.is_empty());
         let want = match (rv, m) {
+            // Reaching etcd's revision on a quiet resource takes a progress notification.
+            (None, None) if !c.trusts_progress() => {
+                cache.count("list", Some(Miss::NoProgress));
+                return Ok(None);
+            }
             (None, None) => self
                 .storage
                 .current_revision()

@@ -153,6 +153,37 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
                 .is_ok_and(|r| r.is_ok())
         })
     }
+
+    /// Whether a watch's `Change::Progress(r)` always comes after every change up to `r`
+    /// (see [`progress_notify_reliable`]). Unknown stores are not trusted.
+    fn progress_notify_reliable(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+        Box::pin(async { false })
+    }
+}
+
+/// Whether etcd `version` sends a watch's progress notifications in order with its events.
+/// Before 3.4.31 and 3.5.13 a notification (asked for, or periodic) can overtake events
+/// still queued for the watch (etcd-io/etcd#15220, #17507): a watch cache trusting it moves
+/// its revision past changes it has not seen, then drops them as already delivered. These
+/// are the versions from which kube-apiserver trusts them (it logs "RequestWatchProgress
+/// feature is not supported" before). Debian 12's etcd is 3.4.23.
+pub fn progress_notify_reliable(version: &str) -> bool {
+    let mut parts = version
+        .trim()
+        .trim_start_matches('v')
+        .split(['.', '-', '+'])
+        .map(str::parse::<u64>);
+    let (Some(Ok(major)), Some(Ok(minor)), Some(Ok(patch))) =
+        (parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    match (major, minor) {
+        (3, 4) => patch >= 31,
+        (3, 5) => patch >= 13,
+        (3, m) => m > 5,
+        (m, _) => m > 3,
+    }
 }
 
 /// A change seen by a watch.
@@ -724,6 +755,12 @@ impl Storage {
         Ok(())
     }
 
+    /// The version of the etcd member that answers (e.g. `3.4.23`).
+    pub async fn server_version(&self) -> Result<String, StorageError> {
+        let status = self.client().maintenance_client().status().await?;
+        Ok(status.version().to_string())
+    }
+
     /// Checks etcd is reachable (for /readyz).
     pub async fn ping(&self) -> bool {
         tokio::time::timeout(Duration::from_secs(2), self.current_revision())
@@ -871,11 +908,50 @@ impl Store for Storage {
     fn ping(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
         Box::pin(Storage::ping(self))
     }
+
+    fn progress_notify_reliable(&self) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+        Box::pin(async {
+            match tokio::time::timeout(Duration::from_secs(5), Storage::server_version(self)).await
+            {
+                Ok(Ok(v)) => progress_notify_reliable(&v),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "etcd's version unknown: its progress notifications are not trusted");
+                    false
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        "etcd's version unknown (no answer in 5 s): its progress notifications are not trusted"
+                    );
+                    false
+                }
+            }
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::prefix_end;
+    use super::{prefix_end, progress_notify_reliable};
+
+    #[test]
+    fn progress_notifications_are_trusted_from_the_fixed_etcd_releases_on() {
+        for v in [
+            "3.4.31",
+            "3.4.37",
+            "3.5.13",
+            "v3.5.21",
+            "3.6.0",
+            "3.6.5-rc.0",
+            "4.0.0",
+        ] {
+            assert!(progress_notify_reliable(v), "{v}");
+        }
+        for v in [
+            "3.4.23", "3.4.30", "3.5.0", "3.5.12", "3.3.27", "2.3.8", "", "garbage", "3.5",
+        ] {
+            assert!(!progress_notify_reliable(v), "{v}");
+        }
+    }
 
     #[test]
     fn prefix_end_increments_last_byte() {

@@ -227,7 +227,17 @@ async fn subscribe(
         .as_deref()
         .is_none_or(str::is_empty);
     // Without a resourceVersion the watch starts at the latest state: etcd's current
-    // revision, which the cache must have reached (kube-apiserver's rule).
+    // revision, which the cache must have reached (kube-apiserver's rule). A cache that
+    // cannot confirm it (no trusted progress notifications) starts a plain watch at its
+    // own latest revision, as kube-apiserver's does, and leaves initial events, which
+    // must be a consistent read, to etcd.
+    if rv_unset && !c.trusts_progress() {
+        return Ok(if initial {
+            Err(Miss::NoProgress)
+        } else {
+            c.subscribe_now()
+        });
+    }
     let want = if rv_unset {
         registry
             .storage()
