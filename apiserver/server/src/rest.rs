@@ -1263,16 +1263,21 @@ impl Registry {
             .as_deref()
             .filter(|s| !s.is_empty());
         let want = match (rv, m) {
-            // Reaching etcd's revision on a quiet resource takes a progress notification.
-            (None, None) if !c.trusts_progress() => {
-                cache.count("list", Some(Miss::NoProgress));
-                return Ok(None);
+            (None, None) => {
+                let current = self
+                    .storage
+                    .current_revision()
+                    .await
+                    .map_err(storage_error)?;
+                // Without trusted progress notifications the cache reaches etcd's revision
+                // only when this resource had the last write: then it answers at once,
+                // else etcd does (waiting could take forever on a quiet resource).
+                if !c.trusts_progress() && c.revision().is_none_or(|r| r < current) {
+                    cache.count("list", Some(Miss::NoProgress));
+                    return Ok(None);
+                }
+                current
             }
-            (None, None) => self
-                .storage
-                .current_revision()
-                .await
-                .map_err(storage_error)?,
             (Some(r), None | Some("NotOlderThan")) => match r.parse::<i64>() {
                 Ok(v) if v >= 0 => v,
                 _ => return Ok(None),

@@ -228,22 +228,23 @@ async fn subscribe(
         .is_none_or(str::is_empty);
     // Without a resourceVersion the watch starts at the latest state: etcd's current
     // revision, which the cache must have reached (kube-apiserver's rule). A cache that
-    // cannot confirm it (no trusted progress notifications) starts a plain watch at its
-    // own latest revision, as kube-apiserver's does, and leaves initial events, which
-    // must be a consistent read, to etcd.
-    if rv_unset && !c.trusts_progress() {
-        return Ok(if initial {
-            Err(Miss::NoProgress)
-        } else {
-            c.subscribe_now()
-        });
-    }
+    // cannot wait for it (no trusted progress notifications) serves it only if it is there
+    // already; else a plain watch starts at the cache's own latest revision, as
+    // kube-apiserver's does, and initial events, a consistent read, come from etcd.
     let want = if rv_unset {
-        registry
+        let current = registry
             .storage()
             .current_revision()
             .await
-            .map_err(crate::rest::storage_error)?
+            .map_err(crate::rest::storage_error)?;
+        if !c.trusts_progress() && c.revision().is_none_or(|r| r < current) {
+            return Ok(if initial {
+                Err(Miss::NoProgress)
+            } else {
+                c.subscribe_now()
+            });
+        }
+        current
     } else {
         start_rv
     };
