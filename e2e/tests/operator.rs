@@ -88,6 +88,18 @@ fn operator_diagnosis(c: &Cluster) -> String {
             "deployment/virt-operator",
             "--tail=30",
         ],
+        // Every node's handler and both controllers: a migration stuck in PreparingTarget
+        // is the target node's handler's story, which one pod's log does not tell.
+        vec![
+            "-n",
+            "kubevirt",
+            "logs",
+            "-l",
+            "app.kubernetes.io/name in (virt-handler,virt-controller)",
+            "--prefix",
+            "--tail=80",
+            "--max-log-requests=10",
+        ],
         vec!["get", "apiservice", "v1.kubevirt.io", "-o", "yaml"],
     ] {
         match c.kubectl(&args) {
