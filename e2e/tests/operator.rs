@@ -567,7 +567,8 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
                 l.contains("--allow-emulation=true")
                     && l.contains("--parallel-outbound-migrations-per-node=3")
             }),
-        "KubeVirt Deployed with virt-controller pods not yet on the patched configuration:\n{args}"
+        "KubeVirt Deployed with virt-controller pods not yet on the patched configuration:\n{args}\n{}",
+        operator_diagnosis(c)
     );
 
     // A VM to keep running through the upgrade.
