@@ -28,7 +28,6 @@ use model::{Op, QemuSeen, Seen, Want};
 
 const NS: &str = "kubevirt-rs-chaos";
 const KUBEVIRT_NS: &str = "kubevirt";
-const GUEST: &str = "localhost/kubevirt-rs/test-guest:latest";
 const HEADING: &str = "## Chaos suite (cargo xtask chaos)";
 
 /// Arguments of `cargo xtask chaos`.
@@ -234,20 +233,6 @@ impl Cluster {
     }
 }
 
-fn vm_manifest(name: &str) -> String {
-    json!({
-        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-        "metadata": {"name": name, "namespace": NS, "labels": {"app": "chaos"}},
-        "spec": {"runStrategy": "Always", "template": {"spec": {
-            "terminationGracePeriodSeconds": 5,
-            "domain": {"memory": {"guest": "128Mi"}, "firmware": {"kernelBoot": {
-                "kernelArgs": virt_testguest::KERNEL_ARGS,
-                "container": {"image": GUEST, "imagePullPolicy": "IfNotPresent",
-                              "kernelPath": "/vmlinuz", "initrdPath": "/initramfs.gz"}}}}}}}
-    })
-    .to_string()
-}
-
 /// Retries `f` while the API is away (a killed component restarting), up to two minutes.
 fn retry<T>(what: &str, mut f: impl FnMut() -> anyhow::Result<T>) -> anyhow::Result<T> {
     let start = Instant::now();
@@ -291,7 +276,10 @@ impl Cluster {
         match op {
             Op::Create => {
                 retry("creating the VM", || {
-                    self.k.run(&["apply", "-f", "-"], Some(&vm_manifest(vm)))
+                    self.k.run(
+                        &["apply", "-f", "-"],
+                        Some(&crate::soak::vm_manifest(vm, NS, "chaos")),
+                    )
                 })?;
                 let uid = retry("reading the new VM", || {
                     self.vm(vm)?

@@ -83,10 +83,12 @@ fn compaction_target(history: &mut Vec<i64>, now: i64, compacted: i64) -> Option
         .filter(|at| *at > compacted)
 }
 
-fn vm_manifest(name: &str) -> String {
+/// The churn loops' VM (soak and chaos): the 128 MiB test guest booted from its kernel,
+/// runStrategy Always, labelled `app: <app>` in `ns`.
+pub(crate) fn vm_manifest(name: &str, ns: &str, app: &str) -> String {
     json!({
         "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-        "metadata": {"name": name, "namespace": NS, "labels": {"app": "soak"}},
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
         "spec": {"runStrategy": "Always", "template": {"spec": {
             "terminationGracePeriodSeconds": 5,
             "domain": {"memory": {"guest": "128Mi"}, "firmware": {"kernelBoot": {
@@ -340,7 +342,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     k.run(&["create", "namespace", NS], None)?;
     let names: Vec<String> = (0..args.vms).map(|i| format!("soak-{i}")).collect();
     for n in &names {
-        k.run(&["apply", "-f", "-"], Some(&vm_manifest(n)))?;
+        k.run(&["apply", "-f", "-"], Some(&vm_manifest(n, NS, "soak")))?;
     }
     for n in &names {
         let took = soak.running(n, None)?;
