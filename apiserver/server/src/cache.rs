@@ -14,7 +14,8 @@
 //!   Only from an etcd whose notifications cannot overtake its events (3.4.31, 3.5.13 on:
 //!   [`crate::storage::progress_notify_reliable`]); with an older one the revision moves with
 //!   events only, and reads that need etcd's latest revision (a LIST without a
-//!   resourceVersion) go to etcd, as kube-apiserver does. A change older than the cache's
+//!   resourceVersion) are served from it only when its resource had etcd's last write
+//!   (its revision is then etcd's), else by etcd, as kube-apiserver does. A change older than the cache's
 //!   revision (a notification that overtook it after all) makes the reflector list again
 //!   instead of being dropped as already delivered.
 //!
