@@ -75,6 +75,46 @@ where
     virt_watch::watch(api, config, name, metrics.clone()).touched_objects()
 }
 
+/// Whether a reflector's store has had its first full list, for any number of tasks
+/// waiting at once.
+///
+/// kube-runtime's `Store::wait_until_ready` wakes only the last of several concurrent
+/// waiters: its `DelayedInit` polls one `futures` oneshot receiver, which keeps a single
+/// waker, so each waiter's poll replaces the previous one's. A new leader starts every
+/// reconcile before its first lists complete; all but one then waited forever, and the
+/// controller, which holds an object's triggers while its reconcile runs, never looked at
+/// those objects again (a VMI left in Scheduling after a leader change, a stop never acted
+/// on). A watch channel wakes every waiter; a bounded wait keeps a reconcile from holding
+/// a graceful shutdown when the list never completes.
+#[derive(Debug)]
+pub struct Readiness(tokio::sync::watch::Sender<bool>);
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self(tokio::sync::watch::Sender::new(false))
+    }
+}
+
+impl Readiness {
+    /// Takes in an event the reflector has just applied: the first `InitDone` makes the
+    /// store ready (for good: a later re-list swaps the store's contents at its own
+    /// `InitDone` and serves the old ones until then).
+    pub fn observe<K>(&self, event: &watcher::Event<K>) {
+        if matches!(event, watcher::Event::InitDone) {
+            self.0.send_replace(true);
+        }
+    }
+
+    /// Whether the store is ready, waiting up to `timeout` for it.
+    pub async fn wait(&self, timeout: std::time::Duration) -> bool {
+        let mut rx = self.0.subscribe();
+        matches!(
+            tokio::time::timeout(timeout, rx.wait_for(|ready| *ready)).await,
+            Ok(Ok(_))
+        )
+    }
+}
+
 /// Objects whose cached copy a write found stale (409 on its resourceVersion): their next
 /// reconcile reads them fresh. A conflict normally means the watch is a moment behind and
 /// its next event brings the newer object, but if that event never comes (a watch that
@@ -112,6 +152,39 @@ mod tests {
 
     use super::*;
     use kubevirt_api::VirtualMachineInstance;
+
+    #[tokio::test]
+    async fn every_concurrent_waiter_sees_the_store_ready() {
+        let ready = std::sync::Arc::new(Readiness::default());
+        let waiters: Vec<_> = (0..50)
+            .map(|_| {
+                let r = ready.clone();
+                tokio::spawn(async move { r.wait(std::time::Duration::from_secs(30)).await })
+            })
+            .collect();
+        // Every waiter is parked before the list completes, as a new leader's are.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        ready.observe(&watcher::Event::<VirtualMachineInstance>::Init);
+        ready.observe(&watcher::Event::<VirtualMachineInstance>::InitDone);
+        for w in waiters {
+            assert!(
+                tokio::time::timeout(std::time::Duration::from_secs(5), w)
+                    .await
+                    .expect("a waiter was never woken")
+                    .unwrap()
+            );
+        }
+        // Ready for good, whatever comes next.
+        ready.observe(&watcher::Event::<VirtualMachineInstance>::Init);
+        assert!(ready.wait(std::time::Duration::ZERO).await);
+    }
+
+    #[tokio::test]
+    async fn a_store_never_listed_is_not_ready_after_the_timeout() {
+        let ready = Readiness::default();
+        ready.observe(&watcher::Event::<VirtualMachineInstance>::Init);
+        assert!(!ready.wait(std::time::Duration::from_millis(20)).await);
+    }
 
     #[test]
     fn slim_objects_keep_everything_but_managed_fields() {

@@ -24,6 +24,8 @@ pub struct Vms {
     pub ctx: Arc<Context>,
     /// The VMIs, without what the VM controller does not read.
     pub vmis: Store<VirtualMachineInstance>,
+    /// Whether `vmis` has had its first full list ([`crate::watch::Readiness`]).
+    pub vmis_ready: crate::watch::Readiness,
     /// VMs whose cached copy met a 409: read fresh next time.
     pub stale: crate::watch::Stale,
 }
@@ -61,8 +63,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     let state = Arc::new(Vms {
         ctx: ctx.clone(),
         vmis: vmi_reader,
+        vmis_ready: Default::default(),
         stale: Default::default(),
     });
+    let marker = state.clone();
     // A VMI event reconciles its VM (owner reference) after the store has it.
     let vmi_events = reflector::reflector(
         vmi_writer,
@@ -74,6 +78,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         )
         .modify(slim_vmi),
     )
+    .inspect_ok(move |event| marker.vmis_ready.observe(event))
     .touched_objects();
 
     // A deleted VM's back-off is dropped as its delete is seen (the controller never

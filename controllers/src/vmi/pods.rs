@@ -21,6 +21,7 @@ use kube::runtime::watcher;
 
 use super::render::CREATED_BY_LABEL;
 use crate::expectations::{Check, Expectations};
+use crate::watch::Readiness;
 
 /// The launcher-pod cache of the VMI controller.
 #[derive(Debug)]
@@ -32,6 +33,8 @@ pub struct LauncherPods {
     index: Mutex<HashMap<String, BTreeSet<(String, String)>>>,
     /// Creates and deletes of ours the cache has not shown yet, per VMI uid.
     pub expectations: Expectations,
+    /// Whether the first full list is in (and indexed).
+    ready: Readiness,
 }
 
 /// The VMI a launcher pod belongs to: its `kubevirt.io/created-by` label (a migration's
@@ -51,6 +54,7 @@ impl LauncherPods {
             store,
             index: Mutex::new(HashMap::new()),
             expectations,
+            ready: Readiness::default(),
         }
     }
 
@@ -113,6 +117,7 @@ impl LauncherPods {
                 });
             }
         }
+        self.ready.observe(event);
     }
 
     /// The cached pods of the VMI with `uid` (its own and migration targets): what the
@@ -138,11 +143,10 @@ impl LauncherPods {
         self.expectations.check(uid, Instant::now())
     }
 
-    /// Waits for the first full list (a reconcile before it would see no pods at all).
-    pub async fn wait_until_ready(
-        &self,
-    ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
-        self.store.wait_until_ready().await
+    /// Whether the first full list is in, waiting up to `timeout` for it (a reconcile
+    /// before it would see no pods at all).
+    pub async fn wait_until_ready(&self, timeout: std::time::Duration) -> bool {
+        self.ready.wait(timeout).await
     }
 }
 
