@@ -157,7 +157,11 @@ async fn main() -> anyhow::Result<()> {
             .with_env_filter(filter)
             .init();
     } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            // Colours only on a terminal: `kubectl logs` shows escape codes as text.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+            .init();
     }
     // kube and reqwest agree on ring; installing it up front avoids a panic on the
     // first handshake if another provider is ever linked in.

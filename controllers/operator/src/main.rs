@@ -102,7 +102,11 @@ async fn main() -> anyhow::Result<()> {
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        // Colours only on a terminal: `kubectl logs` shows escape codes as text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .init();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = virt_controllers::client::client(args.kubeconfig.as_deref()).await?;
     let identity = args

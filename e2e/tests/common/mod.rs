@@ -177,26 +177,52 @@ impl<'a> Ns<'a> {
                 Err(e) => out.push_str(&format!("{e:#}\n")),
             }
         }
-        for args in [
-            [
+        // The replica that acts is the Lease holder (`deployment/...` picks any pod, often
+        // the standby), and what it said about this VM matters more than its last lines.
+        let leader = self
+            .c
+            .kubectl(&[
                 "-n",
                 "kubevirt",
-                "logs",
-                "deployment/virt-controller",
-                "--tail=30",
-            ],
-            [
-                "-n",
-                "kubevirt",
-                "logs",
-                "daemonset/virt-handler",
-                "--tail=30",
-            ],
-        ] {
-            match self.c.kubectl(&args) {
-                Ok(s) => out.push_str(&s),
-                Err(e) => out.push_str(&format!("{e:#}\n")),
+                "get",
+                "lease",
+                "virt-controller",
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ])
+            .unwrap_or_default();
+        let controller = match leader.trim() {
+            "" => "deployment/virt-controller".to_string(),
+            pod => format!("pod/{pod}"),
+        };
+        out.push_str(&format!(
+            "--- {controller} (the Lease holder), lines about {vm}:\n"
+        ));
+        match self
+            .c
+            .kubectl(&["-n", "kubevirt", "logs", &controller, "--tail=2000"])
+        {
+            Ok(s) => {
+                let about: Vec<&str> = s.lines().filter(|l| l.contains(vm)).collect();
+                out.push_str(&about[about.len().saturating_sub(40)..].join("\n"));
+                out.push_str(&format!("\n--- {controller}, last lines:\n"));
+                let all: Vec<&str> = s.lines().collect();
+                out.push_str(&all[all.len().saturating_sub(30)..].join("\n"));
+                out.push('\n');
             }
+            Err(e) => out.push_str(&format!("{e:#}\n")),
+        }
+        match self.c.kubectl(&[
+            "-n",
+            "kubevirt",
+            "logs",
+            "-l",
+            "app.kubernetes.io/name=virt-handler",
+            "--prefix",
+            "--tail=30",
+        ]) {
+            Ok(s) => out.push_str(&s),
+            Err(e) => out.push_str(&format!("{e:#}\n")),
         }
         out
     }

@@ -45,6 +45,8 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: `kubectl logs` shows escape codes as text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if argv.get(1).map(String::as_str) == Some(virt_launcher::launcher::PROBE_CAPABILITIES_ARG) {
         let Some(dir) = argv.get(2) else {
