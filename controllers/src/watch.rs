@@ -75,6 +75,10 @@ where
     virt_watch::watch(api, config, name, metrics.clone()).touched_objects()
 }
 
+/// How long a reconcile waits for its cache's first list before it steps aside and is
+/// requeued (so that it never holds a graceful shutdown).
+pub const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Whether a reflector's store has had its first full list, for any number of tasks
 /// waiting at once.
 ///

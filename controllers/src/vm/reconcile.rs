@@ -94,10 +94,6 @@ pub fn backoff_key(vm: &VirtualMachine) -> String {
         .unwrap_or_else(|| format!("{}/{}", vm.namespace().unwrap_or_default(), vm.name_any()))
 }
 
-/// How long a reconcile waits for the first VMI list before it steps aside and comes
-/// back (so that it never holds a shutdown).
-const READY_WAIT: Duration = Duration::from_secs(5);
-
 /// Reconciles one VM: decides on its cached copy and its VMI's, executes the decision,
 /// writes status.
 ///
@@ -119,8 +115,8 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
     let vmis = Api::<VirtualMachineInstance>::namespaced(ctx.client.clone(), &ns);
 
     // Before the first full VMI list the cache would show no VMI for any VM.
-    if !state.vmis_ready.wait(READY_WAIT).await {
-        return Ok(Action::requeue(READY_WAIT));
+    if !state.vmis_ready.wait(crate::watch::READY_WAIT).await {
+        return Ok(Action::requeue(crate::watch::READY_WAIT));
     }
     let mut vm = (*vm).clone();
     let mut vmi = state

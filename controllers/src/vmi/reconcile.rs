@@ -181,8 +181,8 @@ pub async fn reconcile(
     let pod_api = Api::<Pod>::namespaced(ctx.client.clone(), &ns);
 
     // Before the first full pod list the cache would show no pod for any VMI.
-    if !state.pods.wait_until_ready(READY_WAIT).await {
-        return Ok(Action::requeue(READY_WAIT));
+    if !state.pods.wait_until_ready(crate::watch::READY_WAIT).await {
+        return Ok(Action::requeue(crate::watch::READY_WAIT));
     }
     match state.pods.check(&uid) {
         Check::Satisfied => {}
@@ -417,10 +417,6 @@ pub async fn reconcile(
     }
     Ok(Action::requeue(ctx.config.resync))
 }
-
-/// How long a reconcile waits for the first pod list before it steps aside and comes
-/// back (so that it never holds a shutdown).
-const READY_WAIT: Duration = Duration::from_secs(5);
 
 /// How soon a VMI held by a missing claim looks for it again.
 const CLAIM_RECHECK: Duration = Duration::from_secs(5);
