@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::EventType;
+
+use crate::events::Recorder;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -154,14 +156,10 @@ impl Context {
         let Some(recorder) = &self.recorder else {
             return;
         };
-        let ev = Event {
-            type_,
-            reason: reason.to_string(),
-            note: Some(note),
-            action: reason.to_string(),
-            secondary: None,
-        };
-        if let Err(err) = recorder.publish(&ev, regarding).await {
+        if let Err(err) = recorder
+            .publish(regarding, type_, reason, reason, &note)
+            .await
+        {
             tracing::debug!(error = %err, reason, "could not publish event");
         }
     }

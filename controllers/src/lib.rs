@@ -13,6 +13,7 @@ pub mod backoff;
 pub mod client;
 pub mod context;
 pub mod evacuation;
+pub mod events;
 pub mod expectations;
 pub mod leader;
 pub mod metrics;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use kube::runtime::events::{Recorder, Reporter};
 use tokio_util::sync::CancellationToken;
+use virt_controllers::events::Recorder;
 use virt_controllers::leader::{Elector, LeaseConfig};
 use virt_controllers::migration::MigrationConfig;
 use virt_controllers::vm::decide::BackoffConfig;
@@ -172,15 +172,9 @@ async fn main() -> anyhow::Result<()> {
         Some(id) => id,
         None => format!("virt-controller-{}", std::process::id()),
     };
-    let recorder = args.events.then(|| {
-        Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "virt-controller".into(),
-                instance: Some(identity.clone()),
-            },
-        )
-    });
+    let recorder = args
+        .events
+        .then(|| Recorder::new(client.clone(), "virt-controller", &identity));
     let config = Config {
         workers: args.workers,
         crash_loop: BackoffConfig {
@@ -264,11 +258,13 @@ async fn main() -> anyhow::Result<()> {
 /// The controllers and the workload updater, until `stop` is cancelled.
 async fn run_controllers(ctx: Arc<Context>, migrations: MigrationConfig, stop: CancellationToken) {
     let parallel = migrations.parallel_migrations_per_cluster;
+    // One watch and one store of the VMIs for every controller that reads them.
+    let vmis = virt_controllers::vmi::shared(&ctx, stop.clone());
     tokio::join!(
-        virt_controllers::vm::run(ctx.clone(), stop.clone()),
-        virt_controllers::vmi::run(ctx.clone(), stop.clone()),
-        virt_controllers::evacuation::run(ctx.clone(), stop.clone()),
-        virt_controllers::workload::run(ctx.clone(), parallel, stop.clone()),
+        virt_controllers::vm::run(ctx.clone(), vmis.clone(), stop.clone()),
+        virt_controllers::vmi::run(ctx.clone(), vmis.clone(), stop.clone()),
+        virt_controllers::evacuation::run(ctx.clone(), vmis.clone(), stop.clone()),
+        virt_controllers::workload::run(ctx.clone(), vmis, parallel, stop.clone()),
         virt_controllers::migration::run(ctx, migrations, stop),
     );
 }

@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
 use kubevirt_api::vmi::VirtualMachineInstancePhase as Phase;
 use kubevirt_api::{
@@ -28,6 +27,7 @@ use kubevirt_api::{
 use serde_json::{Value, json};
 use support::{KubeApi, NS, VM, VMI, VMIM, eventually};
 use tokio_util::sync::CancellationToken;
+use virt_controllers::events::Recorder;
 use virt_controllers::migration::MigrationConfig;
 use virt_controllers::vmi::render::LauncherConfig;
 use virt_controllers::{Config, Context};
@@ -67,13 +67,7 @@ impl Env {
             },
             ..Config::default()
         };
-        let recorder = Recorder::new(
-            self.client.clone(),
-            Reporter {
-                controller: "virt-controller".into(),
-                instance: Some("test".into()),
-            },
-        );
+        let recorder = Recorder::new(self.client.clone(), "virt-controller", "test");
         let ctx = Arc::new(Context::new(self.client.clone(), Some(recorder), config));
         let stop = CancellationToken::new();
         let migrations = MigrationConfig {
@@ -83,8 +77,13 @@ impl Env {
         };
         // The VMI controller runs too: it must leave target pods to the migration
         // controller and follow the VMI to its new pod.
-        tokio::spawn(virt_controllers::vmi::run(ctx.clone(), stop.clone()));
-        tokio::spawn(virt_controllers::vm::run(ctx.clone(), stop.clone()));
+        let vmis = virt_controllers::vmi::shared(&ctx, stop.clone());
+        tokio::spawn(virt_controllers::vmi::run(
+            ctx.clone(),
+            vmis.clone(),
+            stop.clone(),
+        ));
+        tokio::spawn(virt_controllers::vm::run(ctx.clone(), vmis, stop.clone()));
         tokio::spawn(virt_controllers::migration::run(
             ctx.clone(),
             migrations,

@@ -91,7 +91,12 @@ impl Harness {
         };
         let ctx = Arc::new(Context::new(client.clone(), None, config));
         let shutdown = CancellationToken::new();
-        let controller = tokio::spawn(virt_controllers::vm::run(ctx.clone(), shutdown.clone()));
+        let vmis = virt_controllers::vmi::shared(&ctx, shutdown.clone());
+        let controller = tokio::spawn(virt_controllers::vm::run(
+            ctx.clone(),
+            vmis,
+            shutdown.clone(),
+        ));
         tokio::spawn(release_finalizers(client.clone(), shutdown.clone()));
         Self {
             server: env.server_url.clone(),

@@ -18,13 +18,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::{Client, ResourceExt};
 use kubevirt_api::vmi::VirtualMachineInstancePhase as Phase;
 use kubevirt_api::{PrintableStatus, VirtualMachine, VirtualMachineInstance};
 use serde_json::{Value, json};
 use support::{KubeApi, NS, VM, VMI, eventually};
 use tokio_util::sync::CancellationToken;
+use virt_controllers::events::Recorder;
 use virt_controllers::vmi::decide::FINALIZER;
 use virt_controllers::vmi::render::LauncherConfig;
 use virt_controllers::{Config, Context};
@@ -60,18 +60,17 @@ impl Env {
             },
             ..Config::default()
         };
-        let recorder = Recorder::new(
-            self.client.clone(),
-            Reporter {
-                controller: "virt-controller".into(),
-                instance: Some("test".into()),
-            },
-        );
+        let recorder = Recorder::new(self.client.clone(), "virt-controller", "test");
         let ctx = Arc::new(Context::new(self.client.clone(), Some(recorder), config));
         let stop = CancellationToken::new();
         // Both controllers, as virt-controller runs them.
-        tokio::spawn(virt_controllers::vmi::run(ctx.clone(), stop.clone()));
-        tokio::spawn(virt_controllers::vm::run(ctx.clone(), stop.clone()));
+        let vmis = virt_controllers::vmi::shared(&ctx, stop.clone());
+        tokio::spawn(virt_controllers::vmi::run(
+            ctx.clone(),
+            vmis.clone(),
+            stop.clone(),
+        ));
+        tokio::spawn(virt_controllers::vm::run(ctx.clone(), vmis, stop.clone()));
         (ctx, stop)
     }
 
@@ -623,4 +622,77 @@ async fn unseen_pod_creations_hold_the_vmi_instead_of_creating_a_second_launcher
         reconcile::reconcile(current, state.clone()).await.unwrap();
     }
     assert!(env.launcher_pods(&d).await.is_empty(), "never a second pod");
+}
+
+/// virt-controller's recorder against the real events.k8s.io API: a repeat is counted
+/// into the first Event's series, a different reason is an Event of its own.
+#[tokio::test]
+async fn repeated_events_are_counted_into_one_series() {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use k8s_openapi::api::events::v1::Event;
+    use kube::runtime::events::EventType;
+
+    let env = Env::start().await;
+    let recorder = Recorder::new(env.client.clone(), "virt-controller", "test");
+    let regarding = ObjectReference {
+        api_version: Some("kubevirt.io/v1".into()),
+        kind: Some("VirtualMachineInstance".into()),
+        namespace: Some(NS.into()),
+        name: Some("ev".into()),
+        uid: Some("ev-uid".into()),
+        ..ObjectReference::default()
+    };
+    for _ in 0..3 {
+        recorder
+            .publish(
+                &regarding,
+                EventType::Warning,
+                "FailedCreate",
+                "Create",
+                "no room",
+            )
+            .await
+            .unwrap();
+    }
+    recorder
+        .publish(
+            &regarding,
+            EventType::Normal,
+            "SuccessfulCreate",
+            "Create",
+            "made",
+        )
+        .await
+        .unwrap();
+    let events = kube::Api::<Event>::namespaced(env.client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    let mut got: Vec<_> = events
+        .items
+        .iter()
+        .map(|e| {
+            (
+                e.reason.clone().unwrap(),
+                e.series.as_ref().map(|s| s.count),
+                e.reporting_controller.clone().unwrap(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (
+                "FailedCreate".to_string(),
+                Some(3),
+                "virt-controller".to_string()
+            ),
+            (
+                "SuccessfulCreate".to_string(),
+                None,
+                "virt-controller".to_string()
+            ),
+        ]
+    );
 }

@@ -21,7 +21,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, controller, watcher};
+use kube::runtime::{Controller, WatchStreamExt, controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 use kubevirt_api::eviction::{
     EVACUATION_DRAIN_ANNOTATION, EVACUATION_MIGRATION_ANNOTATION, EVACUATION_MIGRATION_PREFIX,
@@ -34,6 +34,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, FIELD_MANAGER};
+use crate::watch::Shared;
 use decide::Step;
 
 /// Why an evacuation reconcile failed.
@@ -62,17 +63,15 @@ struct Evacuations {
 }
 
 /// Runs the evacuation controller until `shutdown` is cancelled.
-pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
+pub async fn run(
+    ctx: Arc<Context>,
+    vmis: Shared<VirtualMachineInstance>,
+    shutdown: CancellationToken,
+) {
     let client = ctx.client.clone();
-    let (vmis, vmims) = match &ctx.config.namespace {
-        Some(ns) => (
-            Api::<VirtualMachineInstance>::namespaced(client.clone(), ns),
-            Api::<VirtualMachineInstanceMigration>::namespaced(client.clone(), ns),
-        ),
-        None => (
-            Api::<VirtualMachineInstance>::all(client.clone()),
-            Api::<VirtualMachineInstanceMigration>::all(client.clone()),
-        ),
+    let vmims = match &ctx.config.namespace {
+        Some(ns) => Api::<VirtualMachineInstanceMigration>::namespaced(client.clone(), ns),
+        None => Api::<VirtualMachineInstanceMigration>::all(client.clone()),
     };
     let nodes = Api::<Node>::all(client);
     tracing::info!(
@@ -90,8 +89,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         ),
     )
     .applied_objects();
-    let controller = crate::watch::controller(vmis, "evacuation-vmis", &ctx.metrics.watches);
-    let vmi_store = controller.store();
+    let vmi_events = vmis.subscribe();
+    let vmi_store = vmis.reader();
     let node_events = crate::watch::objects(
         nodes,
         watcher::Config::default(),
@@ -102,7 +101,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         ctx: ctx.clone(),
         migrations: reader,
     });
-    controller
+    if !vmis.wait_ready(&shutdown).await {
+        return;
+    }
+    Controller::for_shared_stream(vmi_events, vmis.reader())
         // A migration ending (or created) looks at its VMI again.
         .watches_stream(migration_events, |m: VirtualMachineInstanceMigration| {
             let ns = m.namespace()?;

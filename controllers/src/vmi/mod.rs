@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::Context;
 use crate::expectations::Expectations;
+use crate::watch::Shared;
 use pods::LauncherPods;
 
 /// What every VMI reconcile shares: the controllers' context and the launcher-pod cache.
@@ -39,6 +40,15 @@ pub struct Vmis {
     pub stale: crate::watch::Stale,
 }
 
+/// The VMIs every controller reads, one watch and one store ([`Shared`]), until `stop`.
+pub fn shared(ctx: &Context, stop: CancellationToken) -> Shared<VirtualMachineInstance> {
+    let api = match &ctx.config.namespace {
+        Some(ns) => Api::<VirtualMachineInstance>::namespaced(ctx.client.clone(), ns),
+        None => Api::<VirtualMachineInstance>::all(ctx.client.clone()),
+    };
+    Shared::spawn(api, "vmis", &ctx.metrics.watches, stop)
+}
+
 /// Label selector of every launcher pod.
 pub fn launcher_selector() -> String {
     format!(
@@ -48,17 +58,15 @@ pub fn launcher_selector() -> String {
     )
 }
 
-/// Runs the VMI controller until `shutdown` is cancelled.
-pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
-    let (vmis, pods) = match &ctx.config.namespace {
-        Some(ns) => (
-            Api::<VirtualMachineInstance>::namespaced(ctx.client.clone(), ns),
-            Api::<Pod>::namespaced(ctx.client.clone(), ns),
-        ),
-        None => (
-            Api::<VirtualMachineInstance>::all(ctx.client.clone()),
-            Api::<Pod>::all(ctx.client.clone()),
-        ),
+/// Runs the VMI controller until `shutdown` is cancelled, its VMIs from `vmis`.
+pub async fn run(
+    ctx: Arc<Context>,
+    vmis: Shared<VirtualMachineInstance>,
+    shutdown: CancellationToken,
+) {
+    let pods = match &ctx.config.namespace {
+        Some(ns) => Api::<Pod>::namespaced(ctx.client.clone(), ns),
+        None => Api::<Pod>::all(ctx.client.clone()),
     };
     tracing::info!(
         workers = ctx.config.workers,
@@ -90,31 +98,25 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     .touched_objects();
 
     // The VMIs: a deleted one's bookkeeping is dropped as its delete is seen (the
-    // controller never reconciles an object that left its store).
-    let (vmi_reader, vmi_writer) = reflector::store();
+    // controller never reconciles an object that left its store). The feed has each
+    // object after the store: one no longer there, or replaced by a namesake, is gone.
+    let store = vmis.reader();
     let forgetter = state.clone();
-    let vmi_events = reflector::reflector(
-        vmi_writer,
-        crate::watch::cached(
-            vmis,
-            watcher::Config::default(),
-            "vmis",
-            &ctx.metrics.watches,
-        ),
-    )
-    .inspect_ok(move |event| {
-        if let watcher::Event::Delete(vmi) = event
-            && let Some(uid) = vmi.uid()
-        {
+    let vmi_events = vmis.subscribe().inspect(move |vmi| {
+        let Some(uid) = vmi.uid() else { return };
+        let current = store.get(&ObjectRef::from_obj(vmi.as_ref()));
+        if current.is_none_or(|c| c.uid().as_deref() != Some(uid.as_str())) {
             forgetter.ctx.vmi_phases.forget(&uid);
             forgetter.ctx.backoff.reset(&uid);
             forgetter.pods.expectations.forget(&uid);
             forgetter.stale.take(&uid);
         }
-    })
-    .applied_objects();
+    });
+    if !vmis.wait_ready(&shutdown).await {
+        return;
+    }
 
-    Controller::for_stream(vmi_events, vmi_reader)
+    Controller::for_shared_stream(vmi_events, vmis.reader())
         // A pod event (bound, started, failed, deleted) reconciles its VMI, named by the
         // pod's label: its own pods and a migration's target (controlled by the migration,
         // but recorded in the VMI's activePods once it launched).

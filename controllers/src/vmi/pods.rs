@@ -155,7 +155,7 @@ impl LauncherPods {
 /// commands, environment and resources, the statuses' resources and volume mounts — so the
 /// cache costs a fraction of the pods' size (virt-controller's budget is 20 KB per VMI).
 /// Kept: the metadata (labels, owner references, uid, timestamps), `spec.nodeName`,
-/// each container's name and image, and the phase, reason, message, conditions and
+/// the compute container's name and image, and the phase, reason, message, conditions and
 /// container states of the status. The cache is never written back.
 pub fn slim(pod: &mut Pod) {
     let meta = &mut pod.metadata;
@@ -167,6 +167,9 @@ pub fn slim(pod: &mut Pod) {
             containers: spec
                 .containers
                 .into_iter()
+                // Only the compute container's image is read (a `Container` is 2 KiB
+                // even empty, and the sidecars add nothing a decision needs).
+                .filter(|c| c.name == super::render::COMPUTE_CONTAINER)
                 .map(|c| Container {
                     name: c.name,
                     image: c.image,
@@ -363,7 +366,8 @@ mod tests {
                 "managedFields": [{"manager": "m"}]},
             "spec": {"nodeName": "n1", "volumes": [{"name": "v", "emptyDir": {}}],
                 "containers": [{"name": "compute", "image": "launcher:1", "args": ["--a"],
-                    "env": [{"name": "E", "value": "v"}]}]},
+                    "env": [{"name": "E", "value": "v"}]},
+                    {"name": "guest-console-log", "image": "launcher:1"}]},
             "status": {"phase": "Running", "podIP": "10.0.0.1", "reason": "r", "message": "m",
                 "conditions": [{"type": "Ready", "status": "True"}],
                 "containerStatuses": [{"name": "compute", "image": "launcher:1", "imageID": "sha",

@@ -35,6 +35,7 @@ use kubevirt_api::{
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, FIELD_MANAGER};
+use crate::watch::Shared;
 pub use decide::WorkloadUpdateConfig;
 use decide::{
     Key, OUTDATED_LAUNCHER_IMAGE_LABEL, Plan, WORKLOAD_UPDATE_ANNOTATION, WORKLOAD_UPDATE_PREFIX,
@@ -74,7 +75,12 @@ where
 }
 
 /// Runs the workload updater until `shutdown` is cancelled.
-pub async fn run(ctx: Arc<Context>, parallel: usize, shutdown: CancellationToken) {
+pub async fn run(
+    ctx: Arc<Context>,
+    vmis: Shared<VirtualMachineInstance>,
+    parallel: usize,
+    shutdown: CancellationToken,
+) {
     let cfg = ctx.config.workload_update.clone();
     let image = ctx.config.launcher.image.clone();
     tracing::info!(
@@ -86,14 +92,12 @@ pub async fn run(ctx: Arc<Context>, parallel: usize, shutdown: CancellationToken
         "starting workload updater"
     );
     let client = ctx.client.clone();
-    let (vmis, vmims) = match &ctx.config.namespace {
-        Some(ns) => (
-            Api::<VirtualMachineInstance>::namespaced(client.clone(), ns),
-            Api::<VirtualMachineInstanceMigration>::namespaced(client, ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client)),
+    let vmims = match &ctx.config.namespace {
+        Some(ns) => Api::<VirtualMachineInstanceMigration>::namespaced(client, ns),
+        None => Api::all(client),
     };
-    let vmis = store(vmis, "workload-vmis", &ctx, &shutdown);
+    let vmis_ready = vmis.ready();
+    let vmis = vmis.reader();
     let vmims = store(vmims, "workload-vmims", &ctx, &shutdown);
     let mut last_batch: Option<tokio::time::Instant> = None;
     let mut tick = tokio::time::interval(PERIOD);
@@ -102,7 +106,9 @@ pub async fn run(ctx: Arc<Context>, parallel: usize, shutdown: CancellationToken
             _ = shutdown.cancelled() => break,
             _ = tick.tick() => {}
         }
-        if vmis.wait_until_ready().await.is_err() || vmims.wait_until_ready().await.is_err() {
+        if !vmis_ready.wait(crate::watch::READY_WAIT).await
+            || vmims.wait_until_ready().await.is_err()
+        {
             continue;
         }
         // The stores' own objects: nothing is copied per round.
