@@ -183,6 +183,7 @@ pub fn slim(pod: &mut Pod) {
         let slim_all = |list: Option<Vec<ContainerStatus>>| {
             list.map(|l| {
                 l.into_iter()
+                    .filter(worth_keeping)
                     .map(|c| ContainerStatus {
                         name: c.name,
                         state: c.state,
@@ -204,6 +205,18 @@ pub fn slim(pod: &mut Pod) {
             ..PodStatus::default()
         });
     }
+}
+
+/// Whether a container's status can change a decision: the compute container's always,
+/// another's only while it waits (an image pull problem) or after it failed (an init
+/// container's exit); a sidecar running or an image copy done is 1 KiB of nothing.
+fn worth_keeping(c: &ContainerStatus) -> bool {
+    let state = c.state.as_ref();
+    c.name == super::render::COMPUTE_CONTAINER
+        || state.is_some_and(|s| s.waiting.is_some())
+        || state
+            .and_then(|s| s.terminated.as_ref())
+            .is_some_and(|t| t.exit_code != 0)
 }
 
 #[cfg(test)]
@@ -353,6 +366,36 @@ mod tests {
         assert!(c.pods_of("vmi1").is_empty());
         assert_eq!(names(&c.pods_of("vmi2")), ["new"]);
         assert_eq!(c.check("vmi2"), Check::Satisfied);
+    }
+
+    #[test]
+    fn slim_drops_statuses_no_decision_reads() {
+        let mut p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "virt-launcher-a-x", "namespace": "ns"},
+            "status": {"phase": "Running",
+                "initContainerStatuses": [
+                    {"name": "virt-bin", "image": "", "imageID": "", "ready": true, "restartCount": 0,
+                        "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+                    {"name": "image-0", "image": "", "imageID": "", "ready": false, "restartCount": 0,
+                        "state": {"terminated": {"exitCode": 1, "message": "not a regular file"}}},
+                    {"name": "image-1", "image": "", "imageID": "", "ready": false, "restartCount": 0,
+                        "state": {"waiting": {"reason": "ErrImagePull"}}}],
+                "containerStatuses": [
+                    {"name": "compute", "image": "", "imageID": "", "ready": false, "restartCount": 0},
+                    {"name": "guest-console-log", "image": "", "imageID": "", "ready": true,
+                        "restartCount": 0, "state": {"running": {}}}]}
+        }))
+        .unwrap();
+        slim(&mut p);
+        let status = p.status.unwrap();
+        let names = |l: Option<Vec<ContainerStatus>>| -> Vec<String> {
+            l.unwrap_or_default().into_iter().map(|c| c.name).collect()
+        };
+        assert_eq!(
+            names(status.init_container_statuses),
+            ["image-0", "image-1"]
+        );
+        assert_eq!(names(status.container_statuses), ["compute"]);
     }
 
     #[test]
