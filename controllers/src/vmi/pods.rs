@@ -155,8 +155,9 @@ impl LauncherPods {
 /// commands, environment and resources, the statuses' resources and volume mounts — so the
 /// cache costs a fraction of the pods' size (virt-controller's budget is 20 KB per VMI).
 /// Kept: the metadata (labels, owner references, uid, timestamps), `spec.nodeName`,
-/// the compute container's name and image, and the phase, reason, message, conditions and
-/// container states of the status. The cache is never written back.
+/// the compute container's name and image, and the phase, reason, message, the
+/// `DisruptionTarget` and `PodScheduled` conditions and the container states that can
+/// change a decision ([`worth_keeping`]). The cache is never written back.
 pub fn slim(pod: &mut Pod) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
@@ -199,7 +200,12 @@ pub fn slim(pod: &mut Pod) {
             phase: status.phase,
             reason: status.reason,
             message: status.message,
-            conditions: status.conditions,
+            // Only these two are read (`decide::disruption`, `decide::unschedulable`).
+            conditions: status.conditions.map(|l| {
+                l.into_iter()
+                    .filter(|c| c.type_ == "DisruptionTarget" || c.type_ == "PodScheduled")
+                    .collect()
+            }),
             container_statuses: slim_all(status.container_statuses),
             init_container_statuses: slim_all(status.init_container_statuses),
             ..PodStatus::default()
@@ -412,7 +418,8 @@ mod tests {
                     "env": [{"name": "E", "value": "v"}]},
                     {"name": "guest-console-log", "image": "launcher:1"}]},
             "status": {"phase": "Running", "podIP": "10.0.0.1", "reason": "r", "message": "m",
-                "conditions": [{"type": "Ready", "status": "True"}],
+                "conditions": [{"type": "Ready", "status": "True"},
+                    {"type": "PodScheduled", "status": "True"}],
                 "containerStatuses": [{"name": "compute", "image": "launcher:1", "imageID": "sha",
                     "ready": true, "restartCount": 0, "started": true,
                     "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
@@ -430,7 +437,7 @@ mod tests {
                         "name": "a", "uid": "vmi", "controller": true}]},
                 "spec": {"nodeName": "n1", "containers": [{"name": "compute", "image": "launcher:1"}]},
                 "status": {"phase": "Running", "reason": "r", "message": "m",
-                    "conditions": [{"type": "Ready", "status": "True"}],
+                    "conditions": [{"type": "PodScheduled", "status": "True"}],
                     "containerStatuses": [{"name": "compute", "image": "", "imageID": "",
                         "ready": true, "restartCount": 0, "started": true,
                         "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}
