@@ -731,3 +731,34 @@ fn migrating_is_a_started_transfer_without_an_end() {
     assert!(ObservedVmi::from_vmi(&started).migrating);
     assert!(!ObservedVmi::from_vmi(&ended).migrating);
 }
+
+/// The VM controller's cache drops the template (`super::super::slim_vm`): every
+/// decision must come out the same without it.
+#[test]
+fn decisions_do_not_read_the_template() {
+    let now = Timestamp::now();
+    for strategy in [
+        RunStrategy::Always,
+        RunStrategy::Halted,
+        RunStrategy::Manual,
+        RunStrategy::RerunOnFailure,
+        RunStrategy::Once,
+    ] {
+        let mut full = vm(strategy, Vec::new());
+        full.spec.template = serde_json::from_value(serde_json::json!({
+            "metadata": {"labels": {"app": "demo"}},
+            "spec": {"domain": {"devices": {}, "memory": {"guest": "64Mi"}}},
+        }))
+        .unwrap();
+        let mut slim = full.clone();
+        crate::vm::slim_vm(&mut slim);
+        assert_eq!(slim.spec.template, Default::default());
+        for observed in [None, Some(vmi(Phase::Running)), Some(vmi(Phase::Failed))] {
+            assert_eq!(
+                decide(&full, observed.as_ref(), now),
+                decide(&slim, observed.as_ref(), now),
+                "{strategy:?} {observed:?}"
+            );
+        }
+    }
+}

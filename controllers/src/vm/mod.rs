@@ -31,6 +31,14 @@ pub struct Vms {
     pub stale: crate::watch::Stale,
 }
 
+/// Drops from a VM cached for the controller its `spec.template`, the largest part: a
+/// decision reads the VM's metadata, status and run strategy ([`decide::decide`],
+/// [`decide::derive_status`]), and a VMI is rendered only from a VM read fresh (a
+/// reconcile re-reads both before it acts), so the template in the cache was never read.
+pub fn slim_vm(vm: &mut VirtualMachine) {
+    vm.spec.template = Default::default();
+}
+
 /// Runs the VM controller until `shutdown` is cancelled, its VMIs from `vmis`.
 pub async fn run(
     ctx: Arc<Context>,
@@ -61,7 +69,8 @@ pub async fn run(
     let forgetter = state.clone();
     let vm_events = reflector::reflector(
         vm_writer,
-        crate::watch::cached(vms, watcher::Config::default(), "vms", &ctx.metrics.watches),
+        crate::watch::cached(vms, watcher::Config::default(), "vms", &ctx.metrics.watches)
+            .modify(slim_vm),
     )
     .inspect_ok(move |event| {
         if let watcher::Event::Delete(vm) = event {
