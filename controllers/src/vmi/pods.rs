@@ -154,7 +154,8 @@ impl LauncherPods {
 /// ([`super::decide`]) do not read — managedFields, annotations, volumes, the containers'
 /// commands, environment and resources, the statuses' resources and volume mounts — so the
 /// cache costs a fraction of the pods' size (virt-controller's budget is 20 KB per VMI).
-/// Kept: the metadata (labels, owner references, uid, timestamps), `spec.nodeName`,
+/// Kept: the metadata (the created-by and VM-name labels, owner references, uid,
+/// timestamps), `spec.nodeName`,
 /// the compute container's name and image, and the phase, reason, message, the
 /// `DisruptionTarget` and `PodScheduled` conditions and the container states that can
 /// change a decision ([`worth_keeping`]). The cache is never written back.
@@ -162,6 +163,13 @@ pub fn slim(pod: &mut Pod) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     meta.annotations = None;
+    // The pod carries its VMI's labels; only these two are read here (the index, and the
+    // VMI a pod event reconciles).
+    if let Some(labels) = meta.labels.as_mut() {
+        labels.retain(|k, _| {
+            k == super::render::CREATED_BY_LABEL || k == super::render::VM_NAME_LABEL
+        });
+    }
     if let Some(spec) = pod.spec.take() {
         pod.spec = Some(PodSpec {
             node_name: spec.node_name,
@@ -408,7 +416,8 @@ mod tests {
     fn slim_keeps_what_decisions_read() {
         let mut p: Pod = serde_json::from_value(json!({
             "metadata": {"name": "virt-launcher-a-x", "namespace": "ns", "uid": "u",
-                "labels": {"kubevirt.io/created-by": "vmi"},
+                "labels": {"kubevirt.io/created-by": "vmi", "vm.kubevirt.io/name": "a",
+                    "kubevirt.io": "virt-launcher", "app": "from-the-vmi"},
                 "annotations": {"big": "x"},
                 "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
                     "name": "a", "uid": "vmi", "controller": true}],
@@ -432,7 +441,7 @@ mod tests {
             json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "virt-launcher-a-x", "namespace": "ns", "uid": "u",
-                    "labels": {"kubevirt.io/created-by": "vmi"},
+                    "labels": {"kubevirt.io/created-by": "vmi", "vm.kubevirt.io/name": "a"},
                     "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
                         "name": "a", "uid": "vmi", "controller": true}]},
                 "spec": {"nodeName": "n1", "containers": [{"name": "compute", "image": "launcher:1"}]},
