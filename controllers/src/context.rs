@@ -131,6 +131,18 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
+    /// The `K`s the controllers watch: those of the configured namespace, else all.
+    pub fn watched<K>(&self) -> kube::Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match &self.config.namespace {
+            Some(ns) => kube::Api::namespaced(self.client.clone(), ns),
+            None => kube::Api::all(self.client.clone()),
+        }
+    }
+
     /// A context with the given client, recorder and configuration.
     pub fn new(client: Client, recorder: Option<Recorder>, config: Config) -> Self {
         let backoff = BackoffTable::new(config.error_backoff_base, config.error_backoff_max);

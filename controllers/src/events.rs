@@ -168,36 +168,6 @@ impl Recorder {
             .namespace
             .clone()
             .unwrap_or_else(|| "default".to_string());
-        let event = self.event(regarding, type_, reason, action, note, &namespace, stamp);
-        let name = event.metadata.name.clone().unwrap_or_default();
-        Api::<Event>::namespaced(self.client.clone(), &namespace)
-            .create(&PostParams::default(), &event)
-            .await?;
-        if let Ok(mut r) = self.recent.lock() {
-            r.remember(
-                key,
-                Seen {
-                    namespace,
-                    name,
-                    count: 1,
-                    at: now,
-                },
-            );
-        }
-        Ok(())
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn event(
-        &self,
-        regarding: &ObjectReference,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: &str,
-        namespace: &str,
-        stamp: MicroTime,
-    ) -> Event {
         // Unique per Event as kube-runtime and client-go name them: the object, then the
         // time in nanoseconds.
         let name = format!(
@@ -205,10 +175,10 @@ impl Recorder {
             regarding.name.as_deref().unwrap_or(&self.controller),
             stamp.0.as_nanosecond()
         );
-        Event {
+        let event = Event {
             metadata: ObjectMeta {
-                name: Some(name),
-                namespace: Some(namespace.to_string()),
+                name: Some(name.clone()),
+                namespace: Some(namespace.clone()),
                 ..ObjectMeta::default()
             },
             action: Some(action.to_string()),
@@ -226,7 +196,22 @@ impl Recorder {
                 .to_string(),
             ),
             ..Event::default()
+        };
+        Api::<Event>::namespaced(self.client.clone(), &namespace)
+            .create(&PostParams::default(), &event)
+            .await?;
+        if let Ok(mut r) = self.recent.lock() {
+            r.remember(
+                key,
+                Seen {
+                    namespace,
+                    name,
+                    count: 1,
+                    at: now,
+                },
+            );
         }
+        Ok(())
     }
 }
 

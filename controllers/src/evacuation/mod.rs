@@ -69,10 +69,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let client = ctx.client.clone();
-    let vmims = match &ctx.config.namespace {
-        Some(ns) => Api::<VirtualMachineInstanceMigration>::namespaced(client.clone(), ns),
-        None => Api::<VirtualMachineInstanceMigration>::all(client.clone()),
-    };
+    let vmims = ctx.watched::<VirtualMachineInstanceMigration>();
     let nodes = Api::<Node>::all(client);
     tracing::info!(
         default_strategy = %ctx.config.eviction_strategy,

@@ -16,9 +16,9 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{controller, watcher};
-use kube::{Api, ResourceExt};
 use kubevirt_api::migration::names;
 use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstanceMigration};
 use tokio_util::sync::CancellationToken;
@@ -30,19 +30,11 @@ use crate::context::Context;
 
 /// Runs the migration controller until `shutdown` is cancelled.
 pub async fn run(ctx: Arc<Context>, cfg: MigrationConfig, shutdown: CancellationToken) {
-    let client = ctx.client.clone();
-    let (vmims, vmis, pods) = match &ctx.config.namespace {
-        Some(ns) => (
-            Api::<VirtualMachineInstanceMigration>::namespaced(client.clone(), ns),
-            Api::<VirtualMachineInstance>::namespaced(client.clone(), ns),
-            Api::<Pod>::namespaced(client, ns),
-        ),
-        None => (
-            Api::<VirtualMachineInstanceMigration>::all(client.clone()),
-            Api::<VirtualMachineInstance>::all(client.clone()),
-            Api::<Pod>::all(client),
-        ),
-    };
+    let (vmims, vmis, pods) = (
+        ctx.watched::<VirtualMachineInstanceMigration>(),
+        ctx.watched::<VirtualMachineInstance>(),
+        ctx.watched::<Pod>(),
+    );
     tracing::info!(
         parallel_per_cluster = cfg.parallel_migrations_per_cluster,
         parallel_outbound_per_node = cfg.parallel_outbound_migrations_per_node,

@@ -8,7 +8,6 @@ pub mod render;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
-use kube::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{Controller, WatchStreamExt, controller, watcher};
 use kubevirt_api::{VirtualMachine, VirtualMachineInstance};
@@ -45,10 +44,7 @@ pub async fn run(
     vmis: Shared<VirtualMachineInstance>,
     shutdown: CancellationToken,
 ) {
-    let vms = match &ctx.config.namespace {
-        Some(ns) => Api::<VirtualMachine>::namespaced(ctx.client.clone(), ns),
-        None => Api::<VirtualMachine>::all(ctx.client.clone()),
-    };
+    let vms = ctx.watched::<VirtualMachine>();
     tracing::info!(
         workers = ctx.config.workers,
         "starting VirtualMachine controller"

@@ -17,9 +17,9 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{Controller, WatchStreamExt, controller, watcher};
-use kube::{Api, ResourceExt};
 use kubevirt_api::VirtualMachineInstance;
 use tokio_util::sync::CancellationToken;
 
@@ -42,11 +42,7 @@ pub struct Vmis {
 
 /// The VMIs every controller reads, one watch and one store ([`Shared`]), until `stop`.
 pub fn shared(ctx: &Context, stop: CancellationToken) -> Shared<VirtualMachineInstance> {
-    let api = match &ctx.config.namespace {
-        Some(ns) => Api::<VirtualMachineInstance>::namespaced(ctx.client.clone(), ns),
-        None => Api::<VirtualMachineInstance>::all(ctx.client.clone()),
-    };
-    Shared::spawn(api, "vmis", &ctx.metrics.watches, stop)
+    Shared::spawn(ctx.watched(), "vmis", &ctx.metrics.watches, stop)
 }
 
 /// Label selector of every launcher pod.
@@ -64,10 +60,7 @@ pub async fn run(
     vmis: Shared<VirtualMachineInstance>,
     shutdown: CancellationToken,
 ) {
-    let pods = match &ctx.config.namespace {
-        Some(ns) => Api::<Pod>::namespaced(ctx.client.clone(), ns),
-        None => Api::<Pod>::all(ctx.client.clone()),
-    };
+    let pods = ctx.watched::<Pod>();
     tracing::info!(
         workers = ctx.config.workers,
         image = %ctx.config.launcher.image,

@@ -91,11 +91,7 @@ pub async fn run(
         launcher_image = %image,
         "starting workload updater"
     );
-    let client = ctx.client.clone();
-    let vmims = match &ctx.config.namespace {
-        Some(ns) => Api::<VirtualMachineInstanceMigration>::namespaced(client, ns),
-        None => Api::all(client),
-    };
+    let vmims = ctx.watched::<VirtualMachineInstanceMigration>();
     let vmis_ready = vmis.ready();
     let vmis = vmis.reader();
     let vmims = store(vmims, "workload-vmims", &ctx, &shutdown);
