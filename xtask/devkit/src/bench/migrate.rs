@@ -3,11 +3,11 @@
 //! kubevirt-rs deployed), against the floor measured in the same run: bare QEMU to QEMU
 //! on this machine (QMP `migrate` over a unix socket, same kernel, initramfs and memory).
 //!
-//! Per cluster run: the VMIM's creation → `Succeeded` (polled every 100 ms), libvirt's job
-//! (`startTimestamp` → `endTimestamp` are whole seconds, so the transfer comes from the
-//! VMIM's phase stamps only as a breakdown), the guest's downtime (`downtimeMs`, libvirt's
-//! measured figure) and the bytes moved. Per bare run: QEMU's own `total-time` and
-//! `downtime` from `query-migrate`.
+//! Per cluster run: the VMIM's creation → `Succeeded` (polled every 100 ms), each step in
+//! between (`steps.rs`: target pod, target launcher ready, the transfer as the source
+//! handler logs it, hand-over through the API), the guest's downtime (`downtimeMs`,
+//! libvirt's measured figure) and the bytes moved. Per bare run: QEMU's own `total-time`
+//! and `downtime` from `query-migrate`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -19,6 +19,10 @@ use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
 use super::section::{self, Provenance, Runs, Section};
+
+mod steps;
+
+use super::start::steps::{Timeline, single_table};
 
 const VM: &str = "mover";
 
@@ -45,14 +49,44 @@ pub struct Sample {
     pub downtime_ms: Option<u64>,
     /// Bytes sent.
     pub bytes: Option<u64>,
-    /// The transfer alone (QEMU's `total-time`; for the cluster, Running → Succeeded
-    /// from the VMIM's phase stamps, whole seconds).
+    /// The transfer with its switch-over (QEMU's `total-time`; for the cluster, the
+    /// source handler's "starting outgoing migration" → "outgoing migration ended").
     pub transfer: Option<Duration>,
+    /// The cluster's steps (none for bare QEMU).
+    pub timeline: Option<Timeline<steps::Step>>,
 }
 
 /// The figures as a markdown table: per column the median of the runs with their range
 /// (each column's median may come from a different run).
 pub fn table(cluster: &[Sample], bare: &[Sample]) -> String {
+    let med =
+        |s: &[Sample], f: fn(&Sample) -> Option<f64>| Runs::new(s.iter().filter_map(f)).median();
+    let transfer = |x: &Sample| x.transfer.map(|d| d.as_secs_f64());
+    let down = |x: &Sample| x.downtime_ms.map(|d| d as f64);
+    let total = |x: &Sample| Some(x.total.as_secs_f64());
+    let met = |ok: bool| if ok { "met" } else { "not met" };
+    let goals = match (
+        med(cluster, transfer),
+        med(bare, transfer),
+        med(cluster, down),
+        med(bare, down),
+        med(cluster, total),
+        med(bare, total),
+    ) {
+        (Some(ct), Some(bt), Some(cd), Some(bd), Some(c), Some(b)) if bt > 0.0 && bd > 0.0 => {
+            format!(
+                "\n\nGoals (medians): transfer ≤ 1.5× bare: {:.2}×, {}; downtime ≤ 2× bare: \
+                 {:.2}×, {}; total ≤ bare + 2 s: {c:.2} s vs {:.2} s, {}.",
+                ct / bt,
+                met(ct / bt <= 1.5),
+                cd / bd,
+                met(cd / bd <= 2.0),
+                b + 2.0,
+                met(c <= b + 2.0),
+            )
+        }
+        _ => "\n\nGoals: not evaluated (a figure is missing).".to_string(),
+    };
     let row = |name: &str, s: &[Sample]| {
         let total = Runs::secs(&s.iter().map(|x| x.total).collect::<Vec<_>>());
         let transfer = Runs::secs(&s.iter().filter_map(|x| x.transfer).collect::<Vec<_>>());
@@ -70,9 +104,21 @@ pub fn table(cluster: &[Sample], bare: &[Sample]) -> String {
             moved.summary(1, "MiB"),
         )
     };
+    let timelines: Vec<Timeline<steps::Step>> =
+        cluster.iter().filter_map(|x| x.timeline.clone()).collect();
+    let breakdown = if timelines.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "\n\nWhere the cluster's total goes, step by step ({} runs; a step seen by a watch \
+             can come after a later step's log line: its own duration then counts as zero):\n\n{}",
+            timelines.len(),
+            single_table(&timelines)
+        )
+    };
     format!(
-        "| variant | total | transfer | downtime | moved |\n\
-         |---|---|---|---|---|\n{}{}",
+        "| variant | total | transfer (with switch-over) | downtime | moved |\n\
+         |---|---|---|---|---|\n{}{}{goals}{breakdown}",
         row("kubevirt-rs: VMIM created → Succeeded", cluster),
         row("bare QEMU → QEMU (QMP migrate, unix socket)", bare),
     )
@@ -210,6 +256,7 @@ fn bare_once(g: &virt_testguest::Guest, dir: &Path) -> anyhow::Result<Sample> {
                     downtime_ms: st["downtime"].as_u64(),
                     bytes: st["ram"]["transferred"].as_u64(),
                     transfer: st["total-time"].as_u64().map(Duration::from_millis),
+                    timeline: None,
                 });
             }
             Some("failed") | Some("cancelled") => bail!("bare QEMU migration: {st}"),
@@ -238,17 +285,6 @@ pub(super) fn wait_for(
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok(())
-}
-
-fn phase_time(vmim: &Value, phase: &str) -> Option<i64> {
-    vmim["status"]["phaseTransitionTimestamps"]
-        .as_array()?
-        .iter()
-        .find(|p| p["phase"] == phase)?["phaseTransitionTimestamp"]
-        .as_str()?
-        .parse::<k8s_openapi::jiff::Timestamp>()
-        .ok()
-        .map(|t| t.as_second())
 }
 
 /// Creates migration `name` of `vm` and waits for it to end (polled every 100 ms): the time
@@ -291,14 +327,20 @@ pub(super) fn migrate_and_wait(
     Ok((total, last))
 }
 
-fn cluster_once(kube: &Kube, ns: &str, n: usize) -> anyhow::Result<Sample> {
-    let (total, last) = migrate_and_wait(kube, ns, VM, &format!("bench-{n}"))?;
+fn cluster_once(kube: &Kube, ns: &str, w: &steps::Watches, n: usize) -> anyhow::Result<Sample> {
+    let name = format!("bench-{n}");
+    let created = std::time::SystemTime::now();
+    let (total, _) = migrate_and_wait(kube, ns, VM, &name)?;
     let vmi = kube
         .json(&["-n", ns, "get", "vmi", VM])?
         .context("the VMI is gone")?;
     let ms = &vmi["status"]["migrationState"];
-    let transfer = match (phase_time(&last, "Running"), phase_time(&last, "Succeeded")) {
-        (Some(a), Some(b)) if b >= a => Some(Duration::from_secs((b - a) as u64)),
+    let timeline = steps::collect(kube, ns, w, &name, created)?;
+    let transfer = match (
+        timeline.at.get(&steps::Step::TransferStarted),
+        timeline.at.get(&steps::Step::TransferDone),
+    ) {
+        (Some(a), Some(b)) => b.duration_since(*a).ok(),
         _ => None,
     };
     Ok(Sample {
@@ -306,6 +348,7 @@ fn cluster_once(kube: &Kube, ns: &str, n: usize) -> anyhow::Result<Sample> {
         downtime_ms: ms["downtimeMs"].as_u64(),
         bytes: ms["dataProcessedBytes"].as_u64(),
         transfer,
+        timeline: Some(timeline),
     })
 }
 
@@ -352,8 +395,9 @@ pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_secs(10));
         // The two sides alternate so that a slow patch of this shared machine hits both.
         let mut out = (Vec::new(), Vec::new());
+        let watches = steps::Watches::start(&kube, &ns)?;
         for n in 0..runs {
-            let s = cluster_once(&kube, &ns, n)?;
+            let s = cluster_once(&kube, &ns, &watches, n)?;
             eprintln!("cluster run {n}: {s:?}");
             out.0.push(s);
             // The source pod goes with its grace period; let the node settle.
@@ -378,7 +422,8 @@ pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
          (VMIM created → `Succeeded`, polled every 100 ms; QMP `migrate` → `completed`, polled \
          every 20 ms); the cluster's total includes the target pod (scheduling, image copy, its \
          libvirtd) and the hand-offs through the API. Transfer: QEMU's `total-time`; for the \
-         cluster the VMIM's `Running` → `Succeeded` stamps (whole seconds). Downtime: \
+         cluster the source virt-handler's log lines from starting libvirt's migration to its \
+         end (the kubelet's timestamps); both include the switch-over. Downtime: \
          libvirt's/QEMU's measured pause. Median and min–max over the runs."
     );
     let section = Section::new(
@@ -412,6 +457,7 @@ mod tests {
             downtime_ms: Some(d),
             bytes: Some(100 << 20),
             transfer: Some(Duration::from_millis(t / 2)),
+            timeline: None,
         };
         let t = table(&[s(9000, 50), s(7000, 40), s(8000, 60)], &[s(1000, 10)]);
         assert!(
@@ -420,5 +466,12 @@ mod tests {
             ),
             "{t}"
         );
+        // 4.0 s vs 0.5 s of transfer, 50 vs 10 ms of downtime, 8.0 s vs 1.0 + 2 s in all.
+        assert!(
+            t.contains("transfer ≤ 1.5× bare: 8.00×, not met; downtime ≤ 2× bare: 5.00×, not met; total ≤ bare + 2 s: 8.00 s vs 3.00 s, not met."),
+            "{t}"
+        );
+        // Without timelines there is no breakdown table.
+        assert!(!t.contains("step by step"), "{t}");
     }
 }

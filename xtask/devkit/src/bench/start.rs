@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use super::report::{self, percentile};
 use super::section::{self, Provenance, Section};
 
-mod steps;
+pub(super) mod steps;
 use steps::{Step, Timeline};
 
 const TEST_GUEST: &str = "localhost/kubevirt-rs/test-guest:latest";

@@ -40,8 +40,16 @@ pub enum Step {
     Banner,
 }
 
-impl Step {
-    pub const ALL: [Step; 13] = [
+/// The steps of something timed from one request (a VM's start, a migration), in the
+/// order they happen, each with its table row label.
+pub trait Steps: Copy + Ord + std::fmt::Debug + 'static {
+    const ALL: &'static [Self];
+    /// The table's row label, with where the time comes from.
+    fn label(self) -> &'static str;
+}
+
+impl Steps for Step {
+    const ALL: &'static [Self] = &[
         Step::VmiCreated,
         Step::PodCreated,
         Step::PodScheduled,
@@ -57,8 +65,7 @@ impl Step {
         Step::Banner,
     ];
 
-    /// The table's row label, with where the time comes from.
-    pub fn label(self) -> &'static str {
+    fn label(self) -> &'static str {
         match self {
             Step::VmiCreated => "VMI created (watch)",
             Step::PodCreated => "launcher pod created (watch)",
@@ -75,7 +82,9 @@ impl Step {
             Step::Banner => "guest ready: its banner (guest-console-log)",
         }
     }
+}
 
+impl Step {
     /// The launcher's log message that marks the step.
     fn launcher_message(self) -> Option<&'static str> {
         Some(match self {
@@ -101,13 +110,27 @@ pub fn log_line(line: &str) -> Option<(SystemTime, &str)> {
 
 /// The launcher's steps in its log (`kubectl logs --timestamps -c compute`).
 pub fn launcher_steps(log: &str) -> BTreeMap<Step, SystemTime> {
+    logged_steps(log, SystemTime::UNIX_EPOCH, Step::launcher_message)
+}
+
+/// The first time each step's message appears in a kubelet log (`--timestamps`), at or
+/// after `since`.
+pub fn logged_steps<S: Steps>(
+    log: &str,
+    since: SystemTime,
+    message: impl Fn(S) -> Option<&'static str>,
+) -> BTreeMap<S, SystemTime> {
     let mut out = BTreeMap::new();
-    for (t, text) in log.lines().filter_map(log_line) {
-        for s in Step::ALL {
-            if let Some(m) = s.launcher_message()
+    for (t, text) in log
+        .lines()
+        .filter_map(log_line)
+        .filter(|(t, _)| *t >= since)
+    {
+        for s in S::ALL {
+            if let Some(m) = message(*s)
                 && text.contains(m)
             {
-                out.entry(s).or_insert(t);
+                out.entry(*s).or_insert(t);
             }
         }
     }
@@ -126,23 +149,33 @@ pub fn console_steps(log: &str, banner: &str) -> BTreeMap<Step, SystemTime> {
     out
 }
 
-/// One VM's start: when the client sent the create, and when each step happened.
-#[derive(Debug, Clone, Default)]
-pub struct Timeline {
+/// One VM's start (or one migration): when the client sent the create, and when each step
+/// happened.
+#[derive(Debug, Clone)]
+pub struct Timeline<S = Step> {
     pub created: Option<SystemTime>,
-    pub at: BTreeMap<Step, SystemTime>,
+    pub at: BTreeMap<S, SystemTime>,
 }
 
-impl Timeline {
+impl<S> Default for Timeline<S> {
+    fn default() -> Self {
+        Self {
+            created: None,
+            at: BTreeMap::new(),
+        }
+    }
+}
+
+impl<S: Steps> Timeline<S> {
     /// From the create request to `s`.
-    pub fn since_create(&self, s: Step) -> Option<Duration> {
+    pub fn since_create(&self, s: S) -> Option<Duration> {
         self.at.get(&s)?.duration_since(self.created?).ok()
     }
 
     /// From the step before `s` that this timeline has to `s` (zero when they are
     /// out of order: a watch delivers later than the log line of a later step).
-    pub fn step_took(&self, s: Step) -> Option<Duration> {
-        let prev = Step::ALL
+    pub fn step_took(&self, s: S) -> Option<Duration> {
+        let prev = S::ALL
             .iter()
             .take_while(|p| **p != s)
             .filter_map(|p| self.at.get(p))
@@ -165,11 +198,11 @@ pub fn median_range(xs: &[Duration]) -> String {
 
 /// The single-VM table: per step, the median (min–max) over the runs of the time since the
 /// create request and of the step itself.
-pub fn single_table(runs: &[Timeline]) -> String {
+pub fn single_table<S: Steps>(runs: &[Timeline<S>]) -> String {
     let mut s = String::from(
         "| step | from the create request, median (min–max) | the step itself |\n|---|---|---|\n",
     );
-    for step in Step::ALL {
+    for &step in S::ALL {
         let since: Vec<Duration> = runs.iter().filter_map(|t| t.since_create(step)).collect();
         let took: Vec<Duration> = runs.iter().filter_map(|t| t.step_took(step)).collect();
         s.push_str(&format!(
@@ -187,7 +220,7 @@ pub fn burst_table(vms: &[Timeline]) -> String {
     let mut s = String::from(
         "| step | VMs | from its create request, P50 | P95 | max |\n|---|---|---|---|---|\n",
     );
-    for step in Step::ALL {
+    for &step in Step::ALL {
         let mut v: Vec<Duration> = vms.iter().filter_map(|t| t.since_create(step)).collect();
         v.sort();
         let cell = |p: f64| {
@@ -218,7 +251,7 @@ struct Seen {
 }
 
 /// `kubectl get vmi,pods -w` in the namespace, recording first times.
-pub struct Watches {
+pub(super) struct Watches {
     children: Vec<Child>,
     seen: Arc<Mutex<Seen>>,
 }
@@ -250,6 +283,14 @@ fn pod_event(seen: &Arc<Mutex<Seen>>, p: &Value, t: SystemTime) {
     {
         note(seen, vmi, Step::PodScheduled, t);
     }
+    if init_done(p) {
+        note(seen, vmi, Step::InitDone, t);
+    }
+}
+
+/// Whether the kubelet reports a pod's init containers done (without init containers:
+/// whether a container runs).
+pub fn init_done(p: &Value) -> bool {
     let inits = p
         .pointer("/status/initContainerStatuses")
         .and_then(Value::as_array);
@@ -261,10 +302,28 @@ fn pod_event(seen: &Arc<Mutex<Seen>>, p: &Value, t: SystemTime) {
         .pointer("/status/containerStatuses")
         .and_then(Value::as_array)
         .is_some_and(|cs| cs.iter().any(|c| c.pointer("/state/running").is_some()));
-    // No init containers: done when a container runs.
-    if inits.is_some_and(all_done) || (inits.is_none() && compute_running) {
-        note(seen, vmi, Step::InitDone, t);
-    }
+    inits.is_some_and(all_done) || (inits.is_none() && compute_running)
+}
+
+/// Runs `kubectl get … -w -o json` (`cmd`, stdout piped here) and hands every object it
+/// prints to `on` with the time it arrived; the caller kills the child when done.
+pub fn watch_json(
+    mut cmd: std::process::Command,
+    on: impl Fn(&Value, SystemTime) + Send + 'static,
+) -> anyhow::Result<Child> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("kubectl get -w")?;
+    let stdout = child.stdout.take().context("watch stdout")?;
+    std::thread::spawn(move || {
+        for v in serde_json::Deserializer::from_reader(stdout).into_iter::<Value>() {
+            let Ok(v) = v else { break };
+            on(&v, SystemTime::now());
+        }
+    });
+    Ok(child)
 }
 
 fn vmi_event(seen: &Arc<Mutex<Seen>>, v: &Value, t: SystemTime) {
@@ -278,7 +337,7 @@ fn vmi_event(seen: &Arc<Mutex<Seen>>, v: &Value, t: SystemTime) {
 }
 
 impl Watches {
-    pub fn start(kube: &Kube, ns: &str) -> anyhow::Result<Self> {
+    pub(super) fn start(kube: &Kube, ns: &str) -> anyhow::Result<Self> {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let mut children = Vec::new();
         for (args, on) in [
@@ -301,22 +360,10 @@ impl Watches {
                 pod_event,
             ),
         ] {
-            let mut child = kube
-                .cmd()
-                .args(&args)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("kubectl get -w")?;
-            let stdout = child.stdout.take().context("watch stdout")?;
+            let mut cmd = kube.cmd();
+            cmd.args(&args);
             let sink = seen.clone();
-            std::thread::spawn(move || {
-                for v in serde_json::Deserializer::from_reader(stdout).into_iter::<Value>() {
-                    let Ok(v) = v else { break };
-                    on(&sink, &v, SystemTime::now());
-                }
-            });
-            children.push(child);
+            children.push(watch_json(cmd, move |v, t| on(&sink, v, t))?);
         }
         Ok(Self { children, seen })
     }
@@ -416,7 +463,7 @@ fn follow_console(
 }
 
 /// Once `vmi` shows its banner: its whole timeline.
-pub fn collect(
+pub(super) fn collect(
     kube: &Kube,
     ns: &str,
     w: &Watches,
