@@ -573,7 +573,7 @@ async fn unseen_pod_creations_hold_the_vmi_instead_of_creating_a_second_launcher
 
     // The pod arrives; the cached VMI is still the Pending one: its status write is
     // refused (resourceVersion), never applied over the newer status.
-    let ev = Event::Apply(pod.clone());
+    let ev = Event::Apply(cached(&pod));
     writer.apply_watcher_event(&ev);
     state.pods.observe(&ev);
     let err = reconcile::reconcile(stale.clone(), state.clone())
@@ -607,7 +607,7 @@ async fn unseen_pod_creations_hold_the_vmi_instead_of_creating_a_second_launcher
         )
         .await
         .unwrap();
-    let ev = Event::Delete(pod);
+    let ev = Event::Delete(cached(&pod));
     writer.apply_watcher_event(&ev);
     state.pods.observe(&ev);
     let current = Arc::new(env.vmis().get("d").await.unwrap());
@@ -695,4 +695,9 @@ async fn repeated_events_are_counted_into_one_series() {
             ),
         ]
     );
+}
+
+/// A pod as the VMI controller's cache holds it (deserialized from the API's JSON).
+fn cached(pod: &k8s_openapi::api::core::v1::Pod) -> virt_controllers::vmi::pods::CachedPod {
+    serde_json::from_value(serde_json::to_value(pod).unwrap()).unwrap()
 }

@@ -16,7 +16,6 @@ mod golden_tests;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{Controller, WatchStreamExt, controller, watcher};
@@ -60,7 +59,7 @@ pub async fn run(
     vmis: Shared<VirtualMachineInstance>,
     shutdown: CancellationToken,
 ) {
-    let pods = ctx.watched::<Pod>();
+    let pods = ctx.watched::<pods::CachedPod>();
     tracing::info!(
         workers = ctx.config.workers,
         image = %ctx.config.launcher.image,
@@ -113,7 +112,7 @@ pub async fn run(
         // A pod event (bound, started, failed, deleted) reconciles its VMI, named by the
         // pod's label: its own pods and a migration's target (controlled by the migration,
         // but recorded in the VMI's activePods once it launched).
-        .watches_stream(pod_events, |pod: Pod| {
+        .watches_stream(pod_events, |pod: pods::CachedPod| {
             let ns = pod.namespace()?;
             let name = pod.labels().get(render::VM_NAME_LABEL)?;
             Some(ObjectRef::new(name).within(&ns))

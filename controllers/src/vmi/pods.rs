@@ -10,11 +10,14 @@
 //! controller's own create by the time the watch takes to deliver it; without them a
 //! reconcile in that window would see no pod and create a second launcher.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -23,10 +26,89 @@ use super::render::CREATED_BY_LABEL;
 use crate::expectations::{Check, Expectations};
 use crate::watch::Readiness;
 
+/// A launcher pod as the cache keeps it: only what the VMI controller's decisions read,
+/// deserialized straight from the API's JSON (unknown fields skipped). A `k8s_openapi`
+/// `Pod`, however slimmed, still costs ~7 KB: its `PodSpec` is 1.4 KB and each
+/// `Container` 2.1 KB inline even when empty (heaptrack, docs/benchmarks.md). Decisions
+/// get a `Pod` rebuilt from this ([`CachedPod::to_pod`]) for the one reconcile.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct CachedPod {
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    spec: CachedSpec,
+    #[serde(default)]
+    status: Option<PodStatus>,
+}
+
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CachedSpec {
+    #[serde(default)]
+    node_name: Option<String>,
+    #[serde(default)]
+    containers: Vec<CachedContainer>,
+}
+
+#[derive(Clone, Debug, serde::Deserialize)]
+struct CachedContainer {
+    name: String,
+    #[serde(default)]
+    image: Option<String>,
+}
+
+impl CachedPod {
+    /// The pod as decisions read it.
+    pub fn to_pod(&self) -> Pod {
+        Pod {
+            metadata: self.metadata.clone(),
+            spec: Some(PodSpec {
+                node_name: self.spec.node_name.clone(),
+                containers: self
+                    .spec
+                    .containers
+                    .iter()
+                    .map(|c| Container {
+                        name: c.name.clone(),
+                        image: c.image.clone(),
+                        ..Container::default()
+                    })
+                    .collect(),
+                ..PodSpec::default()
+            }),
+            status: self.status.clone(),
+        }
+    }
+}
+
+// Pods, at the pods' URL: only the cached form differs.
+impl kube::Resource for CachedPod {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        <Pod as kube::Resource>::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        <Pod as kube::Resource>::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        <Pod as kube::Resource>::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        <Pod as kube::Resource>::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 /// The launcher-pod cache of the VMI controller.
 #[derive(Debug)]
 pub struct LauncherPods {
-    store: Store<Pod>,
+    store: Store<CachedPod>,
     /// VMI uid → (namespace, name) of its pods in `store`: the store is keyed by pod
     /// name (generated), and scanning 10,000 pods per reconcile would cost as the LIST
     /// did, only in our process.
@@ -39,17 +121,17 @@ pub struct LauncherPods {
 
 /// The VMI a launcher pod belongs to: its `kubevirt.io/created-by` label (a migration's
 /// target pod carries it too).
-fn owner_key(pod: &Pod) -> Option<&str> {
+fn owner_key(pod: &CachedPod) -> Option<&str> {
     pod.labels().get(CREATED_BY_LABEL).map(String::as_str)
 }
 
-fn pod_key(pod: &Pod) -> (String, String) {
+fn pod_key(pod: &CachedPod) -> (String, String) {
     (pod.namespace().unwrap_or_default(), pod.name_any())
 }
 
 impl LauncherPods {
     /// A cache over `store`, which the caller's reflector fills.
-    pub fn new(store: Store<Pod>, expectations: Expectations) -> Self {
+    pub fn new(store: Store<CachedPod>, expectations: Expectations) -> Self {
         Self {
             store,
             index: Mutex::new(HashMap::new()),
@@ -65,7 +147,7 @@ impl LauncherPods {
     /// Takes in a watch event the reflector has just applied to the store: the index
     /// first, then the expectations, so that an expectation is only ever satisfied once
     /// the pod that satisfies it can be read.
-    pub fn observe(&self, event: &watcher::Event<Pod>) {
+    pub fn observe(&self, event: &watcher::Event<CachedPod>) {
         match event {
             watcher::Event::Apply(pod) => {
                 let Some(key) = owner_key(pod) else { return };
@@ -105,7 +187,7 @@ impl LauncherPods {
                 }
                 *self.index() = fresh;
                 self.expectations.resync(|key| {
-                    self.pods_of(key)
+                    self.cached_of(key)
                         .iter()
                         .map(|p| {
                             (
@@ -120,9 +202,13 @@ impl LauncherPods {
         self.ready.observe(event);
     }
 
-    /// The cached pods of the VMI with `uid` (its own and migration targets): what the
-    /// LIST by `kubevirt.io/created-by=<uid>` returned.
-    pub fn pods_of(&self, uid: &str) -> Vec<Arc<Pod>> {
+    /// The cached pods of the VMI with `uid` (its own and migration targets) as decisions
+    /// read them: what the LIST by `kubevirt.io/created-by=<uid>` returned, slimmed.
+    pub fn pods_of(&self, uid: &str) -> Vec<Pod> {
+        self.cached_of(uid).iter().map(|p| p.to_pod()).collect()
+    }
+
+    fn cached_of(&self, uid: &str) -> Vec<Arc<CachedPod>> {
         let keys: Vec<(String, String)> = match self.index().get(uid) {
             Some(set) => set.iter().cloned().collect(),
             None => return Vec::new(),
@@ -151,15 +237,14 @@ impl LauncherPods {
 }
 
 /// Drops from a cached launcher pod everything the VMI controller's decisions
-/// ([`super::decide`]) do not read — managedFields, annotations, volumes, the containers'
-/// commands, environment and resources, the statuses' resources and volume mounts — so the
-/// cache costs a fraction of the pods' size (virt-controller's budget is 20 KB per VMI).
-/// Kept: the metadata (the created-by and VM-name labels, owner references, uid,
-/// timestamps), `spec.nodeName`,
-/// the compute container's name and image, and the phase, reason, message, the
-/// `DisruptionTarget` and `PodScheduled` conditions and the container states that can
-/// change a decision ([`worth_keeping`]). The cache is never written back.
-pub fn slim(pod: &mut Pod) {
+/// ([`super::decide`]) do not read and [`CachedPod`] did not skip already —
+/// managedFields, annotations, other labels, the statuses' resources and volume mounts —
+/// so the cache costs a fraction of the pods' size (virt-controller's budget is 20 KB per
+/// VMI). Kept: the metadata (the created-by and VM-name labels, owner references, uid,
+/// timestamps), `spec.nodeName`, the compute container's name and image, and the phase,
+/// reason, message, the `DisruptionTarget` and `PodScheduled` conditions and the container
+/// states that can change a decision ([`worth_keeping`]). The cache is never written back.
+pub fn slim(pod: &mut CachedPod) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     meta.annotations = None;
@@ -170,24 +255,10 @@ pub fn slim(pod: &mut Pod) {
             k == super::render::CREATED_BY_LABEL || k == super::render::VM_NAME_LABEL
         });
     }
-    if let Some(spec) = pod.spec.take() {
-        pod.spec = Some(PodSpec {
-            node_name: spec.node_name,
-            containers: spec
-                .containers
-                .into_iter()
-                // Only the compute container's image is read (a `Container` is 2 KiB
-                // even empty, and the sidecars add nothing a decision needs).
-                .filter(|c| c.name == super::render::COMPUTE_CONTAINER)
-                .map(|c| Container {
-                    name: c.name,
-                    image: c.image,
-                    ..Container::default()
-                })
-                .collect(),
-            ..PodSpec::default()
-        });
-    }
+    // Only the compute container's image is read.
+    pod.spec
+        .containers
+        .retain(|c| c.name == super::render::COMPUTE_CONTAINER);
     if let Some(status) = pod.status.take() {
         let slim_all = |list: Option<Vec<ContainerStatus>>| {
             list.map(|l| {
@@ -244,8 +315,8 @@ mod tests {
 
     use super::*;
 
-    fn pod(name: &str, uid: &str, vmi_uid: &str, deleting: bool) -> Pod {
-        let mut p: Pod = serde_json::from_value(json!({
+    fn pod(name: &str, uid: &str, vmi_uid: &str, deleting: bool) -> CachedPod {
+        let mut p: CachedPod = serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": "ns", "uid": uid,
                 "labels": {"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": vmi_uid}},
         }))
@@ -259,7 +330,7 @@ mod tests {
         p
     }
 
-    fn cache() -> (LauncherPods, reflector::store::Writer<Pod>) {
+    fn cache() -> (LauncherPods, reflector::store::Writer<CachedPod>) {
         let (reader, writer) = reflector::store();
         (
             LauncherPods::new(reader, Expectations::new(Duration::from_secs(300))),
@@ -267,12 +338,16 @@ mod tests {
         )
     }
 
-    fn apply(c: &LauncherPods, w: &mut reflector::store::Writer<Pod>, ev: watcher::Event<Pod>) {
+    fn apply(
+        c: &LauncherPods,
+        w: &mut reflector::store::Writer<CachedPod>,
+        ev: watcher::Event<CachedPod>,
+    ) {
         w.apply_watcher_event(&ev);
         c.observe(&ev);
     }
 
-    fn names(pods: &[Arc<Pod>]) -> Vec<String> {
+    fn names(pods: &[Pod]) -> Vec<String> {
         pods.iter().map(|p| p.name_any()).collect()
     }
 
@@ -384,7 +459,7 @@ mod tests {
 
     #[test]
     fn slim_drops_statuses_no_decision_reads() {
-        let mut p: Pod = serde_json::from_value(json!({
+        let mut p: CachedPod = serde_json::from_value(json!({
             "metadata": {"name": "virt-launcher-a-x", "namespace": "ns"},
             "status": {"phase": "Running",
                 "initContainerStatuses": [
@@ -414,7 +489,7 @@ mod tests {
 
     #[test]
     fn slim_keeps_what_decisions_read() {
-        let mut p: Pod = serde_json::from_value(json!({
+        let mut p: CachedPod = serde_json::from_value(json!({
             "metadata": {"name": "virt-launcher-a-x", "namespace": "ns", "uid": "u",
                 "labels": {"kubevirt.io/created-by": "vmi", "vm.kubevirt.io/name": "a",
                     "kubevirt.io": "virt-launcher", "app": "from-the-vmi"},
@@ -436,8 +511,9 @@ mod tests {
         }))
         .unwrap();
         slim(&mut p);
+        // Decisions read exactly what they read from a whole pod slimmed the old way.
         assert_eq!(
-            serde_json::to_value(&p).unwrap(),
+            serde_json::to_value(p.to_pod()).unwrap(),
             json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "virt-launcher-a-x", "namespace": "ns", "uid": "u",

@@ -228,12 +228,7 @@ pub async fn reconcile(
     };
     observe_phase(ctx, &uid, &vmi);
 
-    let mut pods: Vec<Pod> = state
-        .pods
-        .pods_of(&uid)
-        .iter()
-        .map(|p| (**p).clone())
-        .collect();
+    let mut pods: Vec<Pod> = state.pods.pods_of(&uid);
 
     let plan = decide::plan(&vmi, &pods);
     tracing::debug!(?plan, "planned");
