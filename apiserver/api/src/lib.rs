@@ -55,6 +55,11 @@ pub const SUBRESOURCES_GROUP: &str = "subresources.kubevirt.io";
 pub const COMPONENT_LABEL: &str = "kubevirt.io";
 /// Value of [`COMPONENT_LABEL`] on launcher pods.
 pub const LAUNCHER_COMPONENT: &str = "virt-launcher";
+/// Label virt-controller puts on every launcher pod (a migration's target included): the
+/// uid of the VMI it runs.
+pub const CREATED_BY_LABEL: &str = "kubevirt.io/created-by";
+/// Label virt-controller puts on every launcher pod: the name of the VMI it runs (its VM's).
+pub const VM_NAME_LABEL: &str = "vm.kubevirt.io/name";
 /// Value of [`COMPONENT_LABEL`] on virt-handler pods.
 pub const HANDLER_COMPONENT: &str = "virt-handler";
 /// The user (and group) virt-launcher, its libvirt and QEMU run as in a launcher pod

@@ -42,9 +42,9 @@ pub const LAUNCHER_LABEL: &str = kubevirt_api::COMPONENT_LABEL;
 /// Value of [`LAUNCHER_LABEL`] on launcher pods.
 pub const LAUNCHER_LABEL_VALUE: &str = kubevirt_api::LAUNCHER_COMPONENT;
 /// Label with the uid of the VMI a launcher pod runs.
-pub const CREATED_BY_LABEL: &str = "kubevirt.io/created-by";
+pub const CREATED_BY_LABEL: &str = kubevirt_api::CREATED_BY_LABEL;
 /// Label with the name of the VMI a launcher pod runs.
-pub const VM_NAME_LABEL: &str = "vm.kubevirt.io/name";
+pub const VM_NAME_LABEL: &str = kubevirt_api::VM_NAME_LABEL;
 /// VMI label naming the node its launcher runs on.
 pub const NODE_NAME_LABEL: &str = "kubevirt.io/nodeName";
 /// Device-plugin resource for /dev/kvm.

@@ -98,10 +98,16 @@ fn launcher(args: LauncherArgs) -> anyhow::Result<()> {
         section::Provenance::probe(format!("cargo xtask bench launcher --runs {runs}"));
     let bench = crate::guest::bench_launcher(runs)?;
     let body = format!(
-        "Both variants boot the tiny busybox guest of `cargo xtask guest` (same kernel and \
-         initramfs, TCG), alternating, {runs} boots each; the first, unmeasured boot warms \
-         virt-launcher only. Memory is measured once, at the last launcher's banner. Goals: \
-         overhead ≤ 1 s, ≤ 40 MiB per VM beside QEMU (KubeVirt reserves 240 MiB).\n\n{}",
+        "Three variants boot the tiny busybox guest of `cargo xtask guest` (same kernel and \
+         initramfs, TCG), alternating, {runs} boots each: bare QEMU, virt-launcher as root \
+         (libvirt's daemon in root mode: how the launcher ran in its privileged pod before \
+         issue 15's hardening) and virt-launcher as a launcher pod runs it (an ordinary \
+         user — `nobody` here, uid 107 in a pod, whose image has a passwd entry for it —, no \
+         capability, libvirt in session mode, its own QEMU capabilities cache), so the \
+         hardening's cost is measured in the same run. One unmeasured boot of each launcher \
+         warms its capabilities cache (a pod's comes seeded by virt-handler). Memory is \
+         measured once, at the last launcher's banner. Goals: overhead ≤ 1 s, ≤ 40 MiB per VM \
+         beside QEMU (KubeVirt reserves 240 MiB).\n\n{}",
         bench.markdown()
     );
     print!("{body}");
