@@ -76,7 +76,7 @@ pub enum Bench {
     Scale(scale::ScaleArgs),
     /// Every benchmark above, one after the other, each writing its section: the whole of
     /// docs/benchmarks.md from one command (needs the two-node local cluster with
-    /// kubevirt-rs deployed, and an otherwise idle machine; about 120 minutes on 2 CPUs).
+    /// kubevirt-rs deployed, and an otherwise idle machine; about 50 minutes on 2 CPUs).
     All(AllArgs),
 }
 
