@@ -142,16 +142,15 @@ fn pod_event(seen: &Mutex<Seen>, p: &Value, t: SystemTime) {
     ) {
         s.pods.entry(name.to_string()).or_insert(pod.to_string());
     }
-    note(seen, name, Step::TargetPodCreated, t);
-    if p.pointer("/spec/nodeName")
-        .and_then(Value::as_str)
-        .is_some_and(|n| !n.is_empty())
-    {
-        note(seen, name, Step::TargetPodScheduled, t);
-    }
-    if start_steps::init_done(p) {
-        note(seen, name, Step::TargetInitDone, t);
-    }
+    start_steps::pod_steps(
+        p,
+        [
+            Step::TargetPodCreated,
+            Step::TargetPodScheduled,
+            Step::TargetInitDone,
+        ],
+        |s| note(seen, name, s, t),
+    );
 }
 
 /// The client's watches of the namespace's migrations and their target pods.

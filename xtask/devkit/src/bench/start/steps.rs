@@ -276,21 +276,31 @@ fn pod_event(seen: &Arc<Mutex<Seen>>, p: &Value, t: SystemTime) {
     ) {
         s.pods.entry(vmi.to_string()).or_insert(pod.to_string());
     }
-    note(seen, vmi, Step::PodCreated, t);
+    pod_steps(
+        p,
+        [Step::PodCreated, Step::PodScheduled, Step::InitDone],
+        |s| note(seen, vmi, s, t),
+    );
+}
+
+/// A watched launcher pod's own steps, each handed to `note`: created (any event), bound
+/// to a node, init containers done.
+pub fn pod_steps<S: Copy>(p: &Value, [created, bound, init]: [S; 3], mut note: impl FnMut(S)) {
+    note(created);
     if p.pointer("/spec/nodeName")
         .and_then(Value::as_str)
         .is_some_and(|n| !n.is_empty())
     {
-        note(seen, vmi, Step::PodScheduled, t);
+        note(bound);
     }
     if init_done(p) {
-        note(seen, vmi, Step::InitDone, t);
+        note(init);
     }
 }
 
 /// Whether the kubelet reports a pod's init containers done (without init containers:
 /// whether a container runs).
-pub fn init_done(p: &Value) -> bool {
+fn init_done(p: &Value) -> bool {
     let inits = p
         .pointer("/status/initContainerStatuses")
         .and_then(Value::as_array);
