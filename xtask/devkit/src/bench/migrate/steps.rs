@@ -6,7 +6,7 @@
 //!   nodes' virt-handlers (the source's drives the transfer, the target's opens its proxy).
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -101,18 +101,11 @@ impl Step {
     }
 }
 
-/// What the watches saw, by migration name.
-#[derive(Default)]
-struct Seen {
-    at: BTreeMap<(String, Step), SystemTime>,
-    /// Target pod by migration name.
-    pods: BTreeMap<String, String>,
-}
+/// What the watches saw, by migration name (its target pod as the pod).
+type Seen = start_steps::Seen<Step>;
 
 fn note(seen: &Mutex<Seen>, name: &str, step: Step, t: SystemTime) {
-    if let Ok(mut s) = seen.lock() {
-        s.at.entry((name.to_string(), step)).or_insert(t);
-    }
+    Seen::note(seen, name, step, t);
 }
 
 fn vmim_event(seen: &Mutex<Seen>, v: &Value, t: SystemTime) {
@@ -136,12 +129,7 @@ fn pod_event(seen: &Mutex<Seen>, p: &Value, t: SystemTime) {
     else {
         return;
     };
-    if let (Some(pod), Ok(mut s)) = (
-        p.pointer("/metadata/name").and_then(Value::as_str),
-        seen.lock(),
-    ) {
-        s.pods.entry(name.to_string()).or_insert(pod.to_string());
-    }
+    Seen::first_pod(seen, name, p);
     start_steps::pod_steps(
         p,
         [
@@ -155,7 +143,7 @@ fn pod_event(seen: &Mutex<Seen>, p: &Value, t: SystemTime) {
 
 /// The client's watches of the namespace's migrations and their target pods.
 pub struct Watches {
-    children: Vec<Child>,
+    _children: start_steps::Children,
     seen: Arc<Mutex<Seen>>,
 }
 
@@ -188,27 +176,14 @@ impl Watches {
             let sink = seen.clone();
             children.push(start_steps::watch_json(cmd, move |v, t| on(&sink, v, t))?);
         }
-        Ok(Self { children, seen })
+        Ok(Self {
+            _children: start_steps::Children(children),
+            seen,
+        })
     }
 
     fn steps(&self, name: &str) -> (BTreeMap<Step, SystemTime>, Option<String>) {
-        let Ok(s) = self.seen.lock() else {
-            return (BTreeMap::new(), None);
-        };
-        let at = Step::ALL
-            .iter()
-            .filter_map(|st| Some((*st, *s.at.get(&(name.to_string(), *st))?)))
-            .collect();
-        (at, s.pods.get(name).cloned())
-    }
-}
-
-impl Drop for Watches {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        Seen::of(&self.seen, name)
     }
 }
 
@@ -332,11 +307,11 @@ mod tests {
             &serde_json::json!({"metadata": {"name": "virt-launcher-x", "annotations": {"kubevirt.io/migrationJobName": "m"}}, "spec": {"nodeName": "n2"}}),
             at,
         );
-        let s = seen.lock().unwrap();
-        assert!(s.at.contains_key(&("m".into(), Step::VmimTargetReady)));
-        assert!(!s.at.contains_key(&("m".into(), Step::Succeeded)));
-        assert!(s.at.contains_key(&("m".into(), Step::TargetPodScheduled)));
-        assert_eq!(s.pods["m"], "virt-launcher-x");
+        let (at, pod) = Seen::of(&seen, "m");
+        assert!(at.contains_key(&Step::VmimTargetReady));
+        assert!(!at.contains_key(&Step::Succeeded));
+        assert!(at.contains_key(&Step::TargetPodScheduled));
+        assert_eq!(pod.as_deref(), Some("virt-launcher-x"));
         assert_eq!(
             since_time(t("2026-12-05T03:00:00.9Z")),
             "2026-12-05T03:00:00Z"

@@ -242,40 +242,85 @@ pub fn burst_table(vms: &[Timeline]) -> String {
     s
 }
 
-/// What the client's watches saw, by VMI name: first times of the API-visible steps.
-#[derive(Default)]
-struct Seen {
-    at: BTreeMap<(String, Step), SystemTime>,
-    /// Launcher pod name by VMI name.
+/// What a benchmark's watches saw, by object name (a VMI's, a migration's): the first
+/// time of each API-visible step, and the first launcher pod seen for it.
+pub struct Seen<S> {
+    at: BTreeMap<(String, S), SystemTime>,
     pods: BTreeMap<String, String>,
+}
+
+impl<S> Default for Seen<S> {
+    fn default() -> Self {
+        Self {
+            at: BTreeMap::new(),
+            pods: BTreeMap::new(),
+        }
+    }
+}
+
+impl<S: Steps> Seen<S> {
+    /// Records `step` of `name` at `t` unless it was seen before.
+    pub fn note(seen: &Mutex<Self>, name: &str, step: S, t: SystemTime) {
+        if let Ok(mut s) = seen.lock() {
+            s.at.entry((name.to_string(), step)).or_insert(t);
+        }
+    }
+
+    /// Records pod `p` for `name` unless one was seen before (a VMI's migration target is
+    /// another pod of the same VMI: only the first counts).
+    pub fn first_pod(seen: &Mutex<Self>, name: &str, p: &Value) {
+        if let (Some(pod), Ok(mut s)) = (
+            p.pointer("/metadata/name").and_then(Value::as_str),
+            seen.lock(),
+        ) {
+            s.pods.entry(name.to_string()).or_insert(pod.to_string());
+        }
+    }
+
+    /// The steps of `name` seen so far, and its pod.
+    pub fn of(seen: &Mutex<Self>, name: &str) -> (BTreeMap<S, SystemTime>, Option<String>) {
+        let Ok(s) = seen.lock() else {
+            return (BTreeMap::new(), None);
+        };
+        let at = S::ALL
+            .iter()
+            .filter_map(|st| Some((*st, *s.at.get(&(name.to_string(), *st))?)))
+            .collect();
+        (at, s.pods.get(name).cloned())
+    }
+}
+
+/// The watch processes of a benchmark, killed and reaped when dropped.
+#[derive(Default)]
+pub struct Children(pub Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// `kubectl get vmi,pods -w` in the namespace, recording first times.
 pub(super) struct Watches {
-    children: Vec<Child>,
-    seen: Arc<Mutex<Seen>>,
+    _children: Children,
+    seen: Arc<Mutex<Seen<Step>>>,
 }
 
-fn note(seen: &Arc<Mutex<Seen>>, name: &str, step: Step, t: SystemTime) {
-    if let Ok(mut s) = seen.lock() {
-        s.at.entry((name.to_string(), step)).or_insert(t);
-    }
+fn note(seen: &Mutex<Seen<Step>>, name: &str, step: Step, t: SystemTime) {
+    Seen::note(seen, name, step, t);
 }
 
-fn pod_event(seen: &Arc<Mutex<Seen>>, p: &Value, t: SystemTime) {
+fn pod_event(seen: &Mutex<Seen<Step>>, p: &Value, t: SystemTime) {
     let Some(vmi) = p
         .pointer("/metadata/labels/vm.kubevirt.io~1name")
         .and_then(Value::as_str)
     else {
         return;
     };
-    // A migration target is another pod of the same VMI: only the first counts.
-    if let (Some(pod), Ok(mut s)) = (
-        p.pointer("/metadata/name").and_then(Value::as_str),
-        seen.lock(),
-    ) {
-        s.pods.entry(vmi.to_string()).or_insert(pod.to_string());
-    }
+    Seen::first_pod(seen, vmi, p);
     pod_steps(
         p,
         [Step::PodCreated, Step::PodScheduled, Step::InitDone],
@@ -336,7 +381,7 @@ pub fn watch_json(
     Ok(child)
 }
 
-fn vmi_event(seen: &Arc<Mutex<Seen>>, v: &Value, t: SystemTime) {
+fn vmi_event(seen: &Mutex<Seen<Step>>, v: &Value, t: SystemTime) {
     let Some(name) = v.pointer("/metadata/name").and_then(Value::as_str) else {
         return;
     };
@@ -353,7 +398,7 @@ impl Watches {
         for (args, on) in [
             (
                 vec!["-n", ns, "get", "vmi", "-w", "-o", "json"],
-                vmi_event as fn(&Arc<Mutex<Seen>>, &Value, SystemTime),
+                vmi_event as fn(&Mutex<Seen<Step>>, &Value, SystemTime),
             ),
             (
                 vec![
@@ -375,37 +420,23 @@ impl Watches {
             let sink = seen.clone();
             children.push(watch_json(cmd, move |v, t| on(&sink, v, t))?);
         }
-        Ok(Self { children, seen })
+        Ok(Self {
+            _children: Children(children),
+            seen,
+        })
     }
 
     fn get(&self, vmi: &str, step: Step) -> Option<SystemTime> {
-        self.seen
-            .lock()
-            .ok()?
-            .at
-            .get(&(vmi.to_string(), step))
-            .copied()
+        self.steps(vmi).get(&step).copied()
     }
 
     fn pod(&self, vmi: &str) -> Option<String> {
-        self.seen.lock().ok()?.pods.get(vmi).cloned()
+        Seen::of(&self.seen, vmi).1
     }
 
     /// The API-visible steps of `vmi` seen so far.
     fn steps(&self, vmi: &str) -> BTreeMap<Step, SystemTime> {
-        Step::ALL
-            .iter()
-            .filter_map(|s| Some((*s, self.get(vmi, *s)?)))
-            .collect()
-    }
-}
-
-impl Drop for Watches {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        Seen::of(&self.seen, vmi).0
     }
 }
 
