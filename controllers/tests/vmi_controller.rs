@@ -144,7 +144,10 @@ async fn vmi_controller_against_kube_apiserver() {
         .flatten()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(inits, ["virt-bin", "image-0"]);
+    // Only the busybox copy runs before the launcher; the image copiers run beside it.
+    assert_eq!(inits, ["virt-bin"]);
+    let containers: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(containers, ["compute", "image-0", "guest-console-log"]);
     assert_eq!(spec.termination_grace_period_seconds, Some(5 + 15));
     assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
 
@@ -255,7 +258,7 @@ async fn vmi_controller_against_kube_apiserver() {
         &pod_name,
         json!({"phase": "Pending",
                "conditions": [{"type": "PodScheduled", "status": "True"}],
-               "initContainerStatuses": waiting}),
+               "containerStatuses": waiting}),
     )
     .await;
     let b = env
@@ -268,9 +271,9 @@ async fn vmi_controller_against_kube_apiserver() {
         Some("Back-off pulling image")
     );
     assert!(cond(&b, "PodScheduled").is_none());
-    let failed = json!([{"name": "image-0", "image": "localhost/kubevirt-rs/test-guest:latest",
+    let failed = json!([{"name": "virt-bin", "image": "localhost/kubevirt-rs/virt-launcher:latest",
         "imageID": "", "ready": false, "restartCount": 0,
-        "state": {"terminated": {"exitCode": 1, "message": "cp: can't stat '/disk'"}}}]);
+        "state": {"terminated": {"exitCode": 1, "message": "cp: can't create '/virt-bin/busybox'"}}}]);
     env.pod_status(
         &pod_name,
         json!({"phase": "Failed", "initContainerStatuses": failed}),

@@ -65,3 +65,7 @@ pub const HANDLER_COMPONENT: &str = "virt-handler";
 /// The user (and group) virt-launcher, its libvirt and QEMU run as in a launcher pod
 /// (KubeVirt's `qemu` user; docs/node.md, "Privilege model").
 pub const LAUNCHER_UID: u32 = 107;
+/// Environment variable naming the FIFO a launcher holds open for its whole life: the
+/// pod's image copiers read it and end when it reaches end-of-file, i.e. with the launcher
+/// however it ends (virt-controller renders the pod, virt-launcher holds it).
+pub const LAUNCHER_LIFELINE_ENV: &str = "VIRT_LAUNCHER_LIFELINE";

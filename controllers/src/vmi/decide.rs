@@ -57,7 +57,8 @@ pub mod reasons {
     pub const GUEST_CRASHED: &str = "GuestCrashed";
     /// Failed: the launcher reported an error (exit code 1) or was killed.
     pub const LAUNCHER_FAILED: &str = "LauncherFailed";
-    /// Failed: an init container (image copy) or the pod itself failed.
+    /// Failed: the init container (the busybox copy) or the pod itself failed. (A failed
+    /// image copy fails the launcher, which names the file: [`LAUNCHER_FAILED`].)
     pub const POD_FAILED: &str = "PodFailed";
     /// Succeeded: the launcher exited 0 after the guest shut down.
     pub const POD_COMPLETED: &str = "PodCompleted";
@@ -345,7 +346,7 @@ fn pod_outcome(p: &Pod) -> (Phase, &'static str, String) {
             "the launcher pod completed".into(),
         );
     }
-    // No compute state: an init container (image copy) failed, or the pod was
+    // No compute state: the init container (the busybox copy) failed, or the pod was
     // rejected by the kubelet.
     let init_failure = status
         .and_then(|s| s.init_container_statuses.as_ref())

@@ -9,8 +9,8 @@ use kubevirt_api::VirtualMachineInstance;
 use serde_json::json;
 
 use super::render::{
-    CONSOLE_LOG_CONTAINER, COPY_FN, ImageCopy, LauncherConfig, PodRenderError, copy_script,
-    hostname_of, image_copies, launcher_pod, memory_overhead_mib,
+    CONSOLE_LOG_CONTAINER, COPY_FN, ImageCopy, LauncherConfig, PodRenderError, copier_script_with,
+    copy_script, hostname_of, image_copies, launcher_pod, memory_overhead_mib,
 };
 
 fn vmi() -> VirtualMachineInstance {
@@ -125,6 +125,99 @@ fn one_copier_per_image_with_exactly_the_files_used() {
              && copy '/images/data.qcow2' '/var/run/kubevirt-rs/images/1/images/data.qcow2'"
         )
     );
+}
+
+/// A copier container run for real (the host's sh, as busybox's in the pod): it copies,
+/// leaves `DIR.done`, lives while the launcher holds its lifeline and ends when the
+/// launcher does; a failed copy leaves `DIR.failed` with the message; a launcher that
+/// already ended in an orderly way is not waited for.
+#[test]
+fn image_copier_lives_as_long_as_the_launcher() {
+    use std::time::{Duration, Instant};
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("img");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("vmlinuz"), b"kernel").unwrap();
+    let life = root.path().join("life");
+    let ended = root.path().join("ended");
+    let spawn = |file: &str, dir: &str| {
+        let copy = ImageCopy {
+            image: "i".into(),
+            pull_policy: None,
+            files: vec![format!("{}/{file}", src.display())],
+        };
+        let dir = root.path().join(dir).display().to_string();
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(copier_script_with(
+                &copy,
+                &dir,
+                &life.display().to_string(),
+                &ended.display().to_string(),
+            ))
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let wait_exit = |c: &mut std::process::Child, within: Duration| {
+        let t = Instant::now();
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                return Some(s);
+            }
+            if t.elapsed() > within {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let until = |p: &std::path::Path| {
+        let t = Instant::now();
+        while !p.exists() {
+            assert!(t.elapsed() < Duration::from_secs(10), "{}", p.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+
+    // The launcher holds its lifeline (a FIFO opened read-write, as virt-launcher does).
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&life)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let launcher = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&life)
+        .unwrap();
+    let mut copier = spawn("vmlinuz", "0");
+    until(&root.path().join("0.done"));
+    let copied = root.path().join("0").join(src.strip_prefix("/").unwrap());
+    assert_eq!(std::fs::read(copied.join("vmlinuz")).unwrap(), b"kernel");
+    assert!(
+        wait_exit(&mut copier, Duration::from_millis(1500)).is_none(),
+        "the copier must live while the launcher does"
+    );
+    drop(launcher);
+    let status = wait_exit(&mut copier, Duration::from_secs(5)).expect("ends with the launcher");
+    assert!(status.success());
+
+    // A failed copy: DIR.failed names the file, the copier fails.
+    let mut failing = spawn("missing", "1");
+    let status = wait_exit(&mut failing, Duration::from_secs(5)).expect("a failed copy ends");
+    assert!(!status.success());
+    let message = std::fs::read_to_string(root.path().join("1.failed")).unwrap();
+    assert!(message.contains("missing"), "{message}");
+    assert!(!root.path().join("1.done").exists());
+
+    // The launcher ended (orderly) before the copier reached its lifeline.
+    std::fs::write(&ended, b"").unwrap();
+    let mut late = spawn("vmlinuz", "2");
+    let status = wait_exit(&mut late, Duration::from_secs(5)).expect("no launcher to wait for");
+    assert!(status.success());
+    assert!(root.path().join("2.done").exists());
 }
 
 /// The copier run for real (the host's sh and find, as busybox's in the pod): regular

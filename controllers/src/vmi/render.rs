@@ -3,10 +3,12 @@
 //! - The VMI reaches the launcher as a file through a downwardAPI volume projecting the
 //!   pod annotation [`VMI_ANNOTATION`], so the pod needs no API access at all.
 //! - Container images of the VMI (containerDisks, the kernelBoot container) are copied
-//!   out by init containers: the local cluster's containerd 1.6 has no image volumes.
-//!   `virt-bin` puts the launcher image's static busybox in an emptyDir, then one init
-//!   container per distinct image runs that busybox inside the image and copies exactly
-//!   the files the launcher opens; the launcher gets `--image-dir IMAGE=DIR`.
+//!   out by the pod's own containers: the local cluster's containerd 1.6 has no image
+//!   volumes. The init container `virt-bin` puts the launcher image's static busybox in an
+//!   emptyDir, then one container per distinct image (`image-N`, beside the launcher, as
+//!   KubeVirt's `volumecontainerdisk`) runs that busybox inside the image, copies exactly
+//!   the files the launcher opens and lives as long as the launcher ([`copier_script`]);
+//!   the launcher gets `--image-dir IMAGE=DIR` and waits for each copy.
 //! - The command, console and VNC sockets live in an emptyDir: the pod has no hostPath at
 //!   all (Pod Security `restricted` admits it). virt-handler reaches the directory through
 //!   `/proc/<pid>/root` of the compute container, the pod found by the uid the VMI's
@@ -74,6 +76,14 @@ pub const CONSOLE_LOG_CONTAINER: &str = "guest-console-log";
 /// Shared by the compute container (QEMU writes) and the log container (reads, empties).
 const CONSOLE_LOG_DIR: &str = "/var/run/kubevirt-rs/console-log";
 const CONSOLE_LOG_FILE: &str = "/var/run/kubevirt-rs/console-log/serial0.log";
+/// The launcher's lifeline: a FIFO it holds open for its whole life, which the image
+/// copiers read until end-of-file (the kernel closes it however the launcher ends), in a
+/// directory of its own that only the compute container writes.
+const LIFE_DIR: &str = "/var/run/kubevirt-rs/life";
+const LIFELINE: &str = "/var/run/kubevirt-rs/life/launcher";
+/// Written by the launcher when it ends in an orderly way (errors included): a copier
+/// that had not reached the lifeline yet stops waiting for it.
+const LIFELINE_ENDED: &str = "/var/run/kubevirt-rs/life/ended";
 
 /// Cluster-wide inputs of launcher pods.
 #[derive(Clone, Debug, PartialEq)]
@@ -296,6 +306,44 @@ fn sh_quote(s: &str) -> String {
 pub const COPY_FN: &str = "copy() { bad=$(find \"$1\" ! -type f ! -type d 2>/dev/null | head -n 1); \
      if [ -n \"$bad\" ]; then echo \"$bad in the image is not a regular file or directory \
      (symbolic links, devices and FIFOs are refused)\" >&2; exit 1; fi; cp -R \"$1\" \"$2\"; }";
+
+/// The command of an image's copier container, which runs beside the launcher for the
+/// launcher's whole life: copy ([`copy_script`]), then leave `DIR.done` for the launcher
+/// (or `DIR.failed` with the error, and fail), then live until the launcher ends. A
+/// container that ended earlier would make the pod NotReady and take the VM out of its
+/// Services; one that outlived the launcher would keep the pod Running after the guest.
+///
+/// The copier learns the launcher's end from [`LIFELINE`], a FIFO the launcher holds open
+/// as a writer: `cat` on it returns at end-of-file, when the launcher is gone however it
+/// ended (an OOM kill included). Opening a FIFO nobody holds blocks, so a launcher that
+/// ended before the copier opened it must be seen otherwise: by [`LIFELINE_ENDED`], which
+/// it writes when it ends in an orderly way, or, for a kill in that instant, after 30 s.
+/// The blocked `cat` is then killed with SIGKILL: a SIGTERM reaching the forked shell
+/// before it became `cat` would run the inherited trap instead and be lost.
+pub fn copier_script(copy: &ImageCopy, dir: &str) -> String {
+    copier_script_with(copy, dir, LIFELINE, LIFELINE_ENDED)
+}
+
+/// [`copier_script`] with the lifeline elsewhere (tests run it on the host).
+pub fn copier_script_with(copy: &ImageCopy, dir: &str, lifeline: &str, ended: &str) -> String {
+    let done = sh_quote(&format!("{dir}.done"));
+    let failed = sh_quote(&format!("{dir}.failed"));
+    let failed_tmp = sh_quote(&format!("{dir}.failed.tmp"));
+    let (life, ended) = (sh_quote(lifeline), sh_quote(ended));
+    format!(
+        "trap 'exit 0' TERM INT; \
+         if out=$( ( {copy} ) 2>&1 ); then : > {done}; \
+         else printf '%s\\n' \"$out\" >&2; printf '%s\\n' \"$out\" > {failed_tmp}; \
+         mv {failed_tmp} {failed}; exit 1; fi; \
+         n=0; until [ -p {life} ]; do [ -e {ended} ] && exit 0; n=$((n+1)); \
+         [ $n -gt 3000 ] && exit 0; sleep 0.1; done; [ -e {ended} ] && exit 0; \
+         cat {life} > /dev/null & c=$!; \
+         n=0; until [ -e /proc/$c/fd/3 ]; do [ -e {ended} ] && break; n=$((n+1)); \
+         [ $n -gt 300 ] && break; sleep 0.1; done; \
+         [ -e /proc/$c/fd/3 ] || kill -9 $c 2>/dev/null; wait $c; exit 0",
+        copy = copy_script(copy, dir),
+    )
+}
 
 /// The shell script of an image's copier: create the parents, then copy each file
 /// (or directory) to the same path under `dir`, regular files only ([`COPY_FN`]).
@@ -578,7 +626,11 @@ pub fn launcher_pod(
     }
 
     // containerd 1.6 has no image volumes: like KubeVirt, a static busybox from the
-    // launcher image runs inside each disk image and copies the files out.
+    // launcher image runs inside each disk image and copies the files out. Only the
+    // busybox copy is an init container: the kubelet starts the next container of a pod
+    // only after its relist (every second) has seen the previous init container exit, so
+    // the copiers run beside the launcher, which waits for their `.done` files
+    // ([`copier_script`]) while it starts.
     let console_log = serial_console_log(vmi, cfg);
     if console_log {
         args.push("--console-log".into());
@@ -590,10 +642,20 @@ pub fn launcher_pod(
     let guaranteed = limits.contains_key("cpu") && limits.contains_key("memory");
 
     let mut init_containers = Vec::new();
+    let mut copiers = Vec::new();
+    let mut lifeline_env = Vec::new();
     if !copies.is_empty() {
         mounts.push(mount("images", IMAGES_DIR, true));
+        mounts.push(mount("life", LIFE_DIR, false));
         volumes.push(empty("virt-bin"));
         volumes.push(empty("images"));
+        volumes.push(empty("life"));
+        args.push("--await-image-copies".into());
+        lifeline_env.push(EnvVar {
+            name: kubevirt_api::LAUNCHER_LIFELINE_ENV.into(),
+            value: Some(LIFELINE.into()),
+            ..EnvVar::default()
+        });
         let no_term_log = || Some("FallbackToLogsOnError".to_string());
         init_containers.push(Container {
             name: "virt-bin".into(),
@@ -611,7 +673,7 @@ pub fn launcher_pod(
             ..Container::default()
         });
         for (n, c) in copies.iter().enumerate() {
-            init_containers.push(Container {
+            copiers.push(Container {
                 name: format!("image-{n}"),
                 image: Some(c.image.clone()),
                 image_pull_policy: c.pull_policy.clone(),
@@ -619,11 +681,13 @@ pub fn launcher_pod(
                     format!("{VIRT_BIN_DIR}/busybox"),
                     "sh".into(),
                     "-c".into(),
-                    copy_script(c, &image_dir(n)),
+                    copier_script(c, &image_dir(n)),
                 ]),
+                resources: Some(copier_resources(guaranteed)),
                 volume_mounts: Some(vec![
                     mount("virt-bin", VIRT_BIN_DIR, true),
                     mount("images", IMAGES_DIR, false),
+                    mount("life", LIFE_DIR, true),
                 ]),
                 termination_message_policy: no_term_log(),
                 security_context: Some(unprivileged()),
@@ -691,25 +755,30 @@ pub fn launcher_pod(
                 // The launcher reports the pod IP as the VMI's interface address; the
                 // kubelet knows it, the launcher's own route lookup may not (no default
                 // route on some pod networks).
-                env: Some(vec![
-                    field_env("POD_IP", "status.podIP"),
-                    // Expands the sockets subpath.
-                    field_env("NODE_NAME", "spec.nodeName"),
-                    // The interface on the pod network is a tap virt-handler builds in
-                    // this pod (docs/design-node-privilege-and-network.md).
-                    EnvVar {
-                        name: "VIRT_LAUNCHER_NETWORK".into(),
-                        value: Some("pod".into()),
-                        ..EnvVar::default()
-                    },
-                    // libvirt's client library reads its configuration below $HOME; the
-                    // root filesystem is read-only.
-                    EnvVar {
-                        name: "HOME".into(),
-                        value: Some(format!("{RUN_DIR}/work")),
-                        ..EnvVar::default()
-                    },
-                ]),
+                env: Some(
+                    vec![
+                        field_env("POD_IP", "status.podIP"),
+                        // Expands the sockets subpath.
+                        field_env("NODE_NAME", "spec.nodeName"),
+                        // The interface on the pod network is a tap virt-handler builds in
+                        // this pod (docs/design-node-privilege-and-network.md).
+                        EnvVar {
+                            name: "VIRT_LAUNCHER_NETWORK".into(),
+                            value: Some("pod".into()),
+                            ..EnvVar::default()
+                        },
+                        // libvirt's client library reads its configuration below $HOME; the
+                        // root filesystem is read-only.
+                        EnvVar {
+                            name: "HOME".into(),
+                            value: Some(format!("{RUN_DIR}/work")),
+                            ..EnvVar::default()
+                        },
+                    ]
+                    .into_iter()
+                    .chain(lifeline_env)
+                    .collect(),
+                ),
                 resources: Some(ResourceRequirements {
                     requests: Some(requests),
                     limits: (!limits.is_empty()).then_some(limits),
@@ -725,6 +794,7 @@ pub fn launcher_pod(
                 ..Container::default()
             }]
             .into_iter()
+            .chain(copiers)
             .chain(console_log.then(|| console_log_container(cfg, guaranteed)))
             .collect(),
             volumes: Some(volumes),
@@ -790,6 +860,24 @@ fn console_log_container(cfg: &LauncherConfig, guaranteed: bool) -> Container {
         security_context: Some(unprivileged()),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Container::default()
+    }
+}
+
+/// An image copier's resources: it copies once (files of any size: no CPU limit unless the
+/// pod must be Guaranteed) and then sleeps in `cat`. Page cache is reclaimable, so the
+/// memory limit does not bound what it copies.
+fn copier_resources(guaranteed: bool) -> ResourceRequirements {
+    let mut limits = BTreeMap::from([("memory".to_string(), q("64Mi"))]);
+    let requests = if guaranteed {
+        limits.insert("cpu".into(), q("100m"));
+        limits.clone()
+    } else {
+        BTreeMap::from([("cpu".to_string(), q("10m")), ("memory".into(), q("16Mi"))])
+    };
+    ResourceRequirements {
+        requests: Some(requests),
+        limits: Some(limits),
+        ..ResourceRequirements::default()
     }
 }
 

@@ -49,6 +49,10 @@ pub struct Args {
     /// Map a container image reference to a local directory: IMAGE=DIR (repeatable).
     #[arg(long = "image-dir", value_name = "IMAGE=DIR")]
     image_dirs: Vec<String>,
+    /// The pod copies the images into their `--image-dir` directories while the launcher
+    /// starts: wait for each copier's DIR.done (or DIR.failed) first.
+    #[arg(long)]
+    await_image_copies: bool,
     /// Where a persistentVolumeClaim volume is mounted: VOLUME=PATH, a directory
     /// (Filesystem mode, disk.img inside) or a block device (repeatable).
     #[arg(long = "claim", value_name = "VOLUME=PATH")]
@@ -108,16 +112,19 @@ impl Args {
                 bail!("--image-dir {m:?}: expected IMAGE=DIR");
             };
             let dir = PathBuf::from(dir);
-            if !dir.is_dir() {
+            // Still being copied: looked at once the copier is done.
+            let dir = if self.await_image_copies {
+                std::path::absolute(&dir).with_context(|| dir.display().to_string())?
+            } else if !dir.is_dir() {
                 bail!("--image-dir {m:?}: {} is not a directory", dir.display());
-            }
-            images.insert(
-                image.to_string(),
+            } else {
                 dir.canonicalize()
-                    .with_context(|| dir.display().to_string())?,
-            );
+                    .with_context(|| dir.display().to_string())?
+            };
+            images.insert(image.to_string(), dir);
         }
         cfg.images = ImageDirs(images);
+        cfg.await_image_copies = self.await_image_copies;
         cfg.claims = virt_launcher::claims::Claims::from_args(&self.claims, &self.claim_disk_sizes)
             .map_err(anyhow::Error::msg)?;
         cfg.vnc_socket = self.vnc_socket;

@@ -34,6 +34,9 @@ pub struct Config {
     pub vnc_socket: Option<PathBuf>,
     /// Image reference → directory.
     pub images: ImageDirs,
+    /// The pod's image copiers fill [`Config::images`] while the launcher starts: wait
+    /// for their results before opening them ([`crate::lifeline`]).
+    pub await_image_copies: bool,
     /// Where the pod mounts the VMI's claims (`--claim`).
     pub claims: crate::claims::Claims,
     /// Existing libvirt to use instead of a private daemon.
@@ -71,6 +74,7 @@ impl Config {
             console_log: None,
             vnc_socket: None,
             images: ImageDirs::default(),
+            await_image_copies: false,
             claims: crate::claims::Claims::default(),
             libvirt_uri: None,
             libvirt_cache: PathBuf::from("/var/cache/kubevirt-rs/libvirt"),
@@ -113,6 +117,9 @@ pub enum LauncherError {
     /// A volume cannot be prepared.
     #[error(transparent)]
     Volume(#[from] VolumeError),
+    /// An image copy failed (or the wait for it was stopped).
+    #[error(transparent)]
+    ImageCopy(#[from] crate::lifeline::LifelineError),
     /// The VMI cannot be converted.
     #[error("converting VMI to a libvirt domain: {0}")]
     Convert(#[from] ConvertError),
@@ -492,6 +499,9 @@ pub async fn run(
         tokio::spawn(async move { crate::network::receive(sock.as_deref(), wait, &stop).await })
     });
 
+    if cfg.await_image_copies {
+        crate::lifeline::await_copies(&cfg.images, &shutdown).await?;
+    }
     let prepared = {
         let (vmi, images, claims, dir) = (
             vmi.clone(),

@@ -10,6 +10,7 @@ pub mod daemon;
 #[cfg(test)]
 mod fake;
 pub mod launcher;
+pub mod lifeline;
 pub mod network;
 pub mod probe;
 pub mod reaper;

@@ -63,6 +63,9 @@ fn main() -> anyhow::Result<()> {
         ))?;
         return Ok(());
     }
+    // Before anything can fail: the pod's image copiers end with this process, however it
+    // ends (virt_launcher::lifeline).
+    let lifeline = virt_launcher::lifeline::hold_from_env()?;
     let cfg = cli::Args::parse().into_config()?;
     // The first line of the compute container's log: where `bench start` sees the process.
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "virt-launcher started");
@@ -78,6 +81,8 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let code = rt.block_on(async_main(cfg))?;
+    // `exit` runs no destructors.
+    drop(lifeline);
     std::process::exit(code)
 }
 

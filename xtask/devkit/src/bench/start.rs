@@ -919,12 +919,18 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
     let after = snapshot(&kube)?;
     sample_rss(&mut rss_peak);
     // What a running VM really takes here, against what its pod requests. The primer runs
-    // too. (comm names stop at 15 characters.)
-    let vm_rss: u64 = ["qemu-system-x86", "libvirtd", "virtlogd", "virt-launcher"]
-        .iter()
-        .flat_map(|c| rss_of(c))
-        .map(|(_, r)| r)
-        .sum::<u64>()
+    // too. (comm names stop at 15 characters; `busybox` is each pod's image copier.)
+    let vm_rss: u64 = [
+        "qemu-system-x86",
+        "libvirtd",
+        "virtlogd",
+        "virt-launcher",
+        "busybox",
+    ]
+    .iter()
+    .flat_map(|c| rss_of(c))
+    .map(|(_, r)| r)
+    .sum::<u64>()
         / (count as u64 + 1);
 
     let to_running: Vec<Duration> = created
