@@ -29,7 +29,6 @@ use kubevirt_api::{
 
 use super::claims::{self, ClaimMove};
 use crate::vmi::decide::PodRef;
-use crate::vmi::render::COMPUTE_CONTAINER;
 
 /// Limits and timeouts; KubeVirt's defaults (`pkg/virt-config`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -207,17 +206,6 @@ fn node_of(p: &Pod) -> Option<&str> {
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
         .filter(|n| !n.is_empty())
-}
-
-fn compute_running(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|c| {
-            c.name == COMPUTE_CONTAINER && c.state.as_ref().is_some_and(|s| s.running.is_some())
-        })
 }
 
 fn pod_ref(p: &Pod) -> PodRef {
@@ -844,9 +832,13 @@ fn decide_phase(step: &mut Step<'_>, cfg: &MigrationConfig) {
 
     if phase == Phase::Scheduling {
         let target_node = node_of(target);
-        if let Some(node) =
-            target_node.filter(|_| pod_phase(target) == "Running" && compute_running(target))
-        {
+        // Hand-off as soon as the target pod is bound, not once the kubelet reports its
+        // launcher running: that report comes a relist or two after the launcher runs
+        // (1–2 s with the pod's containers started one by one), while the target handler
+        // already serves the bound pod (its network) and waits for the launcher's socket
+        // itself (and fails the migration if it never comes). A target that ends first
+        // is caught above.
+        if let Some(node) = target_node {
             // Hand-off: the VMI now names both ends; the target handler prepares.
             let moves = claims::planned_moves(vmi, &uid);
             let migrated = match claims::migrated_volumes(vmi, &moves, o.claims) {

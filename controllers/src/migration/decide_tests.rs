@@ -143,6 +143,8 @@ fn target_pod(state: &str) -> Pod {
             )
         }
         "running" | "adopted" => (Some("node-2"), running),
+        // Bound, its containers not reported started yet.
+        "bound" => (Some("node-2"), json!({"phase": "Pending"})),
         "failed" => (
             Some("node-2"),
             json!({"phase": "Failed", "message": "launcher crashed"}),
@@ -365,6 +367,17 @@ fn scheduling_waits_for_the_target_then_hands_off() {
     assert_eq!(d.status.phase, Phase::Scheduling);
     assert_eq!(d.vmi_status, None);
     assert!(d.requeue.is_some());
+
+    // Bound is enough: the target handler waits for the launcher itself.
+    let bound = run(
+        &m,
+        Some(&v),
+        &[source_pod(), target_pod("bound")],
+        &[],
+        None,
+    );
+    assert_eq!(bound.status.phase, Phase::Scheduled);
+    assert_eq!(vmi_state(&bound).target_node.as_deref(), Some("node-2"));
 
     let d = run(
         &m,

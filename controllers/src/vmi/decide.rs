@@ -564,7 +564,11 @@ pub fn derive_status(
             let uid = pod_uid(p);
             let node = match known.get(&uid).filter(|n| !n.is_empty()) {
                 Some(n) => n.clone(),
-                None if launched(p) => node_of(p).unwrap_or_default().to_string(),
+                // A migration's target at binding: its handler prepares the target from
+                // then on (the migration controller hands off at binding).
+                None if launched(p) || migration_target(p) => {
+                    node_of(p).unwrap_or_default().to_string()
+                }
                 None => String::new(),
             };
             (uid, node)

@@ -737,7 +737,7 @@ fn an_unschedulable_pod_with_unbound_claims_waits_for_volume_binding() {
 /// `activePods`): the target node's virt-handler finds its launcher there. A finished or
 /// deleted target is not.
 #[test]
-fn a_launched_migration_target_is_an_active_pod() {
+fn a_bound_migration_target_is_an_active_pod_on_its_node() {
     let mut v = vmi("Running");
     v.status.as_mut().unwrap().node_name = Some("n1".into());
     v.status.as_mut().unwrap().active_pods =
@@ -752,13 +752,25 @@ fn a_launched_migration_target_is_an_active_pod() {
         ]);
         t
     };
-    let pending = target(json!({"phase": "Pending"}));
-    let s = derive_status(&v, &[running_pod(), pending], None, now());
+    let mut unbound = target(json!({"phase": "Pending"}));
+    unbound.spec.as_mut().unwrap().node_name = None;
+    let s = derive_status(&v, &[running_pod(), unbound], None, now());
     assert_eq!(
         s.active_pods,
         Some(BTreeMap::from([
             ("p-uid".to_string(), "n1".to_string()),
             ("t-uid".to_string(), String::new()),
+        ]))
+    );
+    // Bound is enough for a target (its handler prepares from the hand-off on); a VMI's
+    // own pod is recorded once launched.
+    let bound = target(json!({"phase": "Pending"}));
+    let s = derive_status(&v, &[running_pod(), bound], None, now());
+    assert_eq!(
+        s.active_pods,
+        Some(BTreeMap::from([
+            ("p-uid".to_string(), "n1".to_string()),
+            ("t-uid".to_string(), "n2".to_string()),
         ]))
     );
     let launched =

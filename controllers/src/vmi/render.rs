@@ -872,7 +872,9 @@ fn copier_resources(guaranteed: bool) -> ResourceRequirements {
         limits.insert("cpu".into(), q("100m"));
         limits.clone()
     } else {
-        BTreeMap::from([("cpu".to_string(), q("10m")), ("memory".into(), q("16Mi"))])
+        // A sleeping busybox `sh` and `cat` take about a MiB (KubeVirt requests 1M for its
+        // container-disk containers).
+        BTreeMap::from([("cpu".to_string(), q("10m")), ("memory".into(), q("4Mi"))])
     };
     ResourceRequirements {
         requests: Some(requests),

@@ -974,7 +974,7 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
          | virt-controller (largest replica) | {} | ≈ 63–66 MB |\n\
          | virt-apiserver (virt-api) | {} | ≈ 140–145 MB |\n\
          | virt-handler | {} | ≈ 15–25 MB |\n\n\
-         Memory of one running VM (QEMU + libvirtd + virtlogd + virt-launcher RSS, averaged): {}; \
+         Memory of one running VM (QEMU + libvirtd + virtlogd + virt-launcher + image copier RSS, averaged): {}; \
          its pod requests {}.\n",
         to_running.len(),
         quantiles(&to_running),

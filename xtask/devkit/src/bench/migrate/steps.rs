@@ -56,7 +56,9 @@ impl Steps for Step {
             Step::VmimCreated => "VMIM created (watch)",
             Step::TargetPodCreated => "target launcher pod created (watch)",
             Step::TargetPodScheduled => "target pod scheduled: nodeName set (watch)",
-            Step::TargetInitDone => "target's init containers done: kubelet's status (watch)",
+            Step::TargetInitDone => {
+                "target's init container (busybox copy) done: kubelet's status (watch)"
+            }
             Step::TargetLauncherStarted => "target virt-launcher started (its first log line)",
             Step::TargetLibvirtReady => "target's private libvirt daemon ready (launcher log)",
             Step::TargetWaiting => {
