@@ -217,10 +217,22 @@ pub fn collect(
     }
     let (mut at, pod) = w.steps(name);
     let pod = pod.with_context(|| format!("no target pod of migration {name} was seen"))?;
-    let launcher = kube.run(
-        &["-n", ns, "logs", "--timestamps", "-c", "compute", &pod],
-        None,
-    )?;
+    // The migration can end before the kubelet reports the target's containers started
+    // (the hand-off is at binding), and until then the API refuses their logs.
+    let mut tries = 0;
+    let launcher = loop {
+        match kube.run(
+            &["-n", ns, "logs", "--timestamps", "-c", "compute", &pod],
+            None,
+        ) {
+            Ok(log) => break log,
+            Err(e) if tries < 50 && format!("{e:#}").contains("waiting to start") => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(e),
+        }
+    };
     at.extend(start_steps::logged_steps(
         &launcher,
         created,
