@@ -63,8 +63,61 @@ fn kv_field(c: &Cluster, jsonpath: &str) -> String {
     .unwrap_or_default()
 }
 
-fn kv_available(c: &Cluster) -> bool {
-    kv_field(c, r#"{.status.conditions[?(@.type=="Available")].status}"#) == "True"
+/// The KubeVirt resource's status as one read: conditions that combine fields must not
+/// read them one request apiece (a phase read before the operator saw a patch and an
+/// observedGeneration read after it would pass for a finished rollout).
+struct KvStatus {
+    generation: i64,
+    observed_generation: i64,
+    phase: String,
+    version: String,
+    available: bool,
+    degraded: String,
+}
+
+fn kv_status(c: &Cluster) -> Option<KvStatus> {
+    let out = c
+        .kubectl(&[
+            "-n", "kubevirt", "get", "kubevirt", "kubevirt", "-o", "json",
+        ])
+        .ok()?;
+    let kv: serde_json::Value = serde_json::from_str(&out).ok()?;
+    let st = &kv["status"];
+    let condition = |type_: &str| {
+        st["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == type_)
+            .and_then(|c| c["status"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    Some(KvStatus {
+        generation: kv["metadata"]["generation"].as_i64()?,
+        observed_generation: st["observedGeneration"].as_i64().unwrap_or(-1),
+        phase: st["phase"].as_str().unwrap_or_default().to_string(),
+        version: st["observedKubeVirtVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        available: condition("Available") == "True",
+        degraded: condition("Degraded"),
+    })
+}
+
+impl KvStatus {
+    /// Deployed, Available and caught up with the latest spec (at `version` when given).
+    fn rolled_out(&self, version: Option<&str>) -> bool {
+        self.phase == "Deployed"
+            && self.available
+            && self.observed_generation == self.generation
+            && version.is_none_or(|v| self.version == v)
+    }
+}
+
+fn kv_rolled_out(c: &Cluster, version: Option<&str>) -> bool {
+    kv_status(c).is_some_and(|s| s.rolled_out(version))
 }
 
 fn operator_diagnosis(c: &Cluster) -> String {
@@ -488,7 +541,7 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
     c.kubectl_stdin(&["apply", "-f", "-"], Some(KUBEVIRT_CR))
         .expect("apply KubeVirt's own kubevirt-cr.yaml");
     if let Err(e) = c.eventually("KubeVirt Available", Duration::from_secs(180), || {
-        Ok(kv_available(c) && kv_field(c, "{.status.phase}") == "Deployed")
+        Ok(kv_rolled_out(c, None))
     }) {
         panic!("{e:#}\n{}", operator_diagnosis(c));
     }
@@ -522,9 +575,7 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
     ])
     .expect("patch the KubeVirt resource at v1");
     if let Err(e) = c.eventually("KubeVirt Available again", Duration::from_secs(180), || {
-        Ok(kv_available(c)
-            && kv_field(c, "{.status.phase}") == "Deployed"
-            && kv_field(c, "{.status.observedGeneration}") == kv_field(c, "{.metadata.generation}"))
+        Ok(kv_rolled_out(c, None))
     }) {
         panic!("{e:#}\n{}", operator_diagnosis(c));
     }
@@ -681,10 +732,7 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
     let t1 = Instant::now();
     set_tag(UPGRADE_TAG);
     let upgraded = c.eventually("upgrade deployed", Duration::from_secs(300), || {
-        Ok(
-            kv_field(c, "{.status.observedKubeVirtVersion}") == UPGRADE_TAG
-                && kv_field(c, "{.status.phase}") == "Deployed",
-        )
+        Ok(kv_rolled_out(c, Some(UPGRADE_TAG)))
     });
     // A few more requests against the new pods.
     std::thread::sleep(Duration::from_secs(3));
@@ -772,7 +820,24 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
             )
         },
     )
-    .unwrap_or_else(|e| panic!("{e:#}"));
+    .unwrap_or_else(|e| {
+        let pods = ns
+            .k(&[
+                "get",
+                "pods",
+                "-l",
+                "vm.kubevirt.io/name=survivor",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.phase} {.metadata.deletionTimestamp} {.metadata.labels}{\"\\n\"}{end}",
+            ])
+            .unwrap_or_default();
+        panic!(
+            "{e:#}\nVMI labels: {}\nVMI node: {}\npods:\n{pods}\n{}",
+            labels("vmi", "survivor"),
+            ns.get("vmi", "survivor", "{.status.nodeName}"),
+            ns.diagnose("survivor")
+        )
+    });
     assert_eq!(
         ns.vmi_uid("survivor"),
         uid,
@@ -842,9 +907,7 @@ fn install_upgrade_uninstall_through_one_kubevirt_resource() {
         .expect("the API is served while the new version cannot start");
     set_tag(UPGRADE_TAG);
     if let Err(e) = c.eventually("healed", Duration::from_secs(300), || {
-        Ok(degraded(c).0 == "False"
-            && kv_field(c, "{.status.phase}") == "Deployed"
-            && kv_field(c, "{.status.observedKubeVirtVersion}") == UPGRADE_TAG)
+        Ok(kv_status(c).is_some_and(|s| s.degraded == "False" && s.rolled_out(Some(UPGRADE_TAG))))
     }) {
         panic!("{e:#}\n{}", operator_diagnosis(c));
     }
@@ -1025,7 +1088,7 @@ fn etcd_members_ready(c: &Cluster) -> Option<usize> {
 }
 
 fn kv_deployed(c: &Cluster) -> bool {
-    kv_field(c, "{.status.phase}") == "Deployed" && kv_available(c)
+    kv_rolled_out(c, None)
 }
 
 /// etcd's voting members and learners, asked through a port-forward to its first pod.
