@@ -349,6 +349,77 @@ fn a_vmi_without_images_has_no_init_containers() {
     );
 }
 
+/// The launcher holds its lifeline whenever a sidecar must end with it: the image copiers,
+/// the console-log tail, or both; a pod without either has none.
+#[test]
+fn every_sidecar_ends_by_the_lifeline_and_only_a_pod_with_one_has_it() {
+    let lifeline = |images: bool, console_log: bool| {
+        let mut v = vmi();
+        if !images {
+            v.spec.volumes = None;
+            v.spec.domain.firmware = None;
+        }
+        v.spec.domain.devices.log_serial_console = Some(console_log);
+        let spec = launcher_pod(&v, &LauncherConfig::default())
+            .unwrap()
+            .spec
+            .unwrap();
+        let env = spec.containers[0].env.clone().unwrap_or_default();
+        let held = env
+            .iter()
+            .find(|e| e.name == kubevirt_api::LAUNCHER_LIFELINE_ENV)
+            .and_then(|e| e.value.clone());
+        let has_volume = spec.volumes.unwrap().iter().any(|v| v.name == "life");
+        assert_eq!(held.is_some(), has_volume);
+        for c in &spec.containers[1..] {
+            let mounts = c.volume_mounts.clone().unwrap_or_default();
+            let life = mounts.iter().find(|m| m.name == "life");
+            assert_eq!(
+                life.and_then(|m| m.read_only),
+                Some(true),
+                "{} reads the lifeline",
+                c.name
+            );
+            if c.name == CONSOLE_LOG_CONTAINER {
+                let cmd = c.command.clone().unwrap();
+                assert_eq!(cmd[0], "/usr/bin/virt-tail");
+                assert!(cmd.contains(held.as_ref().unwrap()), "{cmd:?}");
+            }
+        }
+        held.is_some()
+    };
+    assert!(lifeline(true, true));
+    assert!(lifeline(true, false));
+    assert!(lifeline(false, true));
+    assert!(!lifeline(false, false));
+}
+
+/// The pod carries the VMI's labels (Services select VMs by them), but not the two that
+/// describe the VMI's present pod: its node and an outdated launcher. A migration target
+/// rendered while the VMI is labelled outdated runs the current launcher.
+#[test]
+fn the_pod_has_the_vmi_labels_but_not_its_node_or_outdated_launcher() {
+    let mut v = vmi();
+    v.metadata.labels = Some(
+        [
+            ("app", "demo"),
+            ("kubevirt.io/nodeName", "node-1"),
+            ("kubevirt.io/outdatedLauncherImage", ""),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    );
+    let labels = launcher_pod(&v, &LauncherConfig::default())
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap();
+    assert_eq!(labels["app"], "demo");
+    assert!(!labels.contains_key("kubevirt.io/nodeName"));
+    assert!(!labels.contains_key("kubevirt.io/outdatedLauncherImage"));
+}
+
 #[test]
 fn hostnames_are_dns_labels() {
     assert_eq!(hostname_of("demo"), "demo");

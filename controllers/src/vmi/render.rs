@@ -71,14 +71,17 @@ pub const LIBVIRT_CACHE_DIR: &str = "/var/cache/kubevirt-rs/libvirt";
 const VIRT_BIN_DIR: &str = "/virt-bin";
 const BUSYBOX: &str = "/usr/bin/busybox";
 const LAUNCHER_BINARY: &str = "/usr/bin/virt-launcher";
+/// The console-log tail, a small binary of the launcher image (KubeVirt's name).
+const TAIL_BINARY: &str = "/usr/bin/virt-tail";
 /// KubeVirt's name of the container that streams the serial console to the pod's log.
 pub const CONSOLE_LOG_CONTAINER: &str = "guest-console-log";
 /// Shared by the compute container (QEMU writes) and the log container (reads, empties).
 const CONSOLE_LOG_DIR: &str = "/var/run/kubevirt-rs/console-log";
 const CONSOLE_LOG_FILE: &str = "/var/run/kubevirt-rs/console-log/serial0.log";
-/// The launcher's lifeline: a FIFO it holds open for its whole life, which the image
-/// copiers read until end-of-file (the kernel closes it however the launcher ends), in a
-/// directory of its own that only the compute container writes.
+/// The launcher's lifeline: a FIFO it holds open for its whole life, which the pod's
+/// sidecars (image copiers, console-log tail) read until it hangs up (the kernel closes
+/// it however the launcher ends), in a directory of its own that only the compute
+/// container writes.
 const LIFE_DIR: &str = "/var/run/kubevirt-rs/life";
 const LIFELINE: &str = "/var/run/kubevirt-rs/life/launcher";
 /// Written by the launcher when it ends in an orderly way (errors included): a copier
@@ -419,8 +422,11 @@ pub fn launcher_pod(
     let overhead_mib = memory_overhead_mib(vmi, cfg)?;
 
     let mut labels = vmi.labels().clone();
-    // The VMI's node label belongs to the VMI, not to a pod that may land elsewhere.
+    // The VMI's node label belongs to the VMI, not to a pod that may land elsewhere; and
+    // a new pod runs the current launcher, whatever the VMI's present one (a migration
+    // target rendered while the VMI is labelled outdated must not start labelled).
     labels.remove(NODE_NAME_LABEL);
+    labels.remove(crate::workload::decide::OUTDATED_LAUNCHER_IMAGE_LABEL);
     labels.insert(LAUNCHER_LABEL.into(), LAUNCHER_LABEL_VALUE.into());
     labels.insert(CREATED_BY_LABEL.into(), uid.clone());
     // Label values stop at 63 characters, VMI names at 253: a longer name would make
@@ -644,18 +650,21 @@ pub fn launcher_pod(
     let mut init_containers = Vec::new();
     let mut copiers = Vec::new();
     let mut lifeline_env = Vec::new();
-    if !copies.is_empty() {
-        mounts.push(mount("images", IMAGES_DIR, true));
+    // Every sidecar ends with the launcher by its lifeline.
+    if !copies.is_empty() || console_log {
         mounts.push(mount("life", LIFE_DIR, false));
-        volumes.push(empty("virt-bin"));
-        volumes.push(empty("images"));
         volumes.push(empty("life"));
-        args.push("--await-image-copies".into());
         lifeline_env.push(EnvVar {
             name: kubevirt_api::LAUNCHER_LIFELINE_ENV.into(),
             value: Some(LIFELINE.into()),
             ..EnvVar::default()
         });
+    }
+    if !copies.is_empty() {
+        mounts.push(mount("images", IMAGES_DIR, true));
+        volumes.push(empty("virt-bin"));
+        volumes.push(empty("images"));
+        args.push("--await-image-copies".into());
         let no_term_log = || Some("FallbackToLogsOnError".to_string());
         init_containers.push(Container {
             name: "virt-bin".into(),
@@ -824,26 +833,27 @@ pub fn serial_console_log(vmi: &VirtualMachineInstance, cfg: &LauncherConfig) ->
         && devices.log_serial_console.unwrap_or(cfg.serial_console_log)
 }
 
-/// `guest-console-log`: `virt-launcher tail-console` copies the file QEMU logs the serial
-/// console to onto its stdout, so `kubectl logs POD -c guest-console-log` shows the guest's
-/// console with kubelet's timestamps (node/launcher/src/console_log.rs). It ends with the
-/// launcher, so the pod completes with the guest.
+/// `guest-console-log`: `virt-tail` copies the file QEMU logs the serial console to onto
+/// its stdout, so `kubectl logs POD -c guest-console-log` shows the guest's console with
+/// kubelet's timestamps (node/launcher/src/console_log.rs). It ends with the launcher (its
+/// lifeline hangs up), so the pod completes with the guest.
 fn console_log_container(cfg: &LauncherConfig, guaranteed: bool) -> Container {
-    // A tail mostly asleep on inotify (a few MiB resident); the limits stop a guest that
-    // floods its console from taking more than a log shipper would.
+    // A tail mostly asleep in poll (about a MiB resident: it maps no libvirt); the limits
+    // stop a guest that floods its console from taking more than a log shipper would.
     let limits = BTreeMap::from([("cpu".to_string(), q("15m")), ("memory".into(), q("32Mi"))]);
     let requests = if guaranteed {
         limits.clone()
     } else {
-        BTreeMap::from([("cpu".to_string(), q("5m")), ("memory".into(), q("16Mi"))])
+        BTreeMap::from([("cpu".to_string(), q("5m")), ("memory".into(), q("4Mi"))])
     };
     Container {
         name: CONSOLE_LOG_CONTAINER.into(),
         image: Some(cfg.image.clone()),
         image_pull_policy: cfg.image_pull_policy.clone(),
         command: Some(vec![
-            LAUNCHER_BINARY.into(),
-            "tail-console".into(),
+            TAIL_BINARY.into(),
+            "--lifeline".into(),
+            LIFELINE.into(),
             CONSOLE_LOG_FILE.into(),
         ]),
         resources: Some(ResourceRequirements {
@@ -852,11 +862,19 @@ fn console_log_container(cfg: &LauncherConfig, guaranteed: bool) -> Container {
             ..ResourceRequirements::default()
         }),
         // Read and emptied once copied: not read-only.
-        volume_mounts: Some(vec![VolumeMount {
-            name: "console-log".into(),
-            mount_path: CONSOLE_LOG_DIR.into(),
-            ..VolumeMount::default()
-        }]),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "console-log".into(),
+                mount_path: CONSOLE_LOG_DIR.into(),
+                ..VolumeMount::default()
+            },
+            VolumeMount {
+                name: "life".into(),
+                mount_path: LIFE_DIR.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+        ]),
         security_context: Some(unprivileged()),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Container::default()

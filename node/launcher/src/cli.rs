@@ -40,7 +40,7 @@ pub struct Args {
     #[arg(long, env = "VIRT_LAUNCHER_CONSOLE_SOCKET")]
     console_socket: PathBuf,
     /// File QEMU also writes the serial console to, for the pod's `guest-console-log`
-    /// container (`virt-launcher tail-console FILE`).
+    /// container (`virt-tail`).
     #[arg(long, env = "VIRT_LAUNCHER_CONSOLE_LOG")]
     console_log: Option<PathBuf>,
     /// Unix socket for VNC; no graphics device when unset.

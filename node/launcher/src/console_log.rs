@@ -3,37 +3,37 @@
 //!
 //! QEMU appends everything the guest writes to its serial port to a file (the domain's
 //! `<serial><log file=… append='on'/>`) in a directory the pod shares between its
-//! containers. The `guest-console-log` container runs `virt-launcher tail-console FILE`,
-//! which copies that file to its stdout as it grows, so the kubelet keeps the console
-//! output with a timestamp per line, rotated like any container log, also when nobody is
-//! attached to the console.
+//! containers. The `guest-console-log` container runs `virt-tail --lifeline FIFO FILE`
+//! (KubeVirt's name for it), which copies that file to its stdout as it grows, so the
+//! kubelet keeps the console output with a timestamp per line, rotated like any container
+//! log, also when nobody is attached to the console. It is a binary of its own rather
+//! than a mode of virt-launcher: it links no libvirt, so it costs a few hundred KiB per VM
+//! instead of the launcher's ~15 MiB of mapped libraries.
 //!
 //! The file would grow without bound (QEMU writes it itself, no virtlogd rotates it), so
 //! the tail empties it once it has copied more than [`TRUNCATE_AT`]: QEMU opened it with
 //! `O_APPEND`, and its next write lands at the new end. Bytes written between the tail's
 //! last read and the truncation are lost to the log (not to the guest or the console).
 //!
-//! The tail ends when the launcher does: the launcher holds an exclusive `flock` on
-//! [`lock_path`] for its lifetime, which the kernel releases however the launcher ends, so
-//! the pod completes when the guest stops instead of waiting on its log container.
+//! The tail ends when the launcher does, as the image copiers do: it holds the reading
+//! end of the launcher's lifeline ([`crate::lifeline::attach`]), which hangs up when the
+//! kernel closes the launcher's end, however the launcher ended, so the pod completes
+//! when the guest stops instead of waiting on its log container.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nix::fcntl::{Flock, FlockArg};
-
-/// Argument of `virt-launcher tail-console FILE`.
-pub const TAIL_ARG: &str = "tail-console";
+use crate::lifeline::{self, Attached, LifelineError};
 
 /// Size past which the tail empties the file it has copied.
 pub const TRUNCATE_AT: u64 = 1 << 20;
 
-/// How long the tail waits for a launcher that never took its lock (it takes it before
-/// anything else, so only a launcher that failed at once misses it).
-const LAUNCHER_START_WAIT: Duration = Duration::from_secs(300);
+/// How long the tail sleeps without an event: inotify reports every write to the file
+/// and the lifeline its hang-up; this only bounds what a lost event could cost.
+const IDLE: Duration = Duration::from_secs(5);
 
 /// Why the tail stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -47,65 +47,15 @@ pub enum TailError {
         #[source]
         source: std::io::Error,
     },
-    /// The launcher never started.
-    #[error("no launcher took {0} within {LAUNCHER_START_WAIT:?}")]
-    NoLauncher(PathBuf),
+    /// The launcher's lifeline could not be attached to.
+    #[error(transparent)]
+    Lifeline(#[from] LifelineError),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TailError + '_ {
     move |source| TailError::Io {
         path: path.to_path_buf(),
         source,
-    }
-}
-
-/// The lock file the launcher holds beside the console log.
-pub fn lock_path(log: &Path) -> PathBuf {
-    let mut name = log.file_name().unwrap_or_default().to_os_string();
-    name.push(".launcher-lock");
-    log.with_file_name(name)
-}
-
-/// Held by the launcher for its lifetime: the tail sees it end.
-#[derive(Debug)]
-pub struct LauncherLock(#[allow(dead_code)] Flock<File>);
-
-/// Takes the launcher's lock beside `log` (created if absent).
-pub fn hold(log: &Path) -> Result<LauncherLock, TailError> {
-    let path = lock_path(log);
-    let f = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(io(&path))?;
-    Flock::lock(f, FlockArg::LockExclusiveNonblock)
-        .map(LauncherLock)
-        .map_err(|(_, e)| TailError::Io {
-            path,
-            source: std::io::Error::from(e),
-        })
-}
-
-/// What the tail knows of the launcher.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Launcher {
-    /// No lock file yet: not started.
-    NotStarted,
-    /// Its lock is held.
-    Running,
-    /// The lock file exists and nobody holds it.
-    Gone,
-}
-
-/// Whether the launcher beside `log` runs.
-pub fn launcher(log: &Path) -> Launcher {
-    let Ok(f) = File::open(lock_path(log)) else {
-        return Launcher::NotStarted;
-    };
-    match Flock::lock(f, FlockArg::LockSharedNonblock) {
-        Ok(_) => Launcher::Gone,
-        Err(_) => Launcher::Running,
     }
 }
 
@@ -131,7 +81,7 @@ fn copy_new(file: &mut File, pos: u64, out: &mut impl Write) -> std::io::Result<
     Ok(pos)
 }
 
-/// Waits until `file` may have grown, or `timeout`.
+/// Waits until `file` may have grown or the launcher ended, or `timeout`.
 struct Wakeup {
     inotify: Option<nix::sys::inotify::Inotify>,
 }
@@ -152,33 +102,49 @@ impl Wakeup {
         Self { inotify }
     }
 
-    fn wait(&self, timeout: Duration) {
+    fn wait(&self, life: &Attached, timeout: Duration) {
         use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-        let Some(i) = &self.inotify else {
-            std::thread::sleep(timeout.min(Duration::from_millis(100)));
-            return;
+        let timeout = if self.inotify.is_some() {
+            timeout
+        } else {
+            timeout.min(Duration::from_millis(100))
         };
+        let mut fds: Vec<PollFd<'_>> = self
+            .inotify
+            .iter()
+            .map(|i| PollFd::new(i.as_fd(), PollFlags::POLLIN))
+            .collect();
+        match life {
+            Attached::Held(f) => fds.push(PollFd::new(f.as_fd(), PollFlags::POLLIN)),
+            Attached::Ended => return,
+        }
         let ms = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
-        let mut fds = [PollFd::new(i.as_fd(), PollFlags::POLLIN)];
-        if matches!(poll(&mut fds, ms), Ok(n) if n > 0) {
+        if matches!(poll(&mut fds, ms), Ok(n) if n > 0)
+            && let Some(i) = &self.inotify
+        {
             // Drain: which event does not matter, the file is read either way.
             let _ = i.read_events();
         }
     }
 }
 
-/// Copies `log` to `out` as it grows until the launcher ends (then what is left, and
-/// returns). Empties `log` past `truncate_at` bytes copied.
-pub fn tail(log: &Path, out: &mut impl Write, truncate_at: u64) -> Result<(), TailError> {
+/// Copies `log` to `out` as it grows until the launcher whose lifeline is at `lifeline`
+/// ends (then what is left, and returns). Empties `log` past `truncate_at` bytes copied.
+pub fn tail(
+    log: &Path,
+    lifeline: &Path,
+    out: &mut impl Write,
+    truncate_at: u64,
+) -> Result<(), TailError> {
     let dir = log.parent().unwrap_or(Path::new("."));
     let wake = Wakeup::new(dir);
-    let started = Instant::now();
+    let life = lifeline::attach(lifeline, lifeline::START_WAIT, lifeline::OPEN_WAIT)?;
     let mut file: Option<File> = None;
     let mut pos = 0u64;
     loop {
         // Asked before reading, so that what the launcher's QEMU wrote before it ended is
         // read in this round.
-        let state = launcher(log);
+        let ended = life.hung_up(Duration::ZERO);
         if file.is_none() {
             file = OpenOptions::new().read(true).write(true).open(log).ok();
         }
@@ -189,15 +155,10 @@ pub fn tail(log: &Path, out: &mut impl Write, truncate_at: u64) -> Result<(), Ta
                 pos = 0;
             }
         }
-        match state {
-            Launcher::Gone => return Ok(()),
-            Launcher::NotStarted if started.elapsed() > LAUNCHER_START_WAIT => {
-                return Err(TailError::NoLauncher(lock_path(log)));
-            }
-            _ => {}
+        if ended {
+            return Ok(());
         }
-        // The lock's end makes no inotify event: look again at least every second.
-        wake.wait(Duration::from_secs(1));
+        wake.wait(&life, IDLE);
     }
 }
 
@@ -205,6 +166,7 @@ pub fn tail(log: &Path, out: &mut impl Write, truncate_at: u64) -> Result<(), Ta
 mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
+    use std::time::Instant;
 
     #[derive(Clone, Default)]
     struct Sink(Arc<Mutex<Vec<u8>>>);
@@ -243,26 +205,13 @@ mod tests {
     }
 
     #[test]
-    fn the_launcher_lock_tells_running_from_gone() {
-        let d = tempfile::tempdir().unwrap();
-        let log = d.path().join("serial0.log");
-        assert_eq!(launcher(&log), Launcher::NotStarted);
-        let lock = hold(&log).unwrap();
-        assert_eq!(launcher(&log), Launcher::Running);
-        // A second launcher of the same pod cannot take it either.
-        assert!(hold(&log).is_err());
-        drop(lock);
-        assert_eq!(launcher(&log), Launcher::Gone);
-    }
-
-    #[test]
     fn the_tail_follows_the_file_from_before_it_exists_until_the_launcher_ends() {
         let d = tempfile::tempdir().unwrap();
-        let log = d.path().join("serial0.log");
+        let (log, fifo) = (d.path().join("serial0.log"), d.path().join("launcher"));
         let sink = Sink::default();
-        let (l, mut out) = (log.clone(), sink.clone());
-        let tail = std::thread::spawn(move || tail(&l, &mut out, TRUNCATE_AT));
-        let lock = hold(&log).unwrap();
+        let (l, f, mut out) = (log.clone(), fifo.clone(), sink.clone());
+        let tail = std::thread::spawn(move || tail(&l, &f, &mut out, TRUNCATE_AT));
+        let life = lifeline::hold(&fifo).unwrap();
         append(&log, "SeaBIOS\r\n");
         wait_until("the first line copied", || sink.text() == "SeaBIOS\r\n");
         append(&log, "login: ");
@@ -271,7 +220,7 @@ mod tests {
         });
         // Written just before the launcher ends: still copied.
         append(&log, "bye\n");
-        drop(lock);
+        drop(life);
         tail.join().unwrap().unwrap();
         assert_eq!(sink.text(), "SeaBIOS\r\nlogin: bye\n");
     }
@@ -279,11 +228,11 @@ mod tests {
     #[test]
     fn the_tail_empties_a_large_file_and_goes_on_at_its_new_end() {
         let d = tempfile::tempdir().unwrap();
-        let log = d.path().join("serial0.log");
-        let lock = hold(&log).unwrap();
+        let (log, fifo) = (d.path().join("serial0.log"), d.path().join("launcher"));
+        let life = lifeline::hold(&fifo).unwrap();
         let sink = Sink::default();
-        let (l, mut out) = (log.clone(), sink.clone());
-        let tail = std::thread::spawn(move || tail(&l, &mut out, 16));
+        let (l, f, mut out) = (log.clone(), fifo.clone(), sink.clone());
+        let tail = std::thread::spawn(move || tail(&l, &f, &mut out, 16));
         append(&log, "0123456789abcdefXYZ\n");
         wait_until("the file emptied", || {
             sink.text().len() == 20 && std::fs::metadata(&log).unwrap().len() == 0
@@ -293,16 +242,19 @@ mod tests {
         wait_until("copied after the truncation", || {
             sink.text().ends_with("after\n")
         });
-        drop(lock);
+        drop(life);
         tail.join().unwrap().unwrap();
         assert_eq!(sink.text(), "0123456789abcdefXYZ\nafter\n");
     }
 
     #[test]
-    fn the_lock_file_sits_beside_the_log() {
-        assert_eq!(
-            lock_path(Path::new("/run/console/serial0.log")),
-            PathBuf::from("/run/console/serial0.log.launcher-lock")
-        );
+    fn a_tail_started_after_the_launcher_ended_copies_what_is_left_and_ends() {
+        let d = tempfile::tempdir().unwrap();
+        let (log, fifo) = (d.path().join("serial0.log"), d.path().join("launcher"));
+        drop(lifeline::hold(&fifo).unwrap());
+        append(&log, "the whole boot\n");
+        let mut out = Vec::new();
+        tail(&log, &fifo, &mut out, TRUNCATE_AT).unwrap();
+        assert_eq!(out, b"the whole boot\n");
     }
 }

@@ -40,6 +40,11 @@ pub enum DaemonError {
     /// It could not be spawned.
     #[error("spawning libvirtd (needs util-linux setpriv/unshare and libvirt-daemon): {0}")]
     Spawn(std::io::Error),
+    /// The session-mode daemon's reaper is not installed beside the launcher.
+    #[error(
+        "{0} missing: virt-launcher runs libvirtd below it (build both binaries of the virt-launcher package)"
+    )]
+    NoReaper(PathBuf),
     /// It exited or did not create its socket in time.
     #[error("libvirtd did not come up: {0}")]
     NotReady(String),
@@ -219,7 +224,11 @@ impl PrivateDaemon {
             Mode::Root => Command::new("setpriv"),
             Mode::Session => {
                 let exe = std::env::current_exe().map_err(DaemonError::Spawn)?;
-                Command::new(exe)
+                let reaper = exe.with_file_name(crate::reaper::BINARY);
+                if !reaper.is_file() {
+                    return Err(DaemonError::NoReaper(reaper));
+                }
+                Command::new(reaper)
             }
         };
         if let Some(d) = DRIVER_DIRS
@@ -266,8 +275,7 @@ impl PrivateDaemon {
                 .env("XDG_DATA_HOME", dir.join("home"));
             // The reaper arms its parent-death signal itself and then checks that its
             // parent is still this process (no window in which our death goes unseen).
-            cmd.arg(crate::reaper::ARG)
-                .arg(std::process::id().to_string())
+            cmd.arg(std::process::id().to_string())
                 .args(["--", "libvirtd", "-f"])
                 .arg(etc.join("libvirtd.conf"))
                 .stdin(Stdio::null())

@@ -14,6 +14,10 @@
 //! ([`hold`], before anything can fail); each copier reads it and ends at end-of-file,
 //! when the kernel has closed the launcher's end, however the launcher ended. A copier
 //! arriving after an orderly end sees the `ended` file [`Lifeline`] leaves on drop.
+//!
+//! The pod's other sidecar, the `guest-console-log` tail (`virt-tail`,
+//! [`crate::console_log`]), ends with the launcher the same way: it holds the FIFO's
+//! reading end ([`attach`]) and stops when it hangs up.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -56,6 +60,14 @@ pub enum LifelineError {
     /// Asked to stop while waiting.
     #[error("stopped while waiting for the image copies")]
     Stopped,
+    /// No launcher created the FIFO in time.
+    #[error("no launcher created its lifeline {path} within {waited:?}")]
+    NoLauncher {
+        /// The FIFO.
+        path: PathBuf,
+        /// How long the reader waited.
+        waited: Duration,
+    },
 }
 
 /// The FIFO the launcher holds open; on drop it leaves `ended` beside it and closes it.
@@ -84,8 +96,13 @@ pub fn hold(path: &Path) -> Result<Lifeline, LifelineError> {
         .map_err(io)?;
     Ok(Lifeline {
         fifo: Some(fifo),
-        ended: path.with_file_name(ENDED),
+        ended: ended_path(path),
     })
+}
+
+/// The file an orderly end leaves beside the FIFO at `path`.
+pub fn ended_path(path: &Path) -> PathBuf {
+    path.with_file_name(ENDED)
 }
 
 /// [`hold`] at the path in `kubevirt_api::LAUNCHER_LIFELINE_ENV`, if the pod set it.
@@ -101,6 +118,93 @@ impl Drop for Lifeline {
             tracing::warn!(file = %self.ended.display(), error = %e, "writing the lifeline's end");
         }
         drop(self.fifo.take());
+    }
+}
+
+/// How long a reader waits for the FIFO to appear: the launcher creates it first thing,
+/// so only a launcher that never started (or failed at once) leaves a reader waiting.
+pub const START_WAIT: Duration = Duration::from_secs(300);
+
+/// How long a reader waits for the launcher to hold a FIFO that exists: only a launcher
+/// killed between creating and opening it, or one killed before the reader came (no
+/// `ended` then), leaves a FIFO without a writer.
+pub const OPEN_WAIT: Duration = Duration::from_secs(30);
+
+/// The launcher's life as a reader sees it.
+#[derive(Debug)]
+pub enum Attached {
+    /// The FIFO's reading end, opened while the launcher held the other: it hangs up
+    /// ([`Attached::hung_up`]) when the launcher ends.
+    Held(File),
+    /// The launcher had ended before the reader got there.
+    Ended,
+}
+
+impl Attached {
+    /// Whether the launcher has ended (waits up to `timeout` for it).
+    pub fn hung_up(&self, timeout: Duration) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        use std::os::fd::AsFd;
+        let Self::Held(f) = self else {
+            return true;
+        };
+        let mut fds = [PollFd::new(f.as_fd(), PollFlags::POLLIN)];
+        let ms = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+        matches!(poll(&mut fds, ms), Ok(n) if n > 0)
+            && fds[0]
+                .revents()
+                .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
+    }
+}
+
+/// Attaches to the launcher's lifeline at `path` as a reader (the tail's side of what the
+/// copiers' `cat` does). Blocks while the launcher has not created the FIFO (up to
+/// `start_wait`, then [`LifelineError::NoLauncher`]) or not opened it (up to `open_wait`,
+/// then taken as ended). The open itself blocks until the launcher holds the writing end
+/// — that is what makes the later hang-up certain (a FIFO opened without a writer reports
+/// none) — so it runs on a thread of its own, left behind if it never returns.
+pub fn attach(
+    path: &Path,
+    start_wait: Duration,
+    open_wait: Duration,
+) -> Result<Attached, LifelineError> {
+    let ended = ended_path(path);
+    let start = Instant::now();
+    loop {
+        if ended.exists() {
+            return Ok(Attached::Ended);
+        }
+        if std::fs::symlink_metadata(path).is_ok() {
+            break;
+        }
+        if start.elapsed() > start_wait {
+            return Err(LifelineError::NoLauncher {
+                path: path.to_path_buf(),
+                waited: start_wait,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = path.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(File::open(&p));
+    });
+    let opening = Instant::now();
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(Ok(f)) => return Ok(Attached::Held(f)),
+            Ok(Err(source)) => {
+                return Err(LifelineError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+            Err(_) if ended.exists() || opening.elapsed() > open_wait => {
+                return Ok(Attached::Ended);
+            }
+            Err(_) => {}
+        }
     }
 }
 
@@ -187,6 +291,44 @@ mod tests {
         assert!(dir.path().join(ENDED).exists());
         // A second hold (a restarted launcher) reuses the FIFO.
         drop(hold(&path).unwrap());
+    }
+
+    #[test]
+    fn an_attached_reader_sees_the_launcher_end_however_it_ends() {
+        let long = Duration::from_secs(10);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("launcher");
+        // Attached before the launcher came: waits for it, then for its end.
+        let p = path.clone();
+        let early = std::thread::spawn(move || attach(&p, long, long).unwrap());
+        std::thread::sleep(Duration::from_millis(150));
+        let life = hold(&path).unwrap();
+        let early = early.join().unwrap();
+        assert!(matches!(early, Attached::Held(_)));
+        assert!(!early.hung_up(Duration::ZERO));
+        // The kernel closes the launcher's descriptor however it ends: no `ended` needed.
+        let mut life = life;
+        drop(life.fifo.take());
+        assert!(early.hung_up(Duration::from_secs(1)));
+
+        // After an orderly end: `ended`, at once.
+        drop(life);
+        let after = attach(&path, long, long).unwrap();
+        assert!(matches!(after, Attached::Ended) && after.hung_up(Duration::ZERO));
+
+        // A FIFO nobody holds and no `ended` (a launcher killed before the reader came):
+        // taken as ended once the open wait is over.
+        std::fs::remove_file(ended_path(&path)).unwrap();
+        let t = Instant::now();
+        let orphan = attach(&path, long, Duration::from_millis(300)).unwrap();
+        assert!(matches!(orphan, Attached::Ended));
+        assert!(t.elapsed() >= Duration::from_millis(300));
+        // Releases the open left waiting on its thread.
+        drop(std::fs::OpenOptions::new().write(true).open(&path).unwrap());
+
+        // No FIFO at all: the launcher never started.
+        let e = attach(&dir.path().join("none"), Duration::from_millis(200), long).unwrap_err();
+        assert!(matches!(e, LifelineError::NoLauncher { .. }), "{e}");
     }
 
     #[tokio::test]

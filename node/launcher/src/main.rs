@@ -7,31 +7,7 @@ use tokio_util::sync::CancellationToken;
 use virt_launcher::Outcome;
 
 fn main() -> anyhow::Result<()> {
-    // `virt-launcher reap PARENT -- PROGRAM ARGS…`: the libvirt daemon's subreaper
-    // (virt_launcher::reaper), a mode of this binary so that the image needs no other.
     let argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).map(String::as_str) == Some(virt_launcher::reaper::ARG)
-        && argv.get(3).map(String::as_str) == Some("--")
-        && let Some(program) = argv.get(4)
-    {
-        let parent = argv.get(2).and_then(|p| p.parse().ok());
-        std::process::exit(virt_launcher::reaper::run(program, &argv[5..], parent));
-    }
-    // `virt-launcher tail-console FILE`: the pod's guest-console-log container.
-    if argv.get(1).map(String::as_str) == Some(virt_launcher::console_log::TAIL_ARG) {
-        let Some(file) = argv.get(2) else {
-            anyhow::bail!(
-                "usage: virt-launcher {} FILE",
-                virt_launcher::console_log::TAIL_ARG
-            );
-        };
-        virt_launcher::console_log::tail(
-            std::path::Path::new(file),
-            &mut std::io::stdout().lock(),
-            virt_launcher::console_log::TRUNCATE_AT,
-        )?;
-        return Ok(());
-    }
     // Release builds unwind (Cargo.toml [profile.release]); a panic must still end the
     // process, so that kubelet restarts it rather than one task dying silently.
     let hook = std::panic::take_hook();
@@ -63,18 +39,12 @@ fn main() -> anyhow::Result<()> {
         ))?;
         return Ok(());
     }
-    // Before anything can fail: the pod's image copiers end with this process, however it
-    // ends (virt_launcher::lifeline).
+    // Before anything can fail: the pod's sidecars (image copiers, console-log tail) end
+    // with this process, however it ends (virt_launcher::lifeline).
     let lifeline = virt_launcher::lifeline::hold_from_env()?;
     let cfg = cli::Args::parse().into_config()?;
     // The first line of the compute container's log: where `bench start` sees the process.
     tracing::info!(version = env!("CARGO_PKG_VERSION"), "virt-launcher started");
-    // Before anything can fail: the log container ends with this process, however it ends.
-    let _console_log_lock = cfg
-        .console_log
-        .as_deref()
-        .map(virt_launcher::console_log::hold)
-        .transpose()?;
     // The launcher is mostly waiting; a small runtime keeps its memory low.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

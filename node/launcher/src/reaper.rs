@@ -9,8 +9,9 @@
 //! it when the daemon ends, when it is told to stop (SIGTERM) or when the launcher dies
 //! (parent-death signal): no QEMU outlives its launcher, in a pod or on a host.
 //!
-//! It runs as `virt-launcher reap -- PROGRAM ARGS…` (the launcher binary re-executed), so
-//! the launcher image needs no extra program.
+//! It runs as `virt-reaper LAUNCHER_PID -- PROGRAM ARGS…`, a binary of its own beside
+//! virt-launcher ([`BINARY`]): re-executing the launcher would map its libraries (libvirt,
+//! GnuTLS, GLib: ~15 MiB resident) once more for every VM, for a loop around `waitpid`.
 
 use std::process::Command;
 
@@ -18,13 +19,13 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getppid};
 
-/// First argument that makes the launcher binary act as the reaper.
-pub const ARG: &str = "reap";
+/// The reaper's binary, found beside the launcher's.
+pub const BINARY: &str = "virt-reaper";
 
 /// Runs `program args` below a subreaper until it exits; returns the exit code for the
-/// process. `expected_parent` is the launcher's PID (the parent-death signal was set
-/// before exec, so a parent already gone is checked once more here).
-pub fn run(program: &str, args: &[String], expected_parent: Option<i32>) -> i32 {
+/// process. `expected_parent` is the launcher's PID: the parent-death signal is armed
+/// here, after the exec, so a parent that ended before is caught by comparing it.
+pub fn run(program: &str, args: &[String], expected_parent: i32) -> i32 {
     let signals = {
         let mut s = SigSet::empty();
         for sig in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT] {
@@ -35,24 +36,24 @@ pub fn run(program: &str, args: &[String], expected_parent: Option<i32>) -> i32 
     // Blocked before anything can arrive, taken with sigwait below. std's spawn resets
     // the child's mask, so the daemon gets default signal handling.
     if let Err(e) = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&signals), None) {
-        eprintln!("virt-launcher reap: blocking signals: {e}");
+        eprintln!("virt-reaper: blocking signals: {e}");
         return 1;
     }
     if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-        eprintln!("virt-launcher reap: PR_SET_CHILD_SUBREAPER: {e}");
+        eprintln!("virt-reaper: PR_SET_CHILD_SUBREAPER: {e}");
         return 1;
     }
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGTERM) {
-        eprintln!("virt-launcher reap: PR_SET_PDEATHSIG: {e}");
+        eprintln!("virt-reaper: PR_SET_PDEATHSIG: {e}");
         return 1;
     }
-    if expected_parent.is_some_and(|p| getppid().as_raw() != p) {
+    if getppid().as_raw() != expected_parent {
         return 1;
     }
     let child = match Command::new(program).args(args).spawn() {
         Ok(c) => Pid::from_raw(c.id() as i32),
         Err(e) => {
-            eprintln!("virt-launcher reap: spawning {program}: {e}");
+            eprintln!("virt-reaper: spawning {program}: {e}");
             return 127;
         }
     };
@@ -81,7 +82,7 @@ pub fn run(program: &str, args: &[String], expected_parent: Option<i32>) -> i32 
                 return 143;
             }
             Err(e) => {
-                eprintln!("virt-launcher reap: sigwait: {e}");
+                eprintln!("virt-reaper: sigwait: {e}");
                 let _ = kill(child, Signal::SIGKILL);
                 kill_children();
                 return 1;

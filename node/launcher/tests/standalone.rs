@@ -84,6 +84,11 @@ impl Launcher {
         self.dir.path().join("console-log/serial0.log")
     }
 
+    /// The launcher's lifeline FIFO (in a pod in the `life` volume its sidecars mount).
+    fn lifeline(&self) -> PathBuf {
+        self.dir.path().join("life/launcher")
+    }
+
     fn start(vmi: &Value, image_dir: &Path) -> Self {
         Self::start_as(vmi, image_dir, None)
     }
@@ -100,6 +105,7 @@ impl Launcher {
         let work = dir.path().join("work");
         std::fs::create_dir(&work).unwrap();
         std::fs::create_dir(dir.path().join("console-log")).unwrap();
+        std::fs::create_dir(dir.path().join("life")).unwrap();
         let mut command = match uid {
             None => Command::new(env!("CARGO_BIN_EXE_virt-launcher")),
             Some(uid) => {
@@ -132,6 +138,10 @@ impl Launcher {
             .arg(&work)
             .arg("--console-log")
             .arg(dir.path().join("console-log/serial0.log"))
+            .env(
+                kubevirt_api::LAUNCHER_LIFELINE_ENV,
+                dir.path().join("life/launcher"),
+            )
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -379,13 +389,15 @@ fn unprivileged_launcher_runs_libvirt_in_session_mode() {
     .unwrap();
     const NOBODY: u32 = 65534;
     let mut l = Launcher::start_as(&simple_vmi("unpriv"), copy.path(), Some(NOBODY));
-    // The pod's guest-console-log container: the same binary, as the same user.
+    // The pod's guest-console-log container: `virt-tail` from the same image, as the same
+    // user.
     let mut tail = Command::new("setpriv")
         .arg(format!("--reuid={NOBODY}"))
         .arg(format!("--regid={NOBODY}"))
         .args(["--clear-groups", "--inh-caps=-all"])
-        .arg(env!("CARGO_BIN_EXE_virt-launcher"))
-        .arg(virt_launcher::console_log::TAIL_ARG)
+        .arg(env!("CARGO_BIN_EXE_virt-tail"))
+        .arg("--lifeline")
+        .arg(l.lifeline())
         .arg(l.console_log())
         .stdout(Stdio::piped())
         .spawn()

@@ -121,6 +121,9 @@ pub fn bench_launcher(runs: usize) -> anyhow::Result<LauncherBench> {
             "virt-launcher",
             "--bin",
             "virt-launcher",
+            // Session-mode libvirt runs below it.
+            "--bin",
+            "virt-reaper",
         ])
         .status()
         .context("cargo build virt-launcher")?;

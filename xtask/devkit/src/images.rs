@@ -206,7 +206,11 @@ pub fn ensure(load: Load) -> anyhow::Result<Built> {
         &load,
     )?;
     let operator = simple(OPERATOR_REPO, "virt-operator")?;
-    let launcher = launcher_image(&stripped("virt-launcher")?, &load)?;
+    let launcher = launcher_image(
+        &stripped("virt-launcher")?,
+        &[stripped("virt-tail")?, stripped("virt-reaper")?],
+        &load,
+    )?;
     let (test_guest, test_guest_archive) = test_guest_image(&load)?;
     let built = Built {
         apiserver,
@@ -777,7 +781,9 @@ impl Rootfs {
 /// The launcher's root filesystem: everything `virt-launcher` runs (node/launcher: a private
 /// libvirtd in its own namespaces via setpriv/unshare/mount and a shell, QEMU, qemu-img for
 /// overlays, xorriso for cloud-init ISOs) and busybox for the pod's init containers.
-fn launcher_rootfs(launcher: &Path) -> anyhow::Result<Rootfs> {
+/// `helpers`: the launcher package's other binaries (virt-tail, virt-reaper), installed
+/// beside it in /usr/bin under their file names.
+fn launcher_rootfs(launcher: &Path, helpers: &[PathBuf]) -> anyhow::Result<Rootfs> {
     let mut fs_ = Rootfs::default();
     for d in ["bin", "sbin", "lib", "lib64"] {
         fs_.put(
@@ -828,6 +834,19 @@ fn launcher_rootfs(launcher: &Path) -> anyhow::Result<Rootfs> {
     for lib in shared_libraries(launcher)? {
         fs_.file(&lib)?;
     }
+    for h in helpers {
+        let name = h
+            .file_name()
+            .context("a helper binary without a file name")?;
+        fs_.put(
+            &Path::new("/usr/bin").join(name),
+            Entry::File(h.clone(), 0o755),
+        );
+        // Their libraries are a subset of the launcher's (libc): added for certainty.
+        for lib in shared_libraries(h)? {
+            fs_.file(&lib)?;
+        }
+    }
     for p in LAUNCHER_PROGRAMS {
         fs_.elf(Path::new(p))?;
     }
@@ -846,8 +865,8 @@ fn launcher_rootfs(launcher: &Path) -> anyhow::Result<Rootfs> {
     Ok(fs_)
 }
 
-fn launcher_image(launcher: &Path, load: &Load) -> anyhow::Result<String> {
-    let rootfs = launcher_rootfs(launcher)?;
+fn launcher_image(launcher: &Path, helpers: &[PathBuf], load: &Load) -> anyhow::Result<String> {
+    let rootfs = launcher_rootfs(launcher, helpers)?;
     let entrypoint = ["/usr/bin/virt-launcher"];
     let mut h = Sha256::new();
     h.update(rootfs.hash()?);

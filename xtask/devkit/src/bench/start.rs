@@ -374,6 +374,30 @@ impl Drop for ConsoleProbe {
 }
 
 /// RSS (bytes) of every process named `comm`, by PID.
+/// (pid, RSS in bytes) of every process a launcher pod runs: QEMU, libvirt's daemon and
+/// its reaper, the launcher, the console-log tail, and each image copier (busybox `sh`
+/// and the `cat` it waits in, which reads the launcher's lifeline). comm names stop at 15
+/// characters.
+fn launcher_pod_processes() -> Vec<(u32, u64)> {
+    let mut all: Vec<(u32, u64)> = [
+        "qemu-system-x86",
+        "libvirtd",
+        "virtlogd",
+        "virt-launcher",
+        "virt-reaper",
+        "virt-tail",
+        "busybox",
+    ]
+    .iter()
+    .flat_map(|c| rss_of(c))
+    .collect();
+    all.extend(rss_of("cat").into_iter().filter(|(pid, _)| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains("/var/run/kubevirt-rs/life/"))
+    }));
+    all
+}
+
 fn rss_of(comm: &str) -> Vec<(u32, u64)> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -918,19 +942,12 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
     std::thread::sleep(Duration::from_secs(5));
     let after = snapshot(&kube)?;
     sample_rss(&mut rss_peak);
-    // What a running VM really takes here, against what its pod requests. The primer runs
-    // too. (comm names stop at 15 characters; `busybox` is each pod's image copier.)
-    let vm_rss: u64 = [
-        "qemu-system-x86",
-        "libvirtd",
-        "virtlogd",
-        "virt-launcher",
-        "busybox",
-    ]
-    .iter()
-    .flat_map(|c| rss_of(c))
-    .map(|(_, r)| r)
-    .sum::<u64>()
+    // What a running VM really takes here, against what its pod requests: every process
+    // of a launcher pod. The primer runs too.
+    let vm_rss: u64 = launcher_pod_processes()
+        .into_iter()
+        .map(|(_, r)| r)
+        .sum::<u64>()
         / (count as u64 + 1);
 
     let to_running: Vec<Duration> = created
@@ -974,7 +991,7 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
          | virt-controller (largest replica) | {} | ≈ 63–66 MB |\n\
          | virt-apiserver (virt-api) | {} | ≈ 140–145 MB |\n\
          | virt-handler | {} | ≈ 15–25 MB |\n\n\
-         Memory of one running VM (QEMU + libvirtd + virtlogd + virt-launcher + image copier RSS, averaged): {}; \
+         Memory of one running VM (RSS of every process of its launcher pod: QEMU, libvirtd and its reaper, virt-launcher, the console-log tail, the image copier; averaged): {}; \
          its pod requests {}.\n",
         to_running.len(),
         quantiles(&to_running),
