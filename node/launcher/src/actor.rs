@@ -127,13 +127,28 @@ pub type MigrationResult = Result<MigrationProgress, String>;
 enum Cmd {
     Define(String, Reply<()>),
     AwaitIncoming(String, Reply<()>),
-    Migrate(Box<MigrateJob>, Reply<()>),
+    Migrate(Box<MigrateJob>, Reply<()>, mpsc::Sender<Cmd>),
     CancelMigration(Reply<()>),
     Start(Reply<()>),
     Shutdown(Reply<()>),
     Destroy(Reply<()>),
     Action(VmiAction, Reply<()>),
     Close(Reply<()>),
+    /// Only wakes the loop (see [`MigrationWaker`]).
+    Wake,
+}
+
+/// Wakes the libvirt thread's loop when an outgoing migration's result is ready: the loop
+/// would otherwise see it on its next round, up to 100 ms later, and that result is on the
+/// path to the migration's `Succeeded`.
+#[derive(Debug)]
+pub struct MigrationWaker(mpsc::Sender<Cmd>);
+
+impl MigrationWaker {
+    /// Wakes the loop (nothing if it has ended).
+    pub fn wake(self) {
+        let _ = self.0.send(Cmd::Wake);
+    }
 }
 
 /// Async handle to the libvirt thread. Dropping every handle makes the thread clean up
@@ -202,7 +217,8 @@ impl DomainHandle {
     }
     /// Starts migrating the running domain away; follow [`Self::migration`].
     pub async fn migrate(&self, job: MigrateJob) -> Result<(), LibvirtError> {
-        self.ask(|r| Cmd::Migrate(Box::new(job), r)).await
+        let wake = self.tx.clone();
+        self.ask(|r| Cmd::Migrate(Box::new(job), r, wake)).await
     }
     /// Aborts the running migration.
     pub async fn cancel_migration(&self) -> Result<(), LibvirtError> {
@@ -300,10 +316,11 @@ pub trait Backend: Send {
         false
     }
     /// Starts an outgoing migration on a thread of its own (the libvirt call blocks
-    /// until the end); the result arrives on the returned channel.
+    /// until the end); the result arrives on the returned channel, then `wake` is called.
     fn start_migration(
         &mut self,
         _job: &MigrateJob,
+        _wake: MigrationWaker,
     ) -> Result<mpsc::Receiver<MigrationResult>, LibvirtError> {
         Err(LibvirtError::Call {
             op: "migrate",
@@ -397,7 +414,8 @@ fn thread_main(
                 incoming = Some(name);
                 let _ = r.send(Ok(()));
             }
-            Ok(Cmd::Migrate(job, r)) => {
+            Ok(Cmd::Wake) => {}
+            Ok(Cmd::Migrate(job, r, wake)) => {
                 let res = if !started || migrated {
                     Err(LibvirtError::NoDomain)
                 } else if outgoing.is_some() {
@@ -406,7 +424,7 @@ fn thread_main(
                         message: "a migration is already running".into(),
                     })
                 } else {
-                    b.start_migration(&job).map(|done| {
+                    b.start_migration(&job, MigrationWaker(wake)).map(|done| {
                         migration.send_replace(MigrationStatus::Running {
                             progress: MigrationProgress::default(),
                         });
@@ -692,6 +710,7 @@ impl Backend for LibvirtBackend {
     fn start_migration(
         &mut self,
         job: &MigrateJob,
+        wake: MigrationWaker,
     ) -> Result<mpsc::Receiver<MigrationResult>, LibvirtError> {
         let d = self.dom()?.clone();
         let xml = call(
@@ -791,6 +810,7 @@ impl Backend for LibvirtBackend {
                     });
                 done.store(true, std::sync::atomic::Ordering::SeqCst);
                 let _ = tx.send(r);
+                wake.wake();
             })
             .map_err(|e| LibvirtError::Call {
                 op: "spawn migration thread",
