@@ -187,9 +187,15 @@ pub fn attach(
     }
     let (tx, rx) = std::sync::mpsc::channel();
     let p = path.to_path_buf();
-    std::thread::spawn(move || {
-        let _ = tx.send(File::open(&p));
-    });
+    std::thread::Builder::new()
+        .name("lifeline-open".into())
+        .spawn(move || {
+            let _ = tx.send(File::open(&p));
+        })
+        .map_err(|source| LifelineError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
     let opening = Instant::now();
     loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
