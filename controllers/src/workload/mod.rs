@@ -262,7 +262,8 @@ async fn evict(ctx: &Context, vmi: &VirtualMachineInstance) -> Result<String, ku
 }
 
 /// Sets (`on`) or removes [`OUTDATED_LAUNCHER_IMAGE_LABEL`] on the VMI and its active
-/// launcher pod, as KubeVirt's VMI controller does.
+/// launcher pod, as KubeVirt's VMI controller does. The pod first: the plan looks at the
+/// VMI's label only, so a pod write that failed after the VMI's would never be tried again.
 async fn relabel(ctx: &Context, vmi: &VirtualMachineInstance, on: bool) -> Result<(), kube::Error> {
     let value = if on {
         serde_json::json!("")
@@ -275,14 +276,14 @@ async fn relabel(ctx: &Context, vmi: &VirtualMachineInstance, on: bool) -> Resul
         ..Default::default()
     };
     let ns = vmi.namespace().unwrap_or_default();
-    Api::<VirtualMachineInstance>::namespaced(ctx.client.clone(), &ns)
-        .patch(&vmi.name_any(), &pp, &Patch::Merge(&patch))
-        .await?;
     if let Some(pod) = active_pod(ctx, vmi).await? {
         Api::<Pod>::namespaced(ctx.client.clone(), &ns)
             .patch(&pod.name_any(), &pp, &Patch::Merge(&patch))
             .await?;
     }
+    Api::<VirtualMachineInstance>::namespaced(ctx.client.clone(), &ns)
+        .patch(&vmi.name_any(), &pp, &Patch::Merge(&patch))
+        .await?;
     Ok(())
 }
 
