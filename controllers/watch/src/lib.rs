@@ -103,6 +103,14 @@ pub fn backoff(failures: u32) -> Duration {
     FIRST_BACKOFF.saturating_mul(1 << exp).min(MAX_BACKOFF)
 }
 
+/// True when the event carries the server's answer. kube's watcher emits `Init` before
+/// it sends the list request, so an `Init` between two failed lists proves nothing: taken
+/// as a success it reset the back-off, and a server failing every list (an aggregated API
+/// not yet available answers 404) was asked again every 200 ms for as long as it failed.
+pub fn answered<K>(ev: &Event<K>) -> bool {
+    !matches!(ev, Event::Init)
+}
+
 struct State<K: Clone + DeserializeOwned + Debug + Send + 'static> {
     api: Api<K>,
     config: watcher::Config,
@@ -140,7 +148,11 @@ where
         }
         let item = st.inner.next().await?;
         match &item {
-            Ok(_) => st.failures = 0,
+            Ok(ev) => {
+                if answered(ev) {
+                    st.failures = 0;
+                }
+            }
             Err(err) => {
                 st.failures += 1;
                 let labels = |reason: &str| WatchLabels {
@@ -203,6 +215,19 @@ mod tests {
         assert_eq!(recovery(&e, MAX_FAILURES), Recovery::RelistFailures);
         let start = watcher::Error::WatchStartFailed(kube::Error::Api(status(503)));
         assert_eq!(recovery(&start, MAX_FAILURES), Recovery::RelistFailures);
+    }
+
+    #[test]
+    fn only_what_the_server_sent_ends_a_run_of_failures() {
+        assert!(!answered::<u8>(&Event::Init));
+        for ev in [
+            Event::InitApply(1),
+            Event::InitDone,
+            Event::Apply(1),
+            Event::Delete(1),
+        ] {
+            assert!(answered(&ev), "{ev:?}");
+        }
     }
 
     #[test]

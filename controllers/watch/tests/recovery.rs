@@ -180,4 +180,24 @@ async fn repeated_failures_start_over_instead_of_retrying_forever() {
         virt_watch::MAX_FAILURES
     );
     assert!(count(&metrics.errors, "") >= u64::from(virt_watch::MAX_FAILURES));
+
+    // The fresh list fails too. Its watcher says `Init` before each list request: that is
+    // no answer from the server, so the run of failures goes on (each further failure
+    // starts over again, after the longest pause) instead of counting from zero with the
+    // shortest pause — a watcher asking a dead server five times a second.
+    for n in 1..=2 {
+        loop {
+            match tokio::time::timeout_at(deadline, stream.next()).await {
+                Ok(Some(Err(_))) => break,
+                Ok(Some(Ok(_))) => {}
+                Ok(None) => panic!("the watch stream ended"),
+                Err(_) => panic!("no failure {n} of the fresh list within 60 s"),
+            }
+        }
+    }
+    assert_eq!(
+        count(&metrics.relists, "failures"),
+        3,
+        "every failure of a fresh list that never answered starts over"
+    );
 }
