@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use super::section::{self, Provenance, Runs, Section};
 
-mod steps;
+pub(super) mod steps;
 
 use super::start::steps::{Timeline, single_table};
 

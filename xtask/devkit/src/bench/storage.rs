@@ -20,8 +20,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
+use super::migrate::steps::{Watches, collect};
 use super::migrate::{migrate_and_wait, wait_for};
 use super::section::{self, Provenance, Runs, Section};
+use super::start::steps::{Timeline, single_table};
 use crate::deploy::Kubectl as Kube;
 
 /// The guest's disk modes: (mode, block bytes).
@@ -323,10 +325,23 @@ struct MigrationSample {
     total: Duration,
     downtime_ms: Option<u64>,
     bytes: Option<u64>,
+    /// Step by step, when watched.
+    timeline: Option<Timeline<super::migrate::steps::Step>>,
 }
 
-fn migrate_once(kube: &Kube, ns: &str, vm: &str, name: &str) -> anyhow::Result<MigrationSample> {
+fn migrate_once(
+    kube: &Kube,
+    ns: &str,
+    vm: &str,
+    name: &str,
+    watches: Option<&Watches>,
+) -> anyhow::Result<MigrationSample> {
+    let created = std::time::SystemTime::now();
     let (total, _) = migrate_and_wait(kube, ns, vm, name)?;
+    let timeline = match watches {
+        Some(w) => Some(collect(kube, ns, w, name, created)?),
+        None => None,
+    };
     let vmi = kube
         .json(&["-n", ns, "get", "vmi", vm])?
         .context("the VMI is gone")?;
@@ -335,6 +350,7 @@ fn migrate_once(kube: &Kube, ns: &str, vm: &str, name: &str) -> anyhow::Result<M
         total,
         downtime_ms: ms["downtimeMs"].as_u64(),
         bytes: ms["dataProcessedBytes"].as_u64(),
+        timeline,
     })
 }
 
@@ -415,6 +431,16 @@ fn table(f: &Figures) -> String {
         factor(&copy_t, &conv_t),
         factor(&copy_d, &mem_d),
     ));
+    let timelines: Vec<_> = f.copy.iter().filter_map(|s| s.timeline.clone()).collect();
+    if !timelines.is_empty() {
+        t.push_str(&format!(
+            "\nWhere the copy migration's total goes, step by step ({} runs; the target pod is \
+             scheduled only once the provisioner has made the new claim's volume on the target \
+             node; the transfer is the disk's copy, then the memory and the switch-over):\n\n{}",
+            timelines.len(),
+            single_table(&timelines)
+        ));
+    }
     t
 }
 
@@ -498,15 +524,16 @@ pub fn run(args: StorageArgs) -> anyhow::Result<()> {
             Duration::from_secs(1200),
         )?;
         drop(console);
+        let watches = Watches::start(&kube, &ns)?;
         for n in 0..runs {
-            let s = migrate_once(&kube, &ns, "copy", &format!("copy-{n}"))?;
+            let s = migrate_once(&kube, &ns, "copy", &format!("copy-{n}"), Some(&watches))?;
             eprintln!("copy migration {n}: {s:?}");
             f.copy.push(s);
             let src = disk_img(&kube, &ns, "copy")?;
             let c = convert_once(&src, &dir)?;
             eprintln!("qemu-img convert {n}: {c:?}");
             f.convert.push(c);
-            let s = migrate_once(&kube, &ns, "memonly", &format!("memonly-{n}"))?;
+            let s = migrate_once(&kube, &ns, "memonly", &format!("memonly-{n}"), None)?;
             eprintln!("memory-only migration {n}: {s:?}");
             f.memory_only.push(s);
         }
@@ -572,6 +599,7 @@ mod tests {
             total: Duration::from_secs(t),
             downtime_ms: Some(d),
             bytes: Some(1 << 30),
+            timeline: None,
         };
         let f = Figures {
             cluster: vec![side(0.9), side(0.9)],
@@ -599,5 +627,30 @@ mod tests {
             t.contains("| copy / memory-only downtime (goal ≤ 1.2×) | | 1.20× |"),
             "{t}"
         );
+        assert!(!t.contains("step by step"), "{t}");
+
+        // A watched copy migration gets its breakdown.
+        use super::super::migrate::steps::Step;
+        let t0 = std::time::SystemTime::UNIX_EPOCH;
+        let mut watched = s(20, 60);
+        watched.timeline = Some(Timeline {
+            created: Some(t0),
+            at: [
+                (Step::VmimCreated, t0),
+                (Step::TargetPodScheduled, t0 + Duration::from_secs(3)),
+                (Step::Succeeded, t0 + Duration::from_secs(20)),
+            ]
+            .into_iter()
+            .collect(),
+        });
+        let t = table(&Figures {
+            copy: vec![watched],
+            ..f
+        });
+        assert!(
+            t.contains("Where the copy migration's total goes, step by step (1 runs"),
+            "{t}"
+        );
+        assert!(t.contains("target pod scheduled"), "{t}");
     }
 }
