@@ -6,7 +6,7 @@
 //! VMI phase × pod state table is unit-tested without a cluster. The contract is
 //! docs/cluster-flow.md §3.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -556,10 +556,22 @@ pub fn derive_status(
     let targets = pods.iter().filter(|p| {
         migration_target(p) && !is_terminal(p) && p.metadata.deletion_timestamp.is_none()
     });
-    let active: BTreeMap<String, String> = ours
+    let candidates: Vec<&Pod> = ours.iter().copied().chain(targets).collect();
+    // A pod on its way out is left out where a live one of the VMI is on the same node:
+    // virt-handler takes the one pod this map names on its node. A VM migrated back to a
+    // node while its old pod there still terminated had two, and the target's handler
+    // waited on the old pod's launcher until the migration failed.
+    let live_nodes: BTreeSet<&str> = candidates
         .iter()
-        .copied()
-        .chain(targets)
+        .filter(|p| !is_terminal(p) && !is_deleting(p))
+        .filter_map(|p| node_of(p))
+        .collect();
+    let active: BTreeMap<String, String> = candidates
+        .into_iter()
+        .filter(|p| {
+            let leaving = is_terminal(p) || is_deleting(p);
+            !(leaving && node_of(p).is_some_and(|n| live_nodes.contains(n)))
+        })
         .map(|p| {
             let uid = pod_uid(p);
             let node = match known.get(&uid).filter(|n| !n.is_empty()) {

@@ -790,3 +790,44 @@ fn a_bound_migration_target_is_an_active_pod_on_its_node() {
         Some(BTreeMap::from([("p-uid".to_string(), "n1".to_string())]))
     );
 }
+
+/// A VM migrated back to a node while its old pod there still terminates: the map names
+/// the new target on that node, not the old pod, since virt-handler takes the one pod the
+/// map names on its node. A pod on its way out alone on its node stays (a VM being
+/// stopped still has its launcher to talk to).
+#[test]
+fn a_pod_on_its_way_out_gives_way_to_a_live_one_on_its_node() {
+    let mut v = vmi("Running");
+    v.status.as_mut().unwrap().node_name = Some("n1".into());
+    v.status.as_mut().unwrap().active_pods = Some(BTreeMap::from([
+        ("p-uid".to_string(), "n1".to_string()),
+        ("old-uid".to_string(), "n2".to_string()),
+    ]));
+    let running = json!({"phase": "Running", "containerStatuses": compute(json!({"running": {}}))});
+    let mut old = pod("old", Some("n2"), running.clone());
+    old.metadata.deletion_timestamp = Some(Time(now()));
+    let mut back = pod("back", Some("n2"), json!({"phase": "Pending"}));
+    back.metadata.owner_references = Some(vec![
+        serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstanceMigration", "name": "m", "uid": "m-uid",
+            "controller": true}))
+        .unwrap(),
+    ]);
+    let s = derive_status(&v, &[running_pod(), old.clone(), back], None, now());
+    assert_eq!(
+        s.active_pods,
+        Some(BTreeMap::from([
+            ("p-uid".to_string(), "n1".to_string()),
+            ("back-uid".to_string(), "n2".to_string()),
+        ]))
+    );
+    // Before the migration back, the old pod is the only one on n2 and stays listed.
+    let s = derive_status(&v, &[running_pod(), old], None, now());
+    assert_eq!(
+        s.active_pods,
+        Some(BTreeMap::from([
+            ("p-uid".to_string(), "n1".to_string()),
+            ("old-uid".to_string(), "n2".to_string()),
+        ]))
+    );
+}
