@@ -254,8 +254,8 @@ fn deployment(op: &OperatorImage<'_>) -> Deployment {
             container_port: METRICS_PORT,
             ..ContainerPort::default()
         }]),
-        liveness_probe: Some(probe(10)),
-        readiness_probe: Some(probe(2)),
+        liveness_probe: Some(render::liveness_probe("/healthz", "metrics", "HTTP")),
+        readiness_probe: Some(render::http_probe("/healthz", "metrics", "HTTP", 2, 3)),
         resources: Some(k8s_openapi::api::core::v1::ResourceRequirements {
             requests: Some(BTreeMap::from([
                 (
@@ -323,23 +323,6 @@ fn deployment(op: &OperatorImage<'_>) -> Deployment {
             ..DeploymentSpec::default()
         }),
         ..Deployment::default()
-    }
-}
-
-fn probe(period: i32) -> k8s_openapi::api::core::v1::Probe {
-    k8s_openapi::api::core::v1::Probe {
-        http_get: Some(k8s_openapi::api::core::v1::HTTPGetAction {
-            path: Some("/healthz".into()),
-            port: k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(
-                "metrics".into(),
-            ),
-            scheme: Some("HTTP".into()),
-            ..Default::default()
-        }),
-        period_seconds: Some(period),
-        failure_threshold: Some(3),
-        timeout_seconds: Some(2),
-        ..Default::default()
     }
 }
 

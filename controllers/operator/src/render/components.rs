@@ -7,20 +7,19 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
-    Probe, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, ServiceAccount, Toleration,
+    EnvVarSource, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    SeccompProfile, Secret, SecretVolumeSource, SecurityContext, ServiceAccount, Toleration,
     Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use kubevirt_api::{COMPONENT_LABEL, catalogue};
 
 use super::{
-    GROUP, NAMESPACE, Params, RUN_AS, Result, push_doc, requests, resources, restricted, role_ref,
-    rule, strings,
+    GROUP, NAMESPACE, Params, RUN_AS, Result, http_probe, liveness_probe, push_doc, requests,
+    resources, restricted, role_ref, rule, strings,
 };
 
 pub const CONTROLLER: &str = "virt-controller";
@@ -166,20 +165,14 @@ fn cluster_role_and_binding(out: &mut String, name: &str, rules: Vec<PolicyRule>
     )
 }
 
-/// `GET /healthz` on the port named `metrics`.
-fn healthz(period: i32) -> Probe {
-    Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some("/healthz".into()),
-            port: IntOrString::String("metrics".into()),
-            scheme: Some("HTTP".into()),
-            ..HTTPGetAction::default()
-        }),
-        period_seconds: Some(period),
-        failure_threshold: Some(3),
-        timeout_seconds: Some(2),
-        ..Probe::default()
-    }
+/// `GET /healthz` on the port named `metrics`: readiness, asked every 2 s.
+fn ready() -> Probe {
+    http_probe("/healthz", "metrics", "HTTP", 2, 3)
+}
+
+/// `GET /healthz` on the port named `metrics`: liveness ([`liveness_probe`]).
+fn alive() -> Probe {
+    liveness_probe("/healthz", "metrics", "HTTP")
 }
 
 /// virt-controller's cluster-wide rules. Its own kinds come from the catalogue: it reconciles
@@ -306,8 +299,8 @@ fn controller_deployment(p: &Params) -> Deployment {
             container_port: CONTROLLER_METRICS_PORT,
             ..ContainerPort::default()
         }]),
-        liveness_probe: Some(healthz(10)),
-        readiness_probe: Some(healthz(2)),
+        liveness_probe: Some(alive()),
+        readiness_probe: Some(ready()),
         resources: Some(requests("20m", "32Mi")),
         security_context: Some(restricted()),
         ..Container::default()
@@ -438,8 +431,8 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
                 ..ContainerPort::default()
             },
         ]),
-        readiness_probe: Some(healthz(2)),
-        liveness_probe: Some(healthz(10)),
+        readiness_probe: Some(ready()),
+        liveness_probe: Some(alive()),
         volume_mounts: Some(vec![
             // This node's directory of the host's per-node tree (docs/cluster-flow.md §1):
             // two nodes sharing a filesystem never see each other's sockets.

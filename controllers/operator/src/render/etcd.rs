@@ -34,8 +34,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{
-    ETCD_METRICS_PORT, NAME, NAMESPACE, Params, RUN_AS, Result, http_probe, part_of_labels,
-    push_doc, requests, restricted, strings,
+    ETCD_METRICS_PORT, NAME, NAMESPACE, Params, RUN_AS, Result, http_probe, liveness_probe,
+    part_of_labels, push_doc, requests, restricted, strings,
 };
 
 /// StatefulSet, Service and pod label of etcd.
@@ -597,7 +597,7 @@ fn statefulset(p: &Params, e: &EtcdParams) -> StatefulSet {
         env: cluster.map(|_| cluster_env()),
         ports: Some(ports),
         startup_probe: Some(http_probe("/health", "etcd-metrics", "HTTP", 1, 60)),
-        liveness_probe: Some(http_probe("/health", "etcd-metrics", "HTTP", 10, 3)),
+        liveness_probe: Some(liveness_probe("/health", "etcd-metrics", "HTTP")),
         readiness_probe: Some(http_probe("/health", "etcd-metrics", "HTTP", 2, 3)),
         volume_mounts: Some(mounts),
         resources: Some(requests("50m", "64Mi")),
