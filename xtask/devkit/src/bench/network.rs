@@ -327,6 +327,29 @@ fn iperf3(node: &str, target: &str, seconds: u32) -> anyhow::Result<f64> {
         .stderr(Stdio::piped())
         .spawn()
         .context("running iperf3 (apt-get install iperf3)")?;
+    // Read while it runs: a report larger than the pipe's buffer (a long test) would
+    // otherwise block iperf3 before it exits.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
     let deadline = Instant::now() + Duration::from_secs(u64::from(seconds) + 30);
     let status = loop {
         if let Some(st) = child.try_wait()? {
@@ -339,9 +362,10 @@ fn iperf3(node: &str, target: &str, seconds: u32) -> anyhow::Result<f64> {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    let out = child.wait_with_output()?;
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("iperf3 output: {}", String::from_utf8_lossy(&out.stderr)))?;
+    let joined = |t: std::thread::JoinHandle<Vec<u8>>| t.join().unwrap_or_default();
+    let (out, err) = (joined(stdout), joined(stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out)
+        .with_context(|| format!("iperf3 output: {}", String::from_utf8_lossy(&err)))?;
     if !status.success() {
         bail!("iperf3 exited with {status}: {}", json["error"]);
     }
