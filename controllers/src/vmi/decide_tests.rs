@@ -733,6 +733,27 @@ fn an_unschedulable_pod_with_unbound_claims_waits_for_volume_binding() {
     assert!(find_condition(conds, conditions::POD_SCHEDULED).is_some());
 }
 
+/// `p` as a migration's target pod: controlled by migration `m`, not by the VMI.
+fn owned_by_migration(mut p: Pod) -> Pod {
+    p.metadata.owner_references = Some(vec![
+        serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstanceMigration", "name": "m", "uid": "m-uid",
+            "controller": true}))
+        .unwrap(),
+    ]);
+    p
+}
+
+/// `status.activePods` of (pod uid, node) pairs.
+fn active(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
+    Some(
+        pairs
+            .iter()
+            .map(|(u, n)| (u.to_string(), n.to_string()))
+            .collect(),
+    )
+}
+
 /// A migration's target pod is an active pod of the VMI once it launched (KubeVirt's
 /// `activePods`): the target node's virt-handler finds its launcher there. A finished or
 /// deleted target is not.
@@ -740,55 +761,24 @@ fn an_unschedulable_pod_with_unbound_claims_waits_for_volume_binding() {
 fn a_bound_migration_target_is_an_active_pod_on_its_node() {
     let mut v = vmi("Running");
     v.status.as_mut().unwrap().node_name = Some("n1".into());
-    v.status.as_mut().unwrap().active_pods =
-        Some(BTreeMap::from([("p-uid".to_string(), "n1".to_string())]));
-    let target = |status: Value| {
-        let mut t = pod("t", Some("n2"), status);
-        t.metadata.owner_references = Some(vec![
-            serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1",
-                "kind": "VirtualMachineInstanceMigration", "name": "m", "uid": "m-uid",
-                "controller": true}))
-            .unwrap(),
-        ]);
-        t
-    };
+    v.status.as_mut().unwrap().active_pods = active(&[("p-uid", "n1")]);
+    let target = |status: Value| owned_by_migration(pod("t", Some("n2"), status));
     let mut unbound = target(json!({"phase": "Pending"}));
     unbound.spec.as_mut().unwrap().node_name = None;
     let s = derive_status(&v, &[running_pod(), unbound], None, now());
-    assert_eq!(
-        s.active_pods,
-        Some(BTreeMap::from([
-            ("p-uid".to_string(), "n1".to_string()),
-            ("t-uid".to_string(), String::new()),
-        ]))
-    );
+    assert_eq!(s.active_pods, active(&[("p-uid", "n1"), ("t-uid", "")]));
     // Bound is enough for a target (its handler prepares from the hand-off on); a VMI's
     // own pod is recorded once launched.
     let bound = target(json!({"phase": "Pending"}));
     let s = derive_status(&v, &[running_pod(), bound], None, now());
-    assert_eq!(
-        s.active_pods,
-        Some(BTreeMap::from([
-            ("p-uid".to_string(), "n1".to_string()),
-            ("t-uid".to_string(), "n2".to_string()),
-        ]))
-    );
+    assert_eq!(s.active_pods, active(&[("p-uid", "n1"), ("t-uid", "n2")]));
     let launched =
         target(json!({"phase": "Running", "containerStatuses": compute(json!({"running": {}}))}));
     let s = derive_status(&v, &[running_pod(), launched], None, now());
-    assert_eq!(
-        s.active_pods,
-        Some(BTreeMap::from([
-            ("p-uid".to_string(), "n1".to_string()),
-            ("t-uid".to_string(), "n2".to_string()),
-        ]))
-    );
+    assert_eq!(s.active_pods, active(&[("p-uid", "n1"), ("t-uid", "n2")]));
     let failed = target(json!({"phase": "Failed"}));
     let s = derive_status(&v, &[running_pod(), failed], None, now());
-    assert_eq!(
-        s.active_pods,
-        Some(BTreeMap::from([("p-uid".to_string(), "n1".to_string())]))
-    );
+    assert_eq!(s.active_pods, active(&[("p-uid", "n1")]));
 }
 
 /// A VM migrated back to a node while its old pod there still terminates: the map names
@@ -799,35 +789,17 @@ fn a_bound_migration_target_is_an_active_pod_on_its_node() {
 fn a_pod_on_its_way_out_gives_way_to_a_live_one_on_its_node() {
     let mut v = vmi("Running");
     v.status.as_mut().unwrap().node_name = Some("n1".into());
-    v.status.as_mut().unwrap().active_pods = Some(BTreeMap::from([
-        ("p-uid".to_string(), "n1".to_string()),
-        ("old-uid".to_string(), "n2".to_string()),
-    ]));
+    v.status.as_mut().unwrap().active_pods = active(&[("p-uid", "n1"), ("old-uid", "n2")]);
     let running = json!({"phase": "Running", "containerStatuses": compute(json!({"running": {}}))});
     let mut old = pod("old", Some("n2"), running.clone());
     old.metadata.deletion_timestamp = Some(Time(now()));
-    let mut back = pod("back", Some("n2"), json!({"phase": "Pending"}));
-    back.metadata.owner_references = Some(vec![
-        serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1",
-            "kind": "VirtualMachineInstanceMigration", "name": "m", "uid": "m-uid",
-            "controller": true}))
-        .unwrap(),
-    ]);
+    let back = owned_by_migration(pod("back", Some("n2"), json!({"phase": "Pending"})));
     let s = derive_status(&v, &[running_pod(), old.clone(), back], None, now());
     assert_eq!(
         s.active_pods,
-        Some(BTreeMap::from([
-            ("p-uid".to_string(), "n1".to_string()),
-            ("back-uid".to_string(), "n2".to_string()),
-        ]))
+        active(&[("p-uid", "n1"), ("back-uid", "n2")])
     );
     // Before the migration back, the old pod is the only one on n2 and stays listed.
     let s = derive_status(&v, &[running_pod(), old], None, now());
-    assert_eq!(
-        s.active_pods,
-        Some(BTreeMap::from([
-            ("p-uid".to_string(), "n1".to_string()),
-            ("old-uid".to_string(), "n2".to_string()),
-        ]))
-    );
+    assert_eq!(s.active_pods, active(&[("p-uid", "n1"), ("old-uid", "n2")]));
 }
