@@ -458,6 +458,9 @@ pub struct Controller {
     /// Model.
     #[serde(rename = "@model", skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// A virtio-serial controller's number of ports (QEMU's `max_ports`).
+    #[serde(rename = "@ports", skip_serializing_if = "Option::is_none")]
+    pub ports: Option<u32>,
 }
 
 /// Interface kind.
