@@ -75,24 +75,29 @@ impl Console {
         let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("starting {cmd:?}"))?;
-        let mut stdout = child.stdout.take().context("console stdout")?;
+        let stdout = child.stdout.take().context("console stdout")?;
+        let stderr = child.stderr.take().context("console stderr")?;
         let stdin = child.stdin.take().context("console stdin")?;
         let out = Arc::new(Mutex::new(String::new()));
-        let sink = out.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = stdout.read(&mut buf) {
-                if n == 0 {
-                    break;
+        // Both into one text: an error of QEMU or kubectl shows where the console's end did.
+        fn copy(mut from: impl Read + Send + 'static, sink: Arc<Mutex<String>>) {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = from.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if let Ok(mut o) = sink.lock() {
+                        o.push_str(&String::from_utf8_lossy(&buf[..n]));
+                    }
                 }
-                if let Ok(mut o) = sink.lock() {
-                    o.push_str(&String::from_utf8_lossy(&buf[..n]));
-                }
-            }
-        });
+            });
+        }
+        copy(stdout, out.clone());
+        copy(stderr, out.clone());
         Ok(Console { child, stdin, out })
     }
 
@@ -101,10 +106,19 @@ impl Console {
     }
 
     fn send(&mut self, line: &str) -> anyhow::Result<()> {
-        self.stdin.write_all(line.as_bytes())?;
-        self.stdin.write_all(b"\r")?;
-        self.stdin.flush()?;
-        Ok(())
+        let sent = (|| {
+            self.stdin.write_all(line.as_bytes())?;
+            self.stdin.write_all(b"\r")?;
+            self.stdin.flush()
+        })();
+        sent.with_context(|| {
+            let text = self.text();
+            let tail: Vec<_> = text.lines().rev().take(10).collect();
+            format!(
+                "the console ended; its last lines:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )
+        })
     }
 
     /// Presses Enter until the guest's prompt shows.
@@ -288,6 +302,11 @@ impl InPod {
         let mut exec = Command::new(&kube.bin);
         exec.env("KUBECONFIG", &kube.kubeconfig)
             .args(["exec", "-i", "-n", ns, &pod, "-c", "compute", "--"])
+            .arg(
+                qemu.cmdline
+                    .first()
+                    .context("QEMU's command line is empty")?,
+            )
             .args(bare_args(&kernel, &initrd, &pod_disk));
         Ok(InPod {
             exec,
