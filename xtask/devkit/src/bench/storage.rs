@@ -228,7 +228,6 @@ fn bare_console(g: &virt_testguest::Guest, disk: &Path) -> anyhow::Result<Consol
 /// The bare side's QEMU command line after the program's name.
 fn bare_args(kernel: &str, initrd: &str, disk: &Path) -> Vec<String> {
     [
-        "qemu-system-x86_64",
         "-accel",
         "tcg",
         "-M",
@@ -255,7 +254,6 @@ fn bare_args(kernel: &str, initrd: &str, disk: &Path) -> Vec<String> {
         "virtio-blk-pci,drive=data",
     ]
     .into_iter()
-    .skip(1)
     .map(str::to_string)
     .collect()
 }
