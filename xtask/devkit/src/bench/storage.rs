@@ -263,7 +263,7 @@ fn bare_args(kernel: &str, initrd: &str, disk: &Path) -> Vec<String> {
 /// file beside the claim's disk.img: the paths are read from the launcher's QEMU command
 /// line. Dropping it ends that QEMU and removes the file.
 struct InPod {
-    exec: Command,
+    console: Console,
     pod_uid: Option<String>,
     host_disk: PathBuf,
 }
@@ -307,21 +307,10 @@ impl InPod {
             )
             .args(bare_args(&kernel, &initrd, &pod_disk));
         Ok(InPod {
-            exec,
+            console: Console::spawn(exec)?,
             pod_uid: qemu.pod_uid,
             host_disk,
         })
-    }
-
-    fn console(&self) -> anyhow::Result<Console> {
-        let mut c = Command::new(self.exec.get_program());
-        c.args(self.exec.get_args());
-        for (k, v) in self.exec.get_envs() {
-            if let Some(v) = v {
-                c.env(k, v);
-            }
-        }
-        Console::spawn(c)
     }
 }
 
@@ -644,25 +633,24 @@ pub fn run(args: StorageArgs) -> anyhow::Result<()> {
         std::fs::File::create(&bare_disk)?.set_len(size)?;
         let mut cluster = cluster_console(&plugin, &kubeconfig, &ns, "tput")?;
         let mut bare = bare_console(&guest, &bare_disk)?;
-        let in_pod = InPod::start(&kube, &ns, "tput", &img)?;
-        let mut in_pod_console = in_pod.console()?;
+        let mut in_pod = InPod::start(&kube, &ns, "tput", &img)?;
         bare.wait_for_shell(Duration::from_secs(120))?;
-        in_pod_console.wait_for_shell(Duration::from_secs(120))?;
+        in_pod.console.wait_for_shell(Duration::from_secs(120))?;
         prefill(&mut cluster)?;
-        prefill(&mut in_pod_console)?;
+        prefill(&mut in_pod.console)?;
         prefill(&mut bare)?;
         for n in 0..runs {
             let c = measure(&mut cluster, args.seconds)?;
             eprintln!("throughput run {n}, cluster: {c:?}");
             f.cluster.push(c);
-            let p = measure(&mut in_pod_console, args.seconds)?;
+            let p = measure(&mut in_pod.console, args.seconds)?;
             eprintln!("throughput run {n}, bare QEMU in the launcher pod: {p:?}");
             f.in_pod.push(p);
             let b = measure(&mut bare, args.seconds)?;
             eprintln!("throughput run {n}, bare: {b:?}");
             f.bare.push(b);
         }
-        drop((cluster, bare, in_pod_console, in_pod));
+        drop((cluster, bare, in_pod));
         kube.run(&["-n", &ns, "delete", "vm", "tput", "--wait=false"], None)?;
 
         // 2. The copy migration: fill the disk, then move it back and forth.
