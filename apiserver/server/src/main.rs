@@ -204,9 +204,7 @@ async fn main() -> anyhow::Result<()> {
         args.tls_private_key_file.clone(),
         &auth,
     )?;
-    let listener = tokio::net::TcpListener::bind(args.bind)
-        .await
-        .with_context(|| format!("binding {}", args.bind))?;
+    let listener = server::listen(args.bind).with_context(|| format!("binding {}", args.bind))?;
     tracing::info!(addr = %listener.local_addr()?, "Serving");
 
     let signal_state = state.clone();

@@ -203,6 +203,28 @@ impl Drop for UnprovenEntry {
     }
 }
 
+/// Binds `addr` with the kernel's largest accept queue (`net.core.somaxconn`), as Go
+/// servers such as kube-apiserver do. Tokio's default of 1024 is the queue a burst of
+/// clients overflows first, and a connection dropped from a full queue after the client
+/// saw it established is never answered nor reset: it hangs until the client gives up.
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(somaxconn())
+}
+
+fn somaxconn() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(4096)
+}
+
 /// Accepts connections until `shutdown` is cancelled, then waits for open connections.
 pub async fn serve(
     listener: TcpListener,
