@@ -58,6 +58,11 @@ pub struct PreparedVolume {
     pub format: DiskFormat,
     /// File or block device.
     pub kind: DiskType,
+    /// Whether it (and the image it is layered on, if any) opens with `O_DIRECT`: a disk
+    /// without a cache mode gets `none` when it does and `writethrough` when it does not,
+    /// and an explicit `none` is refused without it, as KubeVirt decides.
+    #[serde(default)]
+    pub direct_io: bool,
 }
 
 /// Kernel and initrd of `firmware.kernelBoot`, resolved to host paths.

@@ -34,6 +34,7 @@ fn vol(path: &str, format: DiskFormat) -> PreparedVolume {
         path: path.into(),
         format,
         kind: DiskType::File,
+        direct_io: true,
     }
 }
 
@@ -70,6 +71,7 @@ fn disks_host() -> HostFacts {
             path: "/dev/sdz".into(),
             format: DiskFormat::Raw,
             kind: DiskType::Block,
+            direct_io: true,
         },
     );
     h.console_socket = Some("/run/vmi/console.sock".into());
@@ -285,6 +287,62 @@ fn errors_name_the_culprit() {
         domain_for(&vmi, &host).unwrap_err(),
         ConvertError::KernelBootNotPrepared
     );
+}
+
+/// KubeVirt's defaults: `none` where the file opens with O_DIRECT, `writethrough` where it
+/// does not; an explicit `none` without O_DIRECT names the disk's field; an explicit mode
+/// is kept; a block device without the page cache gets native AIO.
+#[test]
+fn cache_mode_follows_direct_io() {
+    use virt_domain::schema::{CacheMode, IoMode};
+    let vmi = load("disks.json");
+    let modes = |host: &HostFacts| -> Vec<(Option<CacheMode>, Option<IoMode>)> {
+        domain_for(&vmi, host)
+            .unwrap()
+            .devices
+            .disk
+            .iter()
+            .map(|d| (d.driver.cache, d.driver.io))
+            .collect()
+    };
+    // root: cache none + io native asked; scratch, iso: nothing asked; data: block device.
+    assert_eq!(
+        modes(&disks_host()),
+        [
+            (Some(CacheMode::None), Some(IoMode::Native)),
+            (Some(CacheMode::None), None),
+            (Some(CacheMode::None), None),
+            (Some(CacheMode::None), Some(IoMode::Native)),
+        ]
+    );
+    let mut host = disks_host();
+    for name in ["scratch", "data"] {
+        host.volumes.get_mut(name).unwrap().direct_io = false;
+    }
+    assert_eq!(
+        modes(&host),
+        [
+            (Some(CacheMode::None), Some(IoMode::Native)),
+            (Some(CacheMode::Writethrough), None),
+            (Some(CacheMode::None), None),
+            (Some(CacheMode::Writethrough), None),
+        ]
+    );
+    host.volumes.get_mut("root").unwrap().direct_io = false;
+    let e = domain_for(&vmi, &host).unwrap_err();
+    assert_eq!(
+        e,
+        ConvertError::DirectIoUnsupported {
+            field: "spec.domain.devices.disks[0].cache".into(),
+            path: "/run/vmi/root.qcow2".into(),
+        }
+    );
+    assert!(e.to_string().contains("writethrough"), "{e}");
+    let mut vmi = vmi.clone();
+    vmi.spec.domain.devices.disks.as_mut().unwrap()[0].cache =
+        Some(kubevirt_api::vmi::DiskCache::Writeback);
+    let d = domain_for(&vmi, &host).unwrap();
+    assert_eq!(d.devices.disk[0].driver.cache, Some(CacheMode::Writeback));
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use virt_domain::PreparedVolume;
 use virt_domain::schema::{DiskFormat, DiskType};
 
-use crate::volumes::VolumeError;
+use crate::volumes::{VolumeError, opens_direct};
 
 /// The image file at the root of a Filesystem-mode claim.
 pub const DISK_IMG: &str = "disk.img";
@@ -77,6 +77,7 @@ pub fn prepare(volume: &str, claim: &ClaimPath) -> Result<PreparedVolume, Volume
             path: claim.path.clone(),
             format: DiskFormat::Raw,
             kind: DiskType::Block,
+            direct_io: opens_direct(&claim.path),
         });
     }
     if !meta.is_dir() {
@@ -140,6 +141,7 @@ pub fn prepare(volume: &str, claim: &ClaimPath) -> Result<PreparedVolume, Volume
         Err(e) => return Err(io(&img)(e)),
     }
     Ok(PreparedVolume {
+        direct_io: opens_direct(&img),
         path: img,
         format: DiskFormat::Raw,
         kind: DiskType::File,

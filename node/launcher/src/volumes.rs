@@ -233,10 +233,23 @@ pub fn prepare(
 
 fn file_volume(path: PathBuf, format: DiskFormat) -> PreparedVolume {
     PreparedVolume {
+        direct_io: opens_direct(&path),
         path,
         format,
         kind: DiskType::File,
     }
+}
+
+/// Whether `path` opens with `O_DIRECT`, which QEMU needs for cache mode `none`: some
+/// file systems refuse the flag (tmpfs before Linux 6.6, some FUSE ones). Checked by
+/// opening, as QEMU will, rather than by the file system's name (KubeVirt does the same).
+pub(crate) fn opens_direct(path: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_DIRECT)
+        .open(path)
+        .is_ok()
 }
 
 fn prepare_volume(
@@ -271,7 +284,10 @@ fn prepare_volume(
                 .arg(&base)
                 .arg(&overlay),
         )?;
-        return Ok(file_volume(overlay, DiskFormat::Qcow2));
+        // QEMU opens the image under the overlay with the overlay's cache mode.
+        let mut prepared = file_volume(overlay, DiskFormat::Qcow2);
+        prepared.direct_io &= opens_direct(&base);
+        return Ok(prepared);
     }
     if let Some(ed) = &v.empty_disk {
         let bytes = quantity::parse_bytes(&ed.capacity.0).map_err(|e| VolumeError::Invalid {
@@ -318,6 +334,7 @@ fn prepare_volume(
             DiskType::Block
         };
         return Ok(PreparedVolume {
+            direct_io: opens_direct(&path),
             path,
             format: DiskFormat::Raw,
             kind,
@@ -450,5 +467,18 @@ fn run(volume: &str, tool: &'static str, cmd: &mut Command) -> Result<(), Volume
             tool,
             stderr: String::from_utf8_lossy(&out.stderr).trim().into(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn direct_io_is_probed_by_opening() {
+        // procfs refuses O_DIRECT (EINVAL) although the file opens without it.
+        assert!(fs::File::open("/proc/self/status").is_ok());
+        assert!(!opens_direct(Path::new("/proc/self/status")));
+        assert!(!opens_direct(Path::new("/nonexistent/disk.img")));
     }
 }

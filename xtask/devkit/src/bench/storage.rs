@@ -214,7 +214,8 @@ fn prefill(console: &mut Console) -> anyhow::Result<()> {
 }
 
 /// The bare side: QEMU (TCG, q35, 256 MiB) with the test guest and `disk` as a raw virtio
-/// disk with QEMU's defaults, as libvirt gives a claim's disk.img without a cache mode.
+/// disk with cache mode `none` (O_DIRECT, no host page cache), as the launcher gives a
+/// claim's disk.img without a cache mode where the file system allows it.
 fn bare_console(g: &virt_testguest::Guest, disk: &Path) -> anyhow::Result<Console> {
     let mut c = Command::new("qemu-system-x86_64");
     c.args(bare_args(
@@ -249,7 +250,10 @@ fn bare_args(kernel: &str, initrd: &str, disk: &Path) -> Vec<String> {
         "-append",
         virt_testguest::KERNEL_ARGS,
         "-drive",
-        &format!("file={},format=raw,if=none,id=data", disk.display()),
+        &format!(
+            "file={},format=raw,if=none,id=data,cache=none",
+            disk.display()
+        ),
         "-device",
         "virtio-blk-pci,drive=data",
     ]
@@ -686,8 +690,9 @@ pub fn run(args: StorageArgs) -> anyhow::Result<()> {
          side, alternating. Throughput: the test guest (busybox, 256 MiB, TCG) runs \
          `disk-bench` (O_DIRECT, {} s per figure, over the first {SPAN_MIB} MiB, written \
          once before) on a {THROUGHPUT_CLAIM} claim of the default class (local-path: a raw \
-         disk.img in a host directory, no cache mode: QEMU's default) against bare QEMU with \
-         a raw file of the same size on the same file system; both TCG, so the guest's CPU \
+         disk.img in a host directory; no cache mode asked, so `none` as KubeVirt defaults it: \
+         O_DIRECT, no host page cache) against bare QEMU with a raw file of the same size on \
+         the same file system, also `cache=none`; both TCG, so the guest's CPU \
          bounds both. The middle column is that bare QEMU started inside the VM's launcher \
          pod (`kubectl exec` into its compute container) on a file beside disk.img on the \
          claim: the pod's environment (cgroups, seccomp profile, mounts, user) without \
@@ -733,7 +738,11 @@ mod tests {
         assert_eq!(in_pod_paths(&cmdline[..3]), None);
         let args = bare_args("/k", "/i", Path::new("/d/bench-bare.img"));
         assert_eq!(args.first().map(String::as_str), Some("-accel"));
-        assert!(args.contains(&"file=/d/bench-bare.img,format=raw,if=none,id=data".to_string()));
+        assert!(
+            args.contains(
+                &"file=/d/bench-bare.img,format=raw,if=none,id=data,cache=none".to_string()
+            )
+        );
     }
 
     #[test]
