@@ -48,6 +48,9 @@ pub struct Config {
     pub eviction_strategy: kubevirt_api::eviction::EvictionStrategy,
     /// workloadUpdateStrategy: how VMIs move onto a new launcher after an upgrade.
     pub workload_update: crate::workload::WorkloadUpdateConfig,
+    /// How VMs keep their instance type and preference (the KubeVirt resource's
+    /// `configuration.instancetype.referencePolicy`).
+    pub reference_policy: kubevirt_api::instancetype::vm::ReferencePolicy,
 }
 
 impl Default for Config {
@@ -62,6 +65,7 @@ impl Default for Config {
             launcher: LauncherConfig::default(),
             eviction_strategy: kubevirt_api::eviction::EvictionStrategy::None,
             workload_update: crate::workload::WorkloadUpdateConfig::default(),
+            reference_policy: Default::default(),
         }
     }
 }

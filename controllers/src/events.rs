@@ -27,8 +27,11 @@ pub const CAPACITY: usize = 4096;
 /// How long an Event takes repeats into its series (kube-runtime's and client-go's).
 pub const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 
-/// Writes Events about objects, counting a repeat (same object, type, reason and action
-/// within [`SERIES_WINDOW`]) into the first Event's `series` instead of writing another.
+/// Writes Events about objects, counting a repeat (same object, type, reason, action and
+/// note within [`SERIES_WINDOW`]) into the first Event's `series` instead of writing another.
+/// The note is part of what makes a repeat, as in client-go's correlator: two Events with the
+/// same reason but different notes ("runs on node vm", then "claim rwo-disk kept") are two
+/// facts, and a series would show only the first.
 pub struct Recorder {
     client: Client,
     controller: String,
@@ -90,7 +93,13 @@ impl Recent {
 }
 
 /// What makes two Events the same series.
-fn key(regarding: &ObjectReference, type_: EventType, reason: &str, action: &str) -> u64 {
+fn key(
+    regarding: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: &str,
+) -> u64 {
     let mut h = DefaultHasher::new();
     (
         &regarding.uid,
@@ -100,7 +109,7 @@ fn key(regarding: &ObjectReference, type_: EventType, reason: &str, action: &str
     )
         .hash(&mut h);
     matches!(type_, EventType::Warning).hash(&mut h);
-    (reason, action).hash(&mut h);
+    (reason, action, note).hash(&mut h);
     h.finish()
 }
 
@@ -133,7 +142,7 @@ impl Recorder {
         action: &str,
         note: &str,
     ) -> Result<(), kube::Error> {
-        let key = key(regarding, type_, reason, action);
+        let key = key(regarding, type_, reason, action, note);
         let now = Instant::now();
         let repeat = self
             .recent
@@ -240,16 +249,57 @@ mod tests {
 
     #[test]
     fn the_same_event_is_a_repeat_a_different_one_is_not() {
-        let a = key(&obj("a"), EventType::Normal, "SuccessfulCreate", "Create");
+        let k = |o: &str, t, reason: &str, action: &str, note: &str| {
+            key(&obj(o), t, reason, action, note)
+        };
+        let a = k(
+            "a",
+            EventType::Normal,
+            "SuccessfulCreate",
+            "Create",
+            "made x",
+        );
         assert_eq!(
             a,
-            key(&obj("a"), EventType::Normal, "SuccessfulCreate", "Create")
+            k(
+                "a",
+                EventType::Normal,
+                "SuccessfulCreate",
+                "Create",
+                "made x"
+            )
         );
         for other in [
-            key(&obj("b"), EventType::Normal, "SuccessfulCreate", "Create"),
-            key(&obj("a"), EventType::Warning, "SuccessfulCreate", "Create"),
-            key(&obj("a"), EventType::Normal, "FailedCreate", "Create"),
-            key(&obj("a"), EventType::Normal, "SuccessfulCreate", "Delete"),
+            k(
+                "b",
+                EventType::Normal,
+                "SuccessfulCreate",
+                "Create",
+                "made x",
+            ),
+            k(
+                "a",
+                EventType::Warning,
+                "SuccessfulCreate",
+                "Create",
+                "made x",
+            ),
+            k("a", EventType::Normal, "FailedCreate", "Create", "made x"),
+            k(
+                "a",
+                EventType::Normal,
+                "SuccessfulCreate",
+                "Delete",
+                "made x",
+            ),
+            // Same reason, another fact: its own Event, not a repeat of the first.
+            k(
+                "a",
+                EventType::Normal,
+                "SuccessfulCreate",
+                "Create",
+                "made y",
+            ),
         ] {
             assert_ne!(a, other);
         }

@@ -7,11 +7,14 @@
 //! virt-handler takes over. The migration controller ([`migration`]) moves a running
 //! VMI to another node with virt-handler (docs/cluster-flow.md §6). Decisions are pure functions ([`vm::decide`],
 //! [`vm::render`], [`vmi::decide`], [`vmi::render`], [`migration::decide`]); the reconcilers only execute them.
+//! The DataVolume controller ([`datavolume`]) gives each CDI DataVolume its claim and
+//! importer pod (docs/design-datavolumes.md).
 //! [`leader`] keeps a single active replica with a coordination.k8s.io Lease.
 
 pub mod backoff;
 pub mod client;
 pub mod context;
+pub mod datavolume;
 pub mod evacuation;
 pub mod events;
 pub mod expectations;

@@ -1,5 +1,6 @@
-//! virt-controller: runs the VirtualMachine, VirtualMachineInstance and
-//! VirtualMachineInstanceMigration controllers, all behind one leader election.
+//! virt-controller: runs the VirtualMachine, VirtualMachineInstance,
+//! VirtualMachineInstanceMigration and DataVolume controllers, all behind one leader
+//! election.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -134,6 +135,16 @@ struct Args {
         default_value_t = 150
     )]
     migration_completion_timeout_per_gib_seconds: u64,
+    /// How VMs keep their instance type and preference (virt-operator passes the KubeVirt
+    /// resource's `configuration.instancetype.referencePolicy`): reference, expand, expandAll.
+    #[arg(long, env = "VIRT_CONTROLLER_INSTANCETYPE_REFERENCE_POLICY", default_value = "reference", value_parser = parse_reference_policy)]
+    instancetype_reference_policy: kubevirt_api::instancetype::vm::ReferencePolicy,
+    /// Run the DataVolume controller (claims and importer pods for DataVolumes). virt-operator
+    /// passes `false` where a real CDI is installed (its CRD datavolumes.cdi.kubevirt.io
+    /// exists): CDI fills its DataVolumes, and the VM and VMI controllers use them as they
+    /// use virt-apiserver's.
+    #[arg(long, env = "VIRT_CONTROLLER_DATAVOLUMES", default_value_t = true, action = clap::ArgAction::Set)]
+    datavolumes: bool,
     /// Log as JSON.
     #[arg(long, env = "VIRT_CONTROLLER_LOG_JSON")]
     log_json: bool,
@@ -199,6 +210,7 @@ async fn main() -> anyhow::Result<()> {
             batch_size: args.workload_update_batch_size,
             batch_interval: Duration::from_secs(args.workload_update_batch_interval_seconds),
         },
+        reference_policy: args.instancetype_reference_policy,
         ..Config::default()
     };
     let ctx = Arc::new(Context::new(client.clone(), recorder, config));
@@ -218,12 +230,31 @@ async fn main() -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding {}", args.metrics_addr))?;
         let metrics_ctx = ctx.clone();
+        let watches = ctx.metrics.watches.clone();
         let app = axum::Router::new()
             .route(
                 "/metrics",
                 axum::routing::get(move || {
                     let ctx = metrics_ctx.clone();
-                    async move { ctx.metrics.encode() }
+                    // The Prometheus text format (as KubeVirt's virt-controller serves):
+                    // KubeVirt's timestamp counters are named without `_total`, which only
+                    // that format allows (OpenMetrics would rename their series).
+                    async move {
+                        (
+                            [(
+                                axum::http::header::CONTENT_TYPE,
+                                "text/plain; version=0.0.4; charset=utf-8",
+                            )],
+                            ctx.metrics.encode(),
+                        )
+                    }
+                }),
+            )
+            .route(
+                "/readyz",
+                axum::routing::get(move || {
+                    let w = watches.clone();
+                    async move { virt_watch::readyz(&w) }
                 }),
             )
             .route("/healthz", axum::routing::get(|| async { "ok" }));
@@ -239,37 +270,97 @@ async fn main() -> anyhow::Result<()> {
     }
     virt_controllers::signal::cancel_on_termination(shutdown.clone());
 
-    if args.leader_elect {
+    // KubeVirt's ready_status: 1 while this replica can take the lead, i.e. while it
+    // takes part in the election (or, without election, runs).
+    let metrics_ctx = ctx.clone();
+    metrics_ctx.metrics.ready.set(1);
+    let datavolumes = args.datavolumes;
+    let result = if args.leader_elect {
         let elector = Elector::new(
             client,
             LeaseConfig::new(&args.lease_namespace, &args.lease_name, &identity),
         );
         elector
             .run(shutdown, move |leading| {
-                run_controllers(ctx, migrations, leading)
+                run_controllers(ctx, migrations, datavolumes, leading)
             })
-            .await?;
+            .await
     } else {
-        run_controllers(ctx, migrations, shutdown).await;
-    }
+        run_controllers(ctx, migrations, datavolumes, shutdown).await;
+        Ok(())
+    };
+    metrics_ctx.metrics.ready.set(0);
+    result?;
     Ok(())
 }
 
-/// The controllers and the workload updater, until `stop` is cancelled.
-async fn run_controllers(ctx: Arc<Context>, migrations: MigrationConfig, stop: CancellationToken) {
+/// The controllers and the workload updater, until `stop` is cancelled; the DataVolume
+/// controller only with `datavolumes` (the VM controller reads DataVolumes either way).
+async fn run_controllers(
+    ctx: Arc<Context>,
+    migrations: MigrationConfig,
+    datavolumes: bool,
+    stop: CancellationToken,
+) {
     let parallel = migrations.parallel_migrations_per_cluster;
     // One watch and one store of the VMIs for every controller that reads them.
     let vmis = virt_controllers::vmi::shared(&ctx, stop.clone());
+    // KubeVirt's inventory metrics come from the leader's caches only: registered here
+    // (and by each controller for its own cache), cleared when leadership ends.
+    ctx.metrics
+        .sources
+        .set_vmis(vmis.reader(), vmis.ready(), ctx.config.eviction_strategy);
+    let leading = {
+        let (ctx, vmis, stop) = (ctx.clone(), vmis.clone(), stop.clone());
+        // KubeVirt's leading_status: 1 once the leader's caches are filled. When the
+        // lead ends, the inventory goes at once, not after the controllers have drained.
+        async move {
+            if vmis.wait_ready(&stop).await {
+                ctx.metrics.leading.set(1);
+            }
+            stop.cancelled().await;
+            ctx.metrics.leading.set(0);
+            ctx.metrics.sources.clear();
+        }
+    };
+    // One watch and one store of the DataVolumes for the VM and DataVolume controllers.
+    let dvs = virt_controllers::datavolume::shared(&ctx, stop.clone());
+    let metrics_ctx = ctx.clone();
+    let datavolume_controller = {
+        let (ctx, dvs, stop) = (ctx.clone(), dvs.clone(), stop.clone());
+        async move {
+            if datavolumes {
+                virt_controllers::datavolume::run(ctx, dvs, stop).await;
+            } else {
+                tracing::info!(
+                    "DataVolume controller off (--datavolumes=false): CDI fills DataVolumes"
+                );
+            }
+        }
+    };
     tokio::join!(
-        virt_controllers::vm::run(ctx.clone(), vmis.clone(), stop.clone()),
+        leading,
+        virt_controllers::vm::run(ctx.clone(), vmis.clone(), dvs, stop.clone()),
+        datavolume_controller,
         virt_controllers::vmi::run(ctx.clone(), vmis.clone(), stop.clone()),
         virt_controllers::evacuation::run(ctx.clone(), vmis.clone(), stop.clone()),
         virt_controllers::workload::run(ctx.clone(), vmis, parallel, stop.clone()),
         virt_controllers::migration::run(ctx, migrations, stop),
     );
+    // Again after every controller stopped: one that started late may have registered
+    // its cache after the stop.
+    metrics_ctx.metrics.leading.set(0);
+    metrics_ctx.metrics.sources.clear();
 }
 
 fn parse_eviction_strategy(s: &str) -> Result<kubevirt_api::eviction::EvictionStrategy, String> {
     kubevirt_api::eviction::EvictionStrategy::parse(s)
         .ok_or_else(|| "expected None, LiveMigrate, LiveMigrateIfPossible or External".to_string())
+}
+
+fn parse_reference_policy(
+    s: &str,
+) -> Result<kubevirt_api::instancetype::vm::ReferencePolicy, String> {
+    kubevirt_api::instancetype::vm::ReferencePolicy::parse(s)
+        .ok_or_else(|| "expected reference, expand or expandAll".to_string())
 }

@@ -1,11 +1,23 @@
-//! Prometheus metrics of the controllers.
+//! Prometheus metrics of the controllers: counted as things happen, plus KubeVirt's
+//! inventory metrics ([`cluster`]), which the leader computes at each scrape from its
+//! watch caches ([`Sources`]): a replica that does not lead exports none of them, so
+//! Prometheus never counts a VM twice.
 
+pub mod cluster;
+
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use futures::FutureExt as _;
+use kube::ResourceExt as _;
+use kube::runtime::reflector::Store;
+use kubevirt_api::eviction::EvictionStrategy;
+use kubevirt_api::{VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -44,6 +56,33 @@ fn phase_histogram() -> Histogram {
     Histogram::new(PHASE_TRANSITION_BUCKETS)
 }
 
+/// KubeVirt's metrics of virt-controller that are counted as things happen (name, help,
+/// KubeVirt's type), registered under these names and help texts; the inventory ones are
+/// [`cluster::ALL`]. `controllers/tests/kubevirt_metrics.rs` checks both against
+/// KubeVirt's metric list.
+pub const KUBEVIRT_METRICS: [(&str, &str, &str); 4] = [
+    (
+        "kubevirt_vmi_phase_transition_time_from_creation_seconds",
+        "Histogram of VM phase transitions duration from creation time in seconds.",
+        "Histogram",
+    ),
+    (
+        "kubevirt_vmi_number_of_outdated",
+        "Indication for the total number of VirtualMachineInstance workloads that are not running within the most up-to-date version of the virt-launcher environment.",
+        "Gauge",
+    ),
+    (
+        "kubevirt_virt_controller_leading_status",
+        "Indication for an operating virt-controller.",
+        "Gauge",
+    ),
+    (
+        "kubevirt_virt_controller_ready_status",
+        "Indication for a virt-controller that is ready to take the lead.",
+        "Gauge",
+    ),
+];
+
 /// The controllers' metrics and their registry.
 #[derive(Debug)]
 pub struct Metrics {
@@ -59,6 +98,171 @@ pub struct Metrics {
     pub watches: virt_watch::WatchMetrics,
     /// Running VMIs on an outdated virt-launcher (KubeVirt's metric).
     pub outdated_vmis: Gauge,
+    /// 1 while this replica leads and its caches are filled (KubeVirt's
+    /// `kubevirt_virt_controller_leading_status`).
+    pub leading: Gauge,
+    /// 1 while this replica takes part in the leader election (KubeVirt's
+    /// `kubevirt_virt_controller_ready_status`: ready to take the lead).
+    pub ready: Gauge,
+    /// The leader's caches the inventory metrics are computed from.
+    pub sources: Sources,
+}
+
+/// The watch caches of the leader that [`cluster`]'s families are computed from, each
+/// set by the controller that owns it when it starts and all cleared when leadership
+/// ends ([`Sources::clear`]). Reading them only takes the stores' locks: a scrape never
+/// waits on the API.
+#[derive(Default)]
+pub struct Sources(Mutex<SourceStores>);
+
+#[derive(Default)]
+struct SourceStores {
+    vmis: Option<(
+        Store<VirtualMachineInstance>,
+        Arc<crate::watch::Readiness>,
+        EvictionStrategy,
+    )>,
+    vms: Option<Store<VirtualMachine>>,
+    pods: Option<Store<crate::vmi::pods::CachedPod>>,
+    migrations: Option<Store<VirtualMachineInstanceMigration>>,
+}
+
+impl std::fmt::Debug for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.lock();
+        f.debug_struct("Sources")
+            .field("vmis", &s.vmis.is_some())
+            .field("vms", &s.vms.is_some())
+            .field("pods", &s.pods.is_some())
+            .field("migrations", &s.migrations.is_some())
+            .finish()
+    }
+}
+
+impl Sources {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SourceStores> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The shared VMI store, usable once `ready`; `eviction_default` is the cluster's
+    /// evictionStrategy.
+    pub fn set_vmis(
+        &self,
+        store: Store<VirtualMachineInstance>,
+        ready: Arc<crate::watch::Readiness>,
+        eviction_default: EvictionStrategy,
+    ) {
+        self.lock().vmis = Some((store, ready, eviction_default));
+    }
+
+    /// The VM controller's store (slimmed: [`crate::vm::slim_vm`] keeps what the
+    /// metrics read).
+    pub fn set_vms(&self, store: Store<VirtualMachine>) {
+        self.lock().vms = Some(store);
+    }
+
+    /// The VMI controller's launcher-pod store.
+    pub fn set_pods(&self, store: Store<crate::vmi::pods::CachedPod>) {
+        self.lock().pods = Some(store);
+    }
+
+    /// A store of the migrations (their names by uid).
+    pub fn set_migrations(&self, store: Store<VirtualMachineInstanceMigration>) {
+        self.lock().migrations = Some(store);
+    }
+
+    /// Leadership ended: no more inventory metrics from this replica.
+    pub fn clear(&self) {
+        *self.lock() = SourceStores::default();
+    }
+
+    /// The families of this moment; none of a cache that has not had its first list
+    /// (it would show a partial inventory).
+    pub fn families(&self) -> Vec<cluster::Family> {
+        let (vmis, vms, pods, migrations) = {
+            let s = self.lock();
+            (
+                s.vmis.clone(),
+                s.vms.clone(),
+                s.pods.clone(),
+                s.migrations.clone(),
+            )
+        };
+        let mut out = Vec::new();
+        if let Some((store, ready, eviction_default)) = vmis
+            && ready.is_ready()
+        {
+            let mut cx = cluster::VmiContext {
+                eviction_default: Some(eviction_default),
+                ..Default::default()
+            };
+            for pod in pods.iter().flat_map(Store::state) {
+                if let Some((uid, node)) = pod.running_launcher() {
+                    cx.launcher_pods
+                        .entry(uid.to_string())
+                        .or_default()
+                        .push((node.to_string(), pod.name_any()));
+                }
+            }
+            for m in migrations.iter().flat_map(Store::state) {
+                if let Some(uid) = m.uid() {
+                    cx.migrations.insert(uid, m.name_any());
+                }
+            }
+            out.extend(cluster::vmi_families(&store.state(), &cx));
+        }
+        if let Some(store) = vms
+            && store
+                .wait_until_ready()
+                .now_or_never()
+                .is_some_and(|r| r.is_ok())
+        {
+            out.extend(cluster::vm_families(&store.state()));
+        }
+        out
+    }
+}
+
+/// One scrape's [`cluster`] families, for the encoder.
+#[derive(Debug)]
+struct ClusterFamilies(Vec<cluster::Family>);
+
+/// A label value in the text format: `\`, `"` and newlines escaped (prometheus_client
+/// writes label values as given, and annotations and guest names are free text).
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Collector for ClusterFamilies {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for f in &self.0 {
+            // KubeVirt's counters here are timestamps named without `_total`, which
+            // client_golang's text format (KubeVirt's /metrics) writes as they are and
+            // KubeVirt's recording rules query so: declared a counter, each series is
+            // written as a gauge's, which keeps the name (this endpoint is served as the
+            // Prometheus text format, where that is valid).
+            let kind = match f.desc.kind {
+                cluster::Kind::Counter => prometheus_client::metrics::MetricType::Counter,
+                cluster::Kind::Gauge => prometheus_client::metrics::MetricType::Gauge,
+            };
+            let mut m = encoder.encode_descriptor(f.desc.name, f.desc.help, None, kind)?;
+            for s in &f.samples {
+                let labels: Vec<(&str, String)> = f
+                    .desc
+                    .labels
+                    .iter()
+                    .copied()
+                    .zip(s.labels.iter().map(|v| escape(v)))
+                    .collect();
+                ConstGauge::new(s.value).encode(m.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for Metrics {
@@ -105,17 +309,16 @@ impl Default for Metrics {
             "VirtualMachineInstance status writes",
             vmi_status_writes.clone(),
         );
-        registry.register(
-            "kubevirt_vmi_phase_transition_time_from_creation_seconds",
-            "Histogram of VM phase transitions duration from creation time in seconds",
-            phase_transitions.clone(),
-        );
+        // The registry ends every help text with a period itself: KubeVirt's have theirs.
+        let help = |m: (&'static str, &'static str, &str)| m.1.strip_suffix('.').unwrap_or(m.1);
+        let [phases, outdated, leading_status, ready_status] = KUBEVIRT_METRICS;
+        registry.register(phases.0, help(phases), phase_transitions.clone());
         let outdated_vmis = Gauge::default();
-        registry.register(
-            "kubevirt_vmi_number_of_outdated",
-            "Indication for the total number of VirtualMachineInstance workloads that are not running within the most up-to-date version of the virt-launcher environment",
-            outdated_vmis.clone(),
-        );
+        registry.register(outdated.0, help(outdated), outdated_vmis.clone());
+        let leading = Gauge::default();
+        registry.register(leading_status.0, help(leading_status), leading.clone());
+        let ready = Gauge::default();
+        registry.register(ready_status.0, help(ready_status), ready.clone());
         let watches = virt_watch::WatchMetrics::default();
         watches.register(registry.sub_registry_with_prefix("virt_controller"));
         Self {
@@ -129,6 +332,9 @@ impl Default for Metrics {
             phase_transitions,
             watches,
             outdated_vmis,
+            leading,
+            ready,
+            sources: Sources::default(),
         }
     }
 }
@@ -183,10 +389,17 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// The text exposition format.
+    /// The text exposition format: the registry's metrics, then the leader's inventory
+    /// ([`Sources::families`], a registry of this scrape only).
     pub fn encode(&self) -> String {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
+        let mut scrape = Registry::default();
+        scrape.register_collector(Box::new(ClusterFamilies(self.sources.families())));
         let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+        let encoded = encode_registry(&mut out, &self.registry)
+            .and_then(|()| encode_registry(&mut out, &scrape))
+            .and_then(|()| encode_eof(&mut out));
+        if encoded.is_err() {
             out.clear();
         }
         out
@@ -214,6 +427,94 @@ mod tests {
             )
         );
         assert!(text.contains("virt_controller_vm_status_writes_total 1"));
+    }
+
+    fn store<K>(objs: Vec<K>) -> (Store<K>, Arc<crate::watch::Readiness>)
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + 'static,
+    {
+        use kube::runtime::watcher::Event;
+        let (reader, mut writer) = kube::runtime::reflector::store();
+        let ready = Arc::new(crate::watch::Readiness::default());
+        for e in [Event::Init]
+            .into_iter()
+            .chain(objs.into_iter().map(Event::InitApply))
+            .chain([Event::InitDone])
+        {
+            writer.apply_watcher_event(&e);
+            ready.observe(&e);
+        }
+        (reader, ready)
+    }
+
+    /// Only a replica with the leader's caches exports the inventory; the counters of
+    /// KubeVirt keep their names (no `_total`); label values are escaped.
+    #[test]
+    fn the_inventory_is_the_leaders_only() {
+        let m = Metrics::default();
+        let text = m.encode();
+        assert!(!text.contains("kubevirt_vm_info"), "{text}");
+        assert!(!text.contains("kubevirt_vmi_info"), "{text}");
+        assert!(
+            text.contains("kubevirt_virt_controller_leading_status 0"),
+            "{text}"
+        );
+        assert!(text.contains("kubevirt_virt_controller_ready_status 0"));
+        // KubeVirt's help texts, each with its one final period.
+        for (name, help, _) in KUBEVIRT_METRICS {
+            assert!(
+                text.contains(&format!("# HELP {name} {help}\n")),
+                "{name}: {text}"
+            );
+        }
+        assert!(text.ends_with("# EOF\n"));
+
+        let vm: VirtualMachine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": "vm1", "namespace": "ns",
+                "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"template": {"metadata": {"annotations": {"vm.kubevirt.io/os": "a\"b"}},
+                "spec": {"domain": {}}}},
+            "status": {"printableStatus": "Running", "conditions": [
+                {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:01:00Z"}]},
+        }))
+        .unwrap();
+        let vmi: VirtualMachineInstance = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "vm1", "namespace": "ns", "uid": "u1"},
+            "spec": {"domain": {}}, "status": {"phase": "Running", "nodeName": "n1"},
+        }))
+        .unwrap();
+        let (vms, _) = store(vec![vm]);
+        let (vmis, ready) = store(vec![vmi]);
+        m.sources.set_vms(vms);
+        m.sources
+            .set_vmis(vmis, ready, EvictionStrategy::LiveMigrate);
+        m.leading.set(1);
+        let text = m.encode();
+        let name = "kubevirt_vm_running_status_last_transition_timestamp_seconds";
+        assert!(text.contains(&format!("# TYPE {name} counter\n")), "{text}");
+        assert!(
+            text.contains(&format!(
+                "{name}{{name=\"vm1\",namespace=\"ns\"}} 1767225660"
+            )),
+            "{text}"
+        );
+        assert!(!text.contains(&format!("{name}_total")));
+        assert!(text.contains(&format!(
+            "# HELP {name} Virtual Machine last transition timestamp to running status.\n"
+        )));
+        assert!(text.contains("os=\"a\\\"b\""), "{text}");
+        assert!(
+            text.contains(
+                "kubevirt_vmi_non_evictable{node=\"n1\",namespace=\"ns\",name=\"vm1\"} 1"
+            )
+        );
+        assert!(text.contains("kubevirt_virt_controller_leading_status 1"));
+        assert!(text.ends_with("# EOF\n"));
+
+        m.sources.clear();
+        assert!(!m.encode().contains("kubevirt_vmi_info"));
     }
 
     #[test]

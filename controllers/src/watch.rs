@@ -109,6 +109,11 @@ impl Readiness {
         }
     }
 
+    /// Whether the store is ready now (a scrape, which must not wait).
+    pub fn is_ready(&self) -> bool {
+        *self.0.borrow()
+    }
+
     /// Whether the store is ready, waiting up to `timeout` for it.
     pub async fn wait(&self, timeout: std::time::Duration) -> bool {
         let mut rx = self.0.subscribe();

@@ -83,7 +83,13 @@ impl Env {
             vmis.clone(),
             stop.clone(),
         ));
-        tokio::spawn(virt_controllers::vm::run(ctx.clone(), vmis, stop.clone()));
+        let dvs = virt_controllers::datavolume::shared(&ctx, stop.clone());
+        tokio::spawn(virt_controllers::vm::run(
+            ctx.clone(),
+            vmis,
+            dvs,
+            stop.clone(),
+        ));
         tokio::spawn(virt_controllers::migration::run(
             ctx.clone(),
             migrations,

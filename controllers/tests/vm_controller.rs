@@ -92,9 +92,11 @@ impl Harness {
         let ctx = Arc::new(Context::new(client.clone(), None, config));
         let shutdown = CancellationToken::new();
         let vmis = virt_controllers::vmi::shared(&ctx, shutdown.clone());
+        let dvs = virt_controllers::datavolume::shared(&ctx, shutdown.clone());
         let controller = tokio::spawn(virt_controllers::vm::run(
             ctx.clone(),
             vmis,
+            dvs,
             shutdown.clone(),
         ));
         tokio::spawn(release_finalizers(client.clone(), shutdown.clone()));
@@ -431,6 +433,31 @@ async fn steady_state_makes_no_status_writes() {
         ),
         "{text}"
     );
+    // KubeVirt's inventory from the controller's VM cache (slimmed, but for what it reads).
+    let vm_series = |family: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{family}{{name=\"quiet\"")))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let info = vm_series("kubevirt_vm_info");
+    assert_eq!(info.len(), 1, "{text}");
+    assert!(
+        info[0].ends_with("status=\"starting\",status_group=\"starting\"} 1.0"),
+        "{info:?}"
+    );
+    // 64Mi of memory from the template, and KubeVirt's default topology of one.
+    let requests = vm_series("kubevirt_vm_resource_requests");
+    let ends = [
+        "unit=\"bytes\",source=\"domain\"} 67108864.0",
+        "unit=\"cores\",source=\"default\"} 1.0",
+        "unit=\"threads\",source=\"default\"} 1.0",
+        "unit=\"sockets\",source=\"default\"} 1.0",
+    ];
+    assert_eq!(requests.len(), ends.len(), "{requests:?}");
+    for (line, end) in requests.iter().zip(ends) {
+        assert!(line.ends_with(end), "{line}");
+    }
     h.stop_controller().await;
 }
 

@@ -427,6 +427,41 @@ fn port_forward_reaches_the_guest_through_the_api_server() {
     );
     eprintln!("idle ssh session usable after {:?}", idle_since.elapsed());
 
+    // N3 of the security review at bd37f96: the launcher's own directory cannot redirect
+    // port-forward. Someone with `kubectl exec` into the launcher writes the network plan
+    // virt-handler once read there, pointing the forward at virt-handler's own loopback;
+    // the forward still reaches the guest (the address comes from the VMI and the API).
+    let pods = ns.launcher_pods("web");
+    let pod = pods[0].trim_start_matches("pod/");
+    let forged = r#"{"interface":"default","binding":"Bridge",
+        "pod":{"name":"eth0","mac":[2,0,0,0,0,1],"address":{"addr":"127.0.0.1","prefix":8},"gateway":null,"mtu":1500},
+        "pod_new_mac":null,"bridge_address":{"addr":"169.254.75.10","prefix":32},
+        "lease":{"mac":[2,0,0,0,0,1],"address":{"addr":"127.0.0.1","prefix":8},"gateway":null,
+            "server":"169.254.75.10","dns":{"servers":[],"search":[]},"mtu":1500,"hostname":null,
+            "lease_secs":4294967295}}"#;
+    c.kubectl_stdin(
+        &[
+            "-n",
+            &ns.name,
+            "exec",
+            "-i",
+            pod,
+            "-c",
+            "compute",
+            "--",
+            "sh",
+            "-c",
+            "cat > /var/run/kubevirt-rs/sockets/network.json",
+        ],
+        Some(forged),
+    )
+    .expect("writing network.json in the launcher");
+    let page = common::page_via_stdio(&ns, "web");
+    assert!(
+        page.contains("kubevirt-rs guest"),
+        "a plan written by the launcher redirected the forward: {page}"
+    );
+
     // Bad input and a stopped VM.
     let out = plugin(&ns, &["port-forward", "--stdio", "vm/web", "70000"])
         .output()

@@ -336,7 +336,8 @@ fn masquerade_vm_serves_pods_and_a_service_and_stays_reachable_through_migration
     ]);
     let log = probe.join().unwrap_or_default();
     let gap = longest_outage(&log);
-    println!(
+    // On stderr, so that the run's log keeps the figure (the README's "outage ~1 s").
+    eprintln!(
         "masquerade VM: migrated in {:.1} s; Service unreachable for at most {:.1} s ({} probes)",
         migrated_in.as_secs_f64(),
         gap,
@@ -346,13 +347,37 @@ fn masquerade_vm_serves_pods_and_a_service_and_stays_reachable_through_migration
         log.lines().any(|l| l.ends_with(" ok")),
         "the Service never answered during the probe:\n{log}"
     );
+    // The probe may end inside a short outage (the source pod's endpoint going away while the
+    // test read the guest's status): then the Service must answer again within the bound.
+    if !log.lines().last().is_some_and(|l| l.ends_with(" ok")) {
+        let deadline = Instant::now() + Duration::from_secs_f64(OUTAGE_BOUND_SECONDS);
+        while !http_from(&ns, &far_now, &cluster_ip, 80).contains("kubevirt-rs guest") {
+            assert!(
+                Instant::now() < deadline,
+                "the Service did not answer again within {OUTAGE_BOUND_SECONDS} s after the \
+                 probe ended failing:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+    // A bound on what the guest's users lose, not a performance figure: the Service comes
+    // back within the switch-over (seconds), not after a restart of the guest (a TCG boot
+    // and the pod's readiness: tens of seconds).
+    assert!(
+        gap <= OUTAGE_BOUND_SECONDS,
+        "the Service was unreachable for {gap:.1} s during the migration (bound {OUTAGE_BOUND_SECONDS} s):\n{log}"
+    );
 }
+
+/// The longest the Service may go unanswered while its VM migrates.
+const OUTAGE_BOUND_SECONDS: f64 = 20.0;
 
 /// The longest stretch of failed probes, in seconds (from the first failure of a run to the
 /// next success).
 fn longest_outage(log: &str) -> f64 {
     let mut worst = 0.0f64;
     let mut down_since: Option<f64> = None;
+    let mut last = 0.0f64;
     for l in log.lines() {
         let mut parts = l.split_whitespace();
         let (Some(t), Some(r)) = (
@@ -369,6 +394,11 @@ fn longest_outage(log: &str) -> f64 {
             }
             _ => {}
         }
+        last = t;
+    }
+    // Still down at the last probe: that counts too.
+    if let Some(s) = down_since {
+        worst = worst.max(last - s);
     }
     worst
 }

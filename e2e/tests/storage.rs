@@ -174,6 +174,10 @@ fn a_claim_disk_keeps_its_data_across_stop_and_start() {
     });
     assert_eq!(ns.get("pvc", "late-claim", "{.status.phase}"), "Bound");
     if !c.local {
+        e2e::skip(
+            "storage::a_claim_disk_keeps_its_data_across_stop_and_start (its disk.img size)",
+            "the claim's file is read on the local cluster's host",
+        );
         return;
     }
     let pv = ns.get("pvc", "late-claim", "{.spec.volumeName}");
@@ -226,7 +230,10 @@ impl Drop for Loop {
 fn a_block_claim_is_the_guests_disk_itself() {
     let c = common::cluster();
     if !c.local {
-        eprintln!("skipped: a Block-mode volume here is a loop device of the local cluster's host");
+        e2e::skip(
+            "storage::a_block_claim_is_the_guests_disk_itself",
+            "a Block-mode volume here is a loop device of the local cluster's host",
+        );
         return;
     }
     // A local PersistentVolume in Block mode (what a SAN or local-disk CSI driver gives),

@@ -61,6 +61,85 @@ fn controller_pid(pod: &str) -> Option<u32> {
     })
 }
 
+/// KubeVirt's per-VMI metrics of the running VM `vm`, scraped as a cluster's Prometheus
+/// would: virt-handler's `/metrics` on the VM's node, through kube-apiserver's pod proxy,
+/// each series with KubeVirt's labels and a value. The figures the guest's balloon driver
+/// reports (available, usable) depend on the guest loading it; they are asserted with a real
+/// guest and libvirt in `virt-launcher`'s `cluster_mode_end_to_end`, not here.
+fn vmi_metrics_on_its_nodes_handler(c: &Cluster, ns: &Ns<'_>, vm: &str, node: &str) {
+    let path = handler_metrics_path(c, node);
+    let labels = format!("node=\"{node}\",namespace=\"{}\",name=\"{vm}\"", ns.name);
+    // A series of `family` carrying every label of `labels` and `extra` (a VMI's own labels
+    // come along as kubernetes_vmi_label_*, in between).
+    let value = |text: &str, family: &str, extra: &str| -> Option<f64> {
+        let want: Vec<String> = format!("{labels}{extra}")
+            .split(',')
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect();
+        series_value(text, family, &want)
+    };
+    let mut text = String::new();
+    ns.wait(
+        vm,
+        "the VMI's series in its node's virt-handler /metrics",
+        Duration::from_secs(60),
+        || {
+            text = c.kubectl(&["get", "--raw", &path]).unwrap_or_default();
+            value(&text, "kubevirt_vmi_memory_resident_bytes", "").is_some()
+                && value(
+                    &text,
+                    "kubevirt_vmi_network_transmit_packets_total",
+                    ",interface=\"default\"",
+                )
+                .is_some_and(|v| v > 0.0)
+        },
+    );
+    for (family, extra) in [
+        ("kubevirt_vmi_cpu_usage_seconds_total", ""),
+        ("kubevirt_vmi_cpu_user_usage_seconds_total", ""),
+        (
+            "kubevirt_vmi_vcpu_seconds_total",
+            ",id=\"0\",state=\"running\"",
+        ),
+        ("kubevirt_vmi_memory_domain_bytes", ""),
+        ("kubevirt_vmi_memory_resident_bytes", ""),
+        // The pod network's interface, by the VMI's name for it.
+        (
+            "kubevirt_vmi_network_transmit_bytes_total",
+            ",interface=\"default\"",
+        ),
+        (
+            "kubevirt_vmi_network_transmit_packets_total",
+            ",interface=\"default\"",
+        ),
+    ] {
+        let v = value(&text, family, extra)
+            .unwrap_or_else(|| panic!("no {family}{{{labels}{extra}}} in\n{text}"));
+        assert!(v > 0.0, "{family}{{{labels}{extra}}} = {v}");
+    }
+    for (family, extra) in [
+        ("kubevirt_vmi_vcpu_wait_seconds_total", ",id=\"0\""),
+        (
+            "kubevirt_vmi_network_receive_bytes_total",
+            ",interface=\"default\"",
+        ),
+        (
+            "kubevirt_vmi_network_receive_errors_total",
+            ",interface=\"default\"",
+        ),
+        (
+            "kubevirt_vmi_network_receive_packets_dropped_total",
+            ",interface=\"default\"",
+        ),
+    ] {
+        assert!(
+            value(&text, family, extra).is_some(),
+            "no {family}{{{labels}{extra}}} in\n{text}"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]
 fn vm_always_boots_and_its_console_answers() {
@@ -87,6 +166,7 @@ fn vm_always_boots_and_its_console_answers() {
     console.line("");
     console.expect(&ns, "boot", virt_testguest::PROMPT.trim(), BOOT);
     compute(&console, &ns, "boot", 6, 7);
+    vmi_metrics_on_its_nodes_handler(c, &ns, "boot", &node);
     // Ctrl+] leaves the console; the VM keeps running.
     console.key("C-]");
     ns.wait(
@@ -165,6 +245,69 @@ fn halted_vm_never_starts() {
     assert_eq!(ns.vmi_uid("halted"), "");
     assert!(ns.launcher_pods("halted").is_empty());
 }
+/// `runStrategy: Manual` as a user sees it: created, it does not start; `kubectl virt start`
+/// starts it, and the guest's serial console is in the launcher pod's log (KubeVirt's
+/// `guest-console-log` container); a guest that powers itself off stays off (Manual never
+/// restarts); `start` again brings it back.
+#[test]
+#[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]
+fn manual_vm_runs_only_when_asked_and_its_console_is_in_the_pod_log() {
+    let c = cluster();
+    let ns = Ns::new(c, "manual");
+    c.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some(&common::vm_manifest(
+            "manual",
+            &ns.name,
+            "Manual",
+            &common::Guest {
+                poweroff_after: Some(20),
+                ..common::Guest::default()
+            },
+        )),
+    )
+    .expect("apply the Manual VM");
+    ns.wait("manual", "VM manual Stopped", GONE, || {
+        ns.vm_status("manual") == "Stopped"
+    });
+    std::thread::sleep(common::SETTLE);
+    assert_eq!(ns.vmi_uid("manual"), "", "a Manual VM started by itself");
+
+    ns.virt(&["start", "manual"]);
+    ns.wait_running("manual");
+    let pod = ns.launcher_pods("manual").pop().expect("launcher pod");
+    ns.wait(
+        "manual",
+        "the banner in the guest-console-log container's log",
+        BOOT,
+        || {
+            ns.k(&["logs", &pod, "-c", "guest-console-log"])
+                .is_ok_and(|l| l.contains(virt_testguest::BANNER))
+        },
+    );
+    let first = ns.vmi_uid("manual");
+    // The guest powers itself off 20 s after its banner: Manual leaves it off (as KubeVirt,
+    // the finished VMI stays, Succeeded, until the next start replaces it).
+    ns.wait(
+        "manual",
+        "VM manual Stopped after the guest powered off",
+        BOOT,
+        || ns.vm_status("manual") == "Stopped",
+    );
+    std::thread::sleep(common::SETTLE);
+    assert_eq!(ns.vm_status("manual"), "Stopped");
+    assert_eq!(ns.vmi_phase("manual"), "Succeeded");
+    assert_eq!(
+        ns.vmi_uid("manual"),
+        first,
+        "Manual restarted a guest that powered off"
+    );
+
+    ns.virt(&["start", "manual"]);
+    ns.wait_running("manual");
+    assert_ne!(ns.vmi_uid("manual"), first, "a new VMI for the new start");
+}
+
 #[test]
 #[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]
 fn deleting_the_vm_deletes_its_vmi_and_pod() {
@@ -209,11 +352,35 @@ fn pause_and_unpause_show_in_kubectl_get_vm() {
     let ns = Ns::new(c, "pause");
     ns.apply_vm("pause", "Always");
     ns.wait_running("pause");
+    // A counter the guest prints every second: what "paused" means to a user is that it
+    // stops, and goes on from where it stopped.
+    let console = Console::open(&ns, "pause");
+    wait_for_shell(&console, &ns, "pause");
+    console.line("i=0; while true; do i=$((i+1)); echo tick$i; sleep 1; done &");
+    console.expect(&ns, "pause", "tick3", BOOT);
 
     ns.virt(&["pause", "vm", "pause"]);
     ns.wait("pause", "VM pause Paused", BOOT, || {
         ns.vm_status("pause") == "Paused"
     });
+    let ticks = |screen: &str| -> u32 {
+        screen
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("tick")?.parse().ok())
+            .max()
+            .unwrap_or(0)
+    };
+    // A tick already on its way may still arrive; after that, none for 8 s.
+    std::thread::sleep(Duration::from_secs(2));
+    let at_pause = ticks(&console.screen());
+    std::thread::sleep(Duration::from_secs(8));
+    let after = ticks(&console.screen());
+    assert_eq!(
+        after,
+        at_pause,
+        "the guest kept counting while paused:\n{}",
+        console.screen()
+    );
     let printed = ns.k(&["get", "vm", "pause"]).expect("get vm");
     assert!(printed.contains("Paused"), "{printed}");
     let paused = ns.get(
@@ -229,8 +396,12 @@ fn pause_and_unpause_show_in_kubectl_get_vm() {
     });
     let printed = ns.k(&["get", "vm", "pause"]).expect("get vm");
     assert!(printed.contains("Running"), "{printed}");
-    // The guest runs again: its console answers.
-    let console = Console::open(&ns, "pause");
+    // The guest runs again: the counter goes on from where it stopped (the same guest,
+    // not a new boot), then its console answers.
+    let next = format!("tick{}", at_pause + 2);
+    console.expect(&ns, "pause", &next, BOOT);
+    console.line("kill $!");
+    console.clear();
     console.line("");
     console.expect(&ns, "pause", virt_testguest::PROMPT.trim(), BOOT);
     compute(&console, &ns, "pause", 6, 7);
@@ -440,4 +611,321 @@ fn killing_the_controller_leader_mid_start_lets_the_other_replica_finish() {
         failover.as_secs_f64(),
         running.as_secs_f64()
     );
+}
+
+/// Upstream virtctl unchanged, in this test's namespace: stdout, or the test fails with
+/// stderr.
+fn virtctl(ns: &Ns<'_>, args: &[&str]) -> String {
+    let virtctl = e2e::upstream_virtctl().expect("upstream virtctl");
+    let out = Command::new(&virtctl)
+        .env("KUBECONFIG", &ns.c.kubeconfig)
+        .args(["-n", &ns.name])
+        .args(args)
+        .output()
+        .expect("running virtctl");
+    assert!(
+        out.status.success(),
+        "virtctl {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Instance types end to end, with one small VM: virt-operator deployed KubeVirt's
+/// common-instancetypes bundle; a VM naming a (namespaced) instance type and preference and
+/// no size of its own runs with the instance type's vCPUs and memory laid out as the
+/// preference prefers; the copies are ControllerRevisions named in its status, shared by a
+/// second VM of the same generations (each VM an owner); upstream `virtctl expand` (`--vm`, `--file`) and `virtctl create vm
+/// --instancetype --preference` work unchanged; the garbage collector removes the copies
+/// with the last VM that owns them.
+#[test]
+#[ignore = "needs root and a cluster: cargo test -p e2e -- --ignored"]
+fn a_vm_sized_by_an_instancetype_runs_with_its_size() {
+    let c = cluster();
+    // The bundle, as `kubectl get virtualmachineclusterinstancetypes` shows it (virt-operator
+    // applies it once the instancetype APIService answers: a reconcile after the deploy).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let bundle = loop {
+        let bundle = c
+            .kubectl(&["get", "virtualmachineclusterinstancetypes", "-o", "name"])
+            .unwrap_or_default();
+        if bundle.contains("/u1.small\n") || std::time::Instant::now() > deadline {
+            break bundle;
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    for name in [
+        "u1.small",
+        "u1.medium",
+        "cx1.large",
+        "m1.large",
+        "o1.medium",
+    ] {
+        assert!(
+            bundle.contains(&format!("/{name}\n")),
+            "{name} in:\n{bundle}"
+        );
+    }
+    let prefs = c
+        .kubectl(&["get", "vmcp", "-o", "name"])
+        .expect("list cluster preferences");
+    assert!(prefs.contains("/fedora\n"), "{prefs}");
+
+    let ns = Ns::new(c, "itype");
+    let objects = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "instancetype.kubevirt.io/v1beta1", "kind": "VirtualMachineInstancetype",
+         "metadata": {"name": "e2e-small"},
+         "spec": {"cpu": {"guest": 2}, "memory": {"guest": "128Mi"}}},
+        {"apiVersion": "instancetype.kubevirt.io/v1beta1", "kind": "VirtualMachinePreference",
+         "metadata": {"name": "e2e-pref"},
+         "spec": {"cpu": {"preferredCPUTopology": "cores"},
+                  "preferredTerminationGracePeriodSeconds": 5}}
+    ]});
+    ns.c.kubectl_stdin(
+        &["-n", &ns.name, "apply", "-f", "-"],
+        Some(&objects.to_string()),
+    )
+    .expect("apply instance type and preference");
+    // The test guest with no size and no grace period: both come from the references.
+    let mut vm: serde_json::Value =
+        serde_json::from_str(&vm_manifest("it", &ns.name, "Always", &Guest::default())).unwrap();
+    let spec = &mut vm["spec"];
+    spec["instancetype"] =
+        serde_json::json!({"name": "e2e-small", "kind": "VirtualMachineInstancetype"});
+    spec["preference"] =
+        serde_json::json!({"name": "e2e-pref", "kind": "VirtualMachinePreference"});
+    let template = spec["template"]["spec"].as_object_mut().unwrap();
+    template.remove("terminationGracePeriodSeconds");
+    template["domain"].as_object_mut().unwrap().remove("memory");
+    ns.c.kubectl_stdin(&["apply", "-f", "-"], Some(&vm.to_string()))
+        .expect("apply VM");
+    ns.wait_running("it");
+
+    // The VMI: the instance type's 2 vCPUs as cores (the preference's layout), its memory,
+    // the preference's grace period.
+    let vmi_spec = |path: &str| ns.get("vmi", "it", path);
+    assert_eq!(vmi_spec("{.spec.domain.cpu.cores}"), "2");
+    assert_eq!(vmi_spec("{.spec.domain.cpu.sockets}"), "1");
+    assert_eq!(vmi_spec("{.spec.domain.memory.guest}"), "128Mi");
+    assert_eq!(vmi_spec("{.spec.terminationGracePeriodSeconds}"), "5");
+
+    // The copies: one ControllerRevision per reference, owned by the VM, named in its status.
+    let rev = ns.get(
+        "vm",
+        "it",
+        "{.status.instancetypeRef.controllerRevisionRef.name}",
+    );
+    assert!(rev.starts_with("e2e-small-v1beta1-"), "{rev:?}");
+    let pref_rev = ns.get(
+        "vm",
+        "it",
+        "{.status.preferenceRef.controllerRevisionRef.name}",
+    );
+    assert!(pref_rev.starts_with("e2e-pref-v1beta1-"), "{pref_rev:?}");
+    let vm_uid = ns.get("vm", "it", "{.metadata.uid}");
+    // A second VM of the same instance type and preference (halted: capturing needs no
+    // start) shares both copies instead of making its own (kubevirt/kubevirt#8591).
+    vm["metadata"]["name"] = serde_json::json!("it2");
+    vm["spec"]["runStrategy"] = serde_json::json!("Halted");
+    ns.c.kubectl_stdin(&["apply", "-f", "-"], Some(&vm.to_string()))
+        .expect("apply VM it2");
+    ns.wait("it2", "it2 naming both copies", GONE, || {
+        ns.get(
+            "vm",
+            "it2",
+            "{.status.instancetypeRef.controllerRevisionRef.name} {.status.preferenceRef.controllerRevisionRef.name}",
+        ) == format!("{rev} {pref_rev}")
+    });
+    let vm2_uid = ns.get("vm", "it2", "{.metadata.uid}");
+    for r in [&rev, &pref_rev] {
+        let owners = ns.get(
+            "controllerrevision",
+            r,
+            "{.metadata.ownerReferences[*].uid}",
+        );
+        let mut owners: Vec<&str> = owners.split_whitespace().collect();
+        owners.sort_unstable();
+        let mut want = vec![vm_uid.as_str(), vm2_uid.as_str()];
+        want.sort_unstable();
+        assert_eq!(owners, want, "owners of {r}");
+    }
+    let revisions = ns.k(&["get", "controllerrevisions", "-o", "name"]).unwrap();
+    assert_eq!(revisions.lines().count(), 2, "{revisions}");
+
+    // virtctl expand --vm: the VM as it runs, with neither reference.
+    let expanded = virtctl(&ns, &["expand", "--vm", "it", "--output", "json"]);
+    let expanded: serde_json::Value = serde_json::from_str(&expanded).expect("expand json");
+    assert!(expanded["spec"].get("instancetype").is_none(), "{expanded}");
+    let domain = &expanded["spec"]["template"]["spec"]["domain"];
+    assert_eq!(domain["cpu"]["cores"], 2, "{expanded}");
+    assert_eq!(domain["memory"]["guest"], "128Mi", "{expanded}");
+
+    // virtctl create vm from the bundle, then expand --file: u1.medium's 4Gi, as fedora
+    // lays it out; the VM is accepted by the API (dry run: nothing runs).
+    let created = virtctl(
+        &ns,
+        &[
+            "create",
+            "vm",
+            "--name",
+            "made",
+            "--instancetype",
+            "u1.medium",
+            "--preference",
+            "fedora",
+            &format!("--volume-containerdisk=src:{TEST_GUEST},name:root"),
+        ],
+    );
+    ns.c.kubectl_stdin(
+        &["-n", &ns.name, "apply", "--dry-run=server", "-f", "-"],
+        Some(&created),
+    )
+    .expect("virtctl create vm | kubectl apply");
+    let file = std::env::temp_dir().join(format!("{}-made.yaml", ns.name));
+    std::fs::write(&file, &created).unwrap();
+    let expanded = virtctl(
+        &ns,
+        &[
+            "expand",
+            "--file",
+            file.to_str().unwrap(),
+            "--output",
+            "json",
+        ],
+    );
+    let _ = std::fs::remove_file(&file);
+    let expanded: serde_json::Value = serde_json::from_str(&expanded).expect("expand json");
+    assert_eq!(
+        expanded["spec"]["template"]["spec"]["domain"]["memory"]["guest"], "4Gi",
+        "{expanded}"
+    );
+
+    // virtctl create instancetype and create preference, applied as printed (namespaced, as
+    // a user sizes their own); then create vm --infer-instancetype --infer-preference from a
+    // claim labelled with them, as CDI labels an imported image: the API resolves the
+    // inference when the VM is created (dry run: nothing runs).
+    for (args, kind, name) in [
+        (
+            &[
+                "create",
+                "instancetype",
+                "--namespaced",
+                "--name",
+                "e2e-made",
+                "--cpu",
+                "1",
+                "--memory",
+                "96Mi",
+            ][..],
+            "vminstancetype",
+            "e2e-made",
+        ),
+        (
+            &[
+                "create",
+                "preference",
+                "--namespaced",
+                "--name",
+                "e2e-made-pref",
+                "--cpu-topology",
+                "cores",
+            ][..],
+            "vmpref",
+            "e2e-made-pref",
+        ),
+    ] {
+        let printed = virtctl(&ns, args);
+        ns.c.kubectl_stdin(&["-n", &ns.name, "apply", "-f", "-"], Some(&printed))
+            .unwrap_or_else(|e| panic!("virtctl {} | kubectl apply: {e}\n{printed}", args[1]));
+        assert_eq!(ns.get(kind, name, "{.metadata.name}"), name, "{printed}");
+    }
+    assert_eq!(
+        ns.get(
+            "vminstancetype",
+            "e2e-made",
+            "{.spec.cpu.guest}/{.spec.memory.guest}"
+        ),
+        "1/96Mi"
+    );
+    assert_eq!(
+        ns.get(
+            "vmpref",
+            "e2e-made-pref",
+            "{.spec.cpu.preferredCPUTopology}"
+        ),
+        "cores"
+    );
+    let claim = serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "labelled", "namespace": ns.name, "labels": {
+            "instancetype.kubevirt.io/default-instancetype": "e2e-made",
+            "instancetype.kubevirt.io/default-instancetype-kind": "VirtualMachineInstancetype",
+            "instancetype.kubevirt.io/default-preference": "e2e-made-pref",
+            "instancetype.kubevirt.io/default-preference-kind": "VirtualMachinePreference"}},
+        "spec": {"accessModes": ["ReadWriteOnce"],
+                 "resources": {"requests": {"storage": "64Mi"}}}});
+    ns.c.kubectl_stdin(&["apply", "-f", "-"], Some(&claim.to_string()))
+        .expect("labelled claim");
+    let printed = virtctl(
+        &ns,
+        &[
+            "create",
+            "vm",
+            "--name",
+            "inferred",
+            "--volume-pvc=src:labelled,name:root",
+            "--infer-instancetype",
+            "--infer-preference",
+        ],
+    );
+    let out =
+        ns.c.kubectl_stdin(
+            &[
+                "-n",
+                &ns.name,
+                "apply",
+                "--dry-run=server",
+                "-o",
+                "json",
+                "-f",
+                "-",
+            ],
+            Some(&printed),
+        )
+        .unwrap_or_else(|e| {
+            panic!("virtctl create vm --infer-instancetype | kubectl apply: {e}\n{printed}")
+        });
+    let inferred: serde_json::Value = serde_json::from_str(&out).expect("applied VM json");
+    let spec = &inferred["spec"];
+    assert_eq!(spec["instancetype"]["name"], "e2e-made", "{inferred}");
+    assert_eq!(
+        spec["instancetype"]["kind"], "VirtualMachineInstancetype",
+        "{inferred}"
+    );
+    assert_eq!(spec["preference"]["name"], "e2e-made-pref", "{inferred}");
+    assert_eq!(
+        spec["preference"]["kind"], "VirtualMachinePreference",
+        "{inferred}"
+    );
+
+    // The garbage collector keeps the copies while a VM owns them, and deletes them with
+    // the last.
+    ns.k(&["delete", "vm", "it", "--wait=true"]).unwrap();
+    ns.wait(
+        "it2",
+        "it's reference dropped from the copies",
+        GONE,
+        || {
+            ns.get(
+                "controllerrevision",
+                &rev,
+                "{.metadata.ownerReferences[*].uid}",
+            ) == vm2_uid
+        },
+    );
+    ns.k(&["delete", "vm", "it2", "--wait=false"]).unwrap();
+    ns.wait("it2", "its ControllerRevisions gone", GONE, || {
+        ns.k(&["get", "controllerrevisions", "-o", "name"])
+            .is_ok_and(|o| o.trim().is_empty())
+    });
 }

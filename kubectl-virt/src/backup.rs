@@ -46,8 +46,35 @@ pub async fn backup(
     partial.push(".partial");
     let partial = std::path::PathBuf::from(partial);
     let write = |what: &str, e| CliError::io(format!("{what} {}", to.display()), e);
-    std::fs::write(&partial, &bytes).map_err(|e| write("writing", e))?;
+    // Only its owner may read it: it holds every VM's inline cloud-init data that the taker
+    // could read (N14 of the security review at bd37f96).
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&partial)
+            .map_err(|e| write("writing", e))?;
+        // A file left by an earlier run keeps its mode: set it.
+        std::fs::set_permissions(
+            &partial,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .map_err(|e| write("writing", e))?;
+        f.write_all(&bytes).map_err(|e| write("writing", e))?;
+    }
     std::fs::rename(&partial, to).map_err(|e| write("moving the finished backup to", e))?;
+    let redacted = backup.items.iter().filter(|i| i.redacted).count();
+    if redacted > 0 {
+        writeln!(
+            out,
+            "Warning: {redacted} objects were backed up without their inline cloud-init data \
+             (you may not read Secrets in their namespaces); they cannot be restored from this file"
+        )
+        .map_err(|e| CliError::io("writing output", e))?;
+    }
     writeln!(
         out,
         "Backed up {} objects (resourceVersion {}) to {}",

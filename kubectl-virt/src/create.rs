@@ -273,6 +273,12 @@ impl CreateVm {
         let spec = VirtualMachineSpec {
             running: None,
             run_strategy: Some(self.run_strategy),
+            // The plugin's `create vm` has no --instancetype/--preference yet (upstream
+            // virtctl's does, and works unchanged).
+            instancetype: None,
+            preference: None,
+            // No --volume-import yet (upstream virtctl's works unchanged).
+            data_volume_templates: None,
             template: VirtualMachineInstanceTemplateSpec {
                 metadata: None,
                 spec: Some(VirtualMachineInstanceSpec {

@@ -126,6 +126,14 @@ fn plugin_backs_up_and_restores() {
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("Backed up 1 objects"), "{out}");
     assert!(!env.dir().join("backup.json.partial").exists());
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(
+            mode, 0o600,
+            "the backup file is readable by others: {mode:o}"
+        );
+    }
 
     kubectl(&env, &["delete", "vm", "keep"], None);
     let (code, out, err) = plugin(&env, &["adm", "restore", "--from", file_arg]);

@@ -65,6 +65,18 @@ pub const PACKAGES: &[Package] = &[
     run("busybox-static", "test guest initramfs and test images"),
     run("linux-image-cloud-amd64", "test guest kernel"),
     run("cpio", "test guest initramfs"),
+    // The Debian test guest (virt-testguest's debian.rs) is made with these: the guest's own
+    // grub (grub-pc-bin inside it, run in its chroot) makes its boot image, so the host needs
+    // no grub.
+    run("debootstrap", "the Debian 12 test guest's root file system"),
+    run(
+        "fdisk",
+        "sfdisk: the Debian test guest's partition table, written into an image file",
+    ),
+    run(
+        "e2fsprogs",
+        "mkfs.ext4 -d: the Debian test guest's root file system, filled without a mount",
+    ),
     run("containerd", "local cluster container runtime"),
     run("runc", "local cluster OCI runtime"),
     run("containernetworking-plugins", "local cluster pod network"),
@@ -82,7 +94,7 @@ pub const PACKAGES: &[Package] = &[
     run("dropbear-bin", "the test guest's SSH server"),
     run(
         "openssh-client",
-        "ssh and scp for kubectl virt ssh/scp, and scp in the test guest",
+        "ssh and scp for kubectl virt ssh/scp, and scp in the test guest; ssh-keygen and ssh for the Debian test guest's boot test",
     ),
     run(
         "iperf3",

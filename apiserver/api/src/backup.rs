@@ -44,6 +44,11 @@ pub struct BackupItem {
     pub namespace: String,
     pub name: String,
     pub object: serde_json::Value,
+    /// Inline cloud-init data (user data and network data, which often hold passwords and
+    /// keys) was left out: the user who took the backup may not read Secrets in the item's
+    /// namespace. Such an item cannot be restored.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub redacted: bool,
 }
 
 /// What a restore did.
@@ -52,7 +57,8 @@ pub struct BackupItem {
 pub struct RestoreResult {
     pub api_version: String,
     pub kind: String,
-    /// Objects of the backup that no longer existed, created again (same uid).
+    /// Objects of the backup that no longer existed, created again (same uid, no status:
+    /// the components observe it anew).
     pub created: u64,
     /// Objects whose stored state differed, set back to the backup's.
     pub updated: u64,

@@ -24,7 +24,7 @@ pub struct Column {
     pub priority: i32,
 }
 
-const fn column(name: &'static str, description: &'static str, priority: i32) -> Column {
+pub const fn column(name: &'static str, description: &'static str, priority: i32) -> Column {
     Column {
         name,
         type_: "string",
@@ -34,7 +34,7 @@ const fn column(name: &'static str, description: &'static str, priority: i32) ->
     }
 }
 
-const AGE: Column = Column {
+pub const AGE: Column = Column {
     name: "Age",
     type_: "date",
     format: "",
@@ -42,9 +42,13 @@ const AGE: Column = Column {
     priority: 0,
 };
 
-/// A kind of `kubevirt.io/v1`.
+/// A kind we serve.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Kind {
+    /// API group (`kubevirt.io`, `instancetype.kubevirt.io`).
+    pub group: &'static str,
+    /// The version served.
+    pub version: &'static str,
     pub kind: &'static str,
     pub list_kind: &'static str,
     /// Resource name (URL segment).
@@ -61,96 +65,36 @@ pub struct Kind {
     pub description: &'static str,
 }
 
-pub const VIRTUAL_MACHINE: Kind = Kind {
-    kind: "VirtualMachine",
-    list_kind: "VirtualMachineList",
-    plural: "virtualmachines",
-    singular: "virtualmachine",
-    short_names: &["vm", "vms"],
-    categories: &["all"],
-    namespaced: true,
-    has_status: true,
-    columns: &[
-        AGE,
-        column("Status", "Human Readable Status", 0),
-        column("Ready", "Whether the instance is ready", 0),
-        column("Node", "Node the instance runs on", 1),
-        column("IP", "First IP address of the instance", 1),
-    ],
-    description: "VirtualMachine is a persistent virtual machine definition: a template for VirtualMachineInstances and a run strategy deciding when an instance of it runs. Its status mirrors the state of the current instance.",
-};
+// Each kind's entry lives with its strategy (`crate::kinds`), registered once there.
+pub use crate::kinds::kubevirt::KIND as KUBEVIRT;
+pub use crate::kinds::vm::KIND as VIRTUAL_MACHINE;
+pub use crate::kinds::vmi::KIND as VIRTUAL_MACHINE_INSTANCE;
+pub use crate::kinds::vmim::KIND as VIRTUAL_MACHINE_INSTANCE_MIGRATION;
 
-pub const VIRTUAL_MACHINE_INSTANCE: Kind = Kind {
-    kind: "VirtualMachineInstance",
-    list_kind: "VirtualMachineInstanceList",
-    plural: "virtualmachineinstances",
-    singular: "virtualmachineinstance",
-    short_names: &["vmi", "vmis"],
-    categories: &["all"],
-    namespaced: true,
-    has_status: true,
-    columns: &[
-        AGE,
-        column("Phase", "Phase of the instance", 0),
-        column("IP", "First IP address", 0),
-        column("NodeName", "Node the instance runs on", 0),
-        column("Ready", "Ready condition", 0),
-        column("Live-Migratable", "LiveMigratable condition", 1),
-        column("Paused", "Paused condition", 1),
-    ],
-    description: "VirtualMachineInstance is one running (or about to run) virtual machine: the guest hardware, volumes and networks, and the launcher pod placement.",
-};
+/// Every kind, in the registration order (`crate::kinds::ALL`).
+pub fn all_kinds() -> impl Iterator<Item = &'static Kind> + Clone {
+    crate::kinds::ALL.iter().map(|s| s.meta)
+}
 
-pub const VIRTUAL_MACHINE_INSTANCE_MIGRATION: Kind = Kind {
-    kind: "VirtualMachineInstanceMigration",
-    list_kind: "VirtualMachineInstanceMigrationList",
-    plural: "virtualmachineinstancemigrations",
-    singular: "virtualmachineinstancemigration",
-    short_names: &["vmim", "vmims"],
-    categories: &["all"],
-    namespaced: true,
-    has_status: true,
-    columns: &[
-        column("Phase", "Phase of the migration", 0),
-        column("VMI", "Name of the migrated instance", 0),
-        AGE,
-    ],
-    description: "VirtualMachineInstanceMigration is a request to live-migrate a VirtualMachineInstance to another node; its status follows the migration.",
-};
+/// The kinds stored in virt-apiserver's etcd, in the registration order.
+pub fn stored() -> impl Iterator<Item = &'static Kind> + Clone {
+    crate::kinds::KindStrategy::stored().map(|s| s.meta)
+}
 
-/// Served by virt-apiserver at `kubevirt.io/v1` over virt-operator's `v1alpha3` CRD (not
-/// stored in our etcd).
-pub const KUBEVIRT: Kind = Kind {
-    kind: "KubeVirt",
-    list_kind: "KubeVirtList",
-    plural: "kubevirts",
-    singular: "kubevirt",
-    short_names: &["kv", "kvs"],
-    categories: &["all"],
-    namespaced: true,
-    has_status: true,
-    columns: &[],
-    description: "KubeVirt represents the object deploying all kubevirt-rs components (stored by kube-apiserver as kubevirt.io/v1alpha3, served here at kubevirt.io/v1).",
-};
-
-/// The kinds stored in virt-apiserver's etcd, in a fixed order.
-pub const STORED: [&Kind; 3] = [
-    &VIRTUAL_MACHINE,
-    &VIRTUAL_MACHINE_INSTANCE,
-    &VIRTUAL_MACHINE_INSTANCE_MIGRATION,
-];
-
-/// Every kind of `kubevirt.io/v1`.
-pub const ALL_KINDS: [&Kind; 4] = [
-    &VIRTUAL_MACHINE,
-    &VIRTUAL_MACHINE_INSTANCE,
-    &VIRTUAL_MACHINE_INSTANCE_MIGRATION,
-    &KUBEVIRT,
-];
-
-/// The kind of this plural name.
+/// The kind with this plural name.
 pub fn kind_by_plural(plural: &str) -> Option<&'static Kind> {
-    ALL_KINDS.into_iter().find(|k| k.plural == plural)
+    all_kinds().find(|k| k.plural == plural)
+}
+
+/// The API groups of our kinds, each once, in the registration order.
+pub fn kind_groups() -> Vec<(&'static str, &'static str)> {
+    let mut out: Vec<(&str, &str)> = Vec::new();
+    for k in all_kinds() {
+        if !out.contains(&(k.group, k.version)) {
+            out.push((k.group, k.version));
+        }
+    }
+    out
 }
 
 /// How a subresource is called.
@@ -161,6 +105,9 @@ pub enum Style {
     Action { options: Option<&'static str> },
     /// `GET` upgraded to a websocket; RBAC verb `get` (it reaches into the guest).
     Stream,
+    /// `GET` answered with a JSON document of kind `answer` (what the guest agent reports);
+    /// RBAC verb `get`, which `view` grants, as KubeVirt's view role does.
+    Read { answer: &'static str },
 }
 
 /// A subresource of `subresources.kubevirt.io/v1`.
@@ -183,7 +130,7 @@ impl Subresource {
     pub fn http_method(&self) -> &'static str {
         match self.style {
             Style::Action { .. } => "PUT",
-            Style::Stream => "GET",
+            Style::Stream | Style::Read { .. } => "GET",
         }
     }
 
@@ -191,7 +138,7 @@ impl Subresource {
     pub fn rbac_verb(&self) -> &'static str {
         match self.style {
             Style::Action { .. } => "update",
-            Style::Stream => "get",
+            Style::Stream | Style::Read { .. } => "get",
         }
     }
 
@@ -221,6 +168,11 @@ impl Subresource {
 
     pub fn is_stream(&self) -> bool {
         self.style == Style::Stream
+    }
+
+    /// A `GET` of a document (not a stream).
+    pub fn is_read(&self) -> bool {
+        matches!(self.style, Style::Read { .. })
     }
 }
 
@@ -300,6 +252,31 @@ pub const UNFREEZE: Subresource = action(
     None,
     "Thaw the file systems of a VirtualMachineInstance's guest.",
 );
+const fn read(name: &'static str, answer: &'static str, description: &'static str) -> Subresource {
+    Subresource {
+        kind: &VIRTUAL_MACHINE_INSTANCE,
+        name,
+        style: Style::Read { answer },
+        description,
+        path_params: &[],
+        suffix: "",
+    }
+}
+pub const GUESTOSINFO: Subresource = read(
+    "guestosinfo",
+    crate::guestagent::GUEST_AGENT_INFO_KIND,
+    "Get what the guest agent of a VirtualMachineInstance reports: its version and commands, the guest's OS, host name, time zone, logged-in users and file systems.",
+);
+pub const USERLIST: Subresource = read(
+    "userlist",
+    crate::guestagent::USER_LIST_KIND,
+    "Get the users logged in to a VirtualMachineInstance's guest, from its guest agent.",
+);
+pub const FILESYSTEMLIST: Subresource = read(
+    "filesystemlist",
+    crate::guestagent::FILESYSTEM_LIST_KIND,
+    "Get the mounted file systems of a VirtualMachineInstance's guest and their usage, from its guest agent.",
+);
 pub const CONSOLE: Subresource = Subresource {
     kind: &VIRTUAL_MACHINE_INSTANCE,
     name: "console",
@@ -355,10 +332,26 @@ pub const EVACUATE_CANCEL_VM: Subresource = Subresource {
     )
 };
 
+/// `namespaces/{ns}/expand-vm-spec`: `PUT` a VirtualMachine, get it back expanded (upstream
+/// `virtctl expand --file`). An endpoint on no object: RBAC sees it as the resource, verb
+/// `update`, as KubeVirt's roles name it.
+pub const EXPAND_VM_SPEC: &str = "expand-vm-spec";
+
+pub const EXPAND_SPEC: Subresource = Subresource {
+    kind: &VIRTUAL_MACHINE,
+    name: "expand-spec",
+    style: Style::Read {
+        answer: "VirtualMachine",
+    },
+    description: "Get the VirtualMachine with its instance type and preference written into its template and both references dropped (upstream `virtctl expand --vm`).",
+    path_params: &[],
+    suffix: "",
+};
+
 /// Every subresource served under `subresources.kubevirt.io/v1`. What is listed here is
 /// advertised in discovery and OpenAPI and granted by the user roles; virt-apiserver's tests
 /// fail when one has no handler.
-pub const SUBRESOURCES: [&Subresource; 16] = [
+pub const SUBRESOURCES: [&Subresource; 20] = [
     &START,
     &STOP,
     &RESTART,
@@ -375,6 +368,10 @@ pub const SUBRESOURCES: [&Subresource; 16] = [
     &PORTFORWARD_VM,
     &EVACUATE_CANCEL_VMI,
     &EVACUATE_CANCEL_VM,
+    &GUESTOSINFO,
+    &USERLIST,
+    &FILESYSTEMLIST,
+    &EXPAND_SPEC,
 ];
 
 /// The subresources of one kind.
@@ -605,6 +602,70 @@ pub fn vmi_action_named(name: &str) -> Option<&'static VmiActionDef> {
     VMI_ACTIONS.into_iter().find(|a| a.subresource.name == name)
 }
 
+/// A question to a VMI's guest agent, answered by its launcher: serialized, the launcher
+/// protocol's request (`{"op":"guestOsInfo"}`), as [`VmiAction`]s are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum GuestQuery {
+    /// Everything the agent reports (`guestosinfo`).
+    GuestOsInfo,
+    /// The logged-in users (`userlist`).
+    UserList,
+    /// The mounted file systems (`filesystemlist`).
+    FilesystemList,
+}
+
+/// A read subresource of a VMI that its guest agent answers: what virt-apiserver checks,
+/// virt-handler asks the launcher and the plugin offers, so that none of them names one.
+#[derive(Debug, PartialEq, Eq)]
+pub struct VmiReadDef {
+    pub subresource: &'static Subresource,
+    /// The launcher's question.
+    pub query: GuestQuery,
+    /// The `kubectl virt` command, as upstream virtctl names it.
+    pub command: &'static str,
+}
+
+pub const GUESTOSINFO_READ: VmiReadDef = VmiReadDef {
+    subresource: &GUESTOSINFO,
+    query: GuestQuery::GuestOsInfo,
+    command: "guestosinfo",
+};
+pub const USERLIST_READ: VmiReadDef = VmiReadDef {
+    subresource: &USERLIST,
+    query: GuestQuery::UserList,
+    command: "userlist",
+};
+pub const FILESYSTEMLIST_READ: VmiReadDef = VmiReadDef {
+    subresource: &FILESYSTEMLIST,
+    query: GuestQuery::FilesystemList,
+    command: "fslist",
+};
+
+/// Every guest-agent read of a VMI.
+pub const VMI_READS: [&VmiReadDef; 3] = [&GUESTOSINFO_READ, &USERLIST_READ, &FILESYSTEMLIST_READ];
+
+/// The guest-agent read this subresource is, if it is one.
+pub fn vmi_read(sub: &Subresource) -> Option<&'static VmiReadDef> {
+    VMI_READS.into_iter().find(|r| r.subresource == sub)
+}
+
+/// The guest-agent read of this subresource name (the last segment of virt-handler's path).
+pub fn vmi_read_named(name: &str) -> Option<&'static VmiReadDef> {
+    VMI_READS.into_iter().find(|r| r.subresource.name == name)
+}
+
+impl GuestQuery {
+    /// Its catalogue entry.
+    pub fn def(&self) -> &'static VmiReadDef {
+        match self {
+            Self::GuestOsInfo => &GUESTOSINFO_READ,
+            Self::UserList => &USERLIST_READ,
+            Self::FilesystemList => &FILESYSTEMLIST_READ,
+        }
+    }
+}
+
 /// A cluster-wide administrative endpoint of `subresources.kubevirt.io/v1`, on no kind and
 /// in no namespace. No kubevirt.io role grants one: cluster administrators (`*`) reach it,
 /// and a ClusterRole naming its resource and verb grants it to anyone else.
@@ -661,6 +722,13 @@ pub fn group_version() -> String {
     format!("{GROUP}/{VERSION}")
 }
 
+impl Kind {
+    /// `group/version`, the objects' `apiVersion`.
+    pub fn api_version(&self) -> String {
+        format!("{}/{}", self.group, self.version)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -683,7 +751,7 @@ mod tests {
             ),
             (KubeVirt::kind(&()), KubeVirt::plural(&())),
         ];
-        for (k, (kind, plural)) in ALL_KINDS.iter().zip(types) {
+        for (k, (kind, plural)) in all_kinds().zip(types) {
             assert_eq!((k.kind, k.plural), (&*kind, &*plural));
             assert_eq!(k.list_kind, format!("{kind}List"));
             assert_eq!(k.singular, k.kind.to_lowercase());
@@ -708,7 +776,15 @@ mod tests {
         assert_eq!((CONSOLE.http_method(), CONSOLE.rbac_verb()), ("GET", "get"));
         assert_eq!((PAUSE.http_method(), PAUSE.rbac_verb()), ("PUT", "update"));
         assert_eq!(subresource("virtualmachineinstances", "vnc"), Some(&VNC));
-        assert_eq!(subresources_of(&VIRTUAL_MACHINE).count(), 6);
+        assert_eq!(subresources_of(&VIRTUAL_MACHINE).count(), 7);
+        assert_eq!(
+            EXPAND_SPEC.path("ns1", "vm1"),
+            "/apis/subresources.kubevirt.io/v1/namespaces/ns1/virtualmachines/vm1/expand-spec"
+        );
+        assert_eq!(
+            (EXPAND_SPEC.http_method(), EXPAND_SPEC.rbac_verb()),
+            ("GET", "get")
+        );
         assert_eq!(
             EVACUATE_CANCEL_VMI.path("ns1", "a"),
             "/apis/subresources.kubevirt.io/v1/namespaces/ns1/virtualmachineinstances/a/evacuate/cancel"
@@ -748,11 +824,49 @@ mod tests {
         }
         assert_eq!(vmi_action(&CONSOLE), None);
         assert_eq!(vmi_action(&EVACUATE_CANCEL_VMI), None);
+        assert_eq!(vmi_action(&GUESTOSINFO), None);
         let commands: Vec<&str> = VMI_ACTIONS
             .iter()
             .filter_map(|a| a.command.map(|c| c.name))
             .collect();
         assert_eq!(commands, ["pause", "unpause", "soft-reboot", "reset"]);
+    }
+
+    #[test]
+    fn guest_agent_reads_are_catalogued_gets_each_once() {
+        for (i, r) in VMI_READS.iter().enumerate() {
+            assert!(
+                SUBRESOURCES.contains(&r.subresource),
+                "{}",
+                r.subresource.name
+            );
+            assert_eq!(r.subresource.kind, &VIRTUAL_MACHINE_INSTANCE);
+            assert!(r.subresource.is_read() && !r.subresource.is_stream());
+            assert_eq!(
+                (r.subresource.http_method(), r.subresource.rbac_verb()),
+                ("GET", "get")
+            );
+            assert!(
+                VMI_READS[i + 1..]
+                    .iter()
+                    .all(|b| b.subresource != r.subresource)
+            );
+            assert_eq!(vmi_read(r.subresource), Some(*r));
+            assert_eq!(vmi_read_named(r.subresource.name), Some(*r));
+            assert_eq!(r.query.def(), *r);
+        }
+        assert_eq!(vmi_read(&PAUSE), None);
+        let json = |q: GuestQuery| serde_json::to_string(&q).unwrap_or_default();
+        assert_eq!(json(GuestQuery::GuestOsInfo), r#"{"op":"guestOsInfo"}"#);
+        assert_eq!(json(GuestQuery::UserList), r#"{"op":"userList"}"#);
+        assert_eq!(
+            json(GuestQuery::FilesystemList),
+            r#"{"op":"filesystemList"}"#
+        );
+        assert_eq!(
+            FILESYSTEMLIST.path("ns", "a"),
+            "/apis/subresources.kubevirt.io/v1/namespaces/ns/virtualmachineinstances/a/filesystemlist"
+        );
     }
 
     #[test]

@@ -139,9 +139,118 @@ pub fn restore_refs(
     Ok(())
 }
 
+/// The directory (below the launcher's access-credentials directory) a credential's Secret
+/// is mounted in: KubeVirt's `<secret>-access-cred`.
+pub fn access_credential_dir(secret: &str) -> String {
+    format!("{secret}-access-cred")
+}
+
+/// The guest's host name as KubeVirt's `SanitizeHostname` makes it: `spec.hostname`, else the
+/// VMI's name up to its first dot, at most 63 characters.
+pub fn hostname(vmi: &crate::VirtualMachineInstance) -> String {
+    if let Some(h) = vmi.spec.hostname.as_deref().filter(|h| !h.is_empty()) {
+        return h.to_string();
+    }
+    let name = vmi.metadata.name.as_deref().unwrap_or_default();
+    let first = name.split('.').next().unwrap_or_default();
+    first.chars().take(63).collect()
+}
+
+/// The SMBIOS (firmware) UUID of the VMI: defaulted from the VM's name, so the same for every
+/// start of the same VM (`defaults::default_vmi` sets it).
+fn firmware_uuid(vmi: &crate::VirtualMachineInstance) -> String {
+    vmi.spec
+        .domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.uuid.clone())
+        .unwrap_or_default()
+}
+
+/// SSH keys as cloud-init's metadata lists them: `{"0": key, "1": key, …}`.
+fn public_keys(keys: &[String]) -> serde_json::Map<String, serde_json::Value> {
+    keys.iter()
+        .enumerate()
+        .map(|(i, k)| (i.to_string(), serde_json::Value::String(k.clone())))
+        .collect()
+}
+
+/// NoCloud `meta-data`, as KubeVirt writes it (JSON, which is YAML): `instance-id` is the
+/// firmware UUID — stable across restarts of the same VM, so cloud-init runs its first-boot
+/// modules once — `local-hostname` the [`hostname`], and `public-keys` the SSH keys of the
+/// `noCloud` access credentials.
+pub fn nocloud_meta_data(
+    vmi: &crate::VirtualMachineInstance,
+    keys: &[String],
+) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    m.insert("instance-id".into(), firmware_uuid(vmi).into());
+    m.insert("local-hostname".into(), hostname(vmi).into());
+    if !keys.is_empty() {
+        m.insert("public-keys".into(), public_keys(keys).into());
+    }
+    m.into()
+}
+
+/// ConfigDrive `openstack/latest/meta_data.json`, as KubeVirt writes it: `instance_id` is
+/// `<name>.<namespace>` and `uuid` the firmware UUID (both stable for a VM), `hostname`
+/// the [`hostname`], `public_keys` the keys of the `configDrive` access credentials.
+pub fn config_drive_meta_data(
+    vmi: &crate::VirtualMachineInstance,
+    keys: &[String],
+) -> serde_json::Value {
+    let name = vmi.metadata.name.as_deref().unwrap_or_default();
+    let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
+    let mut m = serde_json::Map::new();
+    m.insert("instance_id".into(), format!("{name}.{ns}").into());
+    m.insert("hostname".into(), hostname(vmi).into());
+    m.insert("uuid".into(), firmware_uuid(vmi).into());
+    if !keys.is_empty() {
+        m.insert("public_keys".into(), public_keys(keys).into());
+    }
+    m.into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metadata_is_kubevirts_and_stable_for_a_vm() {
+        let vmi = |uid: &str| {
+            let mut v: crate::VirtualMachineInstance = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web.example", "namespace": "ns1", "uid": uid},
+                "spec": {"domain": {"devices": {}}}
+            }))
+            .unwrap();
+            crate::defaults::default_vmi(&mut v);
+            v
+        };
+        let (a, b) = (vmi("uid-1"), vmi("uid-2"));
+        let meta = nocloud_meta_data(&a, &[]);
+        assert_eq!(meta, nocloud_meta_data(&b, &[]), "a new VMI of the same VM");
+        assert_eq!(meta["local-hostname"], "web");
+        let id = meta["instance-id"].as_str().unwrap();
+        assert_eq!(id.len(), 36, "a UUID: {id}");
+        assert!(meta.get("public-keys").is_none());
+        let keyed = nocloud_meta_data(&a, &["ssh-ed25519 AAAA a".into(), "ssh-rsa B b".into()]);
+        assert_eq!(
+            keyed["public-keys"],
+            serde_json::json!({"0": "ssh-ed25519 AAAA a", "1": "ssh-rsa B b"})
+        );
+        let cd = config_drive_meta_data(&a, &["k".into()]);
+        assert_eq!(cd["instance_id"], "web.example.ns1");
+        assert_eq!(cd["uuid"], id);
+        assert_eq!(cd["hostname"], "web");
+        assert_eq!(cd["public_keys"]["0"], "k");
+        let mut named = a.clone();
+        named.spec.hostname = Some("db".into());
+        assert_eq!(hostname(&named), "db");
+        named.spec.hostname = None;
+        named.metadata.name = Some("x".repeat(70));
+        assert_eq!(hostname(&named).len(), 63);
+        assert_eq!(access_credential_dir("keys"), "keys-access-cred");
+    }
 
     fn spec() -> VirtualMachineInstanceSpec {
         serde_json::from_value(serde_json::json!({

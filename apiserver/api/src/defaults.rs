@@ -27,6 +27,22 @@ pub fn default_vm(vm: &mut VirtualMachine) {
     if vm.spec.running.is_none() && vm.spec.run_strategy.is_none() {
         vm.spec.run_strategy = Some(RunStrategy::Halted);
     }
+    // KubeVirt's mutating webhook: a reference by name without a kind is to the cluster-wide
+    // kind (one inferred from a volume gets its kind from the claim's label).
+    for (matcher, kind) in [
+        (
+            &mut vm.spec.instancetype,
+            "VirtualMachineClusterInstancetype",
+        ),
+        (&mut vm.spec.preference, "VirtualMachineClusterPreference"),
+    ] {
+        if let Some(m) = matcher
+            && m.kind.as_deref().is_none_or(str::is_empty)
+            && m.infer_from_volume.as_deref().is_none_or(str::is_empty)
+        {
+            m.kind = Some(kind.into());
+        }
+    }
 }
 
 /// Defaults a VirtualMachineInstance.
@@ -37,6 +53,56 @@ pub fn default_vmi(vmi: &mut VirtualMachineInstance) {
 
 /// Defaults a migration (nothing yet; kept so every kind has the same hooks).
 pub fn default_migration(_m: &mut VirtualMachineInstanceMigration) {}
+
+/// Adds the pod network and a masquerade interface on it when the spec lists neither
+/// networks nor interfaces and does not turn `autoattachPodInterface` off (KubeVirt's
+/// `SetDefaultNetworkInterface` with its default binding).
+pub fn default_network_interface(spec: &mut VirtualMachineInstanceSpec) {
+    let devices = &mut spec.domain.devices;
+    let no_interfaces = devices.interfaces.as_ref().is_none_or(|i| i.is_empty());
+    let no_networks = spec.networks.as_ref().is_none_or(|n| n.is_empty());
+    if no_interfaces && no_networks && devices.autoattach_pod_interface != Some(false) {
+        spec.networks = Some(vec![Network {
+            name: DEFAULT_NETWORK_NAME.to_string(),
+            pod: Some(PodNetwork::default()),
+            multus: None,
+        }]);
+        devices.interfaces = Some(vec![Interface {
+            name: DEFAULT_NETWORK_NAME.to_string(),
+            masquerade: Some(InterfaceBinding::default()),
+            ..Interface::default()
+        }]);
+    }
+}
+
+/// Adds a disk (bus left to the defaults, or to a preference) for each volume no disk names
+/// (KubeVirt's `SetDefaultVolumeDisk`, which its VM controller runs before it applies an
+/// instance type and preference).
+pub fn default_volume_disks(spec: &mut VirtualMachineInstanceSpec) {
+    let missing: Vec<String> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| {
+            !spec
+                .domain
+                .devices
+                .disks
+                .iter()
+                .flatten()
+                .any(|d| d.name == v.name)
+        })
+        .map(|v| v.name.clone())
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    let disks = spec.domain.devices.disks.get_or_insert_with(Vec::new);
+    disks.extend(missing.into_iter().map(|name| crate::vmi::Disk {
+        name,
+        ..Default::default()
+    }));
+}
 
 /// Defaults a VMI spec; `name` seeds the firmware UUID.
 pub fn default_vmi_spec(spec: &mut VirtualMachineInstanceSpec, name: &str) {
@@ -98,25 +164,8 @@ pub fn default_vmi_spec(spec: &mut VirtualMachineInstanceSpec, name: &str) {
         }
     }
 
-    let no_interfaces = domain
-        .devices
-        .interfaces
-        .as_ref()
-        .is_none_or(|i| i.is_empty());
-    let no_networks = spec.networks.as_ref().is_none_or(|n| n.is_empty());
-    if no_interfaces && no_networks && domain.devices.autoattach_pod_interface != Some(false) {
-        spec.networks = Some(vec![Network {
-            name: DEFAULT_NETWORK_NAME.to_string(),
-            pod: Some(PodNetwork::default()),
-            multus: None,
-        }]);
-        domain.devices.interfaces = Some(vec![Interface {
-            name: DEFAULT_NETWORK_NAME.to_string(),
-            masquerade: Some(InterfaceBinding::default()),
-            ..Interface::default()
-        }]);
-    }
-    for iface in domain.devices.interfaces.iter_mut().flatten() {
+    default_network_interface(spec);
+    for iface in spec.domain.devices.interfaces.iter_mut().flatten() {
         let has_binding = iface.bridge.is_some()
             || iface.masquerade.is_some()
             || iface.sriov.is_some()

@@ -18,6 +18,21 @@ pub const WEBHOOK_PATH: &str = "/admission/launcher-eviction";
 /// Name prefix of launcher pods (`generateName` `virt-launcher-<vmi>-`): what the webhook's
 /// match condition selects.
 pub const LAUNCHER_POD_PREFIX: &str = "virt-launcher-";
+/// Name prefix of the pods of kubevirt-rs's own etcd (StatefulSet `kubevirt-etcd`, in the
+/// components' namespace): their evictions go to the same webhook, which refuses them until
+/// virt-operator has moved the member to another node (issue 51, docs/deploy.md).
+pub const ETCD_POD_PREFIX: &str = "kubevirt-etcd-";
+/// Annotation the webhook puts on an etcd pod whose eviction was asked (RFC 3339 time): the
+/// operator moves that member even when its node is not cordoned.
+pub const ETCD_EVACUATE_ANNOTATION: &str = "kubevirt-rs.io/evacuation-requested";
+/// Annotation virt-operator keeps on an etcd pod it is moving, or cannot move: what it is
+/// doing, which the webhook's refusal quotes.
+pub const ETCD_EVACUATION_STATUS_ANNOTATION: &str = "kubevirt-rs.io/evacuation-status";
+/// Annotation virt-operator puts on an etcd pod whose member it has replaced elsewhere (RFC
+/// 3339 time): the pod holds nothing any more, and its eviction passes. A drain evicts a pod
+/// by name again and again until it is gone: the old pod must go by that eviction, or the
+/// drain would next evict its successor of the same name on another node.
+pub const ETCD_REPLACED_ANNOTATION: &str = "kubevirt-rs.io/etcd-member-replaced";
 /// `generateName` of evacuation migrations (KubeVirt's).
 pub const EVACUATION_MIGRATION_PREFIX: &str = "kubevirt-evacuation-";
 

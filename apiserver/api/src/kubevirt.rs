@@ -59,13 +59,14 @@ pub struct KubeVirtSpec {
     /// kubevirt-rs: kept and reported).
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub image_pull_secrets: Option<Vec<k8s_openapi::api::core::v1::LocalObjectReference>>,
-    /// The namespace Prometheus is deployed in (not implemented: kept and reported).
+    /// The namespace of Prometheus' ServiceAccount (default: the first of
+    /// `openshift-monitoring`, `monitoring` holding it); virt-operator lets it read the
+    /// metrics endpoints and, with the prometheus-operator, installs a ServiceMonitor.
     pub monitor_namespace: Option<String>,
-    /// The namespace the service monitor is deployed in (not implemented: kept and
-    /// reported).
+    /// The namespace the ServiceMonitor is deployed in (default: the monitor namespace).
     pub service_monitor_namespace: Option<String>,
-    /// The Prometheus service account that needs read access to KubeVirt endpoints (not
-    /// implemented: kept and reported).
+    /// The Prometheus ServiceAccount that needs read access to KubeVirt endpoints (default
+    /// `prometheus-k8s`).
     pub monitor_account: Option<String>,
     /// How workloads are updated after an upgrade (not implemented: VMs keep running on
     /// the launcher they started with; kept and reported).
@@ -104,6 +105,23 @@ pub struct KubeVirtSpec {
 pub struct KubevirtRsSpec {
     /// virt-apiserver's own etcd.
     pub etcd: Option<EtcdSpec>,
+    /// virt-apiserver's limits per user.
+    pub apiserver: Option<ApiserverSpec>,
+}
+
+/// `spec.kubevirtRs.apiserver`: what one user may hold open at once on virt-apiserver. A
+/// user beyond a limit gets 429 (Too Many Requests) naming it; everyone else is unaffected.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiserverSpec {
+    /// Console, VNC and port-forward streams one user may have open at once, per
+    /// virt-apiserver replica (default 200; 0: no limit).
+    #[schemars(range(min = 0))]
+    pub max_streams_per_user: Option<i64>,
+    /// Watches one user may have open at once, per replica (default 5000; 0: no limit).
+    #[schemars(range(min = 0))]
+    pub max_watches_per_user: Option<i64>,
 }
 
 /// `spec.kubevirtRs.etcd`: the etcd that stores VirtualMachines, VMIs and migrations.
@@ -249,6 +267,11 @@ pub struct KubeVirtConfiguration {
     pub migrations: Option<MigrationConfiguration>,
     /// Cluster-wide defaults of VMs.
     pub virtual_machine_options: Option<VirtualMachineOptions>,
+    /// Whether virt-operator deploys KubeVirt's common-instancetypes bundle (enabled unless
+    /// `enabled: false`).
+    pub common_instancetypes_deployment: Option<CommonInstancetypesDeployment>,
+    /// Instance type settings: how VMs keep their instance type and preference.
+    pub instancetype: Option<InstancetypeConfiguration>,
     /// The other fields of KubeVirt's configuration, as given.
     #[serde(flatten)]
     #[schemars(skip)]
@@ -271,11 +294,40 @@ pub struct VirtualMachineOptions {
     pub other: BTreeMap<String, serde_json::Value>,
 }
 
+/// KubeVirt's `CommonInstancetypesDeployment`.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CommonInstancetypesDeployment {
+    /// Deploy the bundle (default true); false removes what virt-operator deployed.
+    pub enabled: Option<bool>,
+}
+
+/// KubeVirt's `InstancetypeConfiguration`.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstancetypeConfiguration {
+    /// `reference` (the default: a copy in a ControllerRevision the VM's status names),
+    /// `expand` (written into VMs that captured no copy yet, the references dropped) or
+    /// `expandAll` (into every VM). A string, so that a wrong value is reported by
+    /// virt-operator rather than making the resource unreadable.
+    pub reference_policy: Option<String>,
+}
+
 /// KubeVirt's `DisableSerialConsoleLog`: an empty object whose presence is the setting.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct DisableSerialConsoleLog {}
 
 impl KubeVirtConfiguration {
+    /// Whether KubeVirt's common-instancetypes bundle is deployed (KubeVirt's default: yes).
+    pub fn common_instancetypes_enabled(&self) -> bool {
+        self.common_instancetypes_deployment
+            .as_ref()
+            .and_then(|d| d.enabled)
+            .unwrap_or(true)
+    }
+
     /// Whether launcher pods log the serial console by default.
     pub fn serial_console_log(&self) -> bool {
         self.virtual_machine_options

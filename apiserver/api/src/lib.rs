@@ -8,11 +8,15 @@
 
 pub mod backup;
 pub mod catalogue;
+pub mod cdi;
 pub mod cloudinit;
 pub mod common;
 pub mod defaults;
 pub mod duration;
 pub mod eviction;
+pub mod guestagent;
+pub mod instancetype;
+pub mod kinds;
 pub mod kubevirt;
 pub mod migration;
 pub mod options;

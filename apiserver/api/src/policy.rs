@@ -68,39 +68,112 @@ pub const USER_SETTABLE: [&str; 11] = [
     crate::migration::names::MIGRATED_CLAIM_POLICY_ANNOTATION,
 ];
 
+/// The user extra kube-apiserver puts on a pod-bound service account token: the node the
+/// pod runs on (Kubernetes ≥ 1.30, `ServiceAccountTokenPodNodeInfo`).
+pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+
+/// virt-handler's service account (one of [`COMPONENT_SERVICE_ACCOUNTS`]).
+const HANDLER_SERVICE_ACCOUNT: &str = "virt-handler";
+
 /// Who is writing, as far as the policy cares.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Actor {
     /// Anyone else: every rule applies.
     #[default]
     User,
     /// A kubevirt-rs service account or `system:masters`: may write reserved keys.
     Component,
+    /// A virt-handler, speaking for the node its pod-bound token names (empty when it
+    /// names none): it may write only the VMIs of that node, as KubeVirt's node
+    /// restriction has it. Without this a handler's token, stolen on one node, could
+    /// rewrite every VMI of the cluster (N7 of the security review at bd37f96).
+    Handler {
+        /// The node.
+        node: String,
+    },
     /// virt-apiserver's own read-modify-writes (action subresources), already
     /// authorized for what they do: may also change a VMI's spec.
     Server,
 }
 
 impl Actor {
-    /// The actor of an authenticated user: a component when it is one of
-    /// [`COMPONENT_SERVICE_ACCOUNTS`] in `namespace` or in `system:masters`.
-    pub fn of(user: &str, groups: &[String], namespace: &str) -> Self {
+    /// The actor of an authenticated user: virt-handler's service account in `namespace`
+    /// speaks for the node its token names (`extra`, [`NODE_NAME_EXTRA`]); the other
+    /// [`COMPONENT_SERVICE_ACCOUNTS`] in `namespace` and `system:masters` are components.
+    pub fn of(
+        user: &str,
+        groups: &[String],
+        extra: &BTreeMap<String, Vec<String>>,
+        namespace: &str,
+    ) -> Self {
         let sa = user
             .strip_prefix("system:serviceaccount:")
-            .and_then(|rest| rest.split_once(':'));
-        let component_sa = sa.is_some_and(|(ns, name)| {
-            ns == namespace && COMPONENT_SERVICE_ACCOUNTS.contains(&name)
-        });
-        if component_sa || groups.iter().any(|g| g == "system:masters") {
-            Self::Component
-        } else {
-            Self::User
+            .and_then(|rest| rest.split_once(':'))
+            .filter(|(ns, _)| *ns == namespace)
+            .map(|(_, name)| name);
+        if groups.iter().any(|g| g == "system:masters") {
+            return Self::Component;
+        }
+        match sa {
+            Some(HANDLER_SERVICE_ACCOUNT) => Self::Handler {
+                node: extra
+                    .get(NODE_NAME_EXTRA)
+                    .and_then(|v| v.first())
+                    .cloned()
+                    .unwrap_or_default(),
+            },
+            Some(name) if COMPONENT_SERVICE_ACCOUNTS.contains(&name) => Self::Component,
+            _ => Self::User,
         }
     }
 
-    fn may_write_reserved(self) -> bool {
+    /// May write the reserved labels and annotations.
+    pub(crate) fn may_write_reserved(&self) -> bool {
         matches!(self, Self::Component | Self::Server)
     }
+}
+
+/// What a virt-handler speaking for `node` may not do to a VMI (`old` → `new`): anything to
+/// a VMI that is neither on its node (`status.nodeName`) nor migrating to it (the target
+/// node label), creating one, and changing which node or pods serve it — those decide where
+/// consoles and migrations go, and are virt-controller's to write.
+fn node_restriction(old: Option<&Value>, new: &Value, node: &str) -> Vec<FieldError> {
+    let forbidden = |field: &str, why: String| vec![FieldError::forbidden(field, &why)];
+    let Some(old) = old else {
+        return forbidden(
+            "metadata",
+            format!("virt-handler of node {node:?} may not create VirtualMachineInstances"),
+        );
+    };
+    let on = |v: &Value, p: &str| v.pointer(p).and_then(Value::as_str).map(str::to_string);
+    let target_label = format!(
+        "/metadata/labels/{}",
+        crate::migration::names::MIGRATION_TARGET_NODE_NAME_LABEL.replace('/', "~1")
+    );
+    let here = !node.is_empty()
+        && (on(old, "/status/nodeName").as_deref() == Some(node)
+            || on(old, &target_label).as_deref() == Some(node));
+    if !here {
+        return forbidden(
+            "metadata.name",
+            format!(
+                "virt-handler of node {node:?} may only write VirtualMachineInstances on that node"
+            ),
+        );
+    }
+    let mut errs = Vec::new();
+    for (pointer, field) in [
+        ("/status/nodeName", "status.nodeName"),
+        ("/status/activePods", "status.activePods"),
+    ] {
+        if old.pointer(pointer) != new.pointer(pointer) {
+            errs.push(FieldError::forbidden(
+                field,
+                "written by virt-controller only, not by virt-handler",
+            ));
+        }
+    }
+    errs
 }
 
 /// The KubeVirt feature gates the API enforces.
@@ -127,83 +200,71 @@ impl FeatureGates {
     }
 }
 
-/// Kinds the policy knows, by `kind`.
-const VM: &str = "VirtualMachine";
-const VMI: &str = "VirtualMachineInstance";
-const VMIM: &str = "VirtualMachineInstanceMigration";
-
-/// Every policy error of writing `new` over `old` (None on create) as `actor`.
+/// Every policy error of writing `new` over `old` (None on create) as `actor`: the rules
+/// common to every kind (what virt-handler may write), then the kind's own
+/// ([`crate::kinds::KindStrategy::admit`]).
 pub fn admit(
     kind: &str,
     old: Option<&Value>,
     new: &Value,
-    actor: Actor,
+    actor: &Actor,
     gates: &FeatureGates,
 ) -> Vec<FieldError> {
+    admit_with(kind, old, new, actor, gates, None)
+}
+
+/// [`admit`] with the objects the kind's references named, read for this write.
+pub fn admit_with(
+    kind: &str,
+    old: Option<&Value>,
+    new: &Value,
+    actor: &Actor,
+    gates: &FeatureGates,
+    found: Option<&[crate::kinds::Found]>,
+) -> Vec<FieldError> {
+    let Some(strategy) = crate::kinds::KindStrategy::by_kind(kind) else {
+        return Vec::new();
+    };
     let mut errs = Vec::new();
-    match kind {
-        VM => {
-            let path = "spec.template.spec";
-            errs.extend(host_disk_gate(
-                old.and_then(|o| o.pointer("/spec/template/spec")),
-                new.pointer("/spec/template/spec"),
-                path,
-                gates,
-            ));
-            if !actor.may_write_reserved() {
-                errs.extend(reserved_keys(
-                    old.and_then(|o| o.get("metadata")),
-                    new.get("metadata"),
-                    "metadata",
-                ));
-                errs.extend(reserved_keys(
-                    old.and_then(|o| o.pointer("/spec/template/metadata")),
-                    new.pointer("/spec/template/metadata"),
-                    "spec.template.metadata",
-                ));
-            }
+    if let Actor::Handler { node } = actor {
+        if !strategy.handler_writes {
+            return vec![FieldError::forbidden(
+                "kind",
+                &format!("virt-handler writes VirtualMachineInstances only, not {kind}"),
+            )];
         }
-        VMI => {
-            errs.extend(host_disk_gate(
-                old.and_then(|o| o.get("spec")),
-                new.get("spec"),
-                "spec",
-                gates,
-            ));
-            if let Some(old) = old {
-                match actor {
-                    Actor::Server => {}
-                    // virt-controller points a volume at the claim a migration copied it
-                    // to; nothing else of the spec changes.
-                    Actor::Component => errs.extend(immutable_spec(
-                        without_claim_names(old.get("spec")).as_ref(),
-                        without_claim_names(new.get("spec")).as_ref(),
-                    )),
-                    Actor::User => errs.extend(immutable_spec(old.get("spec"), new.get("spec"))),
-                }
-            }
-            if !actor.may_write_reserved() {
-                errs.extend(reserved_keys(
-                    old.and_then(|o| o.get("metadata")),
-                    new.get("metadata"),
-                    "metadata",
-                ));
-            }
-        }
-        VMIM => {
-            if let Some(old) = old {
-                errs.extend(immutable_spec(old.get("spec"), new.get("spec")));
-            }
-        }
-        _ => {}
+        errs.extend(node_restriction(old, new, node));
     }
+    errs.extend((strategy.admit)(&crate::kinds::Admission {
+        old,
+        new,
+        actor,
+        gates,
+        found,
+    }));
     errs
+}
+
+/// The policy of a `/status` write: spec and metadata come from the stored object there, so
+/// only who writes is checked — virt-handler writes the status of its own node's VMIs only
+/// (its node restriction), never which node or pods serve one.
+pub fn admit_status(kind: &str, old: &Value, new: &Value, actor: &Actor) -> Vec<FieldError> {
+    let Actor::Handler { node } = actor else {
+        return Vec::new();
+    };
+    if !crate::kinds::KindStrategy::by_kind(kind).is_some_and(|s| s.handler_writes) {
+        return vec![FieldError::forbidden(
+            "kind",
+            &format!("virt-handler writes VirtualMachineInstances only, not {kind}"),
+        )];
+    }
+    node_restriction(Some(old), new, node)
 }
 
 /// hostDisk volumes of `new` (a VMI spec at `path`) that need the gate: all on create,
 /// on update only those not already there unchanged, so objects created while the gate
 /// was on can still be updated (finalizers removed, labels written) after it is off.
-fn host_disk_gate(
+pub(crate) fn host_disk_gate(
     old: Option<&Value>,
     new: Option<&Value>,
     path: &str,
@@ -238,7 +299,7 @@ fn host_disk_gate(
 
 /// A VMI spec with the claim names of its `persistentVolumeClaim` volumes blanked: the
 /// one change a component may make (a migration moved the volume to another claim).
-fn without_claim_names(spec: Option<&Value>) -> Option<Value> {
+pub(crate) fn without_claim_names(spec: Option<&Value>) -> Option<Value> {
     let mut spec = spec?.clone();
     for v in spec
         .get_mut("volumes")
@@ -254,7 +315,7 @@ fn without_claim_names(spec: Option<&Value>) -> Option<Value> {
 }
 
 /// One `Forbidden: field is immutable` per top-level spec field that differs.
-fn immutable_spec(old: Option<&Value>, new: Option<&Value>) -> Vec<FieldError> {
+pub(crate) fn immutable_spec(old: Option<&Value>, new: Option<&Value>) -> Vec<FieldError> {
     let empty = serde_json::Map::new();
     let fields = |v: Option<&Value>| v.and_then(Value::as_object).unwrap_or(&empty).clone();
     let (old, new) = (fields(old), fields(new));
@@ -285,7 +346,11 @@ pub fn is_reserved(key: &str) -> bool {
 
 /// Reserved labels and annotations that a non-component adds, changes or removes
 /// between `old` and `new` metadata at `path`.
-fn reserved_keys(old: Option<&Value>, new: Option<&Value>, path: &str) -> Vec<FieldError> {
+pub(crate) fn reserved_keys(
+    old: Option<&Value>,
+    new: Option<&Value>,
+    path: &str,
+) -> Vec<FieldError> {
     let mut errs = Vec::new();
     for field in ["labels", "annotations"] {
         let (before, after) = (string_map(old, field), string_map(new, field));
@@ -313,6 +378,10 @@ mod tests {
     use crate::validation::ErrorType;
     use serde_json::json;
 
+    const VM: &str = "VirtualMachine";
+    const VMI: &str = "VirtualMachineInstance";
+    const VMIM: &str = "VirtualMachineInstanceMigration";
+
     fn vmi(volumes: Value, labels: Value) -> Value {
         json!({"metadata": {"name": "v", "labels": labels},
                "spec": {"domain": {"devices": {}}, "volumes": volumes}})
@@ -337,15 +406,15 @@ mod tests {
     fn host_disk_needs_the_gate_for_everyone() {
         let new = vmi(host_disk(), json!({}));
         for actor in [Actor::User, Actor::Component, Actor::Server] {
-            let errs = admit(VMI, None, &new, actor, &OFF);
+            let errs = admit(VMI, None, &new, &actor, &OFF);
             assert_eq!(errs.len(), 1, "{actor:?}");
             assert_eq!(errs[0].field, "spec.volumes[0].hostDisk");
             assert_eq!(errs[0].kind, ErrorType::Forbidden);
             assert!(errs[0].message.contains("HostDisk feature gate"));
         }
-        assert!(admit(VMI, None, &new, Actor::User, &ON).is_empty());
+        assert!(admit(VMI, None, &new, &Actor::User, &ON).is_empty());
         let vm = json!({"metadata": {}, "spec": {"template": {"spec": {"volumes": host_disk()}}}});
-        let errs = admit(VM, None, &vm, Actor::User, &OFF);
+        let errs = admit(VM, None, &vm, &Actor::User, &OFF);
         assert_eq!(errs[0].field, "spec.template.spec.volumes[0].hostDisk");
     }
 
@@ -355,11 +424,11 @@ mod tests {
             "template": {"spec": {"volumes": host_disk()}}}});
         let mut started = vm.clone();
         started["spec"]["running"] = json!(true);
-        assert!(admit(VM, Some(&vm), &started, Actor::User, &OFF).is_empty());
+        assert!(admit(VM, Some(&vm), &started, &Actor::User, &OFF).is_empty());
         // A changed hostDisk is a new one.
         let mut moved = vm.clone();
         moved["spec"]["template"]["spec"]["volumes"][0]["hostDisk"]["path"] = json!("/etc");
-        assert_eq!(admit(VM, Some(&vm), &moved, Actor::User, &OFF).len(), 1);
+        assert_eq!(admit(VM, Some(&vm), &moved, &Actor::User, &OFF).len(), 1);
     }
 
     #[test]
@@ -367,7 +436,7 @@ mod tests {
         let old = vmi(json!([]), json!({}));
         let new = vmi(host_disk(), json!({}));
         for actor in [Actor::User, Actor::Component] {
-            let errs = admit(VMI, Some(&old), &new, actor, &ON);
+            let errs = admit(VMI, Some(&old), &new, &actor, &ON);
             assert_eq!(
                 errs,
                 vec![FieldError::forbidden("spec.volumes", "field is immutable")]
@@ -377,7 +446,7 @@ mod tests {
                 "spec.volumes: Forbidden: field is immutable"
             );
         }
-        assert!(admit(VMI, Some(&old), &new, Actor::Server, &ON).is_empty());
+        assert!(admit(VMI, Some(&old), &new, &Actor::Server, &ON).is_empty());
         // A component may point a claim volume at another claim, and change nothing else.
         let claim = |name: &str| {
             vmi(
@@ -386,15 +455,15 @@ mod tests {
             )
         };
         let (before, after) = (claim("data"), claim("data-mig-1a2b3"));
-        assert!(admit(VMI, Some(&before), &after, Actor::Component, &ON).is_empty());
+        assert!(admit(VMI, Some(&before), &after, &Actor::Component, &ON).is_empty());
         assert_eq!(
-            admit(VMI, Some(&before), &after, Actor::User, &ON),
+            admit(VMI, Some(&before), &after, &Actor::User, &ON),
             vec![FieldError::forbidden("spec.volumes", "field is immutable")]
         );
         let mut read_only = after.clone();
         read_only["spec"]["volumes"][0]["persistentVolumeClaim"]["readOnly"] = json!(true);
         assert_eq!(
-            admit(VMI, Some(&before), &read_only, Actor::Component, &ON),
+            admit(VMI, Some(&before), &read_only, &Actor::Component, &ON),
             vec![FieldError::forbidden("spec.volumes", "field is immutable")]
         );
         // Removing a field is a change too; metadata and status are not the spec.
@@ -404,13 +473,13 @@ mod tests {
             .unwrap()
             .remove("volumes");
         assert_eq!(
-            admit(VMI, Some(&old), &no_volumes, Actor::User, &ON).len(),
+            admit(VMI, Some(&old), &no_volumes, &Actor::User, &ON).len(),
             1
         );
         let mut relabelled = old.clone();
         relabelled["metadata"]["labels"] = json!({"app": "x"});
         relabelled["status"] = json!({"phase": "Running"});
-        assert!(admit(VMI, Some(&old), &relabelled, Actor::User, &ON).is_empty());
+        assert!(admit(VMI, Some(&old), &relabelled, &Actor::User, &ON).is_empty());
     }
 
     #[test]
@@ -418,32 +487,35 @@ mod tests {
         let old = json!({"metadata": {}, "spec": {"vmiName": "a"}});
         let new = json!({"metadata": {"labels": {"x": "y"}}, "spec": {"vmiName": "b"}});
         for actor in [Actor::User, Actor::Component, Actor::Server] {
-            let errs = admit(VMIM, Some(&old), &new, actor, &OFF);
+            let errs = admit(VMIM, Some(&old), &new, &actor, &OFF);
             assert_eq!(
                 errs,
                 vec![FieldError::forbidden("spec.vmiName", "field is immutable")]
             );
         }
-        assert!(admit(VMIM, None, &new, Actor::User, &OFF).is_empty());
+        assert!(admit(VMIM, None, &new, &Actor::User, &OFF).is_empty());
     }
 
     #[test]
     fn reserved_keys_are_for_components() {
         let new = vmi(json!([]), json!({"kubevirt.io/nodeName": "n1", "app": "a"}));
-        let errs = admit(VMI, None, &new, Actor::User, &OFF);
+        let errs = admit(VMI, None, &new, &Actor::User, &OFF);
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].field, "metadata.labels[kubevirt.io/nodeName]");
         assert!(errs[0].message.contains("kubevirt.io/nodeName is reserved"));
-        assert!(admit(VMI, None, &new, Actor::Component, &OFF).is_empty());
+        assert!(admit(VMI, None, &new, &Actor::Component, &OFF).is_empty());
 
         // Unchanged reserved keys are fine in a user's update; changes and removals not.
         let kept = vmi(json!([]), json!({"kubevirt.io/nodeName": "n1", "app": "b"}));
-        assert!(admit(VMI, Some(&new), &kept, Actor::User, &OFF).is_empty());
+        assert!(admit(VMI, Some(&new), &kept, &Actor::User, &OFF).is_empty());
         let moved = vmi(json!([]), json!({"kubevirt.io/nodeName": "n2"}));
-        assert_eq!(admit(VMI, Some(&new), &moved, Actor::User, &OFF).len(), 1);
+        assert_eq!(admit(VMI, Some(&new), &moved, &Actor::User, &OFF).len(), 1);
         let removed = vmi(json!([]), json!({}));
-        assert_eq!(admit(VMI, Some(&new), &removed, Actor::User, &OFF).len(), 1);
-        assert!(admit(VMI, Some(&new), &removed, Actor::Component, &OFF).is_empty());
+        assert_eq!(
+            admit(VMI, Some(&new), &removed, &Actor::User, &OFF).len(),
+            1
+        );
+        assert!(admit(VMI, Some(&new), &removed, &Actor::Component, &OFF).is_empty());
     }
 
     #[test]
@@ -458,7 +530,7 @@ mod tests {
                                              "kubevirt.io/allow-pod-bridge-network-live-migration": ""}},
                 "spec": {}}}
         });
-        let fields: Vec<String> = admit(VM, None, &vm, Actor::User, &OFF)
+        let fields: Vec<String> = admit(VM, None, &vm, &Actor::User, &OFF)
             .into_iter()
             .map(|e| e.field)
             .collect();
@@ -470,36 +542,121 @@ mod tests {
                 "spec.template.metadata.annotations[kubevirt-rs.io/vmi]",
             ]
         );
-        assert!(admit(VM, None, &vm, Actor::Component, &OFF).is_empty());
+        assert!(admit(VM, None, &vm, &Actor::Component, &OFF).is_empty());
         // Similar prefixes are not reserved.
         assert!(!is_reserved("vm.kubevirt.io/name"));
         assert!(!is_reserved("kubevirt.iox/a"));
         assert!(is_reserved("kubevirt.io/schedulable"));
     }
 
+    /// N7 of the security review at bd37f96: a handler's identity writes only the VMIs of
+    /// its own node (or migrating to it), and never which node or pods serve them.
+    #[test]
+    fn a_handler_writes_only_the_vmis_of_its_node() {
+        let on = |node: &str, target: Option<&str>| {
+            let mut v = vmi(json!([]), json!({}));
+            v["status"] = json!({"nodeName": node, "activePods": {"p1": node}});
+            if let Some(t) = target {
+                v["metadata"]["labels"] = json!({"kubevirt.io/migrationTargetNodeName": t});
+            }
+            v
+        };
+        let a = Actor::Handler { node: "a".into() };
+        let mut running = on("a", None);
+        running["status"]["phase"] = json!("Running");
+        assert!(admit(VMI, Some(&on("a", None)), &running, &a, &OFF).is_empty());
+        // Another node's VMI, even with the status it would write.
+        let mut theirs = on("b", None);
+        theirs["status"]["phase"] = json!("Running");
+        let errs = admit(VMI, Some(&on("b", None)), &theirs, &a, &OFF);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].message.contains("may only write"), "{errs:?}");
+        // A VMI migrating to it: yes (the target's status).
+        let incoming = on("b", Some("a"));
+        assert!(admit(VMI, Some(&incoming), &incoming, &a, &OFF).is_empty());
+        // Never where the VMI runs or which pods serve it.
+        let mut moved = on("a", None);
+        moved["status"]["nodeName"] = json!("b");
+        moved["status"]["activePods"] = json!({"evil": "a"});
+        let fields: Vec<String> = admit(VMI, Some(&on("a", None)), &moved, &a, &OFF)
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(fields, ["status.nodeName", "status.activePods"]);
+        // The same through /status, where the rest of the policy has nothing to check.
+        assert_eq!(admit_status(VMI, &on("b", None), &theirs, &a).len(), 1);
+        assert!(admit_status(VMI, &on("a", None), &running, &a).is_empty());
+        assert_eq!(admit_status(VMI, &on("a", None), &moved, &a).len(), 2);
+        assert!(admit_status(VMI, &on("b", None), &theirs, &Actor::Component).is_empty());
+        // No creates, no other kinds; a token that names no node writes nothing.
+        assert_eq!(admit(VMI, None, &on("a", None), &a, &OFF).len(), 1);
+        assert_eq!(admit(VM, None, &json!({"metadata": {}}), &a, &OFF).len(), 1);
+        let nowhere = Actor::Handler {
+            node: String::new(),
+        };
+        assert_eq!(
+            admit(VMI, Some(&on("", None)), &on("", None), &nowhere, &OFF).len(),
+            1
+        );
+        // Its service account is a handler for the node its token names.
+        let extra = BTreeMap::from([(NODE_NAME_EXTRA.to_string(), vec!["a".to_string()])]);
+        assert_eq!(
+            Actor::of(
+                "system:serviceaccount:kubevirt:virt-handler",
+                &[],
+                &extra,
+                "kubevirt"
+            ),
+            a
+        );
+    }
+
+    #[test]
+    fn reserved_keys_on_migrations_are_for_components() {
+        let new = json!({"metadata": {"labels": {"kubevirt.io/vmi-name": "other"}},
+                         "spec": {"vmiName": "mine"}});
+        let errs = admit(VMIM, None, &new, &Actor::User, &OFF);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].field, "metadata.labels[kubevirt.io/vmi-name]");
+        assert!(admit(VMIM, None, &new, &Actor::Server, &OFF).is_empty());
+    }
+
     #[test]
     fn components_are_our_service_accounts_and_masters() {
         let none: Vec<String> = Vec::new();
-        for sa in COMPONENT_SERVICE_ACCOUNTS {
+        let extra = BTreeMap::new();
+        for sa in COMPONENT_SERVICE_ACCOUNTS
+            .iter()
+            .filter(|s| **s != "virt-handler")
+        {
             let user = format!("system:serviceaccount:kubevirt:{sa}");
-            assert_eq!(Actor::of(&user, &none, "kubevirt"), Actor::Component);
-            assert_eq!(Actor::of(&user, &none, "other"), Actor::User);
+            assert_eq!(
+                Actor::of(&user, &none, &extra, "kubevirt"),
+                Actor::Component
+            );
+            assert_eq!(Actor::of(&user, &none, &extra, "other"), Actor::User);
         }
         assert_eq!(
-            Actor::of("system:serviceaccount:kubevirt:default", &none, "kubevirt"),
+            Actor::of(
+                "system:serviceaccount:kubevirt:default",
+                &none,
+                &extra,
+                "kubevirt"
+            ),
             Actor::User
         );
         assert_eq!(
             Actor::of(
                 "system:serviceaccount:kubevirt:virt-handler:x",
                 &none,
+                &extra,
                 "kubevirt"
             ),
             Actor::User
         );
-        assert_eq!(Actor::of("alice", &none, "kubevirt"), Actor::User);
+        assert_eq!(Actor::of("alice", &none, &extra, "kubevirt"), Actor::User);
         assert_eq!(
-            Actor::of("admin", &["system:masters".to_string()], "kubevirt"),
+            Actor::of("admin", &["system:masters".to_string()], &extra, "kubevirt"),
             Actor::Component
         );
     }

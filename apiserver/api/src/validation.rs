@@ -388,9 +388,127 @@ pub fn validate_object_meta(meta: &ObjectMeta, path: &str) -> Vec<FieldError> {
     errs
 }
 
+/// KubeVirt's rules for `accessCredentials`: one source and one propagation method each,
+/// users for the guest agent's keys, and the cloud-init volume a boot-time method writes to.
+fn validate_access_credentials(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let volumes = spec.volumes.as_deref().unwrap_or_default();
+    let no_cloud = volumes.iter().any(|v| v.cloud_init_no_cloud.is_some());
+    let config_drive = volumes.iter().any(|v| v.cloud_init_config_drive.is_some());
+    for (i, c) in spec.access_credentials.iter().flatten().enumerate() {
+        let at = format!("{path}.accessCredentials[{i}]");
+        match (&c.ssh_public_key, &c.user_password) {
+            (Some(_), Some(_)) | (None, None) => errs.push(FieldError::invalid(
+                at.clone(),
+                "",
+                "must have exactly one of sshPublicKey or userPassword set",
+            )),
+            _ => {}
+        }
+        let secret_ok = |s: &Option<crate::vmi::AccessCredentialSecretSource>| {
+            s.as_ref().is_some_and(|s| !s.secret_name.is_empty())
+        };
+        if let Some(k) = &c.ssh_public_key {
+            if !secret_ok(&k.source.secret) {
+                errs.push(FieldError::invalid(
+                    format!("{at}.sshPublicKey.source"),
+                    "",
+                    &format!("{at} must have exactly one source set"),
+                ));
+            }
+            let m = &k.propagation_method;
+            let count = [
+                m.no_cloud.is_some(),
+                m.config_drive.is_some(),
+                m.qemu_guest_agent.is_some(),
+            ]
+            .into_iter()
+            .filter(|b| *b)
+            .count();
+            if count != 1 {
+                errs.push(FieldError::invalid(
+                    format!("{at}.sshPublicKey.propagationMethod"),
+                    "",
+                    &format!("{at} must have exactly one propagationMethod set"),
+                ));
+            }
+            if m.no_cloud.is_some() && !no_cloud {
+                errs.push(FieldError::invalid(
+                    format!("{at}.sshPublicKey.propagationMethod"),
+                    "",
+                    &format!("{at} requires a noCloud volume to exist when the noCloud propagationMethod is in use."),
+                ));
+            }
+            if m.config_drive.is_some() && !config_drive {
+                errs.push(FieldError::invalid(
+                    format!("{at}.sshPublicKey.propagationMethod"),
+                    "",
+                    &format!("{at} requires a configDrive volume to exist when the configDrive propagationMethod is in use."),
+                ));
+            }
+            if m.qemu_guest_agent
+                .as_ref()
+                .is_some_and(|q| q.users.is_empty())
+            {
+                errs.push(FieldError::invalid(
+                    format!("{at}.sshPublicKey.propagationMethod.qemuGuestAgent.users"),
+                    "",
+                    &format!("{at} requires at least one user to be present in the users list"),
+                ));
+            }
+        }
+        if let Some(p) = &c.user_password {
+            if !secret_ok(&p.source.secret) {
+                errs.push(FieldError::invalid(
+                    format!("{at}.userPassword.source"),
+                    "",
+                    &format!("{at} must have exactly one source set"),
+                ));
+            }
+            if p.propagation_method.qemu_guest_agent.is_none() {
+                errs.push(FieldError::invalid(
+                    format!("{at}.userPassword.propagationMethod"),
+                    "",
+                    &format!("{at} must have exactly one propagationMethod set"),
+                ));
+            }
+        }
+    }
+    errs
+}
+
+/// A probe has exactly one handler (KubeVirt's rule).
+fn validate_probes(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    for (field, p) in [
+        ("readinessProbe", &spec.readiness_probe),
+        ("livenessProbe", &spec.liveness_probe),
+    ] {
+        let Some(p) = p else { continue };
+        let handlers = [
+            p.exec.is_some(),
+            p.guest_agent_ping.is_some(),
+            p.http_get.is_some(),
+            p.tcp_socket.is_some(),
+        ]
+        .into_iter()
+        .filter(|b| *b)
+        .count();
+        if handlers != 1 {
+            errs.push(FieldError::invalid(
+                format!("{path}.{field}"),
+                "",
+                "either exec, httpGet, tcpSocket or guestAgentPing must be set, and only one",
+            ));
+        }
+    }
+    errs
+}
+
 /// Validates a VMI spec found at `path`.
 pub fn validate_vmi_spec(spec: &VirtualMachineInstanceSpec, path: &str) -> Vec<FieldError> {
-    let mut errs = Vec::new();
+    let mut errs = validate_access_credentials(spec, path);
+    errs.extend(validate_probes(spec, path));
     let domain = format!("{path}.domain");
 
     // Memory: the guest needs a size from somewhere, and every quantity must parse.
@@ -788,7 +906,83 @@ pub fn validate_vm(vm: &VirtualMachine) -> Vec<FieldError> {
     }
     match &vm.spec.template.spec {
         None => errs.push(FieldError::required("spec.template.spec", "")),
+        // An instance type gives the guest its memory (admission checks the template with
+        // it applied, `kinds::vm`).
+        Some(spec) if vm.spec.instancetype.is_some() => errs.extend(
+            validate_vmi_spec(spec, "spec.template.spec")
+                .into_iter()
+                .filter(|e| {
+                    !(e.kind == ErrorType::Required
+                        && e.field.ends_with(".resources.requests.memory"))
+                }),
+        ),
         Some(spec) => errs.extend(validate_vmi_spec(spec, "spec.template.spec")),
+    }
+    errs.extend(validate_matchers(vm));
+    errs
+}
+
+/// KubeVirt's checks of a VM's instance type and preference references (its mutating
+/// webhook's messages).
+fn validate_matchers(vm: &VirtualMachine) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    for (m, field, what) in [
+        (
+            &vm.spec.instancetype,
+            "spec.instancetype",
+            "InstancetypeMatcher",
+        ),
+        (&vm.spec.preference, "spec.preference", "PreferenceMatcher"),
+    ] {
+        let Some(m) = m else { continue };
+        let set = |v: &Option<String>| v.as_deref().is_some_and(|s| !s.is_empty());
+        let not_found = |f: String, message: String| FieldError {
+            kind: ErrorType::NotFound,
+            field: f,
+            message,
+        };
+        if !set(&m.name) && !set(&m.infer_from_volume) {
+            errs.push(not_found(
+                field.into(),
+                format!("Either Name or InferFromVolume should be provided within the {what}"),
+            ));
+        }
+        if set(&m.infer_from_volume) {
+            if set(&m.name) {
+                errs.push(not_found(
+                    format!("{field}.name"),
+                    format!(
+                        "Name should not be provided when InferFromVolume is used within the {what}"
+                    ),
+                ));
+            }
+            if set(&m.kind) {
+                errs.push(not_found(
+                    format!("{field}.kind"),
+                    format!(
+                        "Kind should not be provided when InferFromVolume is used within the {what}"
+                    ),
+                ));
+            }
+        }
+        let kinds: &[&str] = if field == "spec.instancetype" {
+            &[
+                "VirtualMachineInstancetype",
+                "VirtualMachineClusterInstancetype",
+            ]
+        } else {
+            &[
+                "VirtualMachinePreference",
+                "VirtualMachineClusterPreference",
+            ]
+        };
+        if let Some(k) = m.kind.as_deref().filter(|k| !k.is_empty())
+            && !kinds
+                .iter()
+                .any(|ok| ok.eq_ignore_ascii_case(k) || format!("{}s", ok.to_lowercase()) == k)
+        {
+            errs.push(FieldError::not_supported(format!("{field}.kind"), k, kinds));
+        }
     }
     errs
 }
@@ -844,6 +1038,64 @@ mod tests {
         let errs = validate_vmi_spec(&VirtualMachineInstanceSpec::default(), "spec");
         assert_eq!(errs[0].kind, ErrorType::Required);
         assert_eq!(errs[0].field, "spec.domain.resources.requests.memory");
+    }
+
+    #[test]
+    fn access_credentials_follow_kubevirts_rules() {
+        let mut s = spec_with_memory("64Mi");
+        s.access_credentials = Some(
+            serde_json::from_value(serde_json::json!([
+                {"sshPublicKey": {"source": {"secret": {"secretName": "k"}},
+                                  "propagationMethod": {"qemuGuestAgent": {"users": ["root"]}}}},
+                {"userPassword": {"source": {"secret": {"secretName": "p"}},
+                                  "propagationMethod": {"qemuGuestAgent": {}}}}
+            ]))
+            .unwrap(),
+        );
+        assert!(validate_vmi_spec(&s, "spec").is_empty());
+        s.access_credentials = Some(
+            serde_json::from_value(serde_json::json!([
+                {"sshPublicKey": {"source": {}, "propagationMethod": {"noCloud": {}}}},
+                {"sshPublicKey": {"source": {"secret": {"secretName": "k"}},
+                                  "propagationMethod": {"qemuGuestAgent": {"users": []}}}},
+                {}
+            ]))
+            .unwrap(),
+        );
+        let fields: Vec<String> = validate_vmi_spec(&s, "spec")
+            .into_iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect();
+        assert_eq!(fields.len(), 4, "{fields:#?}");
+        assert!(
+            fields[0].starts_with("spec.accessCredentials[0].sshPublicKey.source"),
+            "{fields:#?}"
+        );
+        assert!(
+            fields[1].contains("requires a noCloud volume"),
+            "{fields:#?}"
+        );
+        assert!(fields[2].contains("qemuGuestAgent.users"), "{fields:#?}");
+        assert!(
+            fields[3].contains("exactly one of sshPublicKey or userPassword"),
+            "{fields:#?}"
+        );
+    }
+
+    #[test]
+    fn a_probe_has_one_handler() {
+        let mut s = spec_with_memory("64Mi");
+        s.readiness_probe =
+            Some(serde_json::from_value(serde_json::json!({"guestAgentPing": {}})).unwrap());
+        s.liveness_probe = Some(
+            serde_json::from_value(serde_json::json!({"exec": {"command": ["true"]}})).unwrap(),
+        );
+        assert!(validate_vmi_spec(&s, "spec").is_empty());
+        s.liveness_probe =
+            Some(serde_json::from_value(serde_json::json!({"periodSeconds": 3})).unwrap());
+        let errs = validate_vmi_spec(&s, "spec");
+        assert_eq!(errs.len(), 1);
+        assert_eq!(errs[0].field, "spec.livenessProbe");
     }
 
     #[test]

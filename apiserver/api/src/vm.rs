@@ -6,6 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_with::skip_serializing_none;
 
+use crate::cdi::DataVolumeSpec;
 use crate::common::Condition;
 use crate::vmi::VirtualMachineInstanceSpec;
 
@@ -33,6 +34,88 @@ pub struct VirtualMachineSpec {
     /// The VirtualMachineInstance created for this VM.
     #[serde(default)]
     pub template: VirtualMachineInstanceTemplateSpec,
+    /// The instance type (`instancetype.kubevirt.io`) sizing the guest: its values cannot be
+    /// set in the template.
+    pub instancetype: Option<Matcher>,
+    /// The preference (`instancetype.kubevirt.io`) filling what the template leaves unset.
+    pub preference: Option<Matcher>,
+    /// DataVolumes virt-controller creates for this VM (owned by it, deleted with it), each
+    /// used by a `dataVolume` volume of the template of the same name.
+    pub data_volume_templates: Option<Vec<DataVolumeTemplateSpec>>,
+}
+
+/// A DataVolume a VM creates: its metadata (name, labels, annotations) and CDI's spec.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataVolumeTemplateSpec {
+    /// Deprecated, ignored: KubeVirt's template inlines a TypeMeta that old examples fill
+    /// (`cdi.kubevirt.io/v1beta1`).
+    pub api_version: Option<String>,
+    /// Deprecated, ignored (`DataVolume`).
+    pub kind: Option<String>,
+    /// The DataVolume's name (required), namespace (the VM's), labels and annotations.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// The DataVolume's spec.
+    #[serde(default)]
+    pub spec: DataVolumeSpec,
+    /// Accepted and ignored (KubeVirt's placeholder status).
+    pub status: Option<crate::cdi::datavolume::Opaque>,
+}
+
+/// A VM's reference to an instance type or preference.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Matcher {
+    /// Its name.
+    pub name: Option<String>,
+    /// Its kind: the cluster-wide kind when unset (`VirtualMachineClusterInstancetype`,
+    /// `VirtualMachineClusterPreference`), or the namespaced one.
+    pub kind: Option<String>,
+    /// The ControllerRevision holding the copy the VM uses.
+    pub revision_name: Option<String>,
+    /// A volume whose claim's `instancetype.kubevirt.io/default-instancetype` (or
+    /// `default-preference`) label names it.
+    pub infer_from_volume: Option<String>,
+    /// What happens when inferring fails: `Reject` (the default) or `Ignore`.
+    pub infer_from_volume_failure_policy: Option<InferFromVolumeFailurePolicy>,
+}
+
+/// What happens when inferring an instance type or preference from a volume fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum InferFromVolumeFailurePolicy {
+    /// Refuse the VM.
+    Reject,
+    /// Create the VM without it.
+    Ignore,
+}
+
+/// The instance type or preference a VM uses, as captured by virt-controller.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstancetypeStatusRef {
+    /// Its name.
+    pub name: Option<String>,
+    /// Its kind.
+    pub kind: Option<String>,
+    /// The ControllerRevision holding the copy the VM uses.
+    pub controller_revision_ref: Option<ControllerRevisionRef>,
+    /// The volume it was inferred from.
+    pub infer_from_volume: Option<String>,
+    /// What happens when inferring fails.
+    pub infer_from_volume_failure_policy: Option<InferFromVolumeFailurePolicy>,
+}
+
+/// A ControllerRevision by name.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ControllerRevisionRef {
+    /// Its name.
+    pub name: Option<String>,
 }
 
 /// Template of the VMIs a VM creates.
@@ -176,6 +259,10 @@ pub struct VirtualMachineStatus {
     pub desired_generation: Option<i64>,
     /// Restart back-off after repeated failures.
     pub start_failure: Option<VirtualMachineStartFailure>,
+    /// The instance type the VM uses.
+    pub instancetype_ref: Option<InstancetypeStatusRef>,
+    /// The preference the VM uses.
+    pub preference_ref: Option<InstancetypeStatusRef>,
 }
 
 /// A request to start or stop a VM's instance.

@@ -67,6 +67,142 @@ pub struct VirtualMachineInstanceSpec {
     pub start_strategy: Option<StartStrategy>,
     /// CPU architecture of the guest (defaults to the node's).
     pub architecture: Option<String>,
+    /// SSH keys and passwords from Secrets, put into the guest by cloud-init (at boot) or
+    /// by the guest agent (live, as the Secret changes).
+    pub access_credentials: Option<Vec<AccessCredential>>,
+    /// Whether the guest is ready for traffic: the VMI's `Ready` condition follows it.
+    pub readiness_probe: Option<Probe>,
+    /// Whether the guest is alive: a guest that fails it is stopped (the VMI fails).
+    pub liveness_probe: Option<Probe>,
+}
+
+/// A probe of the guest (KubeVirt's `Probe`): one handler and Kubernetes' timing.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Probe {
+    /// Run a command in the guest through the guest agent; exit 0 is success.
+    pub exec: Option<k8s_openapi::api::core::v1::ExecAction>,
+    /// The guest agent answers `guest-ping`.
+    pub guest_agent_ping: Option<Empty>,
+    /// An HTTP GET to the guest (KubeVirt puts it on the launcher pod).
+    pub http_get: Option<k8s_openapi::api::core::v1::HTTPGetAction>,
+    /// A TCP connection to the guest (KubeVirt puts it on the launcher pod).
+    pub tcp_socket: Option<k8s_openapi::api::core::v1::TCPSocketAction>,
+    /// Seconds after the guest starts before the first probe.
+    pub initial_delay_seconds: Option<i32>,
+    /// Seconds one probe may take (default 1).
+    pub timeout_seconds: Option<i32>,
+    /// Seconds between probes (default 10).
+    pub period_seconds: Option<i32>,
+    /// Successes in a row that make a failed probe pass again (default 1).
+    pub success_threshold: Option<i32>,
+    /// Failures in a row that make the probe fail (default 3).
+    pub failure_threshold: Option<i32>,
+}
+
+/// One credential of `spec.accessCredentials`: SSH keys or passwords from a Secret.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AccessCredential {
+    /// SSH public keys (each value of the Secret, one key per line).
+    pub ssh_public_key: Option<SshPublicKeyAccessCredential>,
+    /// Passwords (each key of the Secret a user name, its value the password).
+    pub user_password: Option<UserPasswordAccessCredential>,
+}
+
+/// Where SSH public keys come from and how they reach the guest.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SshPublicKeyAccessCredential {
+    /// The Secret holding the keys.
+    #[serde(default)]
+    pub source: AccessCredentialSource,
+    /// How the keys reach the guest.
+    #[serde(default)]
+    pub propagation_method: SshPublicKeyPropagation,
+}
+
+/// How SSH keys reach the guest: exactly one of the three.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SshPublicKeyPropagation {
+    /// In the ConfigDrive metadata (`public_keys`), at boot.
+    pub config_drive: Option<Empty>,
+    /// In the NoCloud metadata (`public-keys`), at boot.
+    pub no_cloud: Option<Empty>,
+    /// Through the guest agent into each user's `authorized_keys`, live.
+    pub qemu_guest_agent: Option<QemuGuestAgentSshPropagation>,
+}
+
+/// The users whose `authorized_keys` get the keys.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QemuGuestAgentSshPropagation {
+    /// Guest users.
+    #[serde(default)]
+    pub users: Vec<String>,
+}
+
+/// Where passwords come from and how they reach the guest.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UserPasswordAccessCredential {
+    /// The Secret holding the passwords.
+    #[serde(default)]
+    pub source: AccessCredentialSource,
+    /// How the passwords reach the guest (the guest agent only).
+    #[serde(default)]
+    pub propagation_method: UserPasswordPropagation,
+}
+
+/// How passwords reach the guest.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UserPasswordPropagation {
+    /// Through the guest agent (`guest-set-user-password`), live.
+    pub qemu_guest_agent: Option<Empty>,
+}
+
+/// The source of a credential.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AccessCredentialSource {
+    /// A Secret of the VMI's namespace.
+    pub secret: Option<AccessCredentialSecretSource>,
+}
+
+/// A Secret, by name.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AccessCredentialSecretSource {
+    /// Name of the Secret.
+    #[serde(default)]
+    pub secret_name: String,
+}
+
+/// An empty object (`{}`), as KubeVirt marks a choice.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Empty {}
+
+impl AccessCredential {
+    /// The Secret this credential reads, if named.
+    pub fn secret_name(&self) -> Option<&str> {
+        let source = match (&self.ssh_public_key, &self.user_password) {
+            (Some(k), _) => &k.source,
+            (None, Some(p)) => &p.source,
+            (None, None) => return None,
+        };
+        source
+            .secret
+            .as_ref()
+            .map(|s| s.secret_name.as_str())
+            .filter(|n| !n.is_empty())
+    }
 }
 
 /// How the guest starts.
@@ -823,6 +959,16 @@ pub struct VirtualMachineInstanceStatus {
     pub volume_status: Option<Vec<VolumeStatus>>,
     /// Versions of the components running the guest.
     pub runtime_versions: Option<RuntimeVersions>,
+    /// The guest OS as its guest agent reports it.
+    #[serde(
+        rename = "guestOSInfo",
+        default,
+        skip_serializing_if = "crate::guestagent::GuestOsInfo::is_empty"
+    )]
+    pub guest_os_info: crate::guestagent::GuestOsInfo,
+    /// `frozen` while a freeze of the guest's file systems holds (KubeVirt's field: what
+    /// was asked, not the guest's own state).
+    pub fs_freeze_status: Option<String>,
     /// Volumes whose claims the current (or last) migration copies to new claims on the
     /// target node (KubeVirt's field of its volume migration): written by virt-controller
     /// when it creates the target, read by the source virt-handler.
@@ -880,6 +1026,10 @@ pub struct VirtualMachineInstanceNetworkInterface {
     pub info_source: Option<String>,
     /// Number of queues.
     pub queue_count: Option<i32>,
+    /// Name of the launcher pod's interface behind it.
+    pub pod_interface_name: Option<String>,
+    /// `up` or `down`.
+    pub link_state: Option<String>,
 }
 
 /// Guest-visible CPU topology.
@@ -965,6 +1115,10 @@ pub mod condition_types {
     pub const SYNCHRONIZED: &str = "Synchronized";
     /// A QEMU guest agent runs in the guest.
     pub const AGENT_CONNECTED: &str = "AgentConnected";
+    /// The guest agent lacks a command KubeVirt requires (KubeVirt's type name).
+    pub const AGENT_VERSION_NOT_SUPPORTED: &str = "AgentVersionNotSupported";
+    /// The access credentials reached the guest (or, False, why not).
+    pub const ACCESS_CREDENTIALS_SYNCHRONIZED: &str = "AccessCredentialsSynchronized";
 }
 
 impl VirtualMachineInstanceStatus {

@@ -50,7 +50,9 @@ impl Etcd {
             )))?;
         // Killed on drop from here, also when it never listens.
         let etcd = Self { child, url };
-        wait_tcp(client_port, Duration::from_secs(20), "etcd")?;
+        // Seconds normally; a test binary started beside builds and other test binaries on a
+        // 2-CPU machine has seen more than 20.
+        wait_tcp(client_port, Duration::from_secs(60), "etcd")?;
         Ok(etcd)
     }
 

@@ -557,8 +557,7 @@ impl ListTypes {
         static CACHE: OnceLock<BTreeMap<&'static str, ListTypes>> = OnceLock::new();
         CACHE
             .get_or_init(|| {
-                kubevirt_api::catalogue::ALL_KINDS
-                    .into_iter()
+                kubevirt_api::catalogue::all_kinds()
                     .filter_map(|k| Some((k.kind, Self::for_kind(k.kind)?)))
                     .collect()
             })

@@ -16,19 +16,14 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     DeleteOptions, ListMeta, ObjectMeta, Patch, Status, WatchEvent,
 };
-use schemars::JsonSchema;
 use schemars::generate::{SchemaGenerator, SchemaSettings};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha512};
 
-use kubevirt_api::catalogue::{self, Kind, Style};
-use kubevirt_api::{
-    KubeVirtSpec, KubeVirtStatus, VirtualMachineInstanceMigrationSpec,
-    VirtualMachineInstanceMigrationStatus, VirtualMachineInstanceSpec,
-    VirtualMachineInstanceStatus, VirtualMachineSpec, VirtualMachineStatus,
-};
+use kubevirt_api::catalogue::{self, Style};
+use kubevirt_api::kinds::{self, KindStrategy};
 
-/// Group of the kinds.
+/// Group of the core kinds.
 pub const GROUP: &str = kubevirt_api::GROUP;
 /// Group of the action and streaming subresources.
 pub const SUBRESOURCES_GROUP: &str = kubevirt_api::SUBRESOURCES_GROUP;
@@ -36,14 +31,32 @@ pub const SUBRESOURCES_GROUP: &str = kubevirt_api::SUBRESOURCES_GROUP;
 pub const VERSION: &str = kubevirt_api::VERSION;
 /// Key of the kinds' document in the v3 root (`/openapi/v3/<key>`).
 pub const V3_KUBEVIRT: &str = "apis/kubevirt.io/v1";
+/// Key of the instance types' and preferences' document in the v3 root.
+pub const V3_INSTANCETYPE: &str = "apis/instancetype.kubevirt.io/v1beta1";
+/// The group-version document of CDI's kinds (DataVolume).
+pub const V3_CDI: &str = "apis/cdi.kubevirt.io/v1beta1";
 /// Key of the subresources' document in the v3 root.
 pub const V3_SUBRESOURCES: &str = "apis/subresources.kubevirt.io/v1";
-/// Every group-version document this server publishes, in root order.
-pub const V3_GROUP_VERSIONS: [&str; 2] = [V3_KUBEVIRT, V3_SUBRESOURCES];
+/// Every group-version document this server publishes (`apis/<group>/<version>`): each
+/// group of our kinds, then the subresources'.
+pub fn v3_group_versions() -> Vec<String> {
+    catalogue::kind_groups()
+        .into_iter()
+        .map(|(g, v)| format!("apis/{g}/{v}"))
+        .chain([V3_SUBRESOURCES.to_string()])
+        .collect()
+}
 
-/// Prefix of the definition names of our kinds (reverse DNS of the group, as kube-apiserver
-/// names CRD schemas).
+/// Prefix of the definition names of the core kinds.
 pub const KIND_PREFIX: &str = "io.kubevirt.v1.";
+
+/// Prefix of the definition names of a kind: the reverse DNS of its group and its version, as
+/// kube-apiserver names CRD schemas (`io.kubevirt.v1.`, `io.kubevirt.instancetype.v1beta1.`).
+fn kind_prefix(k: &KindStrategy) -> String {
+    let mut parts: Vec<&str> = k.group.split('.').collect();
+    parts.reverse();
+    format!("{}.{}.", parts.join("."), k.version)
+}
 const SUBRESOURCE_PREFIX: &str = "io.kubevirt.subresources.v1.";
 const META_PREFIX: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.";
 
@@ -71,9 +84,9 @@ impl Flavor {
 pub fn openapi_v2() -> Value {
     let mut paths = Map::new();
     let mut definitions = BTreeMap::new();
-    add_kind_paths(&mut paths, Flavor::V2);
+    add_kind_paths(&mut paths, Flavor::V2, |_| true);
     add_subresource_paths(&mut paths, Flavor::V2);
-    for (name, schema) in kind_definitions() {
+    for (name, schema) in kind_definitions(|_| true) {
         definitions.insert(name, to_v2(schema));
     }
     for (name, schema) in subresource_definitions() {
@@ -96,15 +109,20 @@ pub fn openapi_v2() -> Value {
 pub fn openapi_v3_group_version(key: &str) -> Option<Value> {
     let mut paths = Map::new();
     let mut schemas = BTreeMap::new();
-    match key.trim_matches('/') {
-        V3_KUBEVIRT | GROUP => {
-            add_kind_paths(&mut paths, Flavor::V3);
-            schemas.extend(kind_definitions());
-            schemas.extend(meta_definitions());
-        }
-        V3_SUBRESOURCES | SUBRESOURCES_GROUP => {
+    let key = key.trim_matches('/');
+    let group = catalogue::kind_groups()
+        .into_iter()
+        .find(|(g, v)| key == format!("apis/{g}/{v}") || key == *g);
+    match (key, group) {
+        (V3_SUBRESOURCES | SUBRESOURCES_GROUP, _) => {
             add_subresource_paths(&mut paths, Flavor::V3);
             schemas.extend(subresource_definitions());
+        }
+        (_, Some((group, version))) => {
+            let in_group = |k: &&KindStrategy| k.group == group && k.version == version;
+            add_kind_paths(&mut paths, Flavor::V3, in_group);
+            schemas.extend(kind_definitions(in_group));
+            schemas.extend(meta_definitions());
         }
         _ => return None,
     }
@@ -159,7 +177,7 @@ pub struct OpenApiDocuments {
     pub v3_root: Vec<u8>,
     /// Hash of `v3_root`.
     pub v3_root_hash: String,
-    /// `/openapi/v3/<key>` bodies and their hashes, keyed like [`V3_GROUP_VERSIONS`].
+    /// `/openapi/v3/<key>` bodies and their hashes, keyed like [`v3_group_versions`].
     pub v3: BTreeMap<String, (Vec<u8>, String)>,
 }
 
@@ -168,8 +186,8 @@ impl OpenApiDocuments {
     pub fn build() -> Self {
         let v2_doc = openapi_v2();
         let mut v3 = BTreeMap::new();
-        for key in V3_GROUP_VERSIONS {
-            if let Some(doc) = openapi_v3_group_version(key) {
+        for key in v3_group_versions() {
+            if let Some(doc) = openapi_v3_group_version(&key) {
                 let hash = document_hash(&doc);
                 v3.insert(
                     key.to_string(),
@@ -195,93 +213,25 @@ impl OpenApiDocuments {
 /// The v3 (OpenAPI 3.0 flavoured) schema of one of our kinds, e.g. `VirtualMachine`, with
 /// `metadata` as a `$ref`. Server-side apply derives list semantics from it.
 pub fn kind_schema(kind: &str) -> Option<Value> {
-    KINDS.iter().find(|k| k.kind == kind).map(build_kind_schema)
+    KindStrategy::by_kind(kind).map(build_kind_schema)
 }
 
 // ---------------------------------------------------------------------------------------
-// Kinds
+// Kinds (each from its strategy, `kubevirt_api::kinds`)
 // ---------------------------------------------------------------------------------------
-
-struct KindDef {
-    /// Names and description (the catalogue's).
-    meta: &'static Kind,
-    spec_required: bool,
-    spec: fn() -> Value,
-    status: fn() -> Value,
-    /// Spec of the `example` on the create request (see [`create_example`]).
-    example_spec: Option<fn() -> Value>,
-}
-
-impl std::ops::Deref for KindDef {
-    type Target = Kind;
-
-    fn deref(&self) -> &Kind {
-        self.meta
-    }
-}
-
-const KINDS: [KindDef; 4] = [
-    KindDef {
-        meta: &catalogue::VIRTUAL_MACHINE,
-        spec_required: true,
-        spec: inline_schema::<VirtualMachineSpec>,
-        status: inline_schema::<VirtualMachineStatus>,
-        example_spec: Some(|| {
-            json!({
-                // Halted: the example creates a definition, it does not start a guest.
-                "runStrategy": "Halted",
-                "template": { "spec": example_vmi_spec() },
-            })
-        }),
-    },
-    KindDef {
-        meta: &catalogue::VIRTUAL_MACHINE_INSTANCE,
-        spec_required: true,
-        spec: inline_schema::<VirtualMachineInstanceSpec>,
-        status: inline_schema::<VirtualMachineInstanceStatus>,
-        example_spec: Some(example_vmi_spec),
-    },
-    KindDef {
-        meta: &catalogue::VIRTUAL_MACHINE_INSTANCE_MIGRATION,
-        spec_required: true,
-        spec: inline_schema::<VirtualMachineInstanceMigrationSpec>,
-        status: inline_schema::<VirtualMachineInstanceMigrationStatus>,
-        example_spec: Some(|| json!({ "vmiName": "example-vmi" })),
-    },
-    // Served by forwarding to the v1alpha3 CRD in kube-apiserver; the schema is the same
-    // type's, so `kubectl explain kubevirt.spec` reads the fields kube-apiserver accepts.
-    KindDef {
-        meta: &catalogue::KUBEVIRT,
-        spec_required: true,
-        spec: inline_schema::<KubeVirtSpec>,
-        status: inline_schema::<KubeVirtStatus>,
-        // Stored by kube-apiserver, whose validation is not ours to promise.
-        example_spec: None,
-    },
-];
-
-/// The smallest VMI spec the server accepts: a guest needs memory, nothing else.
-fn example_vmi_spec() -> Value {
-    json!({
-        "domain": {
-            "devices": {},
-            "resources": { "requests": { "memory": "64Mi" } },
-        },
-    })
-}
 
 /// The `example` of a kind's create request: a minimal object the server creates as sent,
 /// so an OpenAPI reader (and a generator such as schemathesis, which mixes examples into
 /// what it sends) starts from a valid object rather than from the schema alone, which cannot
 /// say that names are DNS subdomains or that a guest needs memory. `generateName`, so that
 /// sending the example twice creates two objects instead of a conflict.
-fn create_example(k: &KindDef) -> Option<Value> {
-    let spec = (k.example_spec?)();
+fn create_example(k: &KindStrategy) -> Option<Value> {
+    let spec = (k.schemas.example_spec?)();
     // The short name (`vm`, `vmi`, `vmim`), as people name examples.
     let short = k.short_names.first().copied().unwrap_or(k.singular);
     let prefix = format!("example-{short}-");
     Some(json!({
-        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "apiVersion": k.api_version(),
         "kind": k.kind,
         "metadata": { "generateName": prefix },
         "spec": spec,
@@ -294,7 +244,11 @@ const OBJECT_META_DESC: &str = "Standard object's metadata. More info: https://g
 const LIST_META_DESC: &str = "Standard list metadata. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds";
 
 fn gvk(group: &str, kind: &str) -> Value {
-    json!({ "group": group, "kind": kind, "version": VERSION })
+    gvk_at(group, VERSION, kind)
+}
+
+fn gvk_at(group: &str, version: &str, kind: &str) -> Value {
+    json!({ "group": group, "kind": kind, "version": version })
 }
 
 fn meta_ref(name: &str, description: &str) -> Value {
@@ -305,24 +259,28 @@ fn meta_ref(name: &str, description: &str) -> Value {
     })
 }
 
-fn build_kind_schema(k: &KindDef) -> Value {
-    let mut spec = (k.spec)();
-    set_description(&mut spec, &format!("Desired state of the {}.", k.kind));
-    let mut status = (k.status)();
-    set_description(&mut status, &format!("Observed state of the {}.", k.kind));
+fn build_kind_schema(k: &KindStrategy) -> Value {
+    let kind = k.kind;
+    let mut spec = inline_schema(k.schemas.spec);
+    set_description(&mut spec, &format!("Desired state of the {kind}."));
+    let mut properties = json!({
+        "apiVersion": { "description": API_VERSION_DESC, "type": "string" },
+        "kind": { "description": KIND_DESC, "type": "string" },
+        "metadata": meta_ref("ObjectMeta", OBJECT_META_DESC),
+        "spec": spec,
+    });
+    if let Some(status) = k.schemas.status {
+        let mut status = inline_schema(status);
+        set_description(&mut status, &format!("Observed state of the {kind}."));
+        properties["status"] = status;
+    }
     let mut schema = json!({
         "description": k.description,
         "type": "object",
-        "properties": {
-            "apiVersion": { "description": API_VERSION_DESC, "type": "string" },
-            "kind": { "description": KIND_DESC, "type": "string" },
-            "metadata": meta_ref("ObjectMeta", OBJECT_META_DESC),
-            "spec": spec,
-            "status": status,
-        },
-        "x-kubernetes-group-version-kind": [gvk(GROUP, k.kind)],
+        "properties": properties,
+        "x-kubernetes-group-version-kind": [gvk_at(k.group, k.version, kind)],
     });
-    if k.spec_required
+    if k.schemas.spec_required
         && let Some(m) = schema.as_object_mut()
     {
         m.insert("required".into(), json!(["spec"]));
@@ -330,9 +288,10 @@ fn build_kind_schema(k: &KindDef) -> Value {
     schema
 }
 
-fn build_list_schema(k: &KindDef) -> Value {
+fn build_list_schema(k: &KindStrategy) -> Value {
+    let kind = k.kind;
     json!({
-        "description": format!("{}List is a list of {}.", k.kind, k.kind),
+        "description": format!("{kind}List is a list of {kind}."),
         "type": "object",
         "required": ["items"],
         "properties": {
@@ -340,21 +299,22 @@ fn build_list_schema(k: &KindDef) -> Value {
             "items": {
                 "description": format!("List of {}.", k.plural),
                 "type": "array",
-                "items": Flavor::V3.reference(&format!("{KIND_PREFIX}{}", k.kind)),
+                "items": Flavor::V3.reference(&format!("{}{kind}", kind_prefix(k))),
             },
             "kind": { "description": KIND_DESC, "type": "string" },
             "metadata": meta_ref("ListMeta", LIST_META_DESC),
         },
-        "x-kubernetes-group-version-kind": [gvk(GROUP, &format!("{}List", k.kind))],
+        "x-kubernetes-group-version-kind": [gvk_at(k.group, k.version, k.list_kind)],
     })
 }
 
-/// Kind and list schemas in v3 form.
-fn kind_definitions() -> BTreeMap<String, Value> {
+/// Kind and list schemas in v3 form, of the kinds `pick` chooses.
+fn kind_definitions(pick: impl Fn(&&KindStrategy) -> bool) -> BTreeMap<String, Value> {
     let mut out = BTreeMap::new();
-    for k in &KINDS {
-        out.insert(format!("{KIND_PREFIX}{}", k.kind), build_kind_schema(k));
-        out.insert(format!("{KIND_PREFIX}{}List", k.kind), build_list_schema(k));
+    for k in kinds::ALL.iter().copied().filter(pick) {
+        let prefix = kind_prefix(k);
+        out.insert(format!("{prefix}{}", k.kind), build_kind_schema(k));
+        out.insert(format!("{prefix}{}", k.list_kind), build_list_schema(k));
     }
     out
 }
@@ -416,13 +376,13 @@ fn set_description(schema: &mut Value, description: &str) {
     }
 }
 
-/// A type's schema with every subschema inlined and rewritten to OpenAPI 3.0 (see module docs).
-fn inline_schema<T: JsonSchema>() -> Value {
+/// A type's schema (`kubevirt_api::kinds::schema_of::<T>`) with every subschema inlined and
+/// rewritten to OpenAPI 3.0 (see module docs).
+fn inline_schema(schema: fn(SchemaSettings) -> schemars::Schema) -> Value {
     let mut settings = SchemaSettings::openapi3();
     settings.inline_subschemas = true;
     settings.meta_schema = None;
-    let generator = SchemaGenerator::new(settings);
-    let mut v = generator.into_root_schema_for::<T>().to_value();
+    let mut v = schema(settings).to_value();
     if let Some(m) = v.as_object_mut() {
         m.remove("$schema");
         m.remove("components");
@@ -1052,30 +1012,52 @@ fn camel_group(group: &str) -> String {
 }
 
 fn tag_for(group: &str) -> String {
+    tag_at(group, VERSION)
+}
+
+/// `instancetype.kubevirt.io`, `v1beta1` → `instancetypeKubevirtIo_v1beta1`.
+fn tag_at(group: &str, version: &str) -> String {
     let mut t = camel_group(group);
     if let Some(first) = t.get(..1) {
         t = first.to_lowercase() + &t[1..];
     }
-    format!("{t}_{VERSION}")
+    format!("{t}_{version}")
 }
 
-fn add_kind_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
-    let prefix = format!("/apis/{GROUP}/{VERSION}");
-    let id = format!("{}V1", camel_group(GROUP));
-    let tag = tag_for(GROUP);
-    let ns = path_param(
+/// The paths of the kinds `pick` chooses: namespaced kinds under `namespaces/{namespace}`
+/// with a list across namespaces, cluster-scoped ones at the group-version's root, as
+/// kube-apiserver publishes them.
+fn add_kind_paths(
+    paths: &mut Map<String, Value>,
+    flavor: Flavor,
+    pick: impl Fn(&&KindStrategy) -> bool,
+) {
+    let ns_param = path_param(
         "namespace",
         "object name and auth scope, such as for teams and projects",
     );
     let name = path_param("name", "name of the object");
-    for k in &KINDS {
+    for k in kinds::ALL.iter().copied().filter(pick) {
         let kind = k.kind;
-        let def = format!("{KIND_PREFIX}{kind}");
-        let list_def = format!("{KIND_PREFIX}{kind}List");
+        let base = format!("/apis/{}/{}", k.group, k.version);
+        let id = format!("{}{}", camel_group(k.group), camel_group(k.version));
+        let tag = tag_at(k.group, k.version);
+        // What a collection's and an object's path add, and the operation ids' word.
+        let (prefix, scope_params, namespaced): (String, Vec<Param>, &str) = if k.namespaced {
+            (
+                format!("{base}/namespaces/{{namespace}}"),
+                vec![ns_param],
+                "Namespaced",
+            )
+        } else {
+            (base.clone(), Vec::new(), "")
+        };
+        let def = format!("{}{kind}", kind_prefix(k));
+        let list_def = format!("{}{}", kind_prefix(k), k.list_kind);
         let status_def = format!("{META_PREFIX}Status");
         let delete_options = format!("{META_PREFIX}DeleteOptions");
         let patch = format!("{META_PREFIX}Patch");
-        let kind_gvk = gvk(GROUP, kind);
+        let kind_gvk = gvk_at(k.group, k.version, kind);
         let list_produces = vec![JSON, YAML, JSON_STREAM];
         let obj_produces = vec![JSON, YAML];
         let mk = |method, action, op_id: String, description: String| Op {
@@ -1092,22 +1074,23 @@ fn add_kind_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
             produces: obj_produces.clone(),
         };
 
-        // All-namespaces list.
-        let list_all = Op {
-            params: LIST_PARAMS.to_vec(),
-            responses: vec![("200", "OK", Some(list_def.clone()))],
-            produces: list_produces.clone(),
-            ..mk(
-                "get",
-                "list",
-                format!("list{id}{kind}ForAllNamespaces"),
-                format!("list or watch objects of kind {kind}"),
-            )
-        };
-        paths.insert(
-            format!("{prefix}/{}", k.plural),
-            path_item(&[], &[list_all], flavor),
-        );
+        if k.namespaced {
+            let list_all = Op {
+                params: LIST_PARAMS.to_vec(),
+                responses: vec![("200", "OK", Some(list_def.clone()))],
+                produces: list_produces.clone(),
+                ..mk(
+                    "get",
+                    "list",
+                    format!("list{id}{kind}ForAllNamespaces"),
+                    format!("list or watch objects of kind {kind}"),
+                )
+            };
+            paths.insert(
+                format!("{base}/{}", k.plural),
+                path_item(&[], &[list_all], flavor),
+            );
+        }
 
         // Namespaced collection.
         let list = Op {
@@ -1117,7 +1100,7 @@ fn add_kind_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
             ..mk(
                 "get",
                 "list",
-                format!("list{id}Namespaced{kind}"),
+                format!("list{id}{namespaced}{kind}"),
                 format!("list or watch objects of kind {kind}"),
             )
         };
@@ -1133,7 +1116,7 @@ fn add_kind_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
             ..mk(
                 "post",
                 "post",
-                format!("create{id}Namespaced{kind}"),
+                format!("create{id}{namespaced}{kind}"),
                 format!("create a {kind}"),
             )
         };
@@ -1146,17 +1129,19 @@ fn add_kind_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
             ..mk(
                 "delete",
                 "deletecollection",
-                format!("delete{id}CollectionNamespaced{kind}"),
+                format!("delete{id}Collection{namespaced}{kind}"),
                 format!("delete collection of {kind}"),
             )
         };
         paths.insert(
-            format!("{prefix}/namespaces/{{namespace}}/{}", k.plural),
-            path_item(&[ns], &[list, create, delete_collection], flavor),
+            format!("{prefix}/{}", k.plural),
+            path_item(&scope_params, &[list, create, delete_collection], flavor),
         );
 
         // Single object and its status.
-        for (suffix, what) in [("", ""), ("/status", "Status")] {
+        let object_params: Vec<Param> = [name].into_iter().chain(scope_params.clone()).collect();
+        let status = k.has_status.then_some(("/status", "Status"));
+        for (suffix, what) in [("", "")].into_iter().chain(status) {
             let target = if what.is_empty() {
                 format!("the specified {kind}")
             } else {
@@ -1167,7 +1152,7 @@ fn add_kind_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
                 ..mk(
                     "get",
                     "get",
-                    format!("read{id}Namespaced{kind}{what}"),
+                    format!("read{id}{namespaced}{kind}{what}"),
                     format!("read {target}"),
                 )
             };
@@ -1181,7 +1166,7 @@ fn add_kind_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
                 ..mk(
                     "put",
                     "put",
-                    format!("replace{id}Namespaced{kind}{what}"),
+                    format!("replace{id}{namespaced}{kind}{what}"),
                     format!("replace {target}"),
                 )
             };
@@ -1195,7 +1180,7 @@ fn add_kind_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
                 ..mk(
                     "patch",
                     "patch",
-                    format!("patch{id}Namespaced{kind}{what}"),
+                    format!("patch{id}{namespaced}{kind}{what}"),
                     format!("partially update {target}"),
                 )
             };
@@ -1211,17 +1196,14 @@ fn add_kind_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
                     ..mk(
                         "delete",
                         "delete",
-                        format!("delete{id}Namespaced{kind}"),
+                        format!("delete{id}{namespaced}{kind}"),
                         format!("delete a {kind}"),
                     )
                 });
             }
             paths.insert(
-                format!(
-                    "{prefix}/namespaces/{{namespace}}/{}/{{name}}{suffix}",
-                    k.plural
-                ),
-                path_item(&[name, ns], &ops, flavor),
+                format!("{prefix}/{}/{{name}}{suffix}", k.plural),
+                path_item(&object_params, &ops, flavor),
             );
         }
     }
@@ -1238,7 +1220,8 @@ fn options_schema(kind: &str) -> Option<Value> {
     settings.inline_subschemas = true;
     settings.meta_schema = None;
     let mut v = kubevirt_api::options::root_schema(kind, settings.clone())
-        .or_else(|| kubevirt_api::backup::root_schema(kind, settings))?
+        .or_else(|| kubevirt_api::backup::root_schema(kind, settings.clone()))
+        .or_else(|| kubevirt_api::guestagent::root_schema(kind, settings))?
         .to_value();
     if let Some(m) = v.as_object_mut() {
         m.remove("$schema");
@@ -1270,6 +1253,7 @@ fn subresource_definitions() -> BTreeMap<String, Value> {
     kubevirt_api::options::KINDS
         .into_iter()
         .chain(kubevirt_api::backup::KINDS)
+        .chain(kubevirt_api::guestagent::KINDS)
         .filter_map(|kind| Some((format!("{SUBRESOURCE_PREFIX}{kind}"), options_schema(kind)?)))
         .collect()
 }
@@ -1340,6 +1324,34 @@ fn add_subresource_paths(paths: &mut Map<String, Value>, flavor: Flavor) {
                     produces: vec![JSON],
                 }
             }
+            // A read answering its object's own kind (expand-spec's VirtualMachine) names
+            // that kind, whose schema is kubevirt.io's, not one of this group's.
+            Style::Read { answer } if answer == parent => Op {
+                method: "get",
+                action: "get",
+                operation_id: format!("{name}{id}Namespaced{parent}{}", camel(name)),
+                description: sub.description.to_string(),
+                tag: tag.clone(),
+                gvk: gvk(GROUP, parent),
+                params: Vec::new(),
+                body: None,
+                example: None,
+                responses: vec![("200", "OK", None)],
+                produces: vec![JSON],
+            },
+            Style::Read { answer } => Op {
+                method: "get",
+                action: "get",
+                operation_id: format!("{name}{id}Namespaced{parent}{}", camel(name)),
+                description: sub.description.to_string(),
+                tag: tag.clone(),
+                gvk: gvk(SUBRESOURCES_GROUP, answer),
+                params: Vec::new(),
+                body: None,
+                example: None,
+                responses: vec![("200", "OK", Some(format!("{SUBRESOURCE_PREFIX}{answer}")))],
+                produces: vec![JSON],
+            },
             Style::Stream => Op {
                 method: "get",
                 action: "connect",
@@ -1449,7 +1461,9 @@ mod tests {
     /// Every kind of the catalogue has a schema, in the catalogue's order.
     #[test]
     fn every_catalogued_kind_has_a_schema() {
-        assert_eq!(KINDS.map(|k| k.meta), catalogue::ALL_KINDS);
+        for k in catalogue::all_kinds() {
+            assert!(kind_schema(k.kind).is_some(), "{}", k.kind);
+        }
     }
 
     #[test]
@@ -1468,6 +1482,78 @@ mod tests {
         );
     }
 
+    /// DataVolumes: CDI's group in its own document with CDI's definition names, the status
+    /// subresource, and `kubectl explain datavolume.spec.source.http` reaching the URL.
+    #[test]
+    fn datavolumes_are_in_cdis_document() {
+        let doc = openapi_v3_group_version(V3_CDI).expect("doc");
+        let paths = doc["paths"].as_object().expect("paths");
+        let base = "/apis/cdi.kubevirt.io/v1beta1";
+        for p in [
+            "/namespaces/{namespace}/datavolumes",
+            "/namespaces/{namespace}/datavolumes/{name}",
+            "/namespaces/{namespace}/datavolumes/{name}/status",
+            "/datavolumes",
+        ] {
+            assert!(paths.contains_key(&format!("{base}{p}")), "{p}");
+        }
+        let dv = &doc["components"]["schemas"]["io.kubevirt.cdi.v1beta1.DataVolume"];
+        assert_eq!(
+            dv["x-kubernetes-group-version-kind"][0],
+            json!({"group": "cdi.kubevirt.io", "kind": "DataVolume", "version": "v1beta1"})
+        );
+        let http = &dv["properties"]["spec"]["properties"]["source"]["properties"]["http"];
+        assert_eq!(http["properties"]["url"]["type"], "string");
+        assert_eq!(
+            dv["properties"]["status"]["properties"]["restartCount"]["type"],
+            "integer"
+        );
+    }
+
+    /// Instance types: their group's document, cluster-scoped kinds at the group-version's
+    /// root without a namespace or status, `kubectl explain` reaching into the spec.
+    #[test]
+    fn instancetype_kinds_are_in_their_own_document() {
+        let doc = openapi_v3_group_version(V3_INSTANCETYPE).expect("doc");
+        let paths = doc["paths"].as_object().expect("paths");
+        let base = "/apis/instancetype.kubevirt.io/v1beta1";
+        for p in [
+            "/namespaces/{namespace}/virtualmachineinstancetypes/{name}",
+            "/virtualmachineinstancetypes",
+            "/virtualmachineclusterinstancetypes",
+            "/virtualmachineclusterinstancetypes/{name}",
+        ] {
+            assert!(paths.contains_key(&format!("{base}{p}")), "{p}");
+        }
+        assert!(!paths.keys().any(|p| p.ends_with("/status")));
+        assert!(
+            !paths
+                .keys()
+                .any(|p| p.contains("namespaces/{namespace}/virtualmachineclusterinstancetypes"))
+        );
+        let op = &paths[&format!("{base}/virtualmachineclusterinstancetypes")]["post"];
+        assert_eq!(
+            op["operationId"],
+            "createInstancetypeKubevirtIoV1beta1VirtualMachineClusterInstancetype"
+        );
+        let schemas = &doc["components"]["schemas"];
+        let it = &schemas["io.kubevirt.instancetype.v1beta1.VirtualMachineClusterInstancetype"];
+        assert_eq!(
+            it["x-kubernetes-group-version-kind"][0],
+            json!({"group": "instancetype.kubevirt.io", "kind": "VirtualMachineClusterInstancetype", "version": "v1beta1"})
+        );
+        let guest = &it["properties"]["spec"]["properties"]["cpu"]["properties"]["guest"];
+        assert_eq!(guest["type"], "integer");
+        assert!(it["properties"].get("status").is_none());
+        assert!(
+            openapi_v3_group_version(V3_KUBEVIRT).expect("kubevirt")["paths"]
+                .as_object()
+                .expect("paths")
+                .keys()
+                .all(|p| p.starts_with("/apis/kubevirt.io/"))
+        );
+    }
+
     #[test]
     fn v3_root_lists_only_our_group_versions() {
         let docs = OpenApiDocuments::build();
@@ -1475,7 +1561,7 @@ mod tests {
         let paths = root["paths"].as_object().expect("paths");
         assert_eq!(
             paths.keys().collect::<Vec<_>>(),
-            vec![V3_KUBEVIRT, V3_SUBRESOURCES]
+            vec![V3_CDI, V3_INSTANCETYPE, V3_KUBEVIRT, V3_SUBRESOURCES]
         );
         let (_, hash) = &docs.v3[V3_KUBEVIRT];
         assert_eq!(
@@ -1862,8 +1948,8 @@ mod tests {
 
     #[test]
     fn v3_documents_parse_as_openapi_3() {
-        for key in V3_GROUP_VERSIONS {
-            let doc = openapi_v3_group_version(key).expect("doc");
+        for key in v3_group_versions() {
+            let doc = openapi_v3_group_version(&key).expect("doc");
             let parsed: openapiv3::OpenAPI =
                 serde_json::from_value(doc).unwrap_or_else(|e| panic!("{key}: {e}"));
             assert!(!parsed.paths.paths.is_empty());

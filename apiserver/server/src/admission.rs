@@ -1,9 +1,10 @@
 //! Admission that kube-apiserver does not run for aggregated resources and that we must
-//! do ourselves: namespace lifecycle (no creation in missing or terminating namespaces).
+//! do ourselves: namespace lifecycle (no creation in missing or terminating namespaces), and
+//! the claims a VM infers its instance type and preference from.
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{StatusCause, StatusDetails};
 
 use crate::error::{ApiError, ApiResult};
@@ -51,6 +52,33 @@ impl NamespaceLifecycle {
             self.cache.insert(ns.to_string(), phase.clone()).await;
         }
         Ok(phase)
+    }
+
+    /// PersistentVolumeClaim `ns/name` as kube-apiserver has it (its labels name a VM's
+    /// default instance type and preference), or `None`. Read live: only a VM create that
+    /// infers from a volume asks.
+    pub async fn claim(&self, ns: &str, name: &str) -> ApiResult<Option<serde_json::Value>> {
+        let api: kube::Api<PersistentVolumeClaim> = kube::Api::namespaced(self.client.clone(), ns);
+        let found = api.get_opt(name).await.map_err(|e| {
+            tracing::warn!(error = %e, namespace = %ns, claim = %name, "PersistentVolumeClaim lookup failed");
+            ApiError::internal("PersistentVolumeClaim lookup failed")
+        })?;
+        Ok(found.map(|c| serde_json::json!({"metadata": {"name": c.metadata.name, "labels": c.metadata.labels}})))
+    }
+
+    /// ControllerRevision `ns/name` (apps/v1, kube-apiserver), or `None`: the copy of an
+    /// instance type or preference a VM captured, which the `expand-spec` endpoints read.
+    pub async fn controller_revision(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> ApiResult<Option<k8s_openapi::api::apps::v1::ControllerRevision>> {
+        let api: kube::Api<k8s_openapi::api::apps::v1::ControllerRevision> =
+            kube::Api::namespaced(self.client.clone(), ns);
+        api.get_opt(name).await.map_err(|e| {
+            tracing::warn!(error = %e, namespace = %ns, revision = %name, "ControllerRevision lookup failed");
+            ApiError::internal("ControllerRevision lookup failed")
+        })
     }
 
     /// Checks that objects may be created in `ns`.

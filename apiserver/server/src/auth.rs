@@ -21,7 +21,7 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls_pki_types::{CertificateDer, TrustAnchor, UnixTime};
 use webpki::{EndEntityCert, KeyUsage};
 
-use crate::error::{ApiError, Gr};
+use crate::error::{ApiError, ApiResult, Gr};
 use crate::request::RequestInfo;
 
 /// A verified identity.
@@ -218,13 +218,22 @@ pub struct RequestHeaderConfig {
     pub extra_prefixes: Vec<String>,
 }
 
-/// Authentication and authorization configuration.
-#[derive(Clone)]
-pub struct AuthConfig {
+/// The CAs clients are verified against, replaced whole when one is rotated.
+#[derive(Debug, Default)]
+pub struct Trust {
     /// Front proxy.
     pub request_header: Option<RequestHeaderConfig>,
     /// Client CA for direct x509 users.
     pub client_ca: Option<CaPool>,
+    /// Counts replacements: the serving configuration (whose certificate request names
+    /// these CAs) is rebuilt when it moves.
+    pub generation: u64,
+}
+
+/// Authentication and authorization configuration. Clones share their [`Trust`].
+#[derive(Clone)]
+pub struct AuthConfig {
+    trust: Arc<std::sync::RwLock<Arc<Trust>>>,
     /// kube-apiserver client for TokenReview and SubjectAccessReview.
     pub kube: Option<kube::Client>,
     /// Grant everything to users authenticated by the client CA (local development only).
@@ -235,9 +244,10 @@ pub struct AuthConfig {
 
 impl std::fmt::Debug for AuthConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = self.trust();
         f.debug_struct("AuthConfig")
-            .field("request_header", &self.request_header.is_some())
-            .field("client_ca", &self.client_ca.is_some())
+            .field("request_header", &t.request_header.is_some())
+            .field("client_ca", &t.client_ca.is_some())
             .field("kube", &self.kube.is_some())
             .field("allow_client_ca_users", &self.allow_client_ca_users)
             .finish()
@@ -254,8 +264,11 @@ impl AuthConfig {
     ) -> Self {
         let ttl = Duration::from_secs(10);
         Self {
-            request_header,
-            client_ca,
+            trust: Arc::new(std::sync::RwLock::new(Arc::new(Trust {
+                request_header,
+                client_ca,
+                generation: 0,
+            }))),
             kube,
             allow_client_ca_users,
             sar_cache: moka::future::Cache::builder()
@@ -269,8 +282,38 @@ impl AuthConfig {
         }
     }
 
+    /// The CAs in use now.
+    pub fn trust(&self) -> Arc<Trust> {
+        self.trust
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the CAs (one was rotated): connections made from now on are verified
+    /// against these, and the serving configuration asks for certificates of these
+    /// (a Go client such as kube-apiserver sends its certificate only to a server that
+    /// names its CA). Connections already open keep the identity they were given.
+    pub fn set_trust(
+        &self,
+        request_header: Option<RequestHeaderConfig>,
+        client_ca: Option<CaPool>,
+    ) {
+        let mut t = self
+            .trust
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let generation = t.generation + 1;
+        *t = Arc::new(Trust {
+            request_header,
+            client_ca,
+            generation,
+        });
+    }
+
     /// Classifies the peer's certificate chain once per connection.
     pub fn identify(&self, chain: Option<&[CertificateDer<'_>]>) -> PeerIdentity {
+        let trust = self.trust();
         let Some(chain) = chain.filter(|c| !c.is_empty()) else {
             return PeerIdentity::default();
         };
@@ -279,12 +322,12 @@ impl AuthConfig {
             ..Default::default()
         };
         let names = subject_names(&chain[0]);
-        if let Some(rh) = &self.request_header
+        if let Some(rh) = &trust.request_header
             && rh.ca.verifies(chain)
         {
             id.front_proxy_cn = names.as_ref().map(|n| n.0.clone());
         }
-        if let Some(ca) = &self.client_ca
+        if let Some(ca) = &trust.client_ca
             && ca.verifies(chain)
         {
             id.client = names;
@@ -299,7 +342,8 @@ impl AuthConfig {
         peer: &PeerIdentity,
     ) -> Result<User, ApiError> {
         let mut had_error = false;
-        if let (Some(rh), Some(cn)) = (&self.request_header, &peer.front_proxy_cn) {
+        let trust = self.trust();
+        if let (Some(rh), Some(cn)) = (&trust.request_header, &peer.front_proxy_cn) {
             if rh.allowed_names.is_empty() || rh.allowed_names.iter().any(|n| n == cn) {
                 if let Some(user) = request_header_user(rh, headers) {
                     return Ok(user);
@@ -426,6 +470,70 @@ impl AuthConfig {
             }
         }
     }
+}
+
+impl AuthConfig {
+    /// Whether `user` may clone claim `namespace/claim`: CDI's rule
+    /// ([`kubevirt_api::cdi::clone`]), `create` on `datavolumes/source` named after the
+    /// claim, or else `create` on `pods`, in the claim's namespace — each the usual
+    /// SubjectAccessReview of [`Self::authorize`] (cached alike). `Err` only when the review
+    /// itself could not be made.
+    pub async fn may_clone(&self, user: &User, namespace: &str, claim: &str) -> ApiResult<bool> {
+        for (verb, group, resource, subresource) in
+            kubevirt_api::cdi::clone::SOURCE_RESOURCE_ATTRIBUTES
+        {
+            let info = RequestInfo {
+                is_resource: true,
+                verb: verb.into(),
+                group: group.into(),
+                version: if group.is_empty() {
+                    "v1".into()
+                } else {
+                    kubevirt_api::cdi::VERSION.into()
+                },
+                namespace: namespace.into(),
+                resource: resource.into(),
+                subresource: subresource.into(),
+                name: claim.into(),
+                ..RequestInfo::default()
+            };
+            match self.authorize(user, &info).await {
+                Ok(()) => return Ok(true),
+                Err(e) if e.code == 403 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        tracing::info!(user = %user.name, namespace, claim, "clone of a claim not allowed");
+        Ok(false)
+    }
+}
+
+/// The 403 for a write that clones claim `namespace/claim` its author may not read
+/// ([`AuthConfig::may_clone`]), naming what would allow it. The first sentence is CDI's.
+pub fn clone_forbidden(
+    gr: Gr<'_>,
+    name: &str,
+    user: &User,
+    namespace: &str,
+    claim: &str,
+) -> ApiError {
+    let subject = if name.is_empty() {
+        format!("{}.{} is forbidden", gr.resource, gr.group)
+    } else {
+        format!("{}.{} {name:?} is forbidden", gr.resource, gr.group)
+    };
+    ApiError::forbidden(
+        gr,
+        name,
+        format!(
+            "{subject}: User {:?} has insufficient permissions in clone source namespace \
+             {namespace:?}: cloning PersistentVolumeClaim {claim:?} needs \"create\" on \
+             \"datavolumes/source\" in API group {:?} (resourceName {claim:?}) or \
+             \"create\" on \"pods\" in namespace {namespace:?}",
+            user.name,
+            kubevirt_api::cdi::GROUP,
+        ),
+    )
 }
 
 fn is_discovery_path(path: &str) -> bool {
@@ -679,7 +787,7 @@ mod tests {
     fn subject_access_reviews_are_the_catalogues() {
         use crate::discovery::{STATUS_VERBS, VERBS};
         use crate::request::{Query, request_info};
-        use kubevirt_api::{GROUP, SUBRESOURCES_GROUP, VERSION, catalogue};
+        use kubevirt_api::{SUBRESOURCES_GROUP, VERSION, catalogue};
 
         let user = User::default();
         let sar = |method: &str, path: &str, query: Option<&str>| {
@@ -690,10 +798,14 @@ mod tests {
         };
         let want = |verb: &str, group: &str, resource: &str, sub: &str, ns: &str, name: &str| {
             let some = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
+            let version = catalogue::kind_groups()
+                .into_iter()
+                .find(|(g, _)| *g == group)
+                .map_or(VERSION, |(_, v)| v);
             ResourceAttributes {
                 verb: some(verb),
                 group: some(group),
-                version: some(VERSION),
+                version: some(version),
                 resource: some(resource),
                 subresource: some(sub),
                 namespace: some(ns),
@@ -741,11 +853,12 @@ mod tests {
             );
         }
 
-        for k in catalogue::ALL_KINDS {
+        for k in catalogue::all_kinds() {
+            let (group, version) = (k.group, k.version);
             let ns = if k.namespaced { "ns1" } else { "" };
             let scope = if k.namespaced { "/namespaces/ns1" } else { "" };
-            let coll = format!("/apis/{GROUP}/{VERSION}{scope}/{}", k.plural);
-            let watch = format!("/apis/{GROUP}/{VERSION}/watch{scope}/{}", k.plural);
+            let coll = format!("/apis/{group}/{version}{scope}/{}", k.plural);
+            let watch = format!("/apis/{group}/{version}/watch{scope}/{}", k.plural);
             let obj = format!("{coll}/obj1");
             let calls = [
                 ("GET", &coll, None, "list", ""),
@@ -762,7 +875,7 @@ mod tests {
             for (method, path, query, verb, name) in calls {
                 assert_eq!(
                     sar(method, path, query),
-                    want(verb, GROUP, k.plural, "", ns, name),
+                    want(verb, group, k.plural, "", ns, name),
                     "{method} {path}"
                 );
                 verbs.push(verb);
@@ -771,10 +884,10 @@ mod tests {
             verbs.dedup();
             assert_eq!(verbs, VERBS, "{}: the verbs discovery advertises", k.plural);
             // A list across namespaces names none.
-            let all = format!("/apis/{GROUP}/{VERSION}/{}", k.plural);
+            let all = format!("/apis/{group}/{version}/{}", k.plural);
             assert_eq!(
                 sar("GET", &all, None),
-                want("list", GROUP, k.plural, "", "", "")
+                want("list", group, k.plural, "", "", "")
             );
             if k.has_status {
                 let status = format!("{obj}/status");
@@ -782,7 +895,7 @@ mod tests {
                 for (method, verb) in [("GET", "get"), ("PUT", "update"), ("PATCH", "patch")] {
                     assert_eq!(
                         sar(method, &status, None),
-                        want(verb, GROUP, k.plural, "status", ns, "obj1"),
+                        want(verb, group, k.plural, "status", ns, "obj1"),
                         "{method} {status}"
                     );
                     verbs.push(verb);

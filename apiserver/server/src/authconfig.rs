@@ -1,6 +1,6 @@
 //! The authentication configuration kube-apiserver publishes for extension API servers
 //! in `kube-system/extension-apiserver-authentication` (front-proxy CA, allowed names,
-//! header names, client CA). Read once at start-up.
+//! header names, client CA). Read at start-up and again every `--ca-reload-seconds`.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 
@@ -13,6 +13,8 @@ pub struct Published {
     pub request_header: Option<RequestHeaderConfig>,
     /// CA of x509 client-certificate users.
     pub client_ca: Option<CaPool>,
+    /// The ConfigMap's data as read, to tell when it changed.
+    pub source: String,
 }
 
 fn list(cm: &ConfigMap, key: &str, default: &[&str]) -> Vec<String> {
@@ -46,6 +48,7 @@ pub fn parse(cm: &ConfigMap) -> Published {
     Published {
         request_header,
         client_ca,
+        source: serde_json::to_string(&data).unwrap_or_default(),
     }
 }
 

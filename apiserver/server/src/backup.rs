@@ -6,14 +6,24 @@
 //! compare-and-swap, so revisions keep growing and every watcher (virt-controller,
 //! virt-handler, kubectl) sees the restore as ordinary changes instead of time going
 //! backwards, and nothing needs restarting. Uids come back with their objects, so launcher
-//! pods (owned by VMI uid) are not garbage-collected. An object that exists now with the
-//! backup's uid keeps its current status: status is what the components observe (the node a
-//! guest runs on now), and an old one would send them after a guest that has moved.
+//! pods (owned by VMI uid) are not garbage-collected. Status never comes from the document:
+//! an object that exists now with the backup's uid keeps its current status, one created
+//! again has none and the components observe it anew (the node and pods a VMI's status
+//! names decide where virt-handler sends consoles: a document must not be able to name
+//! another tenant's pod, N6 of the security review at bd37f96). A finished migration keeps
+//! its final phase, or it would run again.
+//!
+//! Every object passes the same validation and input policy as any write (as a component:
+//! restored objects carry the reserved labels components wrote), a uid another stored
+//! object has is refused, and all of it is checked before the first write. A backup leaves
+//! out inline cloud-init data of namespaces whose Secrets its taker may not read, and such
+//! a backup cannot be restored.
 
 use std::collections::BTreeMap;
 
 use kubevirt_api::backup::{Backup, BackupItem, BackupMeta, KIND, RESULT_KIND, RestoreResult};
 use kubevirt_api::validation::FieldError;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};
@@ -39,7 +49,7 @@ async fn read_all(registry: &Registry) -> ApiResult<(Vec<(&'static ResourceDef, 
         .await
         .map_err(crate::rest::storage_error)?;
     let mut out = Vec::new();
-    for def in ResourceDef::all() {
+    for def in ResourceDef::stored() {
         let prefix = registry.collection_prefix(def, None);
         let mut start = String::new();
         loop {
@@ -64,21 +74,43 @@ async fn read_all(registry: &Registry) -> ApiResult<(Vec<(&'static ResourceDef, 
     Ok((out, revision))
 }
 
-/// Reads every stored object at one revision.
-pub async fn backup(registry: &Registry) -> ApiResult<Backup> {
+/// Reads every stored object at one revision. Inline cloud-init data of a namespace is
+/// left out (the item marked `redacted`) unless `may_read_secrets(namespace)`: user data is
+/// where passwords and keys go, and `list` on `backup` must not read more than the taker
+/// could read as Secrets.
+pub async fn backup<F, Fut>(registry: &Registry, may_read_secrets: F) -> ApiResult<Backup>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
     let (stored, revision) = read_all(registry).await?;
-    let items = stored
-        .into_iter()
-        .map(|(def, s)| {
-            let (namespace, name) = names(&s.value);
-            BackupItem {
-                resource: def.plural.to_string(),
-                namespace,
-                name,
-                object: s.value,
+    let mut readable: BTreeMap<String, bool> = BTreeMap::new();
+    let mut items = Vec::with_capacity(stored.len());
+    for (def, mut s) in stored {
+        let (namespace, name) = names(&s.value);
+        let mut redacted = false;
+        if has_inline_cloud_init(&s.value) {
+            let may = match readable.get(&namespace) {
+                Some(m) => *m,
+                None => {
+                    let m = may_read_secrets(namespace.clone()).await;
+                    readable.insert(namespace.clone(), m);
+                    m
+                }
+            };
+            if !may {
+                redact_cloud_init(&mut s.value);
+                redacted = true;
             }
-        })
-        .collect();
+        }
+        items.push(BackupItem {
+            resource: def.plural.to_string(),
+            namespace,
+            name,
+            object: s.value,
+            redacted,
+        });
+    }
     Ok(Backup {
         api_version: api_version(),
         kind: KIND.into(),
@@ -88,6 +120,56 @@ pub async fn backup(registry: &Registry) -> ApiResult<Backup> {
         },
         items,
     })
+}
+
+/// Inline cloud-init fields: what a NoCloud or ConfigDrive volume carries itself.
+const CLOUD_INIT_DATA: [&str; 4] = [
+    "userData",
+    "userDataBase64",
+    "networkData",
+    "networkDataBase64",
+];
+
+/// The volumes of an object: a VMI's, or a VM's template's.
+fn volumes(o: &Value) -> &[Value] {
+    o.pointer("/spec/template/spec/volumes")
+        .or_else(|| o.pointer("/spec/volumes"))
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+/// Whether a cloud-init volume source (`cloudInitNoCloud`, `cloudInitConfigDrive`) carries
+/// inline data.
+fn has_inline_cloud_init(o: &Value) -> bool {
+    volumes(o).iter().any(|v| {
+        ["cloudInitNoCloud", "cloudInitConfigDrive"]
+            .iter()
+            .filter_map(|src| v.get(*src))
+            .any(|src| CLOUD_INIT_DATA.iter().any(|f| src.get(*f).is_some()))
+    })
+}
+
+/// Removes the inline cloud-init data of `o`.
+fn redact_cloud_init(o: &mut Value) {
+    let pointer = if o.pointer("/spec/template/spec/volumes").is_some() {
+        "/spec/template/spec/volumes"
+    } else {
+        "/spec/volumes"
+    };
+    for v in o
+        .pointer_mut(pointer)
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+    {
+        for src in ["cloudInitNoCloud", "cloudInitConfigDrive"] {
+            if let Some(m) = v.get_mut(src).and_then(Value::as_object_mut) {
+                for f in CLOUD_INIT_DATA {
+                    m.remove(f);
+                }
+            }
+        }
+    }
 }
 
 fn names(v: &Value) -> (String, String) {
@@ -122,7 +204,7 @@ pub fn validate(doc: &Value) -> Result<Backup, Vec<FieldError>> {
             &[&version],
         ));
     }
-    let backup: Backup = match serde_json::from_value(doc.clone()) {
+    let backup: Backup = match Backup::deserialize(doc) {
         Ok(b) => b,
         Err(e) => {
             errors.push(FieldError::invalid("items", "", &e.to_string()));
@@ -133,7 +215,7 @@ pub fn validate(doc: &Value) -> Result<Backup, Vec<FieldError>> {
     for (i, item) in backup.items.iter().enumerate() {
         let field = |f: &str| format!("items[{i}].{f}");
         let Some(def) = ResourceDef::by_plural(&item.resource) else {
-            let plurals: Vec<&str> = ResourceDef::all().iter().map(|d| d.plural).collect();
+            let plurals: Vec<&str> = ResourceDef::stored().map(|d| d.plural).collect();
             errors.push(FieldError::not_supported(
                 field("resource"),
                 &item.resource,
@@ -142,6 +224,16 @@ pub fn validate(doc: &Value) -> Result<Backup, Vec<FieldError>> {
             continue;
         };
         let o = &item.object;
+        if item.redacted {
+            errors.push(FieldError::forbidden(
+                field("redacted"),
+                &format!(
+                    "this item's cloud-init data was left out of the backup: its taker could \
+                     not read Secrets in namespace {:?}; take the backup as a user who can",
+                    item.namespace
+                ),
+            ));
+        }
         if o["kind"] != def.kind {
             errors.push(FieldError::not_supported(
                 field("object.kind"),
@@ -150,11 +242,27 @@ pub fn validate(doc: &Value) -> Result<Backup, Vec<FieldError>> {
             ));
         }
         let (namespace, name) = names(o);
-        if namespace != item.namespace || namespace.is_empty() {
+        if def.namespaced && (namespace != item.namespace || namespace.is_empty()) {
             errors.push(FieldError::invalid(
                 field("object.metadata.namespace"),
                 &namespace,
                 &format!("must be the item's namespace {:?}", item.namespace),
+            ));
+        }
+        // A cluster-scoped kind (the cluster instancetypes and preferences) has no namespace,
+        // in its object or in its item.
+        if !def.namespaced && !namespace.is_empty() {
+            errors.push(FieldError::invalid(
+                field("object.metadata.namespace"),
+                &namespace,
+                &format!("{} are cluster-scoped: leave it out", def.plural),
+            ));
+        }
+        if !def.namespaced && !item.namespace.is_empty() {
+            errors.push(FieldError::invalid(
+                field("namespace"),
+                &item.namespace,
+                &format!("{} are cluster-scoped: leave it out", def.plural),
             ));
         }
         if name != item.name || name.is_empty() {
@@ -219,7 +327,7 @@ pub fn plan(
         match current.get(key) {
             None => writes.push(Write::Create {
                 key: key.clone(),
-                value: want.clone(),
+                value: created(want),
             }),
             // Another object under the backup's name (a VMI restarted since): deleted, then
             // the backup's created, never one turned into the other by an update. A watcher
@@ -235,7 +343,7 @@ pub fn plan(
                 });
                 writes.push(Write::Create {
                     key: key.clone(),
-                    value: want.clone(),
+                    value: created(want),
                 });
             }
             Some((now, rev)) => {
@@ -263,6 +371,24 @@ pub fn plan(
     (writes, unchanged)
 }
 
+/// The backup's object as created again: without status, which the components observe
+/// anew, except a migration's final phase (a finished migration must not run again).
+fn created(want: &Value) -> Value {
+    let mut value = want.clone();
+    let final_migration = want["kind"]
+        == kubevirt_api::catalogue::VIRTUAL_MACHINE_INSTANCE_MIGRATION.kind
+        && matches!(
+            want.pointer("/status/phase").and_then(Value::as_str),
+            Some("Succeeded" | "Failed")
+        );
+    if final_migration {
+        value["status"] = serde_json::json!({"phase": want["status"]["phase"].clone()});
+    } else if let Some(m) = value.as_object_mut() {
+        m.remove("status");
+    }
+    value
+}
+
 /// The backup's object, with the current status when it is the same object (same uid).
 fn merged(now: &Value, want: &Value) -> Value {
     let mut value = want.clone();
@@ -277,6 +403,59 @@ fn merged(now: &Value, want: &Value) -> Value {
         }
     }
     value
+}
+
+/// What the stored objects decide about `backup` before anything is written: every item
+/// passes the input policy as a component would write it (over the object stored under its
+/// name, if any), and no item takes a uid another stored object has.
+async fn check_against_store(registry: &Registry, backup: &Backup) -> ApiResult<()> {
+    let current = read_all(registry).await?.0;
+    let by_key: BTreeMap<&str, &Value> = current
+        .iter()
+        .map(|(_, s)| (s.key.as_str(), &s.value))
+        .collect();
+    let by_uid: BTreeMap<&str, &str> = current
+        .iter()
+        .filter_map(|(_, s)| Some((uid(&s.value)?, s.key.as_str())))
+        .collect();
+    let actor = kubevirt_api::policy::Actor::Component;
+    let mut errors = Vec::new();
+    for (i, item) in backup.items.iter().enumerate() {
+        let Some(def) = ResourceDef::by_plural(&item.resource) else {
+            continue;
+        };
+        let key = registry.object_key(def, &item.namespace, &item.name);
+        let field = format!("items[{i}].object");
+        if let Some(u) = uid(&item.object)
+            && by_uid.get(u).is_some_and(|other| *other != key)
+        {
+            errors.push(FieldError::invalid(
+                format!("{field}.metadata.uid"),
+                u,
+                "another stored object has this uid",
+            ));
+        }
+        let old = by_key.get(key.as_str()).copied();
+        errors.extend(
+            registry
+                .policy_errors(def, old, &item.object, &actor)
+                .into_iter()
+                .map(|mut e| {
+                    e.field = format!("{field}.{}", e.field);
+                    e
+                }),
+        );
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            kubevirt_api::backup::KIND,
+            kubevirt_api::SUBRESOURCES_GROUP,
+            "",
+            &errors,
+        ))
+    }
 }
 
 /// Sets the stored objects back to `backup` (already validated).
@@ -295,6 +474,7 @@ pub async fn restore(registry: &Registry, backup: &Backup) -> ApiResult<RestoreR
         kind: RESULT_KIND.into(),
         ..RestoreResult::default()
     };
+    check_against_store(registry, backup).await?;
     // Each pass writes what differs; a pass that lost a compare-and-swap to a component's
     // write reads again and retries only what still differs.
     for attempt in 0..ATTEMPTS {
@@ -315,6 +495,7 @@ pub async fn restore(registry: &Registry, backup: &Backup) -> ApiResult<RestoreR
         for w in writes {
             if let Write::Create { key, .. } = &w
                 && let Some((plural, ns, name)) = named.get(key)
+                && !ns.is_empty()
                 && let Err(e) = registry.admit_namespace(ns, plural, name).await
             {
                 // Not created into a namespace that is gone or going: nothing would ever
@@ -431,7 +612,7 @@ mod tests {
                 },
                 Write::Create {
                     key: "/r/gone".into(),
-                    value: vm("gone", "3", true, "Running")
+                    value: created(&vm("gone", "3", true, "Running"))
                 },
                 Write::Delete {
                     key: "/r/new".into(),
@@ -456,10 +637,55 @@ mod tests {
                 },
                 Write::Create {
                     key: "/r/a".into(),
-                    value: vm("a", "old-uid", false, "Stopped"),
+                    value: created(&vm("a", "old-uid", false, "Stopped")),
                 },
             ]
         );
+    }
+
+    #[test]
+    fn inline_cloud_init_is_redacted_and_a_redacted_item_is_not_restored() {
+        let mut v = json!({"kind": "VirtualMachine", "spec": {"template": {"spec": {"volumes": [
+            {"name": "c", "cloudInitNoCloud": {"userData": "#cloud-config\npassword: x",
+                "networkDataSecretRef": {"name": "n"}}},
+            {"name": "d", "containerDisk": {"image": "i"}}]}}}});
+        assert!(has_inline_cloud_init(&v));
+        redact_cloud_init(&mut v);
+        assert!(!has_inline_cloud_init(&v));
+        assert_eq!(
+            v["spec"]["template"]["spec"]["volumes"][0]["cloudInitNoCloud"],
+            json!({"networkDataSecretRef": {"name": "n"}}),
+            "references stay, data goes"
+        );
+        let vmi = json!({"kind": "VirtualMachineInstance", "spec": {"volumes": [
+            {"name": "c", "cloudInitConfigDrive": {"userDataBase64": "eA=="}}]}});
+        assert!(has_inline_cloud_init(&vmi));
+        let doc = json!({"apiVersion": api_version(), "kind": KIND,
+            "metadata": {"creationTimestamp": "", "resourceVersion": "1"},
+            "items": [{"resource": "virtualmachines", "namespace": "ns", "name": "a", "redacted": true,
+                "object": {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                    "metadata": {"name": "a", "namespace": "ns", "uid": "u"},
+                    "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {"devices": {}}}}}}}]});
+        let errors = validate(&doc).unwrap_err();
+        assert!(
+            errors.iter().any(|e| e.field == "items[0].redacted"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn an_object_created_again_has_no_status_but_a_finished_migration_its_phase() {
+        assert!(
+            created(&vm("a", "1", true, "Running"))
+                .get("status")
+                .is_none()
+        );
+        let done = json!({"kind": "VirtualMachineInstanceMigration",
+            "status": {"phase": "Succeeded", "migrationState": {"targetNode": "x"}}});
+        assert_eq!(created(&done)["status"], json!({"phase": "Succeeded"}));
+        let running = json!({"kind": "VirtualMachineInstanceMigration",
+            "status": {"phase": "Running"}});
+        assert!(created(&running).get("status").is_none());
     }
 
     #[test]
@@ -481,5 +707,32 @@ mod tests {
         ] {
             assert!(fields.contains(&f), "{f} not in {fields:?}");
         }
+    }
+
+    #[test]
+    fn a_cluster_scoped_item_has_no_namespace_and_a_namespaced_one_must_have_its_own() {
+        let it = |ns: &str, obj_ns: Option<&str>| {
+            let mut meta = json!({"name": "u1.small", "uid": "u"});
+            if let Some(n) = obj_ns {
+                meta["namespace"] = json!(n);
+            }
+            json!({"resource": "virtualmachineclusterinstancetypes", "namespace": ns,
+                "name": "u1.small", "object": {"apiVersion": "instancetype.kubevirt.io/v1beta1",
+                    "kind": "VirtualMachineClusterInstancetype", "metadata": meta,
+                    "spec": {"cpu": {"guest": 1}, "memory": {"guest": "2Gi"}}}})
+        };
+        let doc = |items: Vec<Value>| {
+            json!({"apiVersion": api_version(), "kind": KIND,
+                "metadata": {"creationTimestamp": "", "resourceVersion": "1"}, "items": items})
+        };
+        let ok = validate(&doc(vec![it("", None)]));
+        assert!(ok.is_ok(), "{ok:?}");
+        let errors = validate(&doc(vec![it("ns", Some("ns"))])).unwrap_err();
+        let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+        assert!(fields.contains(&"items[0].namespace"), "{fields:?}");
+        assert!(
+            fields.contains(&"items[0].object.metadata.namespace"),
+            "{fields:?}"
+        );
     }
 }

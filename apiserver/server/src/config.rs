@@ -17,6 +17,12 @@ pub struct Args {
     /// Address to serve HTTPS on.
     #[arg(long, env = "VIRT_APISERVER_BIND", default_value = "127.0.0.1:8443")]
     pub bind: SocketAddr,
+    /// Address of a plain-HTTP listener serving only `/metrics` and `/healthz`, for
+    /// Prometheus as virt-controller's and virt-handler's: KubeVirt's rules count
+    /// virt-apiserver's replicas by their scrape (`kubevirt_virt_api_up`), which a scrape of
+    /// the HTTPS port, behind authentication, would not give them. Unset: none.
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
     /// etcd endpoints, comma separated.
     #[arg(
         long,
@@ -89,13 +95,30 @@ pub struct Args {
     /// Watches one user may have open at once; beyond it 429. 0: no limit.
     #[arg(long, default_value_t = crate::inflight::DEFAULT_WATCHES_PER_USER)]
     pub max_watches_per_user: usize,
-    /// Open client connections at most (at the limit, accepting waits).
+    /// Console, VNC and port-forward streams one user may have open at once; beyond it 429.
+    /// 0: no limit.
+    #[arg(long, default_value_t = crate::inflight::DEFAULT_STREAMS_PER_USER)]
+    pub max_streams_per_user: usize,
+    /// Open client connections at most (at the limit, the connection idle the longest is
+    /// closed to make room; when none is idle, accepting waits).
     #[arg(long, default_value_t = 8192)]
     pub max_connections: usize,
     /// Seconds an HTTP/1 client has to send a request's headers, counted from when the
     /// connection waits for one (so idle keep-alive connections end too).
     #[arg(long, default_value_t = 30)]
     pub header_read_timeout_seconds: u64,
+    /// Seconds between reads of the client CAs (the files given, or kube-apiserver's
+    /// published authentication ConfigMap): a rotated CA is in use by the next read.
+    #[arg(long, default_value_t = 30)]
+    pub ca_reload_seconds: u64,
+    /// Seconds a connection that has served requests may stay with none in flight before it
+    /// is closed (kube-apiserver's is 90).
+    #[arg(long, default_value_t = 90)]
+    pub idle_timeout_seconds: u64,
+    /// Seconds after which a connection takes no new requests (HTTP/2 GOAWAY: the client
+    /// opens another) and closes once those in flight end.
+    #[arg(long, default_value_t = 1800)]
+    pub max_connection_age_seconds: u64,
     /// Events the watch cache keeps per resource for watchers resuming from an earlier
     /// resourceVersion (older ones are served by etcd); 0 turns the cache off, so every
     /// watch and LIST goes to etcd.
@@ -157,6 +180,8 @@ impl Args {
         crate::server::ConnectionLimits {
             max_connections: self.max_connections,
             header_read_timeout: Duration::from_secs(self.header_read_timeout_seconds.max(1)),
+            idle_timeout: Duration::from_secs(self.idle_timeout_seconds.max(1)),
+            max_age: Duration::from_secs(self.max_connection_age_seconds.max(1)),
             ..Default::default()
         }
     }

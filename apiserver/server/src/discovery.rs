@@ -77,6 +77,9 @@ pub struct Discovery {
     pub core_versions: Doc,
     /// The documents listing `kubevirts` too.
     pub with_kubevirts: WithKubeVirts,
+    /// `/apis/<group>` and `/apis/<group>/<version>` of the kinds' other groups
+    /// (`instancetype.kubevirt.io`), by path.
+    pub other_groups: Vec<(String, Doc)>,
     /// Whether kube-apiserver serves the KubeVirt CRD (`kubevirt.io/v1alpha3`), the storage of
     /// `kubevirts` (crate::kubevirts::follow_crd keeps it current). Without it — no operator
     /// install, `cargo xtask deploy`, `--standalone` — `kubevirts` is not advertised: a listed
@@ -85,9 +88,29 @@ pub struct Discovery {
 }
 
 fn group_doc(name: &str) -> Value {
+    group_doc_at(name, VERSION)
+}
+
+fn group_doc_at(name: &str, version: &str) -> Value {
     json!({"kind":"APIGroup","apiVersion":"v1","name":name,
-        "versions":[{"groupVersion":format!("{name}/{VERSION}"),"version":VERSION}],
-        "preferredVersion":{"groupVersion":format!("{name}/{VERSION}"),"version":VERSION}})
+        "versions":[{"groupVersion":format!("{name}/{version}"),"version":version}],
+        "preferredVersion":{"groupVersion":format!("{name}/{version}"),"version":version}})
+}
+
+/// The groups of our kinds other than `kubevirt.io` (which has `kubevirts` besides its
+/// stored kinds), with their version.
+fn other_kind_groups() -> Vec<(&'static str, &'static str)> {
+    catalogue::kind_groups()
+        .into_iter()
+        .filter(|(g, _)| *g != GROUP)
+        .collect()
+}
+
+/// The stored kinds of one group-version.
+fn kinds_of(group: &str, version: &str) -> impl Iterator<Item = &'static Kind> {
+    ResourceDef::stored()
+        .map(|r| r.meta)
+        .filter(move |k| k.group == group && k.version == version)
 }
 
 /// The verbs of a `/status` subresource.
@@ -96,10 +119,7 @@ pub(crate) const STATUS_VERBS: [&str; 3] = ["get", "patch", "update"];
 /// The kinds of `kubevirt.io/v1` as discovery lists them: the stored ones, then `kubevirts`
 /// while its CRD is served (forwarded to it, crate::kubevirts, with the same verbs).
 fn kinds(kubevirts: bool) -> impl Iterator<Item = &'static Kind> {
-    ResourceDef::all()
-        .iter()
-        .map(|r| r.meta)
-        .chain(kubevirts.then_some(&catalogue::KUBEVIRT))
+    kinds_of(GROUP, VERSION).chain(kubevirts.then_some(&catalogue::KUBEVIRT))
 }
 
 fn scope(k: &Kind) -> &'static str {
@@ -111,8 +131,16 @@ fn scope(k: &Kind) -> &'static str {
 }
 
 fn resource_list(kubevirts: bool) -> Value {
+    resource_list_of(GROUP, VERSION, kinds(kubevirts))
+}
+
+fn resource_list_of(
+    group: &str,
+    version: &str,
+    kinds: impl Iterator<Item = &'static Kind>,
+) -> Value {
     let mut resources = Vec::new();
-    for k in kinds(kubevirts) {
+    for k in kinds {
         resources.push(
             json!({"name":k.plural,"singularName":k.singular,"namespaced":k.namespaced,"kind":k.kind,
             "verbs":VERBS,"shortNames":k.short_names,"categories":k.categories}),
@@ -124,7 +152,7 @@ fn resource_list(kubevirts: bool) -> Value {
             );
         }
     }
-    json!({"kind":"APIResourceList","apiVersion":"v1","groupVersion":format!("{GROUP}/{VERSION}"),"resources":resources})
+    json!({"kind":"APIResourceList","apiVersion":"v1","groupVersion":format!("{group}/{version}"),"resources":resources})
 }
 
 /// Subresource name → verbs, for subresources.kubevirt.io (from the catalogue).
@@ -144,13 +172,22 @@ fn sub_resource_list() -> Value {
             );
         }
     }
+    resources.push(expand_vm_spec_resource());
     json!({"kind":"APIResourceList","apiVersion":"v1","groupVersion":format!("{SUBRESOURCES_GROUP}/{VERSION}"),"resources":resources})
 }
 
-fn aggregated(version: &str, kubevirts: bool) -> Value {
-    let kv: Vec<Value> = kinds(kubevirts)
+/// `namespaces/{ns}/expand-vm-spec`, listed as KubeVirt's virt-api lists it (a namespaced
+/// resource of its own, not a VM's subresource), with the verb RBAC checks on it.
+fn expand_vm_spec_resource() -> Value {
+    json!({"name":catalogue::EXPAND_VM_SPEC,"singularName":"","namespaced":true,
+        "kind":catalogue::VIRTUAL_MACHINE.kind,"verbs":["update"]})
+}
+
+/// The aggregated discovery entries of these kinds.
+fn aggregated_kinds(kinds: impl Iterator<Item = &'static Kind>) -> Vec<Value> {
+    kinds
         .map(|k| {
-            let gvk = json!({"group":GROUP,"version":VERSION,"kind":k.kind});
+            let gvk = json!({"group":k.group,"version":k.version,"kind":k.kind});
             let status: Vec<Value> = k
                 .has_status
                 .then(|| json!({"subresource":"status","responseKind":gvk,"verbs":STATUS_VERBS}))
@@ -160,7 +197,11 @@ fn aggregated(version: &str, kubevirts: bool) -> Value {
                 "verbs":VERBS,"shortNames":k.short_names,"categories":k.categories,
                 "subresources":status})
         })
-        .collect();
+        .collect()
+}
+
+fn aggregated(version: &str, kubevirts: bool) -> Value {
+    let kv = aggregated_kinds(kinds(kubevirts));
     let sub: Vec<Value> = kinds(false)
         .filter(|k| !subresource_verbs(k).is_empty())
         .map(|k| {
@@ -171,18 +212,36 @@ fn aggregated(version: &str, kubevirts: bool) -> Value {
             json!({"resource":k.plural,"responseKind":{"group":GROUP,"version":VERSION,"kind":k.kind},"scope":scope(k),
                 "singularResource":k.singular,"verbs":[],"subresources":subs})
         })
+        .chain(std::iter::once(json!({"resource":catalogue::EXPAND_VM_SPEC,
+            "responseKind":{"group":GROUP,"version":VERSION,"kind":catalogue::VIRTUAL_MACHINE.kind},
+            "scope":"Namespaced","singularResource":"","verbs":["update"]})))
         .collect();
+    let mut items = vec![
+        json!({"metadata":{"name":GROUP},"versions":[{"version":VERSION,"freshness":"Current","resources":kv}]}),
+        json!({"metadata":{"name":SUBRESOURCES_GROUP},"versions":[{"version":VERSION,"freshness":"Current","resources":sub}]}),
+    ];
+    for (g, v) in other_kind_groups() {
+        let resources = aggregated_kinds(kinds_of(g, v));
+        items.push(json!({"metadata":{"name":g},"versions":[{"version":v,"freshness":"Current","resources":resources}]}));
+    }
     json!({"kind":"APIGroupDiscoveryList","apiVersion":format!("apidiscovery.k8s.io/{version}"),"metadata":{},
-    "items":[
-        {"metadata":{"name":GROUP},"versions":[{"version":VERSION,"freshness":"Current","resources":kv}]},
-        {"metadata":{"name":SUBRESOURCES_GROUP},"versions":[{"version":VERSION,"freshness":"Current","resources":sub}]}
-    ]})
+    "items":items})
 }
 
 impl Discovery {
     /// Builds every document.
     pub fn build() -> Self {
-        let groups = json!({"kind":"APIGroupList","apiVersion":"v1","groups":[group_doc(GROUP), group_doc(SUBRESOURCES_GROUP)]});
+        let mut group_docs = vec![group_doc(GROUP), group_doc(SUBRESOURCES_GROUP)];
+        let mut other_groups = Vec::new();
+        for (g, v) in other_kind_groups() {
+            group_docs.push(group_doc_at(g, v));
+            other_groups.push((format!("/apis/{g}"), Doc::new(&group_doc_at(g, v))));
+            other_groups.push((
+                format!("/apis/{g}/{v}"),
+                Doc::new(&resource_list_of(g, v, kinds_of(g, v))),
+            ));
+        }
+        let groups = json!({"kind":"APIGroupList","apiVersion":"v1","groups":group_docs});
         Self {
             group_list: Doc::new(&groups),
             aggregated_v2: Doc::new(&aggregated("v2", false)),
@@ -199,8 +258,17 @@ impl Discovery {
                 aggregated_v2beta1: Doc::new(&aggregated("v2beta1", true)),
                 resources: Doc::new(&resource_list(true)),
             },
+            other_groups,
             kubevirts_served: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// The document of another kind group at `path` (`/apis/<group>[/<version>]`).
+    pub fn other_group(&self, path: &str) -> Option<&Doc> {
+        self.other_groups
+            .iter()
+            .find(|(p, _)| p == path)
+            .map(|(_, d)| d)
     }
 
     fn kubevirts(&self) -> bool {
@@ -340,6 +408,10 @@ mod tests {
         let mut want: Vec<String> = catalogue::SUBRESOURCES
             .iter()
             .map(|s| format!("{} {} {}", s.resource(), s.rbac_verb(), scope(s.kind)))
+            .chain(std::iter::once(format!(
+                "{} update Namespaced",
+                catalogue::EXPAND_VM_SPEC
+            )))
             .collect();
         want.sort();
         assert_eq!(legacy_lines(&sub_resource_list()), want, "APIResourceList");
@@ -365,8 +437,8 @@ mod tests {
     #[test]
     fn kind_discovery_is_exactly_the_catalogue() {
         for kubevirts in [false, true] {
-            let kinds = catalogue::STORED
-                .into_iter()
+            let kinds = catalogue::stored()
+                .filter(|k| k.group == GROUP)
                 .chain(kubevirts.then_some(&catalogue::KUBEVIRT));
             let mut want = Vec::new();
             for k in kinds {

@@ -160,6 +160,11 @@ impl ApiError {
         Self::new(410, "Expired", message)
     }
 
+    /// 408 RequestTimeout: the client did not send its request (body) in time.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(408, "Timeout", message)
+    }
+
     /// 413 RequestEntityTooLarge.
     pub fn too_large(message: impl Into<String>) -> Self {
         Self::new(

@@ -41,6 +41,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const LOOKUP_TTL: Duration = Duration::from_secs(10);
 /// Largest error body we read from a handler.
 const MAX_ERROR_BODY: usize = 64 * 1024;
+/// Largest guest-agent document read from a handler (a guest with many users or mounts
+/// is a few KiB; the launcher's lines are capped at 1 MiB).
+const MAX_DOCUMENT: usize = 1024 * 1024;
 
 /// A stream to a handler.
 pub type HandlerStream = WebSocketStream<TlsStream<TcpStream>>;
@@ -400,6 +403,46 @@ impl HandlerClient {
         action: &str,
         body: Bytes,
     ) -> Result<(), HandlerError> {
+        self.exchange(
+            node,
+            http::Method::PUT,
+            &handler_path(ns, name, action, None),
+            body,
+            MAX_ERROR_BODY,
+        )
+        .await
+        .map(drop)
+    }
+
+    /// `GET /v1/namespaces/{ns}/virtualmachineinstances/{name}/{sub}` on the handler: the
+    /// JSON document it answers (a guest-agent read).
+    pub async fn get_document(
+        &self,
+        node: &str,
+        ns: &str,
+        name: &str,
+        sub: &str,
+    ) -> Result<Bytes, HandlerError> {
+        self.exchange(
+            node,
+            http::Method::GET,
+            &handler_path(ns, name, sub, None),
+            Bytes::new(),
+            MAX_DOCUMENT,
+        )
+        .await
+    }
+
+    /// One request to the handler of `node`; its body when it succeeds (at most `limit`
+    /// bytes), its Status as an error otherwise.
+    async fn exchange(
+        &self,
+        node: &str,
+        method: http::Method,
+        path: &str,
+        body: Bytes,
+        limit: usize,
+    ) -> Result<Bytes, HandlerError> {
         let (addr, tls) = self.connect(node).await?;
         let unreachable = |detail: String| HandlerError::Unreachable {
             node: node.to_string(),
@@ -413,7 +456,9 @@ impl HandlerClient {
             tokio::spawn(async move {
                 let _ = conn.await;
             });
-            let req = http::Request::put(handler_path(ns, name, action, None))
+            let req = http::Request::builder()
+                .method(method)
+                .uri(path)
                 .header(HOST, HANDLER_SERVER_NAME)
                 .header(CONTENT_TYPE, "application/json")
                 .body(Full::new(body))
@@ -423,7 +468,7 @@ impl HandlerClient {
                 .await
                 .map_err(|e| unreachable(error_chain(&e)))?;
             let code = res.status();
-            let body = Limited::new(res.into_body(), MAX_ERROR_BODY)
+            let body = Limited::new(res.into_body(), limit)
                 .collect()
                 .await
                 .map(|b| b.to_bytes())
@@ -436,7 +481,7 @@ impl HandlerClient {
                 unreachable(format!("no answer within {}s", REQUEST_TIMEOUT.as_secs()))
             })??;
         if code.is_success() {
-            return Ok(());
+            return Ok(body);
         }
         Err(status_error(node, code.as_u16(), &body))
     }

@@ -43,6 +43,28 @@ const PATCH_TYPES: [&str; 3] = [JSON_PATCH, MERGE_PATCH, APPLY_PATCH];
 /// Most operations a JSON patch may carry.
 const MAX_PATCH_OPS: usize = 10_000;
 
+/// The plain-HTTP metrics listener's routes (`--metrics-addr`): `/metrics` and `/healthz`,
+/// nothing of the API, so it needs no credentials.
+pub fn metrics_router(metrics: Arc<crate::metrics::Metrics>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let body = metrics.encode();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        body,
+                    )
+                }
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+}
+
 /// The request chain, outermost first (each a layer with one job, kube-apiserver's order):
 /// panic → 500 ([`guarded`]); metrics and tracing ([`observe`]); health endpoints, which no
 /// limit or credential stands in front of ([`health_checks`]); in-flight limits, before any
@@ -142,20 +164,64 @@ async fn health_checks(
     }
 }
 
-/// At most so many read-only and mutating requests at once: 429 beyond.
+/// At most so many read-only and mutating requests at once: 429 beyond. The eviction
+/// webhook has its own budget per source address ([`crate::inflight::PerSource`]).
+/// A request that is not long-running must complete within [`REQUEST_TIMEOUT`] (504
+/// beyond), as in kube-apiserver: its slot is never held longer.
 async fn limit_in_flight(
     State(st): State<Arc<AppState>>,
     req: Request,
     next: axum::middleware::Next,
 ) -> Response {
+    if req.uri().path() == kubevirt_api::eviction::WEBHOOK_PATH {
+        let source = req
+            .extensions()
+            .get::<crate::server::RemoteAddr>()
+            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.0.ip());
+        let Some(_slot) = st.webhook_calls.admit(source) else {
+            tracing::debug!(%source, "too many eviction webhook calls in flight from one address");
+            st.metrics.count_dropped("webhook");
+            return ApiError::too_many_requests().into_response();
+        };
+        return within(REQUEST_TIMEOUT, next.run(req)).await;
+    }
     let p = parsed(&req);
-    match st.in_flight.admit(crate::inflight::classify(&p.info)) {
-        Ok(_slot) => next.run(req).await,
+    let class = crate::inflight::classify(&p.info);
+    match st.in_flight.admit(class) {
+        Ok(_slot) if class == crate::inflight::Class::LongRunning => next.run(req).await,
+        Ok(_slot) => {
+            let limit = if p.info.group == kubevirt_api::SUBRESOURCES_GROUP
+                && p.info.namespace.is_empty()
+                && catalogue::admin_endpoint(&p.info.resource).is_some()
+            {
+                ADMIN_REQUEST_TIMEOUT
+            } else {
+                REQUEST_TIMEOUT
+            };
+            within(limit, next.run(req)).await
+        }
         Err(class) => {
             tracing::debug!(class = class.label(), path = %req.uri().path(), "too many requests in flight");
             st.metrics.count_dropped(class.label());
             ApiError::too_many_requests().into_response()
         }
+    }
+}
+
+/// kube-apiserver's bound on a request that is not long-running (`--request-timeout`).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// The bound on backup and restore, whose documents hold every stored object.
+const ADMIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// `fut`'s response, or kube-apiserver's 504 when it takes longer than `limit`.
+async fn within(limit: Duration, fut: impl std::future::Future<Output = Response>) -> Response {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r,
+        Err(_) => ApiError::timeout(
+            "request did not complete within requested timeout - context deadline exceeded",
+            false,
+        )
+        .into_response(),
     }
 }
 
@@ -170,6 +236,28 @@ async fn authenticate(
     mut req: Request,
     next: axum::middleware::Next,
 ) -> Response {
+    // kube-apiserver resolves impersonation itself and forwards only the user it
+    // impersonates; a client asking this server directly to act as someone else would
+    // otherwise be served as itself while believing it was not (L2 of the security review
+    // at 5efe883).
+    if let Some(h) = req
+        .headers()
+        .keys()
+        .find(|h| h.as_str().starts_with("impersonate-"))
+    {
+        return ApiError::forbidden(
+            crate::error::Gr {
+                resource: "",
+                group: "",
+            },
+            "",
+            format!(
+                "impersonation ({h}) is not served by virt-apiserver directly; send the request \
+                 through kube-apiserver, which resolves it"
+            ),
+        )
+        .into_response();
+    }
     let peer = req
         .extensions()
         .get::<PeerIdentity>()
@@ -203,28 +291,50 @@ async fn authorize(
     let actor = if st.auth.allow_client_ca_users && user.via_client_ca {
         kubevirt_api::policy::Actor::Component
     } else {
-        st.registry.actor(&user.name, &user.groups)
+        st.registry.actor(&user.name, &user.groups, &user.extra)
     };
     req.extensions_mut().insert(actor);
     tracing::debug!(user = %user.name, verb = %p.info.verb, path = %req.uri().path(), "Request");
     next.run(req).await
 }
 
-/// At most so many open watches per user: the slot lives as long as the watch's body.
+/// A stream's place in its user's count ([`limit_watches`]): the stream's handler keeps it
+/// for as long as the upgraded connection lives.
+#[derive(Debug, Clone)]
+pub struct StreamSlot {
+    _slot: Arc<crate::inflight::UserSlot>,
+}
+
+/// At most so many open watches, and so many console, VNC and port-forward streams, per
+/// user: a watch's slot lives as long as its body, a stream's as long as its connection.
 async fn limit_watches(
     State(st): State<Arc<AppState>>,
-    req: Request,
+    mut req: Request,
     next: axum::middleware::Next,
 ) -> Response {
     let p = parsed(&req);
-    if p.info.verb != "watch" {
-        return next.run(req).await;
-    }
     let user = req
         .extensions()
         .get::<crate::auth::User>()
         .map(|u| u.name.clone())
         .unwrap_or_default();
+    if p.info.verb != "watch" {
+        if crate::inflight::classify(&p.info) == crate::inflight::Class::LongRunning {
+            let Some(slot) = st.streams.admit(&user) else {
+                st.metrics.count_dropped("stream");
+                return ApiError::too_many(format!(
+                    "Too many streams: user {user:?} has {} console, VNC or port-forward \
+                     connections open, the most allowed",
+                    st.streams.max()
+                ))
+                .into_response();
+            };
+            req.extensions_mut().insert(StreamSlot {
+                _slot: Arc::new(slot),
+            });
+        }
+        return next.run(req).await;
+    }
     let Some(slot) = st.watches.admit(&user) else {
         st.metrics.count_dropped("watch");
         return ApiError::too_many(format!(
@@ -278,8 +388,11 @@ fn allowed_methods(info: &RequestInfo) -> Option<&'static str> {
         let def = ResourceDef::by_plural(&info.resource)?;
         return def.subresource(&info.subresource).map(|s| s.http_method());
     }
+    // A cluster-scoped kind's collection is its whole collection.
+    let cluster_scoped = ResourceDef::by_resource(&info.group, &info.version, &info.resource)
+        .is_some_and(|d| !d.namespaced);
     Some(match (info.is_collection, info.subresource.as_str()) {
-        (true, _) if info.namespace.is_empty() => "GET",
+        (true, _) if info.namespace.is_empty() && !cluster_scoped => "GET",
         (true, _) => "GET, POST, DELETE",
         (false, "status") => "GET, PUT, PATCH",
         (false, _) => "GET, PUT, PATCH, DELETE",
@@ -297,12 +410,50 @@ pub fn in_request() -> bool {
     IN_REQUEST.try_with(|()| ()).is_ok()
 }
 
+/// Runs `fut` as part of a request (a stream relayed after an upgrade, a task producing a
+/// watch): a panic in it ends that one task instead of the process.
+pub fn guard<F: std::future::Future>(fut: F) -> impl std::future::Future<Output = F::Output> {
+    IN_REQUEST.scope((), fut)
+}
+
+/// A response body polled as part of its request: a watch's body is produced long after its
+/// handler returned, outside the handler's scope, and a panic there must end that watch's
+/// connection, not the process (M5 of the security review at 5efe883).
+struct GuardedBody(Body);
+
+impl http_body::Body for GuardedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let inner = std::pin::Pin::new(&mut self.get_mut().0);
+        IN_REQUEST.sync_scope((), || inner.poll_frame(cx))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.0.size_hint()
+    }
+}
+
 /// A panic while handling one request is that request's 500 (a `metav1.Status`); the server
-/// and every other request, watch and console go on.
+/// and every other request, watch and console go on. A panic while its body streams ends
+/// that response's connection.
 pub fn guarded(router: Router) -> Router {
     router
         .layer(axum::middleware::from_fn(
-            |req: Request, next: axum::middleware::Next| IN_REQUEST.scope((), next.run(req)),
+            |req: Request, next: axum::middleware::Next| async move {
+                IN_REQUEST
+                    .scope((), next.run(req))
+                    .await
+                    .map(|b| Body::new(GuardedBody(b)))
+            },
         ))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| {
@@ -388,6 +539,9 @@ fn record(st: &AppState, info: RequestInfo, start: Instant, response: &Response)
         .inc();
 }
 
+/// How long /readyz stays ready after etcd last answered.
+const ETCD_READY_GRACE: Duration = Duration::from_secs(15);
+
 async fn health(st: &AppState, path: &str, query: &Query) -> Option<Response> {
     let (endpoint, single) = match path.trim_end_matches('/') {
         p @ ("/healthz" | "/livez" | "/readyz") => (p.trim_start_matches('/'), None),
@@ -402,7 +556,20 @@ async fn health(st: &AppState, path: &str, query: &Query) -> Option<Response> {
     };
     let mut checks: Vec<(&str, bool)> = vec![("ping", true)];
     if endpoint != "livez" {
-        checks.push(("etcd", st.registry.storage().ping().await));
+        let answered = st.registry.storage().ping().await;
+        let mut last = st
+            .etcd_answered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if answered {
+            *last = Some(Instant::now());
+        }
+        // Ready through a short gap: while etcd's membership changes (a member moving off a
+        // drained node, an election) every replica would otherwise go unready at once, and
+        // with no endpoint left kube-apiserver fails the eviction webhook's calls, which
+        // ends a `kubectl drain` instead of making it retry.
+        let recent = endpoint == "readyz" && last.is_some_and(|t| t.elapsed() < ETCD_READY_GRACE);
+        checks.push(("etcd", answered || recent));
     }
     if endpoint == "readyz" {
         checks.push(("shutdown", !st.terminating.load(Ordering::Relaxed)));
@@ -456,8 +623,9 @@ async fn health(st: &AppState, path: &str, query: &Query) -> Option<Response> {
     Some(r)
 }
 
-/// Largest backup a restore takes (the document is held in memory while it is checked).
-const MAX_RESTORE_BYTES: usize = 1 << 30;
+/// Largest backup a restore takes (the document is held in memory while it is checked):
+/// 10,000 VMs with their instances are about 100 MiB.
+const MAX_RESTORE_BYTES: usize = 256 << 20;
 
 /// `GET …/backup` and `PUT …/restore` (crate::backup).
 async fn admin(
@@ -470,7 +638,24 @@ async fn admin(
     }
     let registry = &st.registry;
     if endpoint == &catalogue::BACKUP {
-        let backup = crate::backup::backup(registry).await?;
+        let user = req.extensions().get::<crate::auth::User>().cloned();
+        // Inline cloud-init data only of namespaces whose Secrets the caller may read.
+        let may_read_secrets = |ns: String| {
+            let user = user.clone();
+            async move {
+                let Some(user) = user else { return false };
+                let info = RequestInfo {
+                    is_resource: true,
+                    verb: "get".into(),
+                    version: "v1".into(),
+                    namespace: ns,
+                    resource: "secrets".into(),
+                    ..RequestInfo::default()
+                };
+                st.auth.authorize(&user, &info).await.is_ok()
+            }
+        };
+        let backup = crate::backup::backup(registry, may_read_secrets).await?;
         return Ok(axum::Json(backup).into_response());
     }
     let bytes = axum::body::to_bytes(req.into_body(), MAX_RESTORE_BYTES)
@@ -507,6 +692,7 @@ async fn route(
 ) -> ApiResult<Response> {
     let headers = req.headers().clone();
     let actor = actor_of(&req);
+    let requester = user_of(&req);
     if !info.is_resource {
         return non_resource(st, info, &headers);
     }
@@ -521,17 +707,21 @@ async fn route(
     if info.group == kubevirt_api::SUBRESOURCES_GROUP && info.version == "v1" {
         return crate::subresources::handle(st, info, query, req).await;
     }
-    if info.group != crate::rest::GROUP || info.version != "v1" {
+    let def = ResourceDef::by_resource(&info.group, &info.version, &info.resource);
+    let kubevirts = info.group == crate::rest::GROUP
+        && info.version == "v1"
+        && info.resource == crate::kubevirts::PLURAL;
+    if def.is_none() && !kubevirts {
         return Err(ApiError::path_not_found());
     }
-    let def = ResourceDef::by_plural(&info.resource);
-    if def.is_none() && info.resource != crate::kubevirts::PLURAL {
+    // A cluster-scoped kind has no objects in a namespace.
+    if def.is_some_and(|d| !d.namespaced) && !info.namespace.is_empty() {
         return Err(ApiError::path_not_found());
     }
     if !allowed_methods(info).is_some_and(|a| a.split(", ").any(|m| m == req.method().as_str())) {
         return Err(ApiError::method_not_allowed());
     }
-    if info.resource == crate::kubevirts::PLURAL {
+    if kubevirts {
         return crate::kubevirts::handle(st, info, req).await;
     }
     let def = def.ok_or_else(ApiError::path_not_found)?;
@@ -544,13 +734,13 @@ async fn route(
                 watch_collection(st, def, info, query, &accept).await
             }
             Method::GET => list(st, def, info, query, &accept).await,
-            Method::POST if !ns.is_empty() => {
+            Method::POST if !ns.is_empty() || !def.namespaced => {
                 let body = read_object_body(st, def, req).await?;
-                let opts = write_options(query, agent, false, actor)?;
+                let opts = write_options(query, agent, false, actor, requester)?;
                 let w = st.registry.create(def, ns, body, &opts).await?;
                 written(def, w, &accept)
             }
-            Method::DELETE if !ns.is_empty() => {
+            Method::DELETE if !ns.is_empty() || !def.namespaced => {
                 let opts = delete_options(st, query, req).await?;
                 let list = list_options(def, query)?;
                 let listed = st.registry.delete_collection(def, ns, &list, &opts).await?;
@@ -586,7 +776,7 @@ async fn route(
                 }
                 Method::PUT => {
                     let body = read_object_body(st, def, req).await?;
-                    let opts = write_options(query, agent, false, actor)?;
+                    let opts = write_options(query, agent, false, actor, requester)?;
                     let w = st
                         .registry
                         .update(def, ns, &info.name, body, status_only, &opts)
@@ -660,6 +850,10 @@ fn non_resource(st: &AppState, info: &RequestInfo, headers: &HeaderMap) -> ApiRe
         "" => Ok(respond(StatusCode::OK, "application/json", serde_json::to_vec(&json!({"paths":[
             "/apis","/apis/kubevirt.io","/apis/kubevirt.io/v1","/apis/subresources.kubevirt.io","/apis/subresources.kubevirt.io/v1",
             "/healthz","/livez","/metrics","/openapi/v2","/openapi/v3","/readyz","/version"]})).unwrap_or_default())),
+        p if d.other_group(p).is_some() => d
+            .other_group(p)
+            .map(|doc| serve_doc(doc, headers, "application/json"))
+            .ok_or_else(ApiError::path_not_found),
         p if p.starts_with("/openapi/v3/") => {
             let gv = &p["/openapi/v3/".len()..];
             st.openapi
@@ -704,7 +898,7 @@ fn list_body(
 ) -> ApiResult<Value> {
     Ok(match out {
         Output::Object { .. } => {
-            json!({"apiVersion": crate::rest::API_VERSION, "kind": def.list_kind, "metadata": meta, "items": items})
+            json!({"apiVersion": def.api_version(), "kind": def.list_kind, "metadata": meta, "items": items})
         }
         Output::Metadata { .. } => convert::partial_list(items, meta),
         Output::Table { .. } => {
@@ -842,7 +1036,7 @@ async fn list(
     let meta = list_meta(listed.revision, &listed.continue_token, listed.remaining);
     let (head, field) = match out {
         Output::Object { .. } => (
-            json!({"apiVersion": crate::rest::API_VERSION, "kind": def.list_kind, "metadata": meta}),
+            json!({"apiVersion": def.api_version(), "kind": def.list_kind, "metadata": meta}),
             "items",
         ),
         Output::Metadata { .. } => (
@@ -1000,11 +1194,16 @@ async fn read_object_body(st: &AppState, def: &ResourceDef, req: Request) -> Api
     }
 }
 
+/// The authenticated user of this request, if any.
+fn user_of(req: &Request) -> Option<crate::auth::User> {
+    req.extensions().get::<crate::auth::User>().cloned()
+}
+
 /// The policy actor `handle` recorded for this request (a plain user if none).
 fn actor_of(req: &Request) -> kubevirt_api::policy::Actor {
     req.extensions()
         .get::<kubevirt_api::policy::Actor>()
-        .copied()
+        .cloned()
         .unwrap_or_default()
 }
 
@@ -1013,6 +1212,7 @@ fn write_options(
     agent: &str,
     apply: bool,
     actor: kubevirt_api::policy::Actor,
+    requester: Option<crate::auth::User>,
 ) -> ApiResult<WriteOptions> {
     // `dryRun=` (empty) is refused as kube-apiserver refuses it: the published schema says
     // the one value is `All`, and a client that meant "not dry" would send nothing.
@@ -1073,6 +1273,7 @@ fn write_options(
         field_validation,
         field_manager,
         actor,
+        requester,
     })
 }
 
@@ -1088,6 +1289,7 @@ async fn patch(
     accept: &[request::MediaRange],
 ) -> ApiResult<Response> {
     let actor = actor_of(&req);
+    let requester = user_of(&req);
     let (headers, bytes) = st.read_body(req).await?;
     let ct = content_type(&headers);
     let ns = info.namespace.as_str();
@@ -1114,7 +1316,7 @@ async fn patch(
             }
             let p: json_patch::Patch =
                 serde_json::from_value(ops).map_err(|e| bad(e.to_string()))?;
-            let opts = write_options(query, agent, false, actor)?;
+            let opts = write_options(query, agent, false, actor, requester)?;
             st.registry
                 .patch(def, ns, &info.name, &Patch::Json(p), status_only, &opts)
                 .await?
@@ -1124,14 +1326,14 @@ async fn patch(
             if !p.is_object() {
                 return Err(bad("a merge patch must be a JSON object".into()));
             }
-            let opts = write_options(query, agent, false, actor)?;
+            let opts = write_options(query, agent, false, actor, requester)?;
             st.registry
                 .patch(def, ns, &info.name, &Patch::Merge(p), status_only, &opts)
                 .await?
         }
         APPLY_PATCH => {
             let applied = parse_yaml(&bytes).map_err(bad)?;
-            let opts = write_options(query, agent, true, actor)?;
+            let opts = write_options(query, agent, true, actor, requester)?;
             st.registry
                 .apply(
                     def,
@@ -1199,6 +1401,7 @@ mod option_tests {
                 "agent",
                 false,
                 kubevirt_api::policy::Actor::default(),
+                None,
             )
         };
         assert!(opts("dryRun=All").unwrap().dry_run);
@@ -1246,5 +1449,41 @@ mod panic_tests {
             .unwrap();
         assert_eq!(ok.status(), StatusCode::OK);
         assert!(!in_request());
+    }
+}
+
+#[cfg(test)]
+mod metrics_listener_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use tower::ServiceExt;
+
+    /// The plain listener serves the metrics and a health check, and nothing of the API.
+    #[tokio::test]
+    async fn the_plain_listener_serves_metrics_and_nothing_else() {
+        let metrics = Arc::new(crate::metrics::Metrics::default());
+        let app = metrics_router(metrics.clone());
+        let get = |path: &'static str| {
+            app.clone()
+                .oneshot(Request::get(path).body(Body::empty()).unwrap())
+        };
+        let r = get("/metrics").await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(
+            r.headers()[axum::http::header::CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .starts_with("text/plain; version=0.0.4")
+        );
+        let body = axum::body::to_bytes(r.into_body(), 1 << 24).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&body), metrics.encode());
+        assert_eq!(get("/healthz").await.unwrap().status(), StatusCode::OK);
+        for path in [
+            "/apis",
+            "/apis/kubevirt.io/v1/virtualmachines",
+            "/openapi/v2",
+        ] {
+            assert_eq!(get(path).await.unwrap().status(), StatusCode::NOT_FOUND);
+        }
     }
 }

@@ -101,31 +101,37 @@ impl Default for InFlight {
 /// account) open a handful each: 5000 leaves room for ~1000 nodes.
 pub const DEFAULT_WATCHES_PER_USER: usize = 5000;
 
-/// Open watches per user.
+/// Console, VNC and port-forward streams one user may have open at once. Each costs a
+/// client connection, a connection to a virt-handler and tasks on both: without a bound one
+/// editor could take every connection slot of the server (N5 of the security review at
+/// bd37f96). No component opens streams; 200 is far beyond what a person uses.
+pub const DEFAULT_STREAMS_PER_USER: usize = 200;
+
+/// Long-running requests (watches, or streams) open per user.
 #[derive(Debug)]
-pub struct Watches {
+pub struct PerUser {
     max: usize,
     open: std::sync::Mutex<std::collections::HashMap<String, usize>>,
 }
 
-/// One open watch; the count drops with it.
+/// One open watch or stream; the count drops with it.
 #[derive(Debug)]
-pub struct WatchSlot {
-    watches: Arc<Watches>,
+pub struct UserSlot {
+    watches: Arc<PerUser>,
     user: String,
 }
 
-impl Watches {
-    /// At most `max` watches per user; 0: no limit.
+impl PerUser {
+    /// At most `max` per user; 0: no limit.
     pub fn new(max: usize) -> Arc<Self> {
-        Arc::new(Watches {
+        Arc::new(PerUser {
             max,
             open: Default::default(),
         })
     }
 
-    /// A slot for one more watch of `user`, or `None` when the user has `max` open.
-    pub fn admit(self: &Arc<Self>, user: &str) -> Option<WatchSlot> {
+    /// A slot for one more of `user`'s, or `None` when the user has `max` open.
+    pub fn admit(self: &Arc<Self>, user: &str) -> Option<UserSlot> {
         let mut open = self
             .open
             .lock()
@@ -135,7 +141,7 @@ impl Watches {
             return None;
         }
         *n += 1;
-        Some(WatchSlot {
+        Some(UserSlot {
             watches: self.clone(),
             user: user.to_string(),
         })
@@ -147,7 +153,7 @@ impl Watches {
     }
 }
 
-impl Drop for WatchSlot {
+impl Drop for UserSlot {
     fn drop(&mut self) {
         let mut open = self
             .watches
@@ -158,6 +164,79 @@ impl Drop for WatchSlot {
             *n = n.saturating_sub(1);
             if *n == 0 {
                 open.remove(&self.user);
+            }
+        }
+    }
+}
+
+/// The eviction webhook's calls at once from one source address.
+pub const DEFAULT_WEBHOOK_PER_SOURCE: usize = 32;
+/// The eviction webhook's calls at once in all.
+pub const DEFAULT_WEBHOOK_TOTAL: usize = 1024;
+
+/// The eviction webhook's own budget. kube-apiserver calls the webhook without credentials,
+/// so anyone who reaches the port can call it too; its calls neither draw from the API's
+/// budgets (slow bodies there held every mutating slot: N2 of the security review at
+/// bd37f96) nor share one pool among callers: each source address gets at most
+/// `per_source` at once, so kube-apiserver's own calls (a drain) find room whatever
+/// another address sends.
+#[derive(Debug)]
+pub struct PerSource {
+    per_source: usize,
+    total: Arc<Semaphore>,
+    open: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+/// One call in [`PerSource`]; both counts drop with it.
+#[derive(Debug)]
+pub struct SourceSlot {
+    set: Arc<PerSource>,
+    source: std::net::IpAddr,
+    _total: OwnedSemaphorePermit,
+}
+
+impl PerSource {
+    /// At most `per_source` calls per address and `total` in all.
+    pub fn new(per_source: usize, total: usize) -> Arc<Self> {
+        Arc::new(Self {
+            per_source: per_source.max(1),
+            total: Arc::new(Semaphore::new(total.max(1))),
+            open: Default::default(),
+        })
+    }
+
+    /// A slot for a call from `source`, or `None` when that address or all have their most.
+    pub fn admit(self: &Arc<Self>, source: std::net::IpAddr) -> Option<SourceSlot> {
+        let total = self.total.clone().try_acquire_owned().ok()?;
+        let mut open = self.lock();
+        let n = open.entry(source).or_default();
+        if *n >= self.per_source {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            set: self.clone(),
+            source,
+            _total: total,
+        })
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<std::net::IpAddr, usize>> {
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut open = self.set.lock();
+        if let Some(n) = open.get_mut(&self.source) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.source);
             }
         }
     }
@@ -224,16 +303,36 @@ mod tests {
 
     #[test]
     fn watches_are_counted_per_user_and_released_on_drop() {
-        let w = Watches::new(2);
+        let w = PerUser::new(2);
         let a1 = w.admit("alice").unwrap();
         let _a2 = w.admit("alice").unwrap();
         assert!(w.admit("alice").is_none());
         let _b = w.admit("bob").unwrap();
         drop(a1);
         assert!(w.admit("alice").is_some());
-        let unlimited = Watches::new(0);
+        let unlimited = PerUser::new(0);
         let held: Vec<_> = (0..5000).map(|_| unlimited.admit("x").unwrap()).collect();
         drop(held);
         assert!(unlimited.open.lock().unwrap().is_empty());
+    }
+}
+
+#[cfg(test)]
+mod per_source_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn one_source_cannot_take_another_ones_webhook_slots() {
+        let set = PerSource::new(2, 3);
+        let a: std::net::IpAddr = "10.0.0.1".parse().unwrap();
+        let b: std::net::IpAddr = "10.0.0.2".parse().unwrap();
+        let a1 = set.admit(a).unwrap();
+        let _a2 = set.admit(a).unwrap();
+        assert!(set.admit(a).is_none(), "a third call from one address");
+        let _b1 = set.admit(b).unwrap();
+        assert!(set.admit(b).is_none(), "the total is spent");
+        drop(a1);
+        assert!(set.admit(b).is_some());
     }
 }

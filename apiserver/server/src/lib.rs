@@ -15,6 +15,7 @@ pub mod config;
 pub mod convert;
 pub mod discovery;
 pub mod error;
+pub mod expand;
 pub mod handler;
 pub mod http;
 pub mod inflight;

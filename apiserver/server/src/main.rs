@@ -30,6 +30,77 @@ fn read(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("reading {}", path.display()))
 }
 
+/// The CAs clients are verified against: the flags' files, or what kube-apiserver publishes
+/// for extension servers (kube-system/extension-apiserver-authentication); and the inputs
+/// they were made from, to tell a rotation.
+async fn client_trust(
+    args: &Args,
+    kube: Option<&kube::Client>,
+) -> anyhow::Result<(Option<RequestHeaderConfig>, Option<CaPool>, Vec<u8>)> {
+    let published = match kube {
+        Some(k) if args.requestheader_client_ca_file.is_none() || args.client_ca_file.is_none() => {
+            virt_apiserver::authconfig::read_published(k.clone()).await
+        }
+        _ => None,
+    };
+    let mut inputs = Vec::new();
+    let request_header = match &args.requestheader_client_ca_file {
+        Some(p) => {
+            let pem = read(p)?;
+            inputs.extend_from_slice(&pem);
+            Some(RequestHeaderConfig {
+                ca: CaPool::from_pem(&pem).context("requestheader client CA")?,
+                allowed_names: args
+                    .requestheader_allowed_names
+                    .iter()
+                    .filter(|s| !s.is_empty())
+                    .cloned()
+                    .collect(),
+                username_headers: args.requestheader_username_headers.clone(),
+                group_headers: args.requestheader_group_headers.clone(),
+                extra_prefixes: args.requestheader_extra_headers_prefix.clone(),
+            })
+        }
+        None => published.as_ref().and_then(|p| p.request_header.clone()),
+    };
+    let client_ca = match &args.client_ca_file {
+        Some(p) => {
+            let pem = read(p)?;
+            inputs.extend_from_slice(&pem);
+            Some(CaPool::from_pem(&pem).context("client CA")?)
+        }
+        None => published.as_ref().and_then(|p| p.client_ca.clone()),
+    };
+    if let Some(p) = &published {
+        inputs.extend_from_slice(p.source.as_bytes());
+    }
+    Ok((request_header, client_ca, inputs))
+}
+
+/// Reads the client CAs again every `--ca-reload-seconds` and puts a rotated one in use
+/// (L3 of the security review at 5efe883: they were read once, so a rotated front-proxy
+/// CA locked kube-apiserver out until a restart).
+fn follow_client_trust(args: &Args, auth: AuthConfig, mut inputs: Vec<u8>) {
+    let args = args.clone();
+    let every = std::time::Duration::from_secs(args.ca_reload_seconds.max(1));
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            match client_trust(&args, auth.kube.as_ref()).await {
+                Ok((rh, ca, now)) if now != inputs => {
+                    tracing::info!("client CAs changed: new connections are verified against them");
+                    auth.set_trust(rh, ca);
+                    inputs = now;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "reading the client CAs again; keeping those in use")
+                }
+            }
+        }
+    });
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // Release builds unwind (Cargo.toml [profile.release]): a panic inside a request's
@@ -61,32 +132,7 @@ async fn main() -> anyhow::Result<()> {
         };
         Some(kube::Client::try_from(config).context("kube client")?)
     };
-    // Without explicit flags, trust what kube-apiserver publishes for extension servers.
-    let published = match &kube {
-        Some(k) if args.requestheader_client_ca_file.is_none() || args.client_ca_file.is_none() => {
-            virt_apiserver::authconfig::read_published(k.clone()).await
-        }
-        _ => None,
-    };
-    let request_header = match &args.requestheader_client_ca_file {
-        Some(p) => Some(RequestHeaderConfig {
-            ca: CaPool::from_pem(&read(p)?).context("requestheader client CA")?,
-            allowed_names: args
-                .requestheader_allowed_names
-                .iter()
-                .filter(|s| !s.is_empty())
-                .cloned()
-                .collect(),
-            username_headers: args.requestheader_username_headers.clone(),
-            group_headers: args.requestheader_group_headers.clone(),
-            extra_prefixes: args.requestheader_extra_headers_prefix.clone(),
-        }),
-        None => published.as_ref().and_then(|p| p.request_header.clone()),
-    };
-    let client_ca = match &args.client_ca_file {
-        Some(p) => Some(CaPool::from_pem(&read(p)?).context("client CA")?),
-        None => published.as_ref().and_then(|p| p.client_ca.clone()),
-    };
+    let (request_header, client_ca, trust_inputs) = client_trust(&args, kube.as_ref()).await?;
     let handler_tls = handler::client_tls(&handler::HandlerTlsFiles {
         ca: args.handler_ca.clone(),
         cert: args.handler_client_cert.clone(),
@@ -105,6 +151,7 @@ async fn main() -> anyhow::Result<()> {
         args.handler_port,
     );
     let auth = AuthConfig::new(request_header, client_ca, kube, args.allow_client_ca_users);
+    follow_client_trust(&args, auth.clone(), trust_inputs);
 
     let etcd_tls = match (&args.etcd_cafile, &args.etcd_certfile, &args.etcd_keyfile) {
         (Some(ca), Some(cert), Some(key)) => Some(Arc::new(
@@ -157,7 +204,9 @@ async fn main() -> anyhow::Result<()> {
         gates,
         components_namespace: args.handler_namespace.clone(),
     };
-    let mut registry = rest::Registry::new(storage, &args.etcd_prefix).with_policy(policy);
+    let mut registry = rest::Registry::new(storage, &args.etcd_prefix)
+        .with_policy(policy)
+        .with_clone_review(auth.clone());
     if args.watch_cache_history > 0 {
         registry = registry.with_watch_cache(
             args.watch_cache_history,
@@ -178,6 +227,7 @@ async fn main() -> anyhow::Result<()> {
         metrics,
         shutdown: shutdown.clone(),
         terminating: AtomicBool::new(false),
+        etcd_answered: std::sync::Mutex::new(None),
         max_body_bytes: args.max_request_body_bytes,
         bookmark_interval: args.bookmark_interval(),
         handler,
@@ -185,7 +235,12 @@ async fn main() -> anyhow::Result<()> {
             args.max_requests_inflight,
             args.max_mutating_requests_inflight,
         ),
-        watches: virt_apiserver::inflight::Watches::new(args.max_watches_per_user),
+        watches: virt_apiserver::inflight::PerUser::new(args.max_watches_per_user),
+        streams: virt_apiserver::inflight::PerUser::new(args.max_streams_per_user),
+        webhook_calls: virt_apiserver::inflight::PerSource::new(
+            virt_apiserver::inflight::DEFAULT_WEBHOOK_PER_SOURCE,
+            virt_apiserver::inflight::DEFAULT_WEBHOOK_TOTAL,
+        ),
         eviction: LauncherEviction {
             kube: auth.kube.clone(),
             default_strategy: Some(args.eviction_strategy),
@@ -204,6 +259,24 @@ async fn main() -> anyhow::Result<()> {
         args.tls_private_key_file.clone(),
         &auth,
     )?;
+    if let Some(addr) = args.metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the metrics address {addr}"))?;
+        tracing::info!(%addr, "Serving /metrics over plain HTTP");
+        let (app, sd) = (
+            http::metrics_router(state.metrics.clone()),
+            shutdown.clone(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(sd.cancelled_owned())
+                .await
+            {
+                tracing::error!(error = %e, "The metrics listener stopped");
+            }
+        });
+    }
     let listener = server::listen(args.bind).with_context(|| format!("binding {}", args.bind))?;
     tracing::info!(addr = %listener.local_addr()?, "Serving");
 

@@ -24,7 +24,7 @@ impl ApplyFailure {
                 let mut e = ApiError::conflict(
                     crate::error::Gr {
                         resource: def.plural,
-                        group: kubevirt_api::GROUP,
+                        group: def.group,
                     },
                     name,
                     "",

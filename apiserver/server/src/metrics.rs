@@ -1,4 +1,7 @@
-//! Prometheus metrics, named like kube-apiserver's where they mean the same thing.
+//! Prometheus metrics, named like kube-apiserver's where they mean the same thing, and
+//! KubeVirt's virt-api connection gauges under KubeVirt's names, labels and help texts
+//! ([`CONNECTION_METRICS`], checked against KubeVirt's metric list by
+//! `controllers/tests/kubevirt_metrics.rs`).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -74,6 +77,60 @@ pub struct DroppedLabels {
     pub request_kind: String,
 }
 
+/// Labels of KubeVirt's connection gauges (`namespace`, `vmi`, as virt-api's).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionLabels {
+    /// Namespace of the VMI (or VM) the stream is to.
+    pub namespace: String,
+    /// Name in the request: the VMI's, or the VM's for a VM's port-forward (KubeVirt's).
+    pub vmi: String,
+}
+
+/// The kinds of stream virt-api counts, each its own KubeVirt gauge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Connection {
+    /// A serial console (`kubevirt_console_active_connections`).
+    Console,
+    /// A VNC session (`kubevirt_vnc_active_connections`).
+    Vnc,
+    /// A port-forward tunnel (`kubevirt_portforward_active_tunnels`).
+    PortForward,
+}
+
+impl Connection {
+    /// The kind of the stream subresource `sub` (`console`, `vnc`, `portforward/22/tcp`).
+    pub fn of(sub: &str) -> Option<Self> {
+        match sub.split('/').next() {
+            Some("console") => Some(Self::Console),
+            Some("vnc") => Some(Self::Vnc),
+            Some("portforward") => Some(Self::PortForward),
+            _ => None,
+        }
+    }
+
+    /// KubeVirt's name and help text of its gauge.
+    pub fn desc(self) -> (&'static str, &'static str) {
+        CONNECTION_METRICS[self as usize]
+    }
+}
+
+/// KubeVirt's connection gauges of virt-api (name, help), in [`Connection`] order; names
+/// and help texts are KubeVirt's (`pkg/monitoring/metrics/virt-api/connection_metrics.go`).
+pub const CONNECTION_METRICS: [(&str, &str); 3] = [
+    (
+        "kubevirt_console_active_connections",
+        "Amount of active Console connections, broken down by namespace and vmi name.",
+    ),
+    (
+        "kubevirt_vnc_active_connections",
+        "Amount of active VNC connections, broken down by namespace and vmi name.",
+    ),
+    (
+        "kubevirt_portforward_active_tunnels",
+        "Amount of active portforward tunnels, broken down by namespace and vmi name.",
+    ),
+];
+
 /// All metrics of the server.
 #[derive(Debug)]
 pub struct Metrics {
@@ -91,6 +148,8 @@ pub struct Metrics {
     pub dropped: Family<DroppedLabels, Counter>,
     /// Reads the watch cache could serve, by whether it did.
     pub cache_reads: Family<CacheLabels, Counter>,
+    /// Open consoles, VNC sessions and port-forward tunnels, in [`Connection`] order.
+    connections: [Family<ConnectionLabels, Gauge>; 3],
 }
 
 impl Default for Metrics {
@@ -144,6 +203,12 @@ impl Default for Metrics {
             "LISTs and watches the watch cache could serve: served_by=cache, or the reason etcd served it",
             cache_reads.clone(),
         );
+        let connections: [Family<ConnectionLabels, Gauge>; 3] = Default::default();
+        for ((name, help), family) in CONNECTION_METRICS.iter().zip(&connections) {
+            // The registry ends every help text with a period itself: KubeVirt's have theirs.
+            let help = help.strip_suffix('.').unwrap_or(help);
+            registry.register(*name, help, family.clone());
+        }
         Self {
             registry,
             requests,
@@ -152,6 +217,7 @@ impl Default for Metrics {
             storage,
             dropped,
             cache_reads,
+            connections,
         }
     }
 }
@@ -173,6 +239,31 @@ impl Metrics {
     }
 }
 
+/// One open console, VNC session or port-forward tunnel in KubeVirt's gauge of its kind,
+/// until dropped (as virt-api's recorder is decremented when its stream ends).
+#[derive(Debug)]
+pub struct ActiveConnection(Gauge);
+
+impl ActiveConnection {
+    /// Counts one more open `kind` stream to `namespace`/`vmi`.
+    pub fn start(metrics: &Metrics, kind: Connection, namespace: &str, vmi: &str) -> Self {
+        let gauge = metrics.connections[kind as usize]
+            .get_or_create(&ConnectionLabels {
+                namespace: namespace.to_string(),
+                vmi: vmi.to_string(),
+            })
+            .clone();
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for ActiveConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// Decrements the open-stream gauge when a watch body or a console/vnc relay is dropped.
 pub(crate) struct LongRunning(pub(crate) std::sync::Arc<Metrics>);
 
@@ -187,5 +278,34 @@ impl LongRunning {
 impl Drop for LongRunning {
     fn drop(&mut self) {
         self.0.longrunning.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_open_stream_is_counted_under_kubevirts_name_until_dropped() {
+        let m = Metrics::default();
+        let line = "kubevirt_portforward_active_tunnels{namespace=\"ns\",vmi=\"vm1\"}";
+        let kind = Connection::of("portforward/22/tcp").expect("a stream kind");
+        let open = ActiveConnection::start(&m, kind, "ns", "vm1");
+        let second = ActiveConnection::start(&m, kind, "ns", "vm1");
+        assert!(m.encode().contains(&format!("{line} 2")), "{}", m.encode());
+        drop(open);
+        assert!(m.encode().contains(&format!("{line} 1")));
+        drop(second);
+        let text = m.encode();
+        assert!(text.contains(&format!("{line} 0")), "{text}");
+        assert!(text.contains("# TYPE kubevirt_console_active_connections gauge"));
+        assert!(text.contains("# TYPE kubevirt_vnc_active_connections gauge"));
+        for (name, help) in CONNECTION_METRICS {
+            assert!(text.contains(&format!("# HELP {name} {help}\n")), "{text}");
+        }
+        assert_eq!(Connection::of("console"), Some(Connection::Console));
+        assert_eq!(Connection::of("vnc"), Some(Connection::Vnc));
+        assert_eq!(Connection::of("usbredir"), None);
+        assert_eq!(Connection::Vnc.desc().0, "kubevirt_vnc_active_connections");
     }
 }

@@ -23,6 +23,7 @@ use crate::kinds::ResourceDef;
 use crate::metrics::CacheLabels;
 use crate::objects::{self, meta_str, set_meta};
 use crate::storage::{StorageError, Store, Stored};
+use kubevirt_api::kinds::{Found, Target};
 
 pub use kubevirt_api::{API_VERSION, GROUP};
 /// Attempts of a read-modify-write before giving up on a contended key.
@@ -53,6 +54,9 @@ pub struct WriteOptions {
     pub field_manager: String,
     /// Who writes, for the input policy ([`kubevirt_api::policy`]).
     pub actor: Actor,
+    /// The authenticated user the write is made for: reviews that ask kube-apiserver about
+    /// this user (a clone's source) need it. None for the server's own writes.
+    pub requester: Option<crate::auth::User>,
 }
 
 /// Result of a write: the object and warnings for the client.
@@ -164,6 +168,7 @@ pub struct Registry {
     namespaces: Option<crate::admission::NamespaceLifecycle>,
     policy: Policy,
     cache: Option<Arc<WatchCache>>,
+    clone_review: Option<crate::auth::AuthConfig>,
 }
 
 /// Configuration of the input policy: the enforced feature gates and the namespace
@@ -188,7 +193,7 @@ impl Default for Policy {
 fn gr(def: &ResourceDef) -> Gr<'static> {
     Gr {
         resource: def.plural,
-        group: GROUP,
+        group: def.group,
     }
 }
 
@@ -246,6 +251,7 @@ impl Registry {
             namespaces: None,
             policy: Policy::default(),
             cache: None,
+            clone_review: None,
         }
     }
 
@@ -259,8 +265,7 @@ impl Registry {
         reads: Family<CacheLabels, Counter>,
         shutdown: CancellationToken,
     ) -> Self {
-        let prefixes: Vec<String> = ResourceDef::all()
-            .iter()
+        let prefixes: Vec<String> = ResourceDef::stored()
             .map(|d| self.collection_prefix(d, None))
             .collect();
         self.cache = Some(Arc::new(
@@ -290,8 +295,61 @@ impl Registry {
     }
 
     /// The policy actor of an authenticated user.
-    pub fn actor(&self, user: &str, groups: &[String]) -> Actor {
-        Actor::of(user, groups, &self.policy.components_namespace)
+    pub fn actor(
+        &self,
+        user: &str,
+        groups: &[String],
+        extra: &std::collections::BTreeMap<String, Vec<String>>,
+    ) -> Actor {
+        Actor::of(user, groups, extra, &self.policy.components_namespace)
+    }
+
+    /// The input policy's settings.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Asks `auth`'s authorizer whether the author of a DataVolume or VM that clones a claim
+    /// may read it ([`Self::review_clones`]). Without it no such review is made.
+    #[must_use]
+    pub fn with_clone_review(mut self, auth: crate::auth::AuthConfig) -> Self {
+        self.clone_review = Some(auth);
+        self
+    }
+
+    /// CDI's clone authorization (`kubevirt_api::cdi::clone`): each claim `new` clones that
+    /// `old` did not must be readable by the requesting user, or the write is a 403 naming
+    /// what is missing. Writes without a requester (the server's own) and components' are
+    /// not reviewed: virt-controller creates a VM's DataVolumes after the VM's author was.
+    async fn review_clones(
+        &self,
+        def: &ResourceDef,
+        old: Option<&Value>,
+        new: &Value,
+        opts: &WriteOptions,
+    ) -> ApiResult<()> {
+        let (Some(auth), Some(user)) = (&self.clone_review, &opts.requester) else {
+            return Ok(());
+        };
+        if opts.actor != Actor::User {
+            return Ok(());
+        }
+        for source in kubevirt_api::cdi::clone::new_clone_sources(def.kind, old, new) {
+            if !auth
+                .may_clone(user, &source.namespace, &source.name)
+                .await?
+            {
+                let name = meta_str(new, "name").unwrap_or("");
+                return Err(crate::auth::clone_forbidden(
+                    gr(def),
+                    name,
+                    user,
+                    &source.namespace,
+                    &source.name,
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Enforces namespace lifecycle on create (needs kube-apiserver).
@@ -307,7 +365,12 @@ impl Registry {
     }
 
     fn key(&self, def: &ResourceDef, ns: &str, name: &str) -> String {
-        format!("{}/{GROUP}/{}/{ns}/{name}", self.prefix, def.plural)
+        // Cluster-scoped objects have no namespace segment, as in kube-apiserver's keys.
+        if def.namespaced {
+            format!("{}/{}/{}/{ns}/{name}", self.prefix, def.group, def.plural)
+        } else {
+            format!("{}/{}/{}/{name}", self.prefix, def.group, def.plural)
+        }
     }
 
     /// Whether objects may be created in namespace `ns` (it exists and is not terminating).
@@ -315,6 +378,19 @@ impl Registry {
         match &self.namespaces {
             Some(n) => n.admit_create(ns, resource, name).await,
             None => Ok(()),
+        }
+    }
+
+    /// ControllerRevision `ns/name` from kube-apiserver (`None` without one: a bare dev
+    /// server has no revisions).
+    pub async fn controller_revision(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> ApiResult<Option<k8s_openapi::api::apps::v1::ControllerRevision>> {
+        match &self.namespaces {
+            Some(n) => n.controller_revision(ns, name).await,
+            None => Ok(None),
         }
     }
 
@@ -326,8 +402,10 @@ impl Registry {
     /// Key prefix of a collection (one namespace, or all when `ns` is None).
     pub fn collection_prefix(&self, def: &ResourceDef, ns: Option<&str>) -> String {
         match ns {
-            Some(ns) => format!("{}/{GROUP}/{}/{ns}/", self.prefix, def.plural),
-            None => format!("{}/{GROUP}/{}/", self.prefix, def.plural),
+            Some(ns) if def.namespaced => {
+                format!("{}/{}/{}/{ns}/", self.prefix, def.group, def.plural)
+            }
+            _ => format!("{}/{}/{}/", self.prefix, def.group, def.plural),
         }
     }
 
@@ -359,14 +437,15 @@ impl Registry {
                 def.kind, def.kind
             )));
         }
+        let api_version = def.api_version();
         match body.get("apiVersion").and_then(Value::as_str) {
             None | Some("") => {
-                body["apiVersion"] = json!(API_VERSION);
+                body["apiVersion"] = json!(api_version);
             }
-            Some(API_VERSION) => {}
+            Some(v) if v == api_version => {}
             Some(other) => {
                 return Err(ApiError::bad_request(format!(
-                    "the API version in the data ({other}) does not match the expected API version ({API_VERSION})"
+                    "the API version in the data ({other}) does not match the expected API version ({api_version})"
                 )));
             }
         }
@@ -383,8 +462,8 @@ impl Registry {
             }
         }
         let name = meta_str(&body, "name").unwrap_or("").to_string();
-        let (pruned, unknown) =
-            (def.decode)(&body).map_err(|errs| ApiError::invalid(def.kind, GROUP, &name, &errs))?;
+        let (pruned, unknown) = (def.decode)(&body)
+            .map_err(|errs| ApiError::invalid(def.kind, def.group, &name, &errs))?;
         let mut warnings = Vec::new();
         if !unknown.is_empty() {
             match validation {
@@ -409,6 +488,63 @@ impl Registry {
         Ok((pruned, warnings))
     }
 
+    /// The input policy's errors for writing `obj` over `old` (None on create) as `actor`.
+    pub(crate) fn policy_errors(
+        &self,
+        def: &ResourceDef,
+        old: Option<&Value>,
+        obj: &Value,
+        actor: &Actor,
+    ) -> Vec<FieldError> {
+        kubevirt_api::policy::admit(def.kind, old, obj, actor, &self.policy.gates)
+    }
+
+    /// Reads the objects `obj`'s kind needs for its admission (a VM's instance type and
+    /// preference): each as stored now, or `None` when it does not exist.
+    async fn read_references(&self, def: &ResourceDef, obj: &Value) -> ApiResult<Vec<Found>> {
+        let mut found = Vec::new();
+        for reference in (def.references)(obj) {
+            let object = match reference.target {
+                Target::Kind(kind) => {
+                    let key = self.key(kind, &reference.namespace, &reference.name);
+                    self.storage
+                        .get(&key)
+                        .await
+                        .map_err(storage_error)?
+                        .map(|s| s.value)
+                }
+                // Without kube-apiserver (a bare dev server) no claim is found.
+                Target::Claim => match &self.namespaces {
+                    Some(n) => n.claim(&reference.namespace, &reference.name).await?,
+                    None => None,
+                },
+            };
+            found.push(Found { reference, object });
+        }
+        Ok(found)
+    }
+
+    /// The objects `obj`'s kind needs for its admission, after it inferred what it infers
+    /// from them (`KindStrategy::resolve`, which may rewrite `obj`: then they are read again
+    /// for what it names now).
+    async fn resolve_references(
+        &self,
+        def: &ResourceDef,
+        obj: &mut Value,
+    ) -> ApiResult<Vec<Found>> {
+        let found = self.read_references(def, obj).await?;
+        let before = obj.clone();
+        let errs = (def.resolve)(obj, &found);
+        if !errs.is_empty() {
+            let name = meta_str(obj, "name").unwrap_or("").to_string();
+            return Err(ApiError::invalid(def.kind, def.group, &name, &errs));
+        }
+        if *obj == before {
+            return Ok(found);
+        }
+        self.read_references(def, obj).await
+    }
+
     /// Validation and input policy of writing `obj` over `old` (None on create).
     fn validate(
         &self,
@@ -416,6 +552,7 @@ impl Registry {
         old: Option<&Value>,
         obj: &Value,
         actor: Actor,
+        found: Option<&[Found]>,
     ) -> ApiResult<()> {
         let name = meta_str(obj, "name").unwrap_or("").to_string();
         let meta: ObjectMeta =
@@ -423,17 +560,18 @@ impl Registry {
                 .map_err(|e| ApiError::bad_request(format!("invalid metadata: {e}")))?;
         let mut errs = validate_object_meta(&meta, "metadata");
         errs.extend((def.validate)(obj));
-        errs.extend(kubevirt_api::policy::admit(
+        errs.extend(kubevirt_api::policy::admit_with(
             def.kind,
             old,
             obj,
-            actor,
+            &actor,
             &self.policy.gates,
+            found,
         ));
         if errs.is_empty() {
             Ok(())
         } else {
-            Err(ApiError::invalid(def.kind, GROUP, &name, &errs))
+            Err(ApiError::invalid(def.kind, def.group, &name, &errs))
         }
     }
 
@@ -447,6 +585,8 @@ impl Registry {
     ) -> ApiResult<Written> {
         let (mut obj, warnings) = self.decode_body(def, body, opts.field_validation)?;
         match meta_str(&obj, "namespace") {
+            // A cluster-scoped object has none, whatever the body says (kube-apiserver).
+            _ if !def.namespaced => set_meta(&mut obj, "namespace", None),
             None | Some("") => set_meta(&mut obj, "namespace", Some(json!(ns))),
             Some(n) if n == ns => {}
             Some(_) => {
@@ -483,8 +623,12 @@ impl Registry {
         if let Some(prefix) = &generate {
             set_meta(&mut obj, "name", Some(json!(generate_name(prefix))));
         }
-        self.validate(def, None, &obj, opts.actor)?;
-        if let Some(n) = &self.namespaces {
+        let found = self.resolve_references(def, &mut obj).await?;
+        self.validate(def, None, &obj, opts.actor.clone(), Some(&found))?;
+        self.review_clones(def, None, &obj, opts).await?;
+        if let Some(n) = &self.namespaces
+            && def.namespaced
+        {
             n.admit_create(ns, def.plural, meta_str(&obj, "name").unwrap_or(""))
                 .await?;
         }
@@ -558,6 +702,47 @@ impl Registry {
         ))
     }
 
+    /// A VM whose spec changed is checked again against the instance type and preference
+    /// it names (KubeVirt's VM admission does so on every update): a template field the
+    /// instance type owns, or a reference to one that does not exist, is refused with the
+    /// field named, whoever writes. Creates are checked in [`Self::create`].
+    async fn recheck_references(
+        &self,
+        def: &ResourceDef,
+        ns: &str,
+        name: &str,
+        current: &Value,
+        desired: &Value,
+    ) -> ApiResult<()> {
+        if def.kind != kubevirt_api::catalogue::VIRTUAL_MACHINE.kind
+            || objects::spec_part(desired, def.has_status)
+                == objects::spec_part(current, def.has_status)
+        {
+            return Ok(());
+        }
+        // Not a VM: validation already said why.
+        let Ok(vm) = serde_json::from_value::<kubevirt_api::VirtualMachine>(desired.clone()) else {
+            return Ok(());
+        };
+        let found = crate::expand::references_found(self, &vm, ns).await?;
+        if found.is_empty() {
+            return Ok(());
+        }
+        let errs = kubevirt_api::policy::admit_with(
+            def.kind,
+            Some(current),
+            desired,
+            &Actor::Server,
+            &self.policy.gates,
+            Some(&found),
+        );
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(def.kind, def.group, name, &errs))
+        }
+    }
+
     /// Read-modify-write with CAS retries. `mutate` gets the current object (with its
     /// resourceVersion) and returns the desired one, or an error to abort.
     async fn guaranteed_update<F>(
@@ -566,6 +751,7 @@ impl Registry {
         ns: &str,
         name: &str,
         dry_run: bool,
+        review: Option<&WriteOptions>,
         mut mutate: F,
     ) -> ApiResult<Value>
     where
@@ -584,6 +770,12 @@ impl Registry {
             if objects::comparable(&desired) == objects::comparable(&value) {
                 // Nothing changed: no write, no event, same resourceVersion.
                 return Ok(current_obj);
+            }
+            self.recheck_references(def, ns, name, &value, &desired)
+                .await?;
+            if let Some(opts) = review {
+                self.review_clones(def, Some(&value), &desired, opts)
+                    .await?;
             }
             let finalizing = desired.pointer("/metadata/deletionTimestamp").is_some()
                 && objects::finalizers(&desired).is_empty();
@@ -716,7 +908,7 @@ impl Registry {
             );
         }
         set_meta(&mut new, "selfLink", None);
-        new["apiVersion"] = json!(API_VERSION);
+        new["apiVersion"] = json!(def.api_version());
         new["kind"] = json!(def.kind);
 
         let deleting = current.pointer("/metadata/deletionTimestamp").is_some();
@@ -730,7 +922,7 @@ impl Registry {
             if !added.is_empty() {
                 return Err(ApiError::invalid(
                     def.kind,
-                    GROUP,
+                    def.group,
                     name,
                     &[FieldError::forbidden(
                         "metadata.finalizers",
@@ -741,10 +933,15 @@ impl Registry {
                 ));
             }
         }
-        // /status takes nothing but status from the request, so the policy (spec and
-        // metadata) has nothing to check there.
-        if !status_only {
-            self.validate(def, Some(current), &new, actor)?;
+        // /status takes nothing but status from the request: of the policy only who may
+        // write it applies there (virt-handler's node restriction).
+        if status_only {
+            let errs = kubevirt_api::policy::admit_status(def.kind, current, &new, &actor);
+            if !errs.is_empty() {
+                return Err(ApiError::invalid(def.kind, def.group, name, &errs));
+            }
+        } else {
+            self.validate(def, Some(current), &new, actor, None)?;
         }
         if objects::spec_part(&new, def.has_status) != objects::spec_part(current, def.has_status) {
             let g = current
@@ -777,7 +974,7 @@ impl Registry {
         if meta_str(&incoming, "resourceVersion").is_none_or(str::is_empty) {
             return Err(ApiError::invalid(
                 def.kind,
-                GROUP,
+                def.group,
                 name,
                 &[FieldError::invalid(
                     "metadata.resourceVersion",
@@ -787,7 +984,7 @@ impl Registry {
             ));
         }
         let object = self
-            .guaranteed_update(def, ns, name, opts.dry_run, |cur| {
+            .guaranteed_update(def, ns, name, opts.dry_run, Some(opts), |cur| {
                 self.prepare_update(
                     def,
                     ns,
@@ -798,7 +995,7 @@ impl Registry {
                         status_only,
                         manager: &opts.field_manager,
                     },
-                    opts.actor,
+                    opts.actor.clone(),
                 )
             })
             .await?;
@@ -823,7 +1020,7 @@ impl Registry {
     where
         F: FnMut(&mut Value) -> ApiResult<()>,
     {
-        self.guaranteed_update(def, ns, name, dry_run, |cur| {
+        self.guaranteed_update(def, ns, name, dry_run, None, |cur| {
             let mut next = cur.clone();
             f(&mut next)?;
             // Server code: the action subresource was authorized for what it writes.
@@ -844,7 +1041,7 @@ impl Registry {
     ) -> ApiResult<Written> {
         let mut warnings = Vec::new();
         let object = self
-            .guaranteed_update(def, ns, name, opts.dry_run, |cur| {
+            .guaranteed_update(def, ns, name, opts.dry_run, Some(opts), |cur| {
                 let mut doc = cur.clone();
                 match patch {
                     Patch::Json(p) => match apply_json_patch(&mut doc, p, JSON_PATCH_MAX_COPY_BYTES) {
@@ -855,14 +1052,14 @@ impl Registry {
                             )));
                         }
                         Err(JsonPatchError::Patch(e)) => {
-                            return Err(ApiError::invalid(def.kind, GROUP, name, &[FieldError::invalid("", "", &format!("the server rejected our request due to an error in our request: {e}"))]));
+                            return Err(ApiError::invalid(def.kind, def.group, name, &[FieldError::invalid("", "", &format!("the server rejected our request due to an error in our request: {e}"))]));
                         }
                     },
                     Patch::Merge(p) => json_patch::merge(&mut doc, p),
                 }
                 let (decoded, w) = self.decode_body(def, doc, opts.field_validation)?;
                 warnings = w;
-                self.prepare_update(def, ns, name, cur, &decoded, Via { status_only, manager: &opts.field_manager }, opts.actor)
+                self.prepare_update(def, ns, name, cur, &decoded, Via { status_only, manager: &opts.field_manager }, opts.actor.clone())
             })
             .await?;
         Ok(Written {
@@ -887,10 +1084,20 @@ impl Registry {
         if meta_str(&applied, "name").is_none_or(str::is_empty) {
             return Err(ApiError::invalid(
                 def.kind,
-                GROUP,
+                def.group,
                 name,
                 &[FieldError::required("metadata.name", "")],
             ));
+        }
+        // The request was authorized for the URL's name: an apply that would create an
+        // object under another name is refused, as kube-apiserver refuses it (L1 of the
+        // security review at 5efe883).
+        if let Some(n) = meta_str(&applied, "name")
+            && n != name
+        {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({n}) does not match the name on the URL ({name})"
+            )));
         }
         let key = self.key(def, ns, name);
         if !status_only
@@ -917,7 +1124,7 @@ impl Registry {
             }
         }
         let object = self
-            .guaranteed_update(def, ns, name, opts.dry_run, |cur| {
+            .guaranteed_update(def, ns, name, opts.dry_run, Some(opts), |cur| {
                 let merged = crate::managed::apply_to(
                     Some(cur),
                     &applied,
@@ -937,7 +1144,7 @@ impl Registry {
                         status_only,
                         manager: "",
                     },
-                    opts.actor,
+                    opts.actor.clone(),
                 )?;
                 // prepare_update must not record an Update entry for an apply.
                 crate::managed::copy_managed_fields(&merged, &mut next);
@@ -1438,7 +1645,7 @@ fn success_status(def: &ResourceDef, name: &str, uid: &str) -> Status {
         status: Some("Success".into()),
         details: Some(StatusDetails {
             name: Some(name.into()),
-            group: Some(GROUP.into()),
+            group: Some(def.group.into()),
             kind: Some(def.plural.into()),
             uid: Some(uid.into()),
             ..Default::default()
@@ -1521,6 +1728,18 @@ pub fn apply_json_patch(
                     limit: max_copy_bytes,
                 });
             }
+        }
+        // kube-apiserver's JSON patch (evanphx/json-patch) takes a missing member of an
+        // existing object as equal to `null`: upstream virtctl relies on it (`credentials
+        // add-ssh-key` tests `accessCredentials` for null before adding the array).
+        if let json_patch::PatchOperation::Test(t) = op
+            && t.value.is_null()
+            && doc.pointer(t.path.as_str()).is_none()
+            && t.path
+                .parent()
+                .is_some_and(|p| doc.pointer(p.as_str()).is_some_and(Value::is_object))
+        {
+            continue;
         }
         json_patch::patch(doc, std::slice::from_ref(op))?;
     }
@@ -1609,6 +1828,23 @@ mod tests {
             apply_json_patch(&mut doc, &failing, 16),
             Err(JsonPatchError::Patch(_))
         ));
+        // A missing member tests equal to null, as in kube-apiserver (virtctl's
+        // `credentials add-ssh-key` patch); a missing parent still fails.
+        let virtctl = ops(serde_json::json!([
+            {"op": "test", "path": "/spec/accessCredentials", "value": null},
+            {"op": "add", "path": "/spec/accessCredentials", "value": []},
+            {"op": "add", "path": "/spec/accessCredentials/-", "value": {"x": 1}}
+        ]));
+        apply_json_patch(&mut doc, &virtctl, 16).unwrap();
+        assert_eq!(
+            doc["spec"]["accessCredentials"],
+            serde_json::json!([{"x": 1}])
+        );
+        let missing_parent =
+            ops(serde_json::json!([{"op": "test", "path": "/nope/x", "value": null}]));
+        assert!(apply_json_patch(&mut doc, &missing_parent, 16).is_err());
+        let present = ops(serde_json::json!([{"op": "test", "path": "/spec/a", "value": null}]));
+        assert!(apply_json_patch(&mut doc, &present, 16).is_err());
     }
 
     #[test]

@@ -34,12 +34,13 @@ pub enum TlsError {
     Rustls(#[from] rustls::Error),
 }
 
-/// Builds the rustls server configuration.
+/// Builds the rustls server configuration, asking clients for certificates of `auth`'s CAs.
 pub fn tls_config(
     cert_pem: &[u8],
     key_pem: &[u8],
     auth: &AuthConfig,
 ) -> Result<ServerConfig, TlsError> {
+    let trust = auth.trust();
     use rustls_pki_types::pem::PemObject;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
@@ -51,10 +52,10 @@ pub fn tls_config(
         what: "serving key",
     })?;
     let mut pools = Vec::new();
-    if let Some(rh) = &auth.request_header {
+    if let Some(rh) = &trust.request_header {
         pools.push(&rh.ca);
     }
-    if let Some(ca) = &auth.client_ca {
+    if let Some(ca) = &trust.client_ca {
         pools.push(ca);
     }
     let verifier = Arc::new(DeferredClientVerifier::new(&pools, provider.clone()));
@@ -67,53 +68,124 @@ pub fn tls_config(
 }
 
 /// The serving configuration, rebuilt from the certificate files when the operator rotates
-/// them (checked per new connection): kube-apiserver's next connection gets the new
-/// certificate while open consoles keep theirs, so a rotation needs no restart.
+/// them and when the client CAs change (checked per new connection): kube-apiserver's next
+/// connection gets the new certificate, or is asked for one of the new CA, while open
+/// consoles keep theirs, so a rotation needs no restart.
 #[derive(Clone, Debug)]
-pub struct ServingTls(Arc<Reloading<ServerConfig>>);
+pub struct ServingTls(Arc<Serving>);
+
+#[derive(Debug)]
+enum Serving {
+    Files(Box<ServingFiles>),
+    Fixed(Arc<ServerConfig>),
+}
+
+#[derive(Debug)]
+struct ServingFiles {
+    /// The certificate and key as read (checked to make a configuration).
+    files: Reloading<(Vec<u8>, Vec<u8>)>,
+    auth: AuthConfig,
+    /// The configuration in use: from which files, for which trust generation.
+    built: std::sync::Mutex<Built>,
+}
+
+#[derive(Debug)]
+struct Built {
+    files: Arc<(Vec<u8>, Vec<u8>)>,
+    generation: u64,
+    config: Arc<ServerConfig>,
+}
+
+impl Built {
+    fn new(files: Arc<(Vec<u8>, Vec<u8>)>, auth: &AuthConfig) -> Result<Self, TlsError> {
+        let generation = auth.trust().generation;
+        let config = Arc::new(tls_config(&files.0, &files.1, auth)?);
+        Ok(Self {
+            files,
+            generation,
+            config,
+        })
+    }
+}
 
 impl ServingTls {
     /// Serves the certificate and key in these files, re-read when they change; clients are
-    /// verified against `auth`'s CAs.
+    /// verified against `auth`'s CAs, whichever they are at the time.
     pub fn from_files(cert: PathBuf, key: PathBuf, auth: &AuthConfig) -> Result<Self, ReloadError> {
-        let auth = auth.clone();
-        let r = Reloading::new(
+        let check = auth.clone();
+        let files = Reloading::new(
             "serving certificate (--tls-cert-file, --tls-private-key-file)",
             vec![cert, key],
-            move |c| Ok(tls_config(&c[0], &c[1], &auth)?),
+            move |c| {
+                tls_config(&c[0], &c[1], &check)?;
+                Ok((c[0].clone(), c[1].clone()))
+            },
         )?;
-        Ok(Self(Arc::new(r)))
+        let built = Built::new(files.get(), auth).map_err(|e| ReloadError::Build {
+            what: "serving certificate".into(),
+            source: e.into(),
+        })?;
+        Ok(Self(Arc::new(Serving::Files(Box::new(ServingFiles {
+            files,
+            auth: auth.clone(),
+            built: std::sync::Mutex::new(built),
+        })))))
     }
 
     /// A configuration that never changes (tests).
     pub fn fixed(cfg: ServerConfig) -> Self {
-        Self(Arc::new(Reloading::fixed("serving certificate", cfg)))
+        Self(Arc::new(Serving::Fixed(Arc::new(cfg))))
     }
 
     fn get(&self) -> Arc<ServerConfig> {
-        let cfg = self.0.get();
-        if let Some(e) = self.0.last_error() {
+        let ServingFiles { files, auth, built } = match &*self.0 {
+            Serving::Fixed(c) => return c.clone(),
+            Serving::Files(f) => &**f,
+        };
+        let pems = files.get();
+        if let Some(e) = files.last_error() {
             tracing::warn!(error = %e, "Serving certificate files changed but cannot be used; keeping the previous ones");
         }
-        cfg
+        let mut built = built
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !Arc::ptr_eq(&built.files, &pems) || built.generation != auth.trust().generation {
+            // The files were checked when read: a failure here keeps the configuration
+            // in use.
+            match Built::new(pems, auth) {
+                Ok(b) => *built = b,
+                Err(e) => tracing::warn!(error = %e, "rebuilding the serving configuration"),
+            }
+        }
+        built.config.clone()
     }
 }
 
-/// Bounds on connections, so that clients that connect and say nothing cannot pile up.
+/// Bounds on connections, so that clients that connect and say nothing, or connect, ask
+/// once and then hold the connection open, cannot pile up (N2 of the security review at
+/// bd37f96: 8192 HTTP/2 connections that each sent one request held every slot for good).
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectionLimits {
-    /// Open connections at most. A connection accepted at the limit closes the oldest one
-    /// that has not sent a request yet ([`Unproven`]); when every connection has, it waits
+    /// Open connections at most. A connection accepted at the limit closes the one that has
+    /// been idle (no request in flight) the longest; when none is idle, accepting waits
     /// until one closes (the kernel's backlog holds the rest).
     pub max_connections: usize,
     /// HTTP/1: time for a request's headers to arrive, counted from when the connection
-    /// waits for one, so it also ends idle keep-alive connections.
+    /// waits for one, so it also ends idle keep-alive connections. Also the time any
+    /// connection has, from its accept, to send its first request (an HTTP/2 client that
+    /// completes TLS and says nothing is closed then).
     pub header_read_timeout: Duration,
     /// TLS handshake.
     pub handshake_timeout: Duration,
     /// HTTP/2: ping interval, and how long an unanswered ping may stay unanswered before the
     /// connection is dropped (a vanished peer otherwise holds its streams forever).
     pub h2_keepalive: Duration,
+    /// A connection that has served requests and has none in flight is closed after this
+    /// long (Go's `http.Server.IdleTimeout`, 90 s in kube-apiserver).
+    pub idle_timeout: Duration,
+    /// After this long a connection takes no new requests (HTTP/2 GOAWAY; clients open a
+    /// new one) and closes once those in flight end.
+    pub max_age: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -123,43 +195,74 @@ impl Default for ConnectionLimits {
             header_read_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
             h2_keepalive: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(90),
+            max_age: Duration::from_secs(30 * 60),
         }
     }
 }
 
-/// Connections that have not sent a request yet (in their TLS handshake or before their
-/// first request's headers), oldest first. At the connection limit the oldest of them is
-/// closed to make room for a new one: clients that connect and say nothing cannot crowd out
-/// the rest, and a connection that has served a request is never shed this way.
+/// The client's address, in each request's extensions (the eviction webhook's budget is
+/// per address).
+#[derive(Clone, Copy, Debug)]
+pub struct RemoteAddr(pub SocketAddr);
+
+/// Connections with no request in flight, the longest idle first: a new connection (in its
+/// handshake or before its first request) counts as idle from its accept. At the connection
+/// limit the one idle the longest is closed to make room for a new one: clients that hold
+/// connections without using them cannot crowd out the rest, and a connection with a
+/// request in flight (a watch, a console) is never shed this way.
 #[derive(Debug, Default)]
-pub struct Unproven {
+pub struct Idle {
     next: std::sync::atomic::AtomicU64,
     waiting: std::sync::Mutex<std::collections::BTreeMap<u64, CancellationToken>>,
 }
 
-/// A connection's place in [`Unproven`], left at its first request or when it ends.
+/// One connection's requests in flight and idle time, and its place in [`Idle`].
 #[derive(Debug)]
-pub struct UnprovenEntry {
-    set: Arc<Unproven>,
-    id: u64,
+pub struct Conn {
+    set: Arc<Idle>,
+    state: std::sync::Mutex<ConnState>,
     /// Cancelled when the connection is shed.
     pub shed: CancellationToken,
 }
 
-impl Unproven {
-    /// Registers a new connection.
-    pub fn enter(self: &Arc<Self>) -> UnprovenEntry {
-        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+#[derive(Debug)]
+struct ConnState {
+    in_flight: usize,
+    /// Its key in [`Idle`] while it has no request in flight.
+    idle_key: Option<u64>,
+    idle_since: std::time::Instant,
+    served: bool,
+}
+
+/// A request in flight on a [`Conn`]: the connection is idle again when the last one ends.
+#[derive(Debug)]
+pub struct Active(Arc<Conn>);
+
+impl Idle {
+    /// Registers a new connection, idle from now.
+    pub fn enter(self: &Arc<Self>) -> Arc<Conn> {
         let shed = CancellationToken::new();
-        self.lock().insert(id, shed.clone());
-        UnprovenEntry {
+        let key = self.insert(shed.clone());
+        Arc::new(Conn {
             set: self.clone(),
-            id,
+            state: std::sync::Mutex::new(ConnState {
+                in_flight: 0,
+                idle_key: Some(key),
+                idle_since: std::time::Instant::now(),
+                served: false,
+            }),
             shed,
-        }
+        })
     }
 
-    /// Closes the oldest connection that has not sent a request; false when there is none.
+    fn insert(&self, shed: CancellationToken) -> u64 {
+        let key = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.lock().insert(key, shed);
+        key
+    }
+
+    /// Closes the connection idle the longest; false when none is idle.
     pub fn shed_oldest(&self) -> bool {
         match self.lock().pop_first() {
             Some((_, shed)) => {
@@ -170,12 +273,12 @@ impl Unproven {
         }
     }
 
-    /// How many connections have not sent a request.
+    /// How many connections are idle.
     pub fn len(&self) -> usize {
         self.lock().len()
     }
 
-    /// Whether every connection has sent a request.
+    /// Whether every connection has a request in flight.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -190,16 +293,97 @@ impl Unproven {
     }
 }
 
-impl UnprovenEntry {
-    /// The connection sent a request: it is no longer shed at the limit.
-    pub fn proven(&self) {
-        self.set.lock().remove(&self.id);
+impl Conn {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ConnState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A request starts: the connection is busy until the returned guard drops (when the
+    /// response's body has been sent).
+    pub fn start(self: &Arc<Self>) -> Active {
+        let mut st = self.lock();
+        st.in_flight += 1;
+        st.served = true;
+        if let Some(key) = st.idle_key.take() {
+            self.set.lock().remove(&key);
+        }
+        Active(self.clone())
+    }
+
+    /// How long it has had no request in flight (`None`: it has one), and whether it ever
+    /// had one.
+    pub fn idle(&self) -> (Option<Duration>, bool) {
+        let st = self.lock();
+        let idle = (st.in_flight == 0).then(|| st.idle_since.elapsed());
+        (idle, st.served)
     }
 }
 
-impl Drop for UnprovenEntry {
+impl Drop for Active {
     fn drop(&mut self) {
-        self.proven();
+        let mut st = self.0.lock();
+        st.in_flight = st.in_flight.saturating_sub(1);
+        if st.in_flight == 0 && st.idle_key.is_none() {
+            st.idle_since = std::time::Instant::now();
+            st.idle_key = Some(self.0.set.insert(self.0.shed.clone()));
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(key) = self.lock().idle_key.take() {
+            self.set.lock().remove(&key);
+        }
+    }
+}
+
+/// A response body that keeps its request counted in flight on its connection until it
+/// has been sent (a watch is busy for as long as it streams).
+struct Tracked {
+    body: axum::body::Body,
+    _active: Active,
+}
+
+impl http_body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Resolves when `conn` has been idle for its limit: [`ConnectionLimits::header_read_timeout`]
+/// before its first request, [`ConnectionLimits::idle_timeout`] after.
+async fn idle_expired(conn: &Conn, limits: &ConnectionLimits) {
+    loop {
+        let (idle, served) = conn.idle();
+        let limit = if served {
+            limits.idle_timeout
+        } else {
+            limits.header_read_timeout
+        };
+        let wait = match idle {
+            Some(d) if d >= limit => return,
+            Some(d) => limit - d,
+            // Busy: look again later (a request ending restarts the count).
+            None => limit,
+        };
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -236,11 +420,11 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let tracker = tokio_util::task::TaskTracker::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
-    let unproven = Arc::new(Unproven::default());
+    let idle = Arc::new(Idle::default());
     loop {
         // At the limit with every connection serving requests, leave new ones in the
         // kernel's backlog until one closes.
-        if slots.available_permits() == 0 && unproven.is_empty() {
+        if slots.available_permits() == 0 && idle.is_empty() {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 slot = slots.acquire() => match slot {
@@ -263,8 +447,8 @@ pub async fn serve(
             Ok(s) => s,
             Err(tokio::sync::TryAcquireError::Closed) => break,
             Err(tokio::sync::TryAcquireError::NoPermits) => {
-                if unproven.shed_oldest() {
-                    tracing::debug!(%remote, "At the connection limit: closed the oldest connection without a request");
+                if idle.shed_oldest() {
+                    tracing::debug!(%remote, "At the connection limit: closed the connection idle the longest");
                 }
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
@@ -275,7 +459,7 @@ pub async fn serve(
                 }
             }
         };
-        let entry = unproven.enter();
+        let conn = idle.enter();
         let _ = tcp.set_nodelay(true);
         let acceptor = TlsAcceptor::from(tls.get());
         let router = router.clone();
@@ -283,7 +467,7 @@ pub async fn serve(
         let shutdown = shutdown.clone();
         tracker.spawn(async move {
             let _slot = slot;
-            let shed = entry.shed.clone();
+            let shed = conn.shed.clone();
             let handshake = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp));
             let tls = tokio::select! {
                 _ = shed.cancelled() => return,
@@ -297,13 +481,22 @@ pub async fn serve(
                 },
             };
             let peer = auth.identify(tls.get_ref().1.peer_certificates());
-            let entry = Arc::new(entry);
+            let tracked = conn.clone();
             let svc = hyper::service::service_fn(
                 move |mut req: hyper::Request<hyper::body::Incoming>| {
-                    entry.proven();
+                    let active = tracked.start();
                     req.extensions_mut().insert(peer.clone());
+                    req.extensions_mut().insert(RemoteAddr(remote));
                     let router = router.clone();
-                    async move { router.oneshot(req.map(axum::body::Body::new)).await }
+                    async move {
+                        let resp = router.oneshot(req.map(axum::body::Body::new)).await?;
+                        Ok::<_, std::convert::Infallible>(resp.map(|body| {
+                            axum::body::Body::new(Tracked {
+                                body,
+                                _active: active,
+                            })
+                        }))
+                    }
                 },
             );
             let mut builder = Builder::new(TokioExecutor::new());
@@ -317,21 +510,35 @@ pub async fn serve(
                 .keep_alive_interval(limits.h2_keepalive)
                 .keep_alive_timeout(limits.h2_keepalive)
                 .max_concurrent_streams(1000);
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
-            tokio::pin!(conn);
-            tokio::select! {
-                res = conn.as_mut() => {
+            let conn_fut = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
+            tokio::pin!(conn_fut);
+            let finish: Option<Duration> = tokio::select! {
+                res = conn_fut.as_mut() => {
                     if let Err(e) = res {
                         tracing::debug!(%remote, error = %e, "Connection ended with error");
                     }
+                    return;
                 }
-                // Cancelled only while no request has come: nothing to finish.
-                _ = shed.cancelled() => {}
-                _ = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), conn).await;
+                // Shed at the limit, or idle too long: nothing in flight to finish.
+                _ = shed.cancelled() => return,
+                _ = idle_expired(&conn, &limits) => {
+                    tracing::debug!(%remote, "Closing an idle connection");
+                    return;
                 }
-            }
+                _ = tokio::time::sleep(limits.max_age) => None,
+                _ = shutdown.cancelled() => Some(Duration::from_secs(10)),
+            };
+            // No new requests; those in flight end first (bounded on shutdown; a watch on a
+            // connection past its age ends at its own timeout).
+            conn_fut.as_mut().graceful_shutdown();
+            let grace = match finish {
+                Some(g) => g,
+                None => tokio::select! {
+                    _ = conn_fut.as_mut() => return,
+                    _ = shutdown.cancelled() => Duration::from_secs(10),
+                },
+            };
+            let _ = tokio::time::timeout(grace, conn_fut).await;
         });
     }
     tracker.close();
@@ -344,21 +551,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_oldest_connection_without_a_request_is_shed_first() {
-        let set = Arc::new(Unproven::default());
+    fn the_connection_idle_the_longest_is_shed_first() {
+        let set = Arc::new(Idle::default());
         let a = set.enter();
         let b = set.enter();
         let c = set.enter();
         assert_eq!(set.len(), 3);
-        // `a` sent a request: never shed at the limit.
-        a.proven();
+        // `a` has a request in flight: never shed at the limit.
+        let busy = a.start();
         assert!(set.shed_oldest());
         assert!(!a.shed.is_cancelled());
         assert!(b.shed.is_cancelled());
         assert!(!c.shed.is_cancelled());
+        // Its request done, `a` is idle again, behind `c`.
+        drop(busy);
+        assert_eq!(set.len(), 2);
+        assert!(set.shed_oldest());
+        assert!(c.shed.is_cancelled());
+        assert!(!a.shed.is_cancelled());
         // A connection that ends leaves the set.
-        drop(c);
+        drop(a);
         assert!(set.is_empty());
         assert!(!set.shed_oldest());
+    }
+
+    #[test]
+    fn idle_time_counts_from_the_last_request() {
+        let set = Arc::new(Idle::default());
+        let c = set.enter();
+        assert!(matches!(c.idle(), (Some(_), false)));
+        let r1 = c.start();
+        let r2 = c.start();
+        assert!(matches!(c.idle(), (None, true)));
+        drop(r1);
+        assert!(
+            matches!(c.idle(), (None, true)),
+            "one request still in flight"
+        );
+        drop(r2);
+        let (idle, served) = c.idle();
+        assert!(served && idle.is_some_and(|d| d < Duration::from_secs(1)));
     }
 }

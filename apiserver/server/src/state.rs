@@ -46,6 +46,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Set once termination begins, so /readyz fails first.
     pub terminating: AtomicBool,
+    /// When etcd last answered a health check (/readyz tolerates a short gap).
+    pub etcd_answered: std::sync::Mutex<Option<std::time::Instant>>,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
     /// Interval between watch bookmarks.
@@ -55,7 +57,11 @@ pub struct AppState {
     /// Read-only and mutating requests allowed at once.
     pub in_flight: crate::inflight::InFlight,
     /// Open watches per user.
-    pub watches: Arc<crate::inflight::Watches>,
+    pub watches: Arc<crate::inflight::PerUser>,
+    /// Open console, VNC and port-forward streams per user.
+    pub streams: Arc<crate::inflight::PerUser>,
+    /// The eviction webhook's calls at once, per source address.
+    pub webhook_calls: Arc<crate::inflight::PerSource>,
     /// The eviction webhook for launcher pods.
     pub eviction: LauncherEviction,
 }
@@ -83,12 +89,41 @@ impl std::fmt::Debug for LauncherEviction {
     }
 }
 
+/// How long a request's body may take to arrive. A client that sends its body slowly holds
+/// an in-flight slot meanwhile: without a bound a handful of them would hold every slot
+/// (N2 of the security review at bd37f96). kube-apiserver bounds a whole non-long-running
+/// request at 60 s; the body alone gets half of that.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl AppState {
-    /// A request's headers and body, at most `max_body_bytes` of it (413 beyond).
+    /// A request's headers and body, at most `max_body_bytes` of it (413 beyond), within
+    /// [`BODY_TIMEOUT`] (408 beyond).
     pub(crate) async fn read_body(&self, req: Request) -> ApiResult<(HeaderMap, Bytes)> {
+        read_body_within(req, self.max_body_bytes, BODY_TIMEOUT).await
+    }
+}
+
+/// [`AppState::read_body`] with its limits given.
+pub(crate) async fn read_body_within(
+    req: Request,
+    max_body_bytes: usize,
+    timeout: Duration,
+) -> ApiResult<(HeaderMap, Bytes)> {
+    let headers = req.headers().clone();
+    let body = tokio::time::timeout(timeout, collect_body(req.into_body(), max_body_bytes))
+        .await
+        .map_err(|_| {
+            ApiError::request_timeout(format!(
+                "the request body did not arrive within {}s",
+                timeout.as_secs()
+            ))
+        })??;
+    Ok((headers, body))
+}
+
+async fn collect_body(mut body: axum::body::Body, max_body_bytes: usize) -> ApiResult<Bytes> {
+    {
         use http_body_util::BodyExt;
-        let headers = req.headers().clone();
-        let mut body = req.into_body();
         let mut buf = bytes::BytesMut::new();
         let mut seen = 0usize;
         // Past the limit keep reading (bounded) without storing, so an HTTP/1.1 client
@@ -98,19 +133,18 @@ impl AppState {
                 frame.map_err(|e| ApiError::bad_request(format!("reading request body: {e}")))?;
             if let Some(data) = frame.data_ref() {
                 seen += data.len();
-                if seen <= self.max_body_bytes {
+                if seen <= max_body_bytes {
                     buf.extend_from_slice(data);
-                } else if seen > self.max_body_bytes.saturating_mul(8) {
+                } else if seen > max_body_bytes.saturating_mul(8) {
                     break;
                 }
             }
         }
-        if seen > self.max_body_bytes {
+        if seen > max_body_bytes {
             return Err(ApiError::too_large(format!(
-                "limit is {} bytes",
-                self.max_body_bytes
+                "limit is {max_body_bytes} bytes"
             )));
         }
-        Ok((headers, buf.freeze()))
+        Ok(buf.freeze())
     }
 }

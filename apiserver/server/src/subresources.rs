@@ -58,15 +58,15 @@ fn dry(d: &Option<Vec<String>>) -> ApiResult<bool> {
 }
 
 fn vm_def() -> &'static ResourceDef {
-    &ResourceDef::all()[0]
+    &kubevirt_api::kinds::vm::STRATEGY
 }
 
 fn vmi_def() -> &'static ResourceDef {
-    &ResourceDef::all()[1]
+    &kubevirt_api::kinds::vmi::STRATEGY
 }
 
 fn vmim_def() -> &'static ResourceDef {
-    &ResourceDef::all()[2]
+    &kubevirt_api::kinds::vmim::STRATEGY
 }
 
 /// KubeVirt words state conflicts with the singular resource name.
@@ -157,8 +157,13 @@ enum Route {
     VmiAction,
     /// console, vnc, portforward: relayed to the VMI's virt-handler.
     VmiStream,
+    /// Every guest-agent read of the catalogue (`catalogue::VMI_READS`): checked as KubeVirt's
+    /// virt-api checks them and answered by the VMI's virt-handler.
+    VmiRead,
     /// evacuate/cancel of a VMI or of a VM's instance: removes the evacuation mark.
     EvacuateCancel,
+    /// A VM with its instance type and preference expanded (expand.rs).
+    ExpandSpec,
 }
 
 fn route(sub: &Subresource) -> Option<Route> {
@@ -174,11 +179,13 @@ fn route(sub: &Subresource) -> Option<Route> {
         (&c::PORTFORWARD_VM, Route::VmiStream),
         (&c::EVACUATE_CANCEL_VMI, Route::EvacuateCancel),
         (&c::EVACUATE_CANCEL_VM, Route::EvacuateCancel),
+        (&c::EXPAND_SPEC, Route::ExpandSpec),
     ]
     .into_iter()
     .find(|(s, _)| *s == sub)
     .map(|(_, r)| r)
     .or_else(|| catalogue::vmi_action(sub).map(|_| Route::VmiAction))
+    .or_else(|| catalogue::vmi_read(sub).map(|_| Route::VmiRead))
 }
 
 /// The stream's path below the VMI at its handler: the subresource, and for portforward
@@ -232,6 +239,21 @@ impl Subresources<'_> {
         if info.resource == "version" && info.is_collection && info.namespace.is_empty() {
             return Ok(axum::Json(crate::discovery::version_info()).into_response());
         }
+        // `namespaces/{ns}/expand-vm-spec`: an endpoint on no object.
+        if info.resource == crate::expand::EXPAND_VM_SPEC
+            && info.name.is_empty()
+            && !info.namespace.is_empty()
+        {
+            if req.method() != http::Method::PUT {
+                return Err(ApiError::method_not_allowed());
+            }
+            let bytes = axum::body::to_bytes(req.into_body(), st.max_body_bytes)
+                .await
+                .map_err(|_| {
+                    ApiError::too_large(format!("limit is {} bytes", st.max_body_bytes))
+                })?;
+            return crate::expand::body(&st.registry, &info.namespace, &bytes).await;
+        }
         let def = ResourceDef::by_plural(&info.resource).ok_or_else(ApiError::path_not_found)?;
         // Served when the catalogue has it and a handler serves it.
         let entry = def
@@ -281,6 +303,38 @@ impl Subresources<'_> {
                 let of_vm = entry.kind == &catalogue::VIRTUAL_MACHINE;
                 self.evacuate_cancel(st, ns, name, of_vm, dry(&opts.dry_run)?)
                     .await
+            }
+            Route::ExpandSpec => crate::expand::stored(&st.registry, ns, name).await,
+            Route::VmiRead => {
+                let vmi = typed_vmi(st.registry.get(vmi_def(), ns, name).await?)?;
+                // KubeVirt's virt-api checks, with its words; its own answer is a 500 with
+                // this text, ours the 409 Status it builds.
+                let status = vmi.status.as_ref();
+                if status.map(|s| s.phase) != Some(Phase::Running) {
+                    return Err(state_conflict(
+                        "virtualmachineinstance",
+                        name,
+                        "VMI is not running",
+                    ));
+                }
+                if status
+                    .and_then(|s| s.condition(condition_types::AGENT_CONNECTED))
+                    .is_none()
+                {
+                    return Err(state_conflict(
+                        "virtualmachineinstance",
+                        name,
+                        "VMI does not have guest agent connected",
+                    ));
+                }
+                let node = node_of(&vmi)?;
+                match self.handler.get_document(node, ns, name, sub).await {
+                    Ok(doc) => {
+                        Ok(([(http::header::CONTENT_TYPE, "application/json")], doc)
+                            .into_response())
+                    }
+                    Err(e) => Ok(e.into_response()),
+                }
             }
             Route::VmiAction => {
                 // route() gives VmiAction to catalogued VMI actions only.
@@ -351,16 +405,29 @@ impl Subresources<'_> {
         let shutdown = st.shutdown.clone();
         let metrics = st.metrics.clone();
         let what = format!("{sub} {ns}/{name} on {node}");
+        let kind = crate::metrics::Connection::of(sub);
+        let (ns_label, name_label) = (ns.to_string(), name.to_string());
+        // The user's count of open streams (http.rs) drops when the relay ends.
+        let slot = parts.extensions.remove::<crate::http::StreamSlot>();
         // Clients that offer no subprotocol (KubeVirt before #1485) are served too.
         Ok(upgrade
             .protocols([crate::handler::PLAIN_SUBPROTOCOL])
             .max_message_size(crate::stream::MAX_CLIENT_MESSAGE)
             .max_frame_size(crate::stream::MAX_CLIENT_MESSAGE)
             .on_failed_upgrade(|e| tracing::debug!(error = %e, "Client upgrade failed"))
-            .on_upgrade(move |client| async move {
-                // apiserver_longrunning_requests counts open consoles like watches.
-                let _open = crate::metrics::LongRunning::start(metrics);
-                crate::stream::relay(client, handler, Keepalive::default(), shutdown, what).await;
+            .on_upgrade(move |client| {
+                crate::http::guard(async move {
+                    let _slot = slot;
+                    // KubeVirt's gauge of the stream's kind, from the upgrade to the
+                    // relay's end (virt-api counts from the established connection too).
+                    let _active = kind.map(|k| {
+                        crate::metrics::ActiveConnection::start(&metrics, k, &ns_label, &name_label)
+                    });
+                    // apiserver_longrunning_requests counts open consoles like watches.
+                    let _open = crate::metrics::LongRunning::start(metrics);
+                    crate::stream::relay(client, handler, Keepalive::default(), shutdown, what)
+                        .await;
+                })
             }))
     }
 
@@ -722,9 +789,11 @@ impl Subresources<'_> {
         }
         let body = json!({"apiVersion": crate::rest::API_VERSION, "kind": "VirtualMachineInstanceMigration",
             "metadata": {"generateName": "kubevirt-migrate-vm-", "labels": {(kubevirt_api::migration::names::VMI_NAME_LABEL): name}}, "spec": spec});
+        // The label naming the VMI is reserved: virt-apiserver writes it, not the caller.
         let wopts = WriteOptions {
             dry_run,
             field_manager: MANAGER.into(),
+            actor: kubevirt_api::policy::Actor::Server,
             ..Default::default()
         };
         st.registry.create(vmim_def(), ns, body, &wopts).await?;
@@ -744,7 +813,8 @@ mod tests {
         for sub in catalogue::SUBRESOURCES {
             let r = route(sub);
             assert!(
-                r.is_some_and(|r| (r == Route::VmiStream) == sub.is_stream()),
+                r.is_some_and(|r| (r == Route::VmiStream) == sub.is_stream()
+                    && matches!(r, Route::VmiRead | Route::ExpandSpec) == sub.is_read()),
                 "{} is catalogued as {:?} but served as {r:?}",
                 sub.resource(),
                 sub.style

@@ -102,7 +102,7 @@ fn bookmark(def: &ResourceDef, rv: i64, initial_end: bool) -> Event {
     Event {
         encoded: None,
         type_: "BOOKMARK",
-        object: json!({"apiVersion": crate::rest::API_VERSION, "kind": def.kind, "metadata": meta}),
+        object: json!({"apiVersion": def.api_version(), "kind": def.kind, "metadata": meta}),
     }
 }
 

@@ -33,7 +33,7 @@ use crate::state::AppState;
 /// Field manager of the evacuation mark.
 const MANAGER: &str = "kubevirt-eviction";
 /// Largest AdmissionReview accepted: an Eviction is small.
-const MAX_REVIEW_BYTES: usize = 256 * 1024;
+const MAX_REVIEW_BYTES: usize = 64 * 1024;
 
 /// The answer to one eviction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +44,64 @@ pub enum Verdict {
     Refuse(String),
     /// Mark the VMI for evacuation from this node, then refuse with this message.
     Evacuate { node: String, message: String },
+}
+
+/// The verdict on evicting one of kubevirt-rs's own etcd pods (`None`: not one). Such a pod
+/// holds virt-apiserver's data on a volume pinned to its node: evicted, it could start
+/// nowhere else and the VM API would be gone for as long as the node is (issue 51). So its
+/// eviction is refused until virt-operator has moved the member (a replacement joined
+/// elsewhere, then this pod deleted), whatever the PodDisruptionBudget would allow; the
+/// refusal says what the operator is doing.
+pub fn etcd_verdict(pod: &Pod, components_namespace: &str) -> Option<Verdict> {
+    let name = pod.metadata.name.as_deref()?;
+    if pod.metadata.namespace.as_deref() != Some(components_namespace)
+        || !name.starts_with(eviction::ETCD_POD_PREFIX)
+    {
+        return None;
+    }
+    // Going already, or its member replaced elsewhere: nothing left to protect.
+    if pod.metadata.deletion_timestamp.is_some()
+        || pod
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(eviction::ETCD_REPLACED_ANNOTATION))
+    {
+        return Some(Verdict::Allow);
+    }
+    let doing = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(eviction::ETCD_EVACUATION_STATUS_ANNOTATION))
+        .map(|s| format!(" Now: {s}."))
+        .unwrap_or_default();
+    Some(Verdict::Refuse(format!(
+        "{name} is a member of kubevirt-rs's etcd, whose volume stays on this node: \
+         virt-operator moves it to another node first (a replacement member joins there, then \
+         this pod is deleted and the eviction is no longer needed); retry until then.{doing}"
+    )))
+}
+
+/// Asks virt-operator to move this etcd member (its node may not be cordoned: `kubectl
+/// evict`, the descheduler).
+async fn mark_etcd_pod(pods: &kube::Api<Pod>, name: &str) -> Result<(), String> {
+    let patch = json!({"metadata": {"annotations": {
+        (eviction::ETCD_EVACUATE_ANNOTATION): crate::objects::now_rfc3339()}}});
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        pods.patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        ),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("marking etcd pod {name} for evacuation: {e}")),
+        Err(_) => Err(format!("marking etcd pod {name} for evacuation: timed out")),
+    }
 }
 
 /// The VMI a launcher pod runs: its controller owner's name and uid.
@@ -168,17 +226,21 @@ fn refuse(resp: AdmissionResponse, message: String) -> AdmissionResponse {
     resp
 }
 
+/// How long an AdmissionReview's body may take to arrive.
+const REVIEW_BODY_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Serves `POST` [`eviction::WEBHOOK_PATH`].
 pub async fn handle(st: &AppState, req: axum::extract::Request) -> Response {
     if req.method() != http::Method::POST {
         return ApiError::method_not_allowed().into_response();
     }
-    let bytes = match axum::body::to_bytes(req.into_body(), MAX_REVIEW_BYTES).await {
-        Ok(b) => b,
-        Err(_) => {
-            return ApiError::bad_request("reading the AdmissionReview failed").into_response();
-        }
-    };
+    // kube-apiserver sends a review of about a KiB at once: a caller that trickles its body
+    // is cut off quickly, so it holds its source's slot (http.rs) for seconds at most.
+    let bytes =
+        match crate::state::read_body_within(req, MAX_REVIEW_BYTES, REVIEW_BODY_TIMEOUT).await {
+            Ok((_, b)) => b,
+            Err(e) => return e.into_response(),
+        };
     let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(&bytes) {
         Ok(r) => r,
         Err(e) => {
@@ -218,10 +280,16 @@ async fn decide(st: &AppState, req: &AdmissionRequest<DynamicObject>) -> Result<
         Ok(Err(e)) => return Err(format!("reading pod {ns}/{}: {e}", req.name)),
         Err(_) => return Err(format!("reading pod {ns}/{}: timed out", req.name)),
     };
+    if let Some(v) = etcd_verdict(&pod, &st.registry.policy().components_namespace) {
+        if matches!(v, Verdict::Refuse(_)) && !dry_run(req) {
+            mark_etcd_pod(&pods, &req.name).await?;
+        }
+        return Ok(v);
+    }
     let Some((vmi_name, _)) = owner_vmi(&pod) else {
         return Ok(Verdict::Allow);
     };
-    let def = &ResourceDef::all()[1];
+    let def: &ResourceDef = &kubevirt_api::kinds::vmi::STRATEGY;
     let vmi = match st.registry.get(def, &ns, vmi_name).await {
         Ok(v) => Some(
             serde_json::from_value::<VirtualMachineInstance>(v)
@@ -302,6 +370,58 @@ mod tests {
     }
 
     const NONE: EvictionStrategy = EvictionStrategy::None;
+
+    #[test]
+    fn an_etcd_member_is_never_evicted_and_the_refusal_says_what_happens() {
+        let etcd = |ns: &str, name: &str, status: Option<&str>| -> Pod {
+            let mut annotations = serde_json::Map::new();
+            if let Some(s) = status {
+                annotations.insert(eviction::ETCD_EVACUATION_STATUS_ANNOTATION.into(), json!(s));
+            }
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": ns, "annotations": annotations},
+                "spec": {"nodeName": "n1", "containers": []},
+            }))
+            .unwrap()
+        };
+        let v = etcd_verdict(&etcd("kubevirt", "kubevirt-etcd-0", None), "kubevirt");
+        assert!(
+            matches!(&v, Some(Verdict::Refuse(m)) if m.contains("virt-operator moves it")),
+            "{v:?}"
+        );
+        let v = etcd_verdict(
+            &etcd(
+                "kubevirt",
+                "kubevirt-etcd-0",
+                Some("no other schedulable node can take it"),
+            ),
+            "kubevirt",
+        );
+        assert!(
+            matches!(&v, Some(Verdict::Refuse(m)) if m.contains("no other schedulable node")),
+            "{v:?}"
+        );
+        // A pod of that name elsewhere is not ours.
+        assert_eq!(
+            etcd_verdict(&etcd("tenant", "kubevirt-etcd-0", None), "kubevirt"),
+            None
+        );
+        let mut replaced = etcd("kubevirt", "kubevirt-etcd-0", None);
+        replaced.metadata.annotations = Some(
+            [(
+                eviction::ETCD_REPLACED_ANNOTATION.to_string(),
+                "t".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(etcd_verdict(&replaced, "kubevirt"), Some(Verdict::Allow));
+        let mut going = etcd("kubevirt", "kubevirt-etcd-1", None);
+        going.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert_eq!(etcd_verdict(&going, "kubevirt"), Some(Verdict::Allow));
+    }
 
     #[test]
     fn a_migratable_vmi_is_marked_and_the_eviction_refused() {

@@ -489,3 +489,224 @@ async fn deeply_nested_json_is_refused_on_every_write_and_others_go_on() {
     );
     normal.check("deeply nested JSON").await;
 }
+
+/// A TLS connector with no client certificate: anyone who can reach the port.
+fn anonymous_tls(env: &DevEnv, alpn: &[u8]) -> tokio_rustls::TlsConnector {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(&env.server_ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![alpn.to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+}
+
+/// A TLS connection from the loopback address `source`, without a client certificate.
+async fn anonymous_conn(
+    env: &DevEnv,
+    source: &str,
+    alpn: &[u8],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let port: u16 = env.server_url.rsplit(':').next().unwrap().parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let tcp = socket
+        .connect(format!("127.0.0.1:{port}").parse().unwrap())
+        .await
+        .unwrap();
+    anonymous_tls(env, alpn)
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap()
+}
+
+/// N2 of the security review at bd37f96: connections that complete TLS and say nothing, and
+/// HTTP/2 connections that made one request and then hold on, are closed by the server
+/// (within the first-request and idle timeouts) instead of keeping their slots for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connections_silent_after_tls_or_idle_after_a_request_are_closed() {
+    use tokio::io::AsyncReadExt;
+    let env = common::start_with(&[
+        "--header-read-timeout-seconds=3",
+        "--idle-timeout-seconds=4",
+    ]);
+    let normal = Normal::start(&env, "normal").await;
+    let mut silent = Vec::new();
+    for _ in 0..400 {
+        silent.push(anonymous_conn(&env, "127.0.0.1", b"h2").await);
+    }
+    let mut idle = Vec::new();
+    for _ in 0..50 {
+        let tls = anonymous_conn(&env, "127.0.0.1", b"h2").await;
+        let (mut send, conn) =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .handshake::<_, Empty<Bytes>>(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .unwrap();
+        let conn = tokio::spawn(conn);
+        let r = send
+            .send_request(
+                hyper::Request::get("/healthz")
+                    .header("host", "localhost")
+                    .body(Empty::new())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        idle.push((send, conn));
+    }
+    let mut closed = tokio::task::JoinSet::new();
+    for mut tls in silent {
+        closed.spawn(async move {
+            let mut buf = [0u8; 64];
+            // The server may first send its HTTP/2 settings: read until the end.
+            tokio::time::timeout(Duration::from_secs(30), async {
+                loop {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                }
+            })
+            .await
+        });
+    }
+    while let Some(r) = closed.join_next().await {
+        assert!(
+            r.unwrap().is_ok(),
+            "a connection silent after TLS was still open after 30 s"
+        );
+    }
+    for (_send, conn) in idle {
+        tokio::time::timeout(Duration::from_secs(30), conn)
+            .await
+            .expect("an idle HTTP/2 connection was still open after 30 s")
+            .unwrap()
+            .ok();
+    }
+    normal.check("silent and idle connections").await;
+}
+
+/// N2 of the security review at bd37f96: callers without credentials trickling bodies to
+/// the eviction webhook hold neither the API's write slots (a write by a user goes on) nor
+/// the webhook slots of another address (kube-apiserver's calls, i.e. drains, go on), and
+/// each such body is cut off after a few seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_webhook_bodies_stop_neither_writes_nor_other_callers() {
+    use futures::SinkExt;
+    type Chunks =
+        futures::channel::mpsc::Receiver<Result<hyper::body::Frame<Bytes>, std::io::Error>>;
+    let env = common::start_with(&["--max-mutating-requests-inflight=20"]);
+    let normal = Normal::start(&env, "normal").await;
+    let path = kubevirt_api::eviction::WEBHOOK_PATH;
+    // 300 calls from one address, each sending one byte of 64 KiB and then nothing.
+    let mut senders = Vec::new();
+    let mut pending = tokio::task::JoinSet::new();
+    for _ in 0..3 {
+        let tls = anonymous_conn(&env, "127.0.0.1", b"h2").await;
+        let (send, conn) =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .handshake::<_, http_body_util::StreamBody<Chunks>>(hyper_util::rt::TokioIo::new(
+                    tls,
+                ))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        for _ in 0..100 {
+            let (mut tx, rx) = futures::channel::mpsc::channel(1);
+            tx.send(Ok(hyper::body::Frame::data(Bytes::from_static(b"{"))))
+                .await
+                .unwrap();
+            senders.push(tx);
+            let mut send = send.clone();
+            pending.spawn(async move {
+                send.ready().await.unwrap();
+                let req = hyper::Request::post(path)
+                    .header("host", "localhost")
+                    .header("content-type", "application/json")
+                    .header("content-length", "65536")
+                    .body(http_body_util::StreamBody::new(rx))
+                    .unwrap();
+                let t0 = std::time::Instant::now();
+                let r = send.send_request(req).await.unwrap();
+                (r.status().as_u16(), t0.elapsed())
+            });
+        }
+    }
+    // Those beyond the address's share are refused at once.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // kube-apiserver's call from another address is answered meanwhile.
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "eviction",
+            "requestKind": {"group": "policy", "version": "v1", "kind": "Eviction"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestSubResource": "eviction",
+            "name": "virt-launcher-x-abcde", "namespace": "default", "operation": "CREATE",
+            "userInfo": {"username": "admin"},
+            "object": {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": "virt-launcher-x-abcde", "namespace": "default"}},
+            "dryRun": false}
+    });
+    let tls = anonymous_conn(&env, "127.0.0.2", b"h2").await;
+    let (mut send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake::<_, http_body_util::Full<Bytes>>(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        send.send_request(
+            hyper::Request::post(path)
+                .header("host", "localhost")
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(Bytes::from(review.to_string())))
+                .unwrap(),
+        ),
+    )
+    .await
+    .expect("the webhook answered another address within 10 s")
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value =
+        serde_json::from_slice(&r.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(
+        body["response"]["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "{body}"
+    );
+    // Every slow call ends: refused at once (429) or cut off (408) within seconds.
+    let (mut refused, mut cut) = (0, 0);
+    while let Some(r) = pending.join_next().await {
+        let (code, took) = r.unwrap();
+        match code {
+            429 => refused += 1,
+            408 => {
+                cut += 1;
+                assert!(took < Duration::from_secs(20), "a slow body held {took:?}");
+            }
+            other => panic!("a slow webhook call got {other}"),
+        }
+    }
+    assert_eq!(refused + cut, 300);
+    assert!(
+        cut <= virt_apiserver::inflight::DEFAULT_WEBHOOK_PER_SOURCE,
+        "{cut} slow calls of one address were admitted at once"
+    );
+    drop(senders);
+    normal.check("slow webhook bodies").await;
+}

@@ -13,6 +13,9 @@ use serde_json::{Value, json};
 const BACKUP: &str = "/apis/subresources.kubevirt.io/v1/backup";
 const RESTORE: &str = "/apis/subresources.kubevirt.io/v1/restore";
 const MERGE: &str = "application/merge-patch+json";
+/// A cluster-scoped kind: its items carry no namespace.
+const CLUSTER_TYPES: &str =
+    "/apis/instancetype.kubevirt.io/v1beta1/virtualmachineclusterinstancetypes";
 
 async fn get(c: &reqwest::Client, url: String) -> (u16, Value) {
     let r = c.get(url).send().await.unwrap();
@@ -58,10 +61,20 @@ async fn restore_sets_the_store_back_to_the_backup() {
             .unwrap();
         assert_eq!(r.status(), 201);
     }
+    let r = c
+        .post(format!("{base}{CLUSTER_TYPES}"))
+        .json(&json!({"apiVersion": "instancetype.kubevirt.io/v1beta1",
+            "kind": "VirtualMachineClusterInstancetype", "metadata": {"name": "small"},
+            "spec": {"cpu": {"guest": 1}, "memory": {"guest": "128Mi"}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let (_, small_before) = get(&c, format!("{base}{CLUSTER_TYPES}/small")).await;
     let (code, backup) = get(&c, format!("{base}{BACKUP}")).await;
     assert_eq!(code, 200, "{backup}");
     assert_eq!(backup["kind"], "Backup");
-    assert_eq!(backup["items"].as_array().unwrap().len(), 3, "{backup}");
+    assert_eq!(backup["items"].as_array().unwrap().len(), 4, "{backup}");
     let before = |n: &str| {
         backup["items"]
             .as_array()
@@ -101,6 +114,16 @@ async fn restore_sets_the_store_back_to_the_backup() {
         json!({"status":{"printableStatus":"Stopped","ready":false}}),
     )
     .await;
+
+    // The cluster instancetype deleted: it comes back, with no namespace.
+    assert_eq!(
+        c.delete(format!("{base}{CLUSTER_TYPES}/small"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
 
     // c made again under its name: another uid.
     assert_eq!(
@@ -155,7 +178,8 @@ async fn restore_sets_the_store_back_to_the_backup() {
 
     let (code, result) = restore(&c, base, &backup).await;
     assert_eq!(code, 200);
-    // b created; a set back; d deleted; c's newer object deleted and the backup's created.
+    // b and small created; a set back; d deleted; c's newer object deleted and the
+    // backup's created.
     assert_eq!(
         (
             &result["created"],
@@ -163,7 +187,7 @@ async fn restore_sets_the_store_back_to_the_backup() {
             &result["deleted"],
             &result["unchanged"]
         ),
-        (&json!(2), &json!(1), &json!(2), &json!(0)),
+        (&json!(3), &json!(1), &json!(2), &json!(0)),
         "{result}"
     );
     // Watchers see c's newer object end and the backup's begin, not one turn into the other.
@@ -201,6 +225,13 @@ async fn restore_sets_the_store_back_to_the_backup() {
     assert_eq!(code, 200);
     assert_eq!(uid(&b), uid(&before("b")), "b comes back with its uid");
     assert_eq!(get(&c, format!("{base}{VMS}/d")).await.0, 404);
+    let (code, small) = get(&c, format!("{base}{CLUSTER_TYPES}/small")).await;
+    assert_eq!(code, 200, "{small}");
+    assert_eq!(
+        uid(&small),
+        uid(&small_before),
+        "small comes back with its uid"
+    );
     let (_, a) = get(&c, format!("{base}{VMS}/a")).await;
     assert_eq!(a["metadata"]["labels"]["app"], "demo");
     assert_eq!(
@@ -236,5 +267,99 @@ async fn restore_sets_the_store_back_to_the_backup() {
 
     // Restoring again changes nothing.
     let (_, again) = restore(&c, base, &backup).await;
-    assert_eq!(again["unchanged"], 3, "{again}");
+    assert_eq!(again["unchanged"], 4, "{again}");
+}
+
+/// N6 of the security review at bd37f96: a restore obeys the rules of every write. A
+/// document with a hostDisk (the gate is off) or taking another object's uid is refused
+/// whole with the field named and nothing written; an object created again never takes its
+/// status from the document (a VMI's node and pods decide where consoles go).
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_obeys_the_rules_of_every_write() {
+    let env = common::start(true);
+    let c = admin(&env);
+    let base = &env.server_url;
+    let r = c
+        .post(format!("{base}{VMS}"))
+        .json(&vm("a"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let (_, backup) = get(&c, format!("{base}{BACKUP}")).await;
+    let a_uid = backup["items"][0]["object"]["metadata"]["uid"].clone();
+    let vmi = |name: &str, uid: &str, volumes: Value| {
+        json!({"resource": "virtualmachineinstances", "namespace": "default", "name": name,
+            "object": {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": {"name": name, "namespace": "default", "uid": uid},
+                "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "64Mi"}}},
+                         "volumes": volumes},
+                "status": {"phase": "Running", "nodeName": "node-a",
+                           "activePods": {"uid-of-another-tenants-pod": "node-a"}}}})
+    };
+    let (_, list_before) = get(&c, format!("{base}{VMS}")).await;
+    let rv_before = list_before["metadata"]["resourceVersion"].clone();
+
+    let mut bad = backup.clone();
+    bad["items"].as_array_mut().unwrap().push(vmi(
+        "host",
+        "11111111-1111-1111-1111-111111111111",
+        json!([{"name": "h", "hostDisk": {"path": "/dev/sda", "type": "Disk"}}]),
+    ));
+    let mut same_uid = vm("copy");
+    same_uid["metadata"]["uid"] = a_uid.clone();
+    same_uid["metadata"]["namespace"] = json!("default");
+    bad["items"].as_array_mut().unwrap().push(json!({
+        "resource": "virtualmachines", "namespace": "default", "name": "copy",
+        "object": same_uid}));
+    let (code, status) = restore(&c, base, &bad).await;
+    assert_eq!(code, 422, "{status}");
+    let fields: Vec<&str> = status["details"]["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["field"].as_str().unwrap())
+        .collect();
+    assert!(
+        fields.contains(&"items[1].object.spec.volumes[0].hostDisk"),
+        "{status}"
+    );
+    assert!(fields.contains(&"items[2].object.metadata.uid"), "{status}");
+    let (_, list_after) = get(&c, format!("{base}{VMS}")).await;
+    assert_eq!(
+        list_after["metadata"]["resourceVersion"], rv_before,
+        "nothing written"
+    );
+    assert_eq!(
+        get(
+            &c,
+            format!("{base}/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances/host")
+        )
+        .await
+        .0,
+        404
+    );
+
+    // A VMI created again comes without the document's status.
+    let mut forged = backup.clone();
+    forged["items"].as_array_mut().unwrap().push(vmi(
+        "forged",
+        "22222222-2222-2222-2222-222222222222",
+        json!([]),
+    ));
+    let (code, result) = restore(&c, base, &forged).await;
+    assert_eq!(code, 200, "{result}");
+    let (_, got) = get(
+        &c,
+        format!("{base}/apis/kubevirt.io/v1/namespaces/default/virtualmachineinstances/forged"),
+    )
+    .await;
+    assert_eq!(
+        got["metadata"]["uid"],
+        "22222222-2222-2222-2222-222222222222"
+    );
+    assert!(
+        got["status"].get("activePods").is_none() && got["status"].get("nodeName").is_none(),
+        "status taken from the document: {got}"
+    );
 }

@@ -302,6 +302,23 @@ async fn actions_are_forwarded_and_failures_name_the_node() {
     );
 }
 
+/// The value of the series of the server's `/metrics` whose line starts with `prefix`
+/// (empty when there is none).
+async fn metric(c: &reqwest::Client, env: &DevEnv, prefix: &str) -> String {
+    let m = c
+        .get(format!("{}/metrics", env.server_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    m.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_default()
+        .to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn console_and_vnc_are_relayed_byte_exact_and_closes_propagate() {
     let dir = tempfile::tempdir().unwrap();
@@ -332,22 +349,18 @@ async fn console_and_vnc_are_relayed_byte_exact_and_closes_propagate() {
         [Some("plain.kubevirt.io".to_string())]
     );
 
-    // An open console counts as a long-running request.
-    let gauge = || async {
-        let m = c
-            .get(format!("{}/metrics", env.server_url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        m.lines()
-            .find_map(|l| l.strip_prefix("apiserver_longrunning_requests "))
-            .unwrap_or_default()
-            .to_string()
+    // An open console counts as a long-running request, and in KubeVirt's console gauge
+    // of its VMI.
+    let gauge = || metric(&c, &env, "apiserver_longrunning_requests ");
+    let consoles = || {
+        metric(
+            &c,
+            &env,
+            "kubevirt_console_active_connections{namespace=\"default\",vmi=\"vm1\"} ",
+        )
     };
     assert_eq!(gauge().await, "1");
+    assert_eq!(consoles().await, "1");
 
     // The handler closes (another session took over): the client gets the reason.
     ws.send(Message::Text("takeover".into())).await.unwrap();
@@ -369,6 +382,7 @@ async fn console_and_vnc_are_relayed_byte_exact_and_closes_propagate() {
         assert!(std::time::Instant::now() < deadline, "relay not ended");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert_eq!(consoles().await, "0");
 
     // VNC without a subprotocol (older clients) works too; the client closing ends
     // the handler's session.

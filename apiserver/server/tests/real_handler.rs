@@ -98,6 +98,7 @@ fn fake_launcher(path: &Path, seen: Arc<Mutex<Vec<String>>>) {
                             Response::Ok
                         }
                         Request::Ping => Response::Pong { version: 1 },
+                        Request::Guest(q) => guest_answer(q),
                         _ => Response::Ok,
                     }
                 };
@@ -113,6 +114,62 @@ fn fake_launcher(path: &Path, seen: Arc<Mutex<Vec<String>>>) {
             });
         }
     });
+}
+
+/// What a launcher with a guest agent answers to the guest-agent reads.
+fn guest_answer(q: virt_domain::protocol::GuestQuery) -> Response {
+    use kubevirt_api::guestagent::{
+        FileSystem, FileSystemList, GuestAgentInfo, GuestOsInfo, GuestOsUser, GuestOsUserList,
+    };
+    use virt_domain::protocol::GuestQuery;
+    let user = GuestOsUser {
+        user_name: "tester".into(),
+        login_time: 1.5,
+        ..Default::default()
+    };
+    match q {
+        GuestQuery::GuestOsInfo => Response::GuestOsInfo {
+            info: Box::new(GuestAgentInfo {
+                kind: "VirtualMachineInstanceGuestAgentInfo".into(),
+                api_version: "kubevirt.io/v1".into(),
+                guest_agent_version: "7.2.0".into(),
+                hostname: "vm1".into(),
+                os: GuestOsInfo {
+                    id: "debian".into(),
+                    version_id: "12".into(),
+                    ..Default::default()
+                },
+                user_list: vec![user],
+                ..Default::default()
+            }),
+        },
+        GuestQuery::UserList => Response::UserList {
+            list: GuestOsUserList::of(vec![user]),
+        },
+        GuestQuery::FilesystemList => Response::FilesystemList {
+            list: FileSystemList::of(vec![FileSystem {
+                disk_name: "vda1".into(),
+                mount_point: "/".into(),
+                file_system_type: "ext4".into(),
+                used_bytes: 1,
+                total_bytes: 2,
+                disk: vec![],
+            }]),
+        },
+    }
+}
+
+async fn get(c: &reqwest::Client, env: &DevEnv, sub: &str) -> (u16, Value) {
+    let r = c
+        .get(format!(
+            "{}{SUB}/virtualmachineinstances/vm1/{sub}",
+            env.server_url
+        ))
+        .send()
+        .await
+        .unwrap();
+    let code = r.status().as_u16();
+    (code, r.json().await.unwrap_or(Value::Null))
 }
 
 /// QEMU's console or VNC socket: echoes what it reads.
@@ -238,7 +295,11 @@ async fn apiserver_drives_the_real_virt_handler() {
     let env = tokio::task::spawn_blocking(move || {
         DevEnv::start(Options {
             apiserver_bin: env!("CARGO_BIN_EXE_virt-apiserver").into(),
-            extra_args: certs.apiserver_args(&[(NODE, format!("127.0.0.1:{port}"))]),
+            extra_args: certs
+                .apiserver_args(&[(NODE, format!("127.0.0.1:{port}"))])
+                .into_iter()
+                .chain(["--max-streams-per-user=4".to_string()])
+                .collect(),
             ..Default::default()
         })
         .map(|e| (e, certs))
@@ -367,6 +428,74 @@ async fn apiserver_drives_the_real_virt_handler() {
         ]
     );
 
+    // The guest-agent reads: without an agent, KubeVirt's 409 from virt-apiserver (the
+    // handler is not asked); with the AgentConnected condition virt-handler writes when the
+    // launcher reports an agent, the launcher's answer in KubeVirt's shape, through both.
+    for sub in ["guestosinfo", "userlist", "filesystemlist"] {
+        let (code, s) = get(&c, &env, sub).await;
+        assert_eq!(code, 409, "{sub}: {s}");
+        assert_eq!(s["reason"], "Conflict");
+        assert!(
+            s["message"]
+                .as_str()
+                .unwrap_or_default()
+                .ends_with("VMI does not have guest agent connected"),
+            "{s}"
+        );
+    }
+    // The condition is written here as virt-handler would; the real handler in this test
+    // also syncs the VMI's status (its launcher reports no agent) and may write over it
+    // between the patch and the read, so both are retried for a while.
+    let mut agent_read = Vec::new();
+    for sub in ["guestosinfo", "userlist", "filesystemlist"] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let answer = loop {
+            let current: Value = c
+                .get(format!("{url}/vm1"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let mut conditions = current["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            conditions.retain(|c| c["type"] != "AgentConnected");
+            conditions.push(json!({"type": "AgentConnected", "status": "True"}));
+            let r = c
+                .patch(format!("{url}/vm1/status"))
+                .header("Content-Type", "application/merge-patch+json")
+                .json(&json!({"status": {"conditions": conditions}}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let (code, answer) = get(&c, &env, sub).await;
+            if code == 200 {
+                break answer;
+            }
+            assert!(
+                code == 409 && Instant::now() < deadline,
+                "{sub}: {code}: {answer}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        agent_read.push(answer);
+    }
+    let [info, users, fs]: [Value; 3] = agent_read.try_into().unwrap();
+    assert_eq!(info["kind"], "VirtualMachineInstanceGuestAgentInfo");
+    assert_eq!(info["guestAgentVersion"], "7.2.0");
+    assert_eq!(info["os"]["versionId"], "12");
+    assert_eq!(info["userList"][0]["userName"], "tester");
+    assert_eq!(users["kind"], "VirtualMachineInstanceGuestOSUserList");
+    assert_eq!(users["items"][0]["loginTime"], 1.5);
+    assert_eq!(fs["items"][0]["mountPoint"], "/");
+    assert_eq!(fs["items"][0]["fileSystemType"], "ext4");
+    // A read is a GET: PUT is not allowed.
+    assert_eq!(put(&c, &env, "guestosinfo").await.0, 405);
+
     // Console: 1 MiB byte-exact through virt-apiserver, the handler and the socket.
     let ws = open(&env, "vm1", "console").await.unwrap();
     let data: Vec<u8> = (0..1usize << 20)
@@ -405,6 +534,39 @@ async fn apiserver_drives_the_real_virt_handler() {
     let vnc = open(&env, "vm1", "vnc").await.unwrap();
     let (_vnc, got) = round_trip(vnc, b"RFB 003.008\n").await;
     assert_eq!(got, b"RFB 003.008\n");
+
+    // Streams per user are bounded (N5 of the security review at bd37f96): with the
+    // console and VNC sessions open, read-only consoles are admitted up to the limit (4),
+    // then refused with 429 naming it; one closed makes room for another.
+    let mut observers = Vec::new();
+    let refused = loop {
+        match open(&env, "vm1", "console?readOnly=true").await {
+            Ok(ws) => observers.push(ws),
+            Err(e) => break e,
+        }
+        assert!(observers.len() <= 3, "more streams than the limit admitted");
+    };
+    assert_eq!(refused.0, 429, "{refused:?}");
+    assert!(
+        refused.1["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("Too many streams")),
+        "{refused:?}"
+    );
+    assert!(!observers.is_empty(), "no read-only console was admitted");
+    drop(observers.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        match open(&env, "vm1", "console?readOnly=true").await {
+            Ok(ws) => break ws,
+            Err((429, _)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("a stream after one closed: {e:?}"),
+        }
+    };
+    drop(again);
+    drop(observers);
 
     // A VMI the handler does not have: its 404 passes through.
     let r = c

@@ -112,3 +112,67 @@ async fn a_rotated_serving_certificate_is_used_for_new_connections_while_a_watch
     assert!(seen.contains("\"ADDED\""), "{seen}");
     assert_eq!(env.apiserver_pid(), pid, "virt-apiserver was not restarted");
 }
+
+/// L3 of the security review at 5efe883: the front-proxy CA is read again while the server
+/// runs: once it is rotated on disk, a front-proxy certificate of the new CA is accepted and
+/// one of the old CA is no longer, without a restart.
+#[tokio::test]
+async fn a_rotated_front_proxy_ca_is_used_without_a_restart() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let env = common::start_with(&["--ca-reload-seconds=1"]);
+    let pid = env.apiserver_pid();
+    let certs = env.dir().join("certs");
+    let list_as = |cert: &Path, key: &Path| {
+        let ca = reqwest::Certificate::from_pem(&std::fs::read(&env.server_ca).unwrap()).unwrap();
+        let mut pem = std::fs::read(cert).unwrap();
+        pem.extend(std::fs::read(key).unwrap());
+        let client = reqwest::Client::builder()
+            .add_root_certificate(ca)
+            .identity(reqwest::Identity::from_pem(&pem).unwrap())
+            .use_rustls_tls()
+            .build()
+            .unwrap();
+        let url = format!("{}{}", env.server_url, common::VMS);
+        async move {
+            client
+                .get(url)
+                .header("X-Remote-User", "rotated")
+                .header("X-Remote-Group", "system:masters")
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let (old_cert, old_key) = (env.front_proxy.cert.clone(), env.front_proxy.key.clone());
+    assert_eq!(list_as(&old_cert, &old_key).await, 200);
+
+    let validity = time::Duration::days(1);
+    let new_ca = virt_certs::Ca::generate("rotated-front-proxy-ca", validity).unwrap();
+    let client = new_ca
+        .issue_client("front-proxy-client", &[] as &[&str], validity)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (new_cert, new_key) = client.write_pair(dir.path(), "new-proxy").unwrap();
+    assert_eq!(
+        list_as(&new_cert, &new_key).await,
+        401,
+        "the new CA's certificate before the rotation"
+    );
+    replace(&certs.join("front-proxy-ca.crt"), new_ca.cert_pem());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while list_as(&new_cert, &new_key).await != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "the rotated front-proxy CA was not taken within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        list_as(&old_cert, &old_key).await,
+        401,
+        "the old CA's certificate after the rotation"
+    );
+    assert_eq!(env.apiserver_pid(), pid, "virt-apiserver restarted");
+}

@@ -319,17 +319,19 @@ async fn many_watchers_share_one_etcd_watch_per_resource() {
     let (code, first) = json_of(c.post(&url).json(&vm("w0")).send().await.unwrap()).await;
     assert_eq!(code, 201, "{first}");
     let from = rv_of(&first);
-    // The cache's reflectors: one etcd watch per stored resource (VMs, VMIs, migrations),
-    // started in the background once the server serves, before any client.
+    // The cache's reflectors: one etcd watch per stored resource (VMs, VMIs, migrations,
+    // instance types and preferences), started in the background once the server serves,
+    // before any client.
+    let stored = kubevirt_api::kinds::KindStrategy::stored().count() as u64;
     let mut baseline = etcd_watchers(&env).await;
     for _ in 0..100 {
-        if baseline >= 3 {
+        if baseline >= stored {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         baseline = etcd_watchers(&env).await;
     }
-    assert_eq!(baseline, 3, "the watch cache's etcd watches");
+    assert_eq!(baseline, stored, "the watch cache's etcd watches");
     let mut streams = Vec::new();
     for i in 0..50 {
         let base = if i % 2 == 0 { &url } else { &all };

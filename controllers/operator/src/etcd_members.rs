@@ -10,6 +10,16 @@
 //!   keeps quorum.
 //! - **The single member from before clusters** advertises a loopback peer URL: once its pod
 //!   runs with peer TLS, its peer URL is changed to its name before any member joins.
+//! - **Evacuation:** a member whose pod is on a node being drained (cordoned, or its pod asked
+//!   to be evicted) is moved before its pod may go, the way virt-controller moves a VM: its
+//!   volume is pinned to that node, so it cannot simply start elsewhere. It is *replaced*:
+//!   removed from etcd and added again at once as an empty learner under its own name, its pod
+//!   and volume deleted so that the StatefulSet starts it anew on a node that can take it, where
+//!   it catches up from the others and is promoted. The others must all answer while it is
+//!   gone: a single member first gets a spare (a learner, then a voter) on another node, and
+//!   the spare leaves once the moved member is a voter again; of three, the two that stay keep
+//!   quorum. A learner that does not start (its pod killed mid-join, its volume lost) is
+//!   replaced the same way after [`LEARNER_DEADLINE`].
 //!
 //! [`plan`] is the pure decision (one step per reconcile, table-tested); [`observe`] and
 //! [`execute`] talk to etcd with a client certificate virt-operator issues itself.
@@ -67,7 +77,8 @@ pub struct Member {
     pub learner: bool,
 }
 
-/// What [`observe`] found.
+/// What [`observe`] found, and what the caller adds from the Kubernetes API
+/// ([`Observed::leaving`], [`Observed::stuck`], [`Observed::room`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Observed {
     pub members: Vec<Member>,
@@ -75,7 +86,18 @@ pub struct Observed {
     pub healthy: BTreeSet<usize>,
     /// Every pod of the StatefulSet runs its current template and is ready.
     pub rolled_out: bool,
+    /// Ordinals whose pod is on a node being drained (cordoned) or was asked to be evicted.
+    pub leaving: BTreeSet<usize>,
+    /// Ordinals whose learner has not started within [`LEARNER_DEADLINE`] of its pod's start.
+    pub stuck: BTreeSet<usize>,
+    /// Whether some schedulable node can take a member (a replacement's pod needs one).
+    pub room: bool,
+    /// Ordinals whose pod still is the one of a replaced member (marked, not yet gone).
+    pub replaced: BTreeSet<usize>,
 }
+
+/// How long a learner's pod may run without the learner answering before it is replaced.
+pub const LEARNER_DEADLINE: Duration = Duration::from_secs(180);
 
 /// One change of the membership.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +110,9 @@ pub enum Step {
     Promote { id: u64, ordinal: usize },
     /// The member leaves; its pod goes afterwards.
     Remove { id: u64, ordinal: usize },
+    /// The member leaves and joins again at once as an empty learner under the same name;
+    /// its pod and volume are deleted afterwards, so that it starts anew elsewhere.
+    Replace { id: u64, ordinal: usize },
 }
 
 /// What to do now.
@@ -169,8 +194,37 @@ pub fn plan(desired: usize, addresses: &Addresses, o: &Observed) -> Plan {
         };
     }
     if let Some((&i, m)) = by_ordinal.iter().find(|(_, m)| m.learner) {
+        // The learner must start in a new pod on a new volume. The replaced member's old pod
+        // may still run and take the learner's place (etcd hands a new member's slot to
+        // whoever dials in with its peer URL): promoted there, it would be a voter in a pod
+        // marked for deletion, whose eviction the webhook lets through and whose volume is
+        // already being deleted — a quorum lost on the next drain (the e2e found it). So
+        // nothing happens to it until that pod is gone.
+        if o.replaced.contains(&i) {
+            return hold(format!(
+                "{}: waiting for the replaced member's pod to go before its new one joins",
+                member_label(i)
+            ));
+        }
         // A learner is promoted once it has started and answers; etcd refuses the promotion
-        // until it has caught up with the leader, and the next reconcile tries again.
+        // until it has caught up with the leader, and the next reconcile tries again. One
+        // that never starts, or whose pod is on a node being drained, is replaced: removed
+        // and added again under a new member id (never its pod's data wiped under the same
+        // id: the leader would take it for caught up, and it would stop at the first
+        // heartbeat), empty, elsewhere.
+        if (o.stuck.contains(&i) || o.leaving.contains(&i)) && !healthy(i) && o.room {
+            return Plan {
+                replicas: count(top),
+                step: Some(Step::Replace {
+                    id: m.id,
+                    ordinal: i,
+                }),
+                pending: Some(format!(
+                    "{}: did not start as a learner; starting it again, empty",
+                    member_label(i)
+                )),
+            };
+        }
         return if healthy(i) && !m.name.is_empty() {
             Plan {
                 replicas: count(top),
@@ -205,6 +259,52 @@ pub fn plan(desired: usize, addresses: &Addresses, o: &Observed) -> Plan {
             }
         )
     };
+    if let Some(&k) = by_ordinal.keys().find(|i| o.leaving.contains(*i)) {
+        let name = crate::render::etcd::member_name(k);
+        if !o.room {
+            return hold(format!(
+                "{name} must move off its node before the node can be drained, but no other \
+                 schedulable node can take it: uncordon a node or add one"
+            ));
+        }
+        let others_unhealthy: Vec<&str> = unhealthy
+            .iter()
+            .map(String::as_str)
+            .filter(|u| *u != name)
+            .collect();
+        if !others_unhealthy.is_empty() || !o.rolled_out {
+            return hold(not_answering(&format!(
+                "moving {name} off its node: waiting for the other members to be healthy"
+            )));
+        }
+        if n == 1 {
+            // Alone it would take the store with it: a spare joins first.
+            let Some(spare) = (0..crate::render::etcd::MAX_MEMBERS).find(|i| *i != k) else {
+                return hold(format!("{name}: no ordinal free for a spare member"));
+            };
+            return Plan {
+                replicas: count(top.max(spare + 1)),
+                step: Some(Step::AddLearner { ordinal: spare }),
+                pending: Some(format!(
+                    "moving {name} off its node: {} joins as a spare first",
+                    member_label(spare)
+                )),
+            };
+        }
+        let Some(m) = by_ordinal.get(&k) else {
+            return hold(format!("{}: not found", member_label(k)));
+        };
+        return Plan {
+            replicas: count(top),
+            step: Some(Step::Replace {
+                id: m.id,
+                ordinal: k,
+            }),
+            pending: Some(format!(
+                "moving {name} off its node: it starts again, empty, on another node"
+            )),
+        };
+    }
     // A member removed by hand (it lost its volume: docs/deploy.md) leaves a gap below the
     // highest ordinal. Its pod runs (failing to join), so it is added again at once, empty,
     // and catches up as any new member does.
@@ -315,14 +415,39 @@ async fn connect(url: &str, tls: Option<&ClientTls>) -> Result<Client, MembersEr
     bounded(Client::connect([url], Some(opts))).await
 }
 
+/// Clients of the healthy voting members, by ordinal, for [`execute`].
+pub struct Voters(BTreeMap<usize, Client>);
+
+impl std::fmt::Debug for Voters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Voters").field(&self.0.keys()).finish()
+    }
+}
+
+impl Voters {
+    /// A member's client to carry out `step` through: never the member the step removes
+    /// (it stops serving as soon as it is out, before the rest of the step).
+    fn for_step(&mut self, step: Step) -> Option<&mut Client> {
+        let leaving = match step {
+            Step::Remove { ordinal, .. } | Step::Replace { ordinal, .. } => Some(ordinal),
+            _ => None,
+        };
+        self.0
+            .iter_mut()
+            .find(|(i, _)| Some(**i) != leaving)
+            .map(|(_, c)| c)
+    }
+}
+
 /// Asks every member for its status (healthy: it answers and knows a leader) and the
-/// membership from a healthy voting member, whose client is returned for [`execute`]. Each
-/// member is asked at its own address: a balanced client would not say which one failed.
+/// membership from a healthy voting member; the healthy voters' clients are returned for
+/// [`execute`]. Each member is asked at its own address: a balanced client would not say
+/// which one failed.
 pub async fn observe(
     addresses: &Addresses,
     tls: Option<&ClientTls>,
     rolled_out: bool,
-) -> Result<(Observed, Client), MembersError> {
+) -> Result<(Observed, Voters), MembersError> {
     let probes = addresses
         .client_urls
         .iter()
@@ -337,21 +462,21 @@ pub async fn observe(
             (i, url, r)
         });
     let mut healthy = BTreeSet::new();
-    let mut voter = None;
+    let mut voters = BTreeMap::new();
     let mut errors = Vec::new();
     for (i, url, r) in futures::future::join_all(probes).await {
         match r {
             Ok((c, has_leader, learner)) if has_leader => {
                 healthy.insert(i);
-                if !learner && voter.is_none() {
-                    voter = Some(c);
+                if !learner {
+                    voters.insert(i, c);
                 }
             }
             Ok(_) => errors.push(format!("{url}: no leader")),
             Err(e) => errors.push(format!("{url}: {e}")),
         }
     }
-    let Some(mut client) = voter else {
+    let Some(client) = voters.values_mut().next() else {
         return Err(MembersError::NoMember(errors.join("; ")));
     };
     let list = bounded(client.member_list()).await?;
@@ -370,8 +495,9 @@ pub async fn observe(
             members,
             healthy,
             rolled_out,
+            ..Observed::default()
         },
-        client,
+        Voters(voters),
     ))
 }
 
@@ -401,13 +527,69 @@ fn passing_refusal(e: &etcd_client::Error) -> Option<&'static str> {
     }
 }
 
-/// Carries out `step`.
+/// Before member `id` (ordinal `ordinal`) leaves: if it leads, it hands leadership to
+/// another voter, so that the rest need not wait out an election (a second or more without
+/// a leader, every write waiting).
+async fn hand_over_leadership(
+    voters: &mut Voters,
+    ordinal: usize,
+    id: u64,
+) -> Result<(), MembersError> {
+    let Some(c) = voters.0.get_mut(&ordinal) else {
+        return Ok(());
+    };
+    if bounded(c.status()).await?.leader() != id {
+        return Ok(());
+    }
+    let list = bounded(c.member_list()).await?;
+    let Some(target) = list
+        .members()
+        .iter()
+        .find(|m| m.id() != id && !m.is_learner())
+        .map(|m| m.id())
+    else {
+        return Ok(());
+    };
+    bounded(c.move_leader(target)).await.map(drop)
+}
+
+/// Adds a learner at `url`, retrying for a few seconds: right after a member left, the rest
+/// may still be settling on a leader.
+async fn add_learner(client: &mut Client, url: String) -> Result<(), MembersError> {
+    let mut last = None;
+    for _ in 0..5 {
+        match bounded(client.member_add(
+            [url.clone()],
+            Some(MemberAddOptions::new().with_is_learner()),
+        ))
+        .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Err(last.unwrap_or(MembersError::Timeout(REQUEST_TIMEOUT)))
+}
+
+/// Carries out `step` through one of `voters`.
 pub async fn execute(
-    client: &mut Client,
+    voters: &mut Voters,
     addresses: &Addresses,
     step: Step,
 ) -> Result<Outcome, MembersError> {
     let url = |i: usize| addresses.peer_urls.get(i).cloned().unwrap_or_default();
+    if let Step::Remove { id, ordinal } | Step::Replace { id, ordinal } = step
+        && let Err(e) = hand_over_leadership(voters, ordinal, id).await
+    {
+        // The change still goes ahead: an election costs a moment, not the store.
+        tracing::debug!(ordinal, error = %e, "handing etcd's leadership over");
+    }
+    let Some(client) = voters.for_step(step) else {
+        return Ok(Outcome::NotYet(
+            "no other voting member answers to carry the change through",
+        ));
+    };
     let r = match step {
         Step::AdvertisePeerUrl { id } => bounded(client.member_update(id, vec![url(0)]))
             .await
@@ -420,6 +602,14 @@ pub async fn execute(
         .map(drop),
         Step::Promote { id, .. } => bounded(client.member_promote(id)).await.map(drop),
         Step::Remove { id, .. } => bounded(client.member_remove(id)).await.map(drop),
+        Step::Replace { id, ordinal } => {
+            // Removed first: etcd refuses a second member with the same peer URL. Added back
+            // before its new pod starts, which then joins instead of failing to.
+            match bounded(client.member_remove(id)).await {
+                Ok(_) => add_learner(client, url(ordinal)).await,
+                Err(e) => Err(e),
+            }
+        }
     };
     match r {
         Ok(()) => Ok(Outcome::Done),
@@ -460,7 +650,172 @@ mod tests {
             members,
             healthy: healthy.iter().copied().collect(),
             rolled_out: true,
+            room: true,
+            ..Observed::default()
         }
+    }
+
+    fn leaving(mut o: Observed, ordinals: &[usize]) -> Observed {
+        o.leaving = ordinals.iter().copied().collect();
+        o
+    }
+
+    /// A learner is never promoted in the pod of the member it replaced (marked for deletion,
+    /// its volume going): it waits for that pod to go, and is not replaced again meanwhile.
+    #[test]
+    fn a_learner_waits_for_the_replaced_pod_to_go() {
+        let a = addresses();
+        let mut o = observed(vec![member(0, true), member(1, false)], &[0, 1]);
+        o.replaced = [0].into_iter().collect();
+        o.stuck = [0].into_iter().collect();
+        let p = plan(1, &a, &o);
+        assert_eq!(p.step, None);
+        assert!(p.pending.unwrap().contains("replaced member's pod"));
+        o.replaced.clear();
+        assert_eq!(
+            plan(1, &a, &o).step,
+            Some(Step::Promote {
+                id: 100,
+                ordinal: 0
+            })
+        );
+    }
+
+    /// Issue 51: a single member on a node being drained moves with the store answering
+    /// throughout: a spare joins (learner, then voter), the member is replaced by an empty
+    /// learner whose pod starts elsewhere, is promoted, and the spare leaves.
+    #[test]
+    fn a_single_member_moves_off_a_drained_node_through_a_spare() {
+        let a = addresses();
+        let p = plan(
+            1,
+            &a,
+            &leaving(observed(vec![member(0, false)], &[0]), &[0]),
+        );
+        assert_eq!(p.step, Some(Step::AddLearner { ordinal: 1 }));
+        assert_eq!(p.replicas, 2);
+        assert!(p.pending.unwrap().contains("spare"));
+        // The spare catches up and is promoted as any learner.
+        let o = leaving(
+            observed(vec![member(0, false), member(1, true)], &[0, 1]),
+            &[0],
+        );
+        assert_eq!(
+            plan(1, &a, &o).step,
+            Some(Step::Promote {
+                id: 101,
+                ordinal: 1
+            })
+        );
+        // Two voters: the leaving one is replaced, not the spare removed (which shrinking
+        // to one member would otherwise do first).
+        let o = leaving(
+            observed(vec![member(0, false), member(1, false)], &[0, 1]),
+            &[0],
+        );
+        let p = plan(1, &a, &o);
+        assert_eq!(
+            p.step,
+            Some(Step::Replace {
+                id: 100,
+                ordinal: 0
+            })
+        );
+        assert_eq!(p.replicas, 2);
+        // Its new pod, on another node, starts as a learner and is promoted.
+        let o = observed(vec![member(0, true), member(1, false)], &[0, 1]);
+        assert_eq!(
+            plan(1, &a, &o).step,
+            Some(Step::Promote {
+                id: 100,
+                ordinal: 0
+            })
+        );
+        // Then the spare leaves: one member, on a node that stays.
+        let p = plan(
+            1,
+            &a,
+            &observed(vec![member(0, false), member(1, false)], &[0, 1]),
+        );
+        assert_eq!(
+            p.step,
+            Some(Step::Remove {
+                id: 101,
+                ordinal: 1
+            })
+        );
+        assert_eq!(p.replicas, 1);
+    }
+
+    /// Of three members, the one leaving is replaced in place while the two others keep
+    /// quorum; never while one of them is down (that would leave one of three answering).
+    #[test]
+    fn one_of_three_is_replaced_in_place_while_the_others_answer() {
+        let a = addresses();
+        let all = vec![member(0, false), member(1, false), member(2, false)];
+        let p = plan(3, &a, &leaving(observed(all.clone(), &[0, 1, 2]), &[1]));
+        assert_eq!(
+            p.step,
+            Some(Step::Replace {
+                id: 101,
+                ordinal: 1
+            })
+        );
+        assert_eq!(p.replicas, 3);
+        let p = plan(3, &a, &leaving(observed(all, &[0, 1]), &[1]));
+        assert_eq!(p.step, None);
+        assert!(
+            p.pending
+                .unwrap()
+                .contains("not answering: kubevirt-etcd-2")
+        );
+    }
+
+    /// Nowhere to go: the member stays (its pod's eviction keeps being refused) and the
+    /// condition says what would let it move.
+    #[test]
+    fn a_member_with_nowhere_to_go_stays_and_says_why() {
+        let a = addresses();
+        let mut o = leaving(observed(vec![member(0, false)], &[0]), &[0]);
+        o.room = false;
+        let p = plan(1, &a, &o);
+        assert_eq!((p.step, p.replicas), (None, 1));
+        assert!(p.pending.unwrap().contains("no other schedulable node"));
+    }
+
+    /// A learner whose pod never gets it started (killed mid-join, its volume broken) is
+    /// replaced by an empty one after the deadline, not waited on for ever.
+    /// A learner whose pod is on a node being drained (a spare placed just before its node
+    /// was cordoned) is replaced under a new member id, never its pod's data wiped in place.
+    #[test]
+    fn a_leaving_learner_is_replaced() {
+        let a = addresses();
+        let o = leaving(
+            observed(vec![member(0, false), member(1, true)], &[0]),
+            &[1],
+        );
+        assert_eq!(
+            plan(1, &a, &o).step,
+            Some(Step::Replace {
+                id: 101,
+                ordinal: 1
+            })
+        );
+    }
+
+    #[test]
+    fn a_learner_that_never_starts_is_replaced() {
+        let a = addresses();
+        let mut o = observed(vec![member(0, false), member(1, true)], &[0]);
+        assert_eq!(plan(3, &a, &o).step, None);
+        o.stuck.insert(1);
+        assert_eq!(
+            plan(3, &a, &o).step,
+            Some(Step::Replace {
+                id: 101,
+                ordinal: 1
+            })
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kubevirt_api::catalogue;
 
 use crate::kubevirt;
-use crate::render::{self, NAMESPACE, Result, part_of_labels};
+use crate::render::{self, NAMESPACE, Result, monitoring, part_of_labels};
 
 pub const OPERATOR: &str = "virt-operator";
 pub const DEFAULT_OPERATOR_IMAGE: &str = "localhost/kubevirt-rs/virt-operator:latest";
@@ -89,21 +89,56 @@ fn cluster_rules() -> Vec<PolicyRule> {
         ),
         rule(&[""], &["namespaces"], &["get", "list", "watch"]),
         // Without a default StorageClass etcd keeps its data on one node: which nodes exist.
-        rule(&[""], &["nodes"], &["get", "list"]),
+        // An etcd member moves off a node being drained: which nodes are cordoned, as it
+        // happens (etcd_evacuation).
+        rule(&[""], &["nodes"], &["get", "list", "watch"]),
         // The KubeVirt CRD's uid: it owns the cluster-scoped objects (reconcile::owned_by_crd).
+        // The prometheus-operator's CRDs: whether a ServiceMonitor and PrometheusRule can be
+        // made (monitoring.rs). CDI's DataVolume CRD: whether CDI owns cdi.kubevirt.io
+        // (cdi.rs).
         PolicyRule {
-            resource_names: Some(vec![kubevirt_api::kubevirt::CRD_NAME.into()]),
+            resource_names: Some(vec![
+                kubevirt_api::kubevirt::CRD_NAME.into(),
+                monitoring::SERVICE_MONITOR_CRD.into(),
+                monitoring::PROMETHEUS_RULE_CRD.into(),
+                crate::cdi::DATAVOLUME_CRD.into(),
+            ]),
             ..rule(
                 &["apiextensions.k8s.io"],
                 &["customresourcedefinitions"],
                 &["get"],
             )
         },
+        // Where Prometheus runs: its ServiceAccount, in the namespace the KubeVirt resource
+        // names or a usual one (monitoring.rs), and the ServiceMonitor there.
+        rule(&[""], &["serviceaccounts"], &["get"]),
+        rule(
+            &[monitoring::MONITORING_GROUP],
+            &["servicemonitors"],
+            &["get", "list", "create", "update", "patch", "delete"],
+        ),
         // Uninstalling counts and, by uninstallStrategy, deletes the workloads.
         kind_rule(
             render::resources(crate::reconcile::WORKLOADS, ""),
             &["get", "list", "delete", "deletecollection"],
         ),
+        // KubeVirt's common-instancetypes bundle (instancetypes.rs): it lists both cluster
+        // kinds and applies and deletes its own objects of them.
+        PolicyRule {
+            api_groups: Some(vec![kubevirt_api::instancetype::GROUP.into()]),
+            resources: Some(render::resources(
+                [
+                    &kubevirt_api::kinds::cluster_instancetype::KIND,
+                    &kubevirt_api::kinds::cluster_preference::KIND,
+                ],
+                "",
+            )),
+            verbs: ["get", "list", "watch", "create", "patch", "delete"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            ..PolicyRule::default()
+        },
         // The signer of virt-handler certificates (signer.rs): it reads the requests, approves
         // or denies them, and writes the certificate, for its own signer name only.
         rule(
@@ -158,7 +193,23 @@ fn namespace_rules() -> Vec<PolicyRule> {
             ALL,
         ),
         rule(&[""], &["pods"], &["get", "list", "watch"]),
+        // An etcd member moved off a drained node: its pod goes (etcd_evacuation), and says
+        // what the operator does about it.
+        PolicyRule {
+            resource_names: Some(
+                (0..render::etcd::MAX_MEMBERS)
+                    .map(render::etcd::member_name)
+                    .collect(),
+            ),
+            ..rule(&[""], &["pods"], &["patch", "delete"])
+        },
         rule(&["policy"], &["poddisruptionbudgets"], ALL),
+        // KubeVirt's recording rules and alerts (monitoring.rs).
+        rule(
+            &[monitoring::MONITORING_GROUP],
+            &["prometheusrules"],
+            &["get", "list", "create", "update", "patch", "delete"],
+        ),
         rule(
             &["rbac.authorization.k8s.io"],
             &["roles", "rolebindings"],
@@ -222,6 +273,9 @@ fn deployment(op: &OperatorImage<'_>) -> Deployment {
     let selector = BTreeMap::from([("app.kubernetes.io/name".to_string(), OPERATOR.to_string())]);
     let mut labels = part_of_labels(OPERATOR);
     labels.insert(kubevirt_api::COMPONENT_LABEL.into(), OPERATOR.into());
+    // Behind kubevirt-prometheus-metrics, as KubeVirt's virt-operator: its /metrics is on the
+    // port named `metrics`.
+    labels.extend([render::monitoring::pod_label()]);
     let field = |name: &str, path: &str| EnvVar {
         name: name.into(),
         value_from: Some(k8s_openapi::api::core::v1::EnvVarSource {
@@ -255,7 +309,7 @@ fn deployment(op: &OperatorImage<'_>) -> Deployment {
             ..ContainerPort::default()
         }]),
         liveness_probe: Some(render::liveness_probe("/healthz", "metrics", "HTTP")),
-        readiness_probe: Some(render::http_probe("/healthz", "metrics", "HTTP", 2, 3)),
+        readiness_probe: Some(render::http_probe("/readyz", "metrics", "HTTP", 2, 3)),
         resources: Some(k8s_openapi::api::core::v1::ResourceRequirements {
             requests: Some(BTreeMap::from([
                 (
@@ -547,7 +601,16 @@ mod tests {
             .into_iter()
             .find(|r| r.resource_names.is_some())
             .and_then(|r| r.resource_names);
-        assert_eq!(crd, Some(vec!["kubevirts.kubevirt.io".to_string()]));
+        // Its own CRD, and whether the prometheus-operator's and CDI's exist: no other CRD.
+        assert_eq!(
+            crd,
+            Some(vec![
+                "kubevirts.kubevirt.io".to_string(),
+                "servicemonitors.monitoring.coreos.com".to_string(),
+                "prometheusrules.monitoring.coreos.com".to_string(),
+                "datavolumes.cdi.kubevirt.io".to_string(),
+            ])
+        );
     }
 
     #[test]

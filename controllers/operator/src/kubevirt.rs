@@ -110,6 +110,16 @@ pub fn crd() -> CustomResourceDefinition {
     crd
 }
 
+/// Whether the CRD `name` exists: how the operator learns what else the cluster runs (the
+/// prometheus-operator's kinds, CDI's DataVolume). Its ClusterRole may get only the CRDs
+/// install.rs names.
+pub async fn crd_exists(client: &kube::Client, name: &str) -> Result<bool, kube::Error> {
+    kube::Api::<CustomResourceDefinition>::all(client.clone())
+        .get_opt(name)
+        .await
+        .map(|c| c.is_some())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]

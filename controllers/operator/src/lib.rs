@@ -3,10 +3,14 @@
 //! [`render`] holds every object kubevirt-rs deploys (typed k8s-openapi objects → YAML); the
 //! operator, `gen-manifests` and `cargo xtask deploy` all render from it.
 
+pub mod cdi;
+pub mod etcd_evacuation;
 pub mod etcd_members;
 pub mod install;
+pub mod instancetypes;
 pub mod kubevirt;
 pub mod metrics;
+pub mod monitoring;
 pub mod policy;
 pub mod reconcile;
 pub mod render;

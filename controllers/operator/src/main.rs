@@ -138,12 +138,20 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
             .await
             .with_context(|| format!("binding {}", args.metrics_addr))?;
+        let watches = metrics.watches.clone();
         let app = axum::Router::new()
             .route(
                 "/metrics",
                 axum::routing::get(move || {
                     let m = metrics.clone();
                     async move { m.encode() }
+                }),
+            )
+            .route(
+                "/readyz",
+                axum::routing::get(move || {
+                    let w = watches.clone();
+                    async move { virt_watch::readyz(&w) }
                 }),
             )
             .route("/healthz", axum::routing::get(|| async { "ok" }));

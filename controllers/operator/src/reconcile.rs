@@ -27,7 +27,6 @@ use kubevirt_api::eviction::EvictionStrategy;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use crate::etcd_members;
 use crate::kubevirt::{BLOCK_UNINSTALL, FINALIZER, KubeVirt, REMOVE_WORKLOADS};
 use crate::metrics::Metrics;
 use crate::policy::CertPolicy;
@@ -36,6 +35,7 @@ use crate::render::etcd::{self, EtcdParams, EtcdStorage, EtcdTls};
 use crate::render::{self, ClusterAuth, EtcdMode, NAMESPACE, Params, Placement, Tls};
 use crate::rotation::{self, CaStep, Decision, Domain};
 use crate::status::{self, Defaults, Observed, Target};
+use crate::{cdi, etcd_evacuation, etcd_members, instancetypes, monitoring};
 
 const MANAGER: &str = "virt-operator";
 
@@ -137,6 +137,16 @@ pub async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
             labels,
             move |_d: StatefulSet| reconcile_all(()),
         )
+        // etcd members move off nodes being drained (etcd_evacuation): a node cordoned or
+        // uncordoned, an etcd pod's eviction asked for or its pod started again elsewhere.
+        .watches_stream(
+            etcd_evacuation::node_changes(client.clone(), &ctx.metrics.watches),
+            move |_n: Node| reconcile_all(()),
+        )
+        .watches_stream(
+            etcd_evacuation::member_pod_changes(client.clone(), &ctx.metrics.watches),
+            move |_p: Pod| reconcile_all(()),
+        )
         .graceful_shutdown_on(async move { stop.cancelled().await })
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
@@ -218,14 +228,96 @@ async fn bootstrap(ctx: Arc<Ctx>, stop: CancellationToken) {
 }
 
 async fn api_layer_available(client: &Client) -> bool {
+    let Ok(coexist) = cdi_state(client).await else {
+        return false;
+    };
     let apis: Api<APIService> = Api::all(client.clone());
-    for group in [render::GROUP, render::SUBRESOURCES_GROUP] {
-        match apis.get_opt(&format!("v1.{group}")).await {
+    for name in coexist.served() {
+        match apis.get_opt(&name).await {
             Ok(Some(a)) if apiservice_available(&a) => {}
             _ => return false,
         }
     }
     true
+}
+
+/// Whether a real CDI is installed, and what that means for the APIServices of CDI's groups
+/// (crate::cdi), read once per reconcile.
+#[derive(Debug)]
+struct CdiState {
+    /// CDI's DataVolume CRD exists.
+    installed: bool,
+    /// Each APIService of CDI's groups that virt-apiserver serves: its step, and the uid of
+    /// the one there now.
+    steps: BTreeMap<String, (cdi::ApiServiceStep, Option<String>)>,
+}
+
+impl CdiState {
+    /// Whether the APIService `name` is applied (every one outside CDI's groups is).
+    fn applies(&self, name: &str) -> bool {
+        self.steps
+            .get(name)
+            .is_none_or(|(s, _)| *s == cdi::ApiServiceStep::Apply)
+    }
+
+    /// The names of the APIServices virt-apiserver serves on this cluster: those applied.
+    fn served(&self) -> Vec<String> {
+        render::api_services()
+            .into_iter()
+            .map(|(g, v)| render::api_service_name(g, v))
+            .filter(|n| self.applies(n))
+            .collect()
+    }
+
+    /// What the DataVolume controller and the status follow.
+    fn plan(&self) -> cdi::Plan {
+        cdi::decide(self.installed, None)
+    }
+}
+
+async fn cdi_state(client: &Client) -> Result<CdiState, kube::Error> {
+    let installed = crate::kubevirt::crd_exists(client, cdi::DATAVOLUME_CRD).await?;
+    let apis: Api<APIService> = Api::all(client.clone());
+    let mut steps = BTreeMap::new();
+    for (group, version) in render::api_services() {
+        if !cdi::is_cdi_group(group) {
+            continue;
+        }
+        let name = render::api_service_name(group, version);
+        let existing = apis.get_opt(&name).await?;
+        let step = cdi::decide(installed, existing.as_ref()).apiservice;
+        steps.insert(name, (step, existing.and_then(|a| a.metadata.uid)));
+    }
+    Ok(CdiState { installed, steps })
+}
+
+/// Deletes the installation's own APIServices of CDI's groups once CDI is installed
+/// ([`cdi::ApiServiceStep::DeleteOurs`]; exactly the object judged ours, by uid):
+/// kube-apiserver then makes its local one for CDI's CRD.
+async fn remove_cdi_apiservices(client: &Client, coexist: &CdiState) -> Result<(), Error> {
+    let apis: Api<APIService> = Api::all(client.clone());
+    for (name, (step, uid)) in &coexist.steps {
+        if *step != cdi::ApiServiceStep::DeleteOurs {
+            continue;
+        }
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match apis.delete(name, &dp).await {
+            Ok(_) => tracing::info!(
+                apiservice = %name,
+                crd = cdi::DATAVOLUME_CRD,
+                "CDI is installed: deleted our APIService, kube-apiserver serves CDI's DataVolumes"
+            ),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Makes every cluster-scoped object (APIServices, ClusterRoles, ClusterRoleBindings) and
@@ -577,6 +669,7 @@ fn render_all(
     certs: &Certs,
     auth: &ClusterAuth,
     etcd_params: EtcdParams,
+    datavolumes: bool,
 ) -> Result<(Vec<serde_json::Value>, Vec<serde_json::Value>), Error> {
     // Certificates are not in here: virt-apiserver and virt-handler re-read their mounted
     // Secrets, so a rotation restarts nothing. The cluster's CAs are read at start only.
@@ -624,12 +717,18 @@ fn render_all(
             .unwrap_or(EvictionStrategy::None),
         // Invalid parts are reported (invalid_config) and left out.
         workload_update: workload_update(kv).unwrap_or_default(),
-        migration_flags: migration_flags(kv).unwrap_or_default(),
+        migration_flags: migration_flags(kv)
+            .unwrap_or_default()
+            .into_iter()
+            .chain(instancetype_flags(kv).unwrap_or_default())
+            .collect(),
         serial_console_log: kv
             .spec
             .configuration
             .as_ref()
             .is_none_or(|c| c.serial_console_log()),
+        apiserver_limit_flags: apiserver_limit_flags(kv),
+        datavolumes,
     };
     let mut yaml = render::static_manifest(&p)?;
     yaml.push_str(&render::cluster_manifest(&certs.serving, auth)?);
@@ -727,6 +826,32 @@ fn migration_flags(kv: &KubeVirt) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// `spec.configuration.instancetype.referencePolicy` as virt-controller's flag (none for
+/// the default), or the field that is wrong.
+fn instancetype_flags(kv: &KubeVirt) -> Result<Vec<String>, String> {
+    use kubevirt_api::instancetype::vm::ReferencePolicy;
+    let Some(v) = kv
+        .spec
+        .configuration
+        .as_ref()
+        .and_then(|c| c.instancetype.as_ref())
+        .and_then(|i| i.reference_policy.as_deref())
+    else {
+        return Ok(Vec::new());
+    };
+    match ReferencePolicy::parse(v) {
+        Some(ReferencePolicy::Reference) => Ok(Vec::new()),
+        Some(p) => Ok(vec![format!(
+            "--instancetype-reference-policy={}",
+            p.as_str()
+        )]),
+        None => Err(format!(
+            "spec.configuration.instancetype.referencePolicy: Unsupported value: {v:?}: \
+             supported values: reference, expand, expandAll"
+        )),
+    }
+}
+
 /// `spec.workloadUpdateStrategy` as virt-controller's flags take it, or what is wrong.
 fn workload_update(kv: &KubeVirt) -> Result<render::WorkloadUpdate, String> {
     let Some(w) = kv.spec.workload_update_strategy.as_ref() else {
@@ -814,25 +939,60 @@ async fn has_default_storage_class(client: &Client) -> Result<bool, Error> {
     }))
 }
 
+/// virt-apiserver's flags from `spec.kubevirtRs.apiserver`: the per-user limits that are
+/// set (kube-apiserver refuses negative values: the CRD's minimum).
+fn apiserver_limit_flags(kv: &KubeVirt) -> Vec<String> {
+    let Some(a) = kv
+        .spec
+        .kubevirt_rs
+        .as_ref()
+        .and_then(|r| r.apiserver.as_ref())
+    else {
+        return Vec::new();
+    };
+    [
+        ("--max-streams-per-user", a.max_streams_per_user),
+        ("--max-watches-per-user", a.max_watches_per_user),
+    ]
+    .into_iter()
+    .filter_map(|(flag, v)| Some(format!("{flag}={}", v?.max(0))))
+    .collect()
+}
+
 /// The field that sets etcd's member count.
 pub const ETCD_MEMBERS_FIELD: &str = "spec.kubevirtRs.etcd.members";
 
-/// `spec.kubevirtRs.etcd.members` (1 when unset), or what is wrong with it. kube-apiserver
+/// `spec.kubevirtRs.etcd.members`, or what is wrong with it (`None`: unset). kube-apiserver
 /// already refuses other values (the CRD's enum); this holds for a resource stored before.
 fn etcd_members(kv: &KubeVirt) -> Result<Option<usize>, String> {
-    let n = kv
+    let Some(n) = kv
         .spec
         .kubevirt_rs
         .as_ref()
         .and_then(|r| r.etcd.as_ref())
         .and_then(|e| e.members)
-        .unwrap_or(1);
+    else {
+        return Ok(None);
+    };
     if kubevirt_api::kubevirt::ETCD_MEMBER_COUNTS.contains(&n) {
         Ok(usize::try_from(n).ok())
     } else {
         Err(format!(
             "{ETCD_MEMBERS_FIELD}: Unsupported value: {n}: supported values: \"1\", \"3\""
         ))
+    }
+}
+
+/// Members when `spec.kubevirtRs.etcd.members` is unset: three where the cluster has three
+/// schedulable nodes to spread them over (one node lost, the API still answers), else one,
+/// which [`etcd_evacuation`] moves off a node being drained. Never fewer than there are (a
+/// node drained for maintenance is no reason to give up a member), and only on claims.
+fn default_etcd_members(schedulable_nodes: usize, current: usize, on_claims: bool) -> usize {
+    // Two is never a target: it is a single member's spare while it moves.
+    if current >= etcd::MAX_MEMBERS || (on_claims && schedulable_nodes >= etcd::MAX_MEMBERS) {
+        etcd::MAX_MEMBERS
+    } else {
+        1
     }
 }
 
@@ -856,8 +1016,15 @@ fn etcd_layout(
     requested: Option<usize>,
     storage: &EtcdStorage,
     existing: Option<&StatefulSet>,
+    leaving: bool,
 ) -> EtcdLayout {
-    let is_cluster = existing.is_some_and(etcd::is_cluster);
+    // A member can move (etcd_evacuation) only with peers that can reach it: new
+    // installations on claims are clusters from their first member on, and a single member
+    // from before is made one when its node is drained (one restart of the member, with
+    // the API down for its seconds: the last time).
+    let on_claims = matches!(storage, EtcdStorage::Claim { .. });
+    let is_cluster =
+        existing.is_some_and(etcd::is_cluster) || (on_claims && (existing.is_none() || leaving));
     let current = existing
         .and_then(|s| s.spec.as_ref())
         .and_then(|s| s.replicas)
@@ -913,6 +1080,14 @@ async fn member_service_ips(client: &Client) -> Result<Vec<String>, Error> {
 /// members, carries out the next change, and says how many members there are afterwards (the
 /// StatefulSet's replicas). Failing to reach etcd is no reconcile error: etcd keeps its
 /// members, and the reason is in the Progressing condition.
+/// What the Kubernetes API says about etcd's members for [`etcd_membership`].
+struct Found<'a> {
+    pods: &'a [Pod],
+    nodes: &'a [Node],
+    leaving: &'a std::collections::BTreeSet<usize>,
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn etcd_membership(
     kv: &KubeVirt,
     ctx: &Ctx,
@@ -920,6 +1095,7 @@ async fn etcd_membership(
     existing: Option<&StatefulSet>,
     member_ips: &[String],
     certs: &Certs,
+    found: &Found<'_>,
     now: time::OffsetDateTime,
 ) -> etcd_members::Plan {
     let current = existing
@@ -959,17 +1135,40 @@ async fn etcd_membership(
     };
     let rolled_out = etcd::is_cluster(existing)
         && status::statefulset_pending(etcd::ETCD, Some(existing)).is_none();
-    let (observed, mut client) =
+    let (mut observed, mut client) =
         match etcd_members::observe(&addresses, Some(&tls), rolled_out).await {
             Ok(o) => o,
             Err(e) => return unreachable(e.to_string()),
         };
+    observed.leaving = found.leaving.clone();
+    observed.room = etcd_evacuation::room(found.nodes);
+    observed.replaced = etcd_evacuation::replaced(found.pods);
+    let silent_learners = observed
+        .members
+        .iter()
+        .filter(|m| m.learner)
+        .filter_map(|m| addresses.ordinal(m))
+        .filter(|i| !observed.healthy.contains(i))
+        .collect();
+    observed.stuck = etcd_evacuation::stuck(
+        found.pods,
+        &silent_learners,
+        k8s_openapi::jiff::Timestamp::now(),
+        etcd_members::LEARNER_DEADLINE,
+    );
     let plan = etcd_members::plan(layout.desired, &addresses, &observed);
     let Some(change) = plan.step else {
         return plan;
     };
     match etcd_members::execute(&mut client, &addresses, change).await {
         Ok(etcd_members::Outcome::Done) => {
+            if let etcd_members::Step::Replace { ordinal, .. } = change
+                && let Err(e) = etcd_evacuation::mark_replaced(&ctx.client, ordinal).await
+            {
+                // The member is already a learner again: its old pod, still leaving, is
+                // replaced once more by a later reconcile (its data is none of the cluster's).
+                tracing::warn!(ordinal, error = %e, "marking a replaced etcd member's pod");
+            }
             let note = plan.pending.clone().unwrap_or_default();
             tracing::info!(
                 ?change,
@@ -1093,19 +1292,52 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         .metadata
         .uid
         .unwrap_or_default();
+    // A real CDI owns cdi.kubevirt.io where its DataVolume CRD exists (crate::cdi).
+    step("checking whether CDI is installed");
+    let coexist = cdi_state(client).await?;
+    let cdi_plan = coexist.plan();
     let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), NAMESPACE);
     let existing = sts_api.get_opt(etcd::ETCD).await?;
     let storage = etcd_storage(client, ctx, existing.as_ref(), &crd_uid).await?;
+    step("reading the nodes and etcd's pods");
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let etcd_pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .list(&ListParams::default().labels(&etcd::pod_selector()))
+        .await?
+        .items;
+    let leaving = etcd_evacuation::leaving(&etcd_pods, &nodes, k8s_openapi::jiff::Timestamp::now());
+    let current_members = existing
+        .as_ref()
+        .filter(|s| etcd::is_cluster(s))
+        .and_then(|s| s.spec.as_ref())
+        .and_then(|s| s.replicas)
+        .and_then(|r| usize::try_from(r).ok())
+        .unwrap_or(1);
     // The bootstrap (no KubeVirt resource) never changes the membership: it keeps what the
     // last resource asked for.
     let requested = match scope {
-        Scope::All => etcd_members(kv),
+        Scope::All => etcd_members(kv).map(|n| {
+            n.or_else(|| {
+                Some(default_etcd_members(
+                    nodes
+                        .iter()
+                        .filter(|n| etcd_evacuation::schedulable(n))
+                        .count(),
+                    current_members,
+                    matches!(storage, EtcdStorage::Claim { .. }),
+                ))
+            })
+        }),
         Scope::ApiLayer => Ok(None),
     };
     let layout = etcd_layout(
         requested.clone().ok().flatten(),
         &storage,
         existing.as_ref(),
+        !leaving.is_empty(),
     );
     // Each invalid part of the configuration: the field at fault, and what is done instead.
     let invalid: Vec<(String, &str)> = [
@@ -1120,6 +1352,9 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         eviction_strategy(kv)
             .err()
             .map(|e| (e, "VMIs without their own evictionStrategy use None")),
+        instancetype_flags(kv)
+            .err()
+            .map(|e| (e, "VMs keep their instance types by reference")),
         workload_update(kv).err().map(|e| {
             (
                 e,
@@ -1193,6 +1428,11 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
     }
     let membership = if layout.cluster {
         step("changing etcd's membership");
+        let found = Found {
+            pods: &etcd_pods,
+            nodes: &nodes,
+            leaving: &leaving,
+        };
         etcd_membership(
             kv,
             ctx,
@@ -1200,6 +1440,7 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
             existing.as_ref(),
             &member_ips,
             &certs,
+            &found,
             now,
         )
         .await
@@ -1207,9 +1448,55 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         etcd_members::Plan {
             replicas: 1,
             step: None,
-            pending: None,
+            pending: (!leaving.is_empty()).then(|| match &storage {
+                EtcdStorage::HostPath { node, path } => format!(
+                    "etcd keeps its data in the host directory {path} of node {node} (the \
+                     cluster had no default StorageClass when it was installed): it cannot \
+                     move, and draining {node} waits for it; move it by reinstalling with a \
+                     StorageClass (docs/deploy.md)"
+                ),
+                _ => "etcd has no volume of its own that could move".to_string(),
+            }),
         }
     };
+    // What the webhook tells a drain that waits on a member (none once it has moved).
+    // A failure here must not hold the rest of the reconcile (the StatefulSet's replicas
+    // for a member just added): it is only the message.
+    step("annotating etcd's pods");
+    if let Err(e) =
+        etcd_evacuation::annotate(client, &etcd_pods, &leaving, membership.pending.as_deref()).await
+    {
+        tracing::warn!(error = %e, "writing what happens to etcd's pods");
+    }
+    if layout.cluster {
+        let claims = Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+            client.clone(),
+            NAMESPACE,
+        )
+        .list(&ListParams::default())
+        .await?
+        .items;
+        let mut stranded = etcd_evacuation::waiting_on_a_gone_claim(&etcd_pods, &claims);
+        stranded.extend(etcd_evacuation::overdue(
+            &etcd_pods,
+            k8s_openapi::jiff::Timestamp::now(),
+            etcd_evacuation::REPLACED_GRACE,
+        ));
+        if let Err(e) = etcd_evacuation::delete_pods(client, &stranded).await {
+            tracing::warn!(error = %e, "deleting etcd pods that wait on a deleted claim");
+        }
+    }
+    let update_revision = existing
+        .as_ref()
+        .and_then(|s| s.status.as_ref())
+        .and_then(|s| s.update_revision.as_deref());
+    let stuck = etcd_evacuation::stuck_on_an_old_template(&etcd_pods, update_revision);
+    if !stuck.is_empty() {
+        tracing::info!(pods = ?stuck, "etcd pods of an older template cannot run: starting them from the current one");
+        if let Err(e) = etcd_evacuation::delete_pods(client, &stuck).await {
+            tracing::warn!(error = %e, "deleting etcd pods stuck on an older template");
+        }
+    }
     let etcd_params = EtcdParams {
         host: host.clone(),
         storage,
@@ -1228,7 +1515,19 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
             etcd::Topology::Single
         },
     };
-    let (mut docs, mut apiservices) = render_all(kv, &target, &certs, &auth, etcd_params)?;
+    let (mut docs, mut apiservices) = render_all(
+        kv,
+        &target,
+        &certs,
+        &auth,
+        etcd_params,
+        cdi_plan.datavolume_controller,
+    )?;
+    // Never written over kube-apiserver's local APIService of CDI's CRD.
+    apiservices.retain(|a| {
+        a["kind"] != "APIService"
+            || coexist.applies(a["metadata"]["name"].as_str().unwrap_or_default())
+    });
     if scope == Scope::ApiLayer {
         docs.retain(is_api_layer);
     }
@@ -1251,16 +1550,57 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         step("applying the APIServices");
         apply_all(client, &apiservices).await?;
     }
+    step("leaving CDI's group to CDI");
+    remove_cdi_apiservices(client, &coexist).await?;
     if scope == Scope::ApiLayer {
         return Ok(Action::requeue(BOOTSTRAP_IDLE));
+    }
+    // A failure is logged and retried with the next reconcile: monitoring never holds the
+    // installation, and a cluster without the prometheus-operator is no failure at all.
+    step("keeping the ServiceMonitor and PrometheusRule");
+    match monitoring::sync(client, Some(kv), &crd_uid, MANAGER).await {
+        Ok(s) => {
+            if (s.apis.service_monitors || s.apis.prometheus_rules) && s.monitor.is_none() {
+                tracing::debug!(
+                    "prometheus-operator CRDs exist but no Prometheus ServiceAccount was found \
+                     (spec.monitorNamespace/monitorAccount): no ServiceMonitor nor PrometheusRule"
+                );
+            }
+            if s.deleted > 0 {
+                tracing::info!(
+                    deleted = s.deleted,
+                    "removed monitoring objects no longer called for"
+                );
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "keeping the ServiceMonitor and PrometheusRule"),
     }
     step("reading the rollout's state");
     let apis: Api<APIService> = Api::all(client.clone());
     let mut apiservices_pending = Vec::new();
-    for group in [render::GROUP, render::SUBRESOURCES_GROUP] {
-        let name = format!("v1.{group}");
+    for name in coexist.served() {
         let a = apis.get_opt(&name).await?;
         apiservices_pending.extend(status::apiservice_pending(&name, a.as_ref()));
+    }
+    // KubeVirt's common-instancetypes bundle, once its API answers (a failure is logged
+    // and retried with the next reconcile: it never holds the rest of the installation).
+    if serving && apiservices_pending.is_empty() {
+        step("deploying the common-instancetypes bundle");
+        let enabled = kv
+            .spec
+            .configuration
+            .as_ref()
+            .is_none_or(|c| c.common_instancetypes_enabled());
+        match instancetypes::sync(client, enabled, MANAGER).await {
+            Ok((0, 0)) => {}
+            Ok((written, deleted)) => tracing::info!(
+                written,
+                deleted,
+                enabled,
+                "common-instancetypes bundle reconciled"
+            ),
+            Err(e) => tracing::warn!(error = %e, "deploying the common-instancetypes bundle"),
+        }
     }
     let etcd_pending =
         status::statefulset_pending(etcd::ETCD, sts_api.get_opt(etcd::ETCD).await?.as_ref());
@@ -1320,6 +1660,7 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         failure: status::pod_failure(&pods.items),
         invalid_config,
         unsupported,
+        cdi: cdi_plan.note.clone(),
     };
     let new_status = status::status(
         kv.status.as_ref(),
@@ -1342,6 +1683,15 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
             format!("Version {} is deployed and Available", target.version),
         )
         .await;
+    }
+    let had_cdi = kv
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == cdi::CONDITION));
+    if let Some(note) = cdi_plan.note.as_ref().filter(|_| !had_cdi) {
+        ctx.event(kv, EventType::Normal, cdi::CONDITION, note.clone())
+            .await;
     }
     step("writing the KubeVirt status");
     if kv.status.as_ref() != Some(&new_status) {
@@ -1510,6 +1860,12 @@ async fn uninstall(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
             return Ok(Action::requeue(Duration::from_secs(10)));
         }
     }
+    if api_up && let Err(e) = instancetypes::sync(client, false, MANAGER).await {
+        tracing::warn!(error = %e, "removing the common-instancetypes bundle");
+    }
+    if let Err(e) = monitoring::sync(client, None, "", MANAGER).await {
+        tracing::warn!(error = %e, "removing the ServiceMonitor and PrometheusRule");
+    }
     // Everything but the API layer, which stays while the operator runs: kubevirt.io/v1 (and
     // the KubeVirt kind at v1) remains served for a re-install, and [`bootstrap`] takes it
     // over once this resource is gone. etcd's data (and PVC) stays with it.
@@ -1593,14 +1949,22 @@ mod tests {
             serde_json::from_value::<StatefulSet>(doc).unwrap()
         };
         let layout = |requested, storage: &EtcdStorage, existing: Option<&StatefulSet>| {
-            let l = etcd_layout(requested, storage, existing);
+            let l = etcd_layout(requested, storage, existing, false);
             (l.cluster, l.desired, l.refused.is_some())
         };
-        // A new installation, and the single member from before clusters.
-        assert_eq!(layout(Some(1), &claim, None), (false, 1, false));
+        // A new installation on claims is a cluster from its first member on (so that the
+        // member can move off a drained node); the single member from before clusters stays
+        // as it is until its node is drained.
+        assert_eq!(layout(Some(1), &claim, None), (true, 1, false));
+        assert_eq!(layout(Some(1), &host, None), (false, 1, false));
         assert_eq!(layout(Some(3), &claim, None), (true, 3, false));
         let single = sts(false, 1);
         assert_eq!(layout(Some(1), &claim, Some(&single)), (false, 1, false));
+        assert!(
+            etcd_layout(Some(1), &claim, Some(&single), true).cluster,
+            "a single member on a claim whose node is drained becomes a cluster"
+        );
+        assert!(!etcd_layout(Some(1), &host, Some(&single), true).cluster);
         assert_eq!(layout(Some(3), &claim, Some(&single)), (true, 3, false));
         // The bootstrap (no KubeVirt resource) keeps what there is.
         let three = sts(true, 3);
@@ -1610,14 +1974,16 @@ mod tests {
         assert_eq!(layout(Some(1), &claim, Some(&three)), (true, 1, false));
         // One directory of one node cannot hold three members: refused, by name.
         assert_eq!(layout(Some(3), &host, Some(&single)), (false, 1, true));
-        let refused = etcd_layout(Some(3), &host, Some(&single)).refused.unwrap();
+        let refused = etcd_layout(Some(3), &host, Some(&single), false)
+            .refused
+            .unwrap();
         assert!(
             refused.starts_with(
                 "spec.kubevirtRs.etcd.members: 3 members need a PersistentVolumeClaim each"
             ) && refused.contains("node node-a"),
             "{refused}"
         );
-        let none = etcd_layout(Some(3), &EtcdStorage::Ephemeral, None)
+        let none = etcd_layout(Some(3), &EtcdStorage::Ephemeral, None, false)
             .refused
             .unwrap();
         assert!(none.contains("no default StorageClass"), "{none}");
@@ -1636,11 +2002,57 @@ mod tests {
         assert_eq!(etcd_members(&kv(3)), Ok(Some(3)));
         assert_eq!(
             etcd_members(&KubeVirt::new("kubevirt", Default::default())),
-            Ok(Some(1))
+            Ok(None)
         );
         assert_eq!(
             etcd_members(&kv(2)),
             Err("spec.kubevirtRs.etcd.members: Unsupported value: 2: supported values: \"1\", \"3\"".into())
+        );
+    }
+
+    /// Only the limits set become flags: an installation that sets none keeps its pods.
+    #[test]
+    fn apiserver_limits_become_flags_only_when_set() {
+        let kv = |spec: serde_json::Value| -> KubeVirt {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+                "metadata": {"name": "kubevirt"}, "spec": spec}))
+            .unwrap()
+        };
+        assert!(apiserver_limit_flags(&kv(serde_json::json!({}))).is_empty());
+        assert_eq!(
+            apiserver_limit_flags(&kv(
+                serde_json::json!({"kubevirtRs": {"apiserver": {"maxStreamsPerUser": 2}}})
+            )),
+            vec!["--max-streams-per-user=2"]
+        );
+        assert_eq!(
+            apiserver_limit_flags(&kv(serde_json::json!({"kubevirtRs": {"apiserver":
+                {"maxStreamsPerUser": 0, "maxWatchesPerUser": 50}}}))),
+            vec!["--max-streams-per-user=0", "--max-watches-per-user=50"]
+        );
+    }
+
+    /// Issue 51 point 3: unset, three members where three schedulable nodes can hold them
+    /// (on claims), else one; never fewer than there are.
+    #[test]
+    fn etcd_members_default_to_three_where_three_nodes_can_hold_them() {
+        assert_eq!(default_etcd_members(2, 1, true), 1);
+        assert_eq!(default_etcd_members(3, 1, true), 3);
+        assert_eq!(
+            default_etcd_members(5, 1, false),
+            1,
+            "a host directory holds one"
+        );
+        assert_eq!(
+            default_etcd_members(2, 3, true),
+            3,
+            "a drained node costs no member"
+        );
+        assert_eq!(
+            default_etcd_members(2, 2, true),
+            1,
+            "a spare left by a move goes once it is not needed"
         );
     }
 
@@ -1780,9 +2192,9 @@ mod tests {
         .unwrap();
         yaml.push_str(&render::cluster_manifest(&tls, &auth).unwrap());
         let docs = parse_docs(&yaml).unwrap();
-        // Handler client Secret and CA ConfigMap, serving Secret and ConfigMap, APIServices,
-        // eviction webhook.
-        assert_eq!(docs.len(), 2 + 2 + 2 + 1);
+        // Handler client Secret and CA ConfigMap, serving Secret and ConfigMap, APIServices
+        // (one per group-version), eviction webhook.
+        assert_eq!(docs.len(), 2 + 2 + render::api_services().len() + 1);
         let handler_ca = docs
             .iter()
             .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "virt-handler-ca")

@@ -39,6 +39,7 @@ use kubevirt_api::catalogue;
 
 pub mod components;
 pub mod etcd;
+pub mod monitoring;
 
 pub const NAMESPACE: &str = "kubevirt";
 /// virt-apiserver's Deployment, Service, ServiceAccount and RBAC objects.
@@ -47,6 +48,8 @@ pub const TLS_SECRET: &str = "kubevirt-apiserver-tls";
 pub const AUTH_CONFIGMAP: &str = "kubevirt-apiserver-auth";
 pub use kubevirt_api::{GROUP, SUBRESOURCES_GROUP};
 const SERVING_PORT: i32 = 8443;
+/// virt-apiserver's plain-HTTP `/metrics` (`--metrics-addr`), behind kubevirt-prometheus-metrics.
+const APISERVER_METRICS_PORT: i32 = 8188;
 const ETCD_METRICS_PORT: i32 = 2381;
 pub const DEFAULT_APISERVER_IMAGE: &str = "localhost/kubevirt-rs/virt-apiserver:latest";
 pub const DEFAULT_ETCD_IMAGE: &str = "localhost/kubevirt-rs/etcd:latest";
@@ -128,11 +131,18 @@ pub struct Params {
     pub eviction_strategy: kubevirt_api::eviction::EvictionStrategy,
     /// workloadUpdateStrategy (virt-controller's workload updater); none by default.
     pub workload_update: WorkloadUpdate,
-    /// virt-controller's migration flags from `configuration.migrations` (validated).
+    /// virt-controller's flags from `configuration.migrations` and
+    /// `configuration.instancetype` (validated).
     pub migration_flags: Vec<String>,
     /// Launcher pods log the serial console unless a VMI says otherwise
     /// (`configuration.virtualMachineOptions.disableSerialConsoleLog` absent).
     pub serial_console_log: bool,
+    /// virt-apiserver's per-user limits from `spec.kubevirtRs.apiserver` (only those set,
+    /// so an installation that sets none keeps its pod template).
+    pub apiserver_limit_flags: Vec<String>,
+    /// virt-controller runs its DataVolume controller; `false` where a real CDI fills
+    /// DataVolumes (crate::cdi).
+    pub datavolumes: bool,
 }
 
 /// `spec.workloadUpdateStrategy`, validated.
@@ -172,6 +182,12 @@ pub fn eviction_strategy_flag(p: &Params) -> Option<String> {
 /// sets `disableSerialConsoleLog` keeps its pod template.
 pub fn serial_console_log_flag(p: &Params) -> Option<String> {
     (!p.serial_console_log).then(|| "--serial-console-log=false".to_string())
+}
+
+/// virt-controller's `--datavolumes`: only when off (CDI installed), so an installation
+/// without CDI keeps its pod template.
+pub fn datavolumes_flag(p: &Params) -> Option<String> {
+    (!p.datavolumes).then(|| "--datavolumes=false".to_string())
 }
 
 /// The KubeVirt feature gates virt-apiserver enforces: `HostDisk` (hostDisk volumes).
@@ -251,6 +267,8 @@ impl Default for Params {
             workload_update: WorkloadUpdate::default(),
             migration_flags: Vec::new(),
             serial_console_log: true,
+            apiserver_limit_flags: Vec::new(),
+            datavolumes: true,
         }
     }
 }
@@ -322,6 +340,40 @@ pub(crate) fn grants(rules: &[PolicyRule], group: &str) -> Vec<String> {
     out
 }
 
+/// The groups and versions virt-apiserver serves, each registered by an APIService named
+/// `<version>.<group>`: every group of the catalogue's kinds, then the subresources'.
+pub fn api_services() -> Vec<(&'static str, &'static str)> {
+    let mut out = catalogue::kind_groups();
+    out.push((SUBRESOURCES_GROUP, kubevirt_api::VERSION));
+    out
+}
+
+/// The name of the APIService of `group` at `version`.
+pub fn api_service_name(group: &str, version: &str) -> String {
+    format!("{version}.{group}")
+}
+
+/// One rule per API group of these stored kinds (each resource followed by `suffix`):
+/// roles name kinds from the catalogue, never by hand.
+pub(crate) fn rules_by_group<'a>(
+    kinds: impl IntoIterator<Item = &'a catalogue::Kind>,
+    suffix: &str,
+    verbs: &[&str],
+) -> Vec<PolicyRule> {
+    let mut by_group: Vec<(&str, Vec<String>)> = Vec::new();
+    for k in kinds {
+        let resource = format!("{}{suffix}", k.plural);
+        match by_group.iter_mut().find(|(g, _)| *g == k.group) {
+            Some((_, rs)) => rs.push(resource),
+            None => by_group.push((k.group, vec![resource])),
+        }
+    }
+    by_group
+        .into_iter()
+        .map(|(g, rs)| rule(g, rs, verbs))
+        .collect()
+}
+
 fn rule(group: &str, resources: Vec<String>, verbs: &[&str]) -> PolicyRule {
     PolicyRule {
         api_groups: Some(vec![group.into()]),
@@ -352,11 +404,7 @@ fn role_ref(kind: &str, name: &str) -> RoleRef {
 /// they name our resources and the subresources of subresources.kubevirt.io exactly as
 /// virt-apiserver serves them; they come from the API catalogue so they cannot drift.
 fn user_roles() -> Vec<ClusterRole> {
-    let plurals = resources(catalogue::STORED, "");
-    let status = resources(
-        catalogue::STORED.into_iter().filter(|k| k.has_status),
-        "/status",
-    );
+    let stored = catalogue::stored();
     // Subresources by the verb that calls them: actions `update`; consoles, VNC and
     // port-forwarding `get` — they reach into the guest, so edit grants them, as in KubeVirt.
     let mut by_verb: BTreeMap<&str, Vec<String>> = BTreeMap::new();
@@ -377,15 +425,52 @@ fn user_roles() -> Vec<ClusterRole> {
         "delete",
         "deletecollection",
     ];
-    let mut view_rules = vec![rule(GROUP, plurals.clone(), &read)];
-    if !status.is_empty() {
-        view_rules.push(rule(GROUP, status, &["get"]));
+    let mut view_rules = rules_by_group(stored.clone(), "", &read);
+    view_rules.extend(rules_by_group(
+        stored.clone().filter(|k| k.has_status),
+        "/status",
+        &["get"],
+    ));
+    // What the guest agent reports is for viewers too, as KubeVirt's view role has it.
+    let reads: Vec<String> = catalogue::SUBRESOURCES
+        .into_iter()
+        .filter(|s| s.is_read())
+        .map(|s| s.resource())
+        .collect();
+    if !reads.is_empty() {
+        view_rules.push(rule(SUBRESOURCES_GROUP, reads, &["get"]));
     }
-    let mut edit_rules = vec![rule(GROUP, plurals, &write)];
+    // `namespaces/{ns}/expand-vm-spec` expands a VM sent in the body (virtctl expand
+    // --file): it stores nothing, and KubeVirt's view, edit and admin roles all grant it.
+    let expand = || {
+        rule(
+            SUBRESOURCES_GROUP,
+            strings(&[catalogue::EXPAND_VM_SPEC]),
+            &["update"],
+        )
+    };
+    view_rules.push(expand());
+    // A namespace's editor writes its namespaced kinds; the cluster-wide ones (cluster
+    // instance types and preferences) are the cluster administrator's, read by everyone.
+    let mut edit_rules = rules_by_group(stored.clone().filter(|k| k.namespaced), "", &write);
+    edit_rules.extend(rules_by_group(
+        stored.clone().filter(|k| !k.namespaced),
+        "",
+        &read,
+    ));
     // `update` first, as the roles have always listed them.
     for (verb, resources) in by_verb.into_iter().rev() {
         edit_rules.push(rule(SUBRESOURCES_GROUP, resources, &[verb]));
     }
+    edit_rules.push(expand());
+    // CDI's edit and admin roles: cloning a claim (a DataVolume's `source.pvc`) is allowed
+    // to whoever may `create datavolumes/source` in the claim's namespace (or create pods
+    // there), which virt-apiserver asks kube-apiserver at admission.
+    edit_rules.push(rule(
+        kubevirt_api::cdi::GROUP,
+        vec![clone_source_resource()],
+        &["create"],
+    ));
     let role = |name: &str, aggregate_to: &str, rules: Vec<PolicyRule>| {
         let mut m = meta(name, None);
         m.labels.get_or_insert_with(BTreeMap::new).insert(
@@ -403,6 +488,14 @@ fn user_roles() -> Vec<ClusterRole> {
         role("kubevirt.io:edit", "edit", edit_rules.clone()),
         role("kubevirt.io:admin", "admin", edit_rules),
     ]
+}
+
+/// The subresource whose `create` allows cloning a claim (`datavolumes/source`).
+fn clone_source_resource() -> String {
+    format!(
+        "datavolumes/{}",
+        kubevirt_api::cdi::clone::SOURCE_SUBRESOURCE
+    )
 }
 
 /// An HTTP probe answered within 2 s, asked every `period` s, failed after `failures`
@@ -510,6 +603,7 @@ fn deployment(p: &Params) -> Deployment {
         args: Some(
             [
                 format!("--bind=0.0.0.0:{SERVING_PORT}"),
+                format!("--metrics-addr=0.0.0.0:{APISERVER_METRICS_PORT}"),
                 "--etcd-servers=http://127.0.0.1:2379".into(),
                 format!("--tls-cert-file={TLS_DIR}/tls.crt"),
                 format!("--tls-private-key-file={TLS_DIR}/tls.key"),
@@ -525,6 +619,7 @@ fn deployment(p: &Params) -> Deployment {
                     .then(|| format!("--feature-gates={}", p.feature_gates.join(","))),
             )
             .chain(eviction_strategy_flag(p))
+            .chain(p.apiserver_limit_flags.iter().cloned())
             .collect(),
         ),
         env: Some(vec![EnvVar {
@@ -539,11 +634,18 @@ fn deployment(p: &Params) -> Deployment {
             }),
             ..EnvVar::default()
         }]),
-        ports: Some(vec![ContainerPort {
-            name: Some("https".into()),
-            container_port: SERVING_PORT,
-            ..ContainerPort::default()
-        }]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("https".into()),
+                container_port: SERVING_PORT,
+                ..ContainerPort::default()
+            },
+            ContainerPort {
+                name: Some("metrics".into()),
+                container_port: APISERVER_METRICS_PORT,
+                ..ContainerPort::default()
+            },
+        ]),
         readiness_probe: Some(http_probe("/readyz", "https", "HTTPS", 2, 3)),
         liveness_probe: Some(liveness_probe("/livez", "https", "HTTPS")),
         volume_mounts: Some(vec![
@@ -582,7 +684,12 @@ fn deployment(p: &Params) -> Deployment {
             },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(labels()),
+                    // Behind kubevirt-prometheus-metrics: KubeVirt's rules count its replicas.
+                    labels: Some({
+                        let mut l = labels();
+                        l.extend([monitoring::pod_label()]);
+                        l
+                    }),
                     annotations: (!p.pod_annotations.is_empty()).then(|| p.pod_annotations.clone()),
                     ..ObjectMeta::default()
                 }),
@@ -683,6 +790,11 @@ pub fn static_manifest(p: &Params) -> Result<String> {
                 // Answering a launcher pod's eviction (webhook.rs) reads that pod: which VMI,
                 // which node, whether it is a migration target.
                 rule("", strings(&["pods"]), &["get"]),
+                // A VM that infers its instance type and preference from a volume reads the
+                // claim's labels (KubeVirt's mutating webhook does the same).
+                rule("", strings(&["persistentvolumeclaims"]), &["get"]),
+                // The expand-spec endpoints read the copies a VM captured.
+                rule("apps", strings(&["controllerrevisions"]), &["get"]),
                 // kubevirt.io/v1 kubevirts are served by forwarding to the v1alpha3 CRD with
                 // these credentials, after authorizing the user (docs/deploy.md): the same
                 // verbs as the resource itself.
@@ -758,6 +870,9 @@ pub fn static_manifest(p: &Params) -> Result<String> {
     )?;
     components::controller(&mut out, p)?;
     components::handler(&mut out, p)?;
+    // With or without a prometheus-operator: any Prometheus can discover the metrics pods
+    // through it (the ServiceMonitor and PrometheusRule depend on the cluster: reconcile.rs).
+    push_doc(&mut out, &monitoring::prometheus_service())?;
     Ok(out)
 }
 
@@ -796,14 +911,14 @@ pub fn cluster_manifest(tls: &Tls, auth: &ClusterAuth) -> Result<String> {
             ..ConfigMap::default()
         },
     )?;
-    for group in [GROUP, SUBRESOURCES_GROUP] {
+    for (group, version) in api_services() {
         push_doc(
             &mut out,
             &APIService {
-                metadata: meta(&format!("v1.{group}"), None),
+                metadata: meta(&api_service_name(group, version), None),
                 spec: Some(APIServiceSpec {
                     group: Some(group.into()),
-                    version: Some("v1".into()),
+                    version: Some(version.into()),
                     group_priority_minimum: 1000,
                     version_priority: 100,
                     ca_bundle: Some(ByteString(tls.ca.clone().into_bytes())),
@@ -827,7 +942,8 @@ pub fn cluster_manifest(tls: &Tls, auth: &ClusterAuth) -> Result<String> {
 pub const EVICTION_WEBHOOK: &str = "kubevirt-rs-launcher-eviction";
 
 /// Evictions of launcher pods (`kubectl drain`, the descheduler) go to virt-apiserver, which
-/// refuses them while it migrates the VM away (docs/cluster-flow.md §7). Only evictions of
+/// refuses them while it migrates the VM away (docs/cluster-flow.md §7), and so do evictions
+/// of etcd's pods, refused until virt-operator has moved the member. Only evictions of
 /// pods named `virt-launcher-…` are sent (a CEL match condition, as KubeVirt: an Eviction has
 /// the pod's name but not its labels), and for those it fails closed: with virt-apiserver
 /// down a drain waits instead of killing VMs; every other pod's eviction never waits on us.
@@ -863,11 +979,16 @@ pub fn eviction_webhook(ca_bundle: &[u8]) -> ValidatingWebhookConfiguration {
             // Marking the VMI is the side effect; a dry-run eviction marks nothing.
             side_effects: "NoneOnDryRun".into(),
             namespace_selector: None,
+            // And the pods of kubevirt-rs's own etcd, which must never be evicted before
+            // virt-operator has moved their member (issue 51).
             match_conditions: Some(vec![MatchCondition {
-                name: "launcher-pods".into(),
+                name: "launcher-and-etcd-pods".into(),
                 expression: format!(
-                    "object.metadata.name.startsWith(\"{}\")",
-                    kubevirt_api::eviction::LAUNCHER_POD_PREFIX
+                    "object.metadata.name.startsWith(\"{}\") || \
+                     (object.metadata.namespace == \"{NAMESPACE}\" && \
+                     object.metadata.name.startsWith(\"{}\"))",
+                    kubevirt_api::eviction::LAUNCHER_POD_PREFIX,
+                    kubevirt_api::eviction::ETCD_POD_PREFIX
                 ),
             }]),
         }]),
@@ -880,7 +1001,8 @@ mod tests {
     use super::*;
 
     /// Every subresource of the catalogue is granted by edit and admin with the verb that
-    /// calls it, nothing else of subresources.kubevirt.io is, and view grants none.
+    /// calls it, nothing else of subresources.kubevirt.io is, and view grants only the
+    /// guest-agent reads (as KubeVirt's view role).
     #[test]
     fn user_roles_grant_exactly_the_catalogued_subresources() {
         let roles = user_roles();
@@ -903,8 +1025,19 @@ mod tests {
             .iter()
             .map(|s| (s.resource(), s.rbac_verb().to_string()))
             .collect();
+        // …and expand-vm-spec (an endpoint on no object), to every role as in KubeVirt.
+        let expand = (catalogue::EXPAND_VM_SPEC.to_string(), "update".to_string());
+        want.push(expand.clone());
         want.sort();
-        assert!(granted(&roles[0]).is_empty(), "view grants subresources");
+        let mut reads: Vec<(String, String)> = catalogue::SUBRESOURCES
+            .iter()
+            .filter(|s| s.is_read())
+            .map(|s| (s.resource(), "get".to_string()))
+            .collect();
+        assert_eq!(reads.len(), 4);
+        reads.push(expand);
+        reads.sort();
+        assert_eq!(granted(&roles[0]), reads, "view");
         assert_eq!(granted(&roles[1]), want, "edit");
         assert_eq!(granted(&roles[2]), want, "admin");
     }
@@ -914,28 +1047,28 @@ mod tests {
     #[test]
     fn user_roles_hold_every_stored_kind() {
         let roles = user_roles();
-        let lines = |verbs: &[&str], status: &[&str]| {
-            let mut out: Vec<String> = catalogue::STORED
-                .iter()
+        // Per group: the stored kinds' lines, namespaced ones with `verbs`, cluster-scoped
+        // ones with `cluster_verbs`.
+        let lines = |group: &str, verbs: &[&str], cluster_verbs: &[&str], status: &[&str]| {
+            let mut out: Vec<String> = catalogue::stored()
+                .filter(|k| k.group == group)
                 .flat_map(|k| {
                     let status = status
                         .iter()
                         .filter(|_| k.has_status)
                         .map(|v| format!("{}/status {v}", k.plural));
+                    let verbs = if k.namespaced { verbs } else { cluster_verbs };
                     verbs
                         .iter()
                         .map(|v| format!("{} {v}", k.plural))
                         .chain(status)
+                        .collect::<Vec<_>>()
                 })
                 .collect();
             out.sort();
             out
         };
-        assert_eq!(
-            grants(roles[0].rules.as_deref().unwrap_or_default(), GROUP),
-            lines(&["get", "list", "watch"], &["get"]),
-            "view"
-        );
+        let read = ["get", "list", "watch"];
         let write = [
             "get",
             "list",
@@ -946,13 +1079,26 @@ mod tests {
             "delete",
             "deletecollection",
         ];
-        for role in &roles[1..] {
+        for (group, _) in catalogue::kind_groups() {
             assert_eq!(
-                grants(role.rules.as_deref().unwrap_or_default(), GROUP),
-                lines(&write, &[]),
-                "{:?}",
-                role.metadata.name
+                grants(roles[0].rules.as_deref().unwrap_or_default(), group),
+                lines(group, &read, &read, &["get"]),
+                "view {group}"
             );
+            // …and editors may clone claims in their namespaces, as CDI's edit role has it.
+            let mut want = lines(group, &write, &read, &[]);
+            if group == kubevirt_api::cdi::GROUP {
+                want.push("datavolumes/source create".to_string());
+                want.sort();
+            }
+            for role in &roles[1..] {
+                assert_eq!(
+                    grants(role.rules.as_deref().unwrap_or_default(), group),
+                    want,
+                    "{:?} {group}",
+                    role.metadata.name
+                );
+            }
         }
     }
 
@@ -974,6 +1120,25 @@ mod tests {
             static_manifest(&p)
                 .unwrap()
                 .contains("- --feature-gates=HostDisk\n")
+        );
+    }
+
+    #[test]
+    fn datavolumes_off_is_a_controller_flag_only_with_cdi() {
+        assert!(
+            !static_manifest(&Params::default())
+                .unwrap()
+                .contains("--datavolumes")
+        );
+        let p = Params {
+            datavolumes: false,
+            ..Params::default()
+        };
+        assert_eq!(datavolumes_flag(&p).as_deref(), Some("--datavolumes=false"));
+        assert!(
+            static_manifest(&p)
+                .unwrap()
+                .contains("- --datavolumes=false\n")
         );
     }
 

@@ -77,6 +77,8 @@ pub struct Observed {
     pub invalid_config: Option<String>,
     /// What the resource sets that is kept but not implemented ([`unsupported_note`]).
     pub unsupported: Option<String>,
+    /// A real CDI owns DataVolumes, with what that means ([`crate::cdi::Plan::note`]).
+    pub cdi: Option<String>,
 }
 
 /// Reason of the Degraded condition for [`Observed::invalid_config`].
@@ -312,9 +314,6 @@ pub const NOT_IMPLEMENTED: &str = "NotImplemented";
 /// Top-level spec fields kubevirt-rs accepts with KubeVirt's schema but does not act on.
 const UNIMPLEMENTED_SPEC_FIELDS: &[&str] = &[
     "imagePullSecrets",
-    "monitorNamespace",
-    "serviceMonitorNamespace",
-    "monitorAccount",
     "productVersion",
     "productName",
     "productComponent",
@@ -532,6 +531,10 @@ pub fn status(
     if let Some(note) = &observed.unsupported {
         conditions.push(cond(UNSUPPORTED_FIELDS, true, NOT_IMPLEMENTED, note));
     }
+    // Present only on a cluster with CDI.
+    if let Some(note) = &observed.cdi {
+        conditions.push(cond(crate::cdi::CONDITION, true, crate::cdi::REASON, note));
+    }
     let prev_conditions = previous
         .and_then(|s| s.conditions.clone())
         .unwrap_or_default();
@@ -636,6 +639,7 @@ mod tests {
             failure: None,
             invalid_config: None,
             unsupported: None,
+            cdi: None,
         }
     }
 
@@ -678,6 +682,7 @@ mod tests {
             failure: None,
             invalid_config: None,
             unsupported: None,
+            cdi: None,
         };
         let s = status(Some(&s), &t, &ok, Some(1), now());
         assert_eq!(s.phase.as_deref(), Some(DEPLOYED));
@@ -847,7 +852,7 @@ mod tests {
     fn unimplemented_fields_are_named_implemented_ones_are_not() {
         let s = spec(serde_json::json!({
             "imageTag": "v1", "imagePullPolicy": "Always", "uninstallStrategy": "RemoveWorkloads",
-            "monitorNamespace": "monitoring", "productName": "",
+            "monitorNamespace": "monitoring", "productName": "", "productVersion": "v1",
             "workloadUpdateStrategy": {"workloadUpdateMethods": ["LiveMigrate"]},
             "customizeComponents": {"patches": []},
             "infra": {"replicas": 3, "nodePlacement": {"nodeSelector": {"a": "b"}}},
@@ -861,7 +866,7 @@ mod tests {
         assert_eq!(
             unimplemented_fields(&s),
             [
-                "spec.monitorNamespace",
+                "spec.productVersion",
                 "spec.infra.replicas",
                 "spec.configuration.developerConfiguration.logVerbosity",
                 "spec.configuration.migrations.allowPostCopy",
@@ -871,7 +876,7 @@ mod tests {
         let note = unsupported_note(&s).unwrap();
         assert!(
             note.starts_with(
-                "spec.monitorNamespace, spec.infra.replicas, \
+                "spec.productVersion, spec.infra.replicas, \
                  spec.configuration.developerConfiguration.logVerbosity, \
                  spec.configuration.migrations.allowPostCopy, \
                  spec.configuration.virtualMachineOptions.disableFreePageReporting are kept but not implemented by kubevirt-rs; \
@@ -971,6 +976,30 @@ mod tests {
         assert_eq!(
             apiservice_pending("v1.kubevirt.io", None).as_deref(),
             Some("APIService v1.kubevirt.io: not created yet")
+        );
+    }
+
+    #[test]
+    fn cdi_installed_is_a_condition_of_its_own_while_it_lasts() {
+        let t = target(&KubeVirtSpec::default(), &defaults());
+        let plan = crate::cdi::decide(true, None);
+        let observed = Observed {
+            cdi: plan.note.clone(),
+            ..fresh()
+        };
+        let st = status(None, &t, &observed, Some(1), now());
+        let c = condition(&st, crate::cdi::CONDITION);
+        assert_eq!(c.status, ConditionStatus::True);
+        assert_eq!(c.reason.as_deref(), Some(crate::cdi::REASON));
+        assert_eq!(c.message, plan.note);
+        // Nothing else changes: it is no failure.
+        assert_eq!(condition(&st, "Degraded").status, ConditionStatus::False);
+        let st = status(Some(&st), &t, &fresh(), Some(2), now());
+        assert!(
+            !st.conditions
+                .unwrap()
+                .iter()
+                .any(|c| c.type_ == crate::cdi::CONDITION)
         );
     }
 }

@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -216,6 +216,17 @@ impl Etcd {
     /// until the membership has `desired` members and nothing is pending. Returns every step
     /// taken.
     async fn converge(&mut self, desired: usize) -> Vec<etcd_members::Step> {
+        self.converge_leaving(desired, &mut BTreeSet::new()).await
+    }
+
+    /// [`Self::converge`] with the members of `leaving` on a node being drained: a member
+    /// replaced (`Step::Replace`) loses its pod and volume, as the operator deletes them, and
+    /// starts again empty "on another node" (no longer leaving).
+    async fn converge_leaving(
+        &mut self,
+        desired: usize,
+        leaving: &mut BTreeSet<usize>,
+    ) -> Vec<etcd_members::Step> {
         let mut steps = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
@@ -233,10 +244,23 @@ impl Etcd {
                         continue;
                     }
                 };
+            let mut observed = observed;
+            observed.leaving = leaving.clone();
+            observed.room = true;
             let plan = etcd_members::plan(desired, &self.addresses, &observed);
             if let Some(step) = plan.step {
                 match etcd_members::execute(&mut client, &self.addresses, step).await {
-                    Ok(etcd_members::Outcome::Done) => steps.push(step),
+                    Ok(etcd_members::Outcome::Done) => {
+                        steps.push(step);
+                        if let etcd_members::Step::Replace { ordinal, .. } = step {
+                            // The operator deletes its pod and claim: the StatefulSet
+                            // starts it anew, empty, elsewhere.
+                            self.stop(ordinal);
+                            let data = self.dir.path().join(format!("data-{ordinal}"));
+                            let _ = std::fs::remove_dir_all(data);
+                            leaving.remove(&ordinal);
+                        }
+                    }
                     Ok(etcd_members::Outcome::NotYet(why)) => {
                         eprintln!("{step:?}: not yet: {why}");
                         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -404,4 +428,136 @@ async fn a_single_member_grows_to_three_and_back_keeping_every_key() {
         assert_eq!(r.kvs()[0].value(), v.as_bytes());
     }
     c.put("after", "shrinking", None).await.unwrap();
+}
+
+/// Writes a key every 50 ms through a client of every member until stopped, each retried
+/// for up to 5 s: returns (writes, writes that failed even so, the longest a write took).
+fn writer(
+    e: &Etcd,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<(u64, u64, Duration)> {
+    let urls = e.addresses.client_urls.clone();
+    let tls = etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(&e.tls.ca))
+        .identity(etcd_client::Identity::from_pem(&e.tls.cert, &e.tls.key));
+    tokio::spawn(async move {
+        let opts = || {
+            ConnectOptions::new()
+                .with_tls(tls.clone())
+                .with_timeout(Duration::from_secs(1))
+                .with_connect_timeout(Duration::from_secs(1))
+        };
+        let mut client = Client::connect(&urls, Some(opts())).await.unwrap();
+        let (mut writes, mut failed, mut longest) = (0u64, 0u64, Duration::ZERO);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            writes += 1;
+            let t = Instant::now();
+            let mut ok = false;
+            while t.elapsed() < Duration::from_secs(5) {
+                if client.put(format!("w/{writes}"), "x", None).await.is_ok() {
+                    ok = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if let Ok(c) = Client::connect(&urls, Some(opts())).await {
+                    client = c;
+                }
+            }
+            failed += u64::from(!ok);
+            longest = longest.max(t.elapsed());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (writes, failed, longest)
+    })
+}
+
+/// Issue 51: the single member of a new installation (a cluster of one) moves off a node
+/// being drained while writes go on: a spare joins and is promoted, the member is replaced
+/// by an empty one "elsewhere" that catches up and is promoted, and the spare leaves. Every
+/// write succeeds (with retries) and every key is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_member_moves_off_a_drained_node_while_writes_go_on() {
+    let mut e = Etcd::new();
+    e.start_member(0, 1);
+    e.client(0)
+        .await
+        .put("before", "the move", None)
+        .await
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writes = writer(&e, stop.clone());
+    let t = Instant::now();
+    let steps = e.converge_leaving(1, &mut BTreeSet::from([0])).await;
+    let took = t.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (n, failed, longest) = writes.await.unwrap();
+    eprintln!(
+        "moved the member in {:.1} s; {n} writes, {failed} failed, the longest {:?}",
+        took.as_secs_f64(),
+        longest
+    );
+    assert!(
+        matches!(
+            steps.as_slice(),
+            [
+                etcd_members::Step::AddLearner { ordinal: 1 },
+                etcd_members::Step::Promote { ordinal: 1, .. },
+                etcd_members::Step::Replace { ordinal: 0, .. },
+                etcd_members::Step::Promote { ordinal: 0, .. },
+                etcd_members::Step::Remove { ordinal: 1, .. },
+            ]
+        ),
+        "{steps:?}"
+    );
+    assert_eq!(failed, 0, "writes failed while the member moved");
+    assert!(n > 10, "the writer made only {n} writes");
+    assert_eq!(e.running.keys().copied().collect::<Vec<_>>(), [0]);
+    let mut c = e.client(0).await;
+    assert_eq!(c.member_list().await.unwrap().members().len(), 1);
+    assert_eq!(
+        c.get("before", None).await.unwrap().kvs()[0].value(),
+        b"the move"
+    );
+    assert_eq!(
+        c.get(format!("w/{}", n - 1), None)
+            .await
+            .unwrap()
+            .kvs()
+            .len(),
+        1,
+        "the last write is there"
+    );
+}
+
+/// Of three members, the one on the drained node is replaced in place; the other two keep
+/// quorum throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_of_three_members_moves_off_a_drained_node_keeping_quorum() {
+    let mut e = Etcd::new();
+    e.start_member(0, 1);
+    e.client(0).await;
+    e.converge(3).await;
+    e.client(0)
+        .await
+        .put("before", "the move", None)
+        .await
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writes = writer(&e, stop.clone());
+    let steps = e.converge_leaving(3, &mut BTreeSet::from([1])).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (n, failed, longest) = writes.await.unwrap();
+    eprintln!("{n} writes, {failed} failed, the longest {longest:?}");
+    assert!(
+        matches!(
+            steps.as_slice(),
+            [
+                etcd_members::Step::Replace { ordinal: 1, .. },
+                etcd_members::Step::Promote { ordinal: 1, .. },
+            ]
+        ),
+        "{steps:?}"
+    );
+    assert_eq!(failed, 0);
+    everyone_has(&e, "before", "the move").await;
 }

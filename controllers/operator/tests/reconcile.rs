@@ -748,8 +748,8 @@ async fn three_etcd_members_without_a_storage_class_are_refused_by_name() {
 /// With a default StorageClass, three members render as a cluster: a Service per member whose
 /// cluster IP is in every pod's host aliases and in the certificates, the initial cluster in a
 /// ConfigMap, a PDB, a peer certificate, virt-apiserver dialling every member. The existing
-/// single member is taken over (its pod template is the cluster's) and the operator waits for
-/// it before adding members; no etcd runs here, so that is where this stops.
+/// single member (already a cluster of one) is kept and the operator waits for it before
+/// adding members; no etcd runs here, so that is where this stops.
 #[tokio::test]
 async fn three_etcd_members_render_a_cluster_around_the_existing_member() {
     let api = start().await;
@@ -772,13 +772,24 @@ async fn three_etcd_members_render_a_cluster_around_the_existing_member() {
         sts_api.get_opt("kubevirt-etcd").await.ok()?
     })
     .await;
-    assert!(!virt_operator::render::etcd::is_cluster(&single));
+    // A new installation on claims is a cluster of one from the start, so that a drain can
+    // replace its member through a learner without a change of template.
+    assert!(virt_operator::render::etcd::is_cluster(&single));
     kvs.create(&PostParams::default(), &three_members())
         .await
         .unwrap();
-    let sts = eventually("the cluster's template", || async {
+    let sts = eventually("the three members' template", || async {
         let s = sts_api.get("kubevirt-etcd").await.ok()?;
-        virt_operator::render::etcd::is_cluster(&s).then_some(s)
+        let aliases = s
+            .spec
+            .as_ref()?
+            .template
+            .spec
+            .as_ref()?
+            .host_aliases
+            .as_ref()?
+            .len();
+        (aliases == 3).then_some(s)
     })
     .await;
     let spec = sts.spec.unwrap();
@@ -850,6 +861,363 @@ async fn three_etcd_members_render_a_cluster_around_the_existing_member() {
     assert!(
         message.contains("etcd member kubevirt-etcd-0") || message.contains("etcd's membership"),
         "{message}"
+    );
+    operator.stop().await;
+}
+
+/// A minimal CRD of the prometheus-operator's `kind` (any spec kept): what the operator checks
+/// for before it makes a ServiceMonitor or PrometheusRule.
+fn monitoring_crd(kind: &str, plural: &str) -> CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{plural}.monitoring.coreos.com")},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(),
+                      "listKind": format!("{kind}List")},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true}}}]
+        }
+    }))
+    .unwrap()
+}
+
+fn monitoring_api(c: &Client, ns: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("monitoring.coreos.com", "v1", kind),
+        plural,
+    );
+    Api::namespaced_with(c.clone(), ns, &ar)
+}
+
+/// KubeVirt's monitoring objects: the `kubevirt-prometheus-metrics` Service always; without the
+/// prometheus-operator's CRDs no ServiceMonitor nor PrometheusRule and no error; once the CRDs
+/// and Prometheus' ServiceAccount (KubeVirt's default `monitoring/prometheus-k8s`) exist, the
+/// operator's next reconcile makes both, and the uninstall removes them.
+#[tokio::test]
+async fn service_monitor_and_prometheus_rule_only_with_the_prometheus_operator() {
+    let api = start().await;
+    let c = api.client.clone();
+    let pp = PostParams::default();
+    let operator = Operator::start(&c).await;
+    let kvs = operator.kvs.clone();
+    let cr: KubeVirt = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1alpha3", "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+        "spec": {}
+    }))
+    .unwrap();
+    kvs.create(&pp, &cr).await.unwrap();
+    let services = Api::<k8s_openapi::api::core::v1::Service>::namespaced(c.clone(), "kubevirt");
+    let svc = eventually("kubevirt-prometheus-metrics applied", || async {
+        services.get_opt("kubevirt-prometheus-metrics").await.ok()?
+    })
+    .await;
+    let spec = svc.spec.unwrap();
+    assert_eq!(
+        spec.selector
+            .unwrap()
+            .get("prometheus.kubevirt.io")
+            .map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(spec.ports.unwrap()[0].name.as_deref(), Some("metrics"));
+    // The metrics pods are behind it.
+    let controller = Api::<Deployment>::namespaced(c.clone(), "kubevirt")
+        .get("virt-controller")
+        .await
+        .unwrap();
+    let labels = controller
+        .spec
+        .unwrap()
+        .template
+        .metadata
+        .unwrap()
+        .labels
+        .unwrap();
+    assert_eq!(labels["prometheus.kubevirt.io"], "true");
+
+    // No prometheus-operator: nothing, and no error.
+    let kv = kvs.get("kubevirt").await.unwrap();
+    let synced = virt_operator::monitoring::sync(&c, Some(&kv), "", "virt-operator")
+        .await
+        .unwrap();
+    assert_eq!((synced.applied, synced.deleted), (0, 0));
+    assert!(!synced.apis.service_monitors && !synced.apis.prometheus_rules);
+    assert!(
+        condition(&kvs, "Degraded")
+            .await
+            .is_none_or(|(s, _, _)| s == "False")
+    );
+
+    // The prometheus-operator and its Prometheus' ServiceAccount arrive.
+    let crds: Api<CustomResourceDefinition> = Api::all(c.clone());
+    crds.create(&pp, &monitoring_crd("ServiceMonitor", "servicemonitors"))
+        .await
+        .unwrap();
+    crds.create(&pp, &monitoring_crd("PrometheusRule", "prometheusrules"))
+        .await
+        .unwrap();
+    Api::<Namespace>::all(c.clone())
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": "monitoring"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(c.clone(), "monitoring")
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": "prometheus-k8s"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let sms = monitoring_api(&c, "monitoring", "ServiceMonitor", "servicemonitors");
+    let sm = eventually("the operator made the ServiceMonitor", || async {
+        sms.get_opt("prometheus-kubevirt-rules").await.ok()?
+    })
+    .await;
+    assert_eq!(sm.data["spec"]["endpoints"][0]["scheme"], "http");
+    assert_eq!(
+        sm.data["spec"]["namespaceSelector"]["matchNames"],
+        json!(["kubevirt"])
+    );
+    let owner = &sm.metadata.owner_references.clone().unwrap()[0];
+    assert_eq!(owner.kind, "CustomResourceDefinition");
+    let rules = monitoring_api(&c, "kubevirt", "PrometheusRule", "prometheusrules");
+    let rule = eventually("the operator made the PrometheusRule", || async {
+        rules.get_opt("prometheus-kubevirt-rules").await.ok()?
+    })
+    .await;
+    let text = rule.data["spec"].to_string();
+    for name in [
+        "kubevirt_number_of_vms",
+        "VirtControllerDown",
+        "runbook_url",
+    ] {
+        assert!(text.contains(name), "{name} missing");
+    }
+    let binding = Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(c.clone(), "kubevirt")
+        .get("kubevirt-monitoring")
+        .await
+        .unwrap();
+    let subject = &binding.subjects.unwrap()[0];
+    assert_eq!(
+        (subject.name.as_str(), subject.namespace.as_deref()),
+        ("prometheus-k8s", Some("monitoring"))
+    );
+
+    // Uninstall removes them with the rest.
+    kvs.delete("kubevirt", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("KubeVirt gone", || async {
+        kvs.get_opt("kubevirt").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(
+        sms.get_opt("prometheus-kubevirt-rules")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        rules
+            .get_opt("prometheus-kubevirt-rules")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        services
+            .get_opt("kubevirt-prometheus-metrics")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(c.clone(), "kubevirt")
+            .get_opt("kubevirt-monitoring")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    operator.stop().await;
+}
+
+/// A minimal CRD of CDI's DataVolume (any spec kept): what the operator checks for before it
+/// registers `cdi.kubevirt.io` for virt-apiserver.
+fn datavolume_crd() -> CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "metadata": {"name": "datavolumes.cdi.kubevirt.io"},
+        "spec": {
+            "group": "cdi.kubevirt.io",
+            "scope": "Namespaced",
+            "names": {"kind": "DataVolume", "plural": "datavolumes", "singular": "datavolume",
+                      "listKind": "DataVolumeList"},
+            "versions": [{"name": "v1beta1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true}}}]
+        }
+    }))
+    .unwrap()
+}
+
+async fn controller_args(c: &Client) -> Option<Vec<String>> {
+    Api::<Deployment>::namespaced(c.clone(), "kubevirt")
+        .get_opt("virt-controller")
+        .await
+        .ok()??
+        .spec?
+        .template
+        .spec?
+        .containers
+        .first()?
+        .args
+        .clone()
+}
+
+/// A change of the KubeVirt resource: the operator reconciles at once.
+async fn poke(kvs: &Api<KubeVirt>, n: usize) {
+    kvs.patch(
+        "kubevirt",
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"metadata": {"annotations": {"test.kubevirt-rs.io/poke": n.to_string()}}}),
+        ),
+    )
+    .await
+    .unwrap();
+}
+
+/// Whether `a` is kube-apiserver's local APIService (a CRD's): no service, automanaged.
+fn is_local(a: &APIService) -> bool {
+    a.spec.as_ref().is_some_and(|s| s.service.is_none())
+        && a.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("kube-aggregator.kubernetes.io/automanaged"))
+            .is_some()
+}
+
+/// Coexistence with a real CDI (docs/design-datavolumes.md §3.1): without CDI's CRD the
+/// APIService `v1beta1.cdi.kubevirt.io` is virt-apiserver's and virt-controller runs its
+/// DataVolume controller (no flag); once the CRD exists the operator deletes its APIService,
+/// kube-apiserver's local one takes the name and is never written over, virt-controller gets
+/// `--datavolumes=false` and the KubeVirt resource says why; with the CRD gone again it is
+/// all as before.
+#[tokio::test]
+async fn with_cdis_crd_datavolumes_are_left_to_cdi() {
+    let api = start().await;
+    let c = api.client.clone();
+    let pp = PostParams::default();
+    let operator = Operator::start(&c).await;
+    let kvs = operator.kvs.clone();
+    let cr: KubeVirt = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1alpha3", "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+        "spec": {}
+    }))
+    .unwrap();
+    kvs.create(&pp, &cr).await.unwrap();
+    let apis: Api<APIService> = Api::all(c.clone());
+    const NAME: &str = "v1beta1.cdi.kubevirt.io";
+
+    // No CDI: ours, once virt-apiserver serves.
+    let ours = eventually("virt-apiserver's cdi.kubevirt.io APIService", || async {
+        controller_args(&c).await?;
+        roll_out(&c).await;
+        apis.get_opt(NAME).await.ok()?
+    })
+    .await;
+    let spec = ours.spec.clone().unwrap();
+    assert_eq!(
+        spec.service.and_then(|s| s.name).as_deref(),
+        Some("kubevirt-apiserver")
+    );
+    assert!(!is_local(&ours));
+    let args = controller_args(&c).await.unwrap();
+    assert!(
+        !args.iter().any(|a| a.starts_with("--datavolumes")),
+        "{args:?}"
+    );
+    assert!(condition(&kvs, "CDIInstalled").await.is_none());
+
+    // CDI arrives.
+    let crds: Api<CustomResourceDefinition> = Api::all(c.clone());
+    crds.create(&pp, &datavolume_crd()).await.unwrap();
+    let mut n = 0;
+    let (status, reason, message) = eventually("CDIInstalled reported", || {
+        n += 1;
+        let (kvs, n) = (kvs.clone(), n);
+        async move {
+            poke(&kvs, n).await;
+            condition(&kvs, "CDIInstalled").await
+        }
+    })
+    .await;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "DataVolumesServedByCDI")
+    );
+    assert!(
+        message.starts_with(
+            "CDI is installed (CRD datavolumes.cdi.kubevirt.io): DataVolumes are CDI's; \
+             kubevirt-rs serves none"
+        ),
+        "{message}"
+    );
+    let args = controller_args(&c).await.unwrap();
+    assert!(
+        args.contains(&"--datavolumes=false".to_string()),
+        "{args:?}"
+    );
+    // kube-apiserver's own APIService for the CRD replaces ours, and stays.
+    let local = eventually("kube-apiserver's local APIService", || async {
+        apis.get_opt(NAME).await.ok()?.filter(is_local)
+    })
+    .await;
+    poke(&kvs, 1000).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = apis.get(NAME).await.unwrap();
+    assert!(is_local(&after), "{after:?}");
+    assert_eq!(after.metadata.uid, local.metadata.uid);
+    // Discovery of the group is kube-apiserver's (the CRD's), not an unavailable service.
+    let dv = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cdi.kubevirt.io", "v1beta1", "DataVolume"),
+        "datavolumes",
+    );
+    eventually("DataVolumes served from the CRD", || async {
+        Api::<DynamicObject>::namespaced_with(c.clone(), "default", &dv)
+            .list(&Default::default())
+            .await
+            .ok()
+    })
+    .await;
+
+    // CDI uninstalled: ours again, the flag and the condition gone.
+    crds.delete("datavolumes.cdi.kubevirt.io", &DeleteParams::default())
+        .await
+        .unwrap();
+    let mut n = 2000;
+    let back = eventually("virt-apiserver's APIService again", || {
+        n += 1;
+        let (kvs, apis, c, n) = (kvs.clone(), apis.clone(), c.clone(), n);
+        async move {
+            poke(&kvs, n).await;
+            roll_out(&c).await;
+            let a = apis.get_opt(NAME).await.ok()??;
+            let args = controller_args(&c).await?;
+            let cdi = condition(&kvs, "CDIInstalled").await;
+            (!is_local(&a) && !args.iter().any(|a| a.starts_with("--datavolumes")) && cdi.is_none())
+                .then_some(a)
+        }
+    })
+    .await;
+    assert_eq!(
+        back.metadata.labels.unwrap()["app.kubernetes.io/part-of"],
+        "kubevirt-rs"
     );
     operator.stop().await;
 }

@@ -76,6 +76,8 @@ pub async fn run(
         "starting evacuation controller"
     );
     let (reader, writer) = reflector::store();
+    // The migration metrics of the VMIs name their migration from this cache.
+    ctx.metrics.sources.set_migrations(reader.clone());
     let migration_events = reflector::reflector(
         writer,
         crate::watch::cached(

@@ -43,25 +43,44 @@ pub struct ClaimMove {
 /// What becomes of the source claim once the guest runs on the target.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SourcePolicy {
-    /// Deleted: its data is now a stale copy, and keeping it would hold the old node's
-    /// disk (and, for a VM migrated on every drain, pile up claims).
-    #[default]
+    /// Deleted: its data is now a stale copy.
     Delete,
     /// Kept, for the user to delete.
     Retain,
+    /// Not said: a claim kubevirt-rs made (an earlier migration's copy) is deleted, a claim
+    /// the user made is kept. kubevirt-rs never deletes a claim it did not create unless
+    /// asked (N10 of the security review at bd37f96: a user allowed to migrate VMs but not
+    /// to delete claims could have another workload's claim copied and deleted).
+    #[default]
+    Default,
 }
 
-/// The policy a VMI's `kubevirt-rs.io/migrated-claim-policy` annotation names; anything
-/// but `Retain` (case-insensitive) is the default.
+/// The policy a VMI's `kubevirt-rs.io/migrated-claim-policy` annotation names (`Delete` or
+/// `Retain`, case-insensitive); without one, or another value, [`SourcePolicy::Default`].
 pub fn source_policy(vmi: &VirtualMachineInstance) -> SourcePolicy {
-    let retain = vmi
+    match vmi
         .annotations()
         .get(names::MIGRATED_CLAIM_POLICY_ANNOTATION)
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("retain"));
-    if retain {
-        SourcePolicy::Retain
-    } else {
-        SourcePolicy::default()
+        .map(|v| v.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        Some("retain") => SourcePolicy::Retain,
+        Some("delete") => SourcePolicy::Delete,
+        _ => SourcePolicy::Default,
+    }
+}
+
+/// Whether the source claim `pvc` goes once its volume moved, under `policy`: asked for,
+/// or not said and the claim is one kubevirt-rs made (it names the claim it was copied
+/// from).
+pub fn deletes_source(policy: SourcePolicy, pvc: Option<&PersistentVolumeClaim>) -> bool {
+    match policy {
+        SourcePolicy::Delete => true,
+        SourcePolicy::Retain => false,
+        SourcePolicy::Default => pvc.is_some_and(|c| {
+            c.annotations()
+                .contains_key(names::MIGRATED_FROM_ANNOTATION)
+        }),
     }
 }
 
@@ -388,6 +407,33 @@ mod tests {
             json!([{"name": "d", "persistentVolumeClaim": {"claimName": "data-mig-7f3a9"}}]);
         assert_eq!(moved_volumes(Some(&moved), &moves), None);
         assert_eq!(moved_volumes(None, &moves), None);
+    }
+
+    /// N10 of the security review at bd37f96: a claim the user made is kept unless the VM
+    /// asks for deletion; one kubevirt-rs made (an earlier copy) goes.
+    #[test]
+    fn only_claims_kubevirt_rs_made_are_deleted_unless_asked() {
+        let claim = |annotations: serde_json::Value| -> PersistentVolumeClaim {
+            serde_json::from_value(json!({"metadata": {"name": "c", "annotations": annotations}}))
+                .unwrap()
+        };
+        let users = claim(json!({}));
+        let ours = claim(json!({(names::MIGRATED_FROM_ANNOTATION): "data"}));
+        assert!(!deletes_source(SourcePolicy::Default, Some(&users)));
+        assert!(deletes_source(SourcePolicy::Default, Some(&ours)));
+        assert!(deletes_source(SourcePolicy::Delete, Some(&users)));
+        assert!(!deletes_source(SourcePolicy::Retain, Some(&ours)));
+        assert!(!deletes_source(SourcePolicy::Default, None));
+        let with = |v: &str| -> VirtualMachineInstance {
+            serde_json::from_value(json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": {"name": "a", "annotations": {(names::MIGRATED_CLAIM_POLICY_ANNOTATION): v}},
+                "spec": {"domain": {"devices": {}}}}))
+            .unwrap()
+        };
+        assert_eq!(source_policy(&with("delete")), SourcePolicy::Delete);
+        assert_eq!(source_policy(&with(" Retain")), SourcePolicy::Retain);
+        assert_eq!(source_policy(&with("sometimes")), SourcePolicy::Default);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use kubevirt_api::{
 };
 use serde_json::{Map, Value, json};
 
-use super::claims::{self, ClaimMove, SourcePolicy};
+use super::claims::{self, ClaimMove};
 use super::decide::{self, Decision, MigrationConfig, Observed, ProgressMark};
 use super::target;
 use crate::context::{Context, FIELD_MANAGER};
@@ -639,7 +639,33 @@ async fn move_claims(
                 });
             }
         }
-        if policy == SourcePolicy::Retain || m.from == m.to {
+        if m.from == m.to {
+            continue;
+        }
+        let source = claim_api
+            .get_opt(&m.from)
+            .await
+            .map_err(|source| MigrationError::Write {
+                what: "source claim lookup",
+                source,
+            })?;
+        if !claims::deletes_source(policy, source.as_ref()) {
+            if source.is_some() {
+                ctx.event(
+                    &vmim.object_ref(&()),
+                    EventType::Normal,
+                    decide::reasons::SUCCESSFUL_MIGRATION,
+                    format!(
+                        "Volume {} now on claim {}; claim {} kept (it is not one kubevirt-rs made; \
+                         {}: Delete on the VM's template to have such claims deleted)",
+                        m.volume,
+                        m.to,
+                        m.from,
+                        names::MIGRATED_CLAIM_POLICY_ANNOTATION
+                    ),
+                )
+                .await;
+            }
             continue;
         }
         match claim_api.delete(&m.from, &DeleteParams::default()).await {
@@ -650,11 +676,8 @@ async fn move_claims(
                     EventType::Normal,
                     decide::reasons::SUCCESSFUL_MIGRATION,
                     format!(
-                        "Volume {} now on claim {}; claim {} deleted ({}: Delete)",
-                        m.volume,
-                        m.to,
-                        m.from,
-                        names::MIGRATED_CLAIM_POLICY_ANNOTATION
+                        "Volume {} now on claim {}; claim {} deleted",
+                        m.volume, m.to, m.from
                     ),
                 )
                 .await;

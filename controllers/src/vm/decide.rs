@@ -126,7 +126,7 @@ impl ObservedVmi {
             Some(PrintableStatus::ErrorPvcNotFound)
         } else if Self::condition_false_because(
             &self.synchronized,
-            crate::vmi::decide::reasons::DATA_VOLUME_NOT_SUPPORTED,
+            crate::vmi::decide::reasons::FAILED_DATA_VOLUME_IMPORT,
         ) {
             Some(PrintableStatus::DataVolumeError)
         } else {
@@ -327,6 +327,101 @@ pub fn decide(vm: &VirtualMachine, vmi: Option<&ObservedVmi>, now: Timestamp) ->
     }
 }
 
+/// VM annotation: `"false"` creates the template DataVolumes only when the VM starts
+/// (KubeVirt's; any other value or none creates them at once).
+pub const IMMEDIATE_DATA_VOLUME_CREATION: &str = "kubevirt.io/immediate-data-volume-creation";
+
+/// How a VM's template DataVolumes stand, for its start and its printable status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DataVolumes {
+    /// No templates, or every DataVolume is ready for the VM to start.
+    #[default]
+    Ready,
+    /// A DataVolume is missing or still being populated.
+    Provisioning,
+    /// A DataVolume failed, or its population keeps failing.
+    Error,
+}
+
+/// Whether `dv` lets a VM start: KubeVirt's `handleDataVolumes` counts Succeeded,
+/// WaitForFirstConsumer (the VM's own launcher pod binds the claim) and PendingPopulation.
+pub fn data_volume_ready(dv: &kubevirt_api::cdi::DataVolume) -> bool {
+    let phase = dv.status.as_ref().and_then(|s| s.phase.as_deref());
+    phase.is_some_and(|p| kubevirt_api::cdi::phase::VM_READY_PHASES.contains(&p))
+}
+
+/// Whether `dv` is in error, KubeVirt's rule (pkg/storage/types/dv.go): phase Failed, or
+/// `Running=False` with reason `Error` or `ImagePullFailed`. kubevirt-rs's importer
+/// reports typed reasons (`HTTPNotFound`, `ChecksumError`, …) where CDI says `Error`, so a
+/// `Running=False` with any other reason counts once kubelet has retried the importer
+/// (restartCount > 0: the failure is not a one-off), and at once for the reasons that
+/// never heal by retrying (an unsupported source, an invalid claim, a foreign claim).
+pub fn data_volume_error(dv: &kubevirt_api::cdi::DataVolume) -> bool {
+    use kubevirt_api::cdi::phase;
+    let Some(status) = dv.status.as_ref() else {
+        return false;
+    };
+    if status.phase.as_deref() == Some(phase::FAILED) {
+        return true;
+    }
+    let Some(reason) = status
+        .condition(phase::CONDITION_RUNNING)
+        .filter(|c| c.status == ConditionStatus::False)
+        .and_then(|c| c.reason.as_deref())
+        .filter(|r| !r.is_empty() && *r != phase::REASON_COMPLETED)
+    else {
+        return false;
+    };
+    match reason {
+        phase::REASON_ERROR | phase::REASON_IMAGE_PULL_FAILED => true,
+        crate::datavolume::decide::REASON_NOT_SUPPORTED
+        | crate::datavolume::decide::REASON_RESOURCE_EXISTS
+        | phase::REASON_ERR_CLAIM_NOT_VALID => true,
+        _ => status.restart_count.unwrap_or(0) > 0,
+    }
+}
+
+/// How the DataVolumes of `vm`'s templates stand, each looked up by the template's name
+/// (`dvs[i]` for template `i`, None when it does not exist yet).
+pub fn data_volumes(
+    vm: &VirtualMachine,
+    dvs: &[Option<&kubevirt_api::cdi::DataVolume>],
+) -> DataVolumes {
+    let n = vm.spec.data_volume_templates.as_ref().map_or(0, Vec::len);
+    if n == 0 {
+        return DataVolumes::Ready;
+    }
+    if dvs.iter().flatten().any(|d| data_volume_error(d)) {
+        return DataVolumes::Error;
+    }
+    if dvs.len() < n || dvs.iter().any(|d| !d.is_some_and(data_volume_ready)) {
+        return DataVolumes::Provisioning;
+    }
+    DataVolumes::Ready
+}
+
+/// Whether the missing template DataVolumes are created now: at once unless the VM asks
+/// to wait for its start ([`IMMEDIATE_DATA_VOLUME_CREATION`]), and always when it starts
+/// (`starting`: the decision, before [`hold_for_data_volumes`], creates the VMI).
+pub fn create_data_volumes(vm: &VirtualMachine, starting: bool) -> bool {
+    let deferred = vm
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(IMMEDIATE_DATA_VOLUME_CREATION))
+        .is_some_and(|v| v == "false");
+    vm.metadata.deletion_timestamp.is_none() && (!deferred || starting)
+}
+
+/// `decision` with its start held back until the DataVolumes are ready: the VMI is created
+/// only once they are (its Start request stays queued meanwhile).
+pub fn hold_for_data_volumes(mut decision: Decision, dvs: DataVolumes) -> Decision {
+    if dvs != DataVolumes::Ready && matches!(decision.action, VmiAction::Create { .. }) {
+        decision.action = VmiAction::Nothing;
+    }
+    decision
+}
+
 /// How executing the decision went.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -382,11 +477,15 @@ pub fn printable_status(
     action: &VmiAction,
     start_failure: Option<&VirtualMachineStartFailure>,
     backing_off: bool,
+    dvs: DataVolumes,
 ) -> PrintableStatus {
     let creating = matches!(action, VmiAction::Create { .. });
     let deleting_now = matches!(action, VmiAction::Delete { .. });
     let live = vmi.filter(|v| v.is_live());
     let gone_or_final = vmi.is_none_or(ObservedVmi::is_final);
+    let start_error = live
+        .filter(|v| v.phase != Phase::Running)
+        .and_then(ObservedVmi::start_error);
     let crash_looping = start_failure
         .and_then(|f| f.consecutive_fail_count)
         .is_some_and(|n| n > 0)
@@ -408,10 +507,15 @@ pub fn printable_status(
         PrintableStatus::Paused
     } else if live.is_some_and(|v| v.phase == Phase::Running) {
         PrintableStatus::Running
-    } else if let Some(err) = live
-        .filter(|v| v.phase != Phase::Running)
-        .and_then(ObservedVmi::start_error)
-    {
+    } else if dvs == DataVolumes::Error {
+        // KubeVirt's order: DataVolumeError, Unschedulable, Provisioning, then the rest,
+        // whether or not an instance exists (a stopped VM's DataVolumes are created too).
+        PrintableStatus::DataVolumeError
+    } else if let Some(err) = start_error.filter(|e| *e == PrintableStatus::ErrorUnschedulable) {
+        err
+    } else if dvs == DataVolumes::Provisioning {
+        PrintableStatus::Provisioning
+    } else if let Some(err) = start_error {
         // KubeVirt's order: Unschedulable, then image pulls, before plain Starting.
         err
     } else if (vmi.is_none() && creating)
@@ -479,6 +583,8 @@ pub struct StatusInputs<'a> {
     pub now: Timestamp,
     /// In [0, 1): spreads the back-off of VMs that failed together.
     pub jitter: f64,
+    /// How the VM's template DataVolumes stand.
+    pub data_volumes: DataVolumes,
 }
 
 /// The VM status after executing the decision: printableStatus, conditions, created,
@@ -585,6 +691,7 @@ pub fn derive_status(
             },
             start_failure.as_ref(),
             inp.decision.wait.is_some(),
+            inp.data_volumes,
         )),
         conditions: Some(conditions),
         state_change_requests: (!requests.is_empty()).then_some(requests),
@@ -592,6 +699,9 @@ pub fn derive_status(
         observed_generation: vm.metadata.generation,
         desired_generation,
         start_failure,
+        // The instance type and preference captured for the VM are kept as they are.
+        instancetype_ref: vm.status.as_ref().and_then(|s| s.instancetype_ref.clone()),
+        preference_ref: vm.status.as_ref().and_then(|s| s.preference_ref.clone()),
     }
 }
 

@@ -339,6 +339,7 @@ fn status_after(v: &VirtualMachine, observed: Option<&ObservedVmi>) -> VirtualMa
             backoff: &BackoffConfig::default(),
             now: now(),
             jitter: 0.0,
+            data_volumes: Default::default(),
         },
     )
 }
@@ -491,6 +492,7 @@ fn failed_create_is_not_starting_and_sets_failure_condition() {
             backoff: &BackoffConfig::default(),
             now: now(),
             jitter: 0.0,
+            data_volumes: Default::default(),
         },
     );
     assert_eq!(s.printable_status, Some(PrintableStatus::Stopped));
@@ -590,6 +592,7 @@ fn status_is_stable_when_nothing_changes() {
             backoff: &BackoffConfig::default(),
             now: later,
             jitter: 0.7,
+            data_volumes: Default::default(),
         },
     );
     assert_eq!(first, second, "no write when the world did not change");
@@ -732,8 +735,8 @@ fn migrating_is_a_started_transfer_without_an_end() {
     assert!(!ObservedVmi::from_vmi(&ended).migrating);
 }
 
-/// The VM controller's cache drops the template (`super::super::slim_vm`): every
-/// decision must come out the same without it.
+/// The VM controller's cache drops the template but for what the inventory metrics read
+/// (`super::super::slim_vm`): every decision must come out the same without it.
 #[test]
 fn decisions_do_not_read_the_template() {
     let now = Timestamp::now();
@@ -746,13 +749,24 @@ fn decisions_do_not_read_the_template() {
     ] {
         let mut full = vm(strategy, Vec::new());
         full.spec.template = serde_json::from_value(serde_json::json!({
-            "metadata": {"labels": {"app": "demo"}},
-            "spec": {"domain": {"devices": {}, "memory": {"guest": "64Mi"}}},
+            "metadata": {"labels": {"app": "demo"}, "annotations": {"vm.kubevirt.io/os": "fedora"}},
+            "spec": {"domain": {"devices": {"disks": [{"name": "root"}]}, "memory": {"guest": "64Mi"},
+                "cpu": {"cores": 2}, "machine": {"type": "q35"},
+                "resources": {"requests": {"memory": "64Mi"}}},
+                "volumes": [{"name": "root", "containerDisk": {"image": "x"}}],
+                "networks": [{"name": "default", "pod": {}}]},
         }))
         .unwrap();
         let mut slim = full.clone();
         crate::vm::slim_vm(&mut slim);
-        assert_eq!(slim.spec.template, Default::default());
+        let kept: kubevirt_api::vm::VirtualMachineInstanceTemplateSpec =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"annotations": {"vm.kubevirt.io/os": "fedora"}},
+                "spec": {"domain": {"memory": {"guest": "64Mi"}, "cpu": {"cores": 2},
+                    "machine": {"type": "q35"}, "resources": {"requests": {"memory": "64Mi"}}}},
+            }))
+            .unwrap();
+        assert_eq!(slim.spec.template, kept);
         for observed in [None, Some(vmi(Phase::Running)), Some(vmi(Phase::Failed))] {
             assert_eq!(
                 decide(&full, observed.as_ref(), now),
@@ -761,4 +775,108 @@ fn decisions_do_not_read_the_template() {
             );
         }
     }
+}
+
+fn with_templates(mut v: VirtualMachine, names: &[&str]) -> VirtualMachine {
+    v.spec.data_volume_templates = Some(
+        names
+            .iter()
+            .map(|n| {
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": n},
+                    "spec": {"source": {"blank": {}},
+                             "storage": {"resources": {"requests": {"storage": "1Gi"}}}}
+                }))
+                .unwrap()
+            })
+            .collect(),
+    );
+    v
+}
+
+fn dv(phase: &str, running: Option<(&str, i32)>) -> kubevirt_api::cdi::DataVolume {
+    let mut status = serde_json::json!({"phase": phase});
+    if let Some((reason, restarts)) = running {
+        status["conditions"] =
+            serde_json::json!([{"type": "Running", "status": "False", "reason": reason}]);
+        status["restartCount"] = serde_json::json!(restarts);
+    }
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "d"}, "spec": {}, "status": status
+    }))
+    .unwrap()
+}
+
+#[test]
+fn data_volumes_are_ready_provisioning_or_in_error_as_kubevirt_counts_them() {
+    let v = with_templates(vm(RunStrategy::Always, vec![]), &["a", "b"]);
+    let ok = dv("Succeeded", None);
+    let wffc = dv("WaitForFirstConsumer", None);
+    let importing = dv("ImportInProgress", None);
+    let first_failure = dv("ImportInProgress", Some(("HTTPNotFound", 0)));
+    let retried = dv("ImportInProgress", Some(("HTTPNotFound", 1)));
+    let kubevirt_error = dv("ImportInProgress", Some(("Error", 0)));
+    let failed = dv("Failed", None);
+    let unsupported = dv("Pending", Some(("NotSupported", 0)));
+    let rows: Vec<(Vec<Option<&kubevirt_api::cdi::DataVolume>>, DataVolumes)> = vec![
+        (vec![Some(&ok), Some(&wffc)], DataVolumes::Ready),
+        (vec![Some(&ok), None], DataVolumes::Provisioning),
+        (vec![Some(&ok), Some(&importing)], DataVolumes::Provisioning),
+        (
+            vec![Some(&ok), Some(&first_failure)],
+            DataVolumes::Provisioning,
+        ),
+        (vec![Some(&ok), Some(&retried)], DataVolumes::Error),
+        (vec![None, Some(&kubevirt_error)], DataVolumes::Error),
+        (vec![Some(&failed), Some(&ok)], DataVolumes::Error),
+        (vec![Some(&unsupported), Some(&ok)], DataVolumes::Error),
+    ];
+    for (i, (dvs, want)) in rows.into_iter().enumerate() {
+        assert_eq!(data_volumes(&v, &dvs), want, "row {i}");
+    }
+    // No templates: nothing to wait for.
+    assert_eq!(
+        data_volumes(&vm(RunStrategy::Always, vec![]), &[]),
+        DataVolumes::Ready
+    );
+}
+
+#[test]
+fn the_vmi_waits_for_the_data_volumes_and_the_vm_says_why() {
+    let v = with_templates(vm(RunStrategy::Always, vec![]), &["a"]);
+    let d = decide(&v, None, now());
+    assert!(matches!(d.action, VmiAction::Create { .. }));
+    assert!(create_data_volumes(&v, true));
+    for (dvs, printable) in [
+        (DataVolumes::Provisioning, PrintableStatus::Provisioning),
+        (DataVolumes::Error, PrintableStatus::DataVolumeError),
+    ] {
+        let held = hold_for_data_volumes(d.clone(), dvs);
+        assert_eq!(held.action, VmiAction::Nothing);
+        let s = derive_status(
+            &v,
+            None,
+            &StatusInputs {
+                decision: &held,
+                outcome: &Outcome::Done,
+                backoff: &BackoffConfig::default(),
+                now: now(),
+                jitter: 0.0,
+                data_volumes: dvs,
+            },
+        );
+        assert_eq!(s.printable_status, Some(printable));
+        assert_eq!(s.created, Some(false));
+    }
+    assert_eq!(hold_for_data_volumes(d.clone(), DataVolumes::Ready), d);
+    // A stopped VM provisions its DataVolumes too (KubeVirt's order: before Stopped),
+    // unless it asks to create them only on start.
+    let mut halted = with_templates(vm(RunStrategy::Halted, vec![]), &["a"]);
+    assert!(create_data_volumes(&halted, false));
+    halted.metadata.annotations = Some(BTreeMap::from([(
+        IMMEDIATE_DATA_VOLUME_CREATION.to_string(),
+        "false".to_string(),
+    )]));
+    assert!(!create_data_volumes(&halted, false));
+    assert!(create_data_volumes(&halted, true));
 }

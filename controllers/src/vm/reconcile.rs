@@ -9,11 +9,13 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
+use kubevirt_api::cdi::DataVolume;
 use kubevirt_api::{VirtualMachine, VirtualMachineInstance, VirtualMachineStatus};
 use serde_json::{Value, json};
 
 use super::Vms;
 use super::decide::{self, ObservedVmi, Outcome, StatusInputs, VmiAction};
+use super::instancetype::{self, Captured, InstancetypeError};
 use super::render::{self, RenderError};
 use crate::context::FIELD_MANAGER;
 
@@ -55,6 +57,18 @@ pub enum ReconcileError {
     /// Serialising the status failed (a bug).
     #[error("serialising the VM status: {0}")]
     Serialize(#[from] serde_json::Error),
+    /// The VM's instance type or preference could not be captured or applied.
+    #[error("{0}")]
+    Instancetype(#[from] InstancetypeError),
+    /// Creating a DataVolume of the VM's templates failed.
+    #[error("creating DataVolume {name}: {source}")]
+    DataVolume {
+        /// The DataVolume.
+        name: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
 }
 
 impl ReconcileError {
@@ -68,6 +82,8 @@ impl ReconcileError {
             Self::Status(_) => "FailedStatusUpdate",
             Self::Action { .. } => "ActionFailed",
             Self::Serialize(_) => "SerializeFailed",
+            Self::Instancetype(e) => e.reason(),
+            Self::DataVolume { .. } => "FailedDataVolumeCreate",
         }
     }
 
@@ -118,6 +134,24 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
     if !state.vmis_ready.wait(crate::watch::READY_WAIT).await {
         return Ok(Action::requeue(crate::watch::READY_WAIT));
     }
+    // referencePolicy expand/expandAll: the VM's spec is rewritten first; its update
+    // brings the VM back as a plain one.
+    if ctx.config.reference_policy.expands(&vm) {
+        let regarding = vm.object_ref(&());
+        return match instancetype::expand(&ctx.client, &vm).await {
+            Ok(_) => Ok(Action::requeue(Duration::from_secs(1))),
+            Err(e) => {
+                ctx.event(
+                    &regarding,
+                    EventType::Warning,
+                    e.reason(),
+                    format!("error encountered while expanding into VirtualMachine: {e}"),
+                )
+                .await;
+                Err(e.into())
+            }
+        };
+    }
     let mut vm = (*vm).clone();
     let mut vmi = state
         .vmis
@@ -133,7 +167,29 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
         vm = current;
         vmi = current_vmi;
     }
-    let (observed, decision, now) = loop {
+    // The template DataVolumes, from the store the DataVolume controller shares: only VMs
+    // with templates wait for its first list (DataVolumes may not be served at all).
+    let has_templates = vm
+        .spec
+        .data_volume_templates
+        .as_ref()
+        .is_some_and(|t| !t.is_empty());
+    if has_templates && !state.dvs_ready.wait(crate::watch::READY_WAIT).await {
+        tracing::debug!("waiting for the DataVolume cache");
+        return Ok(Action::requeue(crate::watch::READY_WAIT));
+    }
+    let template_dvs = |vm: &VirtualMachine| -> Vec<Option<Arc<DataVolume>>> {
+        vm.spec
+            .data_volume_templates
+            .iter()
+            .flatten()
+            .map(|t| {
+                let name = t.metadata.name.as_deref()?;
+                state.dvs.get(&ObjectRef::new(name).within(&ns))
+            })
+            .collect()
+    };
+    let (observed, decision, now, starting, dv_state) = loop {
         // A VMI of the same name that another controller owns is not ours to touch, and
         // creating ours would only collide with it: wait until it goes away.
         if let Some(v) = vmi.as_ref().filter(|v| !render::controlled_by(v, &vm)) {
@@ -144,8 +200,14 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
         let observed = vmi.as_ref().map(ObservedVmi::from_vmi);
         let now = Timestamp::now();
         let decision = decide::decide(&vm, observed.as_ref(), now);
+        let starting = matches!(decision.action, VmiAction::Create { .. });
+        let dvs = template_dvs(&vm);
+        let dv_state =
+            decide::data_volumes(&vm, &dvs.iter().map(|d| d.as_deref()).collect::<Vec<_>>());
+        // KubeVirt creates the VMI only once every template DataVolume is ready.
+        let decision = decide::hold_for_data_volumes(decision, dv_state);
         if fresh || matches!(decision.action, VmiAction::Nothing) {
-            break (observed, decision, now);
+            break (observed, decision, now, starting, dv_state);
         }
         // An action: decide again on what the apiserver has now.
         let Some((current, current_vmi)) = read_fresh(&vms, &vmis, &name).await? else {
@@ -156,6 +218,74 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
         vmi = current_vmi;
         fresh = true;
     };
+
+    // The copies of the instance type and preference the VM uses, captured once (KubeVirt
+    // does it as soon as it sees the VM, before any VMI): their references go into the
+    // status this reconcile writes anyway.
+    let original_status = vm.status.clone();
+    let captured = if instancetype::uses_instancetype(&vm) {
+        match instancetype::capture(&ctx.client, &vm).await {
+            Ok(c) => {
+                c.set_refs(&mut vm);
+                Some(c)
+            }
+            Err(e) => {
+                ctx.event(
+                    &vm.object_ref(&()),
+                    EventType::Warning,
+                    e.reason(),
+                    format!("error encountered while storing instancetype.kubevirt.io controllerRevisions: {e}"),
+                )
+                .await;
+                return Err(e.into());
+            }
+        }
+    } else {
+        None
+    };
+
+    // Missing template DataVolumes are created (never deleted: the garbage collector
+    // takes them with the VM). A create the cache has not shown yet meets AlreadyExists.
+    let mut dv_failure = None;
+    if has_templates && decide::create_data_volumes(&vm, starting) {
+        let api = Api::<DataVolume>::namespaced(ctx.client.clone(), &ns);
+        let existing = template_dvs(&vm);
+        let templates = vm.spec.data_volume_templates.clone().unwrap_or_default();
+        for (t, dv) in templates.iter().zip(existing) {
+            if dv.is_some() {
+                continue;
+            }
+            let dv_name = t.metadata.name.clone().unwrap_or_default();
+            let desired = render::data_volume(&vm, t)?;
+            match api.create(&post_params(), &desired).await {
+                Ok(_) => {
+                    tracing::info!(dv = %dv_name, "created DataVolume");
+                    ctx.event(
+                        &vm.object_ref(&()),
+                        EventType::Normal,
+                        "SuccessfulDataVolumeCreate",
+                        format!("Created DataVolume {dv_name}"),
+                    )
+                    .await;
+                }
+                Err(e) if is_already_exists(&e) => {}
+                Err(e) => {
+                    tracing::warn!(dv = %dv_name, error = %e, "creating DataVolume failed");
+                    ctx.event(
+                        &vm.object_ref(&()),
+                        EventType::Warning,
+                        "FailedDataVolumeCreate",
+                        format!("Error creating DataVolume {dv_name}: {e}"),
+                    )
+                    .await;
+                    dv_failure.get_or_insert(ReconcileError::DataVolume {
+                        name: dv_name,
+                        source: e,
+                    });
+                }
+            }
+        }
+    }
 
     let jitter = rand::random::<f64>();
     tracing::debug!(action = ?decision.action, "decided");
@@ -170,6 +300,7 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
                 backoff: &ctx.config.crash_loop,
                 now,
                 jitter,
+                data_volumes: dv_state,
             },
         )
     };
@@ -178,6 +309,7 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
     // from, a RerunOnFailure restart to queue). Write that into the VM status before
     // deleting the VMI, so that a failed status write cannot lose it.
     let mut current = vm.clone();
+    current.status = original_status;
     if matches!(decision.action, VmiAction::Delete { .. })
         && observed.as_ref().is_some_and(ObservedVmi::is_final)
     {
@@ -191,20 +323,21 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
     let outcome = match &decision.action {
         VmiAction::Nothing => Outcome::Done,
         VmiAction::Create { start_paused } => {
-            let result = match render::render_vmi(&vm, *start_paused) {
-                Ok(desired) => vmis
-                    .create(
-                        &PostParams {
-                            field_manager: Some(FIELD_MANAGER.to_string()),
-                            ..PostParams::default()
-                        },
-                        &desired,
-                    )
-                    .await
-                    .map(|created| created.metadata.uid.unwrap_or_default())
-                    .map_err(ReconcileError::Create),
-                Err(e) => Err(e.into()),
-            };
+            let result =
+                match render_with_instancetype(ctx, &vm, *start_paused, captured.as_ref()).await {
+                    Ok(desired) => vmis
+                        .create(
+                            &PostParams {
+                                field_manager: Some(FIELD_MANAGER.to_string()),
+                                ..PostParams::default()
+                            },
+                            &desired,
+                        )
+                        .await
+                        .map(|created| created.metadata.uid.unwrap_or_default())
+                        .map_err(ReconcileError::Create),
+                    Err(e) => Err(e),
+                };
             match result {
                 Ok(uid) => {
                     ctx.metrics.vmi_action("create", true);
@@ -300,6 +433,9 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
         }
     }
 
+    if let Some(e) = dv_failure {
+        return Err(e);
+    }
     if let Outcome::Failed { message, reason } = outcome {
         // The Failure condition is written; the retry goes through error_policy's back-off.
         return Err(ReconcileError::Action { reason, message });
@@ -309,6 +445,29 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
         Some(wait) => Action::requeue(wait),
         None => Action::requeue(ctx.config.resync),
     })
+}
+
+fn post_params() -> PostParams {
+    PostParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PostParams::default()
+    }
+}
+
+/// The VMI for `vm`: its template, with the instance type and preference copies it
+/// captured applied.
+async fn render_with_instancetype(
+    ctx: &crate::context::Context,
+    vm: &VirtualMachine,
+    start_paused: bool,
+    captured: Option<&Captured>,
+) -> Result<VirtualMachineInstance, ReconcileError> {
+    let mut vmi = render::render_vmi(vm, start_paused)?;
+    if let Some(captured) = captured {
+        let specs = instancetype::specs(&ctx.client, vm, captured).await?;
+        instancetype::apply(vm, &specs, &mut vmi)?;
+    }
+    Ok(vmi)
 }
 
 /// The VM and its VMI as the apiserver has them now; None when the VM is gone.

@@ -23,6 +23,40 @@ pub enum RenderError {
     MissingTemplateSpec(String),
 }
 
+/// The DataVolume of one of `vm`'s `dataVolumeTemplates`, as KubeVirt creates it: the
+/// template's metadata and spec in the VM's namespace, labelled
+/// `kubevirt.io/created-by: <VM uid>`, controlled by the VM (the garbage collector deletes
+/// it with the VM; this controller never does) and allowed to adopt an existing claim of
+/// its name (`cdi.kubevirt.io/allowClaimAdoption`).
+pub fn data_volume(
+    vm: &VirtualMachine,
+    template: &kubevirt_api::vm::DataVolumeTemplateSpec,
+) -> Result<kubevirt_api::cdi::DataVolume, RenderError> {
+    let ns = vm
+        .namespace()
+        .ok_or_else(|| RenderError::MissingNamespace(vm.name_any()))?;
+    let owner = owner_reference(vm)?;
+    let mut labels = template.metadata.labels.clone().unwrap_or_default();
+    labels.insert(kubevirt_api::CREATED_BY_LABEL.into(), owner.uid.clone());
+    let mut annotations = template.metadata.annotations.clone().unwrap_or_default();
+    annotations.insert(
+        kubevirt_api::cdi::annotations::ALLOW_CLAIM_ADOPTION.into(),
+        "true".into(),
+    );
+    Ok(kubevirt_api::cdi::DataVolume {
+        metadata: ObjectMeta {
+            name: template.metadata.name.clone(),
+            namespace: Some(ns),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            owner_references: Some(vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: template.spec.clone(),
+        status: None,
+    })
+}
+
 /// The controller owner reference from a VMI to its VM; blockOwnerDeletion makes a
 /// foreground delete of the VM wait for the VMI.
 pub fn owner_reference(vm: &VirtualMachine) -> Result<OwnerReference, RenderError> {

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Api;
 use kubevirt_api::VirtualMachineInstance;
+use kubevirt_api::cdi::DataVolume;
 use kubevirt_api::quantity;
 use kubevirt_api::vmi::{PersistentVolumeClaimInfo, VolumeStatus};
 
@@ -99,6 +100,27 @@ fn disk_img_size(capacity: u64) -> Option<u64> {
     Some(usable / ALIGN * ALIGN).filter(|s| *s > 0)
 }
 
+/// The `disk.img` the launcher (or an importer) puts in a Filesystem claim of `capacity`
+/// bytes: [`Claim::disk_img_size`] for a capacity alone.
+pub fn usable_bytes(capacity: u64) -> Option<u64> {
+    disk_img_size(capacity)
+}
+
+/// The smallest request, in whole MiB, of a Filesystem claim whose `disk.img` holds
+/// `disk` bytes: the inverse of [`disk_img_size`], so that a DataVolume's
+/// `storage: 1Gi` yields a 1 GiB disk (CDI grows `storage:` requests by the overhead
+/// the same way). Checked against [`disk_img_size`] itself, so float rounding can never
+/// leave the disk a MiB short.
+pub fn request_for_disk(disk: u64) -> u64 {
+    let disk = disk.div_ceil(ALIGN) * ALIGN;
+    let mut request =
+        ((disk as f64 / (1.0 - FILESYSTEM_OVERHEAD)).ceil() as u64).div_ceil(ALIGN) * ALIGN;
+    while disk_img_size(request).is_none_or(|s| s < disk) {
+        request += ALIGN;
+    }
+    request
+}
+
 /// How the pod presents a claim volume, from what `status.volumeStatus` says of it: the
 /// launcher pod is rendered from the VMI alone (also a migration's target pod).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,16 +165,36 @@ pub fn presented(vmi: &VirtualMachineInstance, volume: &str) -> Option<Presented
 pub enum Problem {
     /// The claim does not exist (yet).
     NotFound { volume: String, claim: String },
-    /// A CDI DataVolume: not served by kubevirt-rs.
-    DataVolume { volume: String, name: String },
+    /// Neither the DataVolume nor a claim of its name exists (yet).
+    DataVolumeNotFound { volume: String, name: String },
+    /// The DataVolume is still populating its claim: the start waits, nothing is wrong.
+    DataVolumeNotReady {
+        volume: String,
+        name: String,
+        phase: String,
+    },
+    /// The DataVolume failed (or keeps failing) to populate its claim.
+    DataVolumeFailed {
+        volume: String,
+        name: String,
+        phase: String,
+        /// Its Running condition's reason and message.
+        why: String,
+    },
 }
 
 impl Problem {
-    /// The VMI condition reason, as KubeVirt names it.
-    pub fn reason(&self) -> &'static str {
+    /// The VMI's Synchronized reason, as KubeVirt names it; None for a wait that is no
+    /// error (KubeVirt sets no condition for a DataVolume still importing).
+    pub fn reason(&self) -> Option<&'static str> {
         match self {
-            Problem::NotFound { .. } => super::decide::reasons::PVC_NOT_FOUND,
-            Problem::DataVolume { .. } => super::decide::reasons::DATA_VOLUME_NOT_SUPPORTED,
+            Problem::NotFound { .. } | Problem::DataVolumeNotFound { .. } => {
+                Some(super::decide::reasons::PVC_NOT_FOUND)
+            }
+            Problem::DataVolumeNotReady { .. } => None,
+            Problem::DataVolumeFailed { .. } => {
+                Some(super::decide::reasons::FAILED_DATA_VOLUME_IMPORT)
+            }
         }
     }
 
@@ -161,10 +203,21 @@ impl Problem {
             Problem::NotFound { volume, claim } => format!(
                 "volume {volume}: PVC {ns}/{claim} does not exist, waiting for it to appear"
             ),
-            Problem::DataVolume { volume, name } => format!(
-                "volume {volume}: DataVolume {name} needs CDI (the Containerized Data Importer), \
-                 which kubevirt-rs does not provide; use a persistentVolumeClaim volume"
+            Problem::DataVolumeNotFound { volume, name } => format!(
+                "volume {volume}: DataVolume {ns}/{name} does not exist (nor a PVC of its name), \
+                 waiting for it to appear"
             ),
+            Problem::DataVolumeNotReady {
+                volume,
+                name,
+                phase,
+            } => format!("volume {volume}: DataVolume {ns}/{name} is {phase}"),
+            Problem::DataVolumeFailed {
+                volume,
+                name,
+                phase,
+                why,
+            } => format!("volume {volume}: DataVolume {ns}/{name} failed ({phase}): {why}"),
         }
     }
 }
@@ -174,6 +227,26 @@ impl Problem {
 pub struct Claims {
     pub found: BTreeMap<String, Claim>,
     pub problems: Vec<Problem>,
+    /// The VMI has `dataVolume` volumes (it gets a DataVolumesReady condition).
+    pub data_volumes: bool,
+}
+
+impl Claims {
+    /// What each DataVolume that is not ready waits on, for DataVolumesReady.
+    pub fn data_volumes_not_ready(&self, ns: &str) -> Vec<String> {
+        self.problems
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p,
+                    Problem::DataVolumeNotFound { .. }
+                        | Problem::DataVolumeNotReady { .. }
+                        | Problem::DataVolumeFailed { .. }
+                )
+            })
+            .map(|p| p.message(ns))
+            .collect()
+    }
 }
 
 /// Volume name → claim name of every `persistentVolumeClaim` volume.
@@ -189,26 +262,115 @@ pub fn claim_volumes(vmi: &VirtualMachineInstance) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Reads the claims `vmi` names. A VMI without claim or DataVolume volumes costs no call.
+/// `vmi` with each `dataVolume` volume as the `persistentVolumeClaim` volume of its claim
+/// (named as the DataVolume, as KubeVirt and CDI name it): the launcher pod mounts it
+/// exactly as any claim, and the launcher, which knows only claims, is handed the VMI so.
+pub fn as_claims(vmi: &VirtualMachineInstance) -> std::borrow::Cow<'_, VirtualMachineInstance> {
+    let has = vmi
+        .spec
+        .volumes
+        .iter()
+        .flatten()
+        .any(|v| v.data_volume.is_some());
+    if !has {
+        return std::borrow::Cow::Borrowed(vmi);
+    }
+    let mut out = vmi.clone();
+    for v in out.spec.volumes.iter_mut().flatten() {
+        if let Some(dv) = v.data_volume.take() {
+            v.persistent_volume_claim =
+                Some(kubevirt_api::vmi::PersistentVolumeClaimVolumeSource {
+                    claim_name: dv.name,
+                    ..Default::default()
+                });
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Whether `dv` may be used by a launcher pod: Succeeded (or PendingPopulation, which
+/// KubeVirt counts too), or WaitForFirstConsumer: a blank claim that the launcher pod
+/// itself binds (node/launcher creates its sparse `disk.img`).
+pub fn data_volume_usable(dv: &DataVolume) -> bool {
+    crate::vm::decide::data_volume_ready(dv)
+}
+
+/// Reads the claims `vmi` names, and the DataVolumes of its `dataVolume` volumes. A VMI
+/// without claim or DataVolume volumes costs no call.
 pub async fn lookup(
     client: &kube::Client,
     ns: &str,
     vmi: &VirtualMachineInstance,
 ) -> Result<Claims, kube::Error> {
     let mut out = Claims::default();
+    let api = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns);
+    let dvs = Api::<DataVolume>::namespaced(client.clone(), ns);
     for v in vmi.spec.volumes.iter().flatten() {
-        if let Some(dv) = &v.data_volume {
-            out.problems.push(Problem::DataVolume {
-                volume: v.name.clone(),
+        let Some(dv) = &v.data_volume else { continue };
+        out.data_volumes = true;
+        let volume = v.name.clone();
+        // Where DataVolumes are not served the read is a 404 too: a claim of the name is
+        // then used as it is (KubeVirt does the same once a DataVolume is gone).
+        let (claim_name, status) = match dvs.get_opt(&dv.name).await? {
+            Some(d) => {
+                let phase = d
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase.clone())
+                    .unwrap_or_else(|| "Pending".into());
+                if crate::vm::decide::data_volume_error(&d) {
+                    let why = d
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.condition(kubevirt_api::cdi::phase::CONDITION_RUNNING))
+                        .map(|c| {
+                            format!(
+                                "{}: {}",
+                                c.reason.as_deref().unwrap_or_default(),
+                                c.message.as_deref().unwrap_or_default()
+                            )
+                        })
+                        .unwrap_or_default();
+                    out.problems.push(Problem::DataVolumeFailed {
+                        volume,
+                        name: dv.name.clone(),
+                        phase,
+                        why,
+                    });
+                    continue;
+                }
+                if !data_volume_usable(&d) {
+                    out.problems.push(Problem::DataVolumeNotReady {
+                        volume,
+                        name: dv.name.clone(),
+                        phase,
+                    });
+                    continue;
+                }
+                let claim = d
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.claim_name.clone())
+                    .unwrap_or_else(|| dv.name.clone());
+                (claim, true)
+            }
+            None => (dv.name.clone(), false),
+        };
+        match api.get_opt(&claim_name).await? {
+            Some(pvc) if pvc.metadata.deletion_timestamp.is_none() => {
+                out.found.insert(volume, Claim::from_pvc(&pvc));
+            }
+            _ if status => out.problems.push(Problem::NotFound {
+                volume,
+                claim: claim_name,
+            }),
+            _ => out.problems.push(Problem::DataVolumeNotFound {
+                volume,
                 name: dv.name.clone(),
-            });
+            }),
         }
     }
     let wanted = claim_volumes(vmi);
-    if wanted.is_empty() {
-        return Ok(out);
-    }
-    let api = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns);
     for (volume, claim) in wanted {
         match api.get_opt(&claim).await? {
             Some(pvc) if pvc.metadata.deletion_timestamp.is_none() => {
@@ -286,6 +448,28 @@ mod tests {
     }
 
     #[test]
+    fn request_for_disk_inverts_the_overhead_in_whole_mib() {
+        for disk in [
+            1u64 << 20,
+            64 << 20,
+            1 << 30,
+            10 << 30,
+            (1 << 30) + 1,
+            3_000_000_123,
+        ] {
+            let r = request_for_disk(disk);
+            assert_eq!(r % ALIGN, 0, "{disk}");
+            assert!(usable_bytes(r).unwrap() >= disk, "{disk} → {r}");
+            assert!(
+                usable_bytes(r - ALIGN).is_none_or(|u| u < disk.div_ceil(ALIGN) * ALIGN),
+                "{disk} → {r} is not the smallest"
+            );
+        }
+        // 1 GiB ÷ 0.945 = 1083.6 MiB → 1084 MiB.
+        assert_eq!(request_for_disk(1 << 30), 1084 << 20);
+    }
+
+    #[test]
     fn a_tiny_claim_has_no_disk_img_size() {
         let c = Claim::from_pvc(&pvc(serde_json::json!({
             "metadata": {"name": "t"},
@@ -303,6 +487,7 @@ mod tests {
         let claims = Claims {
             found: BTreeMap::from([("disk".to_string(), c)]),
             problems: vec![],
+            data_volumes: false,
         };
         let old = vec![
             VolumeStatus {
@@ -330,15 +515,52 @@ mod tests {
             volume: "disk".into(),
             claim: "data".into(),
         };
-        assert_eq!(p.reason(), "FailedPvcNotFound");
+        assert_eq!(p.reason(), Some("FailedPvcNotFound"));
         assert_eq!(
             p.message("ns"),
             "volume disk: PVC ns/data does not exist, waiting for it to appear"
         );
-        let d = Problem::DataVolume {
+        let d = Problem::DataVolumeNotReady {
             volume: "root".into(),
             name: "dv".into(),
+            phase: "ImportInProgress".into(),
         };
-        assert!(d.message("ns").contains("needs CDI"), "{}", d.message("ns"));
+        assert_eq!(d.reason(), None, "a DataVolume still importing is no error");
+        assert_eq!(
+            d.message("ns"),
+            "volume root: DataVolume ns/dv is ImportInProgress"
+        );
+        let f = Problem::DataVolumeFailed {
+            volume: "root".into(),
+            name: "dv".into(),
+            phase: "ImportInProgress".into(),
+            why: "HTTPNotFound: 404".into(),
+        };
+        assert_eq!(f.reason(), Some("FailedDataVolumeImport"));
+        assert!(f.message("ns").contains("HTTPNotFound: 404"));
+    }
+
+    #[test]
+    fn data_volume_volumes_become_claims_of_the_same_name() {
+        let vmi: VirtualMachineInstance = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "v"},
+            "spec": {"domain": {"devices": {}}, "volumes": [
+                {"name": "root", "dataVolume": {"name": "root-dv"}},
+                {"name": "data", "persistentVolumeClaim": {"claimName": "c"}}]}
+        }))
+        .unwrap();
+        let c = as_claims(&vmi);
+        let vols = c.spec.volumes.as_ref().unwrap();
+        assert!(vols[0].data_volume.is_none());
+        assert_eq!(
+            vols[0].persistent_volume_claim.as_ref().unwrap().claim_name,
+            "root-dv"
+        );
+        assert_eq!(claim_volumes(&c).len(), 2);
+        let plain = serde_json::from_value::<VirtualMachineInstance>(serde_json::json!({
+            "metadata": {"name": "v"}, "spec": {"domain": {"devices": {}}}
+        }))
+        .unwrap();
+        assert!(matches!(as_claims(&plain), std::borrow::Cow::Borrowed(_)));
     }
 }

@@ -30,6 +30,8 @@ pub mod conditions {
     pub const SYNCHRONIZED: &str = "Synchronized";
     /// Written False when the VMI reaches a final phase through its pod.
     pub const READY: &str = "Ready";
+    /// Whether every DataVolume the VMI uses is ready (KubeVirt's condition).
+    pub const DATA_VOLUMES_READY: &str = "DataVolumesReady";
 }
 
 /// Reasons of the VMI conditions and `status.reason`.
@@ -44,8 +46,13 @@ pub mod reasons {
     pub const FAILED_CREATE: &str = "FailedCreate";
     /// A claim the VMI names does not exist (KubeVirt's reason).
     pub const PVC_NOT_FOUND: &str = "FailedPvcNotFound";
-    /// A DataVolume volume: kubevirt-rs has no CDI.
-    pub const DATA_VOLUME_NOT_SUPPORTED: &str = "DataVolumeNotSupported";
+    /// Synchronized=False: a DataVolume the VMI uses failed to populate its claim
+    /// (KubeVirt's reason; the VM shows DataVolumeError).
+    pub const FAILED_DATA_VOLUME_IMPORT: &str = "FailedDataVolumeImport";
+    /// DataVolumesReady=True (KubeVirt's reason).
+    pub const ALL_DVS_READY: &str = "AllDVsReady";
+    /// DataVolumesReady=False (KubeVirt's reason).
+    pub const NOT_ALL_DVS_READY: &str = "NotAllDVsReady";
     /// The launcher pod cannot be scheduled while a claim it mounts is unbound.
     pub const WAITING_FOR_VOLUME_BINDING: &str = "WaitingForVolumeBinding";
     /// Failed: the launcher pod disappeared (KubeVirt #6685).
@@ -514,7 +521,7 @@ pub fn derive_status(
                 &[
                     reasons::FAILED_CREATE,
                     reasons::PVC_NOT_FOUND,
-                    reasons::DATA_VOLUME_NOT_SUPPORTED,
+                    reasons::FAILED_DATA_VOLUME_IMPORT,
                 ],
             ),
         }
@@ -694,6 +701,43 @@ pub fn volume_binding_condition(
                 remove_condition(&mut conditions, conditions::SYNCHRONIZED);
             }
         }
+    }
+    status.conditions = (!conditions.is_empty()).then_some(conditions);
+}
+
+/// KubeVirt's `DataVolumesReady` condition of a VMI with `dataVolume` volumes: True once
+/// every one is ready to be used, else False naming those that are not (`not_ready`: each
+/// DataVolume with what it waits on). VMIs without DataVolumes (`any` false) get none.
+pub fn data_volumes_condition(
+    status: &mut VirtualMachineInstanceStatus,
+    any: bool,
+    not_ready: &[String],
+    now: Timestamp,
+) {
+    let mut conditions = status.conditions.take().unwrap_or_default();
+    if any {
+        let (st, reason, message) = if not_ready.is_empty() {
+            (
+                ConditionStatus::True,
+                reasons::ALL_DVS_READY,
+                "All of the VMI's DVs are bound and ready".to_string(),
+            )
+        } else {
+            (
+                ConditionStatus::False,
+                reasons::NOT_ALL_DVS_READY,
+                format!(
+                    "Not all of the VMI's DVs are ready: {}",
+                    not_ready.join("; ")
+                ),
+            )
+        };
+        let kept = find_condition(&conditions, conditions::DATA_VOLUMES_READY)
+            .filter(|c| c.status == st)
+            .and_then(|c| c.last_transition_time.clone());
+        let mut c = Condition::new(conditions::DATA_VOLUMES_READY, st, reason, &message);
+        c.last_transition_time = kept.or(Some(Time(now)));
+        set_condition(&mut conditions, c);
     }
     status.conditions = (!conditions.is_empty()).then_some(conditions);
 }

@@ -491,6 +491,57 @@ fn cloud_init_data_travels_in_secrets_not_in_the_pod() {
     assert!(super::render::cloud_init_secret(&vmi()).unwrap().is_none());
 }
 
+/// Each access credential's Secret is mounted once, optional (a missing one is named in the
+/// VMI's `AccessCredentialsSynchronized`, not a pod stuck creating), where the launcher
+/// looks for it.
+#[test]
+fn access_credential_secrets_are_mounted_once_and_optional() {
+    let mut v = vmi();
+    v.spec.access_credentials = Some(
+        serde_json::from_value(json!([
+            {"sshPublicKey": {"source": {"secret": {"secretName": "keys"}},
+                              "propagationMethod": {"qemuGuestAgent": {"users": ["root"]}}}},
+            {"userPassword": {"source": {"secret": {"secretName": "pw"}},
+                              "propagationMethod": {"qemuGuestAgent": {}}}},
+            {"sshPublicKey": {"source": {"secret": {"secretName": "keys"}},
+                              "propagationMethod": {"qemuGuestAgent": {"users": ["tester"]}}}}
+        ]))
+        .unwrap(),
+    );
+    let pod = serde_json::to_value(launcher_pod(&v, &LauncherConfig::default()).unwrap()).unwrap();
+    let secrets: Vec<(&str, bool)> = pod["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| {
+            Some((
+                v["secret"]["secretName"].as_str()?,
+                v["secret"]["optional"] == true,
+            ))
+        })
+        .collect();
+    assert_eq!(secrets, [("keys", true), ("pw", true)]);
+    let mounts: Vec<&str> = pod["spec"]["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["mountPath"].as_str())
+        .filter(|p| p.contains("access-cred"))
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            "/var/run/kubevirt-rs/access-credentials/keys-access-cred",
+            "/var/run/kubevirt-rs/access-credentials/pw-access-cred"
+        ]
+    );
+    let args = pod["spec"]["containers"][0]["args"].to_string();
+    assert!(
+        args.contains(r#""--access-credentials-dir","/var/run/kubevirt-rs/access-credentials""#),
+        "{args}"
+    );
+}
+
 /// Claims are mounted as their volumeMode says, from what volumeStatus records; the user's
 /// volume names never become pod volume names.
 #[test]

@@ -71,6 +71,8 @@ pub async fn run(
     // expectations (LauncherPods::observe), then the reconcile is queued, so a reconcile
     // triggered by a pod always finds it.
     let (pod_reader, pod_writer) = reflector::store();
+    // kubevirt_vmi_info names each VMI's Running launcher from this cache.
+    ctx.metrics.sources.set_pods(pod_reader.clone());
     let state = Arc::new(Vmis {
         ctx: ctx.clone(),
         pods: LauncherPods::new(pod_reader, Expectations::default()),

@@ -80,6 +80,16 @@ impl CachedPod {
     }
 }
 
+impl CachedPod {
+    /// The VMI uid and node of a Running launcher pod (KubeVirt's `vmi_pod` label of
+    /// `kubevirt_vmi_info` names the Running launcher on the VMI's node).
+    pub fn running_launcher(&self) -> Option<(&str, &str)> {
+        let running = self.status.as_ref()?.phase.as_deref() == Some("Running");
+        let node = self.spec.node_name.as_deref()?;
+        running.then_some((owner_key(self)?, node))
+    }
+}
+
 // Pods, at the pods' URL: only the cached form differs.
 impl kube::Resource for CachedPod {
     type DynamicType = ();

@@ -273,10 +273,15 @@ pub async fn reconcile(
     };
     let mut create_error: Option<(&'static str, String)> = None;
     let mut failure: Option<ReconcileError> = None;
-    if plan.create_pod
-        && let Some(problem) = claims.problems.first()
+    // Any problem holds the pod; only those that are errors say so in Synchronized (a
+    // DataVolume still importing is a plain wait, as in KubeVirt: DataVolumesReady says it).
+    let held = plan.create_pod && !claims.problems.is_empty();
+    if held
+        && let Some((reason, message)) = claims
+            .problems
+            .iter()
+            .find_map(|p| Some((p.reason()?, p.message(&ns))))
     {
-        let (reason, message) = (problem.reason(), problem.message(&ns));
         let already = vmi
             .status
             .as_ref()
@@ -291,6 +296,8 @@ pub async fn reconcile(
             events.push((EventType::Warning, reason, message.clone()));
         }
         create_error = Some((reason, message));
+    } else if held {
+        tracing::debug!(problems = ?claims.problems, "launcher pod waits for its DataVolumes");
     } else if plan.create_pod {
         // The launcher's Secret of inline cloud-init data first: kubelet starts the pod
         // only once every Secret it mounts exists.
@@ -386,6 +393,14 @@ pub async fn reconcile(
         .map(|c| c.claim_name.as_str())
         .collect();
     decide::volume_binding_condition(&mut status, &ns, &unbound, Timestamp::now());
+    if starting {
+        decide::data_volumes_condition(
+            &mut status,
+            claims.data_volumes,
+            &claims.data_volumes_not_ready(&ns),
+            Timestamp::now(),
+        );
+    }
     if let Some((warning, reason, note)) = decide::final_event(&vmi, &status) {
         // The VMI of a VM that restarts is deleted at once: the Event is what is left
         // to say why it ended.
@@ -407,7 +422,7 @@ pub async fn reconcile(
     }
     ctx.backoff.reset(&uid);
     if !claims.problems.is_empty() && plan.create_pod {
-        // Claims are not watched: look again soon.
+        // Claims and DataVolumes are not watched here: look again soon.
         return Ok(Action::requeue(CLAIM_RECHECK));
     }
     Ok(Action::requeue(ctx.config.resync))

@@ -62,6 +62,9 @@ const SOCKETS_DIR: &str = "/var/run/kubevirt-rs/sockets";
 const IMAGES_DIR: &str = "/var/run/kubevirt-rs/images";
 /// Where the launcher finds cloud-init data from Secrets (`kubevirt_api::cloudinit`).
 const CLOUD_INIT_DIR: &str = "/var/run/kubevirt-rs/cloud-init";
+/// Where the launcher finds the Secrets of the access credentials, each in
+/// `<secret>-access-cred` (KubeVirt's names).
+const ACCESS_CREDENTIALS_DIR: &str = "/var/run/kubevirt-rs/access-credentials";
 /// Filesystem-mode claims, one directory per volume (KubeVirt's path).
 pub const CLAIMS_DIR: &str = "/var/run/kubevirt-private/vmi-disks";
 /// Block-mode claims, one device node per volume.
@@ -413,6 +416,9 @@ pub fn launcher_pod(
     vmi: &VirtualMachineInstance,
     cfg: &LauncherConfig,
 ) -> Result<Pod, PodRenderError> {
+    // DataVolume volumes are their claims, for the pod and for the launcher.
+    let normalized = claims::as_claims(vmi);
+    let vmi: &VirtualMachineInstance = &normalized;
     let name = vmi.name_any();
     let (Some(ns), Some(uid)) = (vmi.namespace(), vmi.metadata.uid.clone()) else {
         return Err(PodRenderError::NotPersisted(name));
@@ -585,6 +591,39 @@ pub fn launcher_pod(
     if !cloud_init_mounts.is_empty() {
         args.push("--cloud-init-dir".into());
         args.push(CLOUD_INIT_DIR.into());
+    }
+
+    // The access credentials' Secrets, each once. Optional, unlike KubeVirt's: a missing
+    // Secret does not hold the VM's start (its pod would wait in ContainerCreating with
+    // only an Event saying why); the launcher names it in `AccessCredentialsSynchronized`
+    // and kubelet fills the directory when the Secret appears, as it does on every change.
+    let mut credential_secrets: Vec<&str> = spec
+        .access_credentials
+        .iter()
+        .flatten()
+        .filter_map(|c| c.secret_name())
+        .collect();
+    credential_secrets.sort_unstable();
+    credential_secrets.dedup();
+    for (n, secret) in credential_secrets.iter().enumerate() {
+        let volume = format!("access-cred-{n}");
+        mounts.push(mount(
+            &volume,
+            &format!(
+                "{ACCESS_CREDENTIALS_DIR}/{}",
+                cloudinit::access_credential_dir(secret)
+            ),
+            true,
+        ));
+        let mut v = secret_volume(&volume, secret);
+        if let Some(s) = v.secret.as_mut() {
+            s.optional = Some(true);
+        }
+        volumes.push(v);
+    }
+    if !credential_secrets.is_empty() {
+        args.push("--access-credentials-dir".into());
+        args.push(ACCESS_CREDENTIALS_DIR.into());
     }
 
     // Claims, where KubeVirt mounts them: a Filesystem-mode claim as a directory (the

@@ -208,7 +208,9 @@ impl KubeApi {
         let log = self.dir.path().join("kube-apiserver.log");
         eventually(
             &format!("kube-apiserver ready (log: {})", log.display()),
-            Duration::from_secs(60),
+            // About 10 s alone; on a 2-CPU machine loaded with builds and other test
+            // binaries it has taken over a minute.
+            Duration::from_secs(120),
             || async {
                 let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
                 self.client.request_text(req).await.ok()

@@ -108,6 +108,91 @@ impl KubeApi {
     }
 }
 
+/// The four `instancetype.kubevirt.io/v1beta1` kinds, served from CRDs (virt-apiserver
+/// serves them in a cluster): plural, singular, kind, namespaced.
+pub const INSTANCETYPE_KINDS: [(&str, &str, &str, bool); 4] = [
+    (
+        "virtualmachineinstancetypes",
+        "virtualmachineinstancetype",
+        "VirtualMachineInstancetype",
+        true,
+    ),
+    (
+        "virtualmachineclusterinstancetypes",
+        "virtualmachineclusterinstancetype",
+        "VirtualMachineClusterInstancetype",
+        false,
+    ),
+    (
+        "virtualmachinepreferences",
+        "virtualmachinepreference",
+        "VirtualMachinePreference",
+        true,
+    ),
+    (
+        "virtualmachineclusterpreferences",
+        "virtualmachineclusterpreference",
+        "VirtualMachineClusterPreference",
+        false,
+    ),
+];
+
+impl KubeApi {
+    /// Serves the instance type kinds from CRDs too.
+    pub async fn install_instancetype_kinds(&self) {
+        let crds = Api::<CustomResourceDefinition>::all(self.client.clone());
+        for (plural, singular, kind, namespaced) in INSTANCETYPE_KINDS {
+            let crd: CustomResourceDefinition = serde_json::from_value(json!({
+                "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": format!("{plural}.instancetype.kubevirt.io")},
+                "spec": {"group": "instancetype.kubevirt.io",
+                    "scope": if namespaced { "Namespaced" } else { "Cluster" },
+                    "names": {"plural": plural, "singular": singular, "kind": kind},
+                    "versions": [{"name": "v1beta1", "served": true, "storage": true,
+                        "schema": {"openAPIV3Schema": {"type": "object",
+                            "x-kubernetes-preserve-unknown-fields": true}}}]}
+            }))
+            .unwrap();
+            crds.create(&PostParams::default(), &crd).await.unwrap();
+        }
+        for (plural, ..) in INSTANCETYPE_KINDS {
+            eventually(&format!("{plural} to be served"), || async {
+                let path = format!("/apis/instancetype.kubevirt.io/v1beta1/{plural}");
+                let req = http::Request::get(path).body(Vec::new()).unwrap();
+                self.client.request_text(req).await.ok()
+            })
+            .await;
+        }
+    }
+}
+
+impl KubeApi {
+    /// Serves CDI's DataVolumes from a CRD with a /status subresource (virt-apiserver
+    /// serves them in a cluster).
+    pub async fn install_datavolumes(&self) {
+        let crds = Api::<CustomResourceDefinition>::all(self.client.clone());
+        let crd: CustomResourceDefinition = serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "datavolumes.cdi.kubevirt.io"},
+            "spec": {"group": "cdi.kubevirt.io", "scope": "Namespaced",
+                "names": {"plural": "datavolumes", "singular": "datavolume",
+                          "kind": "DataVolume", "shortNames": ["dv"]},
+                "versions": [{"name": "v1beta1", "served": true, "storage": true,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object",
+                        "x-kubernetes-preserve-unknown-fields": true}}}]}
+        }))
+        .unwrap();
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+        eventually("datavolumes to be served", || async {
+            let path = format!("/apis/cdi.kubevirt.io/v1beta1/namespaces/{NS}/datavolumes");
+            let req = http::Request::get(path).body(Vec::new()).unwrap();
+            self.client.request_text(req).await.ok()
+        })
+        .await;
+    }
+}
+
 /// What the tests do through the API, and the scheduler's and kubelet's parts they play.
 impl KubeApi {
     pub fn vmis(&self) -> Api<VirtualMachineInstance> {

@@ -660,3 +660,180 @@ pub fn page_via_stdio(ns: &Ns<'_>, vm: &str) -> String {
         std::thread::sleep(Duration::from_secs(2));
     }
 }
+
+/// What [`ApiProbe`] saw.
+#[derive(Debug, Default)]
+pub struct ProbeReport {
+    /// Rounds (one write and one read of the VM API) that succeeded.
+    pub ok: u64,
+    /// Rounds that failed (each request tried once, with a 10 s timeout).
+    pub failed: u64,
+    /// The longest time from a failed round to the next one that succeeded.
+    pub longest_outage: Duration,
+    /// The first few failures.
+    pub errors: Vec<String>,
+}
+
+/// Writes (a merge patch of a label) and reads a VM through kube-apiserver every 200 ms
+/// until stopped, with the cluster's admin credentials, one request per operation and no
+/// retry: how long the VM API was unavailable is measured, not hidden.
+pub struct ApiProbe {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<ProbeReport>>,
+}
+
+impl ApiProbe {
+    pub fn start(ns: &Ns<'_>, vm: &str) -> ApiProbe {
+        let raw =
+            ns.c.kubectl(&["config", "view", "--raw", "--minify", "-o", "json"])
+                .expect("kubeconfig");
+        let cfg: serde_json::Value = serde_json::from_str(&raw).unwrap();
+        let b64 = |v: &serde_json::Value| {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD
+                .decode(v.as_str().expect("inline kubeconfig data"))
+                .unwrap()
+        };
+        let server = cfg["clusters"][0]["cluster"]["server"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let ca = b64(&cfg["clusters"][0]["cluster"]["certificate-authority-data"]);
+        let mut identity = b64(&cfg["users"][0]["user"]["client-certificate-data"]);
+        identity.extend(b64(&cfg["users"][0]["user"]["client-key-data"]));
+        let url = format!(
+            "{server}/apis/kubevirt.io/v1/namespaces/{}/virtualmachines/{vm}",
+            ns.name
+        );
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let client = reqwest::Client::builder()
+                    .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+                    .identity(reqwest::Identity::from_pem(&identity).unwrap())
+                    .use_rustls_tls()
+                    .timeout(Duration::from_secs(10))
+                    .build()
+                    .unwrap();
+                let mut report = ProbeReport::default();
+                let mut down_since: Option<Instant> = None;
+                let mut i = 0u64;
+                while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                    i += 1;
+                    let patch =
+                        serde_json::json!({"metadata": {"labels": {"probe": i.to_string()}}});
+                    let write = client
+                        .patch(&url)
+                        .header("content-type", "application/merge-patch+json")
+                        .body(patch.to_string())
+                        .send()
+                        .await;
+                    let read = client.get(&url).send().await;
+                    let failure = match (write, read) {
+                        (Ok(w), Ok(r)) if w.status().is_success() && r.status().is_success() => {
+                            None
+                        }
+                        (Ok(w), _) if !w.status().is_success() => Some(format!(
+                            "patch: {} {}",
+                            w.status(),
+                            w.text().await.unwrap_or_default()
+                        )),
+                        (Err(e), _) => Some(format!("patch: {e}")),
+                        (_, Ok(r)) => Some(format!(
+                            "get: {} {}",
+                            r.status(),
+                            r.text().await.unwrap_or_default()
+                        )),
+                        (_, Err(e)) => Some(format!("get: {e}")),
+                    };
+                    match failure {
+                        None => {
+                            report.ok += 1;
+                            if let Some(t) = down_since.take() {
+                                report.longest_outage = report.longest_outage.max(t.elapsed());
+                            }
+                        }
+                        Some(e) => {
+                            report.failed += 1;
+                            down_since.get_or_insert_with(Instant::now);
+                            if report.errors.len() < 10 {
+                                report.errors.push(e);
+                            }
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                if let Some(t) = down_since {
+                    report.longest_outage = report.longest_outage.max(t.elapsed());
+                    report
+                        .errors
+                        .push("still failing when the probe stopped".into());
+                }
+                report
+            })
+        });
+        ApiProbe {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn stop(mut self) -> ProbeReport {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for ApiProbe {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The path, through kube-apiserver's pod proxy, of the `/metrics` of `node`'s virt-handler
+/// (what a cluster's Prometheus scrapes, reached with the admin's credentials).
+pub fn handler_metrics_path(c: &e2e::Cluster, node: &str) -> String {
+    let pod = c
+        .component_pods(
+            "virt-handler",
+            true,
+            &format!("{{.items[?(@.spec.nodeName==\"{node}\")].metadata.name}}"),
+        )
+        .expect("virt-handler pods");
+    let pod = pod.trim();
+    assert!(!pod.is_empty(), "no virt-handler on {node}");
+    let port = c
+        .kubectl(&[
+            "-n",
+            "kubevirt",
+            "get",
+            "pod",
+            pod,
+            "-o",
+            "jsonpath={.spec.containers[0].ports[?(@.name==\"metrics\")].containerPort}",
+        ])
+        .expect("handler metrics port");
+    format!(
+        "/api/v1/namespaces/kubevirt/pods/{pod}:{}/proxy/metrics",
+        port.trim()
+    )
+}
+
+/// The value of the first series of `family` in the text `metrics` whose labels include
+/// every `key="value"` of `want`.
+pub fn series_value(metrics: &str, family: &str, want: &[String]) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let rest = l.strip_prefix(family)?.strip_prefix('{')?;
+        let (set, v) = rest.rsplit_once("} ")?;
+        let have: Vec<&str> = set.split(',').collect();
+        want.iter()
+            .all(|w| have.contains(&w.as_str()))
+            .then(|| v.trim().parse::<f64>().ok())
+            .flatten()
+    })
+}

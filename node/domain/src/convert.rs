@@ -602,11 +602,20 @@ fn graphics(spec: &DomainSpec, host: &HostFacts, d: &mut Domain) {
     });
 }
 
+/// KubeVirt's default `memBalloonStatsPeriod` (seconds).
+pub const BALLOON_STATS_PERIOD_SECONDS: u32 = 10;
+
 fn misc_devices(spec: &DomainSpec, d: &mut Domain) {
     let balloon = spec.devices.autoattach_mem_balloon != Some(false);
     // Without an explicit element libvirt adds a balloon on x86; say "none" to really omit it.
     d.devices.memballoon = Some(MemBalloon {
         model: if balloon { "virtio" } else { "none" }.into(),
+        // KubeVirt's default `memBalloonStatsPeriod`: without a period the guest never
+        // reports its memory, and `kubevirt_vmi_memory_{available,usable,unused}_bytes`
+        // have nothing to say.
+        stats: balloon.then_some(BalloonStatsPeriod {
+            period: BALLOON_STATS_PERIOD_SECONDS,
+        }),
     });
     if spec.devices.rng.is_some() {
         d.devices.rng.push(Rng {

@@ -8,6 +8,7 @@ pub mod convert;
 pub mod host;
 pub mod protocol;
 pub mod schema;
+pub mod stats;
 
 pub use convert::{ConvertError, domain_for, domain_name};
 pub use host::{Accel, HostFacts, KernelBootFiles, NetworkMode, PodTap, PreparedVolume};

@@ -8,7 +8,11 @@ use crate::host::Accel;
 /// Version of this protocol; the handler refuses launchers it does not speak.
 /// 2: live migration (`prepareMigrationTarget`, `migrate`, `cancelMigration`,
 /// `watchMigration`) and the `migrated` state/event/outcome.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: guest-agent reads (`guestOsInfo`, `userList`, `filesystemList`), the agent's data in
+/// the status (`guestAgent`, `accessCredentials`) and the `guestInfo` event.
+/// 4: `getStats` (the domain's statistics, for virt-handler's per-VMI metrics); an older
+/// launcher answers it with an error, and its VMI's metrics are left out.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// A request from virt-handler to a launcher.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,6 +22,9 @@ pub enum Request {
     Ping,
     /// Current state of the domain.
     GetStatus,
+    /// The running domain's statistics (libvirt's domain stats), answered with
+    /// [`Response::Stats`]: read at each scrape of virt-handler's `/metrics`.
+    GetStats,
     /// ACPI power button, then destroy after the grace period.
     Shutdown,
     /// Destroy the domain now.
@@ -37,15 +44,29 @@ pub enum Request {
     /// Stream [`Response::Migration`] (one per progress report, about every second,
     /// and one final) until the migration ends.
     WatchMigration,
+    /// `guest-ping` through the guest agent: [`Response::Ok`] when it answers (KubeVirt's
+    /// `guestAgentPing` probe).
+    GuestPing,
+    /// Runs a command in the guest through the guest agent (`guest-exec`), answered with
+    /// [`Response::GuestExec`] (KubeVirt's `exec` probe).
+    GuestExec(GuestExecRequest),
     /// A VMI action of the API catalogue (pause, unpause, softreboot, reset, …), carried
     /// out on the domain. Untagged: the action's own `op` tag names it, so the messages
     /// read as they did when each action was a variant here, and a new catalogued action
     /// needs no change to this protocol.
     #[serde(untagged)]
     Action(VmiAction),
+    /// A question to the guest agent (`guestosinfo`, `userlist`, `filesystemlist`), answered
+    /// with [`Response::GuestOsInfo`], [`Response::UserList`] or [`Response::FilesystemList`];
+    /// untagged like [`Request::Action`].
+    #[serde(untagged)]
+    Guest(GuestQuery),
 }
 
-pub use kubevirt_api::catalogue::VmiAction;
+pub use kubevirt_api::catalogue::{GuestQuery, VmiAction};
+use kubevirt_api::guestagent::{
+    FileSystemList, GuestAgentCommand, GuestAgentInfo, GuestOsInfo, GuestOsUserList,
+};
 
 /// Directory, inside the private libvirtd's mount namespace, where the migration
 /// sockets live. The launcher binds `<cmd socket dir>/migration` (host side, shared with
@@ -206,6 +227,11 @@ pub enum Response {
     },
     /// Reply to [`Request::GetStatus`].
     Status(LauncherStatus),
+    /// Reply to [`Request::GetStats`].
+    Stats {
+        /// The statistics.
+        stats: Box<crate::stats::DomainStats>,
+    },
     /// The request was carried out.
     Ok,
     /// The request failed.
@@ -219,6 +245,94 @@ pub enum Response {
     MigrationTargetReady(MigrationTarget),
     /// Migration status (after [`Request::WatchMigration`]).
     Migration(MigrationStatus),
+    /// Reply to [`Request::GuestExec`].
+    GuestExec(GuestExecResult),
+    /// Reply to [`GuestQuery::GuestOsInfo`].
+    GuestOsInfo {
+        /// KubeVirt's `VirtualMachineInstanceGuestAgentInfo`.
+        info: Box<GuestAgentInfo>,
+    },
+    /// Reply to [`GuestQuery::UserList`].
+    UserList {
+        /// KubeVirt's `VirtualMachineInstanceGuestOSUserList`.
+        list: GuestOsUserList,
+    },
+    /// Reply to [`GuestQuery::FilesystemList`].
+    FilesystemList {
+        /// KubeVirt's `VirtualMachineInstanceFileSystemList`.
+        list: FileSystemList,
+    },
+}
+
+/// Body of [`Request::GuestExec`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestExecRequest {
+    /// The program and its arguments (no shell).
+    pub command: Vec<String>,
+    /// How long it may run.
+    pub timeout_seconds: u32,
+}
+
+/// How a [`Request::GuestExec`] command ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestExecResult {
+    /// Its exit code (a signal's number as the shell gives it: 128 + n).
+    pub exit_code: i32,
+    /// What it wrote to stdout (lossy UTF-8).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stdout: String,
+    /// What it wrote to stderr (lossy UTF-8).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stderr: String,
+}
+
+/// What the guest agent last reported that the VMI's status shows (polled by the launcher
+/// while the agent is connected).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestAgentStatus {
+    /// The agent's version.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
+    /// The commands it offers (for `AgentVersionNotSupported`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub supported_commands: Vec<GuestAgentCommand>,
+    /// `status.guestOSInfo`.
+    #[serde(default)]
+    pub os: GuestOsInfo,
+    /// The guest's network interfaces (loopback left out).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<GuestInterface>,
+    /// A freeze holds (`status.fsFreezeStatus: frozen`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub frozen: bool,
+}
+
+/// A network interface as the guest agent reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestInterface {
+    /// Its name in the guest (`enp1s0`).
+    pub name: String,
+    /// Its MAC address, lower case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// Its addresses, without prefix length, in the agent's order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ip_addresses: Vec<String>,
+}
+
+/// Whether the VMI's access credentials reached the guest (`AccessCredentialsSynchronized`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialsStatus {
+    /// Everything the Secrets hold is in the guest.
+    pub synchronized: bool,
+    /// Why not (a missing Secret, no agent, the agent's error), or what was done.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// Observed state of the domain.
@@ -269,6 +383,12 @@ pub struct LauncherStatus {
     /// `AgentConnected` condition. Defaulted, as `pod_ip`, for launchers without it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub guest_agent_connected: bool,
+    /// What the connected guest agent reports (absent without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_agent: Option<Box<GuestAgentStatus>>,
+    /// State of the agent-propagated access credentials (absent when the VMI has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_credentials: Option<CredentialsStatus>,
 }
 
 /// A domain lifecycle event.
@@ -296,6 +416,9 @@ pub enum DomainEvent {
         /// Whether it is connected now.
         connected: bool,
     },
+    /// What the guest agent reports changed (an address, the OS), or the access
+    /// credentials' state did: re-read the status.
+    GuestInfo,
 }
 
 /// File a launcher writes next to its command socket when it ends, so that a handler
@@ -340,6 +463,7 @@ mod tests {
                 Request::Action(VmiAction::SoftReboot),
             ),
             (r#"{"op":"getStatus"}"#, Request::GetStatus),
+            (r#"{"op":"getStats"}"#, Request::GetStats),
         ] {
             assert_eq!(serde_json::from_str::<Request>(line)?, req);
         }
@@ -394,6 +518,44 @@ mod tests {
         let s = serde_json::to_string(&on)?;
         assert!(s.contains(r#""guestAgentConnected":true"#), "{s}");
         assert_eq!(serde_json::from_str::<LauncherStatus>(&s)?, on);
+        for (line, q) in [
+            (r#"{"op":"guestOsInfo"}"#, GuestQuery::GuestOsInfo),
+            (r#"{"op":"userList"}"#, GuestQuery::UserList),
+            (r#"{"op":"filesystemList"}"#, GuestQuery::FilesystemList),
+        ] {
+            assert_eq!(serde_json::from_str::<Request>(line)?, Request::Guest(q));
+            assert_eq!(serde_json::to_string(&Request::Guest(q))?, line);
+        }
+        let exec = Request::GuestExec(GuestExecRequest {
+            command: vec!["true".into()],
+            timeout_seconds: 5,
+        });
+        let s = serde_json::to_string(&exec)?;
+        assert_eq!(
+            s,
+            r#"{"op":"guestExec","command":["true"],"timeoutSeconds":5}"#
+        );
+        assert_eq!(serde_json::from_str::<Request>(&s)?, exec);
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"guestPing"}"#)?,
+            Request::GuestPing
+        );
+        // The answer's own `kind` (KubeVirt's) does not clash with the reply's tag.
+        let r = Response::UserList {
+            list: GuestOsUserList::of(vec![]),
+        };
+        let s = serde_json::to_string(&r)?;
+        assert!(
+            s.starts_with(
+                r#"{"kind":"userList","list":{"kind":"VirtualMachineInstanceGuestOSUserList""#
+            ),
+            "{s}"
+        );
+        assert_eq!(serde_json::from_str::<Response>(&s)?, r);
+        assert_eq!(
+            serde_json::to_string(&Response::Event(DomainEvent::GuestInfo))?,
+            r#"{"kind":"event","event":"guestInfo"}"#
+        );
         assert_eq!(
             serde_json::to_string(&LauncherOutcome::Crashed { reason: "x".into() })?,
             r#"{"outcome":"crashed","reason":"x"}"#

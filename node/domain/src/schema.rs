@@ -711,6 +711,17 @@ pub struct MemBalloon {
     /// `virtio` or `none`.
     #[serde(rename = "@model")]
     pub model: String,
+    /// How often QEMU asks the guest's balloon driver for its memory figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats: Option<BalloonStatsPeriod>,
+}
+
+/// `<stats period='10'/>` of a memory balloon.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalloonStatsPeriod {
+    /// Seconds.
+    #[serde(rename = "@period")]
+    pub period: u32,
 }
 
 /// `<panic model='isa'/>`: the guest reports a kernel panic, libvirt applies `on_crash`.
@@ -768,6 +779,50 @@ impl Domain {
     pub fn from_xml(xml: &str) -> Result<Self, XmlError> {
         Ok(quick_xml::de::from_str(xml)?)
     }
+}
+
+/// The VMI's names of a running domain's disks and interfaces, by the name libvirt's
+/// statistics give them (a disk's target `vda`, an interface's host device `tap0`): the
+/// `ua-<name>` aliases the conversion gives every device the VMI names. Devices without
+/// such an alias are left out. Only those elements are read, as in
+/// [`guest_agent_connected`].
+pub fn device_aliases(
+    live_xml: &str,
+) -> Result<std::collections::BTreeMap<String, String>, XmlError> {
+    #[derive(Deserialize)]
+    struct Live {
+        #[serde(default)]
+        devices: LiveDevices,
+    }
+    #[derive(Default, Deserialize)]
+    struct LiveDevices {
+        #[serde(default)]
+        disk: Vec<LiveDevice>,
+        #[serde(default)]
+        interface: Vec<LiveDevice>,
+    }
+    #[derive(Deserialize)]
+    struct LiveDevice {
+        target: Option<LiveTarget>,
+        alias: Option<Alias>,
+    }
+    #[derive(Deserialize)]
+    struct LiveTarget {
+        #[serde(rename = "@dev")]
+        dev: Option<String>,
+    }
+    let live: Live = quick_xml::de::from_str(live_xml)?;
+    Ok(live
+        .devices
+        .disk
+        .iter()
+        .chain(&live.devices.interface)
+        .filter_map(|d| {
+            let dev = d.target.as_ref()?.dev.clone()?;
+            let name = d.alias.as_ref()?.name.strip_prefix("ua-")?;
+            Some((dev, name.to_string()))
+        })
+        .collect())
 }
 
 /// Whether libvirt's live domain XML shows a guest agent in the guest: its channel's port

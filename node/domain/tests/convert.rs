@@ -174,6 +174,30 @@ fn parses_libvirt_live_xml() {
         Some(ChannelState::Disconnected)
     );
     assert!(!guest_agent_connected(xml).unwrap());
+    // Statistics name the disk by its target; the metrics by the VMI's disk name.
+    assert_eq!(
+        virt_domain::schema::device_aliases(xml).unwrap(),
+        std::collections::BTreeMap::from([("vda".to_string(), "cloudinit".to_string())])
+    );
+}
+
+/// An interface's statistics carry its host device (the tap); its `ua-` alias is the VMI's
+/// interface name. Devices of libvirt's own naming (no `ua-`) are left out.
+#[test]
+fn device_aliases_map_taps_and_targets_to_the_vmis_names() {
+    let xml = "<domain type='qemu' id='3'><name>n</name><devices>\
+               <disk type='file' device='disk'><target dev='vdb' bus='virtio'/><alias name='ua-data'/></disk>\
+               <disk type='file' device='cdrom'><target dev='sda' bus='sata'/><alias name='sata0-0-0'/></disk>\
+               <interface type='ethernet'><mac address='52:54:00:12:34:56'/><target dev='tap0' managed='no'/>\
+               <model type='virtio'/><alias name='ua-default'/></interface>\
+               </devices></domain>";
+    assert_eq!(
+        virt_domain::schema::device_aliases(xml).unwrap(),
+        std::collections::BTreeMap::from([
+            ("tap0".to_string(), "default".to_string()),
+            ("vdb".to_string(), "data".to_string()),
+        ])
+    );
 }
 
 /// The agent counts as connected only when libvirt reports its own channel's port open;

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use kubevirt_api::LAUNCHER_UID;
 
-use crate::launcher_fs::{LauncherFsError, SocketsDir};
+use crate::launcher_fs::{LauncherFsError, Peer, SocketsDir};
 
 /// The launcher's cache directory inside its container (an emptyDir).
 pub const LAUNCHER_CACHE_DIR: &str = "var/cache/kubevirt-rs/libvirt";
@@ -22,10 +22,10 @@ pub const LAUNCHER_CACHE_DIR: &str = "var/cache/kubevirt-rs/libvirt";
 const FILE_LIMIT: u64 = 16 * 1024 * 1024;
 
 /// Copies the tree `from` (this handler's, trusted) into the cache of the launcher
-/// process `pid` (below `proc`), owned by the launcher user; what is there already is
-/// kept. Returns the number of files copied. Blocking.
-pub fn seed(from: &Path, proc: &Path, pid: u32) -> Result<usize, LauncherFsError> {
-    let to = SocketsDir::in_root(proc, pid, LAUNCHER_CACHE_DIR)?;
+/// process `peer` (checked to be of its pod), owned by the launcher user; what is there
+/// already is kept. Returns the number of files copied. Blocking.
+pub fn seed(from: &Path, peer: &Peer) -> Result<usize, LauncherFsError> {
+    let to = peer.dir(LAUNCHER_CACHE_DIR)?;
     copy_tree(from, &to, 0)
 }
 

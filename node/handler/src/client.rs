@@ -3,8 +3,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
 use tokio::net::unix::OwnedReadHalf;
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use virt_domain::protocol::{DomainEvent, Request, Response};
 
 pub use crate::launcher_fs::CMD_SOCKET;
@@ -30,6 +32,30 @@ pub enum ClientError {
     /// The launcher closed the connection.
     #[error("launcher closed the connection")]
     Closed,
+    /// A line longer than [`MAX_LINE`]: the launcher is the tenant's, and virt-handler
+    /// (one per node, serving every VM on it) must not grow with what one of them sends.
+    #[error("launcher sent a line longer than {MAX_LINE} bytes")]
+    TooLong,
+}
+
+/// The longest line read from a launcher. Its largest replies (a domain's status with
+/// every interface and volume) are a few KiB.
+pub const MAX_LINE: usize = 1024 * 1024;
+
+/// Lines from a launcher, each at most [`MAX_LINE`] bytes.
+type Lines = FramedRead<OwnedReadHalf, LinesCodec>;
+
+/// The next line, `None` at the end of the stream.
+async fn next_line(lines: &mut Lines) -> Result<Option<String>, ClientError> {
+    match lines.next().await {
+        None => Ok(None),
+        Some(Ok(l)) => Ok(Some(l)),
+        Some(Err(LinesCodecError::MaxLineLengthExceeded)) => Err(ClientError::TooLong),
+        Some(Err(LinesCodecError::Io(source))) => Err(ClientError::Io {
+            path: PathBuf::new(),
+            source,
+        }),
+    }
 }
 
 /// A launcher's command socket.
@@ -44,18 +70,14 @@ pub struct LauncherClient {
 /// Stream of domain events.
 #[derive(Debug)]
 pub struct Events {
-    lines: Lines<BufReader<OwnedReadHalf>>,
+    lines: Lines,
 }
 
 impl Events {
     /// The next event; `None` when the launcher closed the stream.
     pub async fn next(&mut self) -> Result<Option<DomainEvent>, ClientError> {
         loop {
-            let Some(line) = self.lines.next_line().await.map_err(|e| ClientError::Io {
-                path: PathBuf::new(),
-                source: e,
-            })?
-            else {
+            let Some(line) = next_line(&mut self.lines).await? else {
                 return Ok(None);
             };
             if let Response::Event(ev) = serde_json::from_str(&line)? {
@@ -68,7 +90,7 @@ impl Events {
 /// Stream of migration statuses (`watchMigration`).
 #[derive(Debug)]
 pub struct MigrationEvents {
-    lines: Lines<BufReader<OwnedReadHalf>>,
+    lines: Lines,
 }
 
 impl MigrationEvents {
@@ -77,11 +99,7 @@ impl MigrationEvents {
         &mut self,
     ) -> Result<Option<virt_domain::protocol::MigrationStatus>, ClientError> {
         loop {
-            let Some(line) = self.lines.next_line().await.map_err(|e| ClientError::Io {
-                path: PathBuf::new(),
-                source: e,
-            })?
-            else {
+            let Some(line) = next_line(&mut self.lines).await? else {
                 return Ok(None);
             };
             if let Response::Migration(st) = serde_json::from_str(&line)? {
@@ -107,6 +125,12 @@ impl LauncherClient {
         }
     }
 
+    /// The same client with another per-call timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
     /// The launcher's sockets directory.
     pub fn dir(&self) -> &LauncherDir {
         &self.dir
@@ -115,13 +139,7 @@ impl LauncherClient {
     async fn open(
         &self,
         req: &Request,
-    ) -> Result<
-        (
-            Lines<BufReader<OwnedReadHalf>>,
-            tokio::net::unix::OwnedWriteHalf,
-        ),
-        ClientError,
-    > {
+    ) -> Result<(Lines, tokio::net::unix::OwnedWriteHalf), ClientError> {
         let io = |source| ClientError::Io {
             path: self.path.clone(),
             source,
@@ -138,21 +156,17 @@ impl LauncherClient {
         let mut line = serde_json::to_vec(req)?;
         line.push(b'\n');
         w.write_all(&line).await.map_err(io)?;
-        Ok((BufReader::new(r).lines(), w))
+        Ok((
+            FramedRead::new(r, LinesCodec::new_with_max_length(MAX_LINE)),
+            w,
+        ))
     }
 
     /// Sends one request and waits for its reply.
     pub async fn call(&self, req: &Request) -> Result<Response, ClientError> {
         let fut = async {
             let (mut lines, _w) = self.open(req).await?;
-            let line = lines
-                .next_line()
-                .await
-                .map_err(|source| ClientError::Io {
-                    path: self.path.clone(),
-                    source,
-                })?
-                .ok_or(ClientError::Closed)?;
+            let line = next_line(&mut lines).await?.ok_or(ClientError::Closed)?;
             Ok(serde_json::from_str(&line)?)
         };
         tokio::time::timeout(self.timeout, fut)
@@ -160,15 +174,66 @@ impl LauncherClient {
             .map_err(|_| ClientError::Timeout(self.timeout))?
     }
 
+    /// Opens a stream with `req`, within the client's timeout (a launcher that accepts
+    /// and never reads must not hold a handler task for ever).
+    async fn open_stream(&self, req: &Request) -> Result<Lines, ClientError> {
+        let (lines, _w) = tokio::time::timeout(self.timeout, self.open(req))
+            .await
+            .map_err(|_| ClientError::Timeout(self.timeout))??;
+        Ok(lines)
+    }
+
     /// Follows the launcher's outgoing migration (`watchMigration`).
     pub async fn watch_migration(&self) -> Result<MigrationEvents, ClientError> {
-        let (lines, _w) = self.open(&Request::WatchMigration).await?;
-        Ok(MigrationEvents { lines })
+        Ok(MigrationEvents {
+            lines: self.open_stream(&Request::WatchMigration).await?,
+        })
     }
 
     /// Subscribes to domain events.
     pub async fn watch(&self) -> Result<Events, ClientError> {
-        let (lines, _w) = self.open(&Request::Watch).await?;
-        Ok(Events { lines })
+        Ok(Events {
+            lines: self.open_stream(&Request::Watch).await?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::launcher_fs::Location;
+    use tokio::io::AsyncReadExt;
+
+    /// N4 of the security review at bd37f96: a launcher answering with an endless line is
+    /// cut off at [`MAX_LINE`] with an error, the handler's memory not growing with it.
+    #[tokio::test]
+    async fn an_endless_line_from_a_launcher_is_cut_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = tokio::net::UnixListener::bind(dir.path().join(CMD_SOCKET)).unwrap();
+        let sent = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut req = [0u8; 256];
+            let _ = s.read(&mut req).await;
+            let chunk = vec![b'x'; 64 * 1024];
+            let mut total = 0usize;
+            // Writes until the reader gives up (a broken pipe), never a newline.
+            while s.write_all(&chunk).await.is_ok() {
+                total += chunk.len();
+                if total > 64 * MAX_LINE {
+                    break;
+                }
+            }
+            total
+        });
+        let c = LauncherClient::new(LauncherDir::new(Location::Host(dir.path().to_path_buf())));
+        let got = c.call(&Request::GetStatus).await;
+        assert!(matches!(got, Err(ClientError::TooLong)), "{got:?}");
+        let total = sent.await.unwrap();
+        assert!(
+            total < 4 * MAX_LINE,
+            "the handler read {total} bytes of one line before giving up"
+        );
     }
 }

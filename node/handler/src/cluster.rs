@@ -28,7 +28,9 @@ use virt_domain::protocol::{
 use crate::client::{ClientError, LauncherClient};
 use crate::launcher_fs::LauncherDir;
 use crate::metrics::Metrics;
-use crate::status::{Observation, stamp_phase, status_patch, vmi_status, with_pod_interface};
+use crate::status::{
+    Observation, stamp_phase, status_patch, vmi_status, with_guest_agent, with_pod_interface,
+};
 use crate::vmis::{Paths, Registry};
 
 /// How long a launcher that was running may fail to answer before it counts as gone.
@@ -107,6 +109,7 @@ pub async fn run(
     client: Client,
     cfg: ClusterConfig,
     registry: Registry,
+    vmis: crate::network::KnownVmis,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> Result<(), ClusterError> {
@@ -141,7 +144,6 @@ pub async fn run(
         metrics.watches.clone(),
     );
     tokio::pin!(incoming);
-    let vmis = crate::network::KnownVmis::default();
     tokio::spawn(crate::network::run(
         cfg.paths.clone(),
         cfg.node_name.clone(),
@@ -210,7 +212,7 @@ pub async fn run(
             Ok(Event::Delete(vmi)) => {
                 if let Some(uid) = vmi.uid() {
                     vmis.remove(&uid);
-                    gone(&registry, &mut node, &uid);
+                    gone(&registry, &metrics, &mut node, &uid);
                 }
             }
             Ok(Event::InitDone) => {
@@ -222,7 +224,7 @@ pub async fn run(
                     .cloned()
                     .collect();
                 for uid in stale {
-                    gone(&registry, &mut node, &uid);
+                    gone(&registry, &metrics, &mut node, &uid);
                 }
             }
             Err(e) => tracing::warn!(error = %e, "VMI watch failed; retrying"),
@@ -255,6 +257,7 @@ fn apply(
     if let Some(m) = node.monitors.get(&uid)
         && !m.task.is_finished()
     {
+        metrics.set_target(&uid, vmi_target(cfg, &vmi, &ns, &name, &m.dir));
         registry.insert(ns.clone(), name.clone(), m.key.clone());
         m.vmi.send_replace(vmi);
         return;
@@ -275,12 +278,14 @@ fn apply(
         },
     };
     registry.insert(ns.clone(), name.clone(), key.clone());
+    metrics.set_target(&uid, vmi_target(cfg, &vmi, &ns, &name, &dir));
     let (tx, rx) = watch::channel(vmi);
     let w = StatusWriter {
         api: Api::namespaced(client.clone(), &ns),
         name: name.clone(),
         vmi: rx,
         metrics: metrics.clone(),
+        probe_ready: None,
     };
     let launcher = LauncherClient::new(dir.clone());
     let span = tracing::info_span!("vmi", %ns, %name, %uid, launcher = %key);
@@ -296,6 +301,25 @@ fn apply(
             dir,
         },
     );
+}
+
+/// What `/metrics` reads a VMI's statistics from and labels them with.
+fn vmi_target(
+    cfg: &ClusterConfig,
+    vmi: &VirtualMachineInstance,
+    ns: &str,
+    name: &str,
+    dir: &LauncherDir,
+) -> crate::metrics::VmiTarget {
+    crate::metrics::VmiTarget {
+        id: crate::domainstats::VmiIdentity {
+            node: cfg.node_name.clone(),
+            namespace: ns.to_string(),
+            name: name.to_string(),
+            labels: vmi.metadata.labels.clone().unwrap_or_default(),
+        },
+        dir: dir.clone(),
+    }
 }
 
 /// Starts or cancels this node's outgoing migration of `vmi` (cluster-flow.md §6.3).
@@ -444,7 +468,8 @@ fn apply_incoming(
     );
 }
 
-fn gone(registry: &Registry, node: &mut Node, uid: &str) {
+fn gone(registry: &Registry, metrics: &Metrics, node: &mut Node, uid: &str) {
+    metrics.remove_target(uid);
     if let Some(m) = node.monitors.remove(uid) {
         m.task.abort();
         registry.remove(&m.ns, &m.name, &m.key);
@@ -459,6 +484,8 @@ struct StatusWriter {
     name: String,
     vmi: watch::Receiver<VirtualMachineInstance>,
     metrics: Arc<Metrics>,
+    /// The readiness probe's verdict (`None`: no probe the handler runs, or not yet run).
+    probe_ready: Option<bool>,
 }
 
 impl StatusWriter {
@@ -475,6 +502,18 @@ impl StatusWriter {
         if let Observation::Launcher(l) = obs {
             let vmi = self.vmi.borrow().clone();
             next = with_pod_interface(next, &vmi, l.pod_ip.as_deref());
+            next = with_guest_agent(next, &vmi, l);
+            // A VMI with a readiness probe is not Ready until the probe passes.
+            let probed = vmi
+                .spec
+                .readiness_probe
+                .as_ref()
+                .and_then(crate::probe::request)
+                .is_some();
+            next = crate::status::with_readiness(
+                next,
+                probed.then_some(self.probe_ready == Some(true)),
+            );
             next = with_live_migratable(next, &vmi);
         }
         let next = stamp_phase(&prev, next, k8s_openapi::jiff::Timestamp::now());
@@ -611,7 +650,81 @@ async fn monitor(mut w: StatusWriter, launcher: LauncherClient) {
     }
 }
 
-/// Follows the event stream; true when the domain ended (the VMI is final now).
+/// One probe the handler runs: its request, counter and when it is due.
+struct Running {
+    request: Request,
+    counter: crate::probe::Counter,
+    timing: crate::probe::Timing,
+    due: Instant,
+    readiness: bool,
+}
+
+fn probes_of(vmi: &VirtualMachineInstance) -> Vec<Running> {
+    let now = Instant::now();
+    [
+        (vmi.spec.readiness_probe.as_ref(), true),
+        (vmi.spec.liveness_probe.as_ref(), false),
+    ]
+    .into_iter()
+    .filter_map(|(p, readiness)| {
+        let p = p?;
+        let timing = crate::probe::timing(p);
+        Some(Running {
+            request: crate::probe::request(p)?,
+            counter: crate::probe::Counter::new(p, readiness),
+            timing,
+            due: now + timing.initial_delay,
+            readiness,
+        })
+    })
+    .collect()
+}
+
+/// Runs the probes that are due; true when the liveness probe failed and the guest was
+/// stopped (the VMI is final now).
+async fn run_probes(
+    w: &mut StatusWriter,
+    launcher: &LauncherClient,
+    probes: &mut [Running],
+) -> bool {
+    for p in probes.iter_mut().filter(|p| p.due <= Instant::now()) {
+        p.due = Instant::now() + p.timing.period;
+        // The launcher bounds the command by the probe's timeout; the call gets a margin.
+        let answer = tokio::time::timeout(
+            p.timing.timeout + Duration::from_secs(5),
+            launcher.call(&p.request),
+        )
+        .await;
+        let ok = matches!(&answer, Ok(Ok(r)) if crate::probe::succeeded(r));
+        if !p.counter.record(ok) {
+            continue;
+        }
+        let what = if p.readiness { "readiness" } else { "liveness" };
+        tracing::info!(probe = what, passing = p.counter.passing, answer = ?answer, "probe changed");
+        if p.readiness {
+            w.probe_ready = Some(p.counter.passing);
+            if let Ok(Response::Status(s)) = launcher.call(&Request::GetStatus).await {
+                w.observe(&Observation::Launcher(s)).await;
+            }
+        } else if !p.counter.passing {
+            // KubeVirt's kubelet restarts the failing compute container, which ends the VMI;
+            // here the guest is stopped and the VMI fails with the reason.
+            w.observe(&Observation::LivenessFailed(format!(
+                "the liveness probe failed {} times in a row",
+                p.timing.failure_threshold
+            )))
+            .await;
+            if let Err(e) = launcher.call(&Request::Kill).await {
+                tracing::warn!(error = %e, "stopping the guest after its liveness probe failed");
+            }
+            return true;
+        }
+    }
+    false
+}
+
+/// Follows the event stream and runs the VMI's probes; true when the domain ended (the VMI
+/// is final now).
 async fn follow(w: &mut StatusWriter, launcher: &LauncherClient) -> bool {
     let mut events = match launcher.watch().await {
         Ok(ev) => ev,
@@ -620,8 +733,24 @@ async fn follow(w: &mut StatusWriter, launcher: &LauncherClient) -> bool {
             return false;
         }
     };
+    let mut probes = probes_of(&w.vmi.borrow());
     loop {
-        match events.next().await {
+        let due = probes.iter().map(|p| p.due).min();
+        let event = tokio::select! {
+            ev = events.next() => ev,
+            () = async {
+                match due {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                if run_probes(w, launcher, &mut probes).await {
+                    return true;
+                }
+                continue;
+            }
+        };
+        match event {
             Ok(Some(DomainEvent::ShutDown)) => {
                 w.observe(&Observation::ShutDown).await;
                 return true;

@@ -73,6 +73,11 @@ pub fn vouches(vmi: &VirtualMachineInstance, pod: &Pod) -> bool {
             .is_some_and(|p| p.contains_key(&pod_uid))
 }
 
+/// The pod's IPv4 address as the API server reports it.
+fn pod_ip(pod: &Pod) -> Option<std::net::Ipv4Addr> {
+    pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()
+}
+
 fn done(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_some()
         || pod
@@ -158,6 +163,9 @@ pub async fn run(
             vmis.remove_pod(&uid);
             continue;
         }
+        // The kubelet's report of the pod's address (from the CNI plugin): where a
+        // bridge-bound guest is reached for port-forwarding.
+        vmis.set_pod_ip(&uid, pod_ip(&pod));
         if vmis.has_pod(&uid) || owner_vmi(&pod).is_none() {
             continue;
         }

@@ -116,21 +116,6 @@ fn pods_pids(proc: &Path, uids: &[String]) -> Vec<(String, Vec<u32>)> {
     out
 }
 
-/// Reads `path` (relative) as process `pid` sees it, at most `limit` bytes: resolved in
-/// its root, never out of it, only a regular file.
-pub fn read_in_root(
-    proc: &Path,
-    pid: u32,
-    path: &str,
-    limit: u64,
-) -> Result<Vec<u8>, LauncherFsError> {
-    let (dir, name) = match path.rsplit_once('/') {
-        Some((d, n)) => (d, n),
-        None => (".", path),
-    };
-    SocketsDir::in_root(proc, pid, dir)?.read(name, limit)
-}
-
 /// Where one launcher's sockets directory is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Location {
@@ -234,6 +219,9 @@ impl LauncherDir {
 #[derive(Debug)]
 pub struct SocketsDir {
     fd: OwnedFd,
+    /// The launcher pod it belongs to (`None`: a host directory, tests): a process at the
+    /// other end of one of its sockets must be one of that pod's ([`Self::peer`]).
+    pod: Option<Arc<str>>,
 }
 
 impl SocketsDir {
@@ -302,7 +290,9 @@ impl SocketsDir {
         if !in_pod(&text, pod_uid) {
             return Err(LauncherFsError::NotRunning(pod_uid.to_string()));
         }
-        Self::dir_in(&root, SOCKETS_DIR)
+        let mut dir = Self::dir_in(&root, SOCKETS_DIR)?;
+        dir.pod = Some(pod_uid.into());
+        Ok(dir)
     }
 
     /// The directory `path` (relative) below the container root `root`, resolved as the
@@ -316,19 +306,7 @@ impl SocketsDir {
             ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
         )
         .map_err(|e| io(path, e))?;
-        Ok(Self { fd })
-    }
-
-    /// The directory `path` (relative) as process `pid` sees it: resolved in its root,
-    /// never out of it.
-    pub fn in_root(proc: &Path, pid: u32, path: &str) -> Result<Self, LauncherFsError> {
-        let root = rustix::fs::open(
-            proc.join(pid.to_string()).join("root"),
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| io(format!("/proc/{pid}/root"), e))?;
-        Self::dir_in(&root, path)
+        Ok(Self { fd, pod: None })
     }
 
     /// Creates the regular file `name` holding `data`, owned by `owner` (uid and gid);
@@ -387,7 +365,7 @@ impl SocketsDir {
             Mode::empty(),
         )
         .map_err(|e| io(dir.display().to_string(), e))?;
-        Ok(Self { fd })
+        Ok(Self { fd, pod: None })
     }
 
     /// Opens `name` (relative, no `..`, no symlink anywhere) with `flags`.
@@ -418,7 +396,10 @@ impl SocketsDir {
     /// The subdirectory `name` (the migration directory).
     pub fn subdir(&self, name: &str) -> Result<Self, LauncherFsError> {
         let fd = self.entry(name, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
-        Ok(Self { fd })
+        Ok(Self {
+            fd,
+            pod: self.pod.clone(),
+        })
     }
 
     /// Creates the subdirectory `name` if it is not there (mode 0755, the handler's) and
@@ -509,25 +490,13 @@ impl SocketsDir {
     pub fn read(&self, name: &str, limit: u64) -> Result<Vec<u8>, LauncherFsError> {
         // Non-blocking: a FIFO planted under the name must not hang the reader.
         let fd = self.entry(name, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())?;
-        Self { fd }.read_fd(name, limit)
+        read_regular(fd, name, limit)
     }
 
-    /// Reads the open file `self.fd` if it is a regular file.
-    fn read_fd(self, name: &str, limit: u64) -> Result<Vec<u8>, LauncherFsError> {
-        use std::io::Read as _;
-        let stat = rustix::fs::fstat(&self.fd).map_err(|e| io(name, e))?;
-        if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
-            return Err(LauncherFsError::Refused {
-                path: name.into(),
-                reason: "not a regular file".into(),
-            });
-        }
-        let mut out = Vec::new();
-        std::fs::File::from(self.fd)
-            .take(limit)
-            .read_to_end(&mut out)
-            .map_err(|e| io(name, e))?;
-        Ok(out)
+    /// The process at the other end of `stream`, a connection to one of this directory's
+    /// sockets, checked to be a process of this launcher's pod (see [`Peer`]).
+    pub fn peer(&self, stream: &std::os::unix::net::UnixStream) -> Result<Peer, LauncherFsError> {
+        Peer::of(Path::new("/proc"), stream, self.pod.as_deref())
     }
 
     /// Removes `name` (never what a symlink there points to).
@@ -536,6 +505,113 @@ impl SocketsDir {
             Ok(()) | Err(rustix::io::Errno::NOENT) => Ok(()),
             Err(e) => Err(io(name, e)),
         }
+    }
+}
+
+/// Reads the open file `fd` if it is a regular file, at most `limit` bytes.
+fn read_regular(fd: OwnedFd, name: &str, limit: u64) -> Result<Vec<u8>, LauncherFsError> {
+    use std::io::Read as _;
+    let stat = rustix::fs::fstat(&fd).map_err(|e| io(name, e))?;
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(LauncherFsError::Refused {
+            path: name.into(),
+            reason: "not a regular file".into(),
+        });
+    }
+    let mut out = Vec::new();
+    std::fs::File::from(fd)
+        .take(limit)
+        .read_to_end(&mut out)
+        .map_err(|e| io(name, e))?;
+    Ok(out)
+}
+
+/// What messages call the peer (never its pid or a /proc path: virt-handler's errors reach
+/// users, and a host pid is a map of the node for whoever plans a pid reuse).
+const PEER: &str = "the launcher's process";
+
+/// The process at the other end of a launcher socket, checked to be a process of the
+/// launcher's pod and held by its `/proc/<pid>` directory.
+///
+/// The socket's peer credentials name a pid, and a pid is only a number: the process that
+/// listened may have exited (a child keeping the socket) and its number been taken by any
+/// process of the node, another tenant's or the host's. So the number is used once, to
+/// open `/proc/<pid>`; the kernel ties that directory to the process it named at that
+/// moment (lookups through it fail once that process is gone, whatever takes the number
+/// later), and everything else — the cgroup checked against the pod's uid, the network
+/// namespace entered, the root a device is made in, the files read — is opened through
+/// it. A process of the pod that took the number passes the check, and can only be served
+/// what its own pod would be.
+#[derive(Debug)]
+pub struct Peer {
+    dir: OwnedFd,
+}
+
+impl Peer {
+    /// The peer of `stream`, looked up below `proc`; checked to be in pod `pod` when given
+    /// (`None`: a launcher in a host directory, tests).
+    pub fn of(
+        proc: &Path,
+        stream: &std::os::unix::net::UnixStream,
+        pod: Option<&str>,
+    ) -> Result<Self, LauncherFsError> {
+        let pid =
+            virt_netsetup::handoff::peer_pid(stream).map_err(|e| LauncherFsError::Refused {
+                path: PEER.into(),
+                reason: e.to_string(),
+            })?;
+        Self::of_pid(proc, pid, pod)
+    }
+
+    fn of_pid(proc: &Path, pid: u32, pod: Option<&str>) -> Result<Self, LauncherFsError> {
+        let dir = rustix::fs::open(
+            proc.join(pid.to_string()),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io(PEER, e))?;
+        let peer = Self { dir };
+        if let Some(uid) = pod {
+            let cgroup = peer.open("cgroup", OFlags::RDONLY)?;
+            let text =
+                std::io::read_to_string(std::fs::File::from(cgroup)).map_err(|e| io(PEER, e))?;
+            if !in_pod(&text, uid) {
+                return Err(LauncherFsError::Refused {
+                    path: PEER.into(),
+                    reason: format!("not a process of launcher pod {uid}"),
+                });
+            }
+        }
+        Ok(peer)
+    }
+
+    fn open(&self, name: &str, flags: OFlags) -> Result<OwnedFd, LauncherFsError> {
+        rustix::fs::openat(&self.dir, name, flags | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| io(PEER, e))
+    }
+
+    /// Its network namespace.
+    pub fn net_ns(&self) -> Result<OwnedFd, LauncherFsError> {
+        self.open("ns/net", OFlags::RDONLY)
+    }
+
+    /// Its root directory, as its container sees it.
+    pub fn root(&self) -> Result<OwnedFd, LauncherFsError> {
+        self.open("root", OFlags::PATH | OFlags::DIRECTORY)
+    }
+
+    /// The directory `path` (relative) as it sees it: resolved in its root, never out of it.
+    pub fn dir(&self, path: &str) -> Result<SocketsDir, LauncherFsError> {
+        SocketsDir::dir_in(&self.root()?, path)
+    }
+
+    /// Reads the regular file `path` (relative) as it sees it, at most `limit` bytes.
+    pub fn read(&self, path: &str, limit: u64) -> Result<Vec<u8>, LauncherFsError> {
+        let (dir, name) = match path.rsplit_once('/') {
+            Some((d, n)) => (d, n),
+            None => (".", path),
+        };
+        self.dir(dir)?.read(name, limit)
     }
 }
 
@@ -630,6 +706,67 @@ mod tests {
             Err(LauncherFsError::Refused { .. })
         ));
         assert!(d.write("outcome.json", b"x").is_err());
+    }
+
+    /// N1 of the security review at bd37f96: the pid behind a launcher socket is checked
+    /// against the pod before anything is done in its namespaces. Here the peer is this
+    /// test process, which is in no pod: refused, with a message that names no pid.
+    #[test]
+    fn a_socket_peer_outside_the_pod_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("net.sock");
+        let _l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let s = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        match Peer::of(Path::new("/proc"), &s, Some(UID)) {
+            Err(LauncherFsError::Refused { path, reason }) => {
+                let msg = format!("{path}: {reason}");
+                assert!(msg.contains(UID), "{msg}");
+                assert!(!msg.contains(&std::process::id().to_string()), "{msg}");
+            }
+            other => panic!("a peer outside the pod was taken: {other:?}"),
+        }
+        // A directory opened from a host path carries no pod: no check (tests only).
+        let d = SocketsDir::at(dir.path()).unwrap();
+        let peer = d.peer(&s).unwrap();
+        peer.net_ns().unwrap();
+    }
+
+    /// The pid is used once: everything after goes through the process directory opened
+    /// then, so a process that is gone (its number free for anyone) yields nothing.
+    #[test]
+    fn a_peer_that_exits_yields_nothing_through_its_number() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let peer = Peer::of_pid(Path::new("/proc"), child.id(), None).unwrap();
+        peer.net_ns().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(peer.net_ns().is_err(), "the namespace of a reaped process");
+        assert!(peer.root().is_err(), "the root of a reaped process");
+    }
+
+    /// The cgroup checked is read through the same process directory: a pod process passes.
+    #[test]
+    fn a_peer_in_the_pod_passes_the_check() {
+        let proc = tempfile::tempdir().unwrap();
+        let pid = proc.path().join("4242");
+        std::fs::create_dir(&pid).unwrap();
+        std::fs::write(
+            pid.join("cgroup"),
+            format!("0::/kubepods/besteffort/pod{UID}/c1\n"),
+        )
+        .unwrap();
+        Peer::of_pid(proc.path(), 4242, Some(UID)).unwrap();
+        assert!(matches!(
+            Peer::of_pid(
+                proc.path(),
+                4242,
+                Some("0f3c5a1e-7d2b-4c6e-9a8f-1b2c3d4e5f61")
+            ),
+            Err(LauncherFsError::Refused { .. })
+        ));
     }
 
     #[test]

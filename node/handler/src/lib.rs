@@ -14,6 +14,7 @@ pub mod capabilities;
 pub mod client;
 pub mod cluster;
 pub mod cluster_migration;
+pub mod domainstats;
 pub mod early;
 pub mod identity;
 pub mod launcher_fs;
@@ -21,6 +22,7 @@ pub mod metrics;
 pub mod migration;
 pub mod migration_proxy;
 pub mod network;
+pub mod probe;
 pub mod server;
 pub mod status;
 pub mod tls;
@@ -473,9 +475,11 @@ pub async fn run_node(
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(), NodeError> {
     let registry = vmis::Registry::default();
+    let known = network::KnownVmis::default();
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
     let state = server::AppState::new(
         registry.clone(),
+        known.clone(),
         opts.cluster.paths.clone(),
         opts.ping_every,
         metrics.clone(),
@@ -501,6 +505,7 @@ pub async fn run_node(
         opts.client,
         opts.cluster,
         registry,
+        known,
         metrics,
         shutdown.clone(),
     );

@@ -7,7 +7,7 @@
 //! launcher, which fails the VMI with it.
 
 use std::collections::{HashMap, HashSet};
-use std::os::unix::net::UnixStream;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use virt_netsetup::exec::{self, NetNs};
 use virt_netsetup::{Dns, NetworkPlan, PlanInput, handoff, plan};
 
-use crate::launcher_fs::{LauncherDir, LauncherFsError, SocketsDir};
+use crate::launcher_fs::{LauncherDir, LauncherFsError, Peer, SocketsDir};
 use crate::vmis::Paths;
 
 /// How often socket directories are looked at for a launcher waiting for its network.
@@ -27,13 +27,41 @@ const POLL: Duration = Duration::from_millis(100);
 /// The VMIs this handler knows (its node's and those migrating here), by uid: the plan is
 /// made from the API server's VMI, never from anything the launcher says. Also the launcher
 /// pods bound to this node before their VMI is (see [`crate::early`]), by pod uid.
+/// And the IPs of the launcher pods on this node as the API server reports them (the
+/// kubelet's `status.podIP`), by pod uid: where a bridge-bound guest is.
 #[derive(Clone, Debug, Default)]
 pub struct KnownVmis(
     Arc<RwLock<HashMap<String, VirtualMachineInstance>>>,
     Arc<RwLock<HashMap<String, VirtualMachineInstance>>>,
+    Arc<RwLock<HashMap<String, Ipv4Addr>>>,
 );
 
 impl KnownVmis {
+    /// Records the IP the API server reports for launcher pod `pod_uid` (none: forgets it).
+    pub fn set_pod_ip(&self, pod_uid: &str, ip: Option<Ipv4Addr>) {
+        if let Ok(mut m) = self.2.write() {
+            match ip {
+                Some(ip) => m.insert(pod_uid.to_string(), ip),
+                None => m.remove(pod_uid),
+            };
+        }
+    }
+
+    /// The IP of launcher pod `pod_uid`, if the API server reported one.
+    pub fn pod_ip(&self, pod_uid: &str) -> Option<Ipv4Addr> {
+        self.2.read().ok()?.get(pod_uid).copied()
+    }
+
+    /// The VMI `ns/name`, if known.
+    pub fn named(&self, ns: &str, name: &str) -> Option<VirtualMachineInstance> {
+        self.0
+            .read()
+            .ok()?
+            .values()
+            .find(|v| v.namespace().as_deref() == Some(ns) && v.name_any() == name)
+            .cloned()
+    }
+
     /// Records a launcher pod on this node and the VMI that (per the VMI's own
     /// `status.activePods`, which only virt-controller writes) it runs.
     pub fn insert_pod(&self, pod_uid: &str, vmi: &VirtualMachineInstance) {
@@ -42,11 +70,12 @@ impl KnownVmis {
         }
     }
 
-    /// Forgets a launcher pod recorded by [`Self::insert_pod`].
+    /// Forgets a launcher pod recorded by [`Self::insert_pod`] or [`Self::set_pod_ip`].
     pub fn remove_pod(&self, pod_uid: &str) {
         if let Ok(mut m) = self.1.write() {
             m.remove(pod_uid);
         }
+        self.set_pod_ip(pod_uid, None);
     }
 
     /// Whether [`Self::insert_pod`] recorded this pod.
@@ -164,6 +193,11 @@ pub async fn run(
     // Launcher directories found (a launcher pod's is looked for, through /proc, only
     // until found), by key.
     let mut found: HashMap<String, Arc<SocketsDir>> = HashMap::new();
+    // A launcher not found is looked for every round while it is new, then less and less
+    // often: one stuck before its sockets must not keep the handler reading every
+    // process's cgroup ten times a second (N12 of the security review at bd37f96).
+    let mut looked_for: HashSet<String> = HashSet::new();
+    let mut scan = ScanPace::default();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -178,7 +212,10 @@ pub async fn run(
             .map(|(k, _)| k.clone())
             .filter(|k| !found.contains_key(k))
             .collect();
-        if !missing.is_empty() {
+        let new_ones = missing.iter().any(|k| !looked_for.contains(k));
+        looked_for.retain(|k| missing.contains(k));
+        if !missing.is_empty() && scan.due(new_ones, Instant::now()) {
+            looked_for.extend(missing.iter().cloned());
             let paths = paths.clone();
             if let Ok(opened) =
                 tokio::task::spawn_blocking(move || paths.open_launchers(&missing)).await
@@ -221,14 +258,45 @@ pub async fn run(
     }
 }
 
-/// The network plan of a VMI, in its socket directory: where its guest is on the pod
-/// network.
-pub const PLAN_FILE: &str = "network.json";
+/// When to look through /proc again for launchers not found yet: every round while one is
+/// new, then after a pause that doubles up to [`SCAN_PAUSE_MAX`].
+#[derive(Debug)]
+struct ScanPace {
+    pause: Duration,
+    next: Option<Instant>,
+}
+
+/// The longest pause between looks for a launcher not found yet.
+const SCAN_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+impl Default for ScanPace {
+    fn default() -> Self {
+        Self {
+            pause: POLL,
+            next: None,
+        }
+    }
+}
+
+impl ScanPace {
+    /// Whether to look now; `new_ones`: a launcher not looked for before is among those
+    /// missing (it is looked for at once).
+    fn due(&mut self, new_ones: bool, now: Instant) -> bool {
+        if new_ones {
+            self.pause = POLL;
+        } else if self.next.is_some_and(|n| now < n) {
+            return false;
+        }
+        self.next = Some(now + self.pause);
+        self.pause = (self.pause * 2).min(SCAN_PAUSE_MAX);
+        true
+    }
+}
 
 /// Why a connection to a guest port cannot be made.
 #[derive(Debug, thiserror::Error)]
 pub enum GuestConnectError {
-    /// No plan: the VMI has no pod network interface, or its network is not set up yet.
+    /// The VMI has no pod network interface, or its pod's address is not known yet.
     #[error("the VMI has no interface on the pod network (or it is not set up yet)")]
     NoNetwork,
     /// The guest answered with a reset.
@@ -245,19 +313,67 @@ pub enum GuestConnectError {
 /// How long a guest has to accept a forwarded connection.
 pub const GUEST_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Opens a TCP connection to `port` of the guest whose launcher has socket directory
-/// `dir`. A masquerade guest (10.0.2.2) is reachable only inside the launcher pod's network
-/// namespace: the connection is made there, the launcher's PID taken from the peer
-/// credentials of its command socket. A bridge-bound guest holds the pod's IP and the pod's
-/// namespace keeps no address to reach it from: the connection goes over the pod network
-/// from virt-handler's own pod, as KubeVirt's virt-api dials such guests (NetworkPolicies
-/// that isolate the VM's pod apply to it as to any client).
+/// Where a guest is, for a port-forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestAddress {
+    /// Behind the pod's NAT (masquerade): reachable only inside the launcher pod's network
+    /// namespace, at this address.
+    InPod(Ipv4Addr),
+    /// Holding the pod's own IP (bridge): reachable over the pod network.
+    PodNetwork(Ipv4Addr),
+}
+
+/// Where the guest of `vmi` is: the binding and, for masquerade, the guest's address
+/// follow from the VMI's spec; for bridge the guest holds its pod's IP, `pod_ip` as the API
+/// server reports it. Never from anything in the launcher's reach (a file it can rewrite
+/// would point virt-handler's connections at any address: N3 of the security review at
+/// bd37f96).
+pub fn guest_address(
+    vmi: &VirtualMachineInstance,
+    pod_ip: Option<Ipv4Addr>,
+) -> Result<GuestAddress, GuestConnectError> {
+    let pod = virt_netsetup::PodInterface {
+        name: virt_netsetup::plan::POD_INTERFACE.into(),
+        mac: virt_netsetup::plan::Mac([0; 6]),
+        address: virt_netsetup::plan::Cidr {
+            addr: pod_ip.unwrap_or(Ipv4Addr::UNSPECIFIED),
+            prefix: 32,
+        },
+        gateway: None,
+        mtu: 1500,
+    };
+    let uid = vmi.uid().unwrap_or_default();
+    let planned = plan(PlanInput {
+        spec: &vmi.spec,
+        mac_seed: &uid,
+        hostname: None,
+        pod,
+        dns: Dns::default(),
+    })
+    .map_err(|e| GuestConnectError::Other(e.to_string()))?
+    .ok_or(GuestConnectError::NoNetwork)?;
+    match planned.binding {
+        plan::Binding::Bridge => pod_ip
+            .map(GuestAddress::PodNetwork)
+            .ok_or(GuestConnectError::NoNetwork),
+        plan::Binding::Masquerade { .. } => Ok(GuestAddress::InPod(planned.lease.address.addr)),
+    }
+}
+
+/// Opens a TCP connection to `port` of the guest at `guest`, whose launcher has socket
+/// directory `dir`. A masquerade guest is reachable only inside the launcher pod's network
+/// namespace: the connection is made there, entered through the process at the other end
+/// of the launcher's command socket, checked to be of the pod. A bridge-bound guest holds
+/// the pod's IP and the pod's namespace keeps no address to reach it from: the connection
+/// goes over the pod network from virt-handler's own pod, as KubeVirt's virt-api dials such
+/// guests (NetworkPolicies that isolate the VM's pod apply to it as to any client).
 pub async fn connect_guest(
     dir: LauncherDir,
+    guest: GuestAddress,
     port: u16,
 ) -> Result<tokio::net::TcpStream, GuestConnectError> {
     let other = |e: &dyn std::fmt::Display| GuestConnectError::Other(e.to_string());
-    let s = reach_guest(dir, port, |addr| {
+    let s = reach_guest(dir, guest, port, |addr| {
         let s = std::net::TcpStream::connect_timeout(&addr, GUEST_CONNECT_TIMEOUT)?;
         let _ = s.set_nodelay(true);
         s.set_nonblocking(true)?;
@@ -272,10 +388,11 @@ pub async fn connect_guest(
 /// "port unreachable" shows as `ConnectionRefused` on its next receive.
 pub async fn connect_guest_udp(
     dir: LauncherDir,
+    guest: GuestAddress,
     port: u16,
 ) -> Result<tokio::net::UdpSocket, GuestConnectError> {
     let other = |e: &dyn std::fmt::Display| GuestConnectError::Other(e.to_string());
-    let s = reach_guest(dir, port, |addr| {
+    let s = reach_guest(dir, guest, port, |addr| {
         let s = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))?;
         s.connect(addr)?;
         s.set_nonblocking(true)?;
@@ -287,32 +404,34 @@ pub async fn connect_guest_udp(
 
 /// Opens a socket with `open(guest address)` where the guest is reachable (see
 /// [`connect_guest`]), on a blocking thread (entering a namespace is per thread).
-async fn reach_guest<S, F>(dir: LauncherDir, port: u16, open: F) -> Result<S, GuestConnectError>
+async fn reach_guest<S, F>(
+    dir: LauncherDir,
+    guest: GuestAddress,
+    port: u16,
+    open: F,
+) -> Result<S, GuestConnectError>
 where
     S: Send + 'static,
     F: FnOnce(std::net::SocketAddr) -> std::io::Result<S> + Send + 'static,
 {
     let other = |e: &dyn std::fmt::Display| GuestConnectError::Other(e.to_string());
-    let dir = dir.get().await.map_err(|_| GuestConnectError::NoNetwork)?;
+    let dir = match guest {
+        GuestAddress::InPod(_) => Some(dir.get().await.map_err(|_| GuestConnectError::NoNetwork)?),
+        GuestAddress::PodNetwork(_) => None,
+    };
     tokio::task::spawn_blocking(move || {
-        let net: NetworkPlan = dir
-            .read(PLAN_FILE, 1024 * 1024)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .ok_or(GuestConnectError::NoNetwork)?;
-        let addr = std::net::SocketAddr::from((net.lease.address.addr, port));
-        let s = if net.binding == plan::Binding::Bridge {
-            open(addr)
-        } else {
-            let cmd = dir
-                .connect_blocking(crate::client::CMD_SOCKET)
-                .map_err(|e| other(&e))?;
-            let pid = handoff::peer_pid(&cmd).map_err(|e| other(&e))?;
-            drop(cmd);
-            NetNs::of_pid(pid)
-                .map_err(|e| other(&e))?
-                .run(|| open(addr))
-                .map_err(|e| other(&e))?
+        let s = match (guest, dir) {
+            (GuestAddress::PodNetwork(ip), _) => open((ip, port).into()),
+            (GuestAddress::InPod(ip), Some(dir)) => {
+                let cmd = dir
+                    .connect_blocking(crate::client::CMD_SOCKET)
+                    .map_err(|e| other(&e))?;
+                let peer = dir.peer(&cmd).map_err(|e| other(&e))?;
+                drop(cmd);
+                let ns = NetNs::from_fd(peer.net_ns().map_err(|e| other(&e))?, NETNS);
+                ns.run(|| open((ip, port).into())).map_err(|e| other(&e))?
+            }
+            (GuestAddress::InPod(_), None) => return Err(GuestConnectError::NoNetwork),
         };
         let s = s.map_err(|e| match e.kind() {
             std::io::ErrorKind::ConnectionRefused => GuestConnectError::Refused(port),
@@ -326,6 +445,9 @@ where
     .await
     .map_err(|e| other(&e))?
 }
+
+/// What messages call a launcher pod's network namespace.
+const NETNS: &str = "the launcher pod's network namespace";
 
 /// Sets up one launcher's network and tells it the outcome; false when the launcher could
 /// not be reached (to be tried again).
@@ -346,18 +468,19 @@ fn serve_one(dir: &SocketsDir, vmi: &VirtualMachineInstance, capabilities: Optio
             return false;
         }
     };
+    let peer = match dir.peer(&stream) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(vmi = %format!("{ns}/{name}"), error = %e, "launcher's network socket: refused");
+            let _ = handoff::send_failed(&stream, &e.to_string());
+            return true;
+        }
+    };
     if let Some(from) = capabilities {
-        seed_capabilities(from, &stream, &format!("{ns}/{name}"));
+        seed_capabilities(from, &peer, &format!("{ns}/{name}"));
     }
-    match set_up(&stream, vmi) {
+    match set_up(&peer, vmi) {
         Ok((plan, dhcp)) => {
-            // For port-forwarding later (also after a handler restart): where the guest is.
-            if let Err(e) = serde_json::to_vec(&plan)
-                .map_err(|e| e.to_string())
-                .and_then(|b| dir.write(PLAN_FILE, &b).map_err(|e| e.to_string()))
-            {
-                tracing::warn!(vmi = %format!("{ns}/{name}"), error = %e, "recording the network plan");
-            }
             if let Err(e) = handoff::send_ready(&stream, &plan, &dhcp) {
                 tracing::warn!(vmi = %format!("{ns}/{name}"), error = %e, "handing the network over");
                 return true;
@@ -379,16 +502,11 @@ fn serve_one(dir: &SocketsDir, vmi: &VirtualMachineInstance, capabilities: Optio
     true
 }
 
-/// Gives the launcher at the other end of `stream` this node's QEMU capabilities; a
-/// failure only costs the launcher a probe of its own.
-fn seed_capabilities(from: &Path, stream: &UnixStream, vmi: &str) {
+/// Gives the launcher process `peer` this node's QEMU capabilities; a failure only costs
+/// the launcher a probe of its own.
+fn seed_capabilities(from: &Path, peer: &Peer, vmi: &str) {
     let t0 = Instant::now();
-    let seeded = handoff::peer_pid(stream)
-        .map_err(|e| e.to_string())
-        .and_then(|pid| {
-            crate::capabilities::seed(from, Path::new("/proc"), pid).map_err(|e| e.to_string())
-        });
-    match seeded {
+    match crate::capabilities::seed(from, peer) {
         Ok(files) => {
             tracing::debug!(%vmi, files, elapsed_us = t0.elapsed().as_micros() as u64, "QEMU capabilities copied to the launcher")
         }
@@ -398,21 +516,22 @@ fn seed_capabilities(from: &Path, stream: &UnixStream, vmi: &str) {
     }
 }
 
+/// Builds the network of the launcher process `peer` (checked to be of its pod): every
+/// namespace, root and file is reached through it, never through a pid.
 fn set_up(
-    stream: &UnixStream,
+    peer: &Peer,
     vmi: &VirtualMachineInstance,
 ) -> Result<(NetworkPlan, std::net::UdpSocket), String> {
-    let pid = handoff::peer_pid(stream).map_err(|e| e.to_string())?;
-    let netns = NetNs::of_pid(pid).map_err(|e| e.to_string())?;
-    exec::provide_tun(pid).map_err(|e| e.to_string())?;
+    let netns = NetNs::from_fd(peer.net_ns().map_err(|e| e.to_string())?, NETNS);
+    exec::provide_tun(peer.root().map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
     let pod = exec::read_pod_interface(&netns, virt_netsetup::plan::POD_INTERFACE)
         .map_err(|e| e.to_string())?;
     // The pod's resolv.conf, as kubelet wrote it for the launcher (cluster DNS, search
     // domains of its namespace).
-    let dns =
-        crate::launcher_fs::read_in_root(Path::new("/proc"), pid, "etc/resolv.conf", 64 * 1024)
-            .map(|b| Dns::from_resolv_conf(&String::from_utf8_lossy(&b)))
-            .unwrap_or_default();
+    let dns = peer
+        .read("etc/resolv.conf", 64 * 1024)
+        .map(|b| Dns::from_resolv_conf(&String::from_utf8_lossy(&b)))
+        .unwrap_or_default();
     let uid = vmi.uid().unwrap_or_default();
     let hostname = vmi.spec.hostname.clone().or_else(|| Some(vmi.name_any()));
     let plan = plan(PlanInput {
@@ -529,6 +648,83 @@ mod tests {
             accepted,
             "the handler never came back to the launcher's socket"
         );
+    }
+
+    /// N3 of the security review at bd37f96: where port-forward connects follows from the
+    /// VMI and the pod IP the API server reports, whatever the launcher's directory holds.
+    #[test]
+    fn the_guest_address_comes_from_the_vmi_and_the_api() {
+        let vmi = |iface: serde_json::Value, net: serde_json::Value| -> VirtualMachineInstance {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": {"name": "a", "namespace": "ns", "uid": "u1"},
+                "spec": {"domain": {"devices": {"interfaces": [iface]}}, "networks": [net]},
+            }))
+            .unwrap()
+        };
+        let pod_ip: Ipv4Addr = "10.244.1.7".parse().unwrap();
+        let masq = vmi(
+            serde_json::json!({"name": "default", "masquerade": {}}),
+            serde_json::json!({"name": "default", "pod": {}}),
+        );
+        assert_eq!(
+            guest_address(&masq, Some(pod_ip)).unwrap(),
+            GuestAddress::InPod("10.0.2.2".parse().unwrap())
+        );
+        let masq_cidr = vmi(
+            serde_json::json!({"name": "default", "masquerade": {}}),
+            serde_json::json!({"name": "default", "pod": {"vmNetworkCIDR": "192.168.7.0/29"}}),
+        );
+        assert_eq!(
+            guest_address(&masq_cidr, None).unwrap(),
+            GuestAddress::InPod("192.168.7.2".parse().unwrap())
+        );
+        let bridge = vmi(
+            serde_json::json!({"name": "default", "bridge": {}}),
+            serde_json::json!({"name": "default", "pod": {}}),
+        );
+        assert_eq!(
+            guest_address(&bridge, Some(pod_ip)).unwrap(),
+            GuestAddress::PodNetwork(pod_ip)
+        );
+        assert!(matches!(
+            guest_address(&bridge, None),
+            Err(GuestConnectError::NoNetwork)
+        ));
+        let none: VirtualMachineInstance = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "a", "namespace": "ns", "uid": "u1"},
+            "spec": {"domain": {"devices": {}}},
+        }))
+        .unwrap();
+        assert!(matches!(
+            guest_address(&none, Some(pod_ip)),
+            Err(GuestConnectError::NoNetwork)
+        ));
+    }
+
+    #[test]
+    fn a_launcher_not_found_is_looked_for_less_and_less_often() {
+        let mut pace = ScanPace::default();
+        let t0 = Instant::now();
+        assert!(pace.due(true, t0));
+        // Not again before the pause, which doubles up to its bound.
+        assert!(!pace.due(false, t0 + POLL / 2));
+        assert!(pace.due(false, t0 + POLL));
+        let mut at = t0 + POLL;
+        let mut looks = 0;
+        while at < t0 + Duration::from_secs(10) {
+            at += POLL;
+            if pace.due(false, at) {
+                looks += 1;
+            }
+        }
+        assert!(
+            looks <= 8,
+            "{looks} looks in 10 s for a launcher stuck before its sockets"
+        );
+        // A new launcher is looked for at once.
+        assert!(pace.due(true, at));
     }
 
     #[test]

@@ -54,6 +54,7 @@ const FORWARD_CHUNK: usize = 64 * 1024;
 #[derive(Clone, Debug)]
 pub struct AppState {
     registry: Registry,
+    vmis: crate::network::KnownVmis,
     paths: Paths,
     ping_every: Duration,
     consoles: Arc<tokio::sync::Mutex<HashMap<String, Weak<ConsoleHub>>>>,
@@ -67,6 +68,7 @@ impl AppState {
     /// pinged every `ping_every` and closed when a ping goes unanswered until the next.
     pub fn new(
         registry: Registry,
+        vmis: crate::network::KnownVmis,
         paths: Paths,
         ping_every: Duration,
         metrics: Arc<Metrics>,
@@ -74,6 +76,7 @@ impl AppState {
         Self {
             metrics,
             registry,
+            vmis,
             paths,
             ping_every,
             consoles: Arc::default(),
@@ -88,7 +91,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route(
             "/v1/namespaces/{ns}/virtualmachineinstances/{name}/{action}",
-            put(action),
+            put(action).get(read),
         )
         .route(
             "/v1/namespaces/{ns}/virtualmachineinstances/{name}/console",
@@ -283,6 +286,47 @@ async fn do_action(
     }
 }
 
+/// A guest-agent read of the API catalogue (`guestosinfo`, `userlist`, `filesystemlist`):
+/// the launcher asks its guest agent and the answer, KubeVirt's document, goes back as it is.
+async fn read(
+    State(st): State<AppState>,
+    UrlPath((ns, name, sub)): UrlPath<(String, String, String)>,
+) -> Response {
+    let Some(def) = catalogue::vmi_read_named(&sub) else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("unknown subresource {sub:?}"),
+        );
+    };
+    let r = do_read(&st, &ns, &name, def).await;
+    st.metrics
+        .request(def.subresource.name, r.status().as_u16());
+    r
+}
+
+async fn do_read(
+    st: &AppState,
+    ns: &str,
+    name: &str,
+    def: &'static catalogue::VmiReadDef,
+) -> Response {
+    let Some(uid) = st.registry.uid(ns, name) else {
+        return not_found(ns, name);
+    };
+    let launcher = LauncherClient::new(st.paths.launcher(&uid));
+    let internal = |m: String| status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", m);
+    match launcher.call(&Request::Guest(def.query)).await {
+        Ok(LauncherResponse::GuestOsInfo { info }) => Json(info).into_response(),
+        Ok(LauncherResponse::UserList { list }) => Json(list).into_response(),
+        Ok(LauncherResponse::FilesystemList { list }) => Json(list).into_response(),
+        // KubeVirt's 409 for a guest without an agent, and for whatever the agent refused.
+        Ok(LauncherResponse::Error { message }) => conflict(message),
+        Ok(other) => internal(format!("launcher: unexpected reply {other:?}")),
+        Err(e) => conflict(format!("VMI {ns}/{name} is not running: {e}")),
+    }
+}
+
 /// Query of the websocket paths.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -302,6 +346,8 @@ pub struct StreamQuery {
 const MAX_CLIENT_MESSAGE: usize = 256 * 1024;
 /// Messages queued per direction of a session before the sender waits.
 const QUEUE: usize = 8;
+/// Read-only console sessions of one VMI at once.
+const MAX_OBSERVERS: usize = 16;
 
 fn bounded(ws: WebSocketUpgrade) -> WebSocketUpgrade {
     ws.max_message_size(MAX_CLIENT_MESSAGE)
@@ -333,6 +379,13 @@ async fn open_console(
     let id = st.ids.fetch_add(1, Ordering::Relaxed);
     let (hub, feed) = match st.hub(&uid, (!q.read_only).then_some(id)).await {
         Ok(h) => h,
+        Err(e) if e.kind() == std::io::ErrorKind::QuotaExceeded => {
+            return status(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                format!("console of VMI {ns}/{name}: {e}"),
+            );
+        }
         Err(e) => {
             return conflict(format!("console of VMI {ns}/{name} is not available: {e}"));
         }
@@ -501,20 +554,28 @@ async fn open_portforward(
             format!("invalid port {port:?}: 1-65535"),
         );
     };
-    let guest = match protocol.as_str() {
-        "tcp" => crate::network::connect_guest(st.paths.launcher(&uid), port)
+    if protocol != "tcp" && protocol != "udp" {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!("invalid protocol {protocol:?}: tcp or udp"),
+        );
+    }
+    // Where the guest is comes from the VMI and the pod's IP as the API server has them,
+    // never from the launcher.
+    let address = match st.vmis.named(&ns, &name) {
+        Some(vmi) => crate::network::guest_address(&vmi, st.vmis.pod_ip(&uid)),
+        None => Err(crate::network::GuestConnectError::NoNetwork),
+    };
+    let dir = st.paths.launcher(&uid);
+    let guest = match address {
+        Err(e) => Err(e),
+        Ok(a) if protocol == "tcp" => crate::network::connect_guest(dir, a, port)
             .await
             .map(GuestSocket::Tcp),
-        "udp" => crate::network::connect_guest_udp(st.paths.launcher(&uid), port)
+        Ok(a) => crate::network::connect_guest_udp(dir, a, port)
             .await
             .map(GuestSocket::Udp),
-        other => {
-            return status(
-                StatusCode::BAD_REQUEST,
-                "BadRequest",
-                format!("invalid protocol {other:?}: tcp or udp"),
-            );
-        }
     };
     let guest = match guest {
         Ok(s) => s,
@@ -912,14 +973,20 @@ impl AppState {
         writer: Option<u64>,
     ) -> std::io::Result<(Arc<ConsoleHub>, Feed)> {
         let feed = |h: &ConsoleHub| match writer {
-            Some(id) => h.claim(id),
-            None => Feed::Observer(h.out.subscribe()),
+            Some(id) => Ok(h.claim(id)),
+            // Each observer costs a connection from virt-apiserver and a task here (N5 of
+            // the security review at bd37f96).
+            None if h.out.receiver_count() >= MAX_OBSERVERS => Err(std::io::Error::new(
+                std::io::ErrorKind::QuotaExceeded,
+                format!("{MAX_OBSERVERS} read-only sessions are open, the most allowed"),
+            )),
+            None => Ok(Feed::Observer(h.out.subscribe())),
         };
         let mut hubs = self.consoles.lock().await;
         if let Some(h) = hubs.get(uid).and_then(Weak::upgrade)
             && !h.closed.is_cancelled()
         {
-            let f = feed(&h);
+            let f = feed(&h)?;
             return Ok((h, f));
         }
         let dir = self.paths.launcher(uid);
@@ -928,7 +995,9 @@ impl AppState {
             .await
             .map_err(crate::launcher_fs::LauncherFsError::into_io)?;
         let (mut r, w) = sock.into_split();
-        let (out, _) = broadcast::channel(1024);
+        // Observers skip what they are too slow for: the buffer bounds what one console
+        // holds for them (128 chunks of at most CHUNK bytes).
+        let (out, _) = broadcast::channel(128);
         let hub = Arc::new(ConsoleHub {
             out: out.clone(),
             input: tokio::sync::Mutex::new(w),
@@ -937,7 +1006,7 @@ impl AppState {
             migrated: Arc::default(),
             dropped: CancellationToken::new(),
         });
-        let first = feed(&hub);
+        let first = feed(&hub)?;
         let slot = hub.writer.clone();
         let (closed, dropped) = (hub.closed.clone(), hub.dropped.clone());
         let (migrated, launcher) = (

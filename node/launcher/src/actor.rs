@@ -4,8 +4,9 @@
 //! publishes it on a `watch` channel (a poll every 100 ms is cheap and does not need
 //! libvirt's event loop thread).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch};
@@ -19,7 +20,9 @@ use virt::enumutil::Enum;
 use virt_domain::protocol::{
     DomainState, MigrationMode, MigrationProgress, MigrationStatus, VmiAction,
 };
+use virt_domain::stats::{DomainStats, MigrationJobStats, parse_domstats};
 
+use crate::agent::{GuestShared, LibvirtAgent};
 use crate::daemon::{DaemonError, PrivateDaemon};
 
 /// Errors from the libvirt thread.
@@ -124,6 +127,16 @@ pub struct MigrateJob {
 /// The result a running migration's thread sends back.
 pub type MigrationResult = Result<MigrationProgress, String>;
 
+/// One reading of the running migration job: our progress figures (the migration's
+/// status) and libvirt's as the metrics export them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobReport {
+    /// For [`MigrationStatus::Running`].
+    pub progress: MigrationProgress,
+    /// For [`DomainStats::migration`].
+    pub job: MigrationJobStats,
+}
+
 enum Cmd {
     Define(String, Reply<()>),
     AwaitIncoming(String, Reply<()>),
@@ -133,6 +146,7 @@ enum Cmd {
     Shutdown(Reply<()>),
     Destroy(Reply<()>),
     Action(VmiAction, Reply<()>),
+    Stats(Reply<StatsSource>),
     Close(Reply<()>),
     /// Only wakes the loop (see [`MigrationWaker`]).
     Wake,
@@ -159,6 +173,7 @@ pub struct DomainHandle {
     state: watch::Receiver<Observed>,
     migration: watch::Receiver<MigrationStatus>,
     versions: Versions,
+    guest: Arc<GuestShared>,
 }
 
 impl std::fmt::Debug for Cmd {
@@ -170,23 +185,26 @@ impl std::fmt::Debug for Cmd {
 impl DomainHandle {
     /// Starts the thread, the daemon (for [`Target::Private`]) and connects.
     pub async fn spawn(target: Target) -> Result<Self, LibvirtError> {
-        Self::spawn_with(move || {
-            LibvirtBackend::connect(target).map(|b| Box::new(b) as Box<dyn Backend>)
+        Self::spawn_with(move |guest| {
+            LibvirtBackend::connect(target, guest).map(|b| Box::new(b) as Box<dyn Backend>)
         })
         .await
     }
 
-    /// Starts the thread with the backend `make` builds on it (tests pass a fake).
+    /// Starts the thread with the backend `make` builds on it (tests pass a fake), given
+    /// the guest agent's shared state.
     pub async fn spawn_with(
-        make: impl FnOnce() -> Result<Box<dyn Backend>, LibvirtError> + Send + 'static,
+        make: impl FnOnce(Arc<GuestShared>) -> Result<Box<dyn Backend>, LibvirtError> + Send + 'static,
     ) -> Result<Self, LibvirtError> {
         let (tx, rx) = mpsc::channel();
         let (state_tx, state) = watch::channel(Observed::default());
         let (mig_tx, migration) = watch::channel(MigrationStatus::Idle);
         let (ready_tx, ready_rx) = oneshot::channel();
+        let guest = Arc::new(GuestShared::default());
+        let (g, g2) = (guest.clone(), guest.clone());
         std::thread::Builder::new()
             .name("libvirt".into())
-            .spawn(move || thread_main(make, rx, state_tx, mig_tx, ready_tx))
+            .spawn(move || thread_main(move || make(g2), g, rx, state_tx, mig_tx, ready_tx))
             .map_err(|e| LibvirtError::Call {
                 op: "spawn thread",
                 message: e.to_string(),
@@ -197,10 +215,16 @@ impl DomainHandle {
             state,
             migration,
             versions,
+            guest,
         })
     }
 
-    async fn ask(&self, make: impl FnOnce(Reply<()>) -> Cmd) -> Result<(), LibvirtError> {
+    /// The guest agent's shared state (its poller, its answers, the freeze).
+    pub fn guest(&self) -> &Arc<GuestShared> {
+        &self.guest
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, LibvirtError> {
         let (tx, rx) = oneshot::channel();
         self.tx.send(make(tx)).map_err(|_| LibvirtError::Gone)?;
         rx.await.map_err(|_| LibvirtError::Gone)?
@@ -247,6 +271,22 @@ impl DomainHandle {
     /// Pauses the vCPUs.
     pub async fn pause(&self) -> Result<(), LibvirtError> {
         self.act(VmiAction::Pause).await
+    }
+    /// The running domain's statistics (`virsh domstats`, see [`StatsSource`]), or an
+    /// error when no domain runs here; given up after `timeout`, so a hung QEMU or daemon
+    /// cannot hold a scrape.
+    pub async fn stats(&self, timeout: Duration) -> Result<DomainStats, LibvirtError> {
+        let read = async { self.stats_source().await?.read().await };
+        tokio::time::timeout(timeout, read)
+            .await
+            .map_err(|_| LibvirtError::Call {
+                op: "domain stats",
+                message: format!("no answer within {timeout:?}"),
+            })?
+    }
+    /// Where [`Self::stats`] reads from.
+    pub(crate) async fn stats_source(&self) -> Result<StatsSource, LibvirtError> {
+        self.ask(Cmd::Stats).await
     }
     /// Destroys and undefines the domain, stops the daemon and ends the thread.
     pub async fn close(&self) -> Result<(), LibvirtError> {
@@ -327,8 +367,8 @@ pub trait Backend: Send {
             message: "not supported by this backend".into(),
         })
     }
-    /// Statistics of the running migration job.
-    fn migration_progress(&mut self) -> Option<MigrationProgress> {
+    /// The latest statistics of the running migration job, if new ones were read.
+    fn migration_progress(&mut self) -> Option<JobReport> {
         None
     }
     /// Aborts the running migration job.
@@ -352,12 +392,21 @@ pub trait Backend: Send {
     fn guest_agent_connected(&mut self) -> bool {
         false
     }
+    /// Where the running domain's statistics are read from (the reading itself happens
+    /// off this thread).
+    fn stats_source(&mut self) -> Result<StatsSource, LibvirtError> {
+        Err(LibvirtError::Call {
+            op: "domain stats",
+            message: "not supported by this backend".into(),
+        })
+    }
     /// Destroys and undefines the domain and releases the daemon.
     fn cleanup(&mut self);
 }
 
 fn thread_main(
     make: impl FnOnce() -> Result<Box<dyn Backend>, LibvirtError>,
+    guest: Arc<GuestShared>,
     rx: mpsc::Receiver<Cmd>,
     state: watch::Sender<Observed>,
     migration: watch::Sender<MigrationStatus>,
@@ -388,6 +437,9 @@ fn thread_main(
     // Outgoing migration: its result channel, whether a cancel was asked for, when
     // progress was last read.
     let mut outgoing: Option<(mpsc::Receiver<MigrationResult>, bool, Instant)> = None;
+    // The running migration job's latest figures, for the statistics: kept only while
+    // `outgoing` runs, so a scrape after its end shows no migration.
+    let mut job: Option<MigrationJobStats> = None;
     // After a completed migration the domain here is shut off with reason "migrated";
     // that is not the guest's end, so it is no longer observed.
     let mut migrated = false;
@@ -397,6 +449,7 @@ fn thread_main(
     loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(Cmd::Close(reply)) => {
+                guest.stop();
                 b.cleanup();
                 if started && !migrated {
                     publish(Observed {
@@ -458,11 +511,31 @@ fn thread_main(
                 let _ = r.send(b.destroy());
             }
             Ok(Cmd::Action(a, r)) => {
-                let _ = r.send(act(b.as_mut(), &a, outgoing.is_some()));
+                let res = act(b.as_mut(), &a, outgoing.is_some());
+                if res.is_ok() {
+                    match a {
+                        VmiAction::Freeze { .. } => guest.set_frozen(true),
+                        VmiAction::Unfreeze => guest.set_frozen(false),
+                        _ => {}
+                    }
+                }
+                let _ = r.send(res);
+            }
+            Ok(Cmd::Stats(r)) => {
+                let res = if started && !migrated {
+                    b.stats_source().map(|mut src| {
+                        src.migration = job.clone();
+                        src
+                    })
+                } else {
+                    Err(LibvirtError::NoDomain)
+                };
+                let _ = r.send(res);
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 tracing::warn!("launcher dropped the libvirt handle; cleaning up");
+                guest.stop();
                 b.cleanup();
                 return;
             }
@@ -474,7 +547,11 @@ fn thread_main(
             started = true;
         }
         if let Some((done, cancelled, polled)) = outgoing.as_mut() {
-            match done.try_recv() {
+            let result = done.try_recv();
+            if !matches!(result, Err(mpsc::TryRecvError::Empty)) {
+                job = None;
+            }
+            match result {
                 Ok(Ok(progress)) => {
                     migrated = true;
                     migration.send_replace(MigrationStatus::Completed { progress });
@@ -502,8 +579,11 @@ fn thread_main(
                     // What the statistics thread read, passed on twice a second.
                     if polled.elapsed() >= Duration::from_millis(500) {
                         *polled = Instant::now();
-                        if let Some(progress) = b.migration_progress() {
-                            migration.send_replace(MigrationStatus::Running { progress });
+                        if let Some(report) = b.migration_progress() {
+                            job = Some(report.job);
+                            migration.send_replace(MigrationStatus::Running {
+                                progress: report.progress,
+                            });
                         }
                     }
                 }
@@ -527,6 +607,61 @@ fn thread_main(
     }
 }
 
+/// What the statistics of the running domain are read from: its daemon, its name, and
+/// the VMI's names of its devices (from the live XML).
+#[derive(Clone, Debug, Default)]
+pub struct StatsSource {
+    /// libvirt URI of the daemon.
+    pub uri: String,
+    /// Domain name.
+    pub domain: String,
+    /// Device name in the statistics → the VMI's name ([`virt_domain::schema::device_aliases`]).
+    pub aliases: BTreeMap<String, String>,
+    /// The outgoing migration job's latest figures, while one runs.
+    pub migration: Option<MigrationJobStats>,
+}
+
+impl StatsSource {
+    /// Runs `virsh domstats --raw` (libvirt's own client of virConnectGetAllDomainStats,
+    /// the call KubeVirt reads; the `virt` crate leaves its records unbound and this
+    /// workspace forbids unsafe code) and parses its output. The child is killed when
+    /// this future is dropped (the caller's timeout).
+    pub async fn read(&self) -> Result<DomainStats, LibvirtError> {
+        let out = tokio::process::Command::new("virsh")
+            .args(["-c", &self.uri, "domstats", "--raw"])
+            // Only what KubeVirt's metrics read: no perf events, no IOThreads.
+            .args([
+                "--cpu-total",
+                "--balloon",
+                "--vcpu",
+                "--interface",
+                "--block",
+            ])
+            .arg(&self.domain)
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|e| LibvirtError::Call {
+                op: "domain stats",
+                message: format!("running virsh: {e}"),
+            })?;
+        if !out.status.success() {
+            return Err(virsh_failure(
+                "domain stats",
+                &String::from_utf8_lossy(&out.stderr),
+            ));
+        }
+        let mut stats = parse_domstats(&String::from_utf8_lossy(&out.stdout), &self.aliases)
+            .map_err(|e| LibvirtError::Call {
+                op: "domain stats",
+                message: e.to_string(),
+            })?;
+        stats.migration = self.migration.clone();
+        Ok(stats)
+    }
+}
+
 /// Our progress figures from libvirt's job statistics.
 fn progress_of(s: &virt::domain::JobStats) -> MigrationProgress {
     MigrationProgress {
@@ -538,6 +673,21 @@ fn progress_of(s: &virt::domain::JobStats) -> MigrationProgress {
         elapsed_ms: s.time_elapsed.unwrap_or(0),
         downtime_ms: s.downtime,
         mode: MigrationMode::PreCopy,
+    }
+}
+
+/// libvirt's job statistics as the metrics export them (KubeVirt's conversion: a figure
+/// libvirt left out stays out).
+fn job_of(s: &virt::domain::JobStats) -> MigrationJobStats {
+    MigrationJobStats {
+        data_total_bytes: s.data_total,
+        data_processed_bytes: s.data_processed,
+        data_remaining_bytes: s.data_remaining,
+        memory_dirty_rate_bps: MigrationJobStats::dirty_rate_bytes(
+            s.mem_dirty_rate,
+            s.mem_page_size,
+        ),
+        memory_bps: s.mem_bps,
     }
 }
 
@@ -554,13 +704,15 @@ pub fn rewrite_paths(xml: &str, pairs: &[(String, String)]) -> String {
 /// The real backend: a `virt` connection to a private or given libvirt daemon.
 pub struct LibvirtBackend {
     uri: String,
-    stats: Option<mpsc::Receiver<MigrationProgress>>,
+    stats: Option<mpsc::Receiver<JobReport>>,
     daemon: Option<PrivateDaemon>,
     conn: Option<Connect>,
     domain: Option<Domain>,
     versions: Versions,
     /// The pending thaw of a freeze's timeout: sending or dropping cancels it.
     thaw_timer: Option<mpsc::Sender<()>>,
+    /// The guest agent's shared state: given the domain's agent, told of a timed thaw.
+    guest: Arc<GuestShared>,
 }
 
 impl std::fmt::Debug for LibvirtBackend {
@@ -573,7 +725,7 @@ impl std::fmt::Debug for LibvirtBackend {
 
 impl LibvirtBackend {
     /// Starts the daemon if asked to and connects.
-    pub fn connect(target: Target) -> Result<Self, LibvirtError> {
+    pub fn connect(target: Target, guest: Arc<GuestShared>) -> Result<Self, LibvirtError> {
         let mut b = Self {
             uri: String::new(),
             stats: None,
@@ -582,6 +734,7 @@ impl LibvirtBackend {
             domain: None,
             versions: Versions::default(),
             thaw_timer: None,
+            guest,
         };
         let uri = match target {
             Target::Uri(u) => u,
@@ -630,7 +783,9 @@ impl Backend for LibvirtBackend {
 
     fn define(&mut self, xml: &str) -> Result<(), LibvirtError> {
         let conn = self.conn.as_ref().ok_or(LibvirtError::Gone)?;
-        self.domain = Some(call("define", conn.define_domain_xml(xml))?);
+        let d = call("define", conn.define_domain_xml(xml))?;
+        self.guest.set_agent(Arc::new(LibvirtAgent(d.clone())));
+        self.domain = Some(d);
         Ok(())
     }
 
@@ -701,6 +856,7 @@ impl Backend for LibvirtBackend {
             return false;
         };
         if matches!(d.state(), Ok((Enum::Known(VirState::Running), _))) {
+            self.guest.set_agent(Arc::new(LibvirtAgent(d.clone())));
             self.domain = Some(d);
             return true;
         }
@@ -777,7 +933,11 @@ impl Backend for LibvirtBackend {
                         }
                         match d.job_stats(0) {
                             Ok(s) => {
-                                if stats_tx.send(progress_of(&s)).is_err() {
+                                let report = JobReport {
+                                    progress: progress_of(&s),
+                                    job: job_of(&s),
+                                };
+                                if stats_tx.send(report).is_err() {
                                     return;
                                 }
                             }
@@ -819,7 +979,7 @@ impl Backend for LibvirtBackend {
         Ok(rx)
     }
 
-    fn migration_progress(&mut self) -> Option<MigrationProgress> {
+    fn migration_progress(&mut self) -> Option<JobReport> {
         // The latest of what the statistics thread read since the last call.
         self.stats.as_ref()?.try_iter().last()
     }
@@ -850,25 +1010,32 @@ impl Backend for LibvirtBackend {
     }
 
     fn fs_freeze(&mut self, unfreeze_after: Duration) -> Result<(), LibvirtError> {
-        let name = call("domain name", self.dom()?.name())?;
+        let d = self.dom()?;
+        let name = call("domain name", d.name())?;
         // Idempotent, as KubeVirt's: the guest agent refuses to freeze twice.
-        if fs_freeze_status(&self.uri, &name)? != "frozen" {
+        if fs_freeze_status(d)? != "frozen" {
             virsh(&self.uri, "freeze", &["domfsfreeze", &name])?;
         }
         // Replacing the sender cancels an earlier freeze's timer.
         self.thaw_timer = if unfreeze_after.is_zero() {
             None
         } else {
-            Some(thaw_after(self.uri.clone(), name, unfreeze_after)?)
+            Some(thaw_after(
+                self.uri.clone(),
+                name,
+                unfreeze_after,
+                self.guest.clone(),
+            )?)
         };
         Ok(())
     }
 
     fn fs_thaw(&mut self) -> Result<(), LibvirtError> {
         self.thaw_timer = None;
-        let name = call("domain name", self.dom()?.name())?;
+        let d = self.dom()?;
+        let name = call("domain name", d.name())?;
         // A guest agent that thaws twice would run its thaw hooks twice.
-        if fs_freeze_status(&self.uri, &name)? == "thawed" {
+        if fs_freeze_status(d)? == "thawed" {
             return Ok(());
         }
         virsh(&self.uri, "unfreeze", &["domfsthaw", &name]).map(drop)
@@ -882,6 +1049,24 @@ impl Backend for LibvirtBackend {
         agent_connected(d).unwrap_or_else(|e| {
             tracing::debug!(error = %e, "reading the guest agent's state");
             false
+        })
+    }
+
+    fn stats_source(&mut self) -> Result<StatsSource, LibvirtError> {
+        let d = self.dom()?;
+        let domain = call("domain name", d.name())?;
+        let xml = call("domain XML", d.xml_desc(0))?;
+        // Without the names the metrics fall back to libvirt's (`vda`, `tap0`), as
+        // KubeVirt's do; not worth failing the statistics for.
+        let aliases = virt_domain::schema::device_aliases(&xml).unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "reading device aliases");
+            BTreeMap::new()
+        });
+        Ok(StatsSource {
+            uri: self.uri.clone(),
+            domain,
+            aliases,
+            migration: None,
         })
     }
 
@@ -962,26 +1147,24 @@ fn virsh_failure(op: &'static str, stderr: &str) -> LibvirtError {
 }
 
 /// The guest agent's `frozen` or `thawed`.
-fn fs_freeze_status(uri: &str, name: &str) -> Result<String, LibvirtError> {
-    let out = virsh(
-        uri,
-        "freeze status",
-        &[
-            "qemu-agent-command",
-            name,
-            r#"{"execute":"guest-fsfreeze-status"}"#,
-        ],
-    )?;
-    fs_freeze_status_of(&out).ok_or_else(|| LibvirtError::Call {
-        op: "freeze status",
-        message: format!("unexpected guest agent answer {out:?}"),
-    })
+fn fs_freeze_status(d: &Domain) -> Result<String, LibvirtError> {
+    use crate::agent::{Agent, AgentError};
+    match LibvirtAgent(d.clone()).command("guest-fsfreeze-status", None) {
+        Ok(v) => fs_freeze_status_of(&v).ok_or_else(|| LibvirtError::Call {
+            op: "freeze status",
+            message: format!("unexpected guest agent answer {v}"),
+        }),
+        Err(AgentError::NotConnected) => Err(LibvirtError::NoGuestAgent),
+        Err(e) => Err(LibvirtError::Call {
+            op: "freeze status",
+            message: e.to_string(),
+        }),
+    }
 }
 
-/// `{"return":"frozen"}` → `frozen`.
-fn fs_freeze_status_of(answer: &str) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_str(answer).ok()?;
-    v["return"].as_str().map(str::to_string)
+/// `"frozen"` → `frozen`.
+fn fs_freeze_status_of(answer: &serde_json::Value) -> Option<String> {
+    answer.as_str().map(str::to_string)
 }
 
 /// Thaws `name` after `after` on a thread of its own, unless the returned sender sends or
@@ -990,6 +1173,7 @@ fn thaw_after(
     uri: String,
     name: String,
     after: Duration,
+    guest: Arc<GuestShared>,
 ) -> Result<mpsc::Sender<()>, LibvirtError> {
     let (tx, rx) = mpsc::channel::<()>();
     std::thread::Builder::new()
@@ -1001,8 +1185,9 @@ fn thaw_after(
                     seconds = after.as_secs(),
                     "unfreeze did not come within the freeze's timeout: thawing"
                 );
-                if let Err(e) = virsh(&uri, "unfreeze", &["domfsthaw", &name]) {
-                    tracing::warn!(error = %e, "thawing after the freeze's timeout");
+                match virsh(&uri, "unfreeze", &["domfsthaw", &name]) {
+                    Ok(_) => guest.set_frozen(false),
+                    Err(e) => tracing::warn!(error = %e, "thawing after the freeze's timeout"),
                 }
             }
         })
@@ -1092,10 +1277,63 @@ mod tests {
             "libvirt freeze: failed to get domain 'x': no domain"
         );
         assert_eq!(
-            fs_freeze_status_of(r#"{"return":"frozen"}"#).as_deref(),
+            fs_freeze_status_of(&serde_json::json!("frozen")).as_deref(),
             Some("frozen")
         );
-        assert_eq!(fs_freeze_status_of("frozen"), None);
+        assert_eq!(fs_freeze_status_of(&serde_json::json!({})), None);
+    }
+
+    /// The statistics carry the migration job's figures from its first report until the
+    /// migration ends, never before nor after.
+    #[tokio::test]
+    async fn the_statistics_show_the_migration_job_only_while_it_runs() {
+        let f = crate::fake::FakeBackend::default();
+        let b = f.clone();
+        let h = DomainHandle::spawn_with(move |_| Ok(Box::new(b) as Box<dyn Backend>))
+            .await
+            .expect("fake backend");
+        h.define("<domain/>".into()).await.expect("define");
+        h.start().await.expect("start");
+        let migration = || async { h.stats_source().await.expect("stats source").migration };
+        assert_eq!(migration().await, None);
+        h.migrate(MigrateJob::default()).await.expect("migrate");
+        assert_eq!(migration().await, None, "before libvirt's first report");
+        let job = MigrationJobStats {
+            data_total_bytes: Some(300),
+            data_processed_bytes: Some(100),
+            ..MigrationJobStats::default()
+        };
+        f.0.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .job_reports
+            .push(JobReport {
+                progress: MigrationProgress::default(),
+                job: job.clone(),
+            });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while migration().await.as_ref() != Some(&job) {
+            assert!(Instant::now() < deadline, "the job's figures never showed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let result =
+            f.0.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .migration_result
+                .take()
+                .expect("the migration's result channel");
+        result
+            .send(Err("the target went away".into()))
+            .expect("send");
+        let mut status = h.migration();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            status.wait_for(MigrationStatus::is_final),
+        )
+        .await
+        .expect("the migration ends")
+        .expect("status channel");
+        assert_eq!(migration().await, None, "after the migration");
+        h.close().await.expect("close");
     }
 
     #[test]

@@ -101,6 +101,10 @@ pub struct Args {
     /// Directory of cloud-init data from Secrets (virt-controller mounts them there).
     #[arg(long, env = "VIRT_LAUNCHER_CLOUD_INIT_DIR")]
     cloud_init_dir: Option<PathBuf>,
+    /// Directory of the access credentials' Secrets, each in `<secret>-access-cred`
+    /// (virt-controller mounts them there; kubelet updates them when a Secret changes).
+    #[arg(long, env = "VIRT_LAUNCHER_ACCESS_CREDENTIALS_DIR")]
+    access_credentials_dir: Option<PathBuf>,
 }
 
 impl Args {
@@ -149,6 +153,7 @@ impl Args {
         cfg.kvm_probe_timeout = Duration::from_secs(self.kvm_probe_timeout);
         cfg.migration_target = self.migration_target;
         cfg.cloud_init_dir = self.cloud_init_dir;
+        cfg.access_credentials_dir = self.access_credentials_dir;
         Ok(cfg)
     }
 }

@@ -1,11 +1,14 @@
 //! In-memory [`Backend`] for unit tests of the launcher's lifecycle logic: records every
 //! call and simulates a guest that honours (or ignores) the ACPI power button.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 
 use virt_domain::protocol::DomainState;
 
-use crate::actor::{Backend, LibvirtError, Observed, Versions};
+use crate::actor::{
+    Backend, JobReport, LibvirtError, MigrateJob, MigrationResult, MigrationWaker, Observed,
+    StatsSource, Versions,
+};
 
 /// Shared, inspectable state of a [`FakeBackend`].
 #[derive(Debug, Default)]
@@ -18,6 +21,10 @@ pub struct FakeState {
     pub ignore_acpi: bool,
     /// Crash reason to report on the next observation.
     pub crash: Option<String>,
+    /// The running migration's result channel: a test ends the migration through it.
+    pub migration_result: Option<mpsc::Sender<MigrationResult>>,
+    /// Job statistics the running migration reports next.
+    pub job_reports: Vec<JobReport>,
 }
 
 /// A fake libvirt.
@@ -109,6 +116,24 @@ impl Backend for FakeBackend {
                 agent_connected: false,
             }),
         })
+    }
+    fn start_migration(
+        &mut self,
+        _job: &MigrateJob,
+        _wake: MigrationWaker,
+    ) -> Result<mpsc::Receiver<MigrationResult>, LibvirtError> {
+        let (tx, rx) = mpsc::channel();
+        self.with(|s| {
+            s.calls.push("migrate");
+            s.migration_result = Some(tx);
+        });
+        Ok(rx)
+    }
+    fn migration_progress(&mut self) -> Option<JobReport> {
+        self.with(|s| s.job_reports.pop())
+    }
+    fn stats_source(&mut self) -> Result<StatsSource, LibvirtError> {
+        Ok(StatsSource::default())
     }
     fn cleanup(&mut self) {
         self.with(|s| s.calls.push("cleanup"));

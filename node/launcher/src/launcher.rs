@@ -63,6 +63,9 @@ pub struct Config {
     pub migration_target: bool,
     /// Where the pod mounts cloud-init data from Secrets.
     pub cloud_init_dir: Option<PathBuf>,
+    /// Where the pod mounts the Secrets of the VMI's access credentials
+    /// (`<secret>-access-cred` below it, KubeVirt's layout).
+    pub access_credentials_dir: Option<PathBuf>,
 }
 
 impl Config {
@@ -88,6 +91,7 @@ impl Config {
             kvm_probe_cache: Some(PathBuf::from(probe::CACHE_FILE)),
             migration_target: false,
             cloud_init_dir: None,
+            access_credentials_dir: None,
         }
     }
 }
@@ -223,6 +227,9 @@ impl Running {
         let o = self.handle.state().borrow().clone();
         s.state = o.state;
         s.guest_agent_connected = o.agent_connected;
+        let guest = self.handle.guest().state();
+        s.guest_agent = guest.status.filter(|_| o.agent_connected).map(Box::new);
+        s.access_credentials = guest.credentials;
         s
     }
 
@@ -503,14 +510,18 @@ pub async fn run(
         crate::lifeline::await_copies(&cfg.images, &shutdown).await?;
     }
     let prepared = {
-        let (vmi, images, claims, dir) = (
+        let (vmi, images, claims, dir, creds) = (
             vmi.clone(),
             cfg.images.clone(),
             cfg.claims.clone(),
             work_dir.clone(),
+            cfg.access_credentials_dir.clone(),
         );
-        tokio::task::spawn_blocking(move || volumes::prepare(&vmi, &images, &claims, &dir))
-            .await??
+        tokio::task::spawn_blocking(move || {
+            let keys = volumes::BootKeys::read(&vmi, creds.as_deref());
+            volumes::prepare(&vmi, &images, &claims, &dir, &keys)
+        })
+        .await??
     };
     tracing::info!(
         elapsed_ms = t0.elapsed().as_millis() as u64,
@@ -600,6 +611,16 @@ pub async fn run(
         elapsed_ms = t0.elapsed().as_millis() as u64,
         "libvirt daemon ready"
     );
+    // The guest agent's poller idles until the domain runs and its agent connects.
+    crate::agent::spawn_poller(
+        handle.guest().clone(),
+        handle.state(),
+        crate::agent::CredentialSource {
+            credentials: vmi.spec.access_credentials.clone().unwrap_or_default(),
+            dir: cfg.access_credentials_dir.clone(),
+        },
+    )
+    .map_err(io(&work_dir))?;
     let paths = MigrationTarget {
         work_dir: std::path::absolute(&work_dir)
             .map_err(io(&work_dir))?
@@ -637,6 +658,8 @@ pub async fn run(
         qemu_pid: None,
         pod_ip: pod_ip(),
         guest_agent_connected: false,
+        guest_agent: None,
+        access_credentials: None,
     };
     let running = Running {
         handle: handle.clone(),
@@ -847,7 +870,7 @@ mod tests {
 
     async fn fake(f: &FakeBackend) -> DomainHandle {
         let b = f.clone();
-        DomainHandle::spawn_with(move || Ok(Box::new(b) as Box<dyn crate::actor::Backend>))
+        DomainHandle::spawn_with(move |_| Ok(Box::new(b) as Box<dyn crate::actor::Backend>))
             .await
             .unwrap()
     }

@@ -3,6 +3,7 @@
 //! serves the serial console on a unix socket and shuts the guest down gracefully.
 
 pub mod actor;
+pub mod agent;
 pub mod claims;
 pub mod cmd_server;
 pub mod console_log;

@@ -195,13 +195,60 @@ pub struct Prepared {
     pub kernel_boot: Option<KernelBootFiles>,
 }
 
+/// SSH keys of the `noCloud` and `configDrive` access credentials: cloud-init's metadata
+/// carries them (`public-keys`), so they are in the guest from its first boot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BootKeys {
+    /// Keys for the NoCloud seed.
+    pub no_cloud: Vec<String>,
+    /// Keys for the ConfigDrive.
+    pub config_drive: Vec<String>,
+}
+
+impl BootKeys {
+    /// The keys of `vmi`'s boot-time credentials, from the Secrets mounted under `dir`
+    /// (`<secret>-access-cred`, KubeVirt's layout). A Secret that is missing adds no key
+    /// (the VMI's `AccessCredentialsSynchronized` names it when the agent's keys need it).
+    pub fn read(vmi: &VirtualMachineInstance, dir: Option<&Path>) -> Self {
+        let mut out = Self::default();
+        let Some(dir) = dir else { return out };
+        for c in vmi.spec.access_credentials.iter().flatten() {
+            let (Some(k), Some(name)) = (&c.ssh_public_key, c.secret_name()) else {
+                continue;
+            };
+            let target = match (
+                &k.propagation_method.no_cloud,
+                &k.propagation_method.config_drive,
+            ) {
+                (Some(_), _) => &mut out.no_cloud,
+                (None, Some(_)) => &mut out.config_drive,
+                (None, None) => continue,
+            };
+            let secret = crate::agent::read_secret(
+                &dir.join(kubevirt_api::cloudinit::access_credential_dir(name)),
+            );
+            if let Some(data) = secret {
+                target.extend(crate::agent::key_lines(data.values()));
+            } else {
+                tracing::warn!(
+                    secret = name,
+                    "access credential Secret is missing or empty"
+                );
+            }
+        }
+        out
+    }
+}
+
 /// Prepares every volume of `vmi` in `work` (which must exist and is owned by the caller),
-/// with container images from `images` and claims where `claims` says they are mounted.
+/// with container images from `images`, claims where `claims` says they are mounted, and
+/// the SSH keys cloud-init's metadata carries.
 pub fn prepare(
     vmi: &VirtualMachineInstance,
     images: &ImageDirs,
     claims: &Claims,
     work: &Path,
+    keys: &BootKeys,
 ) -> Result<Prepared, VolumeError> {
     let mut out = Prepared::default();
     if let Some(kb) = vmi
@@ -225,7 +272,7 @@ pub fn prepare(
         out.kernel_boot = Some(KernelBootFiles { kernel, initrd });
     }
     for v in vmi.spec.volumes.iter().flatten() {
-        let prepared = prepare_volume(vmi, v, images, claims, work)?;
+        let prepared = prepare_volume(vmi, v, images, claims, work, keys)?;
         out.volumes.insert(v.name.clone(), prepared);
     }
     Ok(out)
@@ -258,6 +305,7 @@ fn prepare_volume(
     images: &ImageDirs,
     claims: &Claims,
     work: &Path,
+    keys: &BootKeys,
 ) -> Result<PreparedVolume, VolumeError> {
     let name = v.name.as_str();
     if v.persistent_volume_claim.is_some() {
@@ -306,7 +354,12 @@ fn prepare_volume(
         return Ok(file_volume(path, DiskFormat::Qcow2));
     }
     if let Some(ci) = &v.cloud_init_no_cloud {
-        return nocloud_iso(vmi, name, ci, work).map(|p| file_volume(p, DiskFormat::Raw));
+        return cloud_init_iso(vmi, name, ci, work, Seed::NoCloud, &keys.no_cloud)
+            .map(|p| file_volume(p, DiskFormat::Raw));
+    }
+    if let Some(ci) = &v.cloud_init_config_drive {
+        return cloud_init_iso(vmi, name, ci, work, Seed::ConfigDrive, &keys.config_drive)
+            .map(|p| file_volume(p, DiskFormat::Raw));
     }
     if let Some(hd) = &v.host_disk {
         let path = PathBuf::from(&hd.path);
@@ -388,17 +441,33 @@ fn decode(
     Ok(None)
 }
 
-/// Writes a NoCloud seed ISO (volume label `cidata`) with xorriso.
-fn nocloud_iso(
+/// The two cloud-init data sources KubeVirt offers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seed {
+    /// NoCloud: label `cidata`, `meta-data`, `user-data`, `network-config` at the top.
+    NoCloud,
+    /// OpenStack's ConfigDrive: label `config-2`, `openstack/latest/{meta_data.json,
+    /// user_data, network_data.json}`.
+    ConfigDrive,
+}
+
+/// Writes the cloud-init seed ISO of `volume` with xorriso: the user's data as given, the
+/// metadata as KubeVirt writes it (`kubevirt_api::cloudinit`: an instance id stable for
+/// the VM, the host name, the keys).
+fn cloud_init_iso(
     vmi: &VirtualMachineInstance,
     volume: &str,
     ci: &CloudInitSource,
     work: &Path,
+    seed: Seed,
+    keys: &[String],
 ) -> Result<PathBuf, VolumeError> {
+    // virt-controller mounts the Secrets and the launcher put their data in the spec
+    // (`cloudinit::restore_refs`); one still named here had no mount.
     if ci.secret_ref.is_some() || ci.network_data_secret_ref.is_some() {
         return Err(VolumeError::Unsupported {
             volume: volume.into(),
-            kind: "cloudInitNoCloud secretRef".into(),
+            kind: "cloud-init secretRef without --cloud-init-dir".into(),
         });
     }
     let dir = work.join(format!("{volume}-cidata"));
@@ -422,22 +491,46 @@ fn nocloud_iso(
         ci.network_data_base64.as_ref(),
         "networkData",
     )?;
-    let name = vmi.metadata.name.as_deref().unwrap_or("vmi");
-    let ns = vmi.metadata.namespace.as_deref().unwrap_or("default");
-    let instance = vmi
-        .metadata
-        .uid
-        .clone()
-        .unwrap_or_else(|| format!("{ns}.{name}"));
-    let host = vmi.spec.hostname.as_deref().unwrap_or(name);
-    let meta = format!("instance-id: {instance}\nlocal-hostname: {host}\n");
-    let p = dir.join("meta-data");
-    io(&p, fs::write(&p, meta))?;
-    let p = dir.join("user-data");
-    io(&p, fs::write(&p, user.unwrap_or_default()))?;
-    if let Some(n) = net {
-        let p = dir.join("network-config");
-        io(&p, fs::write(&p, n))?;
+    let (files, label) = match seed {
+        Seed::NoCloud => (
+            [
+                (
+                    "meta-data",
+                    Some(
+                        kubevirt_api::cloudinit::nocloud_meta_data(vmi, keys)
+                            .to_string()
+                            .into_bytes(),
+                    ),
+                ),
+                ("user-data", Some(user.unwrap_or_default())),
+                ("network-config", net),
+            ],
+            "cidata",
+        ),
+        Seed::ConfigDrive => {
+            io(&dir, fs::create_dir_all(dir.join("openstack/latest")))?;
+            (
+                [
+                    (
+                        "openstack/latest/meta_data.json",
+                        Some(
+                            kubevirt_api::cloudinit::config_drive_meta_data(vmi, keys)
+                                .to_string()
+                                .into_bytes(),
+                        ),
+                    ),
+                    ("openstack/latest/user_data", Some(user.unwrap_or_default())),
+                    ("openstack/latest/network_data.json", net),
+                ],
+                "config-2",
+            )
+        }
+    };
+    for (file, data) in files {
+        if let Some(data) = data {
+            let p = dir.join(file);
+            io(&p, fs::write(&p, data))?;
+        }
     }
     let iso = work.join(format!("{volume}.iso"));
     run(
@@ -445,7 +538,7 @@ fn nocloud_iso(
         "xorriso",
         Command::new("xorriso")
             .args([
-                "-as", "mkisofs", "-quiet", "-volid", "cidata", "-joliet", "-rock", "-output",
+                "-as", "mkisofs", "-quiet", "-volid", label, "-joliet", "-rock", "-output",
             ])
             .arg(&iso)
             .arg(&dir),

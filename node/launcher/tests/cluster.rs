@@ -184,6 +184,16 @@ impl Env {
         }
     }
 
+    /// The handler's `/metrics`.
+    async fn scrape(&self) -> String {
+        reqwest::get(format!("http://{}/metrics", self.metrics_addr))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     fn handler_log(&self) -> String {
         std::fs::read_to_string(self.tmp.path().join("handler.log")).unwrap_or_default()
     }
@@ -201,8 +211,11 @@ impl Env {
                     "firmware": {"kernelBoot": {
                         "kernelArgs": virt_testguest::KERNEL_ARGS,
                         "container": {"image": "guest:latest", "kernelPath": "/vmlinuz", "initrdPath": "/initramfs.gz"}
-                    }}
-                }
+                    }},
+                    // A disk, for the storage metrics (the guest reads its partition table).
+                    "devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]}
+                },
+                "volumes": [{"name": "root", "containerDisk": {"image": "guest:latest"}}]
             }
         }))
         .unwrap();
@@ -542,6 +555,87 @@ async fn cluster_mode_end_to_end() {
     // The console over mTLS: the guest's shell answers.
     let mut console = env.ws(name, "console").await;
     console.answers_42().await;
+
+    // KubeVirt's per-VMI metrics, read from the launcher's libvirt at the scrape. The
+    // guest's own memory figures come once its balloon driver reported (every 10 s).
+    let vmi_labels = format!("node=\"{NODE}\",namespace=\"{NS}\",name=\"{name}\"");
+    let t0 = Instant::now();
+    let text = loop {
+        let text = env.scrape().await;
+        if text.contains("kubevirt_vmi_memory_available_bytes{")
+            || t0.elapsed() > Duration::from_secs(40)
+        {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    for family in [
+        "kubevirt_vmi_cpu_usage_seconds_total",
+        "kubevirt_vmi_cpu_user_usage_seconds_total",
+        "kubevirt_vmi_cpu_system_usage_seconds_total",
+        "kubevirt_vmi_memory_resident_bytes",
+        "kubevirt_vmi_memory_domain_bytes",
+        "kubevirt_vmi_memory_actual_balloon_bytes",
+        "kubevirt_vmi_memory_available_bytes",
+        "kubevirt_vmi_memory_usable_bytes",
+        "kubevirt_vmi_memory_unused_bytes",
+    ] {
+        let series = format!("{family}{{{vmi_labels}");
+        let value = text
+            .lines()
+            .find(|l| l.starts_with(&series))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"));
+        assert!(value > 0.0, "{series}: {value}");
+    }
+    // The domain has the VMI's 256Mi.
+    assert!(
+        text.contains(&format!(
+            "kubevirt_vmi_memory_domain_bytes{{{vmi_labels}}} 268435456"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "kubevirt_vmi_vcpu_seconds_total{{{vmi_labels},id=\"0\",state=\"running\"}}"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "kubevirt_vmi_vcpu_wait_seconds_total{{{vmi_labels},id=\"0\"}}"
+        )),
+        "{text}"
+    );
+    // The disk is labelled with the VMI's name for it, not libvirt's `vda`.
+    for family in [
+        "kubevirt_vmi_storage_iops_read_total",
+        "kubevirt_vmi_storage_read_traffic_bytes_total",
+        "kubevirt_vmi_storage_read_times_seconds_total",
+    ] {
+        let series = format!("{family}{{{vmi_labels},drive=\"root\"}} ");
+        let value = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&series)?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"));
+        assert!(value > 0.0, "{series}: {value}");
+    }
+    for family in [
+        "kubevirt_vmi_storage_iops_write_total",
+        "kubevirt_vmi_storage_write_traffic_bytes_total",
+        "kubevirt_vmi_storage_write_times_seconds_total",
+        "kubevirt_vmi_storage_flush_requests_total",
+        "kubevirt_vmi_storage_flush_times_seconds_total",
+    ] {
+        let series = format!("{family}{{{vmi_labels},drive=\"root\"}} ");
+        assert!(text.contains(&series), "no {series} in\n{text}");
+    }
+    eprintln!(
+        "{} kubevirt_vmi_* series of one VMI",
+        text.lines()
+            .filter(|l| l.starts_with("kubevirt_vmi_"))
+            .count()
+    );
 
     // A read-only observer sees output without taking over; a second writer takes over.
     let mut observer = env.ws(name, "console?readOnly=true").await;

@@ -162,6 +162,33 @@ mod tests {
         Message::decode(&mut Decoder::new(&r.bytes)).unwrap()
     }
 
+    /// A guest's request whose answer cannot be sent (here: to the broadcast address on a
+    /// socket without SO_BROADCAST; in a pod, a REQUEST naming an unroutable `ciaddr`) must
+    /// not end the server: the next request is still answered.
+    #[test]
+    fn an_answer_that_cannot_be_sent_does_not_stop_the_server() {
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = server.local_addr().unwrap();
+        let l = lease();
+        let serving = std::thread::spawn(move || crate::exec::serve_dhcp(&server, &l));
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let discover = request(
+            lease().mac.0,
+            MessageType::Discover,
+            vec![],
+            Ipv4Addr::UNSPECIFIED,
+        );
+        for _ in 0..3 {
+            client.send_to(&discover, to).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        assert!(
+            !serving.is_finished(),
+            "the DHCP server ended after an answer it could not send: {:?}",
+            serving.join()
+        );
+    }
+
     #[test]
     fn discover_gets_an_offer_of_the_planned_lease() {
         let l = lease();

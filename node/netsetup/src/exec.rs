@@ -54,27 +54,33 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ExecError {
 #[derive(Debug)]
 pub struct NetNs {
     fd: OwnedFd,
-    path: PathBuf,
+    /// What it is, for messages: a path, or a description that names no host detail
+    /// (virt-handler's errors reach users).
+    label: String,
 }
 
 impl NetNs {
-    /// Opens the namespace at `path` (`/proc/<pid>/ns/net`, `/run/netns/<name>`).
+    /// Opens the namespace at `path` (`/run/netns/<name>`).
     pub fn open(path: &Path) -> Result<Self, ExecError> {
         let f = std::fs::File::open(path).map_err(io_err(format!("open {}", path.display())))?;
         Ok(Self {
             fd: f.into(),
-            path: path.to_path_buf(),
+            label: path.display().to_string(),
         })
     }
 
-    /// The network namespace of process `pid`.
-    pub fn of_pid(pid: u32) -> Result<Self, ExecError> {
-        Self::open(&PathBuf::from(format!("/proc/{pid}/ns/net")))
+    /// A namespace already open (`ns/net` opened through a checked `/proc/<pid>`
+    /// directory), called `label` in messages.
+    pub fn from_fd(fd: OwnedFd, label: impl Into<String>) -> Self {
+        Self {
+            fd,
+            label: label.into(),
+        }
     }
 
-    /// Where it was opened from.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// What it is called in messages.
+    pub fn label(&self) -> &str {
+        &self.label
     }
 
     /// Runs `f` on a thread that has entered this namespace (sockets it creates live
@@ -83,13 +89,13 @@ impl NetNs {
         std::thread::scope(|s| {
             s.spawn(|| {
                 setns(self.fd.as_fd(), CloneFlags::CLONE_NEWNET)
-                    .map_err(|e| io_err(format!("enter {}", self.path.display()))(e.into()))?;
+                    .map_err(|e| io_err(format!("enter {}", self.label))(e.into()))?;
                 Ok(f())
             })
             .join()
             .unwrap_or_else(|_| {
                 Err(ExecError::Parse {
-                    what: format!("a task in {}", self.path.display()),
+                    what: format!("a task in {}", self.label),
                     reason: "panicked".into(),
                 })
             })
@@ -158,7 +164,7 @@ struct IpRoute {
 /// The pod interface `name` as the CNI plugin left it: MAC, first global IPv4 address,
 /// default gateway, MTU.
 pub fn read_pod_interface(ns: &NetNs, name: &str) -> Result<PodInterface, ExecError> {
-    let step = format!("read {name} in {}", ns.path.display());
+    let step = format!("read {name} in {}", ns.label);
     let links: Vec<IpLink> = parse(
         &step,
         &ns.output(&step, "ip", &["-j", "address", "show", "dev", name], None)?,
@@ -227,7 +233,7 @@ pub fn apply(ns: &NetNs, plan: &NetworkPlan) -> Result<(), ExecError> {
     if r.is_err()
         && let Err(e) = teardown(ns, plan)
     {
-        tracing::warn!(netns = %ns.path.display(), error = %e, "cleanup after a failed network set-up");
+        tracing::warn!(netns = %ns.label, error = %e, "cleanup after a failed network set-up");
     }
     r
 }
@@ -326,54 +332,128 @@ pub fn dhcp_socket(ns: &NetNs, device: &str) -> Result<UdpSocket, ExecError> {
     .map_err(io_err("open the DHCP socket"))
 }
 
-/// Answers the guest's DHCP requests on `socket` until the socket fails. Blocking; run it on
-/// its own thread.
+/// Answers the guest's DHCP requests on `socket` until receiving fails. Blocking; run it on
+/// its own thread. An answer that cannot be sent (a request naming an unroutable client
+/// address) is logged and the next request served: the guest must not be able to end
+/// DHCP for the pod's life with one odd packet.
 pub fn serve_dhcp(socket: &UdpSocket, lease: &Lease) -> std::io::Result<()> {
     let mut buf = [0u8; 1500];
     loop {
         let (n, _) = socket.recv_from(&mut buf)?;
         if let Some(reply) = dhcp::answer(&buf[..n], lease) {
             tracing::debug!(kind = ?reply.kind, to = %reply.to, mac = %lease.mac, "DHCP answer");
-            socket.send_to(&reply.bytes, SocketAddrV4::new(reply.to, 68))?;
+            if let Err(e) = socket.send_to(&reply.bytes, SocketAddrV4::new(reply.to, 68)) {
+                tracing::warn!(to = %reply.to, error = %e, "DHCP answer not sent");
+            }
         }
     }
 }
 
 /// Major and minor number of the TUN/TAP clone device.
-const TUN_DEVICE: (u64, u64) = (10, 200);
+const TUN_DEVICE: (u32, u32) = (10, 200);
 
-/// Makes `/dev/net/tun` exist in the container of process `pid`, so that its QEMU can
-/// open the tap built for it. The launcher holds no capability and cannot create a device
-/// node itself; the container runtime's device cgroup already admits this one device
+/// Makes `/dev/net/tun` exist in the container whose root directory is `root`, so that its
+/// QEMU can open the tap built for it. The launcher holds no capability and cannot create a
+/// device node itself; the container runtime's device cgroup already admits this one device
 /// (runc allows TUN/TAP by default), so a node in the container's own `/dev` tmpfs is all
-/// it lacks. Reached through `/proc/<pid>/root`, as the container sees its root.
-pub fn provide_tun(pid: u32) -> Result<(), ExecError> {
-    use nix::sys::stat::{Mode, SFlag, makedev, mknod};
-    let dir = PathBuf::from(format!("/proc/{pid}/root/dev/net"));
-    let node = dir.join("tun");
-    if let Ok(m) = std::fs::symlink_metadata(&node) {
-        use std::os::unix::fs::FileTypeExt as _;
-        if m.file_type().is_char_device() {
+/// it lacks. `root` is a descriptor (`/proc/<pid>/root` opened through a checked process
+/// directory) and `/dev/net` is resolved in it without following any symlink: the
+/// container's files are the tenant's, and a link there must not point the device (made
+/// as root) anywhere else.
+pub fn provide_tun(root: impl AsFd) -> Result<(), ExecError> {
+    use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
+    let what = |step: &str| format!("{step} /dev/net/tun in the launcher container");
+    let resolve = ResolveFlags::IN_ROOT | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let dev = rustix::fs::openat2(
+        &root,
+        "dev",
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+        resolve,
+    )
+    .map_err(|e| io_err(what("open /dev for"))(e.into()))?;
+    match rustix::fs::mkdirat(&dev, "net", Mode::from_raw_mode(0o755)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(io_err(what("create /dev/net for"))(e.into())),
+    }
+    // BENEATH, not IN_ROOT: the kernel takes one or the other (EINVAL for both).
+    let net = rustix::fs::openat2(
+        &dev,
+        "net",
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| io_err(what("open /dev/net for"))(e.into()))?;
+    match rustix::fs::statat(&net, "tun", rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::CharacterDevice => {
             return Ok(());
         }
-        return Err(ExecError::Io {
-            what: format!("{} exists and is not a device", node.display()),
-            source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
-        });
+        Ok(_) => {
+            return Err(ExecError::Io {
+                what: "/dev/net/tun in the launcher container exists and is not a device".into(),
+                source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+            });
+        }
+        Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(io_err(what("look at"))(e.into())),
     }
-    match std::fs::create_dir(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io_err(format!("create {}", dir.display()))(e)),
-    }
-    mknod(
-        &node,
-        SFlag::S_IFCHR,
-        Mode::from_bits_truncate(0o666),
-        makedev(TUN_DEVICE.0, TUN_DEVICE.1),
+    // mknod never follows a symlink at its last component, and `net` is held open.
+    rustix::fs::mknodat(
+        &net,
+        "tun",
+        FileType::CharacterDevice,
+        Mode::from_raw_mode(0o666),
+        rustix::fs::makedev(TUN_DEVICE.0, TUN_DEVICE.1),
     )
-    .map_err(|e| io_err(format!("mknod {}", node.display()))(e.into()))?;
-    // mknod's mode is masked by the umask.
-    std::fs::set_permissions(&node, std::os::unix::fs::PermissionsExt::from_mode(0o666))
-        .map_err(io_err(format!("chmod {}", node.display())))
+    .map_err(|e| io_err(what("mknod"))(e.into()))?;
+    // mknod's mode is masked by the umask; the node is set through a descriptor of it.
+    let tun = rustix::fs::openat2(
+        &net,
+        "tun",
+        OFlags::PATH | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+    )
+    .map_err(|e| io_err(what("open"))(e.into()))?;
+    let path = PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&tun)
+    ));
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+        .map_err(io_err(what("chmod")))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use std::os::unix::fs::FileTypeExt as _;
+
+    /// The tun device is made in a container root given as a descriptor (virt-handler runs as
+    /// root, so do the tests of this crate), and a symlink there is never followed out.
+    #[test]
+    fn the_tun_device_is_made_in_the_container_root_and_nowhere_else() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test makes a device node: run it as root, as virt-handler runs"
+        );
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("dev")).unwrap();
+        let fd = std::fs::File::open(root.path()).unwrap();
+        provide_tun(&fd).unwrap();
+        let tun = std::fs::symlink_metadata(root.path().join("dev/net/tun")).unwrap();
+        assert!(tun.file_type().is_char_device());
+        // Again: already there, nothing to do.
+        provide_tun(&fd).unwrap();
+
+        let other = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(other.path().join("dev")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), other.path().join("dev/net")).unwrap();
+        let fd = std::fs::File::open(other.path()).unwrap();
+        assert!(provide_tun(&fd).is_err());
+        assert!(!outside.path().join("tun").exists());
+    }
 }

@@ -4,6 +4,13 @@
 //!
 //! It lives in its own crate so that both `cargo xtask guest` and the launcher's
 //! integration tests can build it without linking libvirt into xtask.
+//!
+//! [`debian`] builds the other test guest: a real Debian 12 cloud-style disk image
+//! (systemd, cloud-init, the QEMU guest agent, OpenSSH), for what the busybox guest cannot
+//! show. Its boot test needs root and minutes:
+//! `cargo test -p virt-testguest --test debian -- --ignored --nocapture`.
+
+pub mod debian;
 
 use std::fs;
 use std::io::Write;
@@ -63,6 +70,9 @@ const MODULES: &[&str] = &[
     "kernel/drivers/net/virtio_net.ko",
     // virtio-serial: the guest agent's channel (kubevirt-rs.fake-agent).
     "kernel/drivers/char/virtio_console.ko",
+    // The memory balloon: the guest's memory figures (KubeVirt's
+    // `kubevirt_vmi_memory_{available,usable,unused}_bytes`) come from its driver.
+    "kernel/drivers/virtio/virtio_balloon.ko",
 ];
 
 /// Errors while building the guest.
@@ -187,7 +197,11 @@ pub fn ensure_with(dir: &Path, programs: &[&str]) -> Result<Guest, GuestError> {
 
 /// What the stamp file holds: the init script and the extra programs it was built with.
 fn stamp(extra: &[&str]) -> String {
-    let base = format!("{INIT}\n{UDP_ECHO_SOURCE}\n{DISK_BENCH_SOURCE}");
+    // The modules too: a guest built before one was added would boot without it.
+    let base = format!(
+        "{INIT}\n{UDP_ECHO_SOURCE}\n{DISK_BENCH_SOURCE}\n# modules: {}",
+        MODULES.join(" ")
+    );
     if extra.is_empty() {
         base
     } else {

@@ -11,6 +11,8 @@ mod all;
 mod apiserver;
 mod crd;
 mod drain;
+mod etcd_drain;
+mod instancetype;
 mod memory;
 mod migrate;
 mod network;
@@ -62,6 +64,13 @@ pub enum Bench {
     /// `kubectl drain` of a node holding N idle LiveMigrate VMs, against one migration in
     /// the same run (two-node local cluster).
     Drain(drain::DrainArgs),
+    /// `kubectl drain` of the node holding etcd (one member on a node-local claim) while the
+    /// VM API is written through kube-apiserver: how long it did not answer, writes lost with
+    /// retries, how long the member's move took (two-node local cluster).
+    EtcdDrain(etcd_drain::EtcdDrainArgs),
+    /// Create → VMI Running of a VM sized by an instance type and preference against the
+    /// same VM written out in full, alternating in one run (local cluster).
+    Instancetype(instancetype::InstancetypeArgs),
     /// The pod network: TCP throughput and HTTP round trips node → guest for masquerade and
     /// bridge against a bare tap in the same run, and how soon the guest answers after its
     /// DHCP lease (network namespaces of its own, no cluster).
@@ -150,12 +159,42 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Bench::Start(a) => start::run(a),
         Bench::Migrate(a) => migrate::run(a),
         Bench::Drain(a) => drain::run(a),
+        Bench::EtcdDrain(a) => etcd_drain::run(a),
+        Bench::Instancetype(a) => instancetype::run(a),
         Bench::Storage(a) => storage::run(a),
         Bench::Network(a) => network::run(a),
         Bench::PortForward(a) => portforward::run(a),
         Bench::Scale(a) => scale::run(a),
         Bench::All(a) => all::run(a),
     }
+}
+
+/// A client of kube-apiserver with the kubeconfig's own credentials.
+pub(crate) fn api_client(
+    kube: &crate::deploy::Kubectl,
+) -> anyhow::Result<(reqwest::Client, String)> {
+    use base64::Engine as _;
+    let raw = kube.run(&["config", "view", "--raw", "--minify", "-o", "json"], None)?;
+    let cfg: serde_json::Value = serde_json::from_str(&raw).context("kubeconfig as JSON")?;
+    let b64 = |v: &serde_json::Value| -> anyhow::Result<Vec<u8>> {
+        base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().context("inline kubeconfig data")?)
+            .context("kubeconfig data")
+    };
+    let server = cfg["clusters"][0]["cluster"]["server"]
+        .as_str()
+        .context("kubeconfig server")?
+        .to_string();
+    let ca = b64(&cfg["clusters"][0]["cluster"]["certificate-authority-data"])?;
+    let mut identity = b64(&cfg["users"][0]["user"]["client-certificate-data"])?;
+    identity.extend(b64(&cfg["users"][0]["user"]["client-key-data"])?);
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca)?)
+        .identity(reqwest::Identity::from_pem(&identity)?)
+        .use_rustls_tls()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()?;
+    Ok((client, server))
 }
 
 /// docs/benchmarks.md of the workspace.

@@ -200,6 +200,19 @@ impl Cluster {
             .collect())
     }
 
+    /// `seen` with each running launcher's boot count: the test guest's banners in the pod's
+    /// `guest-console-log` (a pod whose log cannot be read is left out). A kubectl call per
+    /// pod, so read only before a fault and after convergence, not while converging.
+    fn with_boots(&self, mut seen: Seen) -> Seen {
+        for p in seen.pods.iter().filter(|p| p.live()) {
+            if let Ok(log) = self.ns(&["logs", &p.name, "-c", "guest-console-log"]) {
+                seen.boots
+                    .insert(p.uid.clone(), log.matches(virt_testguest::BANNER).count());
+            }
+        }
+        seen
+    }
+
     /// Everything the checks compare, read now.
     fn seen(&self) -> anyhow::Result<Seen> {
         let objects: Value = serde_json::from_str(&self.ns(&[
@@ -490,6 +503,8 @@ struct Outcome {
     ops: Vec<Done>,
     left: Vec<String>,
     note: String,
+    /// For an API outage: when the API and every component's watches were back.
+    resumed: Option<Resumed>,
 }
 
 impl Outcome {
@@ -645,6 +660,96 @@ fn inject(
     }
 }
 
+/// How long after an API outage every component saw its objects again (issue 51 point 5).
+#[derive(Debug, Clone)]
+struct Resumed {
+    /// Seconds from the kill until the VM API answered again.
+    api: f64,
+    /// Seconds from then until every component's `/readyz` said no watch was blind.
+    watches: f64,
+}
+
+/// Longest a component may stay blind after the API answers again.
+const RESUME_BOUND: f64 = 5.0;
+
+/// The metrics ports of virt-controller, virt-handler and virt-operator pods (their
+/// `/readyz` names blind watches), running and not being deleted: (pod, port).
+fn watch_endpoints(k: &Kubectl) -> anyhow::Result<Vec<(String, i64)>> {
+    let pods: Value = serde_json::from_str(&k.run(
+        &[
+            "-n",
+            KUBEVIRT_NS,
+            "get",
+            "pods",
+            "-l",
+            "kubevirt.io in (virt-controller,virt-handler,virt-operator)",
+            "-o",
+            "json",
+        ],
+        None,
+    )?)?;
+    Ok(pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| {
+            p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null()
+        })
+        .filter_map(|p| {
+            let port = p["spec"]["containers"][0]["ports"]
+                .as_array()?
+                .iter()
+                .find(|port| port["name"] == "metrics")?["containerPort"]
+                .as_i64()?;
+            Some((p["metadata"]["name"].as_str()?.to_string(), port))
+        })
+        .collect())
+}
+
+/// Measures, from `t0` (the kill), when the VM API answers again and when, after that, no
+/// component's watch is blind any more (each asked through the kube-apiserver's pod proxy).
+/// `Err` with the blind watches left at `limit`.
+fn measure_resume(k: &Kubectl, t0: Instant, limit: Duration) -> Result<Resumed, String> {
+    let probe = format!("/apis/kubevirt.io/v1/namespaces/{NS}/virtualmachines?limit=1");
+    let mut api = None;
+    let mut last = "the VM API never answered".to_string();
+    while t0.elapsed() < limit {
+        let Some(api_at) = api else {
+            if k.run(&["get", "--raw", &probe], None).is_ok() {
+                api = Some(t0.elapsed());
+                last = "no component answered /readyz".into();
+                continue;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        };
+        let blind: Vec<String> = match watch_endpoints(k) {
+            Ok(eps) if !eps.is_empty() => eps
+                .iter()
+                .filter_map(|(pod, port)| {
+                    let path =
+                        format!("/api/v1/namespaces/{KUBEVIRT_NS}/pods/{pod}:{port}/proxy/readyz");
+                    match k.run(&["get", "--raw", &path], None) {
+                        Ok(_) => None,
+                        Err(e) => Some(format!("{pod}: {}", format!("{e:#}").trim())),
+                    }
+                })
+                .collect(),
+            Ok(_) => vec!["no running component pod".into()],
+            Err(e) => vec![format!("listing the components: {e:#}")],
+        };
+        if blind.is_empty() {
+            return Ok(Resumed {
+                api: api_at.as_secs_f64(),
+                watches: (t0.elapsed() - api_at).as_secs_f64(),
+            });
+        }
+        last = blind.join("; ");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    Err(last)
+}
+
 /// Polls until the cluster matches the loop's intent; the seconds since `t0`, or the last
 /// differences after `limit`.
 fn converge(
@@ -772,17 +877,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // The round's pods, migrations and stops are under way.
         std::thread::sleep(Duration::from_secs(1));
         let before = lock(&shared.done).len();
+        // The guests this round leaves alone, as they run now: the fault must not restart
+        // them (the launcher victim aside), which convergence alone would not show.
+        let alone: Vec<&String> = names
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !model::in_round(*i, round))
+            .map(|(_, vm)| vm)
+            .collect();
+        let mut untouched = model::instances(&c.with_boots(c.seen()?), alone);
         let t0 = Instant::now();
         let (victim, launcher_vm) = inject(&c, fault, &names, round, &shared)
             .with_context(|| format!("injecting {}", fault.name()))?;
+        if let Some(vm) = &launcher_vm {
+            untouched.remove(vm);
+        }
         tracing_line(&format!("FAULT {}: killed {victim}", fault.name()));
+        // An outage of the API itself: every component must see its objects again within
+        // seconds of the API answering (issue 51 point 5).
+        let resume = matches!(fault, Fault::Apiserver | Fault::Etcd).then(|| {
+            let k = c.k.clone();
+            let limit = limit + c.stall;
+            std::thread::spawn(move || measure_resume(&k, t0, limit))
+        });
         let old_vmi = launcher_vm
             .as_ref()
             .and_then(|vm| c.vmi(vm).ok().flatten())
             .and_then(|v| v["metadata"]["uid"].as_str().map(str::to_string));
         let mut victim_end = String::new();
         let paused = pause(&shared, c.stall + Duration::from_secs(60));
+        let mut last_seen = Seen::default();
         let result = converge(&c, &shared, t0, limit + c.stall, |seen| {
+            last_seen = seen.clone();
             // What became of the killed launcher's VMI: Failed, then replaced per runStrategy.
             if let (Some(vm), Some(old)) = (&launcher_vm, &old_vmi) {
                 match seen.vmis.get(vm) {
@@ -813,6 +939,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Err(e) = paused {
             left.push(format!("{e:#}"));
         }
+        let resumed = resume.map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err("the resume probe panicked".into()))
+        });
+        match &resumed {
+            Some(Ok(r)) if r.watches > RESUME_BOUND => left.push(format!(
+                "components blind for {:.1} s after the API answered again (bound {RESUME_BOUND} s)",
+                r.watches
+            )),
+            Some(Err(e)) => left.push(format!("watches not resumed: {e}")),
+            _ => {}
+        }
+        let disturbed = model::disturbed(&untouched, &c.with_boots(last_seen.clone()));
+        tracing_line(&format!(
+            "{}: {} guest(s) left alone by the round, {} restarted",
+            fault.name(),
+            untouched.len(),
+            disturbed.len()
+        ));
+        left.extend(disturbed);
         if launcher_vm.is_some() && !victim_end.contains("new VMI") {
             left.push(format!(
                 "the killed launcher's VM was not started again ({victim_end})"
@@ -828,6 +974,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ops,
             left,
             note: victim_end,
+            resumed: resumed.and_then(Result::ok),
         };
         tracing_line(&format!(
             "{}: {}",
@@ -1032,11 +1179,18 @@ fn section(
          the cluster must match what the loop asked: every VM there with its uid (none lost or \
          made twice), every running VM with one Running VMI, one live launcher pod and one QEMU \
          process in that pod (from this host's /proc), no VMI, pod or QEMU of a stopped or \
-         deleted VM, no migration unfinished, every kubevirt-rs pod Ready again. Converged = \
+         deleted VM, no migration unfinished, every kubevirt-rs pod Ready again, and every \
+         guest the round left alone (the launcher fault's victim aside) still the same VMI, \
+         launcher pod and QEMU process as before the kill, its guest not booted again (the \
+         banners in its `guest-console-log`) (a guest wrongly restarted under runStrategy \
+         Always would converge too; this is what sees it). Converged = \
          seconds from the kill until all of that held (it includes the round the loop \
-         finished meanwhile). Details: docs/local-cluster.md.\n\n\
-         | fault | killed | operations during it | converged after | left over |\n\
-         |---|---|---|---|---|\n",
+         finished meanwhile). Watches back = for an outage of the API (virt-apiserver, etcd), \
+         seconds from the kill until the VM API answered again, then until no watch of \
+         virt-controller, virt-handler or virt-operator was blind (their `/readyz`; bound \
+         {RESUME_BOUND} s). Details: docs/local-cluster.md.\n\n\
+         | fault | killed | operations during it | converged after | watches back | left over |\n\
+         |---|---|---|---|---|---|\n",
         commit(),
         now_utc(),
         Machine::probe(),
@@ -1073,12 +1227,16 @@ fn section(
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} |",
             o.fault,
             victim,
             ops.join(", "),
             o.converged
                 .map_or("**no**".to_string(), |t| format!("{t:.1} s")),
+            o.resumed.as_ref().map_or("–".to_string(), |r| format!(
+                "API after {:.1} s, watches {:.1} s later",
+                r.api, r.watches
+            )),
             if left.is_empty() {
                 "nothing".to_string()
             } else {

@@ -5,7 +5,8 @@
 //! virt-launcher needs a userland (libvirtd with the QEMU driver, QEMU and its firmware,
 //! qemu-img, xorriso, util-linux, a shell, busybox): its root filesystem is assembled from this
 //! machine's files the same way — the programs, the `ldd` closure of every ELF file, and the
-//! data directories QEMU and libvirt read — see [`launcher_rootfs`]. That avoids a base image we
+//! data directories QEMU and libvirt read — see [`launcher_rootfs`]; it also carries virt-importer,
+//! the DataVolume worker, which runs its qemu-img. That avoids a base image we
 //! would have to fetch and keeps the images small. Tags are a hash of the image's content, so an
 //! unchanged input gives the same tag (no rebuild, no import, no rollout) and a changed one a new
 //! tag. The test guest image (kernel, initramfs, disk) is `localhost/kubevirt-rs/test-guest:latest`.
@@ -159,9 +160,28 @@ pub fn record_path() -> PathBuf {
 }
 
 /// Builds the binaries ([`Profile`]) and every image (cached by content), then loads them.
+/// An exclusive lock on `dir`, held until the returned guard is dropped (also across
+/// processes: flock on `dir/.lock`).
+fn lock_dir(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<fs::File>> {
+    let path = dir.join(".lock");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| anyhow::anyhow!("locking {}: {e}", path.display()))
+}
+
 pub fn ensure(load: Load) -> anyhow::Result<Built> {
     let dir = images_dir();
     fs::create_dir_all(&dir)?;
+    // e2e binaries that run beside each other each deploy at their start, and all of them
+    // stage into target/images/: one removed a stripped binary while another ran ldd on it
+    // (access and guest failed so). One process builds, strips and imports at a time; the
+    // next finds the images current.
+    let _lock = lock_dir(&dir)?;
     let profile = Profile::from_env()?;
     build_binaries(profile)?;
     let stripped = |bin: &str| -> anyhow::Result<PathBuf> {
@@ -206,9 +226,15 @@ pub fn ensure(load: Load) -> anyhow::Result<Built> {
         &load,
     )?;
     let operator = simple(OPERATOR_REPO, "virt-operator")?;
+    // virt-importer (node/importer) rides in the launcher image: it needs qemu-img and its
+    // library closure, which that image carries already, and every node has the image.
     let launcher = launcher_image(
         &stripped("virt-launcher")?,
-        &[stripped("virt-tail")?, stripped("virt-reaper")?],
+        &[
+            stripped("virt-tail")?,
+            stripped("virt-reaper")?,
+            stripped("virt-importer")?,
+        ],
         &load,
     )?;
     let (test_guest, test_guest_archive) = test_guest_image(&load)?;
@@ -467,8 +493,8 @@ fn load_archive(name: &str, archive: &Path, load: &Load) -> anyhow::Result<()> {
             // A name that carries no content hash (`:latest`) is current only with the same
             // manifest digest.
             let current = match archive_digest(archive) {
-                Some(digest) => local_cluster_digest(name).as_deref() == Some(&*digest),
-                None => local_cluster_digest(name).is_some(),
+                Some(digest) => every_node_digest(name).as_deref() == Some(&*digest),
+                None => every_node_digest(name).is_some(),
             };
             if current {
                 println!("{name}: already in the local cluster");
@@ -507,15 +533,34 @@ fn local_socket() -> PathBuf {
     crate::target_dir().join("cluster/state/run/containerd.sock")
 }
 
-/// The manifest digest of `name` in the local cluster's containerd, if it has the image.
+/// The manifest digest of `name` when every node of the local cluster (the second node's
+/// containerd too, when its socket is there) has it with the same digest. A node may lack an
+/// image the first has: its kubelet deletes unused images under disk pressure, and a pod
+/// scheduled there then fails to pull (no registry) until the image is imported again.
+fn every_node_digest(name: &str) -> Option<String> {
+    let second = local_socket().with_file_name("containerd-2.sock");
+    let first = local_cluster_digest(name)?;
+    if second.exists() && socket_digest(&second, name).as_deref() != Some(&*first) {
+        return None;
+    }
+    Some(first)
+}
+
+/// The manifest digest of `name` in the local cluster's (first node's) containerd, if it has
+/// the image.
 fn local_cluster_digest(name: &str) -> Option<String> {
     let socket = local_socket();
     if !socket.exists() {
         return None;
     }
+    socket_digest(&socket, name)
+}
+
+/// The manifest digest of `name` in the containerd at `socket`.
+fn socket_digest(socket: &Path, name: &str) -> Option<String> {
     let out = Command::new("ctr")
         .arg("--address")
-        .arg(&socket)
+        .arg(socket)
         .args(["--namespace", "k8s.io", "images", "ls"])
         .output()
         .ok()?;
@@ -574,6 +619,44 @@ fn test_guest_image(load: &Load) -> anyhow::Result<(String, PathBuf)> {
     })?;
     load_archive(TEST_GUEST_IMAGE, &archive, load)?;
     Ok((TEST_GUEST_IMAGE.to_string(), archive))
+}
+
+/// The Debian 12 test guest as a containerDisk image.
+pub const DEBIAN_GUEST_IMAGE: &str = "localhost/kubevirt-rs/debian-guest:latest";
+
+/// The Debian 12 test guest (virt-testguest's `debian`) as a containerDisk image in
+/// KubeVirt's layout: FROM scratch with only `/disk/disk.qcow2`, owned by 107:107, mode 0440.
+/// Its files come from a tar archive, not `buildah copy`, which would make them root's.
+/// Named `:latest`; the archive is named after its content hash. Builds
+/// target/guest-debian first when needed (root, minutes: `cargo xtask guest --debian`).
+pub fn debian_guest_image(load: &Load) -> anyhow::Result<(String, PathBuf)> {
+    use virt_testguest::debian;
+    let guest = debian::ensure(&debian::default_dir())
+        .context("building the Debian test guest (cargo xtask guest --debian)")?;
+    let mut hash = Sha256::new();
+    for f in debian::container_disk_files(&guest) {
+        hash.update(f.image.as_bytes());
+        hash.update(format!("{}:{}:{:o}", f.uid, f.gid, f.mode));
+        hash.update(fs::read(&f.host).with_context(|| format!("reading {}", f.host.display()))?);
+    }
+    let tag = &hex::encode(hash.finalize())[..12];
+    let archive = images_dir().join(format!("debian-guest-{tag}.oci.tar"));
+    build_once(DEBIAN_GUEST_IMAGE, &archive, |partial| {
+        let tar = images_dir().join("debian-guest-rootfs.tar");
+        debian::container_disk_tar(&guest, &tar)?;
+        let built = cluster::build_image(
+            DEBIAN_GUEST_IMAGE,
+            &ImageSpec {
+                rootfs_tar: Some(&tar),
+                ..ImageSpec::default()
+            },
+            partial,
+        );
+        let _ = fs::remove_file(&tar);
+        built
+    })?;
+    load_archive(DEBIAN_GUEST_IMAGE, &archive, load)?;
+    Ok((DEBIAN_GUEST_IMAGE.to_string(), archive))
 }
 
 /// Programs of the launcher image, with the `ldd` closure of each.
@@ -781,8 +864,9 @@ impl Rootfs {
 /// The launcher's root filesystem: everything `virt-launcher` runs (node/launcher: a private
 /// libvirtd in its own namespaces via setpriv/unshare/mount and a shell, QEMU, qemu-img for
 /// overlays, xorriso for cloud-init ISOs) and busybox for the pod's init containers.
-/// `helpers`: the launcher package's other binaries (virt-tail, virt-reaper), installed
-/// beside it in /usr/bin under their file names.
+/// `helpers`: the launcher package's other binaries (virt-tail, virt-reaper) and the
+/// DataVolume worker virt-importer (which runs qemu-img), installed beside it in /usr/bin
+/// under their file names.
 fn launcher_rootfs(launcher: &Path, helpers: &[PathBuf]) -> anyhow::Result<Rootfs> {
     let mut fs_ = Rootfs::default();
     for d in ["bin", "sbin", "lib", "lib64"] {

@@ -62,7 +62,22 @@ enum Command {
     GenManifests,
 }
 
-fn main() -> anyhow::Result<()> {
+/// Errors are printed with their causes and without a backtrace: CI sets RUST_BACKTRACE, and
+/// a CI log keeps only its tail, which a backtrace of xtask's own frames would fill.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     close_inherited_fds_on_exec();
     match Cli::parse().command {
         Command::DevApiserver(a) => dev_apiserver::run(a),

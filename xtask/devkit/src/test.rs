@@ -3,13 +3,17 @@
 //! end-to-end tests on a real local Kubernetes cluster. Fails when anything fails, when no
 //! test ran at all, or when the e2e phase passed fewer tests than the e2e crate contains.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write as _};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use anyhow::Context;
 
 mod e2e_lanes;
+#[cfg(test)]
+mod readme_tests;
+mod report;
+mod workspace;
 
 /// Arguments.
 #[derive(clap::Args, Debug)]
@@ -97,6 +101,25 @@ fn e2e_complete(e2e: &Tally, expected: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// The variable e2e tests find the skips file by (`e2e::SKIPS_FILE_ENV`).
+const SKIPS_FILE_ENV: &str = "E2E_SKIPS_FILE";
+
+/// The skips e2e tests recorded (`e2e::skip`, a JSON line each), as `test (reason)`.
+fn read_skips(file: &Path) -> Vec<String> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| {
+            format!(
+                "{} ({})",
+                v["test"].as_str().unwrap_or("?"),
+                v["reason"].as_str().unwrap_or("?")
+            )
+        })
+        .collect()
+}
+
 /// Counts the `name: test` lines of libtest's `--list` output.
 fn count_listed(list: &str) -> u64 {
     list.lines()
@@ -115,24 +138,151 @@ fn step(name: &str, cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What one `cargo test` command or test binary printed, and how it ended.
+struct Ran {
+    status: std::io::Result<std::process::ExitStatus>,
+    lines: Vec<String>,
+    /// The tests that failed, with how long after the start each did.
+    failed_after: Vec<(String, std::time::Duration)>,
+}
+
+impl Ran {
+    fn passed(&self) -> bool {
+        self.status.as_ref().is_ok_and(|s| s.success())
+    }
+}
+
 /// Runs a `cargo test` command, echoing its output and counting results.
-fn run_tests(name: &str, cmd: &mut Command, tally: &mut Tally) -> anyhow::Result<bool> {
+fn run_tests(name: &str, cmd: &mut Command, tally: &mut Tally) -> anyhow::Result<Ran> {
     eprintln!("==> {name}");
     let mut child = cmd
         .stdout(Stdio::piped())
         .spawn()
         .with_context(|| format!("running {name}"))?;
+    let (t0, mut lines, mut failed_after) = (std::time::Instant::now(), Vec::new(), Vec::new());
     if let Some(out) = child.stdout.take() {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             println!("{line}");
             tally.add_line(&line);
+            if let Some(t) = report::failed_test(&line) {
+                failed_after.push((t, t0.elapsed()));
+            }
+            lines.push(line);
         }
     }
-    Ok(child.wait()?.success())
+    let status = child.wait();
+    if !status.as_ref().is_ok_and(|s| s.success()) {
+        // A binary killed (the OOM killer, a signal) prints no summary: say how it ended.
+        eprintln!("{name} ended: {status:?}");
+    }
+    Ok(Ran {
+        status,
+        lines,
+        failed_after,
+    })
 }
 
-/// Builds the e2e test binaries and runs them in the order of [`e2e_lanes::plan`].
-fn run_e2e(root: &Path, env: &dyn Fn(&mut Command), tally: &mut Tally) -> anyhow::Result<bool> {
+/// MemAvailable of /proc/meminfo, in KiB.
+fn mem_available_kib() -> Option<u64> {
+    std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    })
+}
+
+/// Free disk and available memory, one line: printed after each e2e binary, so a run that
+/// failed from a full disk or the OOM killer shows when it happened.
+fn resources(root: &Path) -> String {
+    let disk = free_bytes(root).map_or_else(
+        || "?".to_string(),
+        |b| format!("{:.1}", b as f64 / f64::from(1u32 << 30)),
+    );
+    let mem = mem_available_kib().map_or_else(
+        || "?".to_string(),
+        |kb| format!("{:.1}", kb as f64 / 1048576.0),
+    );
+    let limit = report::cgroup_memory_limit()
+        .map(|l| {
+            format!(
+                " (this job's cgroup: at most {:.1} GiB)",
+                l as f64 / f64::from(1u32 << 30)
+            )
+        })
+        .unwrap_or_default();
+    let oom =
+        report::oom_kills().map_or_else(String::new, |n| format!(", {n} OOM kills since boot"));
+    format!("{disk} GiB disk free, {mem} GiB memory available{limit}{oom}")
+}
+
+/// A test binary taking longer than this is named in the run's summary.
+const SLOW_BINARY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Builds every test binary of the workspace, runs them [`workspace::JOBS`] at a time, then
+/// the doc tests. Says whether all passed, and which binaries were slow.
+fn run_workspace_tests(
+    env: &(dyn Fn(&mut Command) + Sync),
+    tally: &mut Tally,
+) -> anyhow::Result<(bool, Vec<(String, std::time::Duration)>)> {
+    eprintln!("==> building the workspace's tests");
+    let mut build = cargo();
+    build
+        .args(["test", "--workspace", "--no-run", "--message-format=json"])
+        .stderr(Stdio::inherit());
+    env(&mut build);
+    let out = build.output().context("cargo test --workspace --no-run")?;
+    if !out.status.success() {
+        eprintln!("building the workspace's tests failed");
+        tally.failed += 1;
+        return Ok((false, Vec::new()));
+    }
+    let binaries = workspace::executables(&String::from_utf8_lossy(&out.stdout));
+    anyhow::ensure!(!binaries.is_empty(), "the workspace built no test binary");
+    eprintln!(
+        "==> {} test binaries, {} at a time",
+        binaries.len(),
+        workspace::JOBS
+    );
+    let mut ok = true;
+    let mut failed = Vec::new();
+    let mut slow = Vec::new();
+    workspace::run(binaries, env, &mut |o| {
+        println!("==> {} ({:.1} s)", o.binary.name, o.took.as_secs_f64());
+        for line in &o.lines {
+            println!("{line}");
+            tally.add_line(line);
+        }
+        if !o.passed {
+            ok = false;
+            failed.push(o.binary.name.clone());
+        }
+        if o.took > SLOW_BINARY {
+            slow.push((o.binary.name, o.took));
+        }
+    })?;
+    let mut doc = cargo();
+    doc.args(["test", "--workspace", "--doc", "--no-fail-fast"]);
+    env(&mut doc);
+    ok &= run_tests("cargo test --workspace --doc", &mut doc, tally)?.passed();
+    if !failed.is_empty() {
+        eprintln!("test binaries that failed: {}", failed.join(", "));
+    }
+    slow.sort_by_key(|b| std::cmp::Reverse(b.1));
+    Ok((ok, slow))
+}
+
+/// How one e2e phase went: each binary's outcome, the lowest free disk and memory, and
+/// what changed for the worse in the cluster (with when).
+struct E2ePhase {
+    outcomes: Vec<report::Outcome>,
+    lows: report::Lows,
+    changes: Vec<(f64, String)>,
+}
+
+/// Builds the e2e test binaries and runs them in [`e2e_lanes::plan`]'s order; says how each
+/// ended (printed again in the run's summary, where a CI log's tail shows it), the lowest
+/// free disk and memory while they ran, and what happened to the cluster's nodes and pods.
+fn run_e2e(root: &Path, env: &dyn Fn(&mut Command), tally: &mut Tally) -> anyhow::Result<E2ePhase> {
     eprintln!("==> building the e2e tests");
     let mut build = cargo();
     build
@@ -154,60 +304,109 @@ fn run_e2e(root: &Path, env: &dyn Fn(&mut Command), tally: &mut Tally) -> anyhow
         env(&mut cmd);
         cmd
     };
-    let mut ok = true;
-    let run_one = |name: &str, tally: &mut Tally| -> anyhow::Result<bool> {
-        let t = std::time::Instant::now();
-        let passed = run_tests(&format!("e2e {name}"), &mut command(name), tally)?;
-        eprintln!("e2e {name}: {:.1} min", t.elapsed().as_secs_f64() / 60.0);
-        Ok(passed)
+    let start = std::time::Instant::now();
+    let minutes = move || start.elapsed().as_secs_f64() / 60.0;
+    let sampler = report::Sampler::start(
+        root,
+        start,
+        Some((
+            crate::deploy::kubectl_binary(),
+            root.join("target/cluster/kubeconfig"),
+        )),
+    );
+    let mut outcomes = Vec::new();
+    let mut run_one = |name: &str, tally: &mut Tally| -> anyhow::Result<()> {
+        let (t, started) = (std::time::Instant::now(), minutes());
+        let ran = run_tests(&format!("e2e {name}"), &mut command(name), tally)?;
+        eprintln!(
+            "e2e {name}: {:.1} min; {}",
+            t.elapsed().as_secs_f64() / 60.0,
+            resources(root)
+        );
+        outcomes.push(report::Outcome::new(
+            name,
+            started,
+            t.elapsed(),
+            ran.status,
+            &ran.lines,
+            &ran.failed_after,
+        ));
+        Ok(())
     };
     for name in &plan.first {
-        ok &= run_one(name, tally)?;
+        run_one(name, tally)?;
     }
-    // `access` beside the lane: its output is kept and printed when it ends, so that the
-    // lane's streams on undisturbed.
-    let beside = match &plan.beside {
-        Some(name) => {
-            eprintln!(
-                "==> e2e {name} (beside {:?}; its output follows when it ends)",
-                plan.lane
+    // The binaries beside the lane: their output is kept and printed when they end (in one
+    // block, between two lines of the lane's), so that the lane's streams on undisturbed and
+    // the log still tells failures in the order they happened.
+    let mut beside = Vec::new();
+    for name in &plan.beside {
+        eprintln!(
+            "==> e2e {name} (beside {:?}; its output follows when it ends)",
+            plan.lane
+        );
+        let mut child = command(name)
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running e2e {name}"))?;
+        let out = child.stdout.take();
+        let name = name.clone();
+        let started = minutes();
+        beside.push(std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            let (mut lines, mut failed_after) = (Vec::new(), Vec::new());
+            for line in out
+                .into_iter()
+                .flat_map(|o| BufReader::new(o).lines().map_while(Result::ok))
+            {
+                if let Some(test) = report::failed_test(&line) {
+                    failed_after.push((test, t.elapsed()));
+                }
+                lines.push(line);
+            }
+            let status = child.wait();
+            {
+                let mut stdout = std::io::stdout().lock();
+                let _ = writeln!(stdout, "==> e2e {name} (beside the lane) ended: {status:?}");
+                for line in &lines {
+                    let _ = writeln!(stdout, "{line}");
+                }
+            }
+            let outcome = report::Outcome::new(
+                &format!("{name} (beside the lane)"),
+                started,
+                t.elapsed(),
+                status,
+                &lines,
+                &failed_after,
             );
-            let mut child = command(name)
-                .stdout(Stdio::piped())
-                .spawn()
-                .with_context(|| format!("running e2e {name}"))?;
-            let out = child.stdout.take();
-            let name = name.clone();
-            Some(std::thread::spawn(move || {
-                let t = std::time::Instant::now();
-                let lines: Vec<String> = out
-                    .map(|o| BufReader::new(o).lines().map_while(Result::ok).collect())
-                    .unwrap_or_default();
-                let ok = child.wait().is_ok_and(|s| s.success());
-                (name, lines, ok, t.elapsed())
-            }))
-        }
-        None => None,
-    };
-    for name in &plan.lane {
-        ok &= run_one(name, tally)?;
+            (name, lines, outcome)
+        }));
     }
-    if let Some(h) = beside {
-        let (name, lines, beside_ok, took) = h
-            .join()
-            .map_err(|_| anyhow::anyhow!("the thread running e2e access panicked"))?;
-        eprintln!("==> e2e {name} (ran beside the lane)");
+    for name in &plan.lane {
+        run_one(name, tally)?;
+    }
+    let mut beside_outcomes = Vec::new();
+    for h in beside {
+        let (name, lines, outcome) = h.join().map_err(|_| {
+            anyhow::anyhow!("a thread running an e2e binary beside the lane panicked")
+        })?;
         for line in &lines {
-            println!("{line}");
             tally.add_line(line);
         }
-        eprintln!("e2e {name}: {:.1} min", took.as_secs_f64() / 60.0);
-        ok &= beside_ok;
+        eprintln!("e2e {name}: {:.1} min", outcome.took.as_secs_f64() / 60.0);
+        beside_outcomes.push(outcome);
     }
     for name in &plan.after {
-        ok &= run_one(name, tally)?;
+        run_one(name, tally)?;
     }
-    Ok(ok)
+    outcomes.extend(beside_outcomes);
+    let (lows, changes) = sampler.finish();
+    Ok(E2ePhase {
+        outcomes,
+        lows,
+        changes,
+    })
 }
 
 /// A fresh build (debug tests, release images, the cluster's state) takes about 15 GB of
@@ -239,9 +438,63 @@ fn report_disk(when: &str, path: &std::path::Path) {
     }
 }
 
-/// What the cluster looked like when e2e tests failed, printed last so that a CI summary that
-/// shows only the end of the log still shows it.
-fn cluster_diagnostics(root: &std::path::Path) {
+/// The cluster's unwell nodes and pods, one line each, and the last log lines of
+/// kubevirt-rs's own unwell pods: for the run's summary.
+fn unwell_cluster(kubectl: &Path, kubeconfig: &Path) -> Vec<String> {
+    let get = |args: &[&str]| -> Option<serde_json::Value> {
+        let out = Command::new(kubectl)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--request-timeout=20s"])
+            .args(args)
+            .output()
+            .ok()?;
+        serde_json::from_slice(&out.stdout).ok()
+    };
+    let (Some(pods), Some(nodes)) = (
+        get(&["get", "pods", "-A", "-o", "json"]),
+        get(&["get", "nodes", "-o", "json"]),
+    ) else {
+        return vec!["the cluster's API did not answer".to_string()];
+    };
+    let mut out = report::unwell(&pods, &nodes);
+    let ours: Vec<String> = out
+        .iter()
+        .filter_map(|l| l.strip_prefix("pod kubevirt/"))
+        .filter_map(|l| l.split_whitespace().next())
+        .take(3)
+        .map(str::to_string)
+        .collect();
+    for pod in ours {
+        let Ok(logs) = Command::new(kubectl)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args([
+                "-n",
+                "kubevirt",
+                "logs",
+                &pod,
+                "--all-containers",
+                "--tail=3",
+            ])
+            .args(["--request-timeout=20s"])
+            .output()
+        else {
+            continue;
+        };
+        for l in String::from_utf8_lossy(&logs.stdout).lines() {
+            out.push(format!(
+                "  {pod}: {}",
+                l.chars().take(240).collect::<String>()
+            ));
+        }
+    }
+    out
+}
+
+/// What the cluster looked like when e2e tests failed (the full listing; a few lines of it
+/// go into the summary at the end, where a CI log's tail shows them).
+fn cluster_diagnostics(root: &std::path::Path) -> Vec<String> {
     let kubeconfig = root.join("target/cluster/kubeconfig");
     let kubectl = crate::deploy::kubectl_binary();
     eprintln!("==> cluster state after failed e2e tests");
@@ -286,6 +539,7 @@ fn cluster_diagnostics(root: &std::path::Path) {
             Err(e) => eprintln!("kubectl {}: {e}", args.join(" ")),
         }
     }
+    unwell_cluster(&kubectl, &kubeconfig)
 }
 
 /// Runs everything.
@@ -297,6 +551,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Where the time went, printed at the end (CI shows the end of the log): the budget
     // is 60 minutes.
     let mut times: Vec<(&str, std::time::Duration)> = Vec::new();
+    let mut outcomes: Vec<report::Outcome> = Vec::new();
+    let mut lows = None;
+    let mut changes = Vec::new();
+    let mut skipped = Vec::new();
+    let mut unwell = Vec::new();
     let mut t = std::time::Instant::now();
     if !args.no_lint && !args.e2e_only {
         step(
@@ -339,12 +598,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut tally = Tally::default();
     let mut ok = true;
+    let mut slow_binaries = Vec::new();
     if !args.e2e_only {
-        let mut workspace = cargo();
-        workspace.args(["test", "--workspace", "--no-fail-fast"]);
-        test_env(&mut workspace);
-        ok = run_tests("cargo test --workspace", &mut workspace, &mut tally)?;
-        times.push(("cargo test --workspace (build and run)", t.elapsed()));
+        let (passed, slow) = run_workspace_tests(&test_env, &mut tally)?;
+        ok = passed;
+        slow_binaries = slow;
+        times.push(("workspace tests (build and run)", t.elapsed()));
     }
     t = std::time::Instant::now();
     if !args.no_e2e {
@@ -363,18 +622,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         report_disk("before the e2e tests", &root);
         let mut e2e = Tally::default();
         if up.success() {
+            let skips_file = root.join("target/e2e-skips.log");
+            let _ = std::fs::remove_file(&skips_file);
             let e2e_env = |cmd: &mut Command| {
                 cmd.env("KUBECONFIG", root.join("target/cluster/kubeconfig"))
+                    .env(SKIPS_FILE_ENV, &skips_file)
                     // Images from the debug build the workspace tests just made, not a
                     // second, optimised build of everything ([`crate::images::Profile::Dev`]).
                     .env(crate::images::PROFILE_ENV, "dev");
                 test_env(cmd);
             };
-            let e2e_ok = run_e2e(&root, &e2e_env, &mut e2e)?;
+            let phase = run_e2e(&root, &e2e_env, &mut e2e)?;
+            skipped = read_skips(&skips_file);
+            // libtest counted them as passed; they checked nothing.
+            let n = skipped.len() as u64;
+            e2e.passed = e2e.passed.saturating_sub(n);
+            e2e.ignored += n;
+            let e2e_ok = phase.outcomes.iter().all(|o| o.passed);
             if !e2e_ok {
-                cluster_diagnostics(&root);
+                unwell = cluster_diagnostics(&root);
+            }
+            if !phase.changes.is_empty() {
+                eprintln!("==> what changed in the cluster during the e2e phase (min)");
+                for (at, what) in &phase.changes {
+                    eprintln!("{at:>5.1} {what}");
+                }
             }
             ok &= e2e_ok;
+            outcomes = phase.outcomes;
+            lows = Some(phase.lows);
+            changes = phase.changes;
         } else {
             eprintln!("cluster up failed; logs in target/cluster/logs");
             e2e.failed += 1;
@@ -396,8 +673,52 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .context("cluster down")?;
         ok &= down.success();
     }
-    for (what, took) in &times {
-        println!("time: {what}: {:.1} min", took.as_secs_f64() / 60.0);
+    // The summary, last, in few lines: a CI log keeps only its tail.
+    println!("==> summary");
+    let phases: Vec<String> = times
+        .iter()
+        .map(|(what, took)| format!("{what} {:.1}", took.as_secs_f64() / 60.0))
+        .collect();
+    println!("time (min): {}", phases.join("; "));
+    let slow: Vec<String> = slow_binaries
+        .iter()
+        .map(|(b, took)| format!("{b} {:.1}", took.as_secs_f64() / 60.0))
+        .collect();
+    if !slow.is_empty() {
+        println!("slow workspace test binaries (min): {}", slow.join("; "));
+    }
+    let e2e_took: Vec<String> = outcomes
+        .iter()
+        .map(|o| format!("{} {:.1}", o.name, o.took.as_secs_f64() / 60.0))
+        .collect();
+    if !e2e_took.is_empty() {
+        println!("e2e binaries (min): {}", e2e_took.join("; "));
+    }
+    for o in outcomes.iter().filter(|o| !o.passed) {
+        println!("{}", o.line());
+    }
+    if let Some(lows) = lows {
+        println!("{}", lows.line());
+    }
+    if !unwell.is_empty() {
+        println!("cluster after the failed e2e tests:");
+        for l in unwell.iter().take(20) {
+            println!("  {l}");
+        }
+    }
+    if !skipped.is_empty() {
+        println!(
+            "e2e checks skipped ({}; a skip is not a pass): {}",
+            skipped.len(),
+            skipped.join("; ")
+        );
+    }
+    // Last, where the shortest tail still shows them: what went wrong first.
+    if !changes.is_empty() {
+        println!("{}", report::changes_line(&changes, 900));
+    }
+    for l in report::first_failures(&outcomes, 3) {
+        println!("{l}");
     }
     println!(
         "{} passed, {} failed, {} skipped",

@@ -165,9 +165,10 @@ fn cluster_role_and_binding(out: &mut String, name: &str, rules: Vec<PolicyRule>
     )
 }
 
-/// `GET /healthz` on the port named `metrics`: readiness, asked every 2 s.
+/// `GET /readyz` on the port named `metrics`, asked every 2 s: not ready while one of the
+/// process's API watches is failing, so a component that cannot see its objects shows it.
 fn ready() -> Probe {
-    http_probe("/healthz", "metrics", "HTTP", 2, 3)
+    http_probe("/readyz", "metrics", "HTTP", 2, 3)
 }
 
 /// `GET /healthz` on the port named `metrics`: liveness ([`liveness_probe`]).
@@ -175,24 +176,49 @@ fn alive() -> Probe {
     liveness_probe("/healthz", "metrics", "HTTP")
 }
 
+/// The API groups whose stored kinds virt-controller reconciles (writes, and their status).
+const RECONCILED_GROUPS: [&str; 2] = [GROUP, kubevirt_api::cdi::GROUP];
+
 /// virt-controller's cluster-wide rules. Its own kinds come from the catalogue: it reconciles
 /// every stored kind and writes their status.
 fn controller_rules() -> Vec<PolicyRule> {
     let all = [
         "get", "list", "watch", "create", "update", "patch", "delete",
     ];
-    let stored = catalogue::STORED;
-    vec![
-        rule(GROUP, resources(stored, ""), &all),
+    // It reconciles the kinds of kubevirt.io and CDI's (a VM creates its DataVolumes, a
+    // DataVolume its claim) and reads the others (instance types and preferences, which it
+    // applies to the VMIs it creates).
+    let stored = catalogue::stored().filter(|k| RECONCILED_GROUPS.contains(&k.group));
+    let read_only = catalogue::stored().filter(|k| !RECONCILED_GROUPS.contains(&k.group));
+    let mut rules = crate::render::rules_by_group(stored.clone(), "", &all);
+    rules.extend(crate::render::rules_by_group(
+        stored.clone().filter(|k| k.has_status),
+        "/status",
+        &["get", "update", "patch"],
+    ));
+    // ownerReferences with blockOwnerDeletion need update on the owner's finalizers
+    // where OwnerReferencesPermissionEnforcement is enabled, and every stored kind owns
+    // something with it: a VM its VMI and DataVolumes, a VMI its launcher pod, a migration
+    // its target pod, a DataVolume its claim.
+    rules.extend(crate::render::rules_by_group(
+        stored,
+        "/finalizers",
+        &["update"],
+    ));
+    rules.extend(crate::render::rules_by_group(
+        read_only,
+        "",
+        &["get", "list", "watch"],
+    ));
+    rules.extend([
+        // The copies of a VM's instance type and preference it captures (KubeVirt's
+        // ControllerRevisions, owned by the VM).
         rule(
-            GROUP,
-            resources(stored.into_iter().filter(|k| k.has_status), "/status"),
-            &["get", "update", "patch"],
+            "apps",
+            strings(&["controllerrevisions"]),
+            // patch: a VM sharing another VM's copy adds itself to its owners.
+            &["get", "list", "watch", "create", "patch", "delete"],
         ),
-        // ownerReferences with blockOwnerDeletion need update on the owner's finalizers
-        // where OwnerReferencesPermissionEnforcement is enabled, and every stored kind owns
-        // something with it: a VM its VMI, a VMI its launcher pod, a migration its target pod.
-        rule(GROUP, resources(stored, "/finalizers"), &["update"]),
         rule("", strings(&["pods"]), &all),
         // The workload updater evicts launcher pods that cannot migrate (Evict).
         rule("", strings(&["pods/eviction"]), &["create"]),
@@ -219,13 +245,21 @@ fn controller_rules() -> Vec<PolicyRule> {
             &["get", "list", "watch", "create", "patch", "delete"],
         ),
         rule("", strings(&["nodes"]), &["get", "list", "watch"]),
+        // A DataVolume's `storage:` claim takes the default (virt) StorageClass, and a
+        // blank one waits for its first consumer where the class binds on it.
+        rule(
+            "storage.k8s.io",
+            strings(&["storageclasses"]),
+            &["get", "list", "watch"],
+        ),
         rule("", strings(&["events"]), &["create", "update", "patch"]),
         rule(
             "events.k8s.io",
             strings(&["events"]),
             &["create", "update", "patch"],
         ),
-    ]
+    ]);
+    rules
 }
 
 /// Objects of virt-controller: ServiceAccount, RBAC, Deployment.
@@ -269,6 +303,8 @@ fn controller_deployment(p: &Params) -> Deployment {
     let selector = BTreeMap::from([("app.kubernetes.io/name".to_string(), CONTROLLER.into())]);
     let mut pod_labels = labels(CONTROLLER);
     pod_labels.insert(COMPONENT_LABEL.into(), CONTROLLER.into());
+    // Behind kubevirt-prometheus-metrics: its /metrics is on the port named `metrics`.
+    pod_labels.extend([super::monitoring::pod_label()]);
     let container = Container {
         name: CONTROLLER.into(),
         image: Some(p.controller_image.clone()),
@@ -285,6 +321,7 @@ fn controller_deployment(p: &Params) -> Deployment {
             .into_iter()
             .chain(super::eviction_strategy_flag(p))
             .chain(super::serial_console_log_flag(p))
+            .chain(super::datavolumes_flag(p))
             .chain(super::workload_update_flags(p))
             .chain(p.migration_flags.iter().cloned())
             .collect(),
@@ -346,23 +383,35 @@ fn controller_deployment(p: &Params) -> Deployment {
     }
 }
 
-/// virt-handler's cluster-wide rules: of the catalogue's kinds it touches VMIs only, the ones
-/// on its node and their status.
+/// virt-handler's resources. Memory is bounded (N4 of the security review at bd37f96): the
+/// one privileged daemon of a node serves every launcher there, and one that could make it
+/// grow would take consoles, networks and migrations of every VM on the node with it. Measured:
+/// 35 MiB resident with VMs running (debug build, two-node local cluster); what grows with the
+/// VMs is a few KiB each, plus up to 1.3 MiB per console with a reader that lags (its hub's
+/// buffer of 128 chunks of 10 KiB): 256 MiB leaves room for a hundred such consoles.
+fn handler_resources() -> k8s_openapi::api::core::v1::ResourceRequirements {
+    let mut r = requests("20m", "32Mi");
+    r.limits = Some(std::collections::BTreeMap::from([(
+        "memory".to_string(),
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity("256Mi".into()),
+    )]));
+    r
+}
+
+/// virt-handler's cluster-wide rules: of the catalogue's kinds it reads VMIs and writes
+/// their status only (virt-apiserver narrows that to the VMIs of the handler's own node:
+/// `kubevirt_api::policy::Actor::Handler`); nothing on Nodes (N7 of the security review at
+/// bd37f96: it never used its `patch` on every Node).
 fn handler_rules() -> Vec<PolicyRule> {
     let vmi = [&catalogue::VIRTUAL_MACHINE_INSTANCE];
     vec![
-        rule(
-            GROUP,
-            resources(vmi, ""),
-            &["get", "list", "watch", "patch", "update"],
-        ),
+        rule(GROUP, resources(vmi, ""), &["get", "list", "watch"]),
         rule(
             GROUP,
             resources(vmi, "/status"),
             &["get", "patch", "update"],
         ),
         rule("", strings(&["pods"]), &["get", "list", "watch"]),
-        rule("", strings(&["nodes"]), &["get", "list", "watch", "patch"]),
         // Its own certificate, asked for with its pod-bound token (signer.rs).
         rule(
             "certificates.k8s.io",
@@ -403,6 +452,8 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
         COMPONENT_LABEL.into(),
         kubevirt_api::HANDLER_COMPONENT.into(),
     );
+    // Behind kubevirt-prometheus-metrics: its /metrics is on the port named `metrics`.
+    pod_labels.extend([super::monitoring::pod_label()]);
     let container = Container {
         name: HANDLER.into(),
         image: Some(p.handler_image.clone()),
@@ -440,7 +491,7 @@ fn handler_daemonset(p: &Params) -> DaemonSet {
             mount("ca", HANDLER_CA_DIR, true),
             mount("certs", HANDLER_CERT_DIR, false),
         ]),
-        resources: Some(requests("20m", "32Mi")),
+        resources: Some(handler_resources()),
         // Enters launcher pods' network namespaces and reaches their sockets through
         // /proc/<pid>/root (docs/node.md, "Privilege model").
         security_context: Some(SecurityContext {
@@ -515,11 +566,19 @@ pub fn apiserver_pod_reader(out: &mut String) -> Result<()> {
         out,
         &Role {
             metadata: meta(name, Some(NAMESPACE), super::NAME),
-            rules: Some(vec![rule(
-                "",
-                strings(&["pods"]),
-                &["get", "list", "watch"],
-            )]),
+            rules: Some(vec![
+                rule("", strings(&["pods"]), &["get", "list", "watch"]),
+                // The eviction webhook marks an etcd pod whose eviction was asked, so that
+                // virt-operator moves that member (webhook.rs); only those pods.
+                PolicyRule {
+                    resource_names: Some(
+                        (0..super::etcd::MAX_MEMBERS)
+                            .map(super::etcd::member_name)
+                            .collect(),
+                    ),
+                    ..rule("", strings(&["pods"]), &["patch"])
+                },
+            ]),
         },
     )?;
     push_doc(
@@ -629,20 +688,36 @@ mod tests {
         ]
         .into_iter()
         .map(String::from)
-        .chain(catalogue::STORED.iter().flat_map(|k| {
-            let p = k.plural;
-            [
-                "get", "list", "watch", "create", "update", "patch", "delete",
-            ]
-            .map(|v| format!("{p} {v}"))
-            .into_iter()
-            .chain(["get", "update", "patch"].map(|v| format!("{p}/status {v}")))
-            .chain([format!("{p}/finalizers update")])
-        }))
+        .chain(
+            catalogue::stored()
+                .filter(|k| k.group == GROUP)
+                .flat_map(|k| {
+                    let p = k.plural;
+                    [
+                        "get", "list", "watch", "create", "update", "patch", "delete",
+                    ]
+                    .map(|v| format!("{p} {v}"))
+                    .into_iter()
+                    .chain(["get", "update", "patch"].map(|v| format!("{p}/status {v}")))
+                    .chain([format!("{p}/finalizers update")])
+                }),
+        )
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .collect();
         assert_eq!(grants(&controller_rules(), GROUP), want);
+        // …and CDI's DataVolumes, which it creates for VMs and whose status it writes.
+        let cdi = grants(&controller_rules(), kubevirt_api::cdi::GROUP);
+        for g in [
+            "datavolumes create",
+            "datavolumes delete",
+            "datavolumes watch",
+            "datavolumes/status update",
+            "datavolumes/status patch",
+            "datavolumes/finalizers update",
+        ] {
+            assert!(cdi.contains(&g.to_string()), "{g}: {cdi:?}");
+        }
         assert!(want.contains(&"virtualmachineinstancemigrations/status patch".to_string()));
         assert!(want.contains(&"virtualmachines/finalizers update".to_string()));
     }
@@ -654,13 +729,20 @@ mod tests {
             [
                 "virtualmachineinstances get",
                 "virtualmachineinstances list",
-                "virtualmachineinstances patch",
-                "virtualmachineinstances update",
                 "virtualmachineinstances watch",
                 "virtualmachineinstances/status get",
                 "virtualmachineinstances/status patch",
                 "virtualmachineinstances/status update",
             ]
+        );
+    }
+
+    #[test]
+    fn handler_touches_no_node() {
+        assert!(
+            grants(&handler_rules(), "")
+                .iter()
+                .all(|g| !g.starts_with("nodes"))
         );
     }
 

@@ -281,6 +281,15 @@ fn selector() -> BTreeMap<String, String> {
     BTreeMap::from([("app.kubernetes.io/name".to_string(), ETCD.to_string())])
 }
 
+/// The label selector of etcd's pods, as a list or watch takes it.
+pub fn pod_selector() -> String {
+    selector()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn port(name: &str, port: i32) -> ServicePort {
     ServicePort {
         name: Some(name.into()),
@@ -406,6 +415,9 @@ pub fn pdb() -> PodDisruptionBudget {
                 match_labels: Some(selector()),
                 ..LabelSelector::default()
             }),
+            // A replaced member's old pod is not ready (its etcd left the cluster) and must
+            // still go by the drain's eviction (etcd_evacuation::mark_replaced).
+            unhealthy_pod_eviction_policy: Some("AlwaysAllow".into()),
             ..PodDisruptionBudgetSpec::default()
         }),
         ..PodDisruptionBudget::default()
@@ -479,6 +491,17 @@ fn cluster_args() -> Vec<String> {
         // A peer connects from its pod IP (a Service translates only the destination), which
         // no certificate can name: peers are authenticated by CA and common name instead.
         "--experimental-peer-skip-client-san-verification=true".into(),
+        // A member moving off a drained node passes through two voters, which need each
+        // other for quorum: virt-operator removes the one leaving right after the other
+        // is promoted, having checked that it answers (etcd_members), instead of etcd
+        // holding every change for five seconds of connection history; the shorter the two
+        // voters need each other, the less a hiccup of either costs.
+        "--strict-reconfig-check=false".into(),
+        // Workers are busy machines (VMs, and under TCG their CPUs): a heartbeat missed
+        // while a node is loaded must not cost an election, and with it the API for the
+        // seconds the election takes (etcd's defaults are 100 ms and 1 s).
+        "--heartbeat-interval=250".into(),
+        "--election-timeout=2500".into(),
     ]);
     args
 }
@@ -1080,6 +1103,9 @@ mod tests {
                 "--peer-client-cert-auth=true",
                 "--peer-cert-allowed-cn=kubevirt-etcd-peer",
                 "--experimental-peer-skip-client-san-verification=true",
+                "--strict-reconfig-check=false",
+                "--heartbeat-interval=250",
+                "--election-timeout=2500",
             ]
         );
         let env: Vec<(String, String)> = c

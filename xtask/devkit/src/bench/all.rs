@@ -56,7 +56,14 @@ pub fn plan(args: &AllArgs) -> Vec<Step> {
         step(section::STORAGE, true, &["--runs", &runs]),
         step(section::PORT_FORWARD, true, &["--runs", &runs]),
         step(section::START, true, &[]),
+        step(
+            section::START_DEBIAN,
+            true,
+            &["--guest", "debian", "--runs", &runs],
+        ),
         step(section::DRAIN, true, &["--runs", &runs]),
+        step(section::ETCD_DRAIN, true, &["--runs", &runs]),
+        step(section::INSTANCETYPE, true, &["--runs", &runs]),
     ]
     .into_iter()
     .filter(|s| !args.skip.iter().any(|k| k == s.name))

@@ -45,6 +45,11 @@ pub const START: Slot = Slot {
     title: "VM start, step by step, and density (cargo xtask bench start)",
     command: "cargo xtask bench start",
 };
+pub const START_DEBIAN: Slot = Slot {
+    key: "start-debian",
+    title: "A Debian 12 guest: start, guest agent, the agent's CPU (cargo xtask bench start --guest debian)",
+    command: "cargo xtask bench start --guest debian",
+};
 pub const MIGRATE: Slot = Slot {
     key: "migrate",
     title: "Live migration (cargo xtask bench migrate)",
@@ -65,6 +70,16 @@ pub const DRAIN: Slot = Slot {
     title: "Node drain (cargo xtask bench drain)",
     command: "cargo xtask bench drain",
 };
+pub const ETCD_DRAIN: Slot = Slot {
+    key: "etcd-drain",
+    title: "Draining the node that holds etcd (cargo xtask bench etcd-drain)",
+    command: "cargo xtask bench etcd-drain",
+};
+pub const INSTANCETYPE: Slot = Slot {
+    key: "instancetype",
+    title: "A VM sized by an instance type against one written out (cargo xtask bench instancetype)",
+    command: "cargo xtask bench instancetype",
+};
 pub const STORAGE: Slot = Slot {
     key: "storage",
     title: "Persistent disks (cargo xtask bench storage)",
@@ -84,7 +99,7 @@ pub const ALL: Slot = Slot {
 /// Every generated section, in the document's order: what `bench all`'s plan and the
 /// checked-in document are tested against.
 #[cfg(test)]
-pub const SLOTS: [Slot; 12] = [
+pub const SLOTS: [Slot; 15] = [
     ALL,
     APISERVER,
     ABUSE,
@@ -92,11 +107,14 @@ pub const SLOTS: [Slot; 12] = [
     SCALE,
     LAUNCHER,
     START,
+    START_DEBIAN,
     MIGRATE,
     STORAGE,
     NETWORK,
     PORT_FORWARD,
     DRAIN,
+    ETCD_DRAIN,
+    INSTANCETYPE,
 ];
 
 /// What a reader needs to trust or reproduce a figure.

@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use super::report::{self, percentile};
 use super::section::{self, Provenance, Section};
 
+pub(super) mod debian;
 pub(super) mod steps;
 use steps::{Step, Timeline};
 
@@ -37,6 +38,20 @@ pub struct StartArgs {
     /// alternating (the start-latency breakdown); 0 skips them.
     #[arg(long, default_value_t = 5)]
     pub single_runs: usize,
+    /// Which guest: `busybox` (the default: single runs, burst, density; the section "VM
+    /// start") or `debian`, the Debian 12 test guest (docs/real-guests.md): create → SSH and
+    /// → `AgentConnected` against bare QEMU, an address → the status, and what following
+    /// the guest agent costs (its own section).
+    #[arg(long, value_enum, default_value_t = Guest::Busybox)]
+    pub guest: Guest,
+    /// With `--guest debian`: runs of each side (cluster, bare QEMU), alternating.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// With `--guest debian`: the last Debian VM then idles this long with its guest agent,
+    /// and as long again with the agent stopped in the guest (the CPU following the agent
+    /// costs); 0 skips it.
+    #[arg(long, default_value_t = 300)]
+    pub agent_idle_seconds: u64,
     /// VMs of the burst after the single runs, created `--burst-interval-ms` apart; 0
     /// skips it.
     #[arg(long, default_value_t = 10)]
@@ -69,6 +84,15 @@ pub struct StartArgs {
     /// Only print the figures; leave docs/benchmarks.md alone.
     #[arg(long)]
     pub no_docs: bool,
+}
+
+/// The guest `bench start` boots.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guest {
+    /// The busybox test guest (kernel + initramfs): the start pipeline itself.
+    Busybox,
+    /// The Debian 12 test guest: systemd, cloud-init, qemu-guest-agent, OpenSSH.
+    Debian,
 }
 
 /// Requests of one launcher pod, and what the cluster and the machine have left.
@@ -771,6 +795,9 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
         kubectl: kubectl_binary(),
         kubeconfig: kubeconfig.clone(),
     };
+    if args.guest == Guest::Debian {
+        return run_debian(&kube, &args);
+    }
     let plugin = plugin_binary()?;
     let ns = "bench-start";
     // Taken before the run: the figures belong to the code and machine at its start.
@@ -1040,9 +1067,52 @@ pub fn run(args: StartArgs) -> anyhow::Result<()> {
     super::record(&section, args.no_docs)
 }
 
+/// `bench start --guest debian`: the Debian guest's runs, in a namespace of their own, into
+/// their own section of docs/benchmarks.md.
+fn run_debian(kube: &Kube, args: &StartArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.runs > 0, "--runs must be at least 1");
+    let ns = "bench-start-debian";
+    let provenance = Provenance::probe(args.command());
+    let timeout = Duration::from_secs(args.timeout_seconds);
+    if !kube
+        .run(&["get", "namespace", ns, "--ignore-not-found", "-o", "name"])?
+        .trim()
+        .is_empty()
+    {
+        eprintln!("deleting the namespace {ns} of an earlier run…");
+        kube.run(&["delete", "namespace", ns, "--wait=false"])?;
+        wait_for("the old namespace gone", timeout, || {
+            kube.run(&["get", "namespace", ns, "--ignore-not-found", "-o", "name"])
+                .is_ok_and(|o| o.trim().is_empty())
+        })?;
+    }
+    kube.run(&["create", "namespace", ns])?;
+    let _cleanup = NamespaceGuard {
+        kube: Kube {
+            kubectl: kube.kubectl.clone(),
+            kubeconfig: kube.kubeconfig.clone(),
+        },
+        ns,
+        keep: args.keep,
+    };
+    let idle = Duration::from_secs(args.agent_idle_seconds);
+    let body = debian::run(kube, ns, args.runs, idle, &args.cpu_request, |name| {
+        delete_vms(kube, ns, &[name.to_string()], timeout)
+    })?;
+    print!("{body}");
+    let section = Section::new(section::START_DEBIAN, provenance, body);
+    super::record(&section, args.no_docs)
+}
+
 impl StartArgs {
     /// The command that reproduces this run, every option that shapes the figures spelt out.
     pub fn command(&self) -> String {
+        if self.guest == Guest::Debian {
+            return format!(
+                "cargo xtask bench start --guest debian --runs {} --agent-idle-seconds {} --cpu-request {}",
+                self.runs, self.agent_idle_seconds, self.cpu_request
+            );
+        }
         format!(
             "cargo xtask bench start --single-runs {} --burst {} --burst-interval-ms {} --vms {} --interval-ms {} --guest-memory {} --cpu-request {}",
             self.single_runs,

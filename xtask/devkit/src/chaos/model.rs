@@ -135,6 +135,9 @@ pub struct Seen {
     pub qemus: Vec<QemuSeen>,
     /// Migrations (by name) not Succeeded or Failed.
     pub open_migrations: Vec<String>,
+    /// Launcher pod uid → how many times its guest has booted (the test guest's banners in
+    /// the pod's `guest-console-log`), where it was read: a reboot inside the same QEMU.
+    pub boots: BTreeMap<String, usize>,
 }
 
 impl Seen {
@@ -291,6 +294,85 @@ pub fn violations(
     out
 }
 
+/// What identifies a running guest's instance: a restart of any part shows as a change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    pub vmi_uid: String,
+    pub pod_uid: String,
+    pub qemu_pid: i32,
+    /// Boots of the guest in this pod, where they were read.
+    pub boots: Option<usize>,
+}
+
+/// The instance of each of `vms` that runs now (a Running VMI with one live launcher pod of
+/// its uid and one QEMU process in that pod); VMs in any other state are left out.
+pub fn instances<'a>(
+    seen: &Seen,
+    vms: impl IntoIterator<Item = &'a String>,
+) -> BTreeMap<String, Instance> {
+    let mut out = BTreeMap::new();
+    for vm in vms {
+        let Some(vmi) = seen.vmis.get(vm).filter(|v| v.phase == "Running") else {
+            continue;
+        };
+        let pods: Vec<&PodSeen> = seen
+            .pods
+            .iter()
+            .filter(|p| &p.vm == vm && p.live() && p.vmi_uid == vmi.uid)
+            .collect();
+        let qemus: Vec<&QemuSeen> = seen.qemus.iter().filter(|q| &q.vm == vm).collect();
+        if let ([pod], [q]) = (pods.as_slice(), qemus.as_slice()) {
+            out.insert(
+                vm.clone(),
+                Instance {
+                    vmi_uid: vmi.uid.clone(),
+                    pod_uid: pod.uid.clone(),
+                    qemu_pid: q.pid,
+                    boots: seen.boots.get(&pod.uid).copied(),
+                },
+            );
+        }
+    }
+    out
+}
+
+/// The guests a round left alone that were restarted anyway: for each VM of `before`, its
+/// instance now differs (another VMI, launcher pod or QEMU process) or it no longer runs.
+/// Under `runStrategy: Always` a wrongly restarted guest converges like any other, so only
+/// this comparison sees it.
+pub fn disturbed(before: &BTreeMap<String, Instance>, seen: &Seen) -> Vec<String> {
+    let now = instances(seen, before.keys());
+    let mut out = Vec::new();
+    for (vm, b) in before {
+        match now.get(vm) {
+            None => out.push(format!(
+                "{vm}, left alone by the round, no longer runs as it did"
+            )),
+            Some(n) if n.vmi_uid != b.vmi_uid => out.push(format!(
+                "{vm}, left alone by the round, got a new VMI ({} → {})",
+                b.vmi_uid, n.vmi_uid
+            )),
+            Some(n) if n.pod_uid != b.pod_uid => out.push(format!(
+                "{vm}, left alone by the round, got a new launcher pod ({} → {})",
+                b.pod_uid, n.pod_uid
+            )),
+            Some(n) if n.qemu_pid != b.qemu_pid => out.push(format!(
+                "{vm}, left alone by the round, got a new QEMU process (pid {} → {})",
+                b.qemu_pid, n.qemu_pid
+            )),
+            Some(Instance {
+                boots: Some(now), ..
+            // 0 → 1 is a guest still booting when the round began finishing its first boot.
+            }) if b.boots.is_some_and(|was| was >= 1 && *now > was) => out.push(format!(
+                "{vm}, left alone by the round, rebooted inside its QEMU ({} → {now} boots)",
+                b.boots.unwrap_or(0)
+            )),
+            Some(_) => {}
+        }
+    }
+    out
+}
+
 fn or_unset(phase: &str) -> &str {
     if phase.is_empty() {
         "without a phase"
@@ -364,6 +446,57 @@ mod tests {
             ("b".to_string(), "vm-b".to_string()),
         ]);
         (want, uids)
+    }
+
+    #[test]
+    fn a_guest_left_alone_must_keep_its_vmi_pod_and_qemu() {
+        let (objects, pods) = lists();
+        let qemus = vec![QemuSeen {
+            pid: 42,
+            vm: "a".into(),
+            pod_uid: Some("pod-a2".into()),
+        }];
+        let seen = Seen::from_lists(&objects, &pods, qemus.clone());
+        let before = instances(&seen, [&"a".to_string(), &"gone".to_string()]);
+        assert_eq!(
+            before.len(),
+            1,
+            "only a running guest has an instance: {before:?}"
+        );
+        assert!(disturbed(&before, &seen).is_empty());
+        // The same VM converged again, but with another QEMU: a restart nobody asked for.
+        let mut restarted = qemus;
+        restarted[0].pid = 43;
+        let again = Seen::from_lists(&objects, &pods, restarted);
+        let d = disturbed(&before, &again);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert!(d[0].contains("new QEMU process (pid 42 → 43)"), "{d:?}");
+        // Gone entirely.
+        let none = Seen::from_lists(&objects, &serde_json::json!({"items": []}), vec![]);
+        assert!(disturbed(&before, &none)[0].contains("no longer runs"));
+        // The same VMI, pod and QEMU, but the guest booted again (a reset, a guest reboot).
+        let mut booted = Seen::from_lists(
+            &objects,
+            &pods,
+            vec![QemuSeen {
+                pid: 42,
+                vm: "a".into(),
+                pod_uid: Some("pod-a2".into()),
+            }],
+        );
+        // Still booting when the round began: its first banner later is no reboot.
+        booted.boots.insert("pod-a2".into(), 0);
+        let booting = instances(&booted, [&"a".to_string()]);
+        booted.boots.insert("pod-a2".into(), 1);
+        assert!(disturbed(&booting, &booted).is_empty());
+        let before = instances(&booted, [&"a".to_string()]);
+        assert!(disturbed(&before, &booted).is_empty());
+        booted.boots.insert("pod-a2".into(), 2);
+        let d = disturbed(&before, &booted);
+        assert!(
+            d[0].contains("rebooted inside its QEMU (1 → 2 boots)"),
+            "{d:?}"
+        );
     }
 
     #[test]

@@ -87,7 +87,15 @@ pub fn running_pid(layout: &Layout, name: &str) -> Option<i32> {
 /// has our work dir in its arguments, anything else is not ours to reuse or to signal.
 /// Our own children count too: between fork and exec a child's command line is still ours.
 fn ours(layout: &Layout, pid: i32) -> bool {
-    let needle = layout.cluster.display().to_string();
+    // The daemons were started with the real path: a target dir reached through a symlink
+    // (a helper's CARGO_TARGET_DIR whose `cluster` links to the main checkout's) names them
+    // by another, and the second node then looked stopped (its images never imported).
+    let needle = layout
+        .cluster
+        .canonicalize()
+        .unwrap_or_else(|_| layout.cluster.clone())
+        .display()
+        .to_string();
     let ppid = fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|stat| {

@@ -158,11 +158,44 @@ pub fn pause_archive(layout: &Layout) -> anyhow::Result<PathBuf> {
     Ok(archive)
 }
 
-/// Imports an OCI archive into every node's containerd (CRI namespace `k8s.io`).
+/// Imports an OCI archive into every node's containerd (CRI namespace `k8s.io`), after
+/// putting back any of the cluster's own images a node lost.
 pub fn import_all(layout: &Layout, archive: &Path) -> anyhow::Result<()> {
-    import(layout, archive)?;
+    let mut nodes = vec![layout.clone()];
     if super::node2::running(layout) {
-        import(&super::node2::node_layout(layout), archive)?;
+        nodes.push(super::node2::node_layout(layout));
+    }
+    for node in &nodes {
+        restore_base_images(layout, node)?;
+        import(node, archive)?;
+    }
+    Ok(())
+}
+
+/// The cluster's own images, by name and cached archive, that every node must keep.
+fn base_images(layout: &Layout) -> [(&'static str, PathBuf); 2] {
+    [
+        (PAUSE_IMAGE, layout.cache.join("pause.oci.tar")),
+        (
+            super::storage::HELPER_IMAGE,
+            layout.cache.join("local-path-helper.oci.tar"),
+        ),
+    ]
+}
+
+/// Imports again, from the cache, a base image `node` no longer has. A kubelet under disk
+/// pressure deletes every image no running container uses, whatever the GC thresholds say,
+/// and with no registry to pull from, every pod sandbox of that node then fails for good
+/// (`failed to pull image "localhost/kubevirt-rs/pause:1"`) until the image is back.
+fn restore_base_images(layout: &Layout, node: &Layout) -> anyhow::Result<()> {
+    for (name, archive) in base_images(layout) {
+        if archive.exists() && !has_image(node, name) {
+            eprintln!(
+                "{name} was missing from {} (deleted under disk pressure?): imported again",
+                node.containerd_socket.display()
+            );
+            import(node, &archive)?;
+        }
     }
     Ok(())
 }

@@ -37,6 +37,9 @@ const BRIDGE_SUBNET: &str = "10.213.0.0/24";
 const POD_RANGE: (&str, &str) = ("10.213.0.10", "10.213.0.250");
 /// Service range, blackholed on the host; its first IP is DNATed to the apiserver.
 const SERVICE_CIDR: &str = "10.213.128.0/20";
+/// How long pods stay bound to a NotReady or unreachable node before they are evicted
+/// (Kubernetes' default: 300 s).
+const NOT_READY_TOLERATION_S: u32 = 1800;
 const FIRST_SERVICE_IP: &str = "10.213.128.1";
 const APISERVER_PORT: u16 = 6443;
 /// Not etcd's default ports: `cargo xtask dev-apiserver` runs its own etcd on those.
@@ -629,7 +632,17 @@ fn start_all(
         ))
         .arg("--authorization-mode=Node,RBAC")
         .arg("--enable-admission-plugins=NodeRestriction")
-        .arg("--allow-privileged=true");
+        .arg("--allow-privileged=true")
+        // Both nodes are kubelets on this one machine: a node NotReady here is a kubelet
+        // starved by a loaded 2-CPU host for a while, not a lost machine, and evicting its
+        // pods after the default 300 s (etcd's member with its node-local volume, every
+        // VM's launcher) turns a slow minute into a lost API and lost VMs.
+        .arg(format!(
+            "--default-not-ready-toleration-seconds={NOT_READY_TOLERATION_S}"
+        ))
+        .arg(format!(
+            "--default-unreachable-toleration-seconds={NOT_READY_TOLERATION_S}"
+        ));
     let apiserver = aggregation_flags(
         &layout.state.join("pki/front-proxy-ca.crt"),
         &layout.state.join("pki/front-proxy-client.crt"),
@@ -678,6 +691,8 @@ fn start_all(
     .arg(format!("--service-cluster-ip-range={SERVICE_CIDR}"))
     .arg("--allocate-node-cidrs=false")
     .arg("--controllers=*,bootstrapsigner,tokencleaner")
+    // A kubelet that misses its lease renewals for a minute on a loaded host is still there.
+    .arg("--node-monitor-grace-period=2m")
     // A single instance: leader election only adds a wait after restarts.
     .arg("--leader-elect=false");
     start(

@@ -1,32 +1,42 @@
-//! The e2e phase's order: which test binaries run alone, and which run beside `access`.
+//! The e2e phase's order: which test binaries run alone, and which run beside `access` and `guest`.
 //!
 //! `access` keeps an ssh session idle for ten minutes (KubeVirt #9827: sessions died after
 //! a few idle minutes) while it does the rest of its work, so most of its time is waiting.
 //! Binaries that neither restart nor reinstall kubevirt-rs, drain nodes nor restore
 //! backups run beside it on the same cluster: every test keeps to a namespace of its own.
-//! Everything else runs alone, one binary at a time, afterwards (`operator` last: it
+//! Everything else runs alone, one binary at a time, afterwards (`operator`, then `migration`, last: see [`LAST`]; `operator`
 //! uninstalls and reinstalls everything).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-/// The binary whose waiting the others fill.
-pub const BESIDE: &str = "access";
+/// Binaries run in the background beside the lane and beside each other. `access` and
+/// `guest` mostly wait (an ssh session idle for ten minutes; a Debian guest booting under
+/// TCG): their waiting is what the lane fills. `network` is the lane's longest binary (8.3
+/// of its 18.6 min in CI): run beside, it takes the lane under `access`'s ten idle
+/// minutes, which bound this part of the run anyway. They keep to namespaces of their own.
+/// `live_migration` too: in the lane it took 11.3 of the lane's 22 min (a full run at
+/// 5dcb0e4), making the lane the longest part; beside, it overlaps.
+/// `datavolume` too: imports and a VM in a namespace of its own, mostly waiting on pods.
+pub const BESIDE: &[&str] = &["access", "datavolume", "guest", "live_migration", "network"];
 /// Runs alone first: it deploys kubevirt-rs (building the images) before two binaries
 /// would deploy at once.
 pub const FIRST: &str = "kubevirt";
-/// May run while `access` runs: they touch their own namespaces only.
+/// May run while `access` runs: they touch their own namespaces only. (The migrations that
+/// restart virt-handler or drain nodes are `migration`'s, run alone.)
 pub const WITH_ACCESS: &[&str] = &[
     "aggregation",
     "apiserver_authz",
     "cluster",
-    "network",
     "security",
     "storage",
     "vm_lifecycle",
 ];
-/// Runs after everything else.
-pub const LAST: &str = "operator";
+/// Run after everything else, in this order: `operator` uninstalls and reinstalls
+/// everything (and puts the deployment back); `migration` drains nodes, etcd's among them,
+/// and a failed drain can leave the cluster without its API for the rest of the run, so
+/// nothing comes after it.
+pub const LAST: &[&str] = &["operator", "migration"];
 
 /// The order of a run: the first binary, then `access` and the lane beside it, then the
 /// rest one by one. A binary not named here runs alone (a new one is not assumed to be
@@ -34,14 +44,18 @@ pub const LAST: &str = "operator";
 #[derive(Debug, PartialEq, Eq)]
 pub struct Plan {
     pub first: Vec<String>,
-    pub beside: Option<String>,
+    pub beside: Vec<String>,
     pub lane: Vec<String>,
     pub after: Vec<String>,
 }
 
 pub fn plan(binaries: &[String]) -> Plan {
     let has = |n: &str| binaries.iter().any(|b| b == n);
-    let beside = has(BESIDE).then(|| BESIDE.to_string());
+    let beside: Vec<String> = BESIDE
+        .iter()
+        .filter(|b| has(b))
+        .map(|b| b.to_string())
+        .collect();
     let first: Vec<String> = has(FIRST).then(|| FIRST.to_string()).into_iter().collect();
     let lane: Vec<String> = binaries
         .iter()
@@ -52,13 +66,11 @@ pub fn plan(binaries: &[String]) -> Plan {
         .iter()
         .filter(|b| {
             let b = b.as_str();
-            b != FIRST && b != BESIDE && b != LAST && !WITH_ACCESS.contains(&b)
+            b != FIRST && !BESIDE.contains(&b) && !LAST.contains(&b) && !WITH_ACCESS.contains(&b)
         })
         .cloned()
         .collect();
-    if has(LAST) {
-        after.push(LAST.to_string());
-    }
+    after.extend(LAST.iter().filter(|l| has(l)).map(|l| l.to_string()));
     Plan {
         first,
         beside,
@@ -100,8 +112,12 @@ mod tests {
         let p = plan(&names(&[
             "access",
             "aggregation",
+            "datavolume",
+            "guest",
             "kubevirt",
+            "live_migration",
             "migration",
+            "network",
             "new_binary",
             "operator",
             "plugin",
@@ -110,16 +126,19 @@ mod tests {
             "watch_recovery",
         ]));
         assert_eq!(p.first, names(&["kubevirt"]));
-        assert_eq!(p.beside.as_deref(), Some("access"));
+        assert_eq!(
+            p.beside,
+            names(&["access", "datavolume", "guest", "live_migration", "network"])
+        );
         assert_eq!(p.lane, names(&["aggregation", "security", "vm_lifecycle"]));
         assert_eq!(
             p.after,
             names(&[
-                "migration",
                 "new_binary",
                 "plugin",
                 "watch_recovery",
-                "operator"
+                "operator",
+                "migration"
             ])
         );
     }
