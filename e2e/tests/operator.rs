@@ -1325,8 +1325,7 @@ impl Drop for NoStreamLimit<'_> {
     }
 }
 
-type Ws =
-    tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+type Ws = virt_apiserver::wsclient::WsClient;
 
 /// Opens the read-only console of VMI `vm` through kube-apiserver as the holder of `token`
 /// (read-only consoles do not take each other over, so each one holds its stream): the
@@ -1340,7 +1339,7 @@ async fn read_only_console(
 ) -> Result<Ws, (u16, String)> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, ServerName};
-    use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
+    use virt_apiserver::wsclient::WsConnectError;
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem) {
         roots.add(cert.unwrap()).unwrap();
@@ -1361,24 +1360,23 @@ async fn read_only_console(
         .connect(ServerName::try_from(host.to_string()).unwrap(), tcp)
         .await
         .unwrap();
-    let mut req = format!(
-        "wss://{authority}/apis/subresources.kubevirt.io/v1/namespaces/{ns}/\
+    let path = format!(
+        "/apis/subresources.kubevirt.io/v1/namespaces/{ns}/\
          virtualmachineinstances/{vm}/console?readOnly=true"
-    )
-    .into_client_request()
-    .unwrap();
-    req.headers_mut()
-        .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    req.headers_mut().insert(
+    );
+    let mut headers = http::HeaderMap::new();
+    headers.insert("authorization", format!("Bearer {token}").parse().unwrap());
+    headers.insert(
         "sec-websocket-protocol",
         "plain.kubevirt.io".parse().unwrap(),
     );
-    match tokio_tungstenite::client_async(req, tls).await {
+    // Not tungstenite's handshake: it keeps only the body bytes that came with the headers,
+    // and a CI run saw this refusal's 429 with an empty body.
+    match virt_apiserver::wsclient::connect(tls, authority, &path, headers).await {
         Ok((ws, _)) => Ok(ws),
-        Err(tungstenite::Error::Http(res)) => Err((
-            res.status().as_u16(),
-            String::from_utf8_lossy(res.body().as_deref().unwrap_or_default()).into_owned(),
-        )),
+        Err(WsConnectError::Refused { status, body, .. }) => {
+            Err((status.as_u16(), String::from_utf8_lossy(&body).into_owned()))
+        }
         Err(e) => panic!("websocket: {e}"),
     }
 }

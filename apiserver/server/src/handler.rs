@@ -22,9 +22,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
-use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+use crate::wsclient::WsConnectError;
 
 /// Subprotocol of KubeVirt's console and VNC streams.
 pub const PLAIN_SUBPROTOCOL: &str = "plain.kubevirt.io";
@@ -46,7 +45,7 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 const MAX_DOCUMENT: usize = 1024 * 1024;
 
 /// A stream to a handler.
-pub type HandlerStream = WebSocketStream<TlsStream<TcpStream>>;
+pub type HandlerStream = crate::wsclient::WsClient;
 
 /// Why a handler could not be used. Everything but [`HandlerError::Status`] becomes a
 /// 503 naming the node: the VMI is fine, its node's handler is not reachable.
@@ -501,27 +500,21 @@ impl HandlerClient {
             addr: addr.clone(),
             detail,
         };
-        let url = format!(
-            "wss://{HANDLER_SERVER_NAME}{}",
-            handler_path(ns, name, sub, query)
-        );
-        let mut req = url
-            .into_client_request()
-            .map_err(|e| unreachable(e.to_string()))?;
-        req.headers_mut().insert(
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
             SEC_WEBSOCKET_PROTOCOL,
             HeaderValue::from_static(PLAIN_SUBPROTOCOL),
         );
-        let handshake = tokio_tungstenite::client_async(req, tls);
+        let path = handler_path(ns, name, sub, query);
+        let handshake = crate::wsclient::connect(tls, HANDLER_SERVER_NAME, &path, headers);
         match tokio::time::timeout(REQUEST_TIMEOUT, handshake).await {
             Err(_) => Err(unreachable(format!(
                 "no websocket answer within {}s",
                 REQUEST_TIMEOUT.as_secs()
             ))),
             Ok(Ok((ws, _))) => Ok(ws),
-            Ok(Err(tungstenite::Error::Http(res))) => {
-                let body = res.body().clone().unwrap_or_default();
-                Err(status_error(node, res.status().as_u16(), &body))
+            Ok(Err(WsConnectError::Refused { status, body, .. })) => {
+                Err(status_error(node, status.as_u16(), &body))
             }
             Ok(Err(e)) => Err(unreachable(format!("websocket: {e}"))),
         }

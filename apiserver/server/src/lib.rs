@@ -36,5 +36,6 @@ pub mod stream;
 pub mod subresources;
 pub mod watch;
 pub mod webhook;
+pub mod wsclient;
 
 pub use virt_apimachinery::selector;

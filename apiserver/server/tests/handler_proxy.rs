@@ -17,8 +17,8 @@ use futures::{SinkExt, StreamExt};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_tungstenite::tungstenite::Message;
+use virt_apiserver::wsclient::WsConnectError;
 use virt_devenv::{DevEnv, HandlerCerts, Options, free_port};
 
 const SUB: &str = "/apis/subresources.kubevirt.io/v1/namespaces/default";
@@ -81,8 +81,7 @@ async fn put(
     )
 }
 
-type Ws =
-    tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+type Ws = virt_apiserver::wsclient::WsClient;
 
 /// Opens a VMI stream through the apiserver as kubectl-virt would (optionally without
 /// a subprotocol); returns the socket and the chosen subprotocol, or the HTTP error.
@@ -100,16 +99,16 @@ async fn open(
         .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
         .await
         .unwrap();
-    let mut req = format!("wss://127.0.0.1:{port}{SUB}/virtualmachineinstances/{name}/{sub}")
-        .into_client_request()
-        .unwrap();
+    let mut headers = http::HeaderMap::new();
     if subprotocol {
-        req.headers_mut().insert(
+        headers.insert(
             "sec-websocket-protocol",
             "plain.kubevirt.io".parse().unwrap(),
         );
     }
-    match tokio_tungstenite::client_async(req, tls).await {
+    let path = format!("{SUB}/virtualmachineinstances/{name}/{sub}");
+    match virt_apiserver::wsclient::connect(tls, &format!("127.0.0.1:{port}"), &path, headers).await
+    {
         Ok((ws, res)) => {
             let p = res
                 .headers()
@@ -117,13 +116,10 @@ async fn open(
                 .map(|v| v.to_str().unwrap().to_string());
             Ok((ws, p))
         }
-        Err(tungstenite::Error::Http(res)) => {
-            let body = res.body().clone().unwrap_or_default();
-            Err((
-                res.status().as_u16(),
-                serde_json::from_slice(&body).unwrap_or(Value::Null),
-            ))
-        }
+        Err(WsConnectError::Refused { status, body, .. }) => Err((
+            status.as_u16(),
+            serde_json::from_slice(&body).unwrap_or(Value::Null),
+        )),
         Err(e) => panic!("websocket to the apiserver: {e}"),
     }
 }

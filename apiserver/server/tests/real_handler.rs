@@ -21,8 +21,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_tungstenite::tungstenite::Message;
+use virt_apiserver::wsclient::WsConnectError;
 use virt_devenv::{DevEnv, HandlerCerts, Options, free_port};
 use virt_domain::protocol::{DomainState, LauncherStatus, Request, Response, VmiAction};
 
@@ -194,8 +194,7 @@ fn echo_socket(path: &Path) {
     });
 }
 
-type Ws =
-    tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+type Ws = virt_apiserver::wsclient::WsClient;
 
 async fn open(env: &DevEnv, name: &str, sub: &str) -> Result<Ws, (u16, Value)> {
     let mut roots = rustls::RootCertStore::empty();
@@ -223,22 +222,19 @@ async fn open(env: &DevEnv, name: &str, sub: &str) -> Result<Ws, (u16, Value)> {
         .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
         .await
         .unwrap();
-    let mut req = format!("wss://127.0.0.1:{port}{SUB}/virtualmachineinstances/{name}/{sub}")
-        .into_client_request()
-        .unwrap();
-    req.headers_mut().insert(
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
         "sec-websocket-protocol",
         "plain.kubevirt.io".parse().unwrap(),
     );
-    match tokio_tungstenite::client_async(req, tls).await {
+    let path = format!("{SUB}/virtualmachineinstances/{name}/{sub}");
+    match virt_apiserver::wsclient::connect(tls, &format!("127.0.0.1:{port}"), &path, headers).await
+    {
         Ok((ws, _)) => Ok(ws),
-        Err(tungstenite::Error::Http(res)) => {
-            let body = res.body().clone().unwrap_or_default();
-            Err((
-                res.status().as_u16(),
-                serde_json::from_slice(&body).unwrap_or(Value::Null),
-            ))
-        }
+        Err(WsConnectError::Refused { status, body, .. }) => Err((
+            status.as_u16(),
+            serde_json::from_slice(&body).unwrap_or(Value::Null),
+        )),
         Err(e) => panic!("websocket: {e}"),
     }
 }

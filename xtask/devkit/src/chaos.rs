@@ -874,6 +874,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if worker.is_finished() {
             break;
         }
+        // Asked now, not after the kill: the loop checks before each round, and a round that
+        // ends while the fault is being injected (a handler restart takes seconds) must not be
+        // followed by one on the other half, the guests this round leaves alone and that the
+        // check below expects untouched.
+        shared.pause.store(true, Ordering::SeqCst);
         // The round's pods, migrations and stops are under way.
         std::thread::sleep(Duration::from_secs(1));
         let before = lock(&shared.done).len();

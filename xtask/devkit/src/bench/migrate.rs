@@ -54,6 +54,9 @@ pub struct Sample {
     pub transfer: Option<Duration>,
     /// The cluster's steps (none for bare QEMU).
     pub timeline: Option<Timeline<steps::Step>>,
+    /// The longest time a ClusterIP Service selecting the VM went unanswered from a client pod
+    /// during the migration and until the next one (none for bare QEMU, which has no Service).
+    pub service_outage: Option<f64>,
 }
 
 /// The figures as a markdown table: per column the median of the runs with their range
@@ -96,12 +99,18 @@ pub fn table(cluster: &[Sample], bare: &[Sample]) -> String {
                 .filter_map(|x| x.bytes)
                 .map(|b| b as f64 / 1048576.0),
         );
+        let outage = Runs::new(s.iter().filter_map(|x| x.service_outage));
         format!(
-            "| {name} | {} | {} | {} | {} |\n",
+            "| {name} | {} | {} | {} | {} | {} |\n",
             total.summary(2, "s"),
             transfer.summary(2, "s"),
             down.summary(0, "ms"),
             moved.summary(1, "MiB"),
+            if outage.median().is_some() {
+                outage.summary(1, "s")
+            } else {
+                "—".to_string()
+            },
         )
     };
     let timelines: Vec<Timeline<steps::Step>> =
@@ -117,8 +126,8 @@ pub fn table(cluster: &[Sample], bare: &[Sample]) -> String {
         )
     };
     format!(
-        "| variant | total | transfer (with switch-over) | downtime | moved |\n\
-         |---|---|---|---|---|\n{}{}{goals}{breakdown}",
+        "| variant | total | transfer (with switch-over) | downtime | moved | Service outage |\n\
+         |---|---|---|---|---|---|\n{}{}{goals}{breakdown}",
         row("kubevirt-rs: VMIM created → Succeeded", cluster),
         row("bare QEMU → QEMU (QMP migrate, unix socket)", bare),
     )
@@ -261,6 +270,7 @@ fn bare_once(g: &virt_testguest::Guest, dir: &Path) -> anyhow::Result<Sample> {
                     bytes: st["ram"]["transferred"].as_u64(),
                     transfer: st["total-time"].as_u64().map(Duration::from_millis),
                     timeline: None,
+                    service_outage: None,
                 });
             }
             Some("failed") | Some("cancelled") => bail!("bare QEMU migration: {st}"),
@@ -394,7 +404,101 @@ fn cluster_once(kube: &Kube, ns: &str, w: &steps::Watches, n: usize) -> anyhow::
         bytes: ms["dataProcessedBytes"].as_u64(),
         transfer,
         timeline: Some(timeline),
+        service_outage: None,
     })
+}
+
+// ---- the Service probe ----
+
+const SERVICE: &str = "mover";
+const PROBER: &str = "prober";
+/// The label the VM's pod carries for its Service.
+const APP_LABEL: &str = "kubevirt-rs.io/bench";
+
+/// The VM with a label on its pod, and a ClusterIP Service on the guest's port 80 (the test
+/// guest serves its page there).
+fn vm_and_service(ns: &str) -> anyhow::Result<String> {
+    let mut vm: Value = serde_json::from_str(&super::test_guest_vm(VM, ns))?;
+    vm["spec"]["template"]["metadata"] = json!({"labels": {APP_LABEL: VM}});
+    let svc = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": SERVICE, "namespace": ns},
+        "spec": {"selector": {APP_LABEL: VM}, "ports": [{"port": 80, "targetPort": 80}]}
+    });
+    Ok(format!("{vm}\n---\n{svc}\n"))
+}
+
+/// A client pod asking the Service at `ip` every 0.2 s, each answer logged with the host's
+/// uptime (`/proc/uptime` is not namespaced, so this process places its own instants on the
+/// same clock). By address: the local cluster runs no DNS.
+fn prober(ns: &str, ip: &str) -> String {
+    let probe = format!(
+        "while :; do t=$(busybox cut -d' ' -f1 /proc/uptime); \
+         if printf 'GET / HTTP/1.0\\r\\n\\r\\n' | busybox nc -w 1 {ip} 80 2>/dev/null \
+            | busybox grep -q 'kubevirt-rs guest'; \
+         then echo \"$t ok\"; else echo \"$t fail\"; fi; busybox sleep 0.2; done"
+    );
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": PROBER, "namespace": ns},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "enableServiceLinks": false,
+            "containers": [{
+                "name": "probe", "image": crate::cluster::HELPER_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", probe]
+            }]
+        }
+    })
+    .to_string()
+}
+
+/// The host's uptime in seconds: the probe's clock.
+fn uptime() -> anyhow::Result<f64> {
+    let s = std::fs::read_to_string("/proc/uptime")?;
+    s.split_whitespace()
+        .next()
+        .and_then(|t| t.parse().ok())
+        .context("/proc/uptime")
+}
+
+/// The longest stretch without an answer among the probe's lines (`UPTIME ok|fail`) between
+/// `from` and `to`: from the last answer before a failure (or `from`) to the next answer (or
+/// the last line, if the window ends down). None when no line falls in the window.
+fn longest_outage(log: &str, from: f64, to: f64) -> Option<f64> {
+    let lines = log.lines().filter_map(|l| {
+        let (t, r) = l.split_once(' ')?;
+        Some((t.parse::<f64>().ok()?, r.trim() == "ok"))
+    });
+    let mut last_ok = from;
+    let mut down = false;
+    let mut worst = 0.0f64;
+    let mut seen = false;
+    let mut last_t = from;
+    for (t, ok) in lines {
+        if t < from {
+            continue;
+        }
+        if t > to {
+            break;
+        }
+        seen = true;
+        last_t = t;
+        if ok {
+            if down {
+                worst = worst.max(t - last_ok);
+                down = false;
+            }
+            last_ok = t;
+        } else {
+            down = true;
+        }
+    }
+    if down {
+        worst = worst.max(last_t - last_ok);
+    }
+    seen.then_some(worst)
 }
 
 /// Runs the benchmark.
@@ -420,7 +524,20 @@ pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
     let dir =
         std::env::temp_dir().join(format!("kubevirt-rs-bench-migrate-{}", std::process::id()));
     let result = (|| -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
-        kube.run(&["apply", "-f", "-"], Some(&super::test_guest_vm(VM, &ns)))?;
+        kube.run(&["apply", "-f", "-"], Some(&vm_and_service(&ns)?))?;
+        let ip = kube.run(
+            &[
+                "-n",
+                &ns,
+                "get",
+                "service",
+                SERVICE,
+                "-o",
+                "jsonpath={.spec.clusterIP}",
+            ],
+            None,
+        )?;
+        kube.run(&["apply", "-f", "-"], Some(&prober(&ns, ip.trim())))?;
         wait_for("the VM to run", Duration::from_secs(300), || {
             kube.run(
                 &[
@@ -436,20 +553,34 @@ pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
             )
             .is_ok_and(|p| p == "Running")
         })?;
-        // Booted and idle (the banner comes ~2 s after Running under TCG).
-        std::thread::sleep(Duration::from_secs(10));
+        // Booted and idle (the banner comes ~2 s after Running under TCG), and its Service
+        // answering the client.
+        wait_for(
+            "the VM's Service to answer the probe",
+            Duration::from_secs(120),
+            || {
+                kube.run(&["-n", &ns, "logs", PROBER, "--tail=1"], None)
+                    .is_ok_and(|l| l.trim_end().ends_with(" ok"))
+            },
+        )?;
+        std::thread::sleep(Duration::from_secs(5));
         // The two sides alternate so that a slow patch of this shared machine hits both.
         let mut out = (Vec::new(), Vec::new());
         let watches = steps::Watches::start(&kube, &ns)?;
         for n in 0..runs {
-            let s = cluster_once(&kube, &ns, &watches, n)?;
-            eprintln!("cluster run {n}: {s:?}");
-            out.0.push(s);
+            let from = uptime()?;
+            let mut s = cluster_once(&kube, &ns, &watches, n)?;
             // The source pod goes with its grace period; let the node settle.
             std::thread::sleep(Duration::from_secs(5));
-            let s = bare_once(&guest, &dir)?;
-            eprintln!("bare run {n}: {s:?}");
-            out.1.push(s);
+            let b = bare_once(&guest, &dir)?;
+            // The window ends here, well after the source pod has gone: an outage that
+            // outlasted the switch-over is counted in full.
+            let log = kube.run(&["-n", &ns, "logs", PROBER], None)?;
+            s.service_outage = longest_outage(&log, from, uptime()?);
+            eprintln!("cluster run {n}: {s:?}");
+            eprintln!("bare run {n}: {b:?}");
+            out.0.push(s);
+            out.1.push(b);
         }
         Ok(out)
     })();
@@ -470,7 +601,12 @@ pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
          libvirtd) and the hand-offs through the API. Transfer: QEMU's `total-time`; for the \
          cluster the source virt-handler's log lines from starting libvirt's migration to its \
          end (the kubelet's timestamps); both include the switch-over. Downtime: \
-         libvirt's/QEMU's measured pause. Median and min–max over the runs."
+         libvirt's/QEMU's measured pause. Service outage: the longest time a ClusterIP \
+         Service selecting the VM went unanswered (from the last answer to the next) for a \
+         client pod asking it every 0.2 s (`nc -w 1`, so ~1 s resolution while it is down), \
+         from the VMIM's create until the next run; what a user of the guest's service loses \
+         (the endpoint moves from the source pod to the target pod). Median and min–max over \
+         the runs."
     );
     let section = Section::new(
         section::MIGRATE,
@@ -498,6 +634,21 @@ mod tests {
     }
 
     #[test]
+    fn the_service_outage_runs_from_the_last_answer_to_the_next() {
+        let log = "1.0 ok\n2.0 ok\n2.2 fail\n3.4 fail\n3.6 ok\n4.0 fail\n4.2 ok\n9.0 fail\n";
+        // 2.0 → 3.6 is the longest inside [1.5, 5.0]; 9.0 lies outside.
+        assert!((longest_outage(log, 1.5, 5.0).unwrap() - 1.6).abs() < 1e-9);
+        // A window that ends down counts to its last line, from the last answer.
+        assert!(
+            (longest_outage("1.0 ok\n1.2 fail\n1.4 fail\n", 0.0, 2.0).unwrap() - 0.4).abs() < 1e-9
+        );
+        // Down from the start of the window: measured from the window's start.
+        assert!((longest_outage("5.0 fail\n6.0 ok\n", 4.5, 7.0).unwrap() - 1.5).abs() < 1e-9);
+        assert_eq!(longest_outage("1.0 ok\n2.0 ok\n", 1.0, 3.0), Some(0.0));
+        assert_eq!(longest_outage("1.0 ok\n", 5.0, 6.0), None);
+    }
+
+    #[test]
     fn table_has_medians_and_ranges() {
         let s = |t: u64, d: u64| Sample {
             total: Duration::from_millis(t),
@@ -505,6 +656,7 @@ mod tests {
             bytes: Some(100 << 20),
             transfer: Some(Duration::from_millis(t / 2)),
             timeline: None,
+            service_outage: None,
         };
         let t = table(&[s(9000, 50), s(7000, 40), s(8000, 60)], &[s(1000, 10)]);
         assert!(

@@ -26,6 +26,7 @@ mod pki;
 mod storage;
 
 pub use images::{ImageFile, ImageSpec, PAUSE_IMAGE};
+pub(crate) use storage::HELPER_IMAGE;
 
 use daemon::Daemon;
 

@@ -31,7 +31,9 @@ pub const SHARED_CLASS: &str = "shared-path";
 const NAMESPACE: &str = "local-path-storage";
 const CONFIG_MAP: &str = "local-path-config";
 const SERVICE_ACCOUNT: &str = "local-path-provisioner";
-pub(super) const HELPER_IMAGE: &str = "localhost/kubevirt-rs/local-path-helper:1";
+/// The local-path helper pods' image (a static busybox); also the client pod of `bench
+/// migrate`'s Service probe, since it is on every node already.
+pub(crate) const HELPER_IMAGE: &str = "localhost/kubevirt-rs/local-path-helper:1";
 const DAEMON: &str = "local-path-provisioner";
 
 /// The pinned version, from `e2e/local-path/go.mod`.
