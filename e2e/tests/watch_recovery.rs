@@ -84,23 +84,8 @@ impl EtcdForward {
 
 /// `kubevirt_handler_watch_relists_total{reason="expired"}` summed over a handler's watches.
 fn handler_relists(c: &Cluster, pod: &str) -> u64 {
-    let port = c
-        .kubectl(&[
-            "-n",
-            "kubevirt",
-            "get",
-            "pod",
-            pod,
-            "-o",
-            "jsonpath={.spec.containers[0].ports[?(@.name==\"metrics\")].containerPort}",
-        ])
-        .expect("handler metrics port");
     let text = c
-        .kubectl(&[
-            "get",
-            "--raw",
-            &format!("/api/v1/namespaces/kubevirt/pods/{pod}:{port}/proxy/metrics"),
-        ])
+        .kubectl(&["get", "--raw", &common::pod_metrics_path(c, pod)])
         .expect("handler metrics");
     text.lines()
         .filter(|l| {

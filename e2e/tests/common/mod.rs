@@ -807,6 +807,12 @@ pub fn handler_metrics_path(c: &e2e::Cluster, node: &str) -> String {
         .expect("virt-handler pods");
     let pod = pod.trim();
     assert!(!pod.is_empty(), "no virt-handler on {node}");
+    pod_metrics_path(c, pod)
+}
+
+/// The kube-apiserver proxy path of the `/metrics` of kubevirt-rs pod `pod` (its container's
+/// port named `metrics`).
+pub fn pod_metrics_path(c: &e2e::Cluster, pod: &str) -> String {
     let port = c
         .kubectl(&[
             "-n",
@@ -817,7 +823,7 @@ pub fn handler_metrics_path(c: &e2e::Cluster, node: &str) -> String {
             "-o",
             "jsonpath={.spec.containers[0].ports[?(@.name==\"metrics\")].containerPort}",
         ])
-        .expect("handler metrics port");
+        .expect("metrics port");
     format!(
         "/api/v1/namespaces/kubevirt/pods/{pod}:{}/proxy/metrics",
         port.trim()
