@@ -81,11 +81,8 @@ pub struct Plan {
 /// versions of virt-controller (FNV-1a, not std's hasher), or an upgrade would restart
 /// every pool VM.
 pub fn revision(p: &VirtualMachinePool) -> String {
-    let text = serde_json::to_string(&(
-        &p.spec.virtual_machine_template,
-        &p.spec.name_generation,
-    ))
-    .unwrap_or_default();
+    let text = serde_json::to_string(&(&p.spec.virtual_machine_template, &p.spec.name_generation))
+        .unwrap_or_default();
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in text.bytes() {
         h ^= u64::from(b);
@@ -95,7 +92,11 @@ pub fn revision(p: &VirtualMachinePool) -> String {
 }
 
 fn revision_of(meta: Option<&ObjectMeta>) -> Option<&str> {
-    meta?.labels.as_ref()?.get(REVISION_LABEL).map(String::as_str)
+    meta?
+        .labels
+        .as_ref()?
+        .get(REVISION_LABEL)
+        .map(String::as_str)
 }
 
 /// The VMs of `vms` that `pool` controls.
@@ -130,7 +131,10 @@ pub fn desired_vm(p: &VirtualMachinePool, index: u32, revision: &str) -> Option<
     let template = p.spec.virtual_machine_template.as_ref()?;
     let meta = template.metadata.clone().unwrap_or_default();
     let mut spec = pool::indexed_spec(&p.spec, index);
-    let tmeta = spec.template.metadata.get_or_insert_with(ObjectMeta::default);
+    let tmeta = spec
+        .template
+        .metadata
+        .get_or_insert_with(ObjectMeta::default);
     tmeta
         .labels
         .get_or_insert_with(BTreeMap::new)
@@ -178,17 +182,19 @@ pub fn selection_order<'a>(
         SortPolicy::AscendingOrder => members.sort_by_key(ordinal),
         SortPolicy::DescendingOrder => members.sort_by_key(|m| std::cmp::Reverse(ordinal(m))),
         SortPolicy::Oldest => members.sort_by_key(|m| m.vm.metadata.creation_timestamp.clone()),
-        SortPolicy::Newest => members
-            .sort_by_key(|m| std::cmp::Reverse(m.vm.metadata.creation_timestamp.clone())),
+        SortPolicy::Newest => {
+            members.sort_by_key(|m| std::cmp::Reverse(m.vm.metadata.creation_timestamp.clone()))
+        }
         SortPolicy::Random => shuffle(&mut members, seed),
     }
     let Some(selectors) = &policy.selectors else {
         return members;
     };
     let matches = |m: &Member<'_>| {
-        let labels_ok = selectors.label_selector.as_ref().is_none_or(|s| {
-            kubevirt_api::replicas::selects(s, m.vm.metadata.labels.as_ref())
-        });
+        let labels_ok = selectors
+            .label_selector
+            .as_ref()
+            .is_none_or(|s| kubevirt_api::replicas::selects(s, m.vm.metadata.labels.as_ref()));
         let node_ok = selectors
             .node_selector_requirement_matcher
             .as_ref()
@@ -259,7 +265,9 @@ fn needs_healing(p: &VirtualMachinePool, vm: &VirtualMachine, now: Timestamp) ->
     let Some(status) = &vm.status else {
         return false;
     };
-    let threshold = a.start_up_failure_threshold.unwrap_or(DEFAULT_FAILURE_THRESHOLD);
+    let threshold = a
+        .start_up_failure_threshold
+        .unwrap_or(DEFAULT_FAILURE_THRESHOLD);
     let failures = status
         .start_failure
         .as_ref()
@@ -340,7 +348,11 @@ pub fn plan(
     }
     let staying: Vec<Member<'_>> = healthy
         .into_iter()
-        .filter(|m| !out.scale_in.iter().any(|d| Some(&d.name) == m.vm.metadata.name.as_ref()))
+        .filter(|m| {
+            !out.scale_in
+                .iter()
+                .any(|d| Some(&d.name) == m.vm.metadata.name.as_ref())
+        })
         .collect();
 
     // Updates: outdated VMs are rewritten (opportunistic and proactive), and, proactive,

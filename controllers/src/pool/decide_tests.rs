@@ -7,8 +7,10 @@ fn pool(spec: Value) -> VirtualMachinePool {
         "virtualMachineTemplate": {"metadata": {"labels": {"app": "web"}},
             "spec": {"runStrategy": "Always", "template": {"spec": {"domain": {"devices": {}}}}}}});
     json_patch::merge(&mut base, &spec);
-    serde_json::from_value(json!({"apiVersion": "pool.kubevirt.io/v1beta1", "kind": KIND,
-        "metadata": {"name": "web", "namespace": "ns", "uid": "pool-uid"}, "spec": base}))
+    serde_json::from_value(
+        json!({"apiVersion": "pool.kubevirt.io/v1beta1", "kind": KIND,
+        "metadata": {"name": "web", "namespace": "ns", "uid": "pool-uid"}, "spec": base}),
+    )
     .unwrap()
 }
 
@@ -24,10 +26,12 @@ fn vm(p: &VirtualMachinePool, index: u32, ready: bool, created: i64) -> VirtualM
 
 fn vmi_of(vm: &VirtualMachine) -> VirtualMachineInstance {
     let labels = vm.spec.template.metadata.as_ref().unwrap().labels.clone();
-    serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+    serde_json::from_value(
+        json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
         "metadata": {"name": vm.name_any(), "namespace": "ns",
             "uid": format!("{}-vmi", vm.name_any()), "labels": labels},
-        "spec": {"domain": {"devices": {}}}}))
+        "spec": {"domain": {"devices": {}}}}),
+    )
     .unwrap()
 }
 
@@ -56,7 +60,10 @@ fn vms_are_named_by_ordinal_owned_and_labelled_with_the_revision() {
     let t = v.spec.template.metadata.as_ref().unwrap();
     assert_eq!(t.labels.as_ref().unwrap()[REVISION_LABEL], "rev");
     let o = &v.metadata.owner_references.as_ref().unwrap()[0];
-    assert_eq!((o.kind.as_str(), o.uid.as_str(), o.controller), (KIND, "pool-uid", Some(true)));
+    assert_eq!(
+        (o.kind.as_str(), o.uid.as_str(), o.controller),
+        (KIND, "pool-uid", Some(true))
+    );
     assert_eq!(o.api_version, "pool.kubevirt.io/v1beta1");
 }
 
@@ -70,7 +77,8 @@ fn free_ordinals_fill_gaps_first() {
 fn the_revision_follows_the_template_only() {
     let a = pool(json!({}));
     let b = pool(json!({"replicas": 7, "paused": true}));
-    let c = pool(json!({"virtualMachineTemplate": {"metadata": {"labels": {"app": "web", "v": "2"}}}}));
+    let c =
+        pool(json!({"virtualMachineTemplate": {"metadata": {"labels": {"app": "web", "v": "2"}}}}));
     assert_eq!(revision(&a), revision(&b));
     assert_ne!(revision(&a), revision(&c));
     assert_eq!(revision(&a).len(), 16);
@@ -98,7 +106,11 @@ fn scale_in_follows_the_selection_policy() {
 
     let oldest = pool(json!({"replicas": 2,
         "scaleInStrategy": {"proactive": {"selectionPolicy": {"sortPolicy": "Oldest"}}}}));
-    let vms = [vm(&oldest, 0, true, 5), vm(&oldest, 1, true, 1), vm(&oldest, 2, true, 3)];
+    let vms = [
+        vm(&oldest, 0, true, 5),
+        vm(&oldest, 1, true, 1),
+        vm(&oldest, 2, true, 3),
+    ];
     let p = plan(&oldest, &members(&vms, &[]), &BTreeMap::new(), NOW, 1);
     assert_eq!(names(&p.scale_in), ["web-1"]);
 
@@ -108,7 +120,12 @@ fn scale_in_follows_the_selection_policy() {
         "selectionPolicy": {"sortPolicy": "AscendingOrder",
             "selectors": {"labelSelector": {"matchLabels": {"drain": "yes"}}}}}}}));
     let mut vms: Vec<_> = (0..4).map(|i| vm(&sel, i, true, 1)).collect();
-    vms[2].metadata.labels.as_mut().unwrap().insert("drain".into(), "yes".into());
+    vms[2]
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("drain".into(), "yes".into());
     let p = plan(&sel, &members(&vms, &[]), &BTreeMap::new(), NOW, 1);
     assert_eq!(names(&p.scale_in), ["web-2", "web-0"]);
     assert!(p.preserve_state);
@@ -143,7 +160,10 @@ fn unmanaged_and_opportunistic_scale_in_delete_nothing() {
 fn paused_does_nothing() {
     let p = pool(json!({"replicas": 5, "paused": true}));
     let vms = [vm(&p, 0, true, 1)];
-    assert_eq!(plan(&p, &members(&vms, &[]), &BTreeMap::new(), NOW, 1), Plan::default());
+    assert_eq!(
+        plan(&p, &members(&vms, &[]), &BTreeMap::new(), NOW, 1),
+        Plan::default()
+    );
     let s = status(&p, &members(&vms, &[]), None, NOW);
     assert_eq!(s.replicas, Some(1));
     assert_eq!(s.conditions.unwrap()[0].type_, "ReplicaPaused");
@@ -169,8 +189,10 @@ fn a_template_change_rewrites_vms_and_restarts_unready_ones_first_within_max_una
     assert_eq!(p.restart.len(), 1);
 
     // Opportunistic: the VMs only.
-    let opp = pool(json!({"replicas": 4, "updateStrategy": {"opportunistic": {}},
-        "virtualMachineTemplate": {"metadata": {"labels": {"app": "web", "v": "2"}}}}));
+    let opp = pool(
+        json!({"replicas": 4, "updateStrategy": {"opportunistic": {}},
+        "virtualMachineTemplate": {"metadata": {"labels": {"app": "web", "v": "2"}}}}),
+    );
     let p = plan(&opp, &members(&vms, &vmis), &BTreeMap::new(), NOW, 1);
     assert_eq!(p.update.len(), 4);
     assert!(p.restart.is_empty());
@@ -184,9 +206,8 @@ fn a_template_change_rewrites_vms_and_restarts_unready_ones_first_within_max_una
 fn autohealing_replaces_vms_that_keep_failing_to_start() {
     let p = pool(json!({"replicas": 2, "autohealing": {"startUpFailureThreshold": 2}}));
     let mut failing = vm(&p, 1, false, 1);
-    failing.status = Some(
-        serde_json::from_value(json!({"startFailure": {"consecutiveFailCount": 2}})).unwrap(),
-    );
+    failing.status =
+        Some(serde_json::from_value(json!({"startFailure": {"consecutiveFailCount": 2}})).unwrap());
     let vms = [vm(&p, 0, true, 1), failing.clone()];
     let plan = plan(&p, &members(&vms, &[]), &BTreeMap::new(), NOW, 1);
     assert_eq!(names(&plan.heal), ["web-1"]);
@@ -194,7 +215,11 @@ fn autohealing_replaces_vms_that_keep_failing_to_start() {
     // Without autohealing it stays.
     let q = pool(json!({"replicas": 2}));
     let vms = [vm(&q, 0, true, 1), failing];
-    assert!(super::plan(&q, &members(&vms, &[]), &BTreeMap::new(), NOW, 1).heal.is_empty());
+    assert!(
+        super::plan(&q, &members(&vms, &[]), &BTreeMap::new(), NOW, 1)
+            .heal
+            .is_empty()
+    );
 }
 
 #[test]

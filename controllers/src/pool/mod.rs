@@ -45,7 +45,11 @@ pub struct Pools {
 }
 
 /// Runs the pool controller until `shutdown` is cancelled.
-pub async fn run(ctx: Arc<Context>, vmis: Shared<VirtualMachineInstance>, shutdown: CancellationToken) {
+pub async fn run(
+    ctx: Arc<Context>,
+    vmis: Shared<VirtualMachineInstance>,
+    shutdown: CancellationToken,
+) {
     tracing::info!("starting VirtualMachinePool controller");
     let (vm_reader, vm_writer) = reflector::store();
     let state = Arc::new(Pools {
@@ -76,8 +80,7 @@ pub async fn run(ctx: Arc<Context>, vmis: Shared<VirtualMachineInstance>, shutdo
             watcher::Event::Delete(vm) => (vm, true),
             _ => return,
         };
-        if let (Some(owner), Some(uid)) =
-            (crate::replicas::controller_uid(&vm.metadata), vm.uid())
+        if let (Some(owner), Some(uid)) = (crate::replicas::controller_uid(&vm.metadata), vm.uid())
         {
             observer.expectations.observe(
                 owner,

@@ -131,11 +131,7 @@ pub async fn reconcile(
     let vms = decide::owned(&p, cached.iter().map(AsRef::as_ref));
     let vmis: Vec<Option<Arc<VirtualMachineInstance>>> = vms
         .iter()
-        .map(|vm| {
-            state
-                .vmis
-                .get(&ObjectRef::new(&vm.name_any()).within(&ns))
-        })
+        .map(|vm| state.vmis.get(&ObjectRef::new(&vm.name_any()).within(&ns)))
         .collect();
     let members: Vec<Member<'_>> = vms
         .iter()
@@ -158,7 +154,11 @@ pub async fn reconcile(
     // Replacements and scale-in first: a healed VM's ordinal is made again once it is gone.
     let mut doomed: Vec<(&Doomed, bool, &str)> = Vec::new();
     doomed.extend(plan.heal.iter().map(|d| (d, false, "autohealing")));
-    doomed.extend(plan.scale_in.iter().map(|d| (d, plan.preserve_state, "scale-in")));
+    doomed.extend(
+        plan.scale_in
+            .iter()
+            .map(|d| (d, plan.preserve_state, "scale-in")),
+    );
     if !doomed.is_empty() {
         state.expectations.expect_deletions(
             &uid,
@@ -168,7 +168,9 @@ pub async fn reconcile(
     }
     for (d, preserve, why) in doomed {
         if preserve
-            && let Some(vm) = vms.iter().find(|v| v.metadata.uid.as_deref() == Some(&d.uid))
+            && let Some(vm) = vms
+                .iter()
+                .find(|v| v.metadata.uid.as_deref() == Some(&d.uid))
             && let Err(e) = release_data_volumes(ctx.client.clone(), &ns, vm).await
         {
             state.expectations.deletion_observed(&uid, &d.uid);
@@ -182,7 +184,10 @@ pub async fn reconcile(
                     &regarding,
                     EventType::Normal,
                     "SuccessfulDelete",
-                    format!("Deleted VM {ns}/{} with uid {} from pool ({why})", d.name, d.uid),
+                    format!(
+                        "Deleted VM {ns}/{} with uid {} from pool ({why})",
+                        d.name, d.uid
+                    ),
                 )
                 .await;
             }
@@ -413,11 +418,7 @@ async fn node_labels(
 }
 
 /// Failed reconciles back off per pool.
-pub fn error_policy(
-    p: Arc<VirtualMachinePool>,
-    err: &ReconcileError,
-    state: Arc<Pools>,
-) -> Action {
+pub fn error_policy(p: Arc<VirtualMachinePool>, err: &ReconcileError, state: Arc<Pools>) -> Action {
     let key = p.uid().unwrap_or_else(|| p.name_any());
     let delay = state.ctx.backoff.next_delay_after(&key, err);
     tracing::warn!(vmpool = %p.name_any(), error = %err, reason = err.reason(), retry_in = ?delay, "reconcile failed");

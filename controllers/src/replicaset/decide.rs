@@ -178,14 +178,16 @@ mod tests {
 
     fn vmi(name: &str, phase: &str, ready: bool, created: i64) -> VirtualMachineInstance {
         let ts = Timestamp::from_second(created).unwrap();
-        serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        serde_json::from_value(
+            json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
             "metadata": {"name": name, "namespace": "ns", "uid": format!("{name}-uid"),
                 "creationTimestamp": ts.to_string(),
                 "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": KIND, "name": "web",
                     "uid": "rs-uid", "controller": true}]},
             "spec": {"domain": {"devices": {}}},
             "status": {"phase": phase, "conditions": [{"type": "Ready",
-                "status": if ready { "True" } else { "False" }}]}}))
+                "status": if ready { "True" } else { "False" }}]}}),
+        )
         .unwrap()
     }
 
@@ -226,7 +228,11 @@ mod tests {
             vmi("pending", "Scheduling", false, 3),
         ];
         let owned = owned(&r, &all);
-        let names: Vec<String> = plan(&r, &owned).delete.into_iter().map(|d| d.name).collect();
+        let names: Vec<String> = plan(&r, &owned)
+            .delete
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
         assert_eq!(names, ["pending", "unready", "young-ready"]);
     }
 
@@ -258,7 +264,10 @@ mod tests {
         assert_eq!(v.metadata.generate_name.as_deref(), Some("web"));
         assert!(v.metadata.name.is_none());
         let o = &v.metadata.owner_references.unwrap()[0];
-        assert_eq!((o.kind.as_str(), o.uid.as_str(), o.controller), (KIND, "rs-uid", Some(true)));
+        assert_eq!(
+            (o.kind.as_str(), o.uid.as_str(), o.controller),
+            (KIND, "rs-uid", Some(true))
+        );
         assert_eq!(v.metadata.labels.unwrap()["app"], "web");
     }
 }

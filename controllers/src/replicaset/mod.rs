@@ -35,7 +35,11 @@ pub struct ReplicaSets {
 }
 
 /// Runs the replica set controller until `shutdown` is cancelled.
-pub async fn run(ctx: Arc<Context>, vmis: Shared<VirtualMachineInstance>, shutdown: CancellationToken) {
+pub async fn run(
+    ctx: Arc<Context>,
+    vmis: Shared<VirtualMachineInstance>,
+    shutdown: CancellationToken,
+) {
     tracing::info!("starting VirtualMachineInstanceReplicaSet controller");
     let state = Arc::new(ReplicaSets {
         ctx: ctx.clone(),
@@ -54,9 +58,11 @@ pub async fn run(ctx: Arc<Context>, vmis: Shared<VirtualMachineInstance>, shutdo
         };
         let current = store.get(&ObjectRef::from_obj(vmi.as_ref()));
         let gone = current.is_none_or(|c| c.uid().as_deref() != Some(uid.as_str()));
-        observer
-            .expectations
-            .observe(owner, &uid, gone || vmi.metadata.deletion_timestamp.is_some());
+        observer.expectations.observe(
+            owner,
+            &uid,
+            gone || vmi.metadata.deletion_timestamp.is_some(),
+        );
     });
     if !vmis.wait_ready(&shutdown).await {
         return;
