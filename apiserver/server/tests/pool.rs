@@ -283,3 +283,42 @@ async fn bad_pools_and_replica_sets_are_422s_naming_the_field() {
     assert_eq!(code, 422, "{status}");
     assert_eq!(fields(&status)[0], "spec.virtualMachineTemplate");
 }
+
+/// The real kubectl: `kubectl get vmpool|vmirs` with KubeVirt's columns, and `kubectl scale`
+/// through the scale subresource (what kubectl sends, not what this test thinks it sends).
+#[test]
+fn kubectl_gets_and_scales_pools_and_replica_sets() {
+    let env = common::start(true);
+    let k = common::Kubectl {
+        kubeconfig: &env.kubeconfig,
+    };
+    for (short, obj) in [
+        ("vmpool", pool("web", 2, "web")),
+        ("vmirs", replicaset("web", 2, "web")),
+    ] {
+        let created = k.run_stdin(&["create", "-f", "-"], Some(&obj.to_string()));
+        assert!(created.ok, "{}", created.stderr);
+        let table = k.ok(&["get", short]);
+        let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+        assert_eq!(
+            header,
+            ["NAME", "DESIRED", "CURRENT", "READY", "AGE"],
+            "{table}"
+        );
+        let scaled = k.ok(&["scale", short, "web", "--replicas=4"]);
+        assert!(scaled.contains("scaled"), "{scaled}");
+        let replicas = k.ok(&["get", short, "web", "-o", "jsonpath={.spec.replicas}"]);
+        assert_eq!(replicas, "4");
+        // --current-replicas is a precondition kubectl checks against the Scale it reads.
+        let refused = k.run(&[
+            "scale",
+            short,
+            "web",
+            "--current-replicas=2",
+            "--replicas=1",
+        ]);
+        assert!(!refused.ok, "{}", refused.stdout);
+        let negative = k.run(&["scale", short, "web", "--replicas=-1"]);
+        assert!(!negative.ok);
+    }
+}
