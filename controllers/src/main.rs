@@ -343,6 +343,8 @@ async fn run_controllers(
         virt_controllers::vm::run(ctx.clone(), vmis.clone(), dvs, stop.clone()),
         datavolume_controller,
         virt_controllers::vmi::run(ctx.clone(), vmis.clone(), stop.clone()),
+        virt_controllers::replicaset::run(ctx.clone(), vmis.clone(), stop.clone()),
+        virt_controllers::pool::run(ctx.clone(), vmis.clone(), stop.clone()),
         virt_controllers::evacuation::run(ctx.clone(), vmis.clone(), stop.clone()),
         virt_controllers::workload::run(ctx.clone(), vmis, parallel, stop.clone()),
         virt_controllers::migration::run(ctx, migrations, stop),

@@ -59,6 +59,9 @@ pub struct Kind {
     pub namespaced: bool,
     /// Has a `/status` subresource (status is ignored on the main resource).
     pub has_status: bool,
+    /// Has a `/scale` subresource (`autoscaling/v1` Scale of `spec.replicas`,
+    /// `status.replicas` and `status.labelSelector`), so `kubectl scale` and an HPA work.
+    pub has_scale: bool,
     /// Printer columns after NAME.
     pub columns: &'static [Column],
     /// One line for OpenAPI and `kubectl explain`.

@@ -35,6 +35,8 @@ pub const V3_KUBEVIRT: &str = "apis/kubevirt.io/v1";
 pub const V3_INSTANCETYPE: &str = "apis/instancetype.kubevirt.io/v1beta1";
 /// The group-version document of CDI's kinds (DataVolume).
 pub const V3_CDI: &str = "apis/cdi.kubevirt.io/v1beta1";
+/// The group-version document of VM pools.
+pub const V3_POOL: &str = "apis/pool.kubevirt.io/v1beta1";
 /// Key of the subresources' document in the v3 root.
 pub const V3_SUBRESOURCES: &str = "apis/subresources.kubevirt.io/v1";
 /// Every group-version document this server publishes (`apis/<group>/<version>`): each
@@ -1561,7 +1563,13 @@ mod tests {
         let paths = root["paths"].as_object().expect("paths");
         assert_eq!(
             paths.keys().collect::<Vec<_>>(),
-            vec![V3_CDI, V3_INSTANCETYPE, V3_KUBEVIRT, V3_SUBRESOURCES]
+            vec![
+                V3_CDI,
+                V3_INSTANCETYPE,
+                V3_KUBEVIRT,
+                V3_POOL,
+                V3_SUBRESOURCES
+            ]
         );
         let (_, hash) = &docs.v3[V3_KUBEVIRT];
         assert_eq!(

@@ -151,6 +151,12 @@ fn resource_list_of(
                 "kind":k.kind,"verbs":STATUS_VERBS}),
             );
         }
+        if k.has_scale {
+            resources.push(
+                json!({"name":format!("{}/scale", k.plural),"singularName":"","namespaced":k.namespaced,
+                "group":"autoscaling","version":"v1","kind":"Scale","verbs":STATUS_VERBS}),
+            );
+        }
     }
     json!({"kind":"APIResourceList","apiVersion":"v1","groupVersion":format!("{group}/{version}"),"resources":resources})
 }
@@ -188,10 +194,15 @@ fn aggregated_kinds(kinds: impl Iterator<Item = &'static Kind>) -> Vec<Value> {
     kinds
         .map(|k| {
             let gvk = json!({"group":k.group,"version":k.version,"kind":k.kind});
+            // A Scale answers `/scale` (autoscaling/v1), as a CRD's scale subresource.
+            let scale = json!({"group":"autoscaling","version":"v1","kind":"Scale"});
             let status: Vec<Value> = k
                 .has_status
                 .then(|| json!({"subresource":"status","responseKind":gvk,"verbs":STATUS_VERBS}))
                 .into_iter()
+                .chain(k.has_scale.then(
+                    || json!({"subresource":"scale","responseKind":scale,"verbs":STATUS_VERBS}),
+                ))
                 .collect();
             json!({"resource":k.plural,"responseKind":gvk,"scope":scope(k),"singularResource":k.singular,
                 "verbs":VERBS,"shortNames":k.short_names,"categories":k.categories,
@@ -446,6 +457,9 @@ mod tests {
                 want.extend(VERBS.map(|v| format!("{} {v} {sc}", k.plural)));
                 if k.has_status {
                     want.extend(STATUS_VERBS.map(|v| format!("{}/status {v} {sc}", k.plural)));
+                }
+                if k.has_scale {
+                    want.extend(STATUS_VERBS.map(|v| format!("{}/scale {v} {sc}", k.plural)));
                 }
             }
             want.sort();

@@ -38,6 +38,8 @@ const JSON_PATCH: &str = "application/json-patch+json";
 const MERGE_PATCH: &str = "application/merge-patch+json";
 /// Server-side apply content type.
 const APPLY_PATCH: &str = "application/apply-patch+yaml";
+/// Strategic merge patch: accepted on `/scale` only (a Scale has no lists to merge).
+const STRATEGIC_MERGE_PATCH: &str = "application/strategic-merge-patch+json";
 /// Patch types we accept, in the order kube-apiserver lists them for CRDs.
 const PATCH_TYPES: [&str; 3] = [JSON_PATCH, MERGE_PATCH, APPLY_PATCH];
 /// Most operations a JSON patch may carry.
@@ -394,7 +396,7 @@ fn allowed_methods(info: &RequestInfo) -> Option<&'static str> {
     Some(match (info.is_collection, info.subresource.as_str()) {
         (true, _) if info.namespace.is_empty() && !cluster_scoped => "GET",
         (true, _) => "GET, POST, DELETE",
-        (false, "status") => "GET, PUT, PATCH",
+        (false, "status" | "scale") => "GET, PUT, PATCH",
         (false, _) => "GET, PUT, PATCH, DELETE",
     })
 }
@@ -760,6 +762,9 @@ async fn route(
             }
             _ => Err(ApiError::method_not_allowed()),
         },
+        (false, "scale") if def.has_scale => {
+            scale(st, def, info, query, req, agent, actor, requester).await
+        }
         (false, sub @ ("" | "status")) => {
             let status_only = sub == "status";
             match method {
@@ -1351,6 +1356,72 @@ async fn patch(
         _ => return Err(ApiError::unsupported_media_type(&PATCH_TYPES)),
     };
     written(def, w, accept)
+}
+
+/// `/scale` (crate::scale): GET, PUT of a Scale, or a JSON or merge patch of it (what
+/// `kubectl scale` sends; strategic merge is a merge patch on a Scale, which has no lists).
+#[allow(clippy::too_many_arguments)]
+async fn scale(
+    st: &AppState,
+    def: &'static ResourceDef,
+    info: &RequestInfo,
+    query: &Query,
+    req: Request,
+    agent: &str,
+    actor: kubevirt_api::policy::Actor,
+    requester: Option<crate::auth::User>,
+) -> ApiResult<Response> {
+    let ns = info.namespace.as_str();
+    let method = req.method().clone();
+    if method == Method::GET {
+        return crate::scale::get(&st.registry, def, ns, &info.name).await;
+    }
+    let opts = write_options(query, agent, false, actor, requester)?;
+    let (headers, bytes) = st.read_body(req).await?;
+    let bad = |e: String| ApiError::bad_request(format!("error decoding patch: {e}"));
+    let change = match (method, content_type(&headers).as_str()) {
+        (Method::PUT, _) => {
+            let v: Value = serde_json::from_slice(&bytes)
+                .map_err(|e| ApiError::bad_request(format!("the body is not a Scale: {e}")))?;
+            crate::scale::Change::Replace(v)
+        }
+        (Method::PATCH, JSON_PATCH) => {
+            let ops: Value = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+            if ops.as_array().is_some_and(|a| a.len() > MAX_PATCH_OPS) {
+                return Err(ApiError::too_large(format!(
+                    "The allowed maximum operations in a JSON patch is {MAX_PATCH_OPS}"
+                )));
+            }
+            let p: json_patch::Patch =
+                serde_json::from_value(ops).map_err(|e| bad(e.to_string()))?;
+            crate::scale::Change::Patch(Patch::Json(p))
+        }
+        (Method::PATCH, MERGE_PATCH | STRATEGIC_MERGE_PATCH) => {
+            let p: Value = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+            if !p.is_object() {
+                return Err(bad("a merge patch must be a JSON object".into()));
+            }
+            crate::scale::Change::Patch(Patch::Merge(p))
+        }
+        (Method::PATCH, _) => {
+            return Err(ApiError::unsupported_media_type(&[
+                JSON_PATCH,
+                MERGE_PATCH,
+                STRATEGIC_MERGE_PATCH,
+            ]));
+        }
+        _ => return Err(ApiError::method_not_allowed()),
+    };
+    crate::scale::write(
+        &st.registry,
+        def,
+        ns,
+        &info.name,
+        change,
+        opts.dry_run,
+        &opts.field_manager,
+    )
+    .await
 }
 
 async fn delete_options(st: &AppState, query: &Query, req: Request) -> ApiResult<DeleteOptions> {

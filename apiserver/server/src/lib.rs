@@ -29,6 +29,7 @@ pub mod objects;
 pub mod openapi;
 pub mod request;
 pub mod rest;
+pub mod scale;
 pub mod server;
 pub mod state;
 pub mod storage;

@@ -70,7 +70,13 @@ const ALL: &[&str] = &[
 /// check. `bind`/`escalate` on RBAC kinds let it grant the components their rules (and bind
 /// system:auth-delegator) without holding every one of those permissions itself.
 fn cluster_rules() -> Vec<PolicyRule> {
-    vec![
+    // Uninstalling counts and, by uninstallStrategy, deletes the workloads (in their groups).
+    let workloads = render::rules_by_group(
+        crate::reconcile::WORKLOADS,
+        "",
+        &["get", "list", "delete", "deletecollection"],
+    );
+    let mut rules = vec![
         rule(&["apiregistration.k8s.io"], &["apiservices"], ALL),
         rule(
             &["admissionregistration.k8s.io"],
@@ -117,11 +123,6 @@ fn cluster_rules() -> Vec<PolicyRule> {
             &["servicemonitors"],
             &["get", "list", "create", "update", "patch", "delete"],
         ),
-        // Uninstalling counts and, by uninstallStrategy, deletes the workloads.
-        kind_rule(
-            render::resources(crate::reconcile::WORKLOADS, ""),
-            &["get", "list", "delete", "deletecollection"],
-        ),
         // KubeVirt's common-instancetypes bundle (instancetypes.rs): it lists both cluster
         // kinds and applies and deletes its own objects of them.
         PolicyRule {
@@ -158,7 +159,9 @@ fn cluster_rules() -> Vec<PolicyRule> {
             resource_names: Some(vec![virt_certs::node_identity::SIGNER_NAME.into()]),
             ..rule(&["certificates.k8s.io"], &["signers"], &["approve", "sign"])
         },
-    ]
+    ];
+    rules.extend(workloads);
+    rules
 }
 
 /// In its namespace: everything it deploys there, its KubeVirt resource, its Lease.
@@ -571,6 +574,10 @@ mod tests {
         assert_eq!(
             grants(&cluster_rules(), render::GROUP),
             [
+                "virtualmachineinstancereplicasets delete",
+                "virtualmachineinstancereplicasets deletecollection",
+                "virtualmachineinstancereplicasets get",
+                "virtualmachineinstancereplicasets list",
                 "virtualmachineinstances delete",
                 "virtualmachineinstances deletecollection",
                 "virtualmachineinstances get",
@@ -579,6 +586,16 @@ mod tests {
                 "virtualmachines deletecollection",
                 "virtualmachines get",
                 "virtualmachines list",
+            ]
+        );
+        // …and pools, in their group.
+        assert_eq!(
+            grants(&cluster_rules(), kubevirt_api::pool::GROUP),
+            [
+                "virtualmachinepools delete",
+                "virtualmachinepools deletecollection",
+                "virtualmachinepools get",
+                "virtualmachinepools list",
             ]
         );
         assert_eq!(

@@ -1771,17 +1771,17 @@ fn installed_objects() -> Result<Vec<serde_json::Value>, Error> {
 
 /// The kinds an uninstall counts and, by uninstallStrategy, deletes (the operator's
 /// ClusterRole grants exactly these). A migration is no workload of its own (it moves a
-/// VMI); any left go with the store.
-pub(crate) const WORKLOADS: [&catalogue::Kind; 2] = [
+/// VMI); any left go with the store. Pools and replica sets first: deleted after their VMs
+/// or VMIs, they would make them again.
+pub(crate) const WORKLOADS: [&catalogue::Kind; 4] = [
+    &kubevirt_api::kinds::pool::KIND,
+    &kubevirt_api::kinds::replicaset::KIND,
     &catalogue::VIRTUAL_MACHINE,
     &catalogue::VIRTUAL_MACHINE_INSTANCE,
 ];
 
 fn workload_resource(k: &catalogue::Kind) -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(render::GROUP, kubevirt_api::VERSION, k.kind),
-        k.plural,
-    )
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(k.group, k.version, k.kind), k.plural)
 }
 
 async fn count_workloads(client: &Client) -> Result<usize, Error> {

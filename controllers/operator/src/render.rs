@@ -431,6 +431,11 @@ fn user_roles() -> Vec<ClusterRole> {
         "/status",
         &["get"],
     ));
+    view_rules.extend(rules_by_group(
+        stored.clone().filter(|k| k.has_scale),
+        "/scale",
+        &["get"],
+    ));
     // What the guest agent reports is for viewers too, as KubeVirt's view role has it.
     let reads: Vec<String> = catalogue::SUBRESOURCES
         .into_iter()
@@ -453,6 +458,12 @@ fn user_roles() -> Vec<ClusterRole> {
     // A namespace's editor writes its namespaced kinds; the cluster-wide ones (cluster
     // instance types and preferences) are the cluster administrator's, read by everyone.
     let mut edit_rules = rules_by_group(stored.clone().filter(|k| k.namespaced), "", &write);
+    // `kubectl scale` of a pool or replica set, as a CRD's scale subresource allows editors.
+    edit_rules.extend(rules_by_group(
+        stored.clone().filter(|k| k.namespaced && k.has_scale),
+        "/scale",
+        &["get", "update", "patch"],
+    ));
     edit_rules.extend(rules_by_group(
         stored.clone().filter(|k| !k.namespaced),
         "",
@@ -1049,14 +1060,24 @@ mod tests {
         let roles = user_roles();
         // Per group: the stored kinds' lines, namespaced ones with `verbs`, cluster-scoped
         // ones with `cluster_verbs`.
-        let lines = |group: &str, verbs: &[&str], cluster_verbs: &[&str], status: &[&str]| {
+        let lines = |group: &str,
+                     verbs: &[&str],
+                     cluster_verbs: &[&str],
+                     status: &[&str],
+                     scale: &[&str]| {
             let mut out: Vec<String> = catalogue::stored()
                 .filter(|k| k.group == group)
                 .flat_map(|k| {
                     let status = status
                         .iter()
                         .filter(|_| k.has_status)
-                        .map(|v| format!("{}/status {v}", k.plural));
+                        .map(|v| format!("{}/status {v}", k.plural))
+                        .chain(
+                            scale
+                                .iter()
+                                .filter(|_| k.has_scale)
+                                .map(|v| format!("{}/scale {v}", k.plural)),
+                        );
                     let verbs = if k.namespaced { verbs } else { cluster_verbs };
                     verbs
                         .iter()
@@ -1082,11 +1103,11 @@ mod tests {
         for (group, _) in catalogue::kind_groups() {
             assert_eq!(
                 grants(roles[0].rules.as_deref().unwrap_or_default(), group),
-                lines(group, &read, &read, &["get"]),
+                lines(group, &read, &read, &["get"], &["get"]),
                 "view {group}"
             );
             // …and editors may clone claims in their namespaces, as CDI's edit role has it.
-            let mut want = lines(group, &write, &read, &[]);
+            let mut want = lines(group, &write, &read, &[], &["get", "update", "patch"]);
             if group == kubevirt_api::cdi::GROUP {
                 want.push("datavolumes/source create".to_string());
                 want.sort();

@@ -44,6 +44,14 @@ pub const VMIM: Kind = (
     "vmim",
 );
 
+/// VirtualMachineInstanceReplicaSet.
+pub const VMIRS: Kind = (
+    "virtualmachineinstancereplicasets",
+    "virtualmachineinstancereplicaset",
+    "VirtualMachineInstanceReplicaSet",
+    "vmirs",
+);
+
 /// kube-apiserver and its etcd ([`kube_testenv::KubeApi`]) serving our kinds from CRDs.
 pub struct KubeApi {
     env: kube_testenv::KubeApi,
@@ -186,6 +194,34 @@ impl KubeApi {
         crds.create(&PostParams::default(), &crd).await.unwrap();
         eventually("datavolumes to be served", || async {
             let path = format!("/apis/cdi.kubevirt.io/v1beta1/namespaces/{NS}/datavolumes");
+            let req = http::Request::get(path).body(Vec::new()).unwrap();
+            self.client.request_text(req).await.ok()
+        })
+        .await;
+    }
+}
+
+impl KubeApi {
+    /// Serves VirtualMachinePools (`pool.kubevirt.io/v1beta1`) from a CRD with a /status
+    /// subresource (virt-apiserver serves them in a cluster).
+    pub async fn install_pools(&self) {
+        let crds = Api::<CustomResourceDefinition>::all(self.client.clone());
+        let crd: CustomResourceDefinition = serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "virtualmachinepools.pool.kubevirt.io"},
+            "spec": {"group": "pool.kubevirt.io", "scope": "Namespaced",
+                "names": {"plural": "virtualmachinepools", "singular": "virtualmachinepool",
+                          "kind": "VirtualMachinePool", "shortNames": ["vmpool"]},
+                "versions": [{"name": "v1beta1", "served": true, "storage": true,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object",
+                        "x-kubernetes-preserve-unknown-fields": true}}}]}
+        }))
+        .unwrap();
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+        eventually("virtualmachinepools to be served", || async {
+            let path =
+                format!("/apis/pool.kubevirt.io/v1beta1/namespaces/{NS}/virtualmachinepools");
             let req = http::Request::get(path).body(Vec::new()).unwrap();
             self.client.request_text(req).await.ok()
         })

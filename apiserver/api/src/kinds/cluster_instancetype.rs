@@ -22,6 +22,7 @@ pub const KIND: Kind = Kind {
     categories: &[],
     namespaced: false,
     has_status: false,
+    has_scale: false,
     columns: &[AGE],
     description: "VirtualMachineClusterInstancetype is a cluster scoped version of VirtualMachineInstancetype resource.",
 };

@@ -17,6 +17,7 @@ pub const KIND: Kind = Kind {
     categories: &[],
     namespaced: false,
     has_status: false,
+    has_scale: false,
     columns: &[AGE],
     description: "VirtualMachineClusterPreference is a cluster scoped version of the VirtualMachinePreference resource.",
 };

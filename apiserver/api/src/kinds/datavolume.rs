@@ -22,6 +22,7 @@ pub const KIND: Kind = Kind {
     categories: &["all"],
     namespaced: true,
     has_status: true,
+    has_scale: false,
     // CDI's printer columns, in its order: AGE last.
     columns: &[
         column("Phase", "The phase the data volume is in", 0),

@@ -19,6 +19,7 @@ pub const KIND: Kind = Kind {
     categories: &["all"],
     namespaced: true,
     has_status: false,
+    has_scale: false,
     columns: &[AGE],
     description: "VirtualMachineInstancetype resource contains quantitative and resource related VirtualMachine configuration that can be used by multiple VirtualMachine resources.",
 };

@@ -16,6 +16,7 @@ pub const KIND: Kind = Kind {
     categories: &["all"],
     namespaced: true,
     has_status: true,
+    has_scale: false,
     columns: &[],
     description: "KubeVirt represents the object deploying all kubevirt-rs components (stored by kube-apiserver as kubevirt.io/v1alpha3, served here at kubevirt.io/v1).",
 };

@@ -23,7 +23,9 @@ pub mod cluster_preference;
 pub mod datavolume;
 pub mod instancetype;
 pub mod kubevirt;
+pub mod pool;
 pub mod preference;
+pub mod replicaset;
 pub mod vm;
 pub mod vmi;
 pub mod vmim;
@@ -40,6 +42,8 @@ pub static ALL: &[&KindStrategy] = &[
     &preference::STRATEGY,
     &cluster_preference::STRATEGY,
     &datavolume::STRATEGY,
+    &replicaset::STRATEGY,
+    &pool::STRATEGY,
 ];
 
 /// Decodes a JSON object through the typed struct: the pruned JSON and the paths of unknown

@@ -22,6 +22,7 @@ pub const KIND: Kind = Kind {
     categories: &["all"],
     namespaced: true,
     has_status: false,
+    has_scale: false,
     columns: &[AGE],
     description: "VirtualMachinePreference resource contains optional preferences related to the VirtualMachine.",
 };

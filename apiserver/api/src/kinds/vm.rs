@@ -29,6 +29,7 @@ pub const KIND: Kind = Kind {
     categories: &["all"],
     namespaced: true,
     has_status: true,
+    has_scale: false,
     columns: &[
         AGE,
         column("Status", "Human Readable Status", 0),

@@ -22,6 +22,7 @@ pub const KIND: Kind = Kind {
     categories: &["all"],
     namespaced: true,
     has_status: true,
+    has_scale: false,
     columns: &[
         AGE,
         column("Phase", "Phase of the instance", 0),

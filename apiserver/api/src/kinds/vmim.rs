@@ -23,6 +23,7 @@ pub const KIND: Kind = Kind {
     categories: &["all"],
     namespaced: true,
     has_status: true,
+    has_scale: false,
     columns: &[
         column("Phase", "Phase of the migration", 0),
         column("VMI", "Name of the migrated instance", 0),

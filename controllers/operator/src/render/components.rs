@@ -177,7 +177,7 @@ fn alive() -> Probe {
 }
 
 /// The API groups whose stored kinds virt-controller reconciles (writes, and their status).
-const RECONCILED_GROUPS: [&str; 2] = [GROUP, kubevirt_api::cdi::GROUP];
+const RECONCILED_GROUPS: [&str; 3] = [GROUP, kubevirt_api::cdi::GROUP, kubevirt_api::pool::GROUP];
 
 /// virt-controller's cluster-wide rules. Its own kinds come from the catalogue: it reconciles
 /// every stored kind and writes their status.

@@ -28,6 +28,7 @@ pub const WITH_ACCESS: &[&str] = &[
     "aggregation",
     "apiserver_authz",
     "cluster",
+    "pool",
     "security",
     "storage",
     "vm_lifecycle",
@@ -121,6 +122,7 @@ mod tests {
             "new_binary",
             "operator",
             "plugin",
+            "pool",
             "security",
             "vm_lifecycle",
             "watch_recovery",
@@ -130,7 +132,10 @@ mod tests {
             p.beside,
             names(&["access", "datavolume", "guest", "live_migration", "network"])
         );
-        assert_eq!(p.lane, names(&["aggregation", "security", "vm_lifecycle"]));
+        assert_eq!(
+            p.lane,
+            names(&["aggregation", "pool", "security", "vm_lifecycle"])
+        );
         assert_eq!(
             p.after,
             names(&[
