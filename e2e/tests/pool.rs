@@ -101,6 +101,7 @@ fn wait_running(ns: &Ns<'_>, vms: &[&str]) {
 }
 
 #[test]
+#[ignore = "needs root and a cluster: cargo test -p e2e --test pool -- --ignored"]
 fn a_pool_scales_heals_rolls_out_and_goes_with_its_vms() {
     let c = common::cluster();
     let ns = Ns::new(c, "pool");
@@ -187,6 +188,7 @@ fn running(ns: &Ns<'_>, n: usize) -> anyhow::Result<bool> {
 }
 
 #[test]
+#[ignore = "needs root and a cluster: cargo test -p e2e --test pool -- --ignored"]
 fn a_replica_set_scales_and_heals() {
     let c = common::cluster();
     let ns = Ns::new(c, "vmirs");
