@@ -454,8 +454,17 @@ pub fn upstream_virtctl() -> anyhow::Result<PathBuf> {
     if out.is_file() {
         return Ok(out);
     }
+    // Test binaries beside each other ask at once on a fresh machine: one builds while the
+    // others wait for it (two builds into one partial file made the slower one's rename fail).
+    let dir = out.parent().context("virtctl's directory")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let lock = std::fs::File::create(out.with_extension("lock")).context("virtctl's lock file")?;
+    lock.lock().context("waiting for another build of virtctl")?;
+    if out.is_file() {
+        return Ok(out);
+    }
     let v = "kubevirt.io/client-go/version";
-    let partial = out.with_extension("partial");
+    let partial = out.with_extension(format!("partial-{}", std::process::id()));
     let status = Command::new(go()?)
         .args(["build", "-trimpath", "-ldflags"])
         .arg(format!(

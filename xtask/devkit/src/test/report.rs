@@ -114,8 +114,9 @@ pub fn failed_tests(lines: &[String]) -> Vec<String> {
 const MESSAGE_CHARS: usize = 320;
 
 /// Each failed test's panic message from libtest's failure section (`---- NAME stdout ----`,
-/// then the test's captured output, then `thread 'NAME' panicked at FILE:LINE:COL:` and the
-/// message): its first two lines, with where it panicked.
+/// then the test's captured output, then `thread 'NAME' panicked at FILE:LINE:COL:`, or since
+/// Rust 1.9x `thread 'NAME' (TID) panicked at …`, and the message): its first two lines, with
+/// where it panicked.
 pub fn panic_messages(lines: &[String]) -> std::collections::BTreeMap<String, String> {
     let mut out = std::collections::BTreeMap::new();
     let mut test: Option<String> = None;
@@ -130,7 +131,11 @@ pub fn panic_messages(lines: &[String]) -> std::collections::BTreeMap<String, St
             continue;
         }
         let Some(t) = test.as_ref() else { continue };
-        let Some((_, at)) = l.split_once("' panicked at ") else {
+        let Some((_, at)) = l
+            .trim()
+            .strip_prefix("thread '")
+            .and_then(|r| r.split_once(" panicked at "))
+        else {
             continue;
         };
         let mut msg: Vec<String> = Vec::new();
@@ -626,7 +631,7 @@ mod tests {
             "note: run with `RUST_BACKTRACE=1`",
             "",
             "---- drains stdout ----",
-            "thread 'drains' panicked at e2e/tests/common/mod.rs:43:30:",
+            "thread 'drains' (2996) panicked at e2e/tests/common/mod.rs:43:30:",
             "cluster with kubevirt-rs deployed: failed",
             "",
         ]);
