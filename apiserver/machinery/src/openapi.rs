@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::autoscaling::v1::Scale;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     DeleteOptions, ListMeta, ObjectMeta, Patch, Status, WatchEvent,
 };
@@ -61,6 +62,9 @@ fn kind_prefix(k: &KindStrategy) -> String {
 }
 const SUBRESOURCE_PREFIX: &str = "io.kubevirt.subresources.v1.";
 const META_PREFIX: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.";
+/// The `autoscaling/v1` Scale every `/scale` subresource reads and writes, under
+/// kube-apiserver's own definition name (the aggregator deduplicates it against its own).
+const SCALE_DEF: &str = "io.k8s.api.autoscaling.v1.Scale";
 
 /// Which OpenAPI dialect a fragment is rendered for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +98,7 @@ pub fn openapi_v2() -> Value {
     for (name, schema) in subresource_definitions() {
         definitions.insert(name, to_v2(schema));
     }
-    for (name, schema) in meta_definitions() {
+    for (name, schema) in meta_definitions(kinds::ALL.iter().any(|k| k.has_scale)) {
         definitions.insert(name, to_v2(schema));
     }
     json!({
@@ -124,7 +128,12 @@ pub fn openapi_v3_group_version(key: &str) -> Option<Value> {
             let in_group = |k: &&KindStrategy| k.group == group && k.version == version;
             add_kind_paths(&mut paths, Flavor::V3, in_group);
             schemas.extend(kind_definitions(in_group));
-            schemas.extend(meta_definitions());
+            let scale = kinds::ALL
+                .iter()
+                .copied()
+                .filter(in_group)
+                .any(|k| k.has_scale);
+            schemas.extend(meta_definitions(scale));
         }
         _ => return None,
     }
@@ -322,8 +331,10 @@ fn kind_definitions(pick: impl Fn(&&KindStrategy) -> bool) -> BTreeMap<String, V
 }
 
 /// The shared meta types, generated from k8s-openapi (which is generated from
-/// kube-apiserver's own spec) so the content matches what the aggregator already has.
-fn meta_definitions() -> BTreeMap<String, Value> {
+/// kube-apiserver's own spec) so the content matches what the aggregator already has; with
+/// `scale`, also `autoscaling/v1` Scale (and its spec and status), for a document that has
+/// `/scale` paths.
+fn meta_definitions(scale: bool) -> BTreeMap<String, Value> {
     let mut settings = SchemaSettings::openapi3();
     settings.meta_schema = None;
     let mut generator = SchemaGenerator::new(settings);
@@ -333,6 +344,9 @@ fn meta_definitions() -> BTreeMap<String, Value> {
     generator.subschema_for::<DeleteOptions>();
     generator.subschema_for::<WatchEvent<Value>>();
     generator.subschema_for::<Patch>();
+    if scale {
+        generator.subschema_for::<Scale>();
+    }
     generator
         .take_definitions(true)
         .into_iter()
@@ -1206,6 +1220,48 @@ fn add_kind_paths(
             paths.insert(
                 format!("{prefix}/{}/{{name}}{suffix}", k.plural),
                 path_item(&object_params, &ops, flavor),
+            );
+        }
+
+        // The Scale view, as kube-apiserver publishes a Deployment's: read, replace (an
+        // HPA) and patch (`kubectl scale`), each an `autoscaling/v1` Scale.
+        if k.has_scale {
+            let target = format!("scale of the specified {kind}");
+            let scale_op = |method, action, verb: &str, description: String| Op {
+                gvk: gvk_at("autoscaling", "v1", "Scale"),
+                responses: vec![
+                    ("200", "OK", Some(SCALE_DEF.to_string())),
+                    ("201", "Created", Some(SCALE_DEF.to_string())),
+                ],
+                ..mk(
+                    method,
+                    action,
+                    format!("{verb}{id}{namespaced}{kind}Scale"),
+                    description,
+                )
+            };
+            let read = Op {
+                responses: vec![("200", "OK", Some(SCALE_DEF.to_string()))],
+                ..scale_op("get", "get", "read", format!("read {target}"))
+            };
+            let replace = Op {
+                params: vec![DRY_RUN, FIELD_MANAGER, FIELD_VALIDATION],
+                body: Some((SCALE_DEF.to_string(), vec![JSON, YAML])),
+                ..scale_op("put", "put", "replace", format!("replace {target}"))
+            };
+            let patch_op = Op {
+                params: vec![DRY_RUN, FIELD_MANAGER, FIELD_VALIDATION, FORCE],
+                body: Some((patch.clone(), PATCH_TYPES.to_vec())),
+                ..scale_op(
+                    "patch",
+                    "patch",
+                    "patch",
+                    format!("partially update {target}"),
+                )
+            };
+            paths.insert(
+                format!("{prefix}/{}/{{name}}/scale", k.plural),
+                path_item(&object_params, &[read, replace, patch_op], flavor),
             );
         }
     }

@@ -2,7 +2,8 @@
 //! (`pool.kubevirt.io/v1beta1`) against a real etcd and the real virt-apiserver: discovery
 //! with KubeVirt's short names and a `scale` subresource, create/get/list, KubeVirt's
 //! printer columns, `/status`, `/scale` read, replaced (as an HPA does, with the version it
-//! read) and merge-patched (as `kubectl scale` does), and the 422s naming the field.
+//! read) and merge-patched (as `kubectl scale` does), the `/scale` paths in OpenAPI v2 and
+//! v3, and the 422s naming the field.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -208,6 +209,90 @@ async fn pools_and_replica_sets_are_served_with_scale() {
     )
     .await;
     assert_eq!(code, 404);
+}
+
+/// The `/scale` paths of both kinds are in the OpenAPI v2 and v3 documents, each operation
+/// reading or writing an `autoscaling/v1` Scale whose definition the document carries; a
+/// VM (no scale) has none.
+#[tokio::test(flavor = "multi_thread")]
+async fn scale_subresources_are_published_in_openapi() {
+    let env = common::start(true);
+    let base = env.server_url.clone();
+    let c = admin(&env);
+    const SCALE: &str = "io.k8s.api.autoscaling.v1.Scale";
+    let get = |path: &str| {
+        let req = c.get(format!("{base}{path}"));
+        async move { json_of(req.send().await.unwrap()).await }
+    };
+    let (code, v2) = get("/openapi/v2").await;
+    assert_eq!(code, 200);
+    for (doc_path, coll) in [
+        ("/openapi/v3/apis/pool.kubevirt.io/v1beta1", POOLS),
+        ("/openapi/v3/apis/kubevirt.io/v1", RSS),
+    ] {
+        let (code, v3) = get(doc_path).await;
+        assert_eq!(code, 200);
+        let path = format!(
+            "{}/{{name}}/scale",
+            coll.replace("/default/", "/{namespace}/")
+        );
+        for (doc, flavor) in [(&v2, "v2"), (&v3, "v3")] {
+            let item = &doc["paths"][&path];
+            assert!(item.is_object(), "{flavor}: no {path}");
+            let (ok_ref, body_ref, def) = if flavor == "v2" {
+                (
+                    &item["get"]["responses"]["200"]["schema"]["$ref"],
+                    &item["put"]["parameters"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|p| p["in"] == "body")
+                        .unwrap()["schema"]["$ref"],
+                    &doc["definitions"][SCALE],
+                )
+            } else {
+                (
+                    &item["get"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+                    &item["put"]["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+                    &doc["components"]["schemas"][SCALE],
+                )
+            };
+            let prefix = if flavor == "v2" {
+                "#/definitions/"
+            } else {
+                "#/components/schemas/"
+            };
+            assert_eq!(
+                ok_ref,
+                &json!(format!("{prefix}{SCALE}")),
+                "{flavor} {path}"
+            );
+            assert_eq!(
+                body_ref,
+                &json!(format!("{prefix}{SCALE}")),
+                "{flavor} {path}"
+            );
+            assert!(item["patch"].is_object(), "{flavor} {path}");
+            assert_eq!(
+                item["get"]["x-kubernetes-group-version-kind"],
+                json!({"group": "autoscaling", "kind": "Scale", "version": "v1"})
+            );
+            assert!(
+                def["properties"]["spec"].is_object(),
+                "{flavor}: no {SCALE} definition"
+            );
+        }
+    }
+    assert!(
+        v2["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|p| p.ends_with("/scale"))
+            .all(|p| p.contains("virtualmachinepools")
+                || p.contains("virtualmachineinstancereplicasets")),
+        "only the two replicated kinds have /scale"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -16,6 +16,7 @@ mod instancetype;
 mod memory;
 mod migrate;
 mod network;
+mod pool;
 mod portforward;
 pub(crate) mod report;
 mod scale;
@@ -83,6 +84,9 @@ pub enum Bench {
     /// created at a fixed rate until every VMI runs: create → Running percentiles, memory
     /// and API requests per VMI, etcd size, failed requests.
     Scale(scale::ScaleArgs),
+    /// `kubectl scale` of a VirtualMachinePool 0 → N → 0 on KWOK's fake nodes (bench
+    /// scale's processes, no cluster): time to every VMI Running, then to every VM gone.
+    Pool(pool::PoolArgs),
     /// Every benchmark above, one after the other, each writing its section: the whole of
     /// docs/benchmarks.md from one command (needs the two-node local cluster with
     /// kubevirt-rs deployed, and an otherwise idle machine; about 50 minutes on 2 CPUs).
@@ -165,6 +169,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Bench::Network(a) => network::run(a),
         Bench::PortForward(a) => portforward::run(a),
         Bench::Scale(a) => scale::run(a),
+        Bench::Pool(a) => pool::run(a),
         Bench::All(a) => all::run(a),
     }
 }

@@ -15,7 +15,7 @@ pub struct AllArgs {
     /// Runs of every benchmark that repeats (both sides of a comparison alternate).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// Benchmarks to leave out (apiserver, abuse, apiserver-vs-crd, scale, launcher, network, migrate,
+    /// Benchmarks to leave out (apiserver, abuse, apiserver-vs-crd, scale, pool, launcher, network, migrate,
     /// storage, port-forward, start, drain), e.g. `start,drain`; their sections keep what they hold.
     #[arg(long, value_delimiter = ',')]
     pub skip: Vec<String>,
@@ -50,6 +50,7 @@ pub fn plan(args: &AllArgs) -> Vec<Step> {
         step(section::ABUSE, false, &[]),
         step(section::CRD, false, &["--runs", &runs]),
         step(section::SCALE, false, &["--runs", &runs]),
+        step(section::POOL, false, &["--runs", &runs]),
         step(section::LAUNCHER, false, &["--runs", &runs]),
         step(section::NETWORK, false, &["--runs", &runs]),
         step(section::MIGRATE, true, &["--runs", &runs]),

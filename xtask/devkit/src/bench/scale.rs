@@ -9,9 +9,9 @@
 //! by verb and resource from both servers' `apiserver_request_total`, both etcds' size,
 //! and every failed request. No local cluster is needed or touched.
 
-mod procs;
+pub(super) mod procs;
 mod requests;
-mod standin;
+pub(super) mod standin;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ use super::section::{self, Provenance, Runs, Section};
 use requests::{Counts, Outcome};
 
 /// The namespace the VMs live in.
-const NS: &str = "default";
+pub(super) const NS: &str = "default";
 
 /// Arguments of `cargo xtask bench scale`.
 #[derive(clap::Args, Debug, Clone)]
@@ -203,7 +203,7 @@ pub fn run(args: ScaleArgs) -> anyhow::Result<()> {
 
 /// kube-apiserver and kube-scheduler of the pinned release, KWOK of the pinned version
 /// (each built once if missing), virt-apiserver and virt-controller of this tree.
-fn binaries() -> anyhow::Result<(Binaries, procs::Extra)> {
+pub(super) fn binaries() -> anyhow::Result<(Binaries, procs::Extra)> {
     let k8s = crate::cluster::ensure_kubernetes_binaries().context("Kubernetes binaries")?;
     let kwok = crate::cluster::ensure_kwok().context("KWOK")?;
     let mut cmd = xtask::cargo();
@@ -234,7 +234,7 @@ fn binaries() -> anyhow::Result<(Binaries, procs::Extra)> {
     ))
 }
 
-fn load_average() -> f64 {
+pub(super) fn load_average() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
@@ -242,15 +242,19 @@ fn load_average() -> f64 {
 }
 
 /// The processes of one run, dropped (killed) in reverse order of start.
-struct Run {
+pub(super) struct Run {
     controller: Option<procs::Proc>,
     kwok: procs::Proc,
     scheduler: procs::Proc,
-    harness: Harness,
+    pub(super) harness: Harness,
 }
 
 impl Run {
-    async fn start(bins: &Binaries, extra: &procs::Extra, nodes: usize) -> anyhow::Result<Self> {
+    pub(super) async fn start(
+        bins: &Binaries,
+        extra: &procs::Extra,
+        nodes: usize,
+    ) -> anyhow::Result<Self> {
         let harness = Harness::start_apis(bins, "kubevirt-rs-bench-scale-").await?;
         let (kc, dir) = (harness.kubeconfig(), harness.dir().to_path_buf());
         let client = harness.kube_client();
@@ -316,7 +320,7 @@ impl Run {
     }
 
     /// The processes of the run that have exited.
-    fn dead(&mut self) -> Vec<&'static str> {
+    pub(super) fn dead(&mut self) -> Vec<&'static str> {
         let mut out: Vec<&'static str> = [
             self.controller.as_mut(),
             Some(&mut self.kwok),
@@ -332,7 +336,7 @@ impl Run {
         out
     }
 
-    fn stop(mut self) {
+    pub(super) fn stop(mut self) {
         self.controller.take();
         let Self {
             kwok,
@@ -362,7 +366,7 @@ async fn ready_nodes(api: &Api<Node>) -> Option<usize> {
 }
 
 /// Polls `f` every 500 ms until it gives a value, for at most `limit`.
-async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> anyhow::Result<T>
+pub(super) async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,

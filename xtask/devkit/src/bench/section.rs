@@ -90,6 +90,11 @@ pub const SCALE: Slot = Slot {
     title: "Control plane at scale on fake nodes (cargo xtask bench scale)",
     command: "cargo xtask bench scale",
 };
+pub const POOL: Slot = Slot {
+    key: "pool",
+    title: "kubectl scale of a VirtualMachinePool on fake nodes (cargo xtask bench pool)",
+    command: "cargo xtask bench pool",
+};
 pub const ALL: Slot = Slot {
     key: "all",
     title: "The last full run (cargo xtask bench all)",
@@ -99,12 +104,13 @@ pub const ALL: Slot = Slot {
 /// Every generated section, in the document's order: what `bench all`'s plan and the
 /// checked-in document are tested against.
 #[cfg(test)]
-pub const SLOTS: [Slot; 15] = [
+pub const SLOTS: [Slot; 16] = [
     ALL,
     APISERVER,
     ABUSE,
     CRD,
     SCALE,
+    POOL,
     LAUNCHER,
     START,
     START_DEBIAN,
