@@ -459,7 +459,8 @@ pub fn upstream_virtctl() -> anyhow::Result<PathBuf> {
     let dir = out.parent().context("virtctl's directory")?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let lock = std::fs::File::create(out.with_extension("lock")).context("virtctl's lock file")?;
-    lock.lock().context("waiting for another build of virtctl")?;
+    lock.lock()
+        .context("waiting for another build of virtctl")?;
     if out.is_file() {
         return Ok(out);
     }
