@@ -184,6 +184,41 @@ impl Expectations {
         });
     }
 
+    /// How long a reconcile of `key` should wait before trusting its cached `children`
+    /// (a name for the log), at most `recheck`: `None` when the cache can be trusted now.
+    /// Writes never seen within the timeout are logged and forgotten.
+    pub fn wait_for_cache(&self, key: &str, children: &str, recheck: Duration) -> Option<Duration> {
+        match self.check(key, Instant::now()) {
+            Check::Satisfied => None,
+            Check::Pending {
+                remaining,
+                creations,
+                deletions,
+            } => {
+                tracing::debug!(
+                    creations,
+                    deletions,
+                    children,
+                    "waiting for the watch to show our writes"
+                );
+                Some(remaining.min(recheck))
+            }
+            Check::Expired {
+                creations,
+                deletions,
+            } => {
+                tracing::warn!(
+                    creations,
+                    deletions,
+                    children,
+                    timeout = ?self.timeout,
+                    "writes of ours never seen by the watch; trusting the cache again"
+                );
+                None
+            }
+        }
+    }
+
     /// Whether `key`'s cached children can be trusted at `now`. An expired entry is
     /// removed.
     pub fn check(&self, key: &str, now: Instant) -> Check {

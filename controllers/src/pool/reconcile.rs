@@ -19,7 +19,6 @@ use serde_json::json;
 use super::Pools;
 use super::decide::{self, Doomed, Member};
 use crate::context::FIELD_MANAGER;
-use crate::expectations::Check;
 use crate::replicas::Failure;
 
 /// Why a reconcile failed.
@@ -113,19 +112,11 @@ pub async fn reconcile(
     if p.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    match state.expectations.check(&uid, Instant::now()) {
-        Check::Pending { remaining, .. } => {
-            return Ok(Action::requeue(remaining.min(PENDING_RECHECK)));
-        }
-        Check::Expired {
-            creations,
-            deletions,
-        } => tracing::warn!(
-            creations,
-            deletions,
-            "VM creates or deletes never seen by the watch; trusting the cache again"
-        ),
-        Check::Satisfied => {}
+    if let Some(wait) = state
+        .expectations
+        .wait_for_cache(&uid, "VMs", PENDING_RECHECK)
+    {
+        return Ok(Action::requeue(wait));
     }
     let cached = state.vms.state();
     let vms = decide::owned(&p, cached.iter().map(AsRef::as_ref));

@@ -14,7 +14,6 @@ use kubevirt_api::replicaset::VirtualMachineInstanceReplicaSet;
 use super::ReplicaSets;
 use super::decide;
 use crate::context::FIELD_MANAGER;
-use crate::expectations::Check;
 use crate::replicas::Failure;
 
 /// Why a reconcile failed.
@@ -78,19 +77,11 @@ pub async fn reconcile(
     if rs.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    match state.expectations.check(&uid, Instant::now()) {
-        Check::Pending { remaining, .. } => {
-            return Ok(Action::requeue(remaining.min(PENDING_RECHECK)));
-        }
-        Check::Expired {
-            creations,
-            deletions,
-        } => tracing::warn!(
-            creations,
-            deletions,
-            "VMI creates or deletes never seen by the watch; trusting the cache again"
-        ),
-        Check::Satisfied => {}
+    if let Some(wait) = state
+        .expectations
+        .wait_for_cache(&uid, "VMIs", PENDING_RECHECK)
+    {
+        return Ok(Action::requeue(wait));
     }
     let cached = state.vmis.state();
     let owned = decide::owned(&rs, cached.iter().map(AsRef::as_ref));
