@@ -509,13 +509,59 @@ fn encode(output: Output, value: &Value, code: StatusCode, warnings: &[String]) 
             serde_json::to_vec(value).unwrap_or_default(),
         )
     };
-    for w in warnings {
-        let text = format!("299 - {}", serde_json::to_string(w).unwrap_or_default());
+    for w in capped_warnings(warnings) {
+        let text = format!("299 - {}", serde_json::to_string(&w).unwrap_or_default());
         if let Ok(v) = HeaderValue::from_str(&text) {
             r.headers_mut().append(header::WARNING, v);
         }
     }
     r
+}
+
+/// Total length of the warnings, in characters, past which each is cut to
+/// [`WARNING_ITEM_CHARS`] and later ones are dropped (k8s.io/apiserver's warning recorder).
+const WARNING_TOTAL_CHARS: usize = 4 * 1024;
+/// A warning's length once the total is exceeded.
+const WARNING_ITEM_CHARS: usize = 256;
+/// At most this many Warning headers: a body with hundreds of unknown fields would otherwise
+/// get as many headers, and clients with a header-count limit (Python's http.client: 100) can
+/// then not read the answer at all (found by `cargo xtask fuzz`). kube-apiserver has only
+/// the size limit; here the last header then says how many were left out.
+const WARNING_HEADERS: usize = 50;
+
+/// The warnings as Warning headers carry them: deduplicated, within k8s.io/apiserver's
+/// size limit (the same truncation) and [`WARNING_HEADERS`].
+fn capped_warnings(warnings: &[String]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let unique: Vec<&String> = warnings
+        .iter()
+        .filter(|w| !w.is_empty() && seen.insert(w.as_str()))
+        .collect();
+    let total: usize = unique.iter().map(|w| w.chars().count()).sum();
+    let mut out: Vec<String> = Vec::new();
+    if total <= WARNING_TOTAL_CHARS {
+        out.extend(unique.iter().map(|w| w.to_string()));
+    } else {
+        // As kube-apiserver: once the limit is crossed, every warning is cut, and those
+        // that come after the total is reached again are dropped.
+        let mut written = 0;
+        for w in &unique {
+            if written >= WARNING_TOTAL_CHARS {
+                break;
+            }
+            let cut: String = w.chars().take(WARNING_ITEM_CHARS).collect();
+            written += cut.chars().count();
+            out.push(cut);
+        }
+    }
+    if out.len() > WARNING_HEADERS {
+        out.truncate(WARNING_HEADERS - 1);
+        out.push(format!(
+            "{} more warnings not shown",
+            unique.len() - (WARNING_HEADERS - 1)
+        ));
+    }
+    out
 }
 
 /// Every request enters here.
@@ -1556,5 +1602,41 @@ mod metrics_listener_tests {
         ] {
             assert_eq!(get(path).await.unwrap().status(), StatusCode::NOT_FOUND);
         }
+    }
+}
+
+#[cfg(test)]
+mod warning_tests {
+    use super::*;
+
+    #[test]
+    fn warnings_are_deduplicated_and_kept_whole_within_the_limit() {
+        let w = vec!["a".to_string(), "b".to_string(), "a".to_string()];
+        assert_eq!(capped_warnings(&w), ["a", "b"]);
+    }
+
+    #[test]
+    fn past_the_total_each_is_cut_and_the_rest_dropped_as_kube_apiserver_does() {
+        let long: Vec<String> = (0..20)
+            .map(|i| format!("{i:02}{}", "x".repeat(998)))
+            .collect();
+        let out = capped_warnings(&long);
+        // Cut to 256 characters each; dropped once 4096 are written: 16 fit.
+        assert_eq!(out.len(), 16);
+        assert!(out.iter().all(|w| w.chars().count() == 256));
+        assert!(out[15].starts_with("15"));
+    }
+
+    #[test]
+    fn hundreds_of_short_warnings_fit_in_fifty_headers() {
+        let many: Vec<String> = (0..300)
+            .map(|i| format!("unknown field \"f{i}\""))
+            .collect();
+        let out = capped_warnings(&many);
+        assert_eq!(out.len(), WARNING_HEADERS);
+        assert_eq!(out[0], "unknown field \"f0\"");
+        // Those past the size limit are dropped as kube-apiserver drops them; of the rest,
+        // the ones past the 49th are counted in the last header.
+        assert!(out[49].ends_with("more warnings not shown"), "{}", out[49]);
     }
 }

@@ -10,11 +10,14 @@
 //! which schemathesis mixes into its generated bodies (a schema alone generates no valid
 //! VM: names must be DNS subdomains, a guest needs memory).
 //!
-//! Two checks are left out, on purpose: `status_code_conformance` (Kubernetes' OpenAPI, ours
+//! Three checks are left out, on purpose: `status_code_conformance` (Kubernetes' OpenAPI, ours
 //! included, documents the success codes only; every error is a `metav1.Status`) and
 //! `positive_data_acceptance` (a schema cannot express Kubernetes' validation — an update
 //! needs the stored resourceVersion, names are DNS labels — so schema-valid requests are
-//! rightly refused; kube-apiserver fails it the same way).
+//! rightly refused; kube-apiserver fails it the same way), and `use_after_free` (a
+//! Kubernetes DELETE answers 200 for an object that stays while finalizers run: foreground
+//! deletion's `foregroundDeletion`, a VM's or VMI's own; it is gone once they are done,
+//! which schemathesis, reading it at once, takes for a deleted resource still served).
 //!
 //! Not part of CI (like the benchmarks): it installs a pinned schemathesis from PyPI into
 //! target/fuzz/venv and runs for minutes. The figures go to docs/reliability.md.
@@ -31,11 +34,10 @@ use virt_devenv::{DevEnv, Options};
 
 use crate::bench::report::{Machine, commit, now_utc, replace_section};
 
+mod cluster;
+
 /// The schemathesis release this project is fuzzed with.
 const SCHEMATHESIS: &str = "4.32.5";
-
-/// The OpenAPI v3 groups fuzzed.
-const GROUPS: &[&str] = &["kubevirt.io/v1", "subresources.kubevirt.io/v1"];
 
 /// One schemathesis run over the document.
 struct Pass {
@@ -51,7 +53,7 @@ struct Pass {
 /// random fuzzing, then stateful sequences along the links [`with_links`] adds. Two runs,
 /// because the links followed are only in schemathesis' event stream (`--report ndjson`:
 /// every request and response), which for the first three phases would be hundreds of
-/// megabytes; the stateful run's is small.
+/// megabytes; the stateful run's is small. The stateful pass is itself one run per kind.
 const PASSES: &[Pass] = &[
     Pass {
         label: "examples, coverage, fuzzing",
@@ -66,9 +68,13 @@ const PASSES: &[Pass] = &[
 ];
 
 /// Checks left out (see the module documentation for why).
-const EXCLUDED_CHECKS: &str = "status_code_conformance,positive_data_acceptance";
+const EXCLUDED_CHECKS: &str = "status_code_conformance,positive_data_acceptance,use_after_free";
 
 const HEADING: &str = "## API fuzzing with schemathesis";
+
+/// The section of a run through the aggregator on the local cluster (`--cluster`).
+const CLUSTER_HEADING: &str =
+    "## API fuzzing through kube-apiserver's aggregator on the local cluster";
 
 /// Query parameters removed from the schema before fuzzing: `watch` turns a list into a
 /// stream of events, which an OpenAPI response cannot describe (schemathesis would read it
@@ -216,6 +222,68 @@ pub struct Args {
     /// Only the stateful phase (minutes instead of the coverage phase's quarter hour).
     #[arg(long)]
     stateful_only: bool,
+    /// Fuzz kubevirt-rs as deployed on the local cluster (`cargo xtask up`), through
+    /// kube-apiserver's aggregator, instead of a standalone virt-apiserver: the VM and VMI
+    /// actions then act on real VMs (xtask/devkit/src/fuzz/cluster.rs).
+    #[arg(long)]
+    cluster: bool,
+    /// With `--cluster`: the kubeconfig (default: $KUBECONFIG, else the local cluster's).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+}
+
+/// What is fuzzed: a standalone virt-apiserver on its own etcd, or the local cluster.
+enum Target {
+    Dev(Box<DevEnv>),
+    Cluster(cluster::Cluster),
+}
+
+impl Target {
+    fn url(&self) -> &str {
+        match self {
+            Target::Dev(e) => &e.server_url,
+            Target::Cluster(c) => &c.url,
+        }
+    }
+
+    /// CA, client certificate and key.
+    fn files(&self) -> [&Path; 3] {
+        match self {
+            Target::Dev(e) => [&e.server_ca, &e.admin.cert, &e.admin.key],
+            Target::Cluster(c) => [&c.ca, &c.cert, &c.key],
+        }
+    }
+
+    fn fetch(&self, path: &str) -> anyhow::Result<String> {
+        match self {
+            Target::Dev(e) => fetch(e, path),
+            Target::Cluster(c) => c.fetch(path),
+        }
+    }
+
+    /// Every group version kubevirt-rs serves: the new kinds are fuzzed as they come.
+    fn group_versions(&self) -> anyhow::Result<Vec<String>> {
+        match self {
+            Target::Dev(_) => {
+                let list: Value = serde_json::from_str(&self.fetch("/apis")?)?;
+                Ok(preferred_versions(&list))
+            }
+            Target::Cluster(c) => c.group_versions(),
+        }
+    }
+}
+
+/// The preferred `group/version` of every group of an APIGroupList, sorted.
+fn preferred_versions(list: &Value) -> Vec<String> {
+    let mut out: Vec<String> = list["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|g| g["preferredVersion"]["groupVersion"].as_str())
+        .map(str::to_string)
+        .collect();
+    out.sort();
+    out
 }
 
 /// One pass's result, from schemathesis' JSON report.
@@ -332,6 +400,9 @@ fn command_line(args: &Args) -> String {
     if args.stateful_only {
         c.push_str(" --stateful-only");
     }
+    if args.cluster {
+        c.push_str(" --cluster");
+    }
     c
 }
 
@@ -363,21 +434,42 @@ fn section(
     outcomes: &[Outcome],
     declared: &[(String, usize)],
     args: &Args,
-    alive: bool,
+    groups: &[String],
+    after: &str,
     took: f64,
 ) -> String {
+    let (heading, target) = if args.cluster {
+        (
+            CLUSTER_HEADING,
+            format!(
+                "kubevirt-rs as deployed on the local cluster, through kube-apiserver's aggregator \
+                 (`{}`), authenticated as the kubeconfig's admin; every namespaced request in the \
+                 namespace `{}` made for the run and deleted after it, the `kubevirts` paths left \
+                 out (they drive virt-operator: xtask/devkit/src/fuzz/cluster.rs)",
+                "cargo xtask up",
+                cluster::NAMESPACE
+            ),
+        )
+    } else {
+        (
+            HEADING,
+            "virt-apiserver (debug build) on its own etcd (`virt-devenv`), authenticated with a \
+             client certificate"
+                .to_string(),
+        )
+    };
+    let groups = listing(&groups.iter().map(|g| format!("`{g}`")).collect::<Vec<_>>());
     let mut s = format!(
-        "{HEADING}\n\nCommand: `{}` (`--max-examples {}`: generated examples per operation and \
+        "{heading}\n\nCommand: `{}` (`--max-examples {}`: generated examples per operation and \
          phase); commit {}; {}; machine: {}. schemathesis {SCHEMATHESIS} (PyPI) against \
-         virt-apiserver (debug build) on its own etcd (`virt-devenv`), authenticated with a \
-         client certificate. The document fuzzed: both OpenAPI v3 groups the server publishes \
-         (`kubevirt.io/v1` and `subresources.kubevirt.io/v1`) merged into one, without the \
+         {target}. The document fuzzed: the OpenAPI v3 documents of every group kubevirt-rs \
+         serves ({groups}) merged into one, without the \
          `watch` parameter (a stream is no OpenAPI response; watches have their own tests), \
          with links from every create to every operation on the created object (get, replace \
          with the created object, patch, delete, status, subresources) for the stateful phase; \
          the creates' request bodies carry the published minimal `example` objects, which \
          schemathesis mixes into what it generates. Every check but `{EXCLUDED_CHECKS}` (why: \
-         `xtask/devkit/src/fuzz.rs`). Two schemathesis runs, one per row. Run time {took:.0} s.\n\n\
+         `xtask/devkit/src/fuzz.rs`). The first row is one schemathesis run; the stateful row sums one run per created kind, each over that kind's paths in every group (with all kinds in one run its scenarios spread too thin to reach the VM actions). Run time {took:.0} s.\n\n\
          | Phases | Operations | Requests generated | Failed checks | Requests without an answer |\n\
          |---|---|---|---|---|\n",
         command_line(args),
@@ -431,11 +523,22 @@ fn section(
             listing(&per_create)
         ));
     }
-    s.push_str(&format!(
-        "\nvirt-apiserver alive after the run: {}.\n",
-        if alive { "yes" } else { "NO" }
-    ));
+    s.push_str(&format!("\n{after}\n"));
     s
+}
+
+/// The line on what a run on the cluster left behind.
+fn cluster_after(h: &cluster::Health) -> String {
+    let verdict = if h.problems.is_empty() {
+        "every kubevirt-rs pod ran through without a restart and is ready".to_string()
+    } else {
+        format!("**problems**: {}", h.problems.join("; "))
+    };
+    format!(
+        "After the run: its namespace, with every VM, VMI, migration and pod the run made, deleted \
+         in {:.1} s; {verdict}.",
+        h.cleanup.as_secs_f64()
+    )
 }
 
 /// Installs the pinned schemathesis into `dir` unless it is there; the `st` binary.
@@ -493,54 +596,52 @@ fn fetch(env: &DevEnv, path: &str) -> anyhow::Result<String> {
         })
 }
 
-/// Runs the command.
-pub fn run(args: Args) -> anyhow::Result<()> {
-    let t0 = Instant::now();
-    let dir = crate::target_dir().join("fuzz");
-    std::fs::create_dir_all(&dir)?;
-    let st = venv(&dir.join("venv"))?;
-    let bin = crate::dev_apiserver::build_apiserver(false)?;
-    let mut env = DevEnv::start(Options {
-        apiserver_bin: bin,
-        ..Default::default()
-    })
-    .context("starting etcd and virt-apiserver")?;
-    let mut outcomes = Vec::new();
-    let mut published = Vec::new();
-    for group in GROUPS {
-        published.push(serde_json::from_str::<Value>(&fetch(
-            &env,
-            &format!("/openapi/v3/apis/{group}"),
-        )?)?);
-    }
-    // One document, so that the stateful phase chains across the groups.
-    let merged = with_links(without_streams(merged(&published)?));
-    let declared = declared_links(&merged);
-    let schema = dir.join("openapi.json");
-    std::fs::write(&schema, serde_json::to_vec(&merged)?)?;
-    for pass in PASSES.iter().filter(|p| p.stateful || !args.stateful_only) {
-        let name = pass.phases.replace(',', "-");
-        let report = dir.join(format!("report-{name}.json"));
-        let events = dir.join(format!("events-{name}.ndjson"));
+/// How schemathesis is run against the target.
+struct Schemathesis<'a> {
+    st: &'a Path,
+    dir: &'a Path,
+    schema: &'a Path,
+    url: &'a str,
+    /// CA, client certificate and key.
+    files: [&'a Path; 3],
+    args: &'a Args,
+}
+
+impl Schemathesis<'_> {
+    /// One run of `pass`'s phases; with `kind` (a plural), only the operations on that kind's
+    /// paths, in any group (its creates, its objects, their subresources).
+    fn pass(&self, pass: &Pass, kind: Option<&str>) -> anyhow::Result<Outcome> {
+        let mut name = pass.phases.replace(',', "-");
+        if let Some(k) = kind {
+            name.push('-');
+            name.push_str(k);
+        }
+        let report = self.dir.join(format!("report-{name}.json"));
+        let events = self.dir.join(format!("events-{name}.ndjson"));
         let _ = std::fs::remove_file(&report);
         let _ = std::fs::remove_file(&events);
-        println!("fuzzing, phases {}…", pass.phases);
-        let mut cmd = Command::new(&st);
+        println!(
+            "fuzzing, phases {}{}…",
+            pass.phases,
+            kind.map(|k| format!(", {k}")).unwrap_or_default()
+        );
+        let [ca, cert, key] = self.files;
+        let mut cmd = Command::new(self.st);
         // schemathesis keeps a cache of what it found in `.schemathesis/` of its working
         // directory: target/fuzz, not the workspace.
-        cmd.current_dir(&dir)
+        cmd.current_dir(self.dir)
             .arg("run")
-            .arg(&schema)
-            .args(["--url", &env.server_url])
+            .arg(self.schema)
+            .args(["--url", self.url])
             .arg("--tls-verify")
-            .arg(&env.server_ca)
+            .arg(ca)
             .arg("--request-cert")
-            .arg(&env.admin.cert)
+            .arg(cert)
             .arg("--request-cert-key")
-            .arg(&env.admin.key)
+            .arg(key)
             .args(["--checks", "all", "--exclude-checks", EXCLUDED_CHECKS])
             .args(["--phases", pass.phases])
-            .args(["--max-examples", &args.max_examples.to_string()])
+            .args(["--max-examples", &self.args.max_examples.to_string()])
             .args(["--request-timeout", "30", "--no-color"])
             .args([
                 "--report",
@@ -548,10 +649,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ])
             .arg("--report-json-path")
             .arg(&report);
+        if let Some(k) = kind {
+            cmd.args(["--include-path-regex", &kind_paths(k)]);
+        }
         if pass.stateful {
             cmd.arg("--report-ndjson-path").arg(&events);
         }
-        if let Some(seed) = args.seed {
+        if let Some(seed) = self.args.seed {
             cmd.args(["--seed", &seed.to_string()]);
         }
         // schemathesis exits 1 on any finding: the report says which.
@@ -564,11 +668,138 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .with_context(|| format!("schemathesis wrote no events to {}", events.display()))?;
             o.links = Some(links(std::io::BufReader::new(file))?);
         }
-        outcomes.push(o);
+        Ok(o)
     }
-    let alive = env.alive();
+}
+
+/// The paths of one kind, by its plural, in every group: its collection, its objects and
+/// their subresources (`/virtualmachines` but not `/virtualmachineinstances`).
+fn kind_paths(plural: &str) -> String {
+    format!("/{plural}(/|$)")
+}
+
+impl Outcome {
+    /// Adds another run's counts to this one's.
+    fn absorb(&mut self, o: Outcome) {
+        self.operations += o.operations;
+        self.generated += o.generated;
+        for (what, n, ops) in o.failures {
+            match self.failures.iter_mut().find(|f| f.0 == what) {
+                Some(f) => {
+                    f.1 += n;
+                    f.2.extend(ops);
+                }
+                None => self.failures.push((what, n, ops)),
+            }
+        }
+        for (what, n) in o.errors {
+            match self.errors.iter_mut().find(|e| e.0 == what) {
+                Some(e) => e.1 += n,
+                None => self.errors.push((what, n)),
+            }
+        }
+        if let Some(l) = o.links {
+            let mine = self.links.get_or_insert_with(Links::default);
+            mine.total += l.total;
+            mine.followed.extend(l.followed);
+        }
+    }
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let dir = crate::target_dir().join("fuzz");
+    std::fs::create_dir_all(&dir)?;
+    let st = venv(&dir.join("venv"))?;
+    let target = if args.cluster {
+        let kubeconfig = crate::deploy::kubeconfig(args.kubeconfig.clone());
+        Target::Cluster(cluster::Cluster::prepare(&dir, kubeconfig)?)
+    } else {
+        let bin = crate::dev_apiserver::build_apiserver(false)?;
+        Target::Dev(Box::new(
+            DevEnv::start(Options {
+                apiserver_bin: bin,
+                ..Default::default()
+            })
+            .context("starting etcd and virt-apiserver")?,
+        ))
+    };
+    let mut outcomes = Vec::new();
+    let mut published = Vec::new();
+    let groups = target.group_versions()?;
+    if groups.is_empty() {
+        bail!("the target serves no API group of kubevirt-rs");
+    }
+    for group in &groups {
+        published.push(serde_json::from_str::<Value>(
+            &target.fetch(&format!("/openapi/v3/apis/{group}"))?,
+        )?);
+    }
+    // One document, so that the stateful phase chains across the groups.
+    let mut merged = with_links(without_streams(merged(&published)?));
+    if let Target::Cluster(_) = target {
+        merged = cluster::for_cluster(merged, cluster::NAMESPACE);
+    }
+    let declared = declared_links(&merged);
+    let schema = dir.join("openapi.json");
+    std::fs::write(&schema, serde_json::to_vec(&merged)?)?;
+    let run = Schemathesis {
+        st: &st,
+        dir: &dir,
+        schema: &schema,
+        url: target.url(),
+        files: target.files(),
+        args: &args,
+    };
+    for pass in PASSES.iter().filter(|p| p.stateful || !args.stateful_only) {
+        if !pass.stateful {
+            outcomes.push(run.pass(pass, None)?);
+            continue;
+        }
+        // One stateful run per kind: with every kind's operations in one run, its scenarios
+        // spread over them all and the VM actions are rarely reached.
+        let mut all = Outcome {
+            pass: pass.label.to_string(),
+            links: Some(Links::default()),
+            ..Default::default()
+        };
+        for (create, _) in &declared {
+            let Some(plural) = create.rsplit('/').next() else {
+                continue;
+            };
+            all.absorb(run.pass(pass, Some(plural))?);
+        }
+        // schemathesis counts, in each run, every link of the document (its filter leaves
+        // them in the state machine); the links there are to follow are the declared ones.
+        if let Some(l) = all.links.as_mut() {
+            l.total = declared.iter().map(|(_, n)| *n as u64).sum();
+        }
+        outcomes.push(all);
+    }
+    let (after, problems) = match target {
+        Target::Dev(mut env) => {
+            let alive = env.alive();
+            env.stop();
+            (
+                format!(
+                    "virt-apiserver alive after the run: {}.",
+                    if alive { "yes" } else { "NO" }
+                ),
+                if alive {
+                    Vec::new()
+                } else {
+                    vec!["virt-apiserver died during the fuzzing run (log in its temp dir)".into()]
+                },
+            )
+        }
+        Target::Cluster(c) => {
+            let h = c.finish();
+            (cluster_after(&h), h.problems)
+        }
+    };
     let took = t0.elapsed().as_secs_f64();
-    let text = section(&outcomes, &declared, &args, alive, took);
+    let text = section(&outcomes, &declared, &args, &groups, &after, took);
     println!("\n{text}");
     if !args.no_docs {
         let path = crate::workspace_root().join("docs/reliability.md");
@@ -577,12 +808,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
              that produced it.\n"
                 .to_string()
         });
-        std::fs::write(&path, replace_section(&doc, HEADING, &text))?;
+        let heading = if args.cluster {
+            CLUSTER_HEADING
+        } else {
+            HEADING
+        };
+        std::fs::write(&path, replace_section(&doc, heading, &text))?;
         println!("wrote {}", path.display());
     }
-    env.stop();
-    if !alive {
-        bail!("virt-apiserver died during the fuzzing run (log in its temp dir)");
+    if !problems.is_empty() {
+        bail!("after the fuzzing run:\n{}", problems.join("\n"));
     }
     let findings = findings(&outcomes);
     if !findings.is_empty() {
@@ -767,8 +1002,25 @@ mod tests {
             seed: None,
             no_docs: true,
             stateful_only: false,
+            cluster: false,
+            kubeconfig: None,
         };
-        let text = section(std::slice::from_ref(&o), &declared, &args, true, 1.0);
+        let groups = [
+            "kubevirt.io/v1".to_string(),
+            "pool.kubevirt.io/v1beta1".to_string(),
+        ];
+        let text = section(
+            std::slice::from_ref(&o),
+            &declared,
+            &args,
+            &groups,
+            "virt-apiserver alive after the run: yes.",
+            1.0,
+        );
+        assert!(
+            text.contains("(`kubevirt.io/v1` and `pool.kubevirt.io/v1beta1`) merged"),
+            "{text}"
+        );
         assert!(
             text.contains("Command: `cargo xtask fuzz` (`--max-examples 50`"),
             "{text}"
@@ -796,10 +1048,24 @@ mod tests {
             seed: Some(7),
             no_docs: true,
             stateful_only: false,
+            cluster: false,
+            kubeconfig: None,
         };
         assert_eq!(
             command_line(&args),
             "cargo xtask fuzz --max-examples 5 --seed 7"
+        );
+    }
+
+    #[test]
+    fn every_group_the_server_lists_is_fuzzed_at_its_preferred_version() {
+        let list = serde_json::json!({"groups": [
+            {"name": "pool.kubevirt.io", "preferredVersion": {"groupVersion": "pool.kubevirt.io/v1beta1"}},
+            {"name": "kubevirt.io", "preferredVersion": {"groupVersion": "kubevirt.io/v1"}}
+        ]});
+        assert_eq!(
+            preferred_versions(&list),
+            ["kubevirt.io/v1", "pool.kubevirt.io/v1beta1"]
         );
     }
 }
