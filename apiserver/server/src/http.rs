@@ -1344,18 +1344,7 @@ async fn patch(
     let (headers, bytes) = st.read_body(req).await?;
     let ct = content_type(&headers);
     let ns = info.namespace.as_str();
-    let force = query.bool("force").map_err(ApiError::bad_request)?;
-    if ct != APPLY_PATCH && force.is_some() {
-        return Err(ApiError::invalid(
-            "PatchOptions",
-            "meta.k8s.io",
-            "",
-            &[kubevirt_api::validation::FieldError::forbidden(
-                "force",
-                "may not be specified for non-apply patch",
-            )],
-        ));
-    }
+    let force = check_force(query, &ct)?;
     let bad = |e: String| ApiError::bad_request(format!("error decoding patch: {e}"));
     let w = match ct.as_str() {
         JSON_PATCH => {
@@ -1404,6 +1393,24 @@ async fn patch(
     written(def, w, accept)
 }
 
+/// A PATCH's `force`: a boolean (else 400), and only for an apply patch (else 422), as
+/// kube-apiserver has it.
+fn check_force(query: &Query, content_type: &str) -> ApiResult<Option<bool>> {
+    let force = query.bool("force").map_err(ApiError::bad_request)?;
+    if content_type != APPLY_PATCH && force.is_some() {
+        return Err(ApiError::invalid(
+            "PatchOptions",
+            "meta.k8s.io",
+            "",
+            &[kubevirt_api::validation::FieldError::forbidden(
+                "force",
+                "may not be specified for non-apply patch",
+            )],
+        ));
+    }
+    Ok(force)
+}
+
 /// `/scale` (crate::scale): GET, PUT of a Scale, or a JSON or merge patch of it (what
 /// `kubectl scale` sends; strategic merge is a merge patch on a Scale, which has no lists).
 #[allow(clippy::too_many_arguments)]
@@ -1424,6 +1431,10 @@ async fn scale(
     }
     let opts = write_options(query, agent, false, actor, requester)?;
     let (headers, bytes) = st.read_body(req).await?;
+    if method == Method::PATCH {
+        // Found by `cargo xtask fuzz --cluster`: `force=5e-324` was taken on /scale.
+        check_force(query, &content_type(&headers))?;
+    }
     let bad = |e: String| ApiError::bad_request(format!("error decoding patch: {e}"));
     let change = match (method, content_type(&headers).as_str()) {
         (Method::PUT, _) => {

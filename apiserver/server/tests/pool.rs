@@ -193,6 +193,19 @@ async fn pools_and_replica_sets_are_served_with_scale() {
         .await;
         assert_eq!(code, 200, "{patched}");
         assert_eq!(patched["spec"]["replicas"], 0);
+        // `force` on /scale as on any PATCH: not a boolean → 400; on a non-apply patch → 422.
+        for (force, want) in [("5e-324", 400), ("true", 422)] {
+            let (code, status) = json_of(
+                c.patch(format!("{coll}/web/scale?force={force}"))
+                    .header("Content-Type", "application/merge-patch+json")
+                    .body(r#"{"spec":{"replicas":0}}"#)
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await;
+            assert_eq!(code, want, "force={force}: {status}");
+        }
         // No scale of a missing object.
         let (code, _) = json_of(c.get(format!("{coll}/nope/scale")).send().await.unwrap()).await;
         assert_eq!(code, 404);

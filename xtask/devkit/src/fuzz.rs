@@ -10,7 +10,7 @@
 //! which schemathesis mixes into its generated bodies (a schema alone generates no valid
 //! VM: names must be DNS subdomains, a guest needs memory).
 //!
-//! Three checks are left out, on purpose: `status_code_conformance` (Kubernetes' OpenAPI, ours
+//! These checks are left out, on purpose: `status_code_conformance` (Kubernetes' OpenAPI, ours
 //! included, documents the success codes only; every error is a `metav1.Status`) and
 //! `positive_data_acceptance` (a schema cannot express Kubernetes' validation — an update
 //! needs the stored resourceVersion, names are DNS labels — so schema-valid requests are
@@ -18,6 +18,9 @@
 //! Kubernetes DELETE answers 200 for an object that stays while finalizers run: foreground
 //! deletion's `foregroundDeletion`, a VM's or VMI's own; it is gone once they are done,
 //! which schemathesis, reading it at once, takes for a deleted resource still served).
+//! The response-time check is held to the request timeout: how long answers take is the
+//! benchmarks' business (`cargo xtask bench apiserver`), not a pass/fail line on a machine
+//! whose load varies (a create through the aggregator took 28 s on a loaded cluster).
 //!
 //! Not part of CI (like the benchmarks): it installs a pinned schemathesis from PyPI into
 //! target/fuzz/venv and runs for minutes. The figures go to docs/reliability.md.
@@ -69,6 +72,10 @@ const PASSES: &[Pass] = &[
 
 /// Checks left out (see the module documentation for why).
 const EXCLUDED_CHECKS: &str = "status_code_conformance,positive_data_acceptance,use_after_free";
+
+/// Seconds a request may take: schemathesis' own limit for an answer is the same as for a
+/// request that gets none (`--max-response-time` would otherwise default lower).
+const REQUEST_TIMEOUT: &str = "30";
 
 const HEADING: &str = "## API fuzzing with schemathesis";
 
@@ -642,7 +649,8 @@ impl Schemathesis<'_> {
             .args(["--checks", "all", "--exclude-checks", EXCLUDED_CHECKS])
             .args(["--phases", pass.phases])
             .args(["--max-examples", &self.args.max_examples.to_string()])
-            .args(["--request-timeout", "30", "--no-color"])
+            .args(["--request-timeout", REQUEST_TIMEOUT])
+            .args(["--max-response-time", REQUEST_TIMEOUT, "--no-color"])
             .args([
                 "--report",
                 if pass.stateful { "json,ndjson" } else { "json" },

@@ -203,7 +203,16 @@ impl Cluster {
             }
         };
         match self.pods() {
-            Ok(after) => problems.extend(pod_changes(&self.pods_before, &after)),
+            Ok(after) => {
+                for p in pod_changes(&self.pods_before, &after) {
+                    problems.push(match self.last_words(&p.pod) {
+                        Some(words) if p.restarted => {
+                            format!("{} (its last words: {words})", p.what)
+                        }
+                        _ => p.what,
+                    });
+                }
+            }
             Err(e) => problems.push(format!("listing kubevirt-rs's pods: {e:#}")),
         }
         match self.kubectl(&[
@@ -226,6 +235,32 @@ impl Cluster {
         }
         Health { problems, cleanup }
     }
+}
+
+impl Cluster {
+    /// The last line a restarted pod's previous container wrote: why it went.
+    fn last_words(&self, pod: &str) -> Option<String> {
+        let text = self
+            .kubectl(&[
+                "-n",
+                INSTALL_NAMESPACE,
+                "logs",
+                pod,
+                "--previous",
+                "--tail=1",
+            ])
+            .ok()?;
+        let line = text.lines().last()?.trim().to_string();
+        (!line.is_empty()).then(|| line.chars().take(300).collect())
+    }
+}
+
+/// A change to one of kubevirt-rs's pods during the run.
+#[derive(Debug, PartialEq)]
+pub struct PodChange {
+    pub pod: String,
+    pub restarted: bool,
+    pub what: String,
 }
 
 /// `group/version` of every APIService in `list` backed by a Service (not kube-apiserver's
@@ -272,20 +307,37 @@ pub fn pod_restarts(list: &Value) -> BTreeMap<String, (String, i64)> {
 pub fn pod_changes(
     before: &BTreeMap<String, (String, i64)>,
     after: &BTreeMap<String, (String, i64)>,
-) -> Vec<String> {
+) -> Vec<PodChange> {
+    let change = |pod: &str, restarted: bool, what: String| PodChange {
+        pod: pod.to_string(),
+        restarted,
+        what,
+    };
     let mut out = Vec::new();
     for (name, (uid, restarts)) in before {
         match after.get(name) {
-            None => out.push(format!("pod {name} is gone (replaced?)")),
-            Some((u, _)) if u != uid => out.push(format!("pod {name} was replaced")),
-            Some((_, r)) if r > restarts => {
-                out.push(format!("pod {name} restarted {} time(s)", r - restarts))
+            None => out.push(change(
+                name,
+                false,
+                format!("pod {name} is gone (replaced?)"),
+            )),
+            Some((u, _)) if u != uid => {
+                out.push(change(name, false, format!("pod {name} was replaced")))
             }
+            Some((_, r)) if r > restarts => out.push(change(
+                name,
+                true,
+                format!("pod {name} restarted {} time(s)", r - restarts),
+            )),
             Some(_) => {}
         }
     }
     for name in after.keys().filter(|n| !before.contains_key(*n)) {
-        out.push(format!("pod {name} appeared during the run"));
+        out.push(change(
+            name,
+            false,
+            format!("pod {name} appeared during the run"),
+        ));
     }
     out
 }
@@ -348,8 +400,12 @@ mod tests {
             ("c".to_string(), ("u9".to_string(), 0)),
             ("e".to_string(), ("u5".to_string(), 0)),
         ]);
+        let what: Vec<String> = pod_changes(&before, &after)
+            .into_iter()
+            .map(|c| c.what)
+            .collect();
         assert_eq!(
-            pod_changes(&before, &after),
+            what,
             [
                 "pod b restarted 1 time(s)",
                 "pod c was replaced",
