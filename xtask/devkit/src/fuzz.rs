@@ -541,10 +541,13 @@ fn cluster_after(h: &cluster::Health) -> String {
     } else {
         format!("**problems**: {}", h.problems.join("; "))
     };
+    let cleanup = match h.cleanup {
+        Some(d) => format!("deleted in {:.1} s", d.as_secs_f64()),
+        None => "not deleted in time".to_string(),
+    };
     format!(
-        "After the run: its namespace, with every VM, VMI, migration and pod the run made, deleted \
-         in {:.1} s; {verdict}.",
-        h.cleanup.as_secs_f64()
+        "After the run: its namespace, with every VM, VMI, migration and pod the run made, \
+         {cleanup}; {verdict}."
     )
 }
 

@@ -28,7 +28,7 @@ pub const NAMESPACE: &str = "kubevirt-rs-fuzz";
 const INSTALL_NAMESPACE: &str = "kubevirt";
 
 /// How long the namespace may take to go, with everything the run made in it.
-const CLEANUP: Duration = Duration::from_secs(300);
+const CLEANUP: Duration = Duration::from_secs(600);
 
 /// The local cluster as the fuzzer's target.
 pub struct Cluster {
@@ -46,8 +46,8 @@ pub struct Cluster {
 pub struct Health {
     /// One line per problem; empty when none.
     pub problems: Vec<String>,
-    /// How long deleting the namespace took.
-    pub cleanup: Duration,
+    /// How long deleting the namespace took; `None` when it did not finish.
+    pub cleanup: Option<Duration>,
 }
 
 impl Cluster {
@@ -196,10 +196,10 @@ impl Cluster {
     pub fn finish(&self) -> Health {
         let mut problems = Vec::new();
         let cleanup = match self.delete_namespace() {
-            Ok(d) => d,
+            Ok(d) => Some(d),
             Err(e) => {
                 problems.push(format!("{e:#}"));
-                CLEANUP
+                None
             }
         };
         match self.pods() {
