@@ -217,8 +217,8 @@ fn firmware(spec: &DomainSpec, host: &HostFacts, d: &mut Domain) -> Result<(), C
             // features make it pick the build asked for rather than the first one listed,
             // which on Debian is the Secure Boot build with Microsoft's keys enrolled. The
             // variable store is libvirt's per-domain NVRAM file, made from the descriptor's
-            // template in the daemon's own directory: per pod, as KubeVirt's without
-            // `persistent`.
+            // template at `host.nvram` (the launcher's work directory): per pod, as
+            // KubeVirt's without `persistent`.
             let secure = secure_boot(spec);
             d.os.firmware = Some("efi".into());
             d.os.firmware_features = Some(FirmwareFeatures {
@@ -231,6 +231,7 @@ fn firmware(spec: &DomainSpec, host: &HostFacts, d: &mut Domain) -> Result<(), C
                     vec![FirmwareFeature::new("secure-boot", false)]
                 },
             });
+            d.os.nvram = host.nvram.as_deref().map(path_str);
             if secure {
                 // Secure Boot's firmware keeps its variables writable by SMM only: the
                 // loader is marked secure, and `features` turns SMM on.

@@ -113,6 +113,9 @@ pub struct Os {
     /// variable store).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loader: Option<Loader>,
+    /// The VM's UEFI variable store (`<nvram>PATH</nvram>`); libvirt fills in the template.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nvram: Option<String>,
     /// Direct-boot kernel.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel: Option<String>,

@@ -517,8 +517,9 @@ fn efi_vmi_boots_ovmf_in_session_mode() {
         "the plain OVMF build: {cmdline}"
     );
     assert!(
-        cmdline.contains("/nvram/") && cmdline.contains("_VARS.fd"),
-        "a per-domain NVRAM file: {cmdline}"
+        cmdline.contains(&format!("{}/virt-launcher-", l.work().display()))
+            && cmdline.contains("/efi-vars.fd"),
+        "the VM's NVRAM file in the launcher's work directory: {cmdline}"
     );
     l.signal(nix::sys::signal::Signal::SIGTERM);
     let (code, err, _) = l.wait(Duration::from_secs(60));
@@ -541,6 +542,11 @@ fn efi_vmi_boots_ovmf_in_session_mode() {
         cmdline.contains("OVMF_CODE_4M.ms.fd") && cmdline.contains("smm=on"),
         "the Secure Boot build with SMM: {cmdline}"
     );
+    // The command socket opens once the domain runs, after QEMU's start.
+    while !l.cmd_socket().exists() {
+        assert!(Instant::now() < deadline, "no command socket");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let status = cmd(&l.cmd_socket(), r#"{"op":"getStatus"}"#);
     assert_eq!(status["state"], "running", "{status}");
     l.signal(nix::sys::signal::Signal::SIGTERM);
