@@ -717,17 +717,19 @@ mod tests {
     fn efi_selects_the_firmware_build_by_secure_boot() {
         let render =
             |secure_boot: Option<bool>, persistent: Option<bool>| -> Result<String, ConvertError> {
-                let mut spec = DomainSpec::default();
-                spec.firmware = Some(vmi::Firmware {
-                    bootloader: Some(vmi::Bootloader {
-                        efi: Some(vmi::Efi {
-                            secure_boot,
-                            persistent,
+                let spec = DomainSpec {
+                    firmware: Some(vmi::Firmware {
+                        bootloader: Some(vmi::Bootloader {
+                            efi: Some(vmi::Efi {
+                                secure_boot,
+                                persistent,
+                            }),
+                            ..Default::default()
                         }),
                         ..Default::default()
                     }),
                     ..Default::default()
-                });
+                };
                 let mut d = Domain {
                     type_: DomainType::Qemu,
                     name: "n".into(),
