@@ -946,3 +946,84 @@ fn a_debian_guest_with_its_agent_cloud_init_and_credentials_as_kubevirt_users_ru
         w.failures.join("\n")
     );
 }
+
+/// The same Debian containerDisk booted through UEFI (`firmware.bootloader.efi`, Secure
+/// Boot off): libvirt picks Debian's OVMF in the launcher image, OVMF boots grub's
+/// `EFI/BOOT/BOOTX64.EFI` from the disk's EFI system partition, and the guest reaches its
+/// login prompt (in the pod's `guest-console-log`, which also shows OVMF's boot manager
+/// at work) and `AgentConnected`. Its own test, so that the main one keeps to one boot.
+#[test]
+#[ignore = "needs root and the local cluster: cargo test -p e2e --test guest -- --ignored \
+            a_debian_guest_boots_through_uefi"]
+fn a_debian_guest_boots_through_uefi() {
+    const EFI_VM: &str = "efivm";
+    let c = common::cluster();
+    debian_image();
+    let ns = Ns::new(c, "guest-efi");
+    let manifest = json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": EFI_VM, "namespace": ns.name},
+        "spec": {
+            "runStrategy": "Always",
+            "template": {
+                "spec": {
+                    "domain": {
+                        "memory": {"guest": "1Gi"},
+                        "firmware": {"bootloader": {"efi": {"secureBoot": false}}},
+                        "devices": {
+                            "disks": [
+                                {"name": "root", "disk": {"bus": "virtio"}},
+                                {"name": "cloudinit", "disk": {"bus": "virtio"}}
+                            ],
+                            "interfaces": [{"name": "default", "masquerade": {}}]
+                        }
+                    },
+                    "networks": [{"name": "default", "pod": {}}],
+                    "volumes": [
+                        {"name": "root", "containerDisk": {
+                            "image": DEBIAN_IMAGE, "imagePullPolicy": "IfNotPresent"
+                        }},
+                        {"name": "cloudinit", "cloudInitNoCloud": {"userData": "#cloud-config\n"}}
+                    ]
+                }
+            }
+        }
+    })
+    .to_string();
+    let t = Instant::now();
+    c.kubectl_stdin(&["apply", "-f", "-"], Some(&manifest))
+        .expect("apply the EFI VM");
+    ns.wait_running(EFI_VM);
+    let pod = ns.launcher_pods(EFI_VM).pop().expect("launcher pod");
+    let log = || {
+        ns.k(&["logs", &pod, "-c", "guest-console-log"])
+            .unwrap_or_default()
+    };
+    ns.wait(
+        EFI_VM,
+        "a login prompt in the guest-console-log",
+        DEBIAN_BOOT,
+        || log().contains(" login:"),
+    );
+    let login = t.elapsed();
+    // OVMF's boot manager names what it boots on the serial console; SeaBIOS never prints
+    // this.
+    let console = log();
+    assert!(
+        console.contains("BdsDxe"),
+        "no OVMF boot manager output before the login prompt:\n{console}"
+    );
+    ns.wait(EFI_VM, "AgentConnected", DEBIAN_BOOT, || {
+        ns.get(
+            "vmi",
+            EFI_VM,
+            "{.status.conditions[?(@.type==\"AgentConnected\")].status}",
+        ) == "True"
+    });
+    eprintln!(
+        "figure: EFI Debian VM: create → login prompt {:.1} s, → AgentConnected {:.1} s",
+        login.as_secs_f64(),
+        t.elapsed().as_secs_f64()
+    );
+}

@@ -60,6 +60,10 @@ pub const PACKAGES: &[Package] = &[
     // virt-xml-validate runs xmllint, which libvirt-clients does not pull in.
     run("libxml2-utils", "xmllint, which virt-xml-validate runs"),
     run("qemu-system-x86", "QEMU for guests"),
+    run(
+        "ovmf",
+        "UEFI firmware for `efi` VMs (the launcher image's OVMF and libvirt's firmware descriptors) and the Debian guest's UEFI boot test",
+    ),
     run("qemu-utils", "qemu-img for overlays and empty disks"),
     run("xorriso", "cloud-init NoCloud ISO"),
     run("busybox-static", "test guest initramfs and test images"),
@@ -76,6 +80,14 @@ pub const PACKAGES: &[Package] = &[
     run(
         "e2fsprogs",
         "mkfs.ext4 -d: the Debian test guest's root file system, filled without a mount",
+    ),
+    run(
+        "dosfstools",
+        "mkfs.fat --offset: the Debian test guest's EFI system partition, made in the image file",
+    ),
+    run(
+        "mtools",
+        "mmd/mcopy -i file@@offset: grub's BOOTX64.EFI onto that partition, without a mount",
     ),
     run("containerd", "local cluster container runtime"),
     run("runc", "local cluster OCI runtime"),

@@ -204,13 +204,41 @@ fn firmware(spec: &DomainSpec, host: &HostFacts, d: &mut Domain) -> Result<(), C
     };
     if let Some(bl) = &fw.bootloader {
         if let Some(efi) = &bl.efi {
-            if efi.secure_boot == Some(true) {
+            // KubeVirt keeps a persistent variable store on a backend-storage claim (its
+            // VMPersistentState feature); here the store lives and dies with the pod, so
+            // asking to keep it is refused rather than silently lost at the next start.
+            if efi.persistent == Some(true) {
                 return Err(ConvertError::Unsupported {
-                    field: "spec.domain.firmware.bootloader.efi.secureBoot".into(),
+                    field: "spec.domain.firmware.bootloader.efi.persistent".into(),
                     value: "true".into(),
                 });
             }
+            // libvirt picks OVMF from the QEMU firmware descriptors (Debian's `ovmf`); the
+            // features make it pick the build asked for rather than the first one listed,
+            // which on Debian is the Secure Boot build with Microsoft's keys enrolled. The
+            // variable store is libvirt's per-domain NVRAM file, made from the descriptor's
+            // template at `host.nvram` (the launcher's work directory): per pod, as
+            // KubeVirt's without `persistent`.
+            let secure = secure_boot(spec);
             d.os.firmware = Some("efi".into());
+            d.os.firmware_features = Some(FirmwareFeatures {
+                features: if secure {
+                    vec![
+                        FirmwareFeature::new("secure-boot", true),
+                        FirmwareFeature::new("enrolled-keys", true),
+                    ]
+                } else {
+                    vec![FirmwareFeature::new("secure-boot", false)]
+                },
+            });
+            d.os.nvram = host.nvram.as_deref().map(path_str);
+            if secure {
+                // Secure Boot's firmware keeps its variables writable by SMM only: the
+                // loader is marked secure, and `features` turns SMM on.
+                d.os.loader = Some(Loader {
+                    secure: Some("yes".into()),
+                });
+            }
         } else if bl.bios.as_ref().and_then(|b| b.use_serial) == Some(true) {
             d.os.bios = Some(Bios {
                 useserial: Some("yes".into()),
@@ -235,6 +263,16 @@ fn firmware(spec: &DomainSpec, host: &HostFacts, d: &mut Domain) -> Result<(), C
     Ok(())
 }
 
+/// Whether the VMI boots UEFI with Secure Boot (`efi.secureBoot: true`; unset is off here,
+/// where KubeVirt defaults it on and then refuses a VMI without SMM).
+fn secure_boot(spec: &DomainSpec) -> bool {
+    spec.firmware
+        .as_ref()
+        .and_then(|f| f.bootloader.as_ref())
+        .and_then(|b| b.efi.as_ref())
+        .is_some_and(|e| e.secure_boot == Some(true))
+}
+
 fn features(spec: &DomainSpec, d: &mut Domain) {
     let f = spec.features.as_ref();
     let on = |s: Option<&vmi::FeatureState>, default: bool| {
@@ -244,7 +282,10 @@ fn features(spec: &DomainSpec, d: &mut Domain) {
     d.features = Some(Features {
         acpi: on(f.and_then(|f| f.acpi.as_ref()), true).then(Empty::default),
         apic: on(f.and_then(|f| f.apic.as_ref()), true).then(Empty::default),
-        smm: on(f.and_then(|f| f.smm.as_ref()), false).then(|| Smm { state: "on".into() }),
+        // Secure Boot's OVMF needs SMM (KubeVirt refuses Secure Boot without it, libvirt
+        // too): on for it whatever `features.smm` says.
+        smm: (on(f.and_then(|f| f.smm.as_ref()), false) || secure_boot(spec))
+            .then(|| Smm { state: "on".into() }),
     });
 }
 
@@ -667,6 +708,73 @@ mod tests {
         assert_eq!(models, ["isa", "hyperv"]);
         // None asked for, none added: a panic then reboots the guest as before.
         assert!(panic_devices(&DomainSpec::default()).is_empty());
+    }
+
+    /// EFI asks libvirt's firmware autoselection for the build the VMI wants: without
+    /// Secure Boot explicitly (Debian lists the Secure Boot build with enrolled keys
+    /// first), with it the enrolled build, a secure loader and SMM.
+    #[test]
+    fn efi_selects_the_firmware_build_by_secure_boot() {
+        let render =
+            |secure_boot: Option<bool>, persistent: Option<bool>| -> Result<String, ConvertError> {
+                let spec = DomainSpec {
+                    firmware: Some(vmi::Firmware {
+                        bootloader: Some(vmi::Bootloader {
+                            efi: Some(vmi::Efi {
+                                secure_boot,
+                                persistent,
+                            }),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                };
+                let mut d = Domain {
+                    type_: DomainType::Qemu,
+                    name: "n".into(),
+                    uuid: None,
+                    memory: SizedValue::kib(1),
+                    current_memory: None,
+                    vcpu: Vcpu {
+                        placement: None,
+                        count: 1,
+                    },
+                    os: Os::default(),
+                    features: None,
+                    cpu: None,
+                    clock: None,
+                    on_poweroff: None,
+                    on_reboot: None,
+                    on_crash: None,
+                    devices: Devices::default(),
+                };
+                firmware(&spec, &HostFacts::default(), &mut d)?;
+                features(&spec, &mut d);
+                Ok(d.to_xml().expect("serialises"))
+            };
+        // A variable store kept across restarts needs storage the pod does not have.
+        assert!(matches!(
+            render(Some(false), Some(true)),
+            Err(ConvertError::Unsupported { field, .. }) if field.ends_with("efi.persistent")
+        ));
+        for off in [Some(false), None] {
+            let xml = render(off, Some(false)).expect("converts");
+            assert!(xml.contains("<os firmware=\"efi\">"), "{xml}");
+            assert!(
+                xml.contains("<firmware>\n      <feature enabled=\"no\" name=\"secure-boot\"/>\n    </firmware>"),
+                "{xml}"
+            );
+            assert!(!xml.contains("<loader") && !xml.contains("<smm"), "{xml}");
+        }
+        let xml = render(Some(true), None).expect("converts");
+        assert!(
+            xml.contains("<feature enabled=\"yes\" name=\"secure-boot\"/>")
+                && xml.contains("<feature enabled=\"yes\" name=\"enrolled-keys\"/>")
+                && xml.contains("<loader secure=\"yes\"/>")
+                && xml.contains("<smm state=\"on\"/>"),
+            "{xml}"
+        );
     }
 
     #[test]

@@ -97,6 +97,11 @@ pub struct HostFacts {
     pub network: NetworkMode,
     /// With [`NetworkMode::Pod`]: the pod interface's tap.
     pub pod_tap: Option<PodTap>,
+    /// Where an `efi` VM's UEFI variable store goes (libvirt makes it from the firmware's
+    /// template); libvirt's own directory when unset. In the launcher's work directory, so
+    /// that a migration's path rewrite names the target's, and it goes with the pod.
+    #[serde(default)]
+    pub nvram: Option<PathBuf>,
 }
 
 impl HostFacts {

@@ -104,6 +104,18 @@ pub struct Os {
     /// Guest type, arch and machine.
     #[serde(rename = "type")]
     pub type_: OsType,
+    /// What UEFI firmware autoselection must pick (`<firmware><feature …/></firmware>`):
+    /// libvirt takes the first matching descriptor of `/usr/share/qemu/firmware`, and
+    /// without these the first one may be a Secure Boot build with keys enrolled.
+    #[serde(rename = "firmware", skip_serializing_if = "Option::is_none")]
+    pub firmware_features: Option<FirmwareFeatures>,
+    /// The firmware's loader options (`secure='yes'` for Secure Boot's SMM-protected
+    /// variable store).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loader: Option<Loader>,
+    /// The VM's UEFI variable store (`<nvram>PATH</nvram>`); libvirt fills in the template.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nvram: Option<String>,
     /// Direct-boot kernel.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kernel: Option<String>,
@@ -116,6 +128,43 @@ pub struct Os {
     /// BIOS options.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bios: Option<Bios>,
+}
+
+/// `<firmware>`'s features, for UEFI autoselection.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirmwareFeatures {
+    /// The features, each required on or off.
+    #[serde(rename = "feature", default)]
+    pub features: Vec<FirmwareFeature>,
+}
+
+/// `<feature enabled='no' name='secure-boot'/>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FirmwareFeature {
+    /// `yes` or `no`.
+    #[serde(rename = "@enabled")]
+    pub enabled: String,
+    /// `secure-boot` or `enrolled-keys`.
+    #[serde(rename = "@name")]
+    pub name: String,
+}
+
+impl FirmwareFeature {
+    /// `name` required on (`yes`) or off (`no`).
+    pub fn new(name: &str, enabled: bool) -> Self {
+        Self {
+            enabled: if enabled { "yes" } else { "no" }.into(),
+            name: name.into(),
+        }
+    }
+}
+
+/// `<loader secure='yes'/>`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Loader {
+    /// `yes` for a firmware whose variable store only SMM may write (Secure Boot).
+    #[serde(rename = "@secure", skip_serializing_if = "Option::is_none")]
+    pub secure: Option<String>,
 }
 
 /// `<type arch='x86_64' machine='q35'>hvm</type>`.

@@ -75,6 +75,7 @@ fn disks_host() -> HostFacts {
         },
     );
     h.console_socket = Some("/run/vmi/console.sock".into());
+    h.nvram = Some("/run/vmi/efi-vars.fd".into());
     h
 }
 

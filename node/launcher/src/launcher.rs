@@ -332,6 +332,9 @@ pub fn migration_disks(
     out
 }
 
+/// An `efi` VM's UEFI variable store, in the work directory.
+const NVRAM_FILE: &str = "efi-vars.fd";
+
 /// The host directory of the migration sockets: next to the command socket (the
 /// directory virt-handler shares with the pod), else in the work directory.
 pub fn migration_dir(cfg: &Config, work_dir: &Path) -> PathBuf {
@@ -574,6 +577,9 @@ pub async fn run(
             .map_err(io(&work_dir))?,
         network: cfg.network,
         pod_tap,
+        // In the work directory rather than libvirt's (session mode: a random directory
+        // of this launcher's): the migration's path rewrite then names the target's.
+        nvram: Some(std::path::absolute(work_dir.join(NVRAM_FILE)).map_err(io(&work_dir))?),
         ..HostFacts::x86_64(accel)
     };
     let domain = domain_for(&vmi, &host)?;

@@ -376,17 +376,7 @@ fn cmd(path: &Path, req: &str) -> Value {
 fn unprivileged_launcher_runs_libvirt_in_session_mode() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let images = guest_dir();
-    // The guest files where the user can read them (the build directory's parents may
-    // not be).
-    let copy = tempfile::tempdir().unwrap();
-    for f in ["vmlinuz", "initramfs.gz"] {
-        std::fs::copy(images.join(f), copy.path().join(f)).unwrap();
-    }
-    std::fs::set_permissions(
-        copy.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let copy = readable_guest_copy(&images);
     const NOBODY: u32 = 65534;
     let mut l = Launcher::start_as(&simple_vmi("unpriv"), copy.path(), Some(NOBODY));
     // The pod's guest-console-log container: `virt-tail` from the same image, as the same
@@ -462,6 +452,107 @@ fn unprivileged_launcher_runs_libvirt_in_session_mode() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The guest files copied where an unprivileged user can read them (the build
+/// directory's parents may not be).
+fn readable_guest_copy(images: &Path) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().unwrap();
+    for f in ["vmlinuz", "initramfs.gz"] {
+        std::fs::copy(images.join(f), copy.path().join(f)).unwrap();
+    }
+    std::fs::set_permissions(
+        copy.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    copy
+}
+
+/// `simple_vmi` booting UEFI: `firmware.bootloader.efi` beside its kernel boot (OVMF
+/// loads the kernel QEMU hands it, as KubeVirt's EFI VMs with kernelBoot do).
+fn efi_vmi(name: &str, grace: i64, secure_boot: bool) -> Value {
+    let mut v = vmi(name, grace, KERNEL_ARGS, json!([]), json!([]));
+    v["spec"]["domain"]["firmware"]["bootloader"] = json!({"efi": {"secureBoot": secure_boot}});
+    v
+}
+
+fn qemu_cmdline(pid: u32) -> String {
+    String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap())
+        .replace('\0', " ")
+}
+
+/// An `efi` VMI in a pod's setting (session-mode libvirt as an unprivileged user): libvirt
+/// picks Debian's OVMF through its firmware descriptors and makes the VM's NVRAM from the
+/// template in the daemon's own directory; with Secure Boot, the Secure Boot build with
+/// SMM. Without Secure Boot the guest boots to its shell.
+#[test]
+fn efi_vmi_boots_ovmf_in_session_mode() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    assert!(
+        Path::new("/usr/share/qemu/firmware/60-edk2-x86_64.json").is_file(),
+        "OVMF's firmware descriptors missing (apt-get install ovmf; cargo xtask deps)"
+    );
+    let images = guest_dir();
+    let copy = readable_guest_copy(&images);
+    const NOBODY: u32 = 65534;
+
+    let started = Instant::now();
+    let mut l = Launcher::start_as(&efi_vmi("efi", 30, false), copy.path(), Some(NOBODY));
+    let mut c = l.connect_console(Duration::from_secs(60));
+    c.prompt();
+    eprintln!(
+        "efi: shell prompt {:.1} s after the launcher's start",
+        started.elapsed().as_secs_f64()
+    );
+    c.send("echo $((6*7)); ls -d /sys/firmware/efi");
+    c.expect("42", Duration::from_secs(20));
+    // The kernel came up through UEFI (its EFI stub), not SeaBIOS.
+    c.expect("/sys/firmware/efi", Duration::from_secs(20));
+    let qemu = qemu_pids(&l.domain);
+    assert_eq!(qemu.len(), 1, "one QEMU for {}: {qemu:?}", l.domain);
+    let cmdline = qemu_cmdline(qemu[0]);
+    assert!(
+        cmdline.contains("/usr/share/OVMF/OVMF_CODE_4M.fd"),
+        "the plain OVMF build: {cmdline}"
+    );
+    assert!(
+        cmdline.contains(&format!("{}/virt-launcher-", l.work().display()))
+            && cmdline.contains("/efi-vars.fd"),
+        "the VM's NVRAM file in the launcher's work directory: {cmdline}"
+    );
+    l.signal(nix::sys::signal::Signal::SIGTERM);
+    let (code, err, _) = l.wait(Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    l.assert_clean();
+
+    // Secure Boot: the enrolled build, SMM on. This guest's kernel is not signed by the
+    // enrolled keys, so only the start is checked.
+    let mut l = Launcher::start_as(&efi_vmi("efi-sb", 2, true), copy.path(), Some(NOBODY));
+    let _c = l.connect_console(Duration::from_secs(60));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let cmdline = loop {
+        if let Some(pid) = qemu_pids(&l.domain).first() {
+            break qemu_cmdline(*pid);
+        }
+        assert!(Instant::now() < deadline, "no QEMU for {}", l.domain);
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        cmdline.contains("OVMF_CODE_4M.ms.fd") && cmdline.contains("smm=on"),
+        "the Secure Boot build with SMM: {cmdline}"
+    );
+    // The command socket opens once the domain runs, after QEMU's start.
+    while !l.cmd_socket().exists() {
+        assert!(Instant::now() < deadline, "no command socket");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = cmd(&l.cmd_socket(), r#"{"op":"getStatus"}"#);
+    assert_eq!(status["state"], "running", "{status}");
+    l.signal(nix::sys::signal::Signal::SIGTERM);
+    let (code, err, _) = l.wait(Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    l.assert_clean();
 }
 
 fn qemu_pids(domain: &str) -> Vec<u32> {

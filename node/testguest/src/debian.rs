@@ -1,5 +1,5 @@
 //! A real distro test guest: Debian 12 (bookworm) made only from Debian's packages, booted
-//! the way a cloud image is (BIOS → grub → the cloud kernel → systemd), with cloud-init
+//! the way a cloud image is (BIOS or UEFI → grub → the cloud kernel → systemd), with cloud-init
 //! (NoCloud and ConfigDrive), the QEMU guest agent and an SSH server. The busybox guest of
 //! this crate proves the plumbing; this one proves what a user's VM relies on: cloud-init's
 //! first-boot semantics, `kubectl virt ssh` to a user cloud-init made, the agent's answers.
@@ -12,16 +12,22 @@
 //! - The configuration files (`src/debian/*`) are copied in, documentation, manual pages,
 //!   locales and apt's caches are dropped, the SSH host keys and the machine id removed
 //!   (cloud-init and systemd make new ones on the first boot of each instance).
-//! - The disk is made without a loop device, a mount or udev, all of which a container or
-//!   a chroot may lack: `sfdisk` writes an MBR table with one partition from 1 MiB into a
-//!   sparse 2 GiB file, `mkfs.ext4 -d ROOT -E offset=1MiB` fills that partition from the
-//!   staging directory, and grub is put where `grub-install --target=i386-pc` would put it:
-//!   its `boot.img` in the MBR's first 440 bytes and a `core.img` (made by the guest's own
-//!   `grub-mkimage`, so modules and image are of one version) in the gap before the
-//!   partition, from sector 1. That is all `grub-bios-setup` does for a core image that
-//!   follows the MBR: `boot.img` loads sector 1 and `core.img`'s first sector the sectors
-//!   after it, by default. `core.img` finds the root file system by its UUID and reads
-//!   `/boot/grub/grub.cfg` there.
+//! - The disk is hybrid, laid out as Debian's own cloud images are, and made without a loop
+//!   device, a mount or udev, all of which a container or a chroot may lack: `sfdisk`
+//!   writes a GPT into a sparse 2 GiB file with a BIOS boot partition (14, 3 MiB from
+//!   1 MiB), an EFI system partition (15, 124 MiB) and the root (1, the rest from 128 MiB,
+//!   last on the disk so that growpart can grow it). `mkfs.ext4 -d ROOT -E offset=…` fills
+//!   the root from the staging directory; `mkfs.fat --offset` and mtools' `file@@offset`
+//!   make and fill the EFI system partition.
+//! - BIOS: grub is put where `grub-install --target=i386-pc` would put it on a GPT disk:
+//!   its `boot.img` in the protective MBR's first 440 bytes and a `core.img` (made by the
+//!   guest's own `grub-mkimage`, so modules and image are of one version) in the BIOS boot
+//!   partition, with the two sector numbers `grub-bios-setup` patches: where `boot.img`
+//!   finds `core.img`'s first sector, and where that sector finds the rest.
+//! - UEFI: `EFI/BOOT/BOOTX64.EFI` on the EFI system partition, the removable-media path
+//!   firmware boots without any boot entry in its NVRAM, is a grub `x86_64-efi` image made
+//!   the same way. Both images find the root file system by its UUID and read
+//!   `/boot/grub/grub.cfg` there, with their modules in `/boot/grub/{i386-pc,x86_64-efi}`.
 //! - `qemu-img convert -c` makes the compressed qcow2 (zlib, which every QEMU reads).
 //!
 //! The network is configured as in Debian 12's own cloud images: cloud-init renders
@@ -64,6 +70,8 @@ pub const PACKAGES: &[&str] = &[
     "sudo",
     "linux-image-cloud-amd64",
     "grub-pc-bin",
+    // grub-mkimage -O x86_64-efi and its modules: the UEFI boot image.
+    "grub-efi-amd64-bin",
     "e2fsprogs",
     // growpart: cloud-init grows the root partition to a bigger disk (a claim larger
     // than the image), as on a cloud image.
@@ -83,9 +91,42 @@ pub const KERNEL_ARGS: &str = "console=tty0 console=ttyS0,115200 no_timer_check"
 /// The disk's virtual size: what Debian's own generic cloud image has.
 pub const DISK_BYTES: u64 = 2 << 30;
 
-/// Where the root partition starts: 1 MiB, as partitioning tools align it; grub's core
-/// image lives in the sectors before it.
-const PART_START: u64 = 1 << 20;
+/// Sector size of the disk image.
+const SECTOR: u64 = 512;
+
+/// The BIOS boot partition (GPT partition 14, as in Debian's cloud images): where grub's
+/// core image lives on a GPT disk. From 1 MiB, as partitioning tools align.
+const BIOS_BOOT_START: u64 = 1 << 20;
+/// 3 MiB, as Debian's cloud images have it (`core.img` fills a small part of it; its
+/// size is checked when it is made).
+const BIOS_BOOT_BYTES: u64 = 3 << 20;
+
+/// The EFI system partition (GPT partition 15): 124 MiB of FAT32, as Debian's cloud images.
+const ESP_START: u64 = BIOS_BOOT_START + BIOS_BOOT_BYTES;
+const ESP_BYTES: u64 = 124 << 20;
+
+/// Where the root partition (GPT partition 1) starts: 128 MiB.
+const ROOT_START: u64 = ESP_START + ESP_BYTES;
+/// The rest of the disk but its last MiB, which holds the backup GPT (the disk's last 33
+/// sectors) and stays free as sfdisk aligns a partition's end.
+const ROOT_BYTES: u64 = DISK_BYTES - ROOT_START - (1 << 20);
+
+/// GPT partition type GUIDs.
+const GPT_BIOS_BOOT: &str = "21686148-6449-6E6F-744E-656564454649";
+const GPT_ESP: &str = "C12A7328-F81F-11D2-BA4B-00A0C93EC3B8";
+const GPT_LINUX: &str = "0FC63DAF-8483-4772-8E79-3D69D8477DE4";
+
+/// Where UEFI firmware looks for a bootloader when its NVRAM names none (removable-media
+/// path), so a fresh VM's empty variable store boots the disk.
+const EFI_BOOT_PATH: &str = "EFI/BOOT/BOOTX64.EFI";
+
+/// grub's `boot.img`: the 8-byte LBA of `core.img`'s first sector (`kernel_sector`,
+/// GRUB_BOOT_MACHINE_KERNEL_SECTOR in grub's `i386/pc/boot.h`).
+const BOOT_IMG_KERNEL_SECTOR: usize = 0x5c;
+/// `core.img`'s first sector (diskboot.img): its block list's 8-byte start LBA, 12 bytes
+/// before the sector's end (start, 2-byte length, 2-byte segment); grub-mkimage fills the
+/// length, grub-bios-setup the start.
+const DISKBOOT_BLOCKLIST_START: usize = 0x200 - 12;
 
 /// Where a containerDisk image holds its disk (KubeVirt: the only file in `/disk`).
 pub const CONTAINER_DISK_PATH: &str = "/disk/disk.qcow2";
@@ -99,7 +140,7 @@ pub const CONTAINER_DISK_MODE: u32 = 0o440;
 
 /// Bumped whenever the build steps below change in a way the stamp's other inputs do not
 /// show (what is deleted, how the disk is laid out).
-const BUILDER_VERSION: &str = "1";
+const BUILDER_VERSION: &str = "2";
 
 const CLOUD_CFG: &str = include_str!("debian/cloud.cfg");
 const GRUB_CFG: &str = include_str!("debian/grub.cfg");
@@ -298,9 +339,9 @@ pub fn build(dir: &Path) -> Result<DebianGuest, Error> {
     let uuid = new_uuid()?;
     configure(&root, &uuid)?;
     trim(&root)?;
-    let core = grub_core_image(&root, &uuid)?;
+    let images = grub_images(&root, &uuid)?;
     let raw = staging.join("disk.raw");
-    make_disk(&raw, &root, &uuid, &core)?;
+    make_disk(&raw, &root, &uuid, images)?;
     let tmp = dir.join(".disk.qcow2.tmp");
     run(
         "qemu-img",
@@ -459,16 +500,18 @@ fn configure(root: &Path, uuid: &str) -> Result<(), Error> {
     for unit in DISABLED_UNITS {
         remove_if_exists(&root.join("etc/systemd/system").join(unit))?;
     }
-    // grub's modules where grub-install would copy them, so that core.img stays small and
-    // the `insmod`s of grub.cfg find them.
-    let modules = root.join("usr/lib/grub/i386-pc");
-    let dst = root.join("boot/grub/i386-pc");
-    io(&dst, fs::create_dir_all(&dst))?;
-    for e in io(&modules, fs::read_dir(&modules))?.filter_map(|e| e.ok()) {
-        let name = e.file_name();
-        let n = name.to_string_lossy();
-        if n.ends_with(".mod") || n.ends_with(".lst") {
-            io(&e.path(), fs::copy(e.path(), dst.join(&name)))?;
+    // grub's modules where grub-install would copy them, so that the boot images stay
+    // small and the `insmod`s of grub.cfg find them, for either firmware.
+    for platform in GRUB_PLATFORMS {
+        let modules = root.join("usr/lib/grub").join(platform);
+        let dst = root.join("boot/grub").join(platform);
+        io(&dst, fs::create_dir_all(&dst))?;
+        for e in io(&modules, fs::read_dir(&modules))?.filter_map(|e| e.ok()) {
+            let name = e.file_name();
+            let n = name.to_string_lossy();
+            if n.ends_with(".mod") || n.ends_with(".lst") {
+                io(&e.path(), fs::copy(e.path(), dst.join(&name)))?;
+            }
         }
     }
     let grub_cfg = GRUB_CFG
@@ -548,57 +591,104 @@ fn remove_files(dir: &Path) -> Result<(), Error> {
     Ok(())
 }
 
-/// grub's core image for BIOS boot, made by the guest's own grub-mkimage (run in the
-/// chroot) so that it matches the modules in the image.
-fn grub_core_image(root: &Path, uuid: &str) -> Result<Vec<u8>, Error> {
+/// grub's platforms in the image: BIOS and 64-bit UEFI.
+const GRUB_PLATFORMS: [&str; 2] = ["i386-pc", "x86_64-efi"];
+
+/// The two boot images of the disk.
+struct BootImages {
+    /// grub's BIOS core image, for the BIOS boot partition.
+    bios_core: Vec<u8>,
+    /// grub's UEFI application, for the EFI system partition.
+    efi: Vec<u8>,
+}
+
+/// grub's boot images, made by the guest's own grub-mkimage (run in the chroot) so that
+/// they match the modules in the image. Each holds only what it needs to find the root
+/// file system by UUID on a GPT disk; the rest loads from `/boot/grub/<platform>`.
+fn grub_images(root: &Path, uuid: &str) -> Result<BootImages, Error> {
     let early = root.join("tmp/early-grub.cfg");
     io(
         &early,
         fs::write(&early, EARLY_GRUB_CFG.replace("@UUID@", uuid)),
     )?;
-    run(
-        "grub-mkimage",
-        "the guest's grub-pc-bin; chroot is in coreutils",
-        Command::new("chroot").arg(root).args([
+    let mkimage = |format: &str, platform: &str, disk_module: Option<&str>| {
+        let out = root.join("tmp/grub.img");
+        let mut cmd = Command::new("chroot");
+        cmd.arg(root)
+            .args(["grub-mkimage", "-O", format, "-d"])
+            .arg(format!("/usr/lib/grub/{platform}"))
+            .args(["-c", "/tmp/early-grub.cfg", "-o", "/tmp/grub.img"])
+            .args(["-p", "/boot/grub"])
+            .args(disk_module)
+            .args(["part_gpt", "ext2", "search_fs_uuid"]);
+        run(
             "grub-mkimage",
-            "-O",
-            "i386-pc",
-            "-d",
-            "/usr/lib/grub/i386-pc",
-            "-c",
-            "/tmp/early-grub.cfg",
-            "-o",
-            "/tmp/core.img",
-            "-p",
-            "/boot/grub",
-            "biosdisk",
-            "part_msdos",
-            "ext2",
-            "search_fs_uuid",
-        ]),
-    )?;
-    let core_path = root.join("tmp/core.img");
-    let core = io(&core_path, fs::read(&core_path))?;
-    io(&core_path, fs::remove_file(&core_path))?;
+            "the guest's grub-pc-bin and grub-efi-amd64-bin; chroot is in coreutils",
+            &mut cmd,
+        )?;
+        let img = io(&out, fs::read(&out))?;
+        io(&out, fs::remove_file(&out))?;
+        Ok::<_, Error>(img)
+    };
+    // UEFI reads disks through the firmware's own drivers: no disk module.
+    let efi = mkimage("x86_64-efi", "x86_64-efi", None)?;
+    let bios_core = mkimage("i386-pc", "i386-pc", Some("biosdisk"))?;
     io(&early, fs::remove_file(&early))?;
-    if core.len() as u64 > PART_START - 512 {
+    if bios_core.len() as u64 > BIOS_BOOT_BYTES {
         return Err(Error::Tool {
             tool: "grub-mkimage".into(),
             stderr: format!(
-                "core.img is {} bytes, more than the {} before the partition",
-                core.len(),
-                PART_START - 512
+                "core.img is {} bytes, more than the BIOS boot partition's {BIOS_BOOT_BYTES}",
+                bios_core.len(),
             ),
         });
     }
-    Ok(core)
+    Ok(BootImages { bios_core, efi })
 }
 
-/// Writes the bootable raw disk: MBR table, ext4 root from `root`, grub in the MBR and the
-/// gap after it.
-fn make_disk(raw: &Path, root: &Path, uuid: &str, core: &[u8]) -> Result<(), Error> {
+/// The sfdisk script of the disk's GPT: Debian's cloud image layout (partition numbers
+/// 14, 15, 1; the root last on the disk, so that growpart can grow it into a bigger disk).
+fn gpt_script(disk_name: &str) -> String {
+    let sectors = |bytes: u64| bytes / SECTOR;
+    format!(
+        "label: gpt\n\
+         {disk_name}14 : start={}, size={}, type={GPT_BIOS_BOOT}, name=\"BIOS boot\"\n\
+         {disk_name}15 : start={}, size={}, type={GPT_ESP}, name=\"EFI system\"\n\
+         {disk_name}1 : start={}, size={}, type={GPT_LINUX}, name=\"root\"\n",
+        sectors(BIOS_BOOT_START),
+        sectors(BIOS_BOOT_BYTES),
+        sectors(ESP_START),
+        sectors(ESP_BYTES),
+        sectors(ROOT_START),
+        sectors(ROOT_BYTES),
+    )
+}
+
+/// Puts into grub's `boot.img` and `core.img` the sector numbers `grub-bios-setup` writes
+/// for a core image in a BIOS boot partition: `boot.img` loads `core.img`'s first sector
+/// from `start_lba`, and that sector loads the rest from the sector after it (the length
+/// grub-mkimage already wrote).
+fn patch_bios_boot(boot_img: &mut [u8], core: &mut [u8], start_lba: u64) -> Result<(), Error> {
+    let bad = |what: &str| Error::Tool {
+        tool: "grub-bios-setup's patch".into(),
+        stderr: format!("{what} is too short"),
+    };
+    boot_img
+        .get_mut(BOOT_IMG_KERNEL_SECTOR..BOOT_IMG_KERNEL_SECTOR + 8)
+        .ok_or_else(|| bad("boot.img"))?
+        .copy_from_slice(&start_lba.to_le_bytes());
+    core.get_mut(DISKBOOT_BLOCKLIST_START..DISKBOOT_BLOCKLIST_START + 8)
+        .ok_or_else(|| bad("core.img"))?
+        .copy_from_slice(&(start_lba + 1).to_le_bytes());
+    Ok(())
+}
+
+/// Writes the bootable raw disk: the GPT, the ext4 root from `root`, grub for BIOS in the
+/// protective MBR and the BIOS boot partition, grub for UEFI on the EFI system partition.
+fn make_disk(raw: &Path, root: &Path, uuid: &str, images: BootImages) -> Result<(), Error> {
     let f = io(raw, fs::File::create(raw))?;
     io(raw, f.set_len(DISK_BYTES))?;
+    drop(f);
     let mut sfdisk = io(
         raw,
         Command::new("sfdisk")
@@ -614,10 +704,8 @@ fn make_disk(raw: &Path, root: &Path, uuid: &str, core: &[u8]) -> Result<(), Err
         hint: "apt-get install fdisk",
     })?;
     if let Some(mut stdin) = sfdisk.stdin.take() {
-        let table = format!(
-            "label: dos\nstart={}, type=83, bootable\n",
-            PART_START / 512
-        );
+        // sfdisk numbers a partition after the digits that end its name.
+        let table = gpt_script(&raw.to_string_lossy());
         io(raw, stdin.write_all(table.as_bytes()))?;
     }
     let o = io(raw, sfdisk.wait_with_output())?;
@@ -627,30 +715,72 @@ fn make_disk(raw: &Path, root: &Path, uuid: &str, core: &[u8]) -> Result<(), Err
             stderr: String::from_utf8_lossy(&o.stderr).into(),
         });
     }
-    let fs_kib = (DISK_BYTES - PART_START) / 1024;
+    let root_kib = ROOT_BYTES / 1024;
     run(
         "mkfs.ext4",
         "apt-get install e2fsprogs",
         Command::new("mkfs.ext4")
             .args(["-q", "-F", "-L", "root", "-U", uuid])
             .arg("-E")
-            .arg(format!("offset={PART_START}"))
+            .arg(format!("offset={ROOT_START}"))
             .arg("-d")
             .arg(root)
             .arg(raw)
-            .arg(format!("{fs_kib}k")),
+            .arg(format!("{root_kib}k")),
     )?;
+    make_esp(raw, uuid, &images.efi)?;
     let boot_img_path = root.join("usr/lib/grub/i386-pc/boot.img");
-    let boot_img = io(&boot_img_path, fs::read(&boot_img_path))?;
-    // 440 bytes: the rest of the MBR is the disk signature and the partition table.
+    let mut boot_img = io(&boot_img_path, fs::read(&boot_img_path))?;
+    let mut core = images.bios_core;
+    patch_bios_boot(&mut boot_img, &mut core, BIOS_BOOT_START / SECTOR)?;
+    // 440 bytes: the rest of the MBR is the disk signature and the protective partition
+    // table sfdisk wrote.
     let code = boot_img.get(..440).ok_or_else(|| Error::Tool {
         tool: "grub boot.img".into(),
         stderr: format!("{} bytes, expected 512", boot_img.len()),
     })?;
     let f = io(raw, fs::OpenOptions::new().write(true).open(raw))?;
     io(raw, f.write_all_at(code, 0))?;
-    io(raw, f.write_all_at(core, 512))?;
+    io(raw, f.write_all_at(&core, BIOS_BOOT_START))?;
     io(raw, f.sync_all())
+}
+
+/// Makes the EFI system partition's FAT32 in place (`mkfs.fat --offset`, mtools'
+/// `file@@offset`: no loop device) with grub's UEFI image at the removable-media path.
+fn make_esp(raw: &Path, uuid: &str, efi: &[u8]) -> Result<(), Error> {
+    // The FAT volume id: from the root's UUID, so one build's two file systems go together.
+    let volume_id: String = uuid.chars().filter(|c| *c != '-').take(8).collect();
+    run(
+        "mkfs.fat",
+        "apt-get install dosfstools",
+        Command::new("mkfs.fat")
+            .arg("--offset")
+            .arg((ESP_START / SECTOR).to_string())
+            // One sector per cluster: FAT32 needs 65525 clusters, 124 MiB has 253952.
+            .args(["-F", "32", "-S", "512", "-s", "1", "-n", "EFI", "-i"])
+            .arg(&volume_id)
+            .arg(raw)
+            .arg((ESP_BYTES / 1024).to_string()),
+    )?;
+    let image = format!("{}@@{ESP_START}", raw.display());
+    let efi_file = raw.with_file_name("BOOTX64.EFI");
+    io(&efi_file, fs::write(&efi_file, efi))?;
+    let mtools = |tool: &str, args: &[&str]| {
+        run(
+            tool,
+            "apt-get install mtools",
+            Command::new(tool)
+                .arg("-i")
+                .arg(&image)
+                .args(args)
+                // mtools checks a FAT's geometry against a floppy's; this one is a partition.
+                .env("MTOOLS_SKIP_CHECK", "1"),
+        )
+    };
+    mtools("mmd", &["::EFI", "::EFI/BOOT"])?;
+    let dst = format!("::{EFI_BOOT_PATH}");
+    mtools("mcopy", &[&efi_file.to_string_lossy(), &dst])?;
+    io(&efi_file, fs::remove_file(&efi_file))
 }
 
 /// A file of a containerDisk image: where it is on the host, where it goes in the image,
@@ -786,6 +916,29 @@ pub struct VmConfig<'a> {
     pub agent_socket: &'a Path,
     /// Guest memory in MiB.
     pub memory_mib: u32,
+    /// BIOS or UEFI: the disk boots under both.
+    pub firmware: Firmware<'a>,
+}
+
+/// Debian's OVMF (package `ovmf`) without Secure Boot, the 4 MiB flash layout its QEMU
+/// firmware descriptor (`/usr/share/qemu/firmware/60-edk2-x86_64.json`) names too.
+pub const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
+/// The empty UEFI variable store that goes with [`OVMF_CODE`].
+pub const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
+
+/// The firmware a [`Vm`] boots with.
+#[derive(Clone, Copy, Debug)]
+pub enum Firmware<'a> {
+    /// SeaBIOS, QEMU's default: grub's `boot.img` in the MBR, `core.img` in the BIOS boot
+    /// partition.
+    Bios,
+    /// OVMF, Secure Boot off: grub's `BOOTX64.EFI` from the EFI system partition. `vars`
+    /// is the VM's own variable store (what libvirt keeps as the domain's NVRAM), copied
+    /// from [`OVMF_VARS`] when absent, so that a second boot sees what the first wrote.
+    Uefi {
+        /// The writable variable store.
+        vars: &'a Path,
+    },
 }
 
 /// Whether `path` opens with `O_DIRECT` (QEMU's cache mode `none` needs it).
@@ -819,6 +972,28 @@ impl Vm {
                     "writethrough"
                 }
             ));
+        if let Firmware::Uefi { vars } = c.firmware {
+            if !Path::new(OVMF_CODE).is_file() {
+                return Err(Error::Missing {
+                    what: OVMF_CODE.into(),
+                    hint: "apt-get install ovmf",
+                });
+            }
+            if !vars.exists() {
+                io(vars, fs::copy(OVMF_VARS, vars))?;
+            }
+            // QEMU's file names in -drive are comma-separated options: a path with a comma
+            // would need doubling, which these (ours and Debian's) do not have.
+            cmd.arg("-drive")
+                .arg(format!(
+                    "if=pflash,unit=0,format=raw,readonly=on,file={OVMF_CODE}"
+                ))
+                .arg("-drive")
+                .arg(format!(
+                    "if=pflash,unit=1,format=raw,file={}",
+                    vars.display()
+                ));
+        }
         if let Some(seed) = c.seed {
             cmd.arg("-drive").arg(format!(
                 "file={},format=raw,if=virtio,readonly=on",
@@ -1108,6 +1283,56 @@ mod tests {
         assert!(!cfg.contains('@'), "{cfg}");
         assert!(cfg.contains("console=ttyS0"), "{cfg}");
         assert!(!EARLY_GRUB_CFG.replace("@UUID@", "u").contains('@'));
+    }
+
+    /// Debian's cloud layout, in sectors: BIOS boot 2048+6144, EFI 8192+253952, root from
+    /// 262144 to the last MiB; nothing overlaps.
+    #[test]
+    fn gpt_layout_is_debians() {
+        let script = gpt_script("/d.raw");
+        assert!(script.starts_with("label: gpt\n"), "{script}");
+        assert!(
+            script.contains(&format!(
+                "/d.raw14 : start=2048, size=6144, type={GPT_BIOS_BOOT}"
+            )),
+            "{script}"
+        );
+        assert!(
+            script.contains(&format!(
+                "/d.raw15 : start=8192, size=253952, type={GPT_ESP}"
+            )),
+            "{script}"
+        );
+        assert!(
+            script.contains(&format!(
+                "/d.raw1 : start=262144, size={}, type={GPT_LINUX}",
+                (DISK_BYTES >> 9) - 262144 - 2048
+            )),
+            "{script}"
+        );
+    }
+
+    /// What grub-bios-setup writes for a core image at sector 2048: boot.img's
+    /// kernel_sector 2048, the core's block list from 2049; nothing else changes.
+    #[test]
+    fn bios_boot_sectors_are_patched() {
+        let mut boot = vec![0u8; 512];
+        boot[BOOT_IMG_KERNEL_SECTOR] = 1;
+        let mut core = vec![0u8; 1024];
+        core[DISKBOOT_BLOCKLIST_START] = 2;
+        core[DISKBOOT_BLOCKLIST_START + 8] = 7;
+        patch_bios_boot(&mut boot, &mut core, 2048).unwrap();
+        assert_eq!(
+            boot[BOOT_IMG_KERNEL_SECTOR..BOOT_IMG_KERNEL_SECTOR + 8],
+            2048u64.to_le_bytes()
+        );
+        assert_eq!(
+            core[DISKBOOT_BLOCKLIST_START..DISKBOOT_BLOCKLIST_START + 8],
+            2049u64.to_le_bytes()
+        );
+        // The length grub-mkimage wrote stays.
+        assert_eq!(core[DISKBOOT_BLOCKLIST_START + 8], 7);
+        assert!(patch_bios_boot(&mut [0u8; 16], &mut core, 2048).is_err());
     }
 
     #[test]

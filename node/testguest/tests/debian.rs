@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use virt_testguest::debian::{self, Agent, Vm, VmConfig};
+use virt_testguest::debian::{self, Agent, Firmware, Vm, VmConfig};
 
 /// Generous: a TCG boot here takes about two minutes, and the machine is shared.
 const BOOT: Duration = Duration::from_secs(600);
@@ -129,27 +129,10 @@ fn agent_in_background(
     })
 }
 
-fn json(line: &str) -> serde_json::Value {
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("agent answer {line:?}: {e}"))
-}
-
-#[test]
-#[ignore = "needs root and deb.debian.org for the first build (about 5 min), then boots \
-            Debian twice under TCG (about 5 min): \
-            cargo test -p virt-testguest --test debian -- --ignored --nocapture"]
-fn debian_guest_boots_with_cloud_init_ssh_and_the_agent() {
-    let t = Instant::now();
-    let g = debian::ensure(&debian::default_dir()).expect("the Debian guest");
-    let size = std::fs::metadata(&g.disk).unwrap().len();
-    eprintln!(
-        "guest: {} ({:.1} MiB), ensured in {:.1} s",
-        g.disk.display(),
-        size as f64 / (1 << 20) as f64,
-        t.elapsed().as_secs_f64()
-    );
-
-    let tmp = TempDir::new("boot");
-    let key = tmp.0.join("key");
+/// A throw-away SSH key pair in `dir` and a NoCloud seed whose user data makes [`USER`]
+/// with it and appends [`MARKER_LINE`] to [`MARKER_FILE`] on the instance's first boot.
+fn key_and_seed(dir: &Path, instance_id: &str) -> (PathBuf, PathBuf) {
+    let key = dir.join("key");
     let keygen = Command::new("ssh-keygen")
         .args([
             "-q",
@@ -178,22 +161,51 @@ fn debian_guest_boots_with_cloud_init_ssh_and_the_agent() {
          \x20 - echo '{MARKER_LINE}' >> {MARKER_FILE}\n",
         public.trim()
     );
-    let seed = tmp.0.join("seed.iso");
+    let seed = dir.join("seed.iso");
     debian::nocloud_iso(
         &seed,
-        &format!("instance-id: {INSTANCE_ID}\nlocal-hostname: debian-test\n"),
+        &format!("instance-id: {instance_id}\nlocal-hostname: debian-test\n"),
         &user_data,
     )
     .expect("seed ISO");
-    // An overlay: the built image stays pristine, and both boots share one disk.
-    let overlay = tmp.0.join("overlay.qcow2");
+    (key, seed)
+}
+
+/// A qcow2 overlay at `path` on `base`: the built image stays pristine.
+fn overlay(base: &Path, path: &Path) -> PathBuf {
     let st = Command::new("qemu-img")
         .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
-        .arg(&g.disk)
-        .arg(&overlay)
+        .arg(base)
+        .arg(path)
         .status()
         .unwrap();
     assert!(st.success(), "qemu-img create: {st}");
+    path.to_path_buf()
+}
+
+fn json(line: &str) -> serde_json::Value {
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("agent answer {line:?}: {e}"))
+}
+
+#[test]
+#[ignore = "needs root and deb.debian.org for the first build (about 5 min), then boots \
+            Debian twice under TCG (about 5 min): \
+            cargo test -p virt-testguest --test debian -- --ignored --nocapture"]
+fn debian_guest_boots_with_cloud_init_ssh_and_the_agent() {
+    let t = Instant::now();
+    let g = debian::ensure(&debian::default_dir()).expect("the Debian guest");
+    let size = std::fs::metadata(&g.disk).unwrap().len();
+    eprintln!(
+        "guest: {} ({:.1} MiB), ensured in {:.1} s",
+        g.disk.display(),
+        size as f64 / (1 << 20) as f64,
+        t.elapsed().as_secs_f64()
+    );
+
+    let tmp = TempDir::new("boot");
+    let (key, seed) = key_and_seed(&tmp.0, INSTANCE_ID);
+    // An overlay: the built image stays pristine, and both boots share one disk.
+    let overlay = overlay(&g.disk, &tmp.0.join("overlay.qcow2"));
     let socket = tmp.0.join("qga.sock");
     let port = free_port();
     let config = VmConfig {
@@ -202,6 +214,7 @@ fn debian_guest_boots_with_cloud_init_ssh_and_the_agent() {
         ssh_port: port,
         agent_socket: &socket,
         memory_mib: 1024,
+        firmware: Firmware::Bios,
     };
 
     // First boot.
@@ -313,6 +326,82 @@ fn debian_guest_boots_with_cloud_init_ssh_and_the_agent() {
         ssh2.as_secs_f64(),
         agent2.as_secs_f64(),
     );
+}
+
+/// The one disk boots under both firmwares, as Debian's cloud images do: OVMF (UEFI,
+/// Secure Boot off) through grub's `BOOTX64.EFI` on the EFI system partition, SeaBIOS
+/// through `boot.img` and the BIOS boot partition's `core.img`. Each boot is checked from
+/// inside: the kernel sees `/sys/firmware/efi` only under UEFI.
+#[test]
+#[ignore = "needs root and the built Debian guest (minutes), then boots it under UEFI and \
+            BIOS under TCG (about 5 min): \
+            cargo test -p virt-testguest --test debian -- --ignored --nocapture uefi"]
+fn debian_guest_boots_under_uefi_and_bios() {
+    let g = debian::ensure(&debian::default_dir()).expect("the Debian guest");
+    let tmp = TempDir::new("fw");
+    let (key, seed) = key_and_seed(&tmp.0, "kubevirt-rs-debian-firmware");
+    let vars = tmp.0.join("OVMF_VARS.fd");
+    for (name, firmware) in [
+        ("uefi", Firmware::Uefi { vars: &vars }),
+        ("bios", Firmware::Bios),
+    ] {
+        // A disk of its own per firmware: each boot is a first boot, timed alike.
+        let disk = overlay(&g.disk, &tmp.0.join(format!("{name}.qcow2")));
+        let socket = tmp.0.join(format!("qga-{name}.sock"));
+        let port = free_port();
+        let vm = Vm::start(&VmConfig {
+            disk: &disk,
+            seed: Some(&seed),
+            ssh_port: port,
+            agent_socket: &socket,
+            memory_mib: 1024,
+            firmware,
+        })
+        .expect("qemu");
+        let agent = agent_in_background(socket.clone(), vm.started());
+        // The firmware's and grub's share of the boot: until the kernel's first line.
+        let kernel = vm
+            .wait_for("Linux version", BOOT)
+            .unwrap_or_else(|e| panic!("{name}: the kernel did not start: {e}"));
+        let login = vm
+            .wait_for(" login:", BOOT)
+            .unwrap_or_else(|e| panic!("{name}: no login prompt on the serial console: {e}"));
+        let (out, ssh_at, _) = ssh_until(
+            &vm,
+            &key,
+            port,
+            "test -d /sys/firmware/efi && echo firmware=uefi || echo firmware=bios",
+            |o| o.contains("firmware="),
+        );
+        assert_eq!(out.trim(), format!("firmware={name}"), "{name} boot");
+        // OVMF's boot manager names the device it boots (the disk, through the
+        // removable-media path); SeaBIOS prints nothing of the kind.
+        assert_eq!(
+            vm.console().contains("BdsDxe: starting Boot"),
+            name == "uefi",
+            "{name}: OVMF's boot manager on the console; the first lines:\n{}",
+            vm.console().lines().take(10).collect::<Vec<_>>().join("\n")
+        );
+        let (mut agent, agent_at) = agent.join().unwrap().unwrap_or_else(|e| {
+            panic!(
+                "{name}: the guest agent: {e}; the serial console's last lines:\n{}",
+                vm.console_tail(40)
+            )
+        });
+        let ping = agent
+            .execute(r#"{"execute":"guest-ping"}"#, Duration::from_secs(30))
+            .unwrap();
+        assert_eq!(json(&ping)["return"], serde_json::json!({}), "{ping}");
+        eprintln!(
+            "{name} first boot under TCG: kernel starts {:.1} s, login prompt {:.1} s, agent answers {:.1} s, ssh answers {:.1} s (after QEMU's start)",
+            kernel.as_secs_f64(),
+            login.as_secs_f64(),
+            agent_at.as_secs_f64(),
+            ssh_at.as_secs_f64(),
+        );
+    }
+    // OVMF wrote its variable store (the boot options it found): the copy was writable.
+    assert!(std::fs::metadata(&vars).unwrap().len() > 0);
 }
 
 #[test]

@@ -700,10 +700,13 @@ const QEMU_MODULES: &[&str] = &[
 ];
 const QEMU_MODULE_DIR: &str = "/usr/lib/x86_64-linux-gnu/qemu";
 /// Data QEMU and libvirt read: firmware and option ROMs (SeaBIOS, iPXE, linuxboot, VGA BIOS),
-/// keymaps, libvirt's CPU map. Copied as trees, symlinks kept.
+/// OVMF for `efi` VMs (Debian's `ovmf`: its builds in /usr/share/OVMF, and the descriptors in
+/// /usr/share/qemu/firmware libvirt selects one by), keymaps, libvirt's CPU map. Copied as
+/// trees, symlinks kept.
 const LAUNCHER_DATA: &[&str] = &[
     "/usr/share/qemu",
     "/usr/share/seabios",
+    "/usr/share/OVMF",
     "/usr/lib/ipxe/qemu",
     "/usr/share/libvirt/cpu_map",
 ];

@@ -600,7 +600,7 @@ fn bare_once(
     n: usize,
     out: &mut Figures,
 ) -> anyhow::Result<()> {
-    use virt_testguest::debian::{Agent, Vm, VmConfig, nocloud_iso};
+    use virt_testguest::debian::{Agent, Firmware, Vm, VmConfig, nocloud_iso};
     let overlay = dir.join(format!("bare-{n}.qcow2"));
     let _ = std::fs::remove_file(&overlay);
     let made = Command::new("qemu-img")
@@ -628,6 +628,8 @@ fn bare_once(
         ssh_port: port,
         agent_socket: &agent_socket,
         memory_mib: MEMORY_MIB,
+        // The cluster's VM boots with KubeVirt's default firmware: BIOS.
+        firmware: Firmware::Bios,
     })?;
     let start = vm.started();
     let agent_at = {
