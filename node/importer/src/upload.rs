@@ -162,11 +162,12 @@ async fn receive(
         checksum: None,
         qemu_img: &cfg.qemu_img,
     };
+    let mut stream = body.into_data_stream();
     let result = ingest(
         &source,
         &target,
         scratch.as_deref(),
-        body.into_data_stream(),
+        &mut stream,
         &mut progress,
         |received, e| ImportError::Connection {
             url: "the upload".into(),
@@ -176,10 +177,28 @@ async fn receive(
     .await;
     if result.is_err() {
         target.abandon();
+        drain(&mut stream).await;
     }
     progress.finish(result.is_ok());
     result
 }
+
+/// Most clients read the answer only once they sent the whole body (a connection closed
+/// under a body still being written reads as a broken connection, not as our 400): what is
+/// left of a refused upload is read and dropped, up to [`DRAIN_LIMIT`].
+async fn drain(stream: &mut axum::body::BodyDataStream) {
+    use futures::StreamExt;
+    let mut left = DRAIN_LIMIT;
+    while let Some(Ok(chunk)) = stream.next().await {
+        left = left.saturating_sub(chunk.len() as u64);
+        if left == 0 {
+            break;
+        }
+    }
+}
+
+/// How much of a refused upload is read to let the client see the answer.
+const DRAIN_LIMIT: u64 = 64 << 20;
 
 /// The client's fault (what it sent) is a 400, ours a 500.
 pub fn status_of(e: &ImportError) -> StatusCode {
