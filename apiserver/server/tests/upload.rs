@@ -220,10 +220,19 @@ async fn upload_tokens_and_the_proxy_stream_an_image_into_the_claims_server() {
         .await
         .unwrap();
     let server = tokio::spawn(virt_importer::upload::serve(cfg, listener));
+    // kube-apiserver's ServiceAccount admission wants the namespace's account (no
+    // controller-manager makes it here).
+    Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(kc.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap(),
+        )
+        .await
+        .unwrap();
     let pods: Api<Pod> = Api::namespaced(kc.clone(), "default");
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "cdi-upload-disk"},
-        "spec": {"containers": [{"name": "cdi-upload-server", "image": "x",
+        "spec": {"automountServiceAccountToken": false, "containers": [{"name": "cdi-upload-server", "image": "x",
             "ports": [{"name": "upload", "containerPort": server_port}]}]}
     }))
     .unwrap();

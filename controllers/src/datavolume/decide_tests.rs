@@ -310,7 +310,6 @@ fn other_sources_stay_pending_naming_the_source() {
             json!({"registry": {"url": "docker://x"}}),
             "source registry",
         ),
-        (json!({"upload": {}}), "source upload"),
         (
             json!({"pvc": {"name": "a", "namespace": "other"}}),
             "a clone from another namespace (other)",
