@@ -394,3 +394,209 @@ fn expect_marker_on_disk(ns: &Ns<'_>, vm: &str) {
     ));
     console.expect(ns, vm, MARKER, Duration::from_secs(60));
 }
+
+/// `kubectl port-forward` to the upload proxy's Service, as a user without a NodePort or
+/// Ingress reaches it (docs/local-cluster.md, "Uploading disk images"): the child and the local port.
+struct ProxyForward {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for ProxyForward {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn forward_upload_proxy(c: &e2e::Cluster) -> ProxyForward {
+    use std::io::BufRead;
+    let mut child = Command::new(c.kubectl_path())
+        .env("KUBECONFIG", &c.kubeconfig)
+        .args([
+            "-n",
+            "kubevirt",
+            "port-forward",
+            "svc/cdi-uploadproxy",
+            "--address=127.0.0.1",
+            ":443",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("kubectl port-forward");
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap();
+    // "Forwarding from 127.0.0.1:PORT -> 8444"
+    let port = line
+        .split_whitespace()
+        .nth(2)
+        .and_then(|a| a.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    ProxyForward { child, port }
+}
+
+/// The test guest with one disk, `data`, the existing DataVolume `dv`.
+fn vm_on_data_volume(ns: &str, name: &str, dv: &str) -> String {
+    let mut vm: serde_json::Value = serde_json::from_str(&common::vm_manifest(
+        name,
+        ns,
+        "Always",
+        &common::Guest::default(),
+    ))
+    .unwrap();
+    let spec = &mut vm["spec"]["template"]["spec"];
+    spec["domain"]["devices"]["disks"] =
+        serde_json::json!([{"name": "data", "disk": {"bus": "virtio"}}]);
+    spec["volumes"] = serde_json::json!([{"name": "data", "dataVolume": {"name": dv}}]);
+    vm.to_string()
+}
+
+#[test]
+#[ignore = "needs a local cluster: cargo xtask cluster up"]
+fn virtctl_image_upload_fills_a_data_volume_a_vm_boots_and_bad_tokens_are_refused() {
+    let c = common::cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let (_raw, qcow2) = images(dir.path());
+    let ns = Ns::new(c, "upload");
+    let forward = forward_upload_proxy(c);
+    let proxy = format!("https://127.0.0.1:{}", forward.port);
+
+    // CDIConfig names the proxy's Service; users outside the cluster pass their way in.
+    let url = c
+        .kubectl(&[
+            "get",
+            "cdiconfig",
+            "config",
+            "-o",
+            "jsonpath={.status.uploadProxyURL}",
+        ])
+        .unwrap();
+    assert_eq!(url, "https://cdi-uploadproxy.kubevirt.svc");
+
+    // Upstream virtctl, unchanged: creates the DataVolume, waits for UploadReady, asks for
+    // a token, sends the qcow2 through the proxy and waits for the claim to be populated.
+    let virtctl = e2e::upstream_virtctl().expect("upstream virtctl");
+    let out = Command::new(&virtctl)
+        .env("KUBECONFIG", &c.kubeconfig)
+        .args([
+            "-n",
+            &ns.name,
+            "image-upload",
+            "dv",
+            "uploaded",
+            "--size=64Mi",
+            "--force-bind",
+            "--insecure",
+            &format!("--uploadproxy-url={proxy}"),
+            "--image-path",
+        ])
+        .arg(&qcow2)
+        .output()
+        .expect("virtctl image-upload");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "virtctl image-upload: {stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        dv_diagnosis(&ns, "uploaded")
+    );
+    assert!(stdout.contains("completed successfully"), "{stdout}");
+    wait_dv_phase(&ns, "uploaded", "Succeeded");
+    assert_eq!(
+        ns.get(
+            "pvc",
+            "uploaded",
+            "{.metadata.annotations.cdi\\.kubevirt\\.io/storage\\.pod\\.phase}"
+        ),
+        "Succeeded"
+    );
+
+    // A VM on the uploaded DataVolume reads the marker from its disk.
+    c.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some(&vm_on_data_volume(&ns.name, "from-upload", "uploaded")),
+    )
+    .expect("apply the VM");
+    expect_marker_on_disk(&ns, "from-upload");
+
+    // Bad tokens at the proxy: none 400, garbage or foreign 401, an expired one 401 saying
+    // so, one for a claim that takes no uploads 403; the claim is untouched by all of them.
+    let key = c
+        .kubectl(&[
+            "-n",
+            "kubevirt",
+            "get",
+            "secret",
+            "kubevirt-rs-upload-token",
+            "-o",
+            "jsonpath={.data.key}",
+        ])
+        .unwrap();
+    use base64::Engine as _;
+    let key = kubevirt_api::cdi::upload::TokenKey::new(
+        &base64::engine::general_purpose::STANDARD
+            .decode(key.trim())
+            .unwrap(),
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    c.kubectl_stdin(
+        &["-n", &ns.name, "create", "-f", "-"],
+        Some(
+            &serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "plain"},
+                "spec": {"accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "64Mi"}}}})
+            .to_string(),
+        ),
+    )
+    .unwrap();
+    let foreign = kubevirt_api::cdi::upload::TokenKey::new(b"not this cluster's key")
+        .sign(&ns.name, "uploaded", now);
+    let cases = [
+        (None, 400, "Authorization"),
+        (Some("garbage".to_string()), 401, "malformed"),
+        (Some(foreign), 401, "signature"),
+        (
+            Some(key.sign(&ns.name, "uploaded", now - 600)),
+            401,
+            "expired",
+        ),
+        (
+            Some(key.sign(&ns.name, "plain", now)),
+            403,
+            "does not take uploads",
+        ),
+    ];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .unwrap();
+    for (token, code, words) in cases {
+        let mut req = client
+            .post(format!("{proxy}/v1beta1/upload"))
+            .body(std::fs::read(&qcow2).unwrap());
+        if let Some(t) = &token {
+            req = req.bearer_auth(t);
+        }
+        let (status, body) = rt.block_on(async {
+            let r = req.send().await.expect("the upload proxy answers");
+            (r.status().as_u16(), r.text().await.unwrap_or_default())
+        });
+        assert_eq!(status, code, "{token:?}: {body}");
+        assert!(body.contains(words), "{token:?}: {body}");
+    }
+    assert_eq!(dv_field(&ns, "uploaded", "{.status.phase}"), "Succeeded");
+    drop(forward);
+}

@@ -62,6 +62,9 @@ pub struct Kind {
     /// Has a `/scale` subresource (`autoscaling/v1` Scale of `spec.replicas`,
     /// `status.replicas` and `status.labelSelector`), so `kubectl scale` and an HPA work.
     pub has_scale: bool,
+    /// Answered on create and stored nothing (UploadTokenRequest, like TokenReview): the
+    /// only verb is `create`, and the answer is the request with its status filled in.
+    pub create_only: bool,
     /// Printer columns after NAME.
     pub columns: &'static [Column],
     /// One line for OpenAPI and `kubectl explain`.
@@ -725,7 +728,31 @@ pub fn group_version() -> String {
     format!("{GROUP}/{VERSION}")
 }
 
+/// The verbs of a stored kind (what RequestInfo makes of the methods the REST handlers serve).
+pub const STORED_VERBS: [&str; 8] = [
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
+/// The verbs of a [`Kind::create_only`] kind.
+pub const CREATE_ONLY_VERBS: [&str; 1] = ["create"];
+
 impl Kind {
+    /// The verbs it is served with (discovery, roles).
+    pub fn verbs(&self) -> &'static [&'static str] {
+        if self.create_only {
+            &CREATE_ONLY_VERBS
+        } else {
+            &STORED_VERBS
+        }
+    }
+
     /// `group/version`, the objects' `apiVersion`.
     pub fn api_version(&self) -> String {
         format!("{}/{}", self.group, self.version)

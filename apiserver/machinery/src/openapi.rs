@@ -1090,6 +1090,31 @@ fn add_kind_paths(
             produces: obj_produces.clone(),
         };
 
+        if k.create_only {
+            // Answered on create, stored nowhere (UploadTokenRequest): one path, one POST.
+            let create = Op {
+                params: vec![DRY_RUN, FIELD_MANAGER, FIELD_VALIDATION],
+                body: Some((def.clone(), vec![JSON, YAML])),
+                example: create_example(k),
+                responses: vec![
+                    ("200", "OK", Some(def.clone())),
+                    ("201", "Created", Some(def.clone())),
+                    ("202", "Accepted", Some(def.clone())),
+                ],
+                ..mk(
+                    "post",
+                    "post",
+                    format!("create{id}{namespaced}{kind}"),
+                    format!("create a {kind}"),
+                )
+            };
+            paths.insert(
+                format!("{prefix}/{}", k.plural),
+                path_item(&scope_params, &[create], flavor),
+            );
+            continue;
+        }
+
         if k.namespaced {
             let list_all = Op {
                 params: LIST_PARAMS.to_vec(),

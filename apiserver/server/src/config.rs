@@ -160,6 +160,15 @@ pub struct Args {
     /// External.
     #[arg(long, default_value = "None", value_parser = parse_eviction_strategy)]
     pub eviction_strategy: kubevirt_api::eviction::EvictionStrategy,
+    /// Where CDI's upload proxy listens (TLS with the serving certificate; Service
+    /// `cdi-uploadproxy`). Without it no proxy is served.
+    #[arg(long, env = "VIRT_APISERVER_UPLOAD_PROXY_BIND")]
+    pub upload_proxy_bind: Option<std::net::SocketAddr>,
+    /// File holding the key UploadTokenRequests' tokens are signed with (virt-operator's
+    /// Secret, the same in every replica so any one verifies another's token). Without it
+    /// a random key: fine for one replica, which then alone can verify its tokens.
+    #[arg(long, env = "VIRT_APISERVER_UPLOAD_TOKEN_KEY_FILE")]
+    pub upload_token_key_file: Option<PathBuf>,
     /// Log format: text or json.
     #[arg(long, env = "VIRT_APISERVER_LOG_FORMAT", default_value = "text")]
     pub log_format: String,

@@ -12,16 +12,8 @@ use kubevirt_api::catalogue::{self, Kind};
 use kubevirt_api::{GROUP, SUBRESOURCES_GROUP, VERSION};
 
 /// The verbs of every kind (what RequestInfo makes of the methods the REST handlers serve).
-pub(crate) const VERBS: [&str; 8] = [
-    "create",
-    "delete",
-    "deletecollection",
-    "get",
-    "list",
-    "patch",
-    "update",
-    "watch",
-];
+#[cfg(test)]
+pub(crate) const VERBS: [&str; 8] = catalogue::STORED_VERBS;
 
 /// A served document with its strong ETag.
 #[derive(Debug, Clone)]
@@ -106,10 +98,11 @@ fn other_kind_groups() -> Vec<(&'static str, &'static str)> {
         .collect()
 }
 
-/// The stored kinds of one group-version.
+/// The kinds of one group-version: the stored ones and the create-only ones
+/// (UploadTokenRequest), each with its own verbs.
 fn kinds_of(group: &str, version: &str) -> impl Iterator<Item = &'static Kind> {
-    ResourceDef::stored()
-        .map(|r| r.meta)
+    catalogue::all_kinds()
+        .filter(|k| k.create_only || ResourceDef::by_plural(k.plural).is_some())
         .filter(move |k| k.group == group && k.version == version)
 }
 
@@ -143,7 +136,7 @@ fn resource_list_of(
     for k in kinds {
         resources.push(
             json!({"name":k.plural,"singularName":k.singular,"namespaced":k.namespaced,"kind":k.kind,
-            "verbs":VERBS,"shortNames":k.short_names,"categories":k.categories}),
+            "verbs":k.verbs(),"shortNames":k.short_names,"categories":k.categories}),
         );
         if k.has_status {
             resources.push(
@@ -205,7 +198,7 @@ fn aggregated_kinds(kinds: impl Iterator<Item = &'static Kind>) -> Vec<Value> {
                 ))
                 .collect();
             json!({"resource":k.plural,"responseKind":gvk,"scope":scope(k),"singularResource":k.singular,
-                "verbs":VERBS,"shortNames":k.short_names,"categories":k.categories,
+                "verbs":k.verbs(),"shortNames":k.short_names,"categories":k.categories,
                 "subresources":status})
         })
         .collect()

@@ -390,6 +390,11 @@ fn allowed_methods(info: &RequestInfo) -> Option<&'static str> {
         let def = ResourceDef::by_plural(&info.resource)?;
         return def.subresource(&info.subresource).map(|s| s.http_method());
     }
+    // A create-only kind (UploadTokenRequest): POST to its collection in a namespace only.
+    if ResourceDef::create_only_kind(&info.group, &info.version, &info.resource).is_some() {
+        return (info.is_collection && !info.namespace.is_empty() && info.subresource.is_empty())
+            .then_some("POST");
+    }
     // A cluster-scoped kind's collection is its whole collection.
     let cluster_scoped = ResourceDef::by_resource(&info.group, &info.version, &info.resource)
         .is_some_and(|d| !d.namespaced);
@@ -754,6 +759,28 @@ async fn route(
     }
     if info.group == kubevirt_api::SUBRESOURCES_GROUP && info.version == "v1" {
         return crate::subresources::handle(st, info, query, req).await;
+    }
+    if let Some(def) = ResourceDef::create_only_kind(&info.group, &info.version, &info.resource) {
+        if allowed_methods(info) != Some(req.method().as_str()) {
+            return Err(ApiError::method_not_allowed());
+        }
+        let accept =
+            request::parse_accept(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
+        let body = read_object_body(st, def, req).await?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let answer = crate::upload_token::create(
+            &st.upload_tokens,
+            st.auth.kube.as_ref(),
+            def,
+            &info.namespace,
+            &body,
+            now,
+        )
+        .await?;
+        let out = request::negotiate(&accept, false).map_err(ApiError::not_acceptable)?;
+        return Ok(encode(out, &answer, StatusCode::CREATED, &[]));
     }
     let def = ResourceDef::by_resource(&info.group, &info.version, &info.resource);
     let kubevirts = info.group == crate::rest::GROUP

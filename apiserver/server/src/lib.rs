@@ -35,6 +35,8 @@ pub mod state;
 pub mod storage;
 pub mod stream;
 pub mod subresources;
+pub mod upload_token;
+pub mod uploadproxy;
 pub mod watch;
 pub mod webhook;
 pub mod wsclient;

@@ -245,6 +245,7 @@ async fn main() -> anyhow::Result<()> {
             kube: auth.kube.clone(),
             default_strategy: Some(args.eviction_strategy),
         },
+        upload_tokens: upload_token_key(args.upload_token_key_file.as_deref())?,
     });
     if let Some(k) = &state.auth.kube {
         virt_apiserver::kubevirts::follow_crd(
@@ -302,7 +303,49 @@ async fn main() -> anyhow::Result<()> {
         sd.cancel();
     });
     let limits = args.connection_limits();
+    if let Some(addr) = args.upload_proxy_bind {
+        // CDI's upload proxy: its own port and router, the same certificate and limits;
+        // an upload is one long request, outside the API's in-flight limits.
+        let listener =
+            server::listen(addr).with_context(|| format!("binding the upload proxy {addr}"))?;
+        tracing::info!(addr = %listener.local_addr()?, "Serving the upload proxy");
+        let proxy = virt_apiserver::uploadproxy::router(Arc::new(
+            virt_apiserver::uploadproxy::ProxyState::new(
+                state.upload_tokens.clone(),
+                auth.kube.clone(),
+            ),
+        ));
+        let (tls, auth, sd) = (tls.clone(), auth.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(e) = server::serve(listener, tls, proxy, auth, limits, sd).await {
+                tracing::error!(error = %e, "The upload proxy stopped");
+            }
+        });
+    }
     server::serve(listener, tls, http::router(state), auth, limits, shutdown).await?;
     tracing::info!("Stopped");
     Ok(())
+}
+
+/// The upload-token key: the file's bytes, or a random key without one.
+fn upload_token_key(
+    file: Option<&std::path::Path>,
+) -> anyhow::Result<kubevirt_api::cdi::upload::TokenKey> {
+    match file {
+        Some(f) => {
+            let bytes = std::fs::read(f)
+                .with_context(|| format!("reading the upload token key {}", f.display()))?;
+            if bytes.len() < kubevirt_api::cdi::upload::KEY_LEN {
+                anyhow::bail!(
+                    "the upload token key {} holds {} bytes; at least {} are needed",
+                    f.display(),
+                    bytes.len(),
+                    kubevirt_api::cdi::upload::KEY_LEN
+                );
+            }
+            Ok(kubevirt_api::cdi::upload::TokenKey::new(&bytes))
+        }
+        None => kubevirt_api::cdi::upload::TokenKey::random()
+            .map_err(|_| anyhow::anyhow!("no random bytes for the upload token key")),
+    }
 }

@@ -64,6 +64,8 @@ pub struct AppState {
     pub webhook_calls: Arc<crate::inflight::PerSource>,
     /// The eviction webhook for launcher pods.
     pub eviction: LauncherEviction,
+    /// Signs UploadTokenRequests' tokens (and verifies them at the upload proxy).
+    pub upload_tokens: kubevirt_api::cdi::upload::TokenKey,
 }
 
 impl std::fmt::Debug for AppState {

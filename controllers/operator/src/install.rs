@@ -76,7 +76,20 @@ fn cluster_rules() -> Vec<PolicyRule> {
         "",
         &["get", "list", "delete", "deletecollection"],
     );
+    // CDIConfig `config`: created once, its status (the upload proxy's URL and CA) written.
+    let cdi_config = kubevirt_api::kinds::cdi_config::KIND.plural;
+    let cdi_config_status = format!("{cdi_config}/status");
     let mut rules = vec![
+        rule(
+            &[kubevirt_api::cdi::GROUP],
+            &[cdi_config],
+            &["get", "list", "watch", "create"],
+        ),
+        rule(
+            &[kubevirt_api::cdi::GROUP],
+            &[cdi_config_status.as_str()],
+            &["get", "update", "patch"],
+        ),
         rule(&["apiregistration.k8s.io"], &["apiservices"], ALL),
         rule(
             &["admissionregistration.k8s.io"],

@@ -530,6 +530,75 @@ struct Certs {
     next_due: Option<time::OffsetDateTime>,
 }
 
+/// Creates CDIConfig `config` if it is missing (its spec is the administrator's) and writes
+/// its status: the upload proxy's URL and the CA its certificate chains to.
+async fn cdi_config(client: &Client, ca: &str) -> Result<(), Error> {
+    let k = &kubevirt_api::kinds::cdi_config::KIND;
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &workload_resource(k));
+    let name = kubevirt_api::cdi::config::NAME;
+    if api.get_opt(name).await?.is_none() {
+        let obj = serde_json::json!({"apiVersion": k.api_version(), "kind": k.kind,
+            "metadata": {"name": name}, "spec": {}});
+        let obj: DynamicObject =
+            serde_json::from_value(obj).map_err(|e| Error::Other(e.to_string()))?;
+        match api.create(&kube::api::PostParams::default(), &obj).await {
+            Ok(_) => tracing::info!("created CDIConfig config"),
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let status = serde_json::json!({"apiVersion": k.api_version(), "kind": k.kind,
+        "metadata": {"name": name},
+        "status": {"uploadProxyURL": render::upload_proxy_url(), "uploadProxyCA": ca}});
+    api.patch_status(name, &pp(), &Patch::Apply(&status))
+        .await?;
+    Ok(())
+}
+
+/// Makes the Secret of the upload-token key once: random bytes every virt-apiserver
+/// replica signs and verifies upload tokens with. Never rewritten (a new key would void the
+/// tokens in flight); deleting the Secret makes a new key at the next reconcile.
+async fn upload_token_key(client: &Client) -> Result<(), Error> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+    if secrets
+        .get_opt(render::UPLOAD_TOKEN_SECRET)
+        .await?
+        .is_some()
+    {
+        return Ok(());
+    }
+    let key = kubevirt_api::cdi::upload::random_key_bytes()
+        .map_err(|_| Error::Other("no random bytes for the upload token key".into()))?;
+    let secret = Secret {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(render::UPLOAD_TOKEN_SECRET.into()),
+            namespace: Some(NAMESPACE.into()),
+            labels: Some(render::part_of_labels(render::UPLOAD_TOKEN_SECRET)),
+            ..Default::default()
+        },
+        data: Some(std::collections::BTreeMap::from([(
+            render::UPLOAD_TOKEN_KEY.to_string(),
+            k8s_openapi::ByteString(key.to_vec()),
+        )])),
+        ..Secret::default()
+    };
+    match secrets
+        .create(&kube::api::PostParams::default(), &secret)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(
+                secret = render::UPLOAD_TOKEN_SECRET,
+                "made the upload token key"
+            );
+            Ok(())
+        }
+        // Another operator replica made it first.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Reads each trust domain's CA Secret and leaf Secrets, decides and carries out its rotation
 /// step, and writes the CA Secrets (before any leaf signed by or bundle naming a new CA is
 /// written). `policy` is `None` with an invalid strategy: nothing existing is rotated.
@@ -1411,6 +1480,7 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
     };
     step("reading and renewing certificates");
     let certs = certificates(client, &etcd_hosts, policy.as_ref().ok(), now).await?;
+    upload_token_key(client).await?;
     let delay = policy
         .as_ref()
         .map(CertPolicy::propagation_delay)
@@ -1600,6 +1670,14 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
                 "common-instancetypes bundle reconciled"
             ),
             Err(e) => tracing::warn!(error = %e, "deploying the common-instancetypes bundle"),
+        }
+        // CDI's CDIConfig `config`: where virtctl image-upload finds the upload proxy. Not
+        // while a real CDI owns the group (its CDIConfig is CDI's).
+        if coexist.plan().datavolume_controller {
+            step("writing CDIConfig config");
+            if let Err(e) = cdi_config(client, &certs.bundle).await {
+                tracing::warn!(error = %e, "writing CDIConfig config");
+            }
         }
     }
     let etcd_pending =

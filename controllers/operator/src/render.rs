@@ -48,6 +48,16 @@ pub const TLS_SECRET: &str = "kubevirt-apiserver-tls";
 pub const AUTH_CONFIGMAP: &str = "kubevirt-apiserver-auth";
 pub use kubevirt_api::{GROUP, SUBRESOURCES_GROUP};
 const SERVING_PORT: i32 = 8443;
+/// CDI's upload proxy, served by virt-apiserver (`--upload-proxy-bind`).
+const UPLOAD_PROXY_PORT: i32 = 8444;
+/// The upload proxy's Service (CDI's name, so CDI's docs and habits apply).
+pub const UPLOAD_PROXY_SERVICE: &str = "cdi-uploadproxy";
+/// The Secret holding the key upload tokens are signed with: made once by virt-operator
+/// (reconcile.rs), the same in every virt-apiserver replica.
+pub const UPLOAD_TOKEN_SECRET: &str = "kubevirt-rs-upload-token";
+/// Its key in the Secret.
+pub const UPLOAD_TOKEN_KEY: &str = "key";
+const UPLOAD_TOKEN_DIR: &str = "/etc/virt-apiserver/upload-token";
 /// virt-apiserver's plain-HTTP `/metrics` (`--metrics-addr`), behind kubevirt-prometheus-metrics.
 const APISERVER_METRICS_PORT: i32 = 8188;
 const ETCD_METRICS_PORT: i32 = 2381;
@@ -88,14 +98,25 @@ pub struct Tls {
     pub key: String,
 }
 
-/// The DNS names kube-apiserver and in-cluster clients use for the Service.
+/// The DNS names kube-apiserver and in-cluster clients use for the Service, and those of
+/// the upload proxy's Service (the same certificate serves both ports).
 pub fn service_names() -> Vec<String> {
-    vec![
-        format!("{NAME}.{NAMESPACE}.svc"),
-        format!("{NAME}.{NAMESPACE}.svc.cluster.local"),
-        format!("{NAME}.{NAMESPACE}"),
-        NAME.to_string(),
-    ]
+    [NAME, UPLOAD_PROXY_SERVICE]
+        .into_iter()
+        .flat_map(|n| {
+            [
+                format!("{n}.{NAMESPACE}.svc"),
+                format!("{n}.{NAMESPACE}.svc.cluster.local"),
+                format!("{n}.{NAMESPACE}"),
+                n.to_string(),
+            ]
+        })
+        .collect()
+}
+
+/// The upload proxy's URL inside the cluster (what CDIConfig's status would name).
+pub fn upload_proxy_url() -> String {
+    format!("https://{UPLOAD_PROXY_SERVICE}.{NAMESPACE}.svc")
 }
 
 /// What differs between the committed manifest and a deploy.
@@ -482,6 +503,13 @@ fn user_roles() -> Vec<ClusterRole> {
         vec![clone_source_resource()],
         &["create"],
     ));
+    // Create-only kinds (CDI's UploadTokenRequest: a token to upload into a claim of the
+    // namespace) are for editors, as CDI's edit role has it.
+    edit_rules.extend(rules_by_group(
+        catalogue::all_kinds().filter(|k| k.create_only),
+        "",
+        &["create"],
+    ));
     let role = |name: &str, aggregate_to: &str, rules: Vec<PolicyRule>| {
         let mut m = meta(name, None);
         m.labels.get_or_insert_with(BTreeMap::new).insert(
@@ -622,6 +650,8 @@ fn deployment(p: &Params) -> Deployment {
                 format!("--requestheader-client-ca-file={AUTH_DIR}/requestheader-client-ca-file"),
                 // Endpoint removal reaches the aggregator before the listener closes.
                 "--shutdown-delay-seconds=3".into(),
+                format!("--upload-proxy-bind=0.0.0.0:{UPLOAD_PROXY_PORT}"),
+                format!("--upload-token-key-file={UPLOAD_TOKEN_DIR}/{UPLOAD_TOKEN_KEY}"),
             ]
             .into_iter()
             .chain(components::apiserver_handler_flags())
@@ -656,6 +686,11 @@ fn deployment(p: &Params) -> Deployment {
                 container_port: APISERVER_METRICS_PORT,
                 ..ContainerPort::default()
             },
+            ContainerPort {
+                name: Some("upload-proxy".into()),
+                container_port: UPLOAD_PROXY_PORT,
+                ..ContainerPort::default()
+            },
         ]),
         readiness_probe: Some(http_probe("/readyz", "https", "HTTPS", 2, 3)),
         liveness_probe: Some(liveness_probe("/livez", "https", "HTTPS")),
@@ -673,6 +708,12 @@ fn deployment(p: &Params) -> Deployment {
                 ..VolumeMount::default()
             },
             components::apiserver_handler_volume().1,
+            VolumeMount {
+                name: "upload-token".into(),
+                mount_path: UPLOAD_TOKEN_DIR.into(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
         ]),
         resources: Some(requests("50m", "64Mi")),
         security_context: Some(restricted()),
@@ -745,6 +786,15 @@ fn deployment(p: &Params) -> Deployment {
                             ..Volume::default()
                         },
                         components::apiserver_handler_volume().0,
+                        Volume {
+                            name: "upload-token".into(),
+                            secret: Some(SecretVolumeSource {
+                                secret_name: Some(UPLOAD_TOKEN_SECRET.into()),
+                                default_mode: Some(0o440),
+                                ..SecretVolumeSource::default()
+                            }),
+                            ..Volume::default()
+                        },
                     ]),
                     ..PodSpec::default()
                 }),
@@ -843,6 +893,35 @@ pub fn static_manifest(p: &Params) -> Result<String> {
     for r in user_roles() {
         push_doc(&mut out, &r)?;
     }
+    // Everyone may read CDIConfig `config` (virtctl image-upload reads the upload proxy's
+    // URL there), as CDI's config-reader role has it: a namespace's editor holds no
+    // cluster-scoped grant otherwise.
+    let reader = "kubevirt-rs:cdi-config-reader";
+    push_doc(
+        &mut out,
+        &ClusterRole {
+            metadata: meta(reader, None),
+            rules: Some(vec![rule(
+                kubevirt_api::cdi::GROUP,
+                resources([&kubevirt_api::kinds::cdi_config::KIND], ""),
+                &["get", "list", "watch"],
+            )]),
+            ..ClusterRole::default()
+        },
+    )?;
+    push_doc(
+        &mut out,
+        &ClusterRoleBinding {
+            metadata: meta(reader, None),
+            role_ref: role_ref("ClusterRole", reader),
+            subjects: Some(vec![Subject {
+                kind: "Group".into(),
+                name: "system:authenticated".into(),
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                namespace: None,
+            }]),
+        },
+    )?;
     components::apiserver_pod_reader(&mut out)?;
     let mut apiserver = deployment(p);
     if let Some(spec) = apiserver
@@ -872,6 +951,27 @@ pub fn static_manifest(p: &Params) -> Result<String> {
                     name: Some("https".into()),
                     port: 443,
                     target_port: Some(IntOrString::String("https".into())),
+                    ..ServicePort::default()
+                }]),
+                ..ServiceSpec::default()
+            }),
+            ..Service::default()
+        },
+    )?;
+    // CDI's upload proxy (virt-apiserver's second port), under CDI's Service name.
+    push_doc(
+        &mut out,
+        &Service {
+            metadata: meta(UPLOAD_PROXY_SERVICE, Some(NAMESPACE)),
+            spec: Some(ServiceSpec {
+                selector: Some(BTreeMap::from([(
+                    "app.kubernetes.io/name".to_string(),
+                    NAME.to_string(),
+                )])),
+                ports: Some(vec![ServicePort {
+                    name: Some("https".into()),
+                    port: 443,
+                    target_port: Some(IntOrString::String("upload-proxy".into())),
                     ..ServicePort::default()
                 }]),
                 ..ServiceSpec::default()
@@ -1111,6 +1211,10 @@ mod tests {
             if group == kubevirt_api::cdi::GROUP {
                 want.push("datavolumes/source create".to_string());
                 want.sort();
+            }
+            // …and ask for upload tokens for their claims (create only: nothing is stored).
+            if group == kubevirt_api::cdi::upload::GROUP {
+                want.push("uploadtokenrequests create".to_string());
             }
             for role in &roles[1..] {
                 assert_eq!(

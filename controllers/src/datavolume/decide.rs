@@ -30,6 +30,8 @@ pub const REASON_RESOURCE_EXISTS: &str = "ErrResourceExists";
 pub const REASON_POD_RUNNING: &str = "Pod is running";
 /// Running message once the import is done (CDI's).
 pub const MESSAGE_IMPORT_COMPLETE: &str = "Import Complete";
+/// Running message once the upload is done (CDI's).
+pub const MESSAGE_UPLOAD_COMPLETE: &str = "Upload Complete";
 /// Running message once the clone is done (CDI's).
 pub const MESSAGE_CLONE_COMPLETE: &str = "Clone Complete";
 
@@ -42,6 +44,8 @@ pub enum Source<'a> {
     Blank,
     /// A clone worker copies this claim of the DataVolume's namespace.
     Clone(&'a DataVolumeSourcePvc),
+    /// An upload server takes the image from the upload proxy (`virtctl image-upload`).
+    Upload,
     /// Not carried out by this slice; the string names it for the condition.
     Unsupported(String),
 }
@@ -65,6 +69,12 @@ pub fn source(dv: &DataVolume) -> Source<'_> {
     }
     if src.blank.is_some() {
         return Source::Blank;
+    }
+    if src.upload.is_some() {
+        if render::volume_mode(dv) == "Block" {
+            return Source::Unsupported("an upload into a Block-mode claim".into());
+        }
+        return Source::Upload;
     }
     if let Some(pvc) = &src.pvc {
         if render::volume_mode(dv) == "Block" {
@@ -153,7 +163,14 @@ pub fn importer(pod: Option<&Pod>) -> (Importer, Option<Failure>, i32) {
     let cs = status.container_statuses.unwrap_or_default();
     let c = cs
         .iter()
-        .find(|c| c.name == render::IMPORTER_CONTAINER || c.name == render::CLONE_CONTAINER)
+        .find(|c| {
+            [
+                render::IMPORTER_CONTAINER,
+                render::CLONE_CONTAINER,
+                render::UPLOAD_CONTAINER,
+            ]
+            .contains(&c.name.as_str())
+        })
         .or(cs.first());
     let restarts = c.map_or(0, |c| c.restart_count);
     let state = c.and_then(|c| c.state.clone()).unwrap_or_default();
@@ -218,6 +235,15 @@ pub fn importer(pod: Option<&Pod>) -> (Importer, Option<Failure>, i32) {
         return (Importer::Running, last, restarts);
     }
     (Importer::Scheduled, None, restarts)
+}
+
+/// The pod is Ready (an upload server: it accepts an upload).
+pub fn pod_ready(pod: Option<&Pod>) -> bool {
+    pod.and_then(|p| p.status.as_ref())
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
 /// The claim's `…storage.pod.phase` says the import is done.
@@ -427,6 +453,9 @@ pub struct Plan {
     pub mark_succeeded: bool,
     /// Delete this pod (name, uid): done, or failed as a pod.
     pub delete_pod: Option<(String, String)>,
+    /// Set the claim's `…storage.pod.ready` to this (an upload server's readiness, which
+    /// `virtctl image-upload pvc` waits for).
+    pub mark_ready: Option<bool>,
 }
 
 fn owned<'a>(
@@ -467,7 +496,7 @@ pub fn plan(dv: &DataVolume, o: &Observed<'_>) -> Plan {
         Source::Blank => {
             plan.mark_succeeded = claim_phase(claim) == "Bound" && !claim_succeeded(claim);
         }
-        Source::Http(_) | Source::Clone(_) => {
+        Source::Http(_) | Source::Clone(_) | Source::Upload => {
             let (state, ..) = importer(o.pod);
             if done(dv, claim) {
                 plan.mark_succeeded = !claim_succeeded(claim);
@@ -485,6 +514,13 @@ pub fn plan(dv: &DataVolume, o: &Observed<'_>) -> Plan {
             }
         }
         Source::Unsupported(_) => {}
+    }
+    if src == Source::Upload {
+        let ready = pod_ready(o.pod) && !done(dv, claim);
+        let noted = claim.annotations().get(ann::POD_READY).map(String::as_str);
+        if noted != Some(if ready { "true" } else { "false" }) {
+            plan.mark_ready = Some(ready);
+        }
     }
     // A pod already on its way out is not deleted again.
     if plan.delete_pod.as_ref().is_some_and(|_| {
@@ -594,6 +630,7 @@ pub fn derive_status(dv: &DataVolume, o: &Observed<'_>, now: Timestamp) -> DataV
     let immediate = dv.annotations().contains_key(ann::BIND_IMMEDIATE_REQUESTED);
     let blocked = blocked(dv, &src, o);
     let clone = matches!(src, Source::Clone(_));
+    let upload = src == Source::Upload;
 
     // Phase and the Running condition.
     let (phase_, running): (&str, (ConditionStatus, String, String)) = match (&src, claim) {
@@ -633,21 +670,34 @@ pub fn derive_status(dv: &DataVolume, o: &Observed<'_>, now: Timestamp) -> DataV
         },
         (Source::Blank, Some(c)) => {
             if claim_bound || claim_succeeded(c) {
-                (phase::SUCCEEDED, completed(false))
+                (phase::SUCCEEDED, completed(&src))
             } else if o.wait_for_first_consumer && !immediate {
                 (phase::WAIT_FOR_FIRST_CONSUMER, not_running())
             } else {
                 (phase::PENDING, not_running())
             }
         }
-        (Source::Http(_) | Source::Clone(_), Some(c)) => {
+        (Source::Http(_) | Source::Clone(_) | Source::Upload, Some(c)) => {
             let (scheduled, in_progress) = if clone {
                 (phase::CLONE_SCHEDULED, phase::CLONE_IN_PROGRESS)
+            } else if upload {
+                // CDI's: ready to take the upload, or not yet; a running server that
+                // is not ready (just started, or converting what it received) is
+                // scheduled.
+                let ready = pod_ready(o.pod);
+                (
+                    phase::UPLOAD_SCHEDULED,
+                    if ready {
+                        phase::UPLOAD_READY
+                    } else {
+                        phase::UPLOAD_SCHEDULED
+                    },
+                )
             } else {
                 (phase::IMPORT_SCHEDULED, phase::IMPORT_IN_PROGRESS)
             };
             if done(dv, c) || state == Importer::Succeeded {
-                (phase::SUCCEEDED, completed(clone))
+                (phase::SUCCEEDED, completed(&src))
             } else if let Some(f) = &failure {
                 (
                     if state == Importer::Scheduled {
@@ -688,9 +738,10 @@ pub fn derive_status(dv: &DataVolume, o: &Observed<'_>, now: Timestamp) -> DataV
     }
     let ready = match phase_ {
         phase::SUCCEEDED => (ConditionStatus::True, ""),
-        phase::IMPORT_SCHEDULED | phase::IMPORT_IN_PROGRESS => {
-            (ConditionStatus::False, phase::REASON_TRANSFER_RUNNING)
-        }
+        phase::IMPORT_SCHEDULED
+        | phase::IMPORT_IN_PROGRESS
+        | phase::UPLOAD_SCHEDULED
+        | phase::UPLOAD_READY => (ConditionStatus::False, phase::REASON_TRANSFER_RUNNING),
         // A clone waiting for its source has no transfer yet.
         phase::CLONE_SCHEDULED | phase::CLONE_IN_PROGRESS if o.pod.is_some() => {
             (ConditionStatus::False, phase::REASON_TRANSFER_RUNNING)
@@ -738,14 +789,14 @@ pub fn derive_status(dv: &DataVolume, o: &Observed<'_>, now: Timestamp) -> DataV
     }
 }
 
-fn completed(clone: bool) -> (ConditionStatus, String, String) {
+fn completed(src: &Source<'_>) -> (ConditionStatus, String, String) {
     (
         ConditionStatus::False,
         phase::REASON_COMPLETED.into(),
-        if clone {
-            MESSAGE_CLONE_COMPLETE
-        } else {
-            MESSAGE_IMPORT_COMPLETE
+        match src {
+            Source::Clone(_) => MESSAGE_CLONE_COMPLETE,
+            Source::Upload => MESSAGE_UPLOAD_COMPLETE,
+            _ => MESSAGE_IMPORT_COMPLETE,
         }
         .into(),
     )
@@ -766,6 +817,7 @@ pub fn events(dv: &DataVolume, new: &DataVolumeStatus) -> Vec<Note> {
     let mut out = Vec::new();
     let src = source(dv);
     let http = matches!(src, Source::Http(_));
+    let upload = src == Source::Upload;
     // CDI's notes name the source as `namespace/name`.
     let from = match &src {
         Source::Clone(pvc) => format!(
@@ -795,6 +847,15 @@ pub fn events(dv: &DataVolume, new: &DataVolumeStatus) -> Vec<Note> {
                 phase::WAIT_FOR_FIRST_CONSUMER => (
                     phase::WAIT_FOR_FIRST_CONSUMER,
                     format!("PVC {name} waits for its first consumer to bind"),
+                ),
+                phase::UPLOAD_SCHEDULED => (
+                    phase::UPLOAD_SCHEDULED,
+                    format!("Upload Scheduled for {name}"),
+                ),
+                phase::UPLOAD_READY => (phase::UPLOAD_READY, format!("Upload Ready for {name}")),
+                phase::SUCCEEDED if upload => (
+                    phase::REASON_UPLOAD_SUCCEEDED,
+                    format!("Successfully uploaded into PVC {name}"),
                 ),
                 phase::SUCCEEDED if http => (
                     phase::REASON_IMPORT_SUCCEEDED,

@@ -310,7 +310,6 @@ fn other_sources_stay_pending_naming_the_source() {
             json!({"registry": {"url": "docker://x"}}),
             "source registry",
         ),
-        (json!({"upload": {}}), "source upload"),
         (
             json!({"pvc": {"name": "a", "namespace": "other"}}),
             "a clone from another namespace (other)",
@@ -751,4 +750,97 @@ fn the_users_of_a_claim_are_the_unfinished_pods_that_may_write_it() {
     ];
     assert_eq!(claim_users(&pods, "golden"), ["ns/writer", "ns/starting"]);
     assert!(claim_users(&pods, "bronze").is_empty());
+}
+
+fn upload_pod(phase: &str, state: Value, ready: bool) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "cdi-upload-d", "namespace": "ns", "uid": "pod-uid"},
+        "status": {"phase": phase,
+            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+            "containerStatuses": [{
+            "name": "cdi-upload-server", "image": "i", "imageID": "", "ready": ready,
+            "restartCount": 0, "state": state, "lastState": {}}]}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn upload_runs_through_cdis_phases_and_marks_the_claim_ready_as_virtctl_polls() {
+    let d = dv(json!({"upload": {}}), None);
+    assert_eq!(source(&d), Source::Upload);
+    let bound = claim("Bound", "dv-uid", json!({}));
+    // No server yet: one is made.
+    let p = plan(&d, &observed(Some(&bound), None));
+    assert!(p.create_pod);
+    assert_eq!(p.mark_ready, Some(false));
+    let s = derive_status(&d, &observed(Some(&bound), None), NOW);
+    assert_eq!(s.phase.as_deref(), Some(phase::PVC_BOUND));
+
+    // Created, not ready: UploadScheduled.
+    let starting = upload_pod(
+        "Pending",
+        json!({"waiting": {"reason": "ContainerCreating"}}),
+        false,
+    );
+    let s = derive_status(&d, &observed(Some(&bound), Some(&starting)), NOW);
+    assert_eq!(s.phase.as_deref(), Some(phase::UPLOAD_SCHEDULED));
+    let running = upload_pod("Running", json!({"running": {}}), false);
+    let s = derive_status(&d, &observed(Some(&bound), Some(&running)), NOW);
+    assert_eq!(s.phase.as_deref(), Some(phase::UPLOAD_SCHEDULED));
+
+    // Ready: UploadReady, and the claim says so.
+    let ready = upload_pod("Running", json!({"running": {}}), true);
+    let s = derive_status(&d, &observed(Some(&bound), Some(&ready)), NOW);
+    assert_eq!(s.phase.as_deref(), Some(phase::UPLOAD_READY));
+    assert_eq!(cond(&s, phase::CONDITION_RUNNING).0, ConditionStatus::True);
+    let p = plan(&d, &observed(Some(&bound), Some(&ready)));
+    assert_eq!(p.mark_ready, Some(true));
+    assert!(!p.create_pod);
+    let marked = claim("Bound", "dv-uid", json!({ann::POD_READY: "true"}));
+    assert_eq!(
+        plan(&d, &observed(Some(&marked), Some(&ready))).mark_ready,
+        None
+    );
+
+    // The server exits 0 once an upload completed: Succeeded, claim marked, pod deleted.
+    let finished = upload_pod(
+        "Succeeded",
+        json!({"terminated": {"exitCode": 0, "reason": "Completed"}}),
+        false,
+    );
+    let p = plan(&d, &observed(Some(&marked), Some(&finished)));
+    assert!(p.mark_succeeded);
+    assert_eq!(p.mark_ready, Some(false));
+    assert_eq!(
+        p.delete_pod,
+        Some(("cdi-upload-d".into(), "pod-uid".into()))
+    );
+    let s = derive_status(&d, &observed(Some(&marked), Some(&finished)), NOW);
+    assert_eq!(s.phase.as_deref(), Some(phase::SUCCEEDED));
+    assert_eq!(
+        cond(&s, phase::CONDITION_RUNNING).2,
+        MESSAGE_UPLOAD_COMPLETE
+    );
+    let notes = events(&d, &s);
+    assert!(
+        notes.iter().any(|n| n.1 == phase::REASON_UPLOAD_SUCCEEDED),
+        "{notes:?}"
+    );
+
+    // Populated: never a second server.
+    let populated = claim(
+        "Bound",
+        "dv-uid",
+        json!({ann::POD_PHASE: "Succeeded", ann::POD_READY: "false"}),
+    );
+    let p = plan(&d, &observed(Some(&populated), None));
+    assert!(!p.create_pod);
+    assert_eq!(p.mark_ready, None);
+}
+
+#[test]
+fn an_upload_into_a_block_claim_is_not_carried_out() {
+    let mut d = dv(json!({"upload": {}}), None);
+    d.spec.storage.as_mut().unwrap().volume_mode = Some("Block".into());
+    assert!(matches!(source(&d), Source::Unsupported(_)));
 }

@@ -235,6 +235,24 @@ pub async fn reconcile(
             }
         }
     }
+    if let Some(ready) = plan.mark_ready {
+        // What `virtctl image-upload pvc` polls before it sends the image.
+        let value = if ready { "true" } else { "false" };
+        let patch = json!({"metadata": {"annotations": {ann::POD_READY: value}}});
+        match claims
+            .patch(&name, &patch_params(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(c) => claim = Some(c),
+            Err(e) if code(&e) == Some(404) => {}
+            Err(source) => {
+                return Err(ReconcileError::Write {
+                    what: "annotating the claim's upload server ready",
+                    source,
+                });
+            }
+        }
+    }
     if let Some((pod_name, pod_uid)) = &plan.delete_pod {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
@@ -260,7 +278,7 @@ pub async fn reconcile(
         }
     }
     let src = decide::source(&dv);
-    if plan.create_pod && matches!(src, Source::Http(_) | Source::Clone(_)) {
+    if plan.create_pod && matches!(src, Source::Http(_) | Source::Clone(_) | Source::Upload) {
         // Fresh: a populated claim whose importer is gone must not be imported into again.
         let fresh = claims
             .get_opt(&name)
@@ -276,6 +294,7 @@ pub async fn reconcile(
                 let desired = match &src {
                     Source::Clone(from) => render::clone_pod(&dv, from, &c, &state.importer),
                     Source::Http(http) => render::importer_pod(&dv, http, &c, &state.importer),
+                    Source::Upload => render::upload_pod(&dv, &c, &state.importer),
                     // No worker is ever planned for these (decide::plan).
                     Source::Blank | Source::Unsupported(_) => {
                         Err(render::RenderError::NoClaimSpec(name.clone()))

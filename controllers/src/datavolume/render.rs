@@ -6,14 +6,15 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
-    ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod,
+    PodSecurityContext, PodSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use kubevirt_api::cdi::annotations as ann;
 use kubevirt_api::cdi::{DataVolume, DataVolumeSourceHttp, DataVolumeSourcePvc};
@@ -39,6 +40,16 @@ pub const WORKER_LABEL: &str = "cdi.kubevirt.io";
 pub const WORKER_IMPORTER: &str = "importer";
 /// Value of [`WORKER_LABEL`] on clone worker pods.
 pub const WORKER_CLONE: &str = "cdi-clone";
+/// The upload server's container name (CDI's).
+pub const UPLOAD_CONTAINER: &str = "cdi-upload-server";
+/// Value of [`WORKER_LABEL`] on upload server pods (CDI's).
+pub const WORKER_UPLOAD: &str = "cdi-upload-server";
+/// Name of the upload server's container port; the upload proxy sends to it.
+pub const UPLOAD_PORT_NAME: &str = "upload";
+/// The port the upload server listens on (plain HTTP inside the pod network).
+pub const UPLOAD_PORT: i32 = 8080;
+/// Its readiness path: ready means it accepts an upload (`UploadReady`).
+pub const UPLOAD_HEALTHZ: &str = "/healthz";
 /// [`ann::CLONE_TYPE`] of a clone a worker pod copies (CDI's host-assisted clone).
 pub const CLONE_TYPE_COPY: &str = "copy";
 /// Where a source's Secret (basic-auth credentials) is mounted.
@@ -295,6 +306,11 @@ pub fn claim(
         if let Some(c) = &http.checksum {
             annotations.insert(ann::IMPORT_CHECKSUM.into(), c.clone());
         }
+    } else if source.is_some_and(|s| s.upload.is_some()) {
+        // CDI's mark of a claim filled by an upload (virtctl's `pvc` mode sets it itself),
+        // and where its server is: the upload proxy reads both.
+        annotations.insert(ann::UPLOAD_TARGET.into(), String::new());
+        annotations.insert(ann::UPLOAD_POD.into(), upload_pod_name(&name));
     } else if source.is_some_and(|s| s.blank.is_some()) {
         annotations.insert(ann::IMPORT_SOURCE.into(), ann::source::NONE.into());
     } else if let Some((src_ns, pvc)) = clone_source(dv) {
@@ -469,15 +485,93 @@ pub fn clone_pod_name(claim: &str) -> String {
     bounded_name(&format!("cdi-clone-{claim}"))
 }
 
-/// The worker pod name of `dv`'s claim: its clone worker for a `pvc` source, else its
-/// importer.
+/// CDI's upload server name, `cdi-upload-<claim>` (cut with a hash as
+/// [`importer_pod_name`]).
+pub fn upload_pod_name(claim: &str) -> String {
+    bounded_name(&format!("cdi-upload-{claim}"))
+}
+
+/// The worker pod name of `dv`'s claim: its clone worker for a `pvc` source, its upload
+/// server for an `upload` source, else its importer.
 pub fn worker_pod_name(dv: &DataVolume) -> String {
     let claim = dv.name_any();
     if clone_source(dv).is_some() {
         clone_pod_name(&claim)
+    } else if dv.spec.source.as_ref().is_some_and(|s| s.upload.is_some()) {
+        upload_pod_name(&claim)
     } else {
         importer_pod_name(&claim)
     }
+}
+
+/// The upload server of `dv`: `virt-importer upload-server` with the claim at [`DATA_DIR`],
+/// listening on [`UPLOAD_PORT`], ready once it accepts an upload. The same unprivileged
+/// shape as the importer and no credentials: the proxy checks the user's token, and the
+/// server only takes bytes into its claim. The claim names the pod ([`ann::UPLOAD_POD`]),
+/// so the proxy finds it.
+pub fn upload_pod(
+    dv: &DataVolume,
+    pvc: &PersistentVolumeClaim,
+    cfg: &ImporterConfig,
+) -> Result<Pod, RenderError> {
+    let claim_name = pvc.name_any();
+    let size = claims::Claim::from_pvc(pvc)
+        .disk_img_size()
+        .ok_or_else(|| RenderError::TooSmall(claim_name.clone()))?;
+    let args = vec![
+        "upload-server".to_string(),
+        "--listen".into(),
+        format!("0.0.0.0:{UPLOAD_PORT}"),
+        "--target".into(),
+        DATA_DIR.into(),
+        "--size".into(),
+        size.to_string(),
+        "--termination-log".into(),
+        TERMINATION_LOG.into(),
+    ];
+    let volumes = vec![Volume {
+        name: "data".into(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: claim_name.clone(),
+            read_only: None,
+        }),
+        ..Volume::default()
+    }];
+    let mounts = vec![VolumeMount {
+        name: "data".into(),
+        mount_path: DATA_DIR.into(),
+        ..VolumeMount::default()
+    }];
+    let mut pod = worker_pod(
+        dv,
+        Worker {
+            name: upload_pod_name(&claim_name),
+            kind: WORKER_UPLOAD,
+            container: UPLOAD_CONTAINER,
+            args,
+            volumes,
+            mounts,
+        },
+        cfg,
+    )?;
+    if let Some(c) = pod.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+        c.ports = Some(vec![ContainerPort {
+            name: Some(UPLOAD_PORT_NAME.into()),
+            container_port: UPLOAD_PORT,
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        }]);
+        c.readiness_probe = Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some(UPLOAD_HEALTHZ.into()),
+                port: IntOrString::Int(UPLOAD_PORT),
+                ..HTTPGetAction::default()
+            }),
+            period_seconds: Some(2),
+            ..Probe::default()
+        });
+    }
+    Ok(pod)
 }
 
 /// The clone worker of `dv`: one pod mounting the claim `source` (same namespace) read-only
@@ -783,6 +877,50 @@ mod tests {
         assert!(n.starts_with("importer-aaaa"));
         assert_eq!(n, importer_pod_name(&long));
         assert_ne!(n, importer_pod_name(&"a".repeat(61)));
+    }
+
+    #[test]
+    fn the_upload_server_is_unprivileged_labelled_with_its_claim_and_probed() {
+        let d = dv(json!({
+            "source": {"upload": {}},
+            "storage": {"resources": {"requests": {"storage": "1Gi"}}}
+        }));
+        let c = claim(&d, &[], None).unwrap();
+        assert_eq!(c.annotations()[ann::UPLOAD_TARGET], "");
+        assert_eq!(worker_pod_name(&d), "cdi-upload-disk");
+        let cfg = ImporterConfig {
+            image: "img".into(),
+            image_pull_policy: None,
+        };
+        let p = upload_pod(&d, &c, &cfg).unwrap();
+        assert_eq!(p.name_any(), "cdi-upload-disk");
+        assert_eq!(c.annotations()[ann::UPLOAD_POD], "cdi-upload-disk");
+        assert_eq!(p.labels()[WORKER_LABEL], WORKER_UPLOAD);
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let ctr = &spec.containers[0];
+        assert_eq!(ctr.name, UPLOAD_CONTAINER);
+        assert_eq!(
+            ctr.args.as_ref().unwrap().join(" "),
+            "upload-server --listen 0.0.0.0:8080 --target /data --size 1073741824 \
+             --termination-log /dev/termination-log"
+        );
+        let probe = ctr
+            .readiness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap();
+        assert_eq!(probe.path.as_deref(), Some("/healthz"));
+        assert_eq!(probe.port, IntOrString::Int(8080));
+        assert_eq!(
+            ctr.security_context
+                .as_ref()
+                .unwrap()
+                .allow_privilege_escalation,
+            Some(false)
+        );
     }
 
     #[test]

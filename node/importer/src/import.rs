@@ -83,22 +83,32 @@ pub const SPOOL_PREFIX: &str = ".virt-importer-spool-";
 /// Runs one import. On failure nothing is left in a Filesystem target but what was there
 /// before (a previous `disk.img` stays until a new one replaces it).
 pub async fn import(cfg: &Config, progress: &mut Progress) -> Result<Outcome, ImportError> {
-    let target = Target::resolve(&cfg.target, cfg.size)?;
-    target.clean_leftovers()?;
-    let scratch = match (&cfg.scratch, &target) {
-        (Some(s), _) => Some(s.clone()),
-        (None, Target::Filesystem { dir, .. }) => Some(dir.clone()),
-        (None, Target::Block { .. }) => None,
-    };
-    if let Some(s) = &scratch {
-        clean_spools(s);
-    }
+    let (target, scratch) = prepare(&cfg.target, cfg.size, cfg.scratch.as_deref())?;
     let result = run(cfg, &target, scratch.as_deref(), progress).await;
     if result.is_err() {
         target.abandon();
     }
     progress.finish(result.is_ok());
     result
+}
+
+/// Resolves the target and the scratch directory and removes what killed attempts left.
+pub fn prepare(
+    target: &Path,
+    size: Option<u64>,
+    scratch: Option<&Path>,
+) -> Result<(Target, Option<PathBuf>), ImportError> {
+    let target = Target::resolve(target, size)?;
+    target.clean_leftovers()?;
+    let scratch = match (scratch, &target) {
+        (Some(s), _) => Some(s.to_path_buf()),
+        (None, Target::Filesystem { dir, .. }) => Some(dir.clone()),
+        (None, Target::Block { .. }) => None,
+    };
+    if let Some(s) = &scratch {
+        clean_spools(s);
+    }
+    Ok((target, scratch))
 }
 
 fn clean_spools(dir: &Path) {
@@ -159,30 +169,65 @@ async fn run(
         req = req.basic_auth(user, Some(password));
     }
     tracing::info!(url = %shown, target = %cfg.target.display(), size = target.size(), "importing");
-    let mut resp = req
+    let resp = req
         .send()
         .await
         .map_err(|e| http::connection_error(&shown, &e))?;
     http::check_status(&shown, resp.status())?;
-    let total = resp.content_length();
+    let source = Source {
+        name: shown.clone(),
+        total: resp.content_length(),
+        checksum: cfg.checksum.as_ref(),
+        qemu_img: &cfg.qemu_img,
+    };
+    // Boxed: the stream's type is hidden, and ingest needs it Unpin.
+    let chunks = Box::pin(resp.bytes_stream());
+    ingest(&source, target, scratch, chunks, progress, |received, e| {
+        let of = source.total.map(|t| format!(" of {t}")).unwrap_or_default();
+        let mut err = http::connection_error(&shown, &e);
+        if let ImportError::Connection { detail, .. } = &mut err {
+            *detail = format!("the transfer broke after {received}{of} bytes: {detail}");
+        }
+        err
+    })
+    .await
+}
+
+/// Where a stream of image bytes comes from, for [`ingest`].
+#[derive(Debug)]
+pub struct Source<'a> {
+    /// How the source is named in messages (a URL with its password redacted, "the upload").
+    pub name: String,
+    /// Its length, when announced (Content-Length).
+    pub total: Option<u64>,
+    pub checksum: Option<&'a Checksum>,
+    pub qemu_img: &'a Path,
+}
+
+/// Writes a stream of image bytes into `target`: shared by `import` (an HTTP download) and
+/// `upload-server` (a request body), so both sniff, unpack, convert and commit the same
+/// way. The target gets `disk.img` only when everything arrived and converted; the caller
+/// abandons the target on error.
+pub async fn ingest<S, E>(
+    source: &Source<'_>,
+    target: &Target,
+    scratch: Option<&Path>,
+    mut chunks: S,
+    progress: &mut Progress,
+    broken: impl Fn(u64, E) -> ImportError,
+) -> Result<Outcome, ImportError>
+where
+    S: futures::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+{
+    use futures::StreamExt;
+    let total = source.total;
     progress.set_total(total);
-    let mut hasher = cfg.checksum.as_ref().map(|c| Hasher::new(c.algorithm));
+    let mut hasher = source.checksum.map(|c| Hasher::new(c.algorithm));
     let mut pipe = Pipeline::new(target, scratch, total);
     let mut announced = false;
     let mut received = 0u64;
-    loop {
-        let chunk = match resp.chunk().await {
-            Ok(Some(c)) => c,
-            Ok(None) => break,
-            Err(e) => {
-                let of = total.map(|t| format!(" of {t}")).unwrap_or_default();
-                let mut err = http::connection_error(&shown, &e);
-                if let ImportError::Connection { detail, .. } = &mut err {
-                    *detail = format!("the transfer broke after {received}{of} bytes: {detail}");
-                }
-                return Err(err);
-            }
-        };
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| broken(received, e))?;
         received += chunk.len() as u64;
         if let Some(h) = &mut hasher {
             h.update(&chunk);
@@ -199,7 +244,7 @@ async fn run(
     if !announced {
         progress.set_format(sink.format().name(), sink.format().needs_conversion());
     }
-    let checksum = match (&cfg.checksum, hasher) {
+    let checksum = match (source.checksum, hasher) {
         (Some(want), Some(h)) => {
             let got = h.finish();
             if got != want.hex {
@@ -239,7 +284,7 @@ async fn run(
                 .finish()?
                 .set_len(len)
                 .map_err(ImportError::write(&*path))?;
-            let info = convert::info(&cfg.qemu_img, &path).await?;
+            let info = convert::info(source.qemu_img, &path).await?;
             convert::check_info(&info, format, &path, usable)?;
             let file = target.open()?;
             let dst = target.write_path();
@@ -248,7 +293,7 @@ async fn run(
                 direct: convert::opens_direct(&dst),
             };
             progress.converting(0.0);
-            convert::convert(&cfg.qemu_img, &path, format, &dst, how, |f| {
+            convert::convert(source.qemu_img, &path, format, &dst, how, |f| {
                 progress.converting(f)
             })
             .await?;
@@ -263,7 +308,7 @@ async fn run(
         Target::Block { path, .. } => path.clone(),
     };
     Ok(Outcome {
-        url: shown,
+        url: source.name.clone(),
         written,
         format,
         compression,

@@ -3,6 +3,8 @@
 //! HTTP(S) source: checksum, format sniff, gzip/xz unpacked in-stream, raw written sparse,
 //! other formats converted by qemu-img; the result a typed termination message. `clone`
 //! copies one claim's disk into another (a DataVolume's `pvc` source), sparse, the same way.
+//! `upload-server` takes the image as an HTTP request body (`virtctl image-upload` through
+//! the upload proxy) into the same pipeline as `import`.
 
 pub mod checksum;
 pub mod clone;
@@ -14,6 +16,7 @@ pub mod result;
 pub mod sniff;
 pub mod target;
 pub mod units;
+pub mod upload;
 
 pub use clone::{CloneConfig, CloneOutcome, clone};
 pub use import::{Config, Outcome, import};

@@ -21,6 +21,39 @@ enum Command {
     Import(ImportArgs),
     /// Copies a claim's disk into another claim (a DataVolume's `pvc` source).
     Clone(CloneArgs),
+    /// Accepts one disk image as an HTTP request body (through the upload proxy) into a
+    /// claim: a DataVolume's `upload` source.
+    UploadServer(UploadArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct UploadArgs {
+    /// Address to listen on (plain HTTP inside the pod network; the proxy terminates TLS).
+    #[arg(long, env = "VIRT_IMPORTER_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: std::net::SocketAddr,
+    /// A Filesystem claim's mount directory (the disk becomes DIR/disk.img) or a block
+    /// device.
+    #[arg(long, env = "VIRT_IMPORTER_TARGET")]
+    target: PathBuf,
+    /// Usable bytes of the target (bytes or a quantity, e.g. 64Mi): the size of disk.img.
+    #[arg(long, env = "VIRT_IMPORTER_SIZE", value_parser = virt_importer::units::parse_size)]
+    size: Option<u64>,
+    /// Directory to spool images qemu-img converts. Default: the target's directory.
+    #[arg(long, env = "VIRT_IMPORTER_SCRATCH")]
+    scratch: Option<PathBuf>,
+    /// Where the result goes: one JSON line {"reason", "message"}.
+    #[arg(
+        long,
+        env = "VIRT_IMPORTER_TERMINATION_LOG",
+        default_value = "/dev/termination-log"
+    )]
+    termination_log: PathBuf,
+    /// JSON progress, rewritten as the upload goes.
+    #[arg(long, env = "VIRT_IMPORTER_PROGRESS_FILE")]
+    progress_file: Option<PathBuf>,
+    /// The qemu-img to run.
+    #[arg(long, env = "VIRT_IMPORTER_QEMU_IMG", default_value = "qemu-img")]
+    qemu_img: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -127,6 +160,7 @@ fn main() -> anyhow::Result<()> {
     match args.command {
         Command::Import(a) => run_import(a),
         Command::Clone(a) => run_clone(a),
+        Command::UploadServer(a) => run_upload(a),
     }
 }
 
@@ -156,6 +190,30 @@ fn run_import(a: ImportArgs) -> anyhow::Result<()> {
         .block_on(virt_importer::import(&cfg, &mut progress))
         .map(|outcome| outcome.message());
     finish(&a.termination_log, "import", result)
+}
+
+fn run_upload(a: UploadArgs) -> anyhow::Result<()> {
+    let cfg = virt_importer::upload::UploadConfig {
+        target: a.target,
+        size: a.size,
+        scratch: a.scratch,
+        progress_file: a.progress_file,
+        qemu_img: a.qemu_img,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let result = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(a.listen)
+            .await
+            .map_err(|e| ImportError::InvalidArgument(format!("listening on {}: {e}", a.listen)))?;
+        virt_importer::upload::serve(cfg, listener).await
+    });
+    finish(
+        &a.termination_log,
+        "upload",
+        result.map(|outcome| outcome.message()),
+    )
 }
 
 /// A clone is plain file I/O: run on this thread, no async runtime.

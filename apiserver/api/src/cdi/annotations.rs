@@ -34,6 +34,8 @@ pub const CLONE_REQUEST: &str = "k8s.io/CloneRequest";
 pub const CLONE_TYPE: &str = "cdi.kubevirt.io/cloneType";
 /// Claim: make it an upload target (its presence starts an upload server pod).
 pub const UPLOAD_TARGET: &str = "cdi.kubevirt.io/storage.upload.target";
+/// A claim's upload server pod (CDI's): where the upload proxy sends the claim's upload.
+pub const UPLOAD_POD: &str = "cdi.kubevirt.io/storage.uploadPodName";
 /// Claim: `kubevirt` (a disk image) or `archive`.
 pub const CONTENT_TYPE: &str = "cdi.kubevirt.io/storage.contentType";
 /// Claim and DataVolume: bind at once instead of waiting for a first consumer (presence

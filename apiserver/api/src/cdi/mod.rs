@@ -8,8 +8,10 @@
 
 pub mod annotations;
 pub mod clone;
+pub mod config;
 pub mod datavolume;
 pub mod phase;
+pub mod upload;
 pub mod validation;
 
 pub use datavolume::{

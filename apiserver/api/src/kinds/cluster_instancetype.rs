@@ -23,6 +23,7 @@ pub const KIND: Kind = Kind {
     namespaced: false,
     has_status: false,
     has_scale: false,
+    create_only: false,
     columns: &[AGE],
     description: "VirtualMachineClusterInstancetype is a cluster scoped version of VirtualMachineInstancetype resource.",
 };

@@ -18,6 +18,7 @@ pub const KIND: Kind = Kind {
     namespaced: false,
     has_status: false,
     has_scale: false,
+    create_only: false,
     columns: &[AGE],
     description: "VirtualMachineClusterPreference is a cluster scoped version of the VirtualMachinePreference resource.",
 };

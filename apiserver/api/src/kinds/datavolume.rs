@@ -23,6 +23,7 @@ pub const KIND: Kind = Kind {
     namespaced: true,
     has_status: true,
     has_scale: false,
+    create_only: false,
     // CDI's printer columns, in its order: AGE last.
     columns: &[
         column("Phase", "The phase the data volume is in", 0),

@@ -20,6 +20,7 @@ pub const KIND: Kind = Kind {
     namespaced: true,
     has_status: false,
     has_scale: false,
+    create_only: false,
     columns: &[AGE],
     description: "VirtualMachineInstancetype resource contains quantitative and resource related VirtualMachine configuration that can be used by multiple VirtualMachine resources.",
 };

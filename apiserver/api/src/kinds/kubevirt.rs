@@ -17,6 +17,7 @@ pub const KIND: Kind = Kind {
     namespaced: true,
     has_status: true,
     has_scale: false,
+    create_only: false,
     columns: &[],
     description: "KubeVirt represents the object deploying all kubevirt-rs components (stored by kube-apiserver as kubevirt.io/v1alpha3, served here at kubevirt.io/v1).",
 };

@@ -18,6 +18,7 @@ use crate::catalogue::{Kind, Subresource};
 use crate::policy::{Actor, FeatureGates};
 use crate::validation::FieldError;
 
+pub mod cdi_config;
 pub mod cluster_instancetype;
 pub mod cluster_preference;
 pub mod datavolume;
@@ -26,6 +27,7 @@ pub mod kubevirt;
 pub mod pool;
 pub mod preference;
 pub mod replicaset;
+pub mod upload_token;
 pub mod vm;
 pub mod vmi;
 pub mod vmim;
@@ -42,8 +44,10 @@ pub static ALL: &[&KindStrategy] = &[
     &preference::STRATEGY,
     &cluster_preference::STRATEGY,
     &datavolume::STRATEGY,
+    &cdi_config::STRATEGY,
     &replicaset::STRATEGY,
     &pool::STRATEGY,
+    &upload_token::STRATEGY,
 ];
 
 /// Decodes a JSON object through the typed struct: the pruned JSON and the paths of unknown
@@ -195,6 +199,17 @@ impl KindStrategy {
     /// The stored kind served at `group`/`version` as `plural`.
     pub fn by_resource(group: &str, version: &str, plural: &str) -> Option<&'static KindStrategy> {
         Self::stored().find(|s| s.group == group && s.version == version && s.plural == plural)
+    }
+
+    /// The create-only kind ([`Kind::create_only`]) served at `group`/`version` as `plural`.
+    pub fn create_only_kind(
+        group: &str,
+        version: &str,
+        plural: &str,
+    ) -> Option<&'static KindStrategy> {
+        ALL.iter().copied().find(|s| {
+            s.create_only && s.group == group && s.version == version && s.plural == plural
+        })
     }
 
     /// The strategy of kind `kind` (stored or not).

@@ -22,6 +22,7 @@ pub const KIND: Kind = Kind {
     namespaced: true,
     has_status: true,
     has_scale: true,
+    create_only: false,
     // KubeVirt's printer columns.
     columns: &[
         count("Desired", "Number of desired VirtualMachines"),

@@ -23,6 +23,7 @@ pub const KIND: Kind = Kind {
     namespaced: true,
     has_status: false,
     has_scale: false,
+    create_only: false,
     columns: &[AGE],
     description: "VirtualMachinePreference resource contains optional preferences related to the VirtualMachine.",
 };

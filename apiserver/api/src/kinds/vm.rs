@@ -30,6 +30,7 @@ pub const KIND: Kind = Kind {
     namespaced: true,
     has_status: true,
     has_scale: false,
+    create_only: false,
     columns: &[
         AGE,
         column("Status", "Human Readable Status", 0),

@@ -23,6 +23,7 @@ pub const KIND: Kind = Kind {
     namespaced: true,
     has_status: true,
     has_scale: false,
+    create_only: false,
     columns: &[
         AGE,
         column("Phase", "Phase of the instance", 0),

@@ -24,6 +24,7 @@ pub const KIND: Kind = Kind {
     namespaced: true,
     has_status: true,
     has_scale: false,
+    create_only: false,
     columns: &[
         column("Phase", "Phase of the migration", 0),
         column("VMI", "Name of the migrated instance", 0),
