@@ -553,6 +553,18 @@ pub fn derive_status(
         status.phase_transition_timestamps = Some(stamps);
     }
     status.conditions = (!conditions.is_empty()).then_some(conditions);
+    // The topology the guest boots with (KubeVirt's VMI defaulting sets it at creation):
+    // a CPU hotplug later changes the spec first and this once the guest has the vCPUs.
+    if status.current_cpu_topology.is_none()
+        && !status.phase.is_final()
+        && let Some(cpu) = vmi.spec.domain.cpu.as_ref()
+    {
+        status.current_cpu_topology = Some(kubevirt_api::vmi::CpuTopology {
+            cores: Some(cpu.cores.unwrap_or(1)),
+            sockets: Some(cpu.sockets.unwrap_or(1)),
+            threads: Some(cpu.threads.unwrap_or(1)),
+        });
+    }
     // A pod's node is recorded once it is launched, which is when the VMI turns
     // Scheduled anyway: recording it at binding, a moment earlier, cost every start
     // a status write of its own. Once recorded it stays.
