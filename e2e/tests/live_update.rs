@@ -1,10 +1,12 @@
 //! Changing a running VM on the two-node local cluster (issue 44): a change that cannot
 //! reach the guest live sets the VM's `RestartRequired`, naming the field, until a restart
 //! clears it; under `vmRolloutStrategy: LiveUpdate` a node selector removed from a running
-//! VM reaches its VMI, so a migration's target pod may go to the other node.
+//! VM reaches its VMI, so a migration's target pod may go to the other node, and CPU
+//! sockets raised on a running VM reach its guest through a migration, without a reboot.
 //!
-//! The LiveUpdate test switches the cluster's KubeVirt resource to `LiveUpdate` (a
-//! virt-controller rollout) and back at its end; run this binary alone:
+//! The LiveUpdate tests switch the cluster's KubeVirt resource to `LiveUpdate` with the
+//! workload updater's `LiveMigrate` (a virt-controller rollout) and back at their end; run
+//! this binary alone:
 //! `cargo test -p e2e --test live_update -- --ignored --test-threads=1`.
 
 // The helpers below serve only these tests: a failure is a test failure.
@@ -38,7 +40,10 @@ fn patch_vm(ns: &Ns<'_>, vm: &str, patch: &str) {
         .expect("patch the VM");
 }
 
-fn set_rollout_strategy(c: &Cluster, strategy: Option<&str>) {
+/// Sets `vmRolloutStrategy` (None: KubeVirt's default) and, with LiveUpdate, the workload
+/// updater's LiveMigrate method, which KubeVirt's CPU hotplug rides on (the migration to a
+/// launcher pod of the new size); `workloadUpdateStrategy` goes back to what it was.
+fn set_rollout_strategy(c: &Cluster, strategy: Option<&str>, workload_update: &str) {
     let value = strategy.map_or_else(|| "null".to_string(), |s| format!("\"{s}\""));
     c.kubectl(&[
         "-n",
@@ -48,9 +53,49 @@ fn set_rollout_strategy(c: &Cluster, strategy: Option<&str>) {
         "kubevirt",
         "--type=merge",
         "-p",
-        &format!(r#"{{"spec":{{"configuration":{{"vmRolloutStrategy":{value}}}}}}}"#),
+        &format!(
+            r#"{{"spec":{{"configuration":{{"vmRolloutStrategy":{value}}},"workloadUpdateStrategy":{workload_update}}}}}"#
+        ),
     ])
     .expect("patch spec.configuration.vmRolloutStrategy");
+}
+
+/// The KubeVirt resource's `workloadUpdateStrategy` as JSON (`null` when unset).
+fn workload_update_strategy(c: &Cluster) -> String {
+    let out = c
+        .kubectl(&[
+            "-n",
+            "kubevirt",
+            "get",
+            "kubevirt",
+            "kubevirt",
+            "-o",
+            "jsonpath={.spec.workloadUpdateStrategy}",
+        ])
+        .expect("the KubeVirt resource");
+    if out.trim().is_empty() {
+        "null".to_string()
+    } else {
+        out.trim().to_string()
+    }
+}
+
+/// Switches the cluster to LiveUpdate (with LiveMigrate workload updates) until dropped.
+fn live_update(c: &Cluster) -> StageAgain<'_> {
+    let before = workload_update_strategy(c);
+    let guard = StageAgain(c, before);
+    set_rollout_strategy(
+        c,
+        Some("LiveUpdate"),
+        r#"{"workloadUpdateMethods":["LiveMigrate"]}"#,
+    );
+    c.eventually(
+        "virt-controller rolled out with --vm-rollout-strategy=LiveUpdate",
+        ROLLOUT,
+        || Ok(controller_rolled_out(c, true)),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    guard
 }
 
 /// Whether virt-controller runs with `--vm-rollout-strategy=LiveUpdate` (or without the
@@ -77,12 +122,13 @@ fn controller_rolled_out(c: &Cluster, live: bool) -> bool {
         && n.iter().all(|x| *x == n[0])
 }
 
-/// Puts the cluster back on KubeVirt's default rollout strategy.
-struct StageAgain<'a>(&'a Cluster);
+/// Puts the cluster back on KubeVirt's default rollout strategy and the workload update
+/// strategy it had.
+struct StageAgain<'a>(&'a Cluster, String);
 
 impl Drop for StageAgain<'_> {
     fn drop(&mut self) {
-        set_rollout_strategy(self.0, None);
+        set_rollout_strategy(self.0, None, &self.1);
         if let Err(e) = self.0.eventually(
             "virt-controller back on the Stage rollout strategy",
             ROLLOUT,
@@ -157,14 +203,7 @@ fn a_non_live_change_says_restart_required_until_a_restart() {
 #[ignore = "needs root and a two-node cluster: cargo test -p e2e --test live_update -- --ignored"]
 fn a_node_selector_removed_live_reaches_the_vmi_and_the_vm_can_move() {
     let c = cluster();
-    let _stage = StageAgain(c);
-    set_rollout_strategy(c, Some("LiveUpdate"));
-    c.eventually(
-        "virt-controller rolled out with --vm-rollout-strategy=LiveUpdate",
-        ROLLOUT,
-        || Ok(controller_rolled_out(c, true)),
-    )
-    .unwrap_or_else(|e| panic!("{e:#}"));
+    let _stage = live_update(c);
 
     let ns = Ns::new(c, "liveplace");
     let nodes = c
@@ -208,4 +247,104 @@ fn a_node_selector_removed_live_reaches_the_vmi_and_the_vm_can_move() {
     ns.wait_migration_success("pinned", MIGRATE);
     assert_ne!(ns.node_of("pinned"), pinned, "the VM did not move");
     assert_eq!(ns.vmi_uid("pinned"), uid);
+}
+
+/// The guest's online CPUs, read through the console (the test guest has no udev to online
+/// hotplugged CPUs, so the test onlines every present one first, as a distribution's udev
+/// rule does).
+fn guest_cpus(console: &common::Console, ns: &Ns<'_>, vm: &str) -> u32 {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let tag = format!(
+        "cpus{}=",
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let mut got = None;
+    ns.wait(vm, "the guest's CPU count", Duration::from_secs(60), || {
+        console.line(&format!(
+            "for c in /sys/devices/system/cpu/cpu[0-9]*/online; do echo 1 > $c; done 2>/dev/null; \
+             echo {tag}$(grep -c ^processor /proc/cpuinfo)"
+        ));
+        std::thread::sleep(Duration::from_secs(2));
+        let screen = console.screen();
+        got = screen.match_indices(&tag).find_map(|(i, _)| {
+            let n: String = screen[i + tag.len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            n.parse().ok()
+        });
+        got.is_some()
+    });
+    got.unwrap()
+}
+
+/// Issue 44's CPU hotplug as KubeVirt does it: sockets raised 1 → 2 on a running VM under
+/// LiveUpdate reach the VMI (`HotVCPUChange`), the workload updater migrates it to a
+/// launcher pod sized for two, the target hotplugs the vCPU (`<vcpu current>` of a domain
+/// defined with maxSockets' vCPUs), `status.currentCPUTopology` says two sockets, and the
+/// guest counts two CPUs without a reboot (same boot id, same VMI).
+#[test]
+#[ignore = "needs root and a two-node cluster: cargo test -p e2e --test live_update -- --ignored"]
+fn sockets_raised_live_reach_the_guest_through_a_migration() {
+    let c = cluster();
+    let _stage = live_update(c);
+    let ns = Ns::new(c, "cpuhotplug");
+    let (node, console, before) = running_vm(&ns, "grower", serde_json::json!({}));
+    assert_eq!(
+        ns.get("vmi", "grower", "{.spec.domain.cpu.maxSockets}"),
+        "4"
+    );
+    assert_eq!(
+        ns.get("vmi", "grower", "{.status.currentCPUTopology.sockets}"),
+        "1"
+    );
+    assert_eq!(guest_cpus(&console, &ns, "grower"), 1);
+
+    patch_vm(
+        &ns,
+        "grower",
+        r#"{"spec":{"template":{"spec":{"domain":{"cpu":{"sockets":2}}}}}}"#,
+    );
+    ns.wait(
+        "grower",
+        "two sockets in the VMI's spec",
+        Duration::from_secs(60),
+        || ns.get("vmi", "grower", "{.spec.domain.cpu.sockets}") == "2",
+    );
+    ns.wait(
+        "grower",
+        "the guest's topology reported with two sockets",
+        MIGRATE,
+        || ns.get("vmi", "grower", "{.status.currentCPUTopology.sockets}") == "2",
+    );
+    assert_eq!(
+        ns.vmim_phases("grower").last().map(String::as_str),
+        Some("Succeeded")
+    );
+    assert_ne!(
+        ns.node_of("grower"),
+        node,
+        "no migration carried the change"
+    );
+    ns.wait(
+        "grower",
+        "HotVCPUChange gone",
+        Duration::from_secs(60),
+        || {
+            ns.get(
+                "vmi",
+                "grower",
+                "{.status.conditions[?(@.type==\"HotVCPUChange\")].status}",
+            )
+            .is_empty()
+        },
+    );
+    assert_eq!(restart_required(&ns, "grower").0, "");
+    let console = common::Console::open(&ns, "grower");
+    assert_eq!(guest_cpus(&console, &ns, "grower"), 2);
+    assert_eq!(
+        guest_run(&console, &ns, "grower"),
+        before,
+        "not the same guest: restarted or rebooted"
+    );
 }

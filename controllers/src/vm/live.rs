@@ -27,7 +27,7 @@ pub const SOCKETS_ABOVE_MAX: &str =
 pub const SOCKETS_REDUCED: &str = "Reduction of CPU socket count requires a restart";
 /// VMI condition: the VMI's vCPUs differ from what its guest has (KubeVirt's
 /// `HotVCPUChange`), until a migration to a launcher pod of the new size carried them.
-pub const HOT_VCPU_CHANGE: &str = "HotVCPUChange";
+pub const HOT_VCPU_CHANGE: &str = crate::vmi::decide::conditions::HOT_VCPU_CHANGE;
 
 /// KubeVirt's default `maxHotplugRatio`.
 pub const DEFAULT_MAX_HOTPLUG_RATIO: u32 = 4;
