@@ -51,6 +51,9 @@ pub struct Config {
     /// How VMs keep their instance type and preference (the KubeVirt resource's
     /// `configuration.instancetype.referencePolicy`).
     pub reference_policy: kubevirt_api::instancetype::vm::ReferencePolicy,
+    /// `vmRolloutStrategy` and `liveUpdateConfiguration`: what of a running VM's changed
+    /// template reaches it live.
+    pub live_update: crate::vm::live::LiveUpdateConfig,
 }
 
 impl Default for Config {
@@ -66,6 +69,7 @@ impl Default for Config {
             eviction_strategy: kubevirt_api::eviction::EvictionStrategy::None,
             workload_update: crate::workload::WorkloadUpdateConfig::default(),
             reference_policy: Default::default(),
+            live_update: Default::default(),
         }
     }
 }

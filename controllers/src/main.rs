@@ -139,6 +139,22 @@ struct Args {
     /// resource's `configuration.instancetype.referencePolicy`): reference, expand, expandAll.
     #[arg(long, env = "VIRT_CONTROLLER_INSTANCETYPE_REFERENCE_POLICY", default_value = "reference", value_parser = parse_reference_policy)]
     instancetype_reference_policy: kubevirt_api::instancetype::vm::ReferencePolicy,
+    /// What of a running VM's changed template reaches it live (virt-operator passes the
+    /// KubeVirt resource's `configuration.vmRolloutStrategy`): Stage (at the next restart,
+    /// the VM saying RestartRequired) or LiveUpdate (node selector, affinity, tolerations
+    /// and CPU sockets live).
+    #[arg(long, env = "VIRT_CONTROLLER_VM_ROLLOUT_STRATEGY", default_value = "Stage", value_parser = parse_rollout_strategy)]
+    vm_rollout_strategy: kubevirt_api::kubevirt::VmRolloutStrategy,
+    /// `liveUpdateConfiguration.maxHotplugRatio`: maxSockets of a VM that sets none is its
+    /// sockets times this.
+    #[arg(long, env = "VIRT_CONTROLLER_MAX_HOTPLUG_RATIO", default_value_t = virt_controllers::vm::live::DEFAULT_MAX_HOTPLUG_RATIO, value_parser = clap::value_parser!(u32).range(1..))]
+    max_hotplug_ratio: u32,
+    /// `liveUpdateConfiguration.maxCpuSockets`: maxSockets of every VM that sets none.
+    #[arg(long, env = "VIRT_CONTROLLER_MAX_CPU_SOCKETS")]
+    max_cpu_sockets: Option<u32>,
+    /// `liveUpdateConfiguration.maxGuest` (kept for memory hotplug).
+    #[arg(long, env = "VIRT_CONTROLLER_MAX_GUEST")]
+    max_guest: Option<String>,
     /// Run the DataVolume controller (claims and importer pods for DataVolumes). virt-operator
     /// passes `false` where a real CDI is installed (its CRD datavolumes.cdi.kubevirt.io
     /// exists): CDI fills its DataVolumes, and the VM and VMI controllers use them as they
@@ -211,6 +227,15 @@ async fn main() -> anyhow::Result<()> {
             batch_interval: Duration::from_secs(args.workload_update_batch_interval_seconds),
         },
         reference_policy: args.instancetype_reference_policy,
+        live_update: virt_controllers::vm::live::LiveUpdateConfig {
+            strategy: args.vm_rollout_strategy,
+            max_hotplug_ratio: args.max_hotplug_ratio,
+            max_cpu_sockets: args.max_cpu_sockets,
+            max_guest: args
+                .max_guest
+                .clone()
+                .map(k8s_openapi::apimachinery::pkg::api::resource::Quantity),
+        },
         ..Config::default()
     };
     let ctx = Arc::new(Context::new(client.clone(), recorder, config));
@@ -365,4 +390,9 @@ fn parse_reference_policy(
 ) -> Result<kubevirt_api::instancetype::vm::ReferencePolicy, String> {
     kubevirt_api::instancetype::vm::ReferencePolicy::parse(s)
         .ok_or_else(|| "expected reference, expand or expandAll".to_string())
+}
+
+fn parse_rollout_strategy(s: &str) -> Result<kubevirt_api::kubevirt::VmRolloutStrategy, String> {
+    kubevirt_api::kubevirt::VmRolloutStrategy::parse(s)
+        .ok_or_else(|| "expected Stage or LiveUpdate".to_string())
 }

@@ -272,6 +272,13 @@ pub struct KubeVirtConfiguration {
     pub common_instancetypes_deployment: Option<CommonInstancetypesDeployment>,
     /// Instance type settings: how VMs keep their instance type and preference.
     pub instancetype: Option<InstancetypeConfiguration>,
+    /// How a running VM gets a changed template: `Stage` (the default: at its next
+    /// restart, `RestartRequired` saying so) or `LiveUpdate` (node selector, affinity,
+    /// tolerations and CPU sockets carried to the running VMI). A string, so that a wrong
+    /// value is reported by virt-operator rather than making the resource unreadable.
+    pub vm_rollout_strategy: Option<String>,
+    /// Limits of live updates (KubeVirt's `LiveUpdateConfiguration`).
+    pub live_update_configuration: Option<LiveUpdateConfiguration>,
     /// The other fields of KubeVirt's configuration, as given.
     #[serde(flatten)]
     #[schemars(skip)]
@@ -313,6 +320,48 @@ pub struct InstancetypeConfiguration {
     /// `expandAll` (into every VM). A string, so that a wrong value is reported by
     /// virt-operator rather than making the resource unreadable.
     pub reference_policy: Option<String>,
+}
+
+/// KubeVirt's `LiveUpdateConfiguration`: how far a running VM may grow.
+#[skip_serializing_none]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LiveUpdateConfiguration {
+    /// `maxSockets` of a VM that sets none is its sockets times this (default 4).
+    pub max_hotplug_ratio: Option<u32>,
+    /// Upper bound of every VM's `maxSockets` (none by default).
+    pub max_cpu_sockets: Option<u32>,
+    /// Upper bound of every VM's `memory.maxGuest` (none by default).
+    pub max_guest: Option<k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+}
+
+/// The VM rollout strategies (`spec.configuration.vmRolloutStrategy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VmRolloutStrategy {
+    /// A changed template reaches a running VM at its next restart (KubeVirt's default).
+    #[default]
+    Stage,
+    /// What can change live does (node placement, CPU sockets); the rest waits for a
+    /// restart.
+    LiveUpdate,
+}
+
+impl VmRolloutStrategy {
+    /// Both, as KubeVirt spells them.
+    pub const ALL: [Self; 2] = [Self::Stage, Self::LiveUpdate];
+
+    /// KubeVirt's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stage => "Stage",
+            Self::LiveUpdate => "LiveUpdate",
+        }
+    }
+
+    /// The strategy spelled `s`, if any.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.as_str() == s)
+    }
 }
 
 /// KubeVirt's `DisableSerialConsoleLog`: an empty object whose presence is the setting.

@@ -314,6 +314,28 @@ pub(crate) fn without_claim_names(spec: Option<&Value>) -> Option<Value> {
     Some(spec)
 }
 
+/// `spec` without what virt-controller changes on a running VMI under the `LiveUpdate`
+/// rollout strategy, as KubeVirt's VM controller does: node selector, affinity,
+/// tolerations, CPU sockets and the CPU requests and limits that follow them.
+pub(crate) fn without_live_updatable(spec: Option<&Value>) -> Option<Value> {
+    let mut spec = spec?.clone();
+    if let Some(o) = spec.as_object_mut() {
+        for k in ["nodeSelector", "affinity", "tolerations"] {
+            o.remove(k);
+        }
+    }
+    for p in [
+        "/domain/cpu",
+        "/domain/resources/requests",
+        "/domain/resources/limits",
+    ] {
+        if let Some(o) = spec.pointer_mut(p).and_then(Value::as_object_mut) {
+            o.remove(if p == "/domain/cpu" { "sockets" } else { "cpu" });
+        }
+    }
+    Some(spec)
+}
+
 /// One `Forbidden: field is immutable` per top-level spec field that differs.
 pub(crate) fn immutable_spec(old: Option<&Value>, new: Option<&Value>) -> Vec<FieldError> {
     let empty = serde_json::Map::new();
@@ -480,6 +502,45 @@ mod tests {
         relabelled["metadata"]["labels"] = json!({"app": "x"});
         relabelled["status"] = json!({"phase": "Running"});
         assert!(admit(VMI, Some(&old), &relabelled, &Actor::User, &ON).is_empty());
+    }
+
+    #[test]
+    fn a_component_carries_live_updates_to_a_vmi_and_nothing_else() {
+        let old = json!({"metadata": {"name": "v"}, "spec": {
+            "nodeSelector": {"zone": "a"},
+            "domain": {"cpu": {"sockets": 1, "cores": 1, "maxSockets": 4},
+                       "resources": {"requests": {"cpu": "1", "memory": "64Mi"}}}}});
+        let mut new = old.clone();
+        new["spec"].as_object_mut().unwrap().remove("nodeSelector");
+        new["spec"]["tolerations"] = json!([{"key": "k", "operator": "Exists"}]);
+        new["spec"]["affinity"] = json!({"nodeAffinity": {}});
+        new["spec"]["domain"]["cpu"]["sockets"] = json!(2);
+        new["spec"]["domain"]["resources"]["requests"]["cpu"] = json!("2");
+        assert!(admit(VMI, Some(&old), &new, &Actor::Component, &ON).is_empty());
+        assert_eq!(
+            admit(VMI, Some(&old), &new, &Actor::User, &ON)
+                .iter()
+                .map(|e| e.field.as_str())
+                .collect::<Vec<_>>(),
+            [
+                "spec.affinity",
+                "spec.domain",
+                "spec.nodeSelector",
+                "spec.tolerations"
+            ]
+        );
+        let mut cores = new.clone();
+        cores["spec"]["domain"]["cpu"]["cores"] = json!(2);
+        assert_eq!(
+            admit(VMI, Some(&old), &cores, &Actor::Component, &ON),
+            vec![FieldError::forbidden("spec.domain", "field is immutable")]
+        );
+        let mut memory = new.clone();
+        memory["spec"]["domain"]["resources"]["requests"]["memory"] = json!("128Mi");
+        assert_eq!(
+            admit(VMI, Some(&old), &memory, &Actor::Component, &ON).len(),
+            1
+        );
     }
 
     #[test]

@@ -790,6 +790,7 @@ fn render_all(
             .unwrap_or_default()
             .into_iter()
             .chain(instancetype_flags(kv).unwrap_or_default())
+            .chain(live_update_flags(kv).unwrap_or_default())
             .collect(),
         serial_console_log: kv
             .spec
@@ -919,6 +920,54 @@ fn instancetype_flags(kv: &KubeVirt) -> Result<Vec<String>, String> {
              supported values: reference, expand, expandAll"
         )),
     }
+}
+
+/// `spec.configuration.vmRolloutStrategy` and `liveUpdateConfiguration` as
+/// virt-controller's flags (none for the defaults), or the field that is wrong.
+fn live_update_flags(kv: &KubeVirt) -> Result<Vec<String>, String> {
+    use kubevirt_api::kubevirt::VmRolloutStrategy;
+    let Some(c) = kv.spec.configuration.as_ref() else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    if let Some(v) = c.vm_rollout_strategy.as_deref() {
+        match VmRolloutStrategy::parse(v) {
+            Some(VmRolloutStrategy::Stage) => {}
+            Some(s) => out.push(format!("--vm-rollout-strategy={}", s.as_str())),
+            None => {
+                return Err(format!(
+                    "spec.configuration.vmRolloutStrategy: Unsupported value: {v:?}: \
+                     supported values: Stage, LiveUpdate"
+                ));
+            }
+        }
+    }
+    let Some(l) = c.live_update_configuration.as_ref() else {
+        return Ok(out);
+    };
+    for (field, value, flag) in [
+        (
+            "maxHotplugRatio",
+            l.max_hotplug_ratio,
+            "--max-hotplug-ratio",
+        ),
+        ("maxCpuSockets", l.max_cpu_sockets, "--max-cpu-sockets"),
+    ] {
+        match value {
+            None => {}
+            Some(v) if v >= 1 => out.push(format!("{flag}={v}")),
+            Some(v) => {
+                return Err(format!(
+                    "spec.configuration.liveUpdateConfiguration.{field}: Invalid value: {v}: \
+                     must be at least 1"
+                ));
+            }
+        }
+    }
+    if let Some(q) = &l.max_guest {
+        out.push(format!("--max-guest={}", q.0));
+    }
+    Ok(out)
 }
 
 /// `spec.workloadUpdateStrategy` as virt-controller's flags take it, or what is wrong.
@@ -1424,6 +1473,9 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         instancetype_flags(kv)
             .err()
             .map(|e| (e, "VMs keep their instance types by reference")),
+        live_update_flags(kv)
+            .err()
+            .map(|e| (e, "running VMs get template changes at their next restart")),
         workload_update(kv).err().map(|e| {
             (
                 e,
@@ -2219,6 +2271,47 @@ mod tests {
             err.starts_with("spec.workloadUpdateStrategy.batchEvictionInterval"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn rollout_strategy_and_live_update_limits_become_controller_flags() {
+        let kv = |c: serde_json::Value| -> KubeVirt {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+                "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+                "spec": {"configuration": c},
+            }))
+            .unwrap()
+        };
+        assert!(
+            live_update_flags(&kv(serde_json::json!({"vmRolloutStrategy": "Stage"})))
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            live_update_flags(&kv(serde_json::json!({
+                "vmRolloutStrategy": "LiveUpdate",
+                "liveUpdateConfiguration": {"maxHotplugRatio": 2, "maxCpuSockets": 8, "maxGuest": "8Gi"}
+            })))
+            .unwrap(),
+            [
+                "--vm-rollout-strategy=LiveUpdate",
+                "--max-hotplug-ratio=2",
+                "--max-cpu-sockets=8",
+                "--max-guest=8Gi"
+            ]
+        );
+        let err =
+            live_update_flags(&kv(serde_json::json!({"vmRolloutStrategy": "Live"}))).unwrap_err();
+        assert!(
+            err.starts_with("spec.configuration.vmRolloutStrategy: Unsupported value"),
+            "{err}"
+        );
+        let err = live_update_flags(&kv(serde_json::json!({
+            "liveUpdateConfiguration": {"maxHotplugRatio": 0}
+        })))
+        .unwrap_err();
+        assert!(err.contains("maxHotplugRatio"), "{err}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod decide;
 pub mod instancetype;
+pub mod live;
 pub mod reconcile;
 pub mod render;
 

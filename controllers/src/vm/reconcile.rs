@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -16,6 +18,7 @@ use serde_json::{Value, json};
 use super::Vms;
 use super::decide::{self, ObservedVmi, Outcome, StatusInputs, VmiAction};
 use super::instancetype::{self, Captured, InstancetypeError};
+use super::live;
 use super::render::{self, RenderError};
 use crate::context::FIELD_MANAGER;
 
@@ -60,6 +63,20 @@ pub enum ReconcileError {
     /// The VM's instance type or preference could not be captured or applied.
     #[error("{0}")]
     Instancetype(#[from] InstancetypeError),
+    /// Reading, creating or deleting the VM's start revision failed.
+    #[error("{what} ControllerRevision {name}: {source}")]
+    Revision {
+        /// reading, creating or deleting.
+        what: &'static str,
+        /// The revision.
+        name: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Carrying a live update to the VMI failed.
+    #[error("updating the VMI live: {0}")]
+    LiveUpdate(#[source] kube::Error),
     /// Creating a DataVolume of the VM's templates failed.
     #[error("creating DataVolume {name}: {source}")]
     DataVolume {
@@ -84,12 +101,14 @@ impl ReconcileError {
             Self::Serialize(_) => "SerializeFailed",
             Self::Instancetype(e) => e.reason(),
             Self::DataVolume { .. } => "FailedDataVolumeCreate",
+            Self::Revision { .. } => "FailedRevision",
+            Self::LiveUpdate(_) => "FailedLiveUpdate",
         }
     }
 
     /// An optimistic-concurrency conflict: someone else wrote in between; retry at once.
     fn is_conflict(&self) -> bool {
-        matches!(self, Self::Status(kube::Error::Api(s)) if s.is_conflict())
+        matches!(self, Self::Status(kube::Error::Api(s)) | Self::LiveUpdate(kube::Error::Api(s)) if s.is_conflict())
     }
 }
 
@@ -323,21 +342,26 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
     let outcome = match &decision.action {
         VmiAction::Nothing => Outcome::Done,
         VmiAction::Create { start_paused } => {
-            let result =
-                match render_with_instancetype(ctx, &vm, *start_paused, captured.as_ref()).await {
-                    Ok(desired) => vmis
-                        .create(
-                            &PostParams {
-                                field_manager: Some(FIELD_MANAGER.to_string()),
-                                ..PostParams::default()
-                            },
-                            &desired,
-                        )
-                        .await
-                        .map(|created| created.metadata.uid.unwrap_or_default())
-                        .map_err(ReconcileError::Create),
-                    Err(e) => Err(e),
-                };
+            let result = match start_revision(ctx, &vm).await {
+                Ok(()) => {
+                    render_with_instancetype(ctx, &vm, *start_paused, captured.as_ref()).await
+                }
+                Err(e) => Err(e),
+            };
+            let result = match result {
+                Ok(desired) => vmis
+                    .create(
+                        &PostParams {
+                            field_manager: Some(FIELD_MANAGER.to_string()),
+                            ..PostParams::default()
+                        },
+                        &desired,
+                    )
+                    .await
+                    .map(|created| created.metadata.uid.unwrap_or_default())
+                    .map_err(ReconcileError::Create),
+                Err(e) => Err(e),
+            };
             match result {
                 Ok(uid) => {
                     ctx.metrics.vmi_action("create", true);
@@ -384,6 +408,10 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
             };
             match vmis.delete(&name, &params).await {
                 Ok(_) => {
+                    // What the stopped instance started from no longer matters.
+                    if let Err(e) = prune_revisions(ctx, &vm, None).await {
+                        tracing::debug!(error = %e, "deleting the VM's start revisions");
+                    }
                     ctx.metrics.vmi_action("delete", true);
                     tracing::info!(vmi_uid = %uid, strategy = ?decide::run_strategy(&vm), "deleted VMI");
                     ctx.event(
@@ -417,7 +445,25 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
         }
     };
 
-    let status = derive(&outcome);
+    // KubeVirt clears RestartRequired when it starts or stops the VM; a running VM's
+    // template is compared with the one it started from.
+    let mut live_wait = None;
+    let restart = match (&decision.action, vmi.as_ref()) {
+        (VmiAction::Create { .. } | VmiAction::Delete { .. }, _) | (_, None) => {
+            live::RestartRequired::Clear
+        }
+        (VmiAction::Nothing, Some(v)) => {
+            let (restart, wait) = live_update(ctx, &vms, &vmis, &vm, v, fresh).await?;
+            live_wait = wait;
+            restart
+        }
+    };
+    let mut status = derive(&outcome);
+    if restart != live::RestartRequired::Keep {
+        let mut conditions = status.conditions.take().unwrap_or_default();
+        live::apply_restart_required(&mut conditions, &restart, now);
+        status.conditions = Some(conditions);
+    }
     if Some(&status) != current.status.as_ref() {
         write_status(&vms, &current, &status).await?;
         ctx.metrics.status_written();
@@ -441,7 +487,7 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
         return Err(ReconcileError::Action { reason, message });
     }
     ctx.backoff.reset(&key);
-    Ok(match decision.wait {
+    Ok(match decision.wait.or(live_wait) {
         Some(wait) => Action::requeue(wait),
         None => Action::requeue(ctx.config.resync),
     })
@@ -467,7 +513,204 @@ async fn render_with_instancetype(
         let specs = instancetype::specs(&ctx.client, vm, captured).await?;
         instancetype::apply(vm, &specs, &mut vmi)?;
     }
+    // KubeVirt's VMI defaulting under LiveUpdate: room for more sockets later.
+    ctx.config.live_update.default_max_sockets(&mut vmi.spec);
     Ok(vmi)
+}
+
+/// Label on the VM's start revisions: the VM's uid (to find them again without a list of
+/// every revision of the namespace).
+const REVISION_VM_LABEL: &str = "kubevirt.io/vm-uid";
+
+/// Records the VM's spec as its next VMI starts from it (KubeVirt's `createVMRevision`),
+/// its earlier start revisions deleted.
+async fn start_revision(
+    ctx: &crate::context::Context,
+    vm: &VirtualMachine,
+) -> Result<(), ReconcileError> {
+    let uid = vm.metadata.uid.clone().unwrap_or_default();
+    let name = live::revision_name(&uid, vm.metadata.generation.unwrap_or_default());
+    prune_revisions(ctx, vm, Some(&name)).await?;
+    let ns = vm.namespace().unwrap_or_default();
+    let api = Api::<ControllerRevision>::namespaced(ctx.client.clone(), &ns);
+    let revision = ControllerRevision {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns),
+            labels: Some([(REVISION_VM_LABEL.to_string(), uid)].into()),
+            owner_references: Some(vec![render::owner_reference(vm)?]),
+            ..ObjectMeta::default()
+        },
+        data: Some(k8s_openapi::apimachinery::pkg::runtime::RawExtension(
+            live::revision_data(&vm.spec)?,
+        )),
+        revision: vm.metadata.generation.unwrap_or_default(),
+    };
+    match api.create(&post_params(), &revision).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_already_exists(&e) => Ok(()),
+        // No apps API (virt-apiserver alone, `cargo xtask dev-apiserver`): the VM starts
+        // anyway, without RestartRequired.
+        Err(e) if is_not_found(&e) => Ok(()),
+        Err(source) => Err(ReconcileError::Revision {
+            what: "creating",
+            name,
+            source,
+        }),
+    }
+}
+
+/// Deletes the VM's start revisions but `keep`.
+async fn prune_revisions(
+    ctx: &crate::context::Context,
+    vm: &VirtualMachine,
+    keep: Option<&str>,
+) -> Result<(), ReconcileError> {
+    let uid = vm.metadata.uid.clone().unwrap_or_default();
+    let api = Api::<ControllerRevision>::namespaced(
+        ctx.client.clone(),
+        &vm.namespace().unwrap_or_default(),
+    );
+    let params = kube::api::ListParams::default().labels(&format!("{REVISION_VM_LABEL}={uid}"));
+    let list = match api.list_metadata(&params).await {
+        Ok(l) => l,
+        // No apps API (virt-apiserver alone): no revisions either.
+        Err(e) if is_not_found(&e) => return Ok(()),
+        Err(source) => {
+            return Err(ReconcileError::Revision {
+                what: "listing",
+                name: live::revision_prefix(&uid),
+                source,
+            });
+        }
+    };
+    for r in list.items {
+        let name = r.name_any();
+        if Some(name.as_str()) == keep {
+            continue;
+        }
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(source) => {
+                return Err(ReconcileError::Revision {
+                    what: "deleting",
+                    name,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How soon a live update held back (a migration or a CPU hotplug in flight) looks again.
+const LIVE_UPDATE_RECHECK: Duration = Duration::from_secs(5);
+
+/// For a running VM whose spec changed since its VMI started: whether it needs a restart
+/// and, under LiveUpdate, the changes carried to the VMI (KubeVirt's
+/// `addRestartRequiredIfNeeded` and its live-update handlers).
+async fn live_update(
+    ctx: &crate::context::Context,
+    vms: &Api<VirtualMachine>,
+    vmis: &Api<VirtualMachineInstance>,
+    cached: &VirtualMachine,
+    vmi: &VirtualMachineInstance,
+    fresh: bool,
+) -> Result<(live::RestartRequired, Option<Duration>), ReconcileError> {
+    let keep = Ok((live::RestartRequired::Keep, None));
+    let started = ObservedVmi::from_vmi(vmi).vm_generation;
+    // Set once, kept until the restart (KubeVirt blocks live updates meanwhile): nothing
+    // to read or compare.
+    if live::has_restart_required(cached)
+        || vmi.metadata.deletion_timestamp.is_some()
+        || ObservedVmi::from_vmi(vmi).is_final()
+        || started.is_none()
+        || started == cached.metadata.generation
+    {
+        return keep;
+    }
+    // The cached VM has no template (`slim_vm`).
+    let vm = if fresh {
+        cached.clone()
+    } else {
+        match vms.get_opt(&cached.name_any()).await {
+            Ok(Some(vm)) => vm,
+            Ok(None) => return keep,
+            Err(source) => {
+                return Err(ReconcileError::Read {
+                    what: "VirtualMachine",
+                    source,
+                });
+            }
+        }
+    };
+    let uid = vm.metadata.uid.clone().unwrap_or_default();
+    let name = live::revision_name(&uid, started.unwrap_or_default());
+    let api = Api::<ControllerRevision>::namespaced(
+        ctx.client.clone(),
+        &vm.namespace().unwrap_or_default(),
+    );
+    let revision = match api.get_opt(&name).await {
+        Ok(r) => r,
+        Err(e) if is_not_found(&e) => None,
+        Err(source) => {
+            return Err(ReconcileError::Revision {
+                what: "reading",
+                name: name.clone(),
+                source,
+            });
+        }
+    };
+    // Started before revisions were kept: nothing to compare with (as KubeVirt).
+    let Some(started_spec) = revision
+        .and_then(|r| r.data)
+        .and_then(|d| live::spec_of_revision(&d.0).ok())
+    else {
+        tracing::debug!(revision = %name, "no start revision");
+        return keep;
+    };
+    let strategy = ctx.config.live_update.strategy;
+    if let Some(message) = live::restart_required(&started_spec, &vm.spec, strategy) {
+        return Ok((live::RestartRequired::Set(message), None));
+    }
+    if !ctx.config.live_update.is_live_update() || live::has_restart_required(&vm) {
+        return keep;
+    }
+    let Some(template) = vm.spec.template.spec.as_ref() else {
+        return keep;
+    };
+    let plan = live::live_plan(template, vmi);
+    if let Some(message) = plan.restart_required {
+        return Ok((live::RestartRequired::Set(message), None));
+    }
+    if let Some(reason) = plan.wait {
+        tracing::debug!(reason, "live update held back");
+        return Ok((live::RestartRequired::Keep, Some(LIVE_UPDATE_RECHECK)));
+    }
+    if let Some(mut patch) = plan.vmi_spec_patch {
+        // The VMI as decided on, or 409 and a fresh look.
+        patch["metadata"] = json!({"resourceVersion": vmi.metadata.resource_version});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PatchParams::default()
+        };
+        vmis.patch(&vmi.name_any(), &params, &Patch::Merge(&patch))
+            .await
+            .map_err(ReconcileError::LiveUpdate)?;
+        tracing::info!(sockets = ?plan.sockets, "carried the VM's live update to its VMI");
+        ctx.event(
+            &vm.object_ref(&()),
+            EventType::Normal,
+            "LiveUpdated",
+            match plan.sockets {
+                Some(n) => format!("hotplugging cpu to {n} sockets"),
+                None => "node placement updated on the running instance".to_string(),
+            },
+        )
+        .await;
+    }
+    Ok((live::RestartRequired::Keep, None))
 }
 
 /// The VM and its VMI as the apiserver has them now; None when the VM is gone.

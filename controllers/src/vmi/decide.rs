@@ -32,6 +32,9 @@ pub mod conditions {
     pub const READY: &str = "Ready";
     /// Whether every DataVolume the VMI uses is ready (KubeVirt's condition).
     pub const DATA_VOLUMES_READY: &str = "DataVolumesReady";
+    /// True while the VMI's spec has more vCPUs than its guest (KubeVirt's condition): the
+    /// workload updater migrates it to a launcher pod of the new size.
+    pub const HOT_VCPU_CHANGE: &str = "HotVCPUChange";
 }
 
 /// Reasons of the VMI conditions and `status.reason`.
@@ -426,6 +429,22 @@ fn rank(p: Phase) -> u8 {
     }
 }
 
+/// Whether the running VMI's spec has other vCPUs than its guest (`currentCPUTopology`)
+/// while it has room for hotplug (`maxSockets`).
+fn hot_vcpu_change(vmi: &VirtualMachineInstance, status: &VirtualMachineInstanceStatus) -> bool {
+    let (Some(cpu), Some(cur)) = (
+        vmi.spec.domain.cpu.as_ref(),
+        status.current_cpu_topology.as_ref(),
+    ) else {
+        return false;
+    };
+    let n = |c: Option<u32>| c.unwrap_or(1).max(1);
+    status.phase == Phase::Running
+        && cpu.max_sockets.is_some_and(|m| m > 0)
+        && n(cpu.sockets) * n(cpu.cores) * n(cpu.threads)
+            != n(cur.sockets) * n(cur.cores) * n(cur.threads)
+}
+
 /// The VMI status after the plan ran, given its pods as they are now (a pod created in
 /// this reconcile included) and the error of a failed pod creation.
 pub fn derive_status(
@@ -551,6 +570,35 @@ pub fn derive_status(
             phase_transition_timestamp: Some(Time(now)),
         });
         status.phase_transition_timestamps = Some(stamps);
+    }
+    status.conditions = (!conditions.is_empty()).then_some(conditions);
+    // The topology the guest boots with (KubeVirt's VMI defaulting sets it at creation):
+    // a CPU hotplug later changes the spec first and this once the guest has the vCPUs.
+    if status.current_cpu_topology.is_none()
+        && !status.phase.is_final()
+        && let Some(cpu) = vmi.spec.domain.cpu.as_ref()
+    {
+        status.current_cpu_topology = Some(kubevirt_api::vmi::CpuTopology {
+            cores: Some(cpu.cores.unwrap_or(1)),
+            sockets: Some(cpu.sockets.unwrap_or(1)),
+            threads: Some(cpu.threads.unwrap_or(1)),
+        });
+    }
+    // KubeVirt's HotVCPUChange: the spec has more vCPUs than the guest (a CPU hotplug the
+    // VM controller carried to the VMI) until the target of a migration to a launcher pod
+    // of the new size hotplugged them and reported the topology.
+    let mut conditions = status.conditions.take().unwrap_or_default();
+    if hot_vcpu_change(vmi, &status) {
+        if find_condition(&conditions, conditions::HOT_VCPU_CHANGE).is_none() {
+            conditions.push(Condition {
+                type_: conditions::HOT_VCPU_CHANGE.to_string(),
+                status: ConditionStatus::True,
+                last_transition_time: Some(Time(now)),
+                ..Condition::default()
+            });
+        }
+    } else {
+        remove_condition(&mut conditions, conditions::HOT_VCPU_CHANGE);
     }
     status.conditions = (!conditions.is_empty()).then_some(conditions);
     // A pod's node is recorded once it is launched, which is when the VMI turns

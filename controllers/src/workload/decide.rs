@@ -122,6 +122,19 @@ pub fn outdated(vmi: &VirtualMachineInstance, image: &str) -> bool {
         .is_some_and(|v| !v.is_empty() && v != image)
 }
 
+/// Whether the VMI says its spec has vCPUs its guest does not (KubeVirt's `HotVCPUChange`).
+fn hot_vcpu_change(vmi: &VirtualMachineInstance) -> bool {
+    vmi.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter().any(|c| {
+                c.type_ == crate::vmi::decide::conditions::HOT_VCPU_CHANGE
+                    && c.status == kubevirt_api::ConditionStatus::True
+            })
+        })
+}
+
 /// The plan for this moment. `parallel` is the cluster's migration limit; `batch_due`:
 /// the batch interval has passed since the last eviction batch.
 pub fn plan(
@@ -154,7 +167,11 @@ pub fn plan(
         if is_outdated != labelled_outdated(vmi) {
             p.relabel.push((k.clone(), is_outdated));
         }
-        if !is_outdated {
+        // KubeVirt's workload updater also moves a VMI whose CPUs were hotplugged in its
+        // spec to a launcher pod of the new size (HotVCPUChange); such a VMI is not
+        // outdated, and only a migration carries the change.
+        let hotplug = hot_vcpu_change(vmi);
+        if !is_outdated && !hotplug {
             // Up to date (again): a pending update migration has nothing left to do.
             p.abort.extend(
                 migrations
@@ -170,7 +187,9 @@ pub fn plan(
             );
             continue;
         }
-        p.outdated += 1;
+        if is_outdated {
+            p.outdated += 1;
+        }
         let busy = migrations.iter().any(|m| of(m, &k) && unfinished(m))
             || status
                 .migration_state
@@ -189,7 +208,7 @@ pub fn plan(
             if !recently_failed {
                 migrate.push(k);
             }
-        } else if cfg.evict {
+        } else if cfg.evict && !hotplug {
             evict.push(k);
         }
     }
@@ -311,6 +330,16 @@ mod tests {
         let running = [vmim("m", "c", "Running", false, None)];
         let p = plan(&vmis, &running, NEW, &cfg(true, false), 2, false, now());
         assert_eq!(names(&p.migrate), ["a"]);
+    }
+
+    #[test]
+    fn a_cpu_hotplug_migrates_a_current_vmi_and_is_never_an_eviction() {
+        let hot = json!({"conditions": [{"type": "HotVCPUChange", "status": "True"}]});
+        let vmis = vec![vmi("a", "new", hot.clone())];
+        let p = plan(&vmis, &[], "new", &cfg(true, true), 5, true, now());
+        assert_eq!((p.outdated, names(&p.migrate)), (0, vec!["a"]));
+        let p = plan(&vmis, &[], "new", &cfg(false, true), 5, true, now());
+        assert!(p.migrate.is_empty() && p.evict.is_empty());
     }
 
     #[test]

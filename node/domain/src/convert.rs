@@ -83,6 +83,7 @@ pub fn domain_for(vmi: &VirtualMachineInstance, host: &HostFacts) -> Result<Doma
         current_memory: None,
         vcpu: Vcpu {
             placement: Some("static".into()),
+            current: None,
             count: 1,
         },
         os: Os::default(),
@@ -151,8 +152,16 @@ fn cpu(spec: &DomainSpec, host: &HostFacts, d: &mut Domain) -> Result<(), Conver
     let cores = c.cores.unwrap_or(1).max(1);
     let threads = c.threads.unwrap_or(1).max(1);
     d.vcpu.count = sockets * cores * threads;
+    // Room for CPU hotplug (a VMI started under LiveUpdate has maxSockets): as KubeVirt, the
+    // topology has every socket the VMI may grow to and only its sockets' vCPUs are online;
+    // the others are hotplugged after a migration to a launcher pod of the new size.
+    let max_sockets = c.max_sockets.unwrap_or(0).max(sockets);
+    if max_sockets > sockets {
+        d.vcpu.current = Some(d.vcpu.count);
+        d.vcpu.count = max_sockets * cores * threads;
+    }
     let topology = Some(Topology {
-        sockets,
+        sockets: max_sockets,
         dies: None,
         cores,
         threads,
@@ -787,6 +796,7 @@ mod tests {
             current_memory: None,
             vcpu: Vcpu {
                 placement: None,
+                current: None,
                 count: 1,
             },
             os: Os::default(),

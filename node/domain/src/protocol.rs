@@ -41,6 +41,14 @@ pub enum Request {
     Migrate(MigrateRequest),
     /// Abort the running migration; the guest keeps running here.
     CancelMigration,
+    /// Hotplugs vCPUs into the running guest until it has `vcpus` of them (at most the
+    /// domain's maximum; KubeVirt's `SyncVirtualMachineCPUs`): sent by the target's
+    /// virt-handler after a migration to a launcher pod sized for the VMI's new CPUs.
+    /// Answered with [`Response::Ok`]; an older launcher answers with an error.
+    SetVcpus {
+        /// The vCPUs the guest has afterwards.
+        vcpus: u32,
+    },
     /// Stream [`Response::Migration`] (one per progress report, about every second,
     /// and one final) until the migration ends.
     WatchMigration,

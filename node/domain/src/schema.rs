@@ -90,7 +90,11 @@ pub struct Vcpu {
     /// `static` or `auto`.
     #[serde(rename = "@placement", skip_serializing_if = "Option::is_none")]
     pub placement: Option<String>,
-    /// Count.
+    /// vCPUs online at boot when fewer than the maximum (`count`): the rest can be
+    /// hotplugged later (KubeVirt's CPU hotplug).
+    #[serde(rename = "@current", default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<u32>,
+    /// Count (the maximum when `current` is set).
     #[serde(rename = "$text")]
     pub count: u32,
 }

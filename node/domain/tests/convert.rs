@@ -383,6 +383,35 @@ fn tcg_never_asks_for_the_host_cpu() {
     assert_eq!(d.vcpu.count, 4);
 }
 
+/// A VMI with room for more sockets (LiveUpdate's maxSockets) boots with its own vCPUs
+/// online out of the maximum, the topology counting every socket it may grow to.
+#[test]
+fn max_sockets_leave_room_for_hotplugged_vcpus() {
+    let mut vmi = load("disks.json");
+    let mut host = disks_host();
+    host.accel = Accel::Tcg;
+    let cpu = vmi.spec.domain.cpu.get_or_insert_with(Default::default);
+    cpu.sockets = Some(1);
+    cpu.cores = Some(2);
+    cpu.threads = Some(1);
+    cpu.max_sockets = Some(4);
+    let d = domain_for(&vmi, &host).unwrap();
+    assert_eq!((d.vcpu.current, d.vcpu.count), (Some(2), 8));
+    assert_eq!(
+        d.cpu.as_ref().unwrap().topology.as_ref().unwrap().sockets,
+        4
+    );
+    let xml = d.to_xml().unwrap();
+    assert!(
+        xml.contains("<vcpu placement=\"static\" current=\"2\">8</vcpu>"),
+        "{xml}"
+    );
+    // Without room (maxSockets unset or not above the sockets): no `current`.
+    vmi.spec.domain.cpu.as_mut().unwrap().max_sockets = Some(1);
+    let d = domain_for(&vmi, &host).unwrap();
+    assert_eq!((d.vcpu.current, d.vcpu.count), (None, 2));
+}
+
 /// libvirt's RNG schema is the authority on what it accepts. `virt-xml-validate` (Debian's
 /// libvirt-clients) and the `xmllint` it runs (libxml2-utils) are prerequisites, installed
 /// by `cargo xtask deps`: without them this test fails rather than passing having

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use kube::Api;
 use kube::api::{Patch, PatchParams};
+use kubevirt_api::vmi::CpuTopology;
 use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstanceMigrationState as State};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -526,6 +527,61 @@ pub(crate) async fn incoming(
         let _ = tokio::time::timeout(POLL, w.vmi.changed()).await;
     }
     proxy.close();
+    let succeeded = detected
+        && w.current()
+            .is_some_and(|ms| ms.is_finished() && ms.failed != Some(true));
+    if succeeded {
+        hotplug_cpus(&w, &launcher).await;
+    }
+}
+
+/// The vCPUs a VMI's guest gets after a migration, and the topology to report, when its
+/// spec has more than the guest booted with (a CPU hotplug virt-controller carried to the
+/// VMI, KubeVirt's `HotVCPUChange`): the reason of that migration was a launcher pod sized
+/// for them.
+pub fn cpus_to_hotplug(vmi: &VirtualMachineInstance) -> Option<(u32, CpuTopology)> {
+    let cpu = vmi.spec.domain.cpu.as_ref()?;
+    cpu.max_sockets.filter(|m| *m > 0)?;
+    let current = vmi.status.as_ref()?.current_cpu_topology.as_ref()?;
+    let per = |c: Option<u32>| c.unwrap_or(1).max(1);
+    let want = per(cpu.sockets) * per(cpu.cores) * per(cpu.threads);
+    let have = per(current.sockets) * per(current.cores) * per(current.threads);
+    (want > have).then(|| {
+        (
+            want,
+            CpuTopology {
+                sockets: Some(per(cpu.sockets)),
+                cores: Some(per(cpu.cores)),
+                threads: Some(per(cpu.threads)),
+            },
+        )
+    })
+}
+
+/// Target side, once the guest runs here: hotplugs the vCPUs the VMI's spec has beyond
+/// what the guest booted with and reports them in `status.currentCPUTopology` (KubeVirt's
+/// `hotplugCPU` of its migration target). A failure is logged and the guest keeps its
+/// vCPUs; the VMI keeps saying `HotVCPUChange`.
+async fn hotplug_cpus(w: &StateWriter, launcher: &LauncherClient) {
+    let Some((vcpus, topology)) = cpus_to_hotplug(&w.vmi.borrow()) else {
+        return;
+    };
+    match launcher.call(&Request::SetVcpus { vcpus }).await {
+        Ok(Response::Ok) => {}
+        other => {
+            tracing::warn!(vcpus, reply = ?other, "hotplugging vCPUs after the migration failed");
+            return;
+        }
+    }
+    tracing::info!(vcpus, "hotplugged vCPUs after the migration");
+    let patch = json!({"status": {"currentCPUTopology": topology}});
+    if let Err(e) = w
+        .api
+        .patch_status(&w.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        tracing::warn!(error = %e, "reporting the hotplugged vCPUs");
+    }
 }
 
 #[cfg(test)]
@@ -613,6 +669,35 @@ mod tests {
         assert_eq!(launcher_dir_name("u", &vmi, "b"), "u-1234abcd");
         // The source keeps its directory until the VMI leaves it.
         assert_eq!(launcher_dir_name("u", &vmi, "a"), "u");
+    }
+
+    #[test]
+    fn vcpus_beyond_the_booted_topology_are_hotplugged_on_the_target() {
+        let vmi = |spec_cpu: Value, current: Value| -> VirtualMachineInstance {
+            serde_json::from_value(json!({
+                "metadata": {"name": "v"},
+                "spec": {"domain": {"cpu": spec_cpu, "devices": {}}},
+                "status": {"currentCPUTopology": current},
+            }))
+            .unwrap()
+        };
+        let one = json!({"sockets": 1, "cores": 2, "threads": 1});
+        let (vcpus, topo) = cpus_to_hotplug(&vmi(
+            json!({"sockets": 2, "cores": 2, "threads": 1, "maxSockets": 4}),
+            one.clone(),
+        ))
+        .unwrap();
+        assert_eq!(vcpus, 4);
+        assert_eq!(topo.sockets, Some(2));
+        // Nothing beyond the booted topology, or no room for hotplug.
+        assert!(
+            cpus_to_hotplug(&vmi(
+                json!({"sockets": 1, "cores": 2, "maxSockets": 4}),
+                one.clone()
+            ))
+            .is_none()
+        );
+        assert!(cpus_to_hotplug(&vmi(json!({"sockets": 2, "cores": 2}), one)).is_none());
     }
 
     #[test]

@@ -146,6 +146,7 @@ enum Cmd {
     Shutdown(Reply<()>),
     Destroy(Reply<()>),
     Action(VmiAction, Reply<()>),
+    SetVcpus(u32, Reply<()>),
     Stats(Reply<StatsSource>),
     Close(Reply<()>),
     /// Only wakes the loop (see [`MigrationWaker`]).
@@ -268,6 +269,11 @@ impl DomainHandle {
     pub async fn act(&self, a: VmiAction) -> Result<(), LibvirtError> {
         self.ask(|r| Cmd::Action(a, r)).await
     }
+    /// Hotplugs vCPUs into the running guest until it has `vcpus` (see
+    /// [`Backend::set_vcpus`]).
+    pub async fn set_vcpus(&self, vcpus: u32) -> Result<(), LibvirtError> {
+        self.ask(|r| Cmd::SetVcpus(vcpus, r)).await
+    }
     /// Pauses the vCPUs.
     pub async fn pause(&self) -> Result<(), LibvirtError> {
         self.act(VmiAction::Pause).await
@@ -350,6 +356,14 @@ pub trait Backend: Send {
     fn resume(&mut self) -> Result<(), LibvirtError>;
     /// Current state, once started; `None` when there is nothing to report.
     fn observe(&mut self) -> Option<Observed>;
+    /// Hotplugs vCPUs into the running guest until it has `vcpus` of the domain's
+    /// maximum (`<vcpu current=…>`): the guest sees new CPUs, no reboot.
+    fn set_vcpus(&mut self, _vcpus: u32) -> Result<(), LibvirtError> {
+        Err(LibvirtError::Call {
+            op: "set vcpus",
+            message: "not supported by this backend".into(),
+        })
+    }
     /// Migration target: takes the domain `name` once it runs here (true), after an
     /// incoming migration completed.
     fn adopt_incoming(&mut self, _name: &str) -> bool {
@@ -509,6 +523,9 @@ fn thread_main(
             }
             Ok(Cmd::Destroy(r)) => {
                 let _ = r.send(b.destroy());
+            }
+            Ok(Cmd::SetVcpus(n, r)) => {
+                let _ = r.send(b.set_vcpus(n));
             }
             Ok(Cmd::Action(a, r)) => {
                 let res = act(b.as_mut(), &a, outgoing.is_some());
@@ -844,6 +861,16 @@ impl Backend for LibvirtBackend {
 
     fn resume(&mut self) -> Result<(), LibvirtError> {
         call("resume", self.dom()?.resume())
+    }
+
+    fn set_vcpus(&mut self, vcpus: u32) -> Result<(), LibvirtError> {
+        // Live only: the persistent definition stays as it was defined (the next start
+        // renders the VMI anew).
+        call(
+            "set vcpus",
+            self.dom()?
+                .set_vcpus_flags(vcpus, virt::sys::VIR_DOMAIN_AFFECT_LIVE),
+        )
     }
 
     fn adopt_incoming(&mut self, name: &str) -> bool {
@@ -1281,6 +1308,21 @@ mod tests {
             Some("frozen")
         );
         assert_eq!(fs_freeze_status_of(&serde_json::json!({})), None);
+    }
+
+    /// A CPU hotplug reaches the backend on the libvirt thread.
+    #[tokio::test]
+    async fn vcpus_are_set_on_the_running_domain() {
+        let f = crate::fake::FakeBackend::default();
+        let b = f.clone();
+        let h = DomainHandle::spawn_with(move |_| Ok(Box::new(b) as Box<dyn Backend>))
+            .await
+            .expect("fake backend");
+        h.define("<domain/>".into()).await.expect("define");
+        h.start().await.expect("start");
+        h.set_vcpus(2).await.expect("set vcpus");
+        assert!(f.calls().contains(&"set_vcpus"));
+        assert_eq!(f.0.lock().unwrap_or_else(|e| e.into_inner()).vcpus, Some(2));
     }
 
     /// The statistics carry the migration job's figures from its first report until the

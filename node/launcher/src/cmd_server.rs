@@ -156,6 +156,7 @@ async fn connection(
                 }
             }
             Request::Kill => done(h.destroy().await),
+            Request::SetVcpus { vcpus } => done(h.set_vcpus(vcpus).await),
             Request::Shutdown => {
                 shutdown.cancel();
                 Response::Ok

@@ -25,6 +25,8 @@ pub struct FakeState {
     pub migration_result: Option<mpsc::Sender<MigrationResult>>,
     /// Job statistics the running migration reports next.
     pub job_reports: Vec<JobReport>,
+    /// The vCPUs the guest was last given by `set_vcpus`.
+    pub vcpus: Option<u32>,
 }
 
 /// A fake libvirt.
@@ -97,6 +99,13 @@ impl Backend for FakeBackend {
         self.with(|s| {
             s.calls.push("resume");
             s.state = DomainState::Running;
+        });
+        Ok(())
+    }
+    fn set_vcpus(&mut self, vcpus: u32) -> Result<(), LibvirtError> {
+        self.with(|s| {
+            s.calls.push("set_vcpus");
+            s.vcpus = Some(vcpus);
         });
         Ok(())
     }

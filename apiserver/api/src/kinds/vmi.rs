@@ -4,7 +4,10 @@ use serde_json::{Value, json};
 
 use super::{Admission, KindStrategy, Schemas, age, condition_status, decode, ptr, schema_of};
 use crate::catalogue::{AGE, Kind, column};
-use crate::policy::{Actor, host_disk_gate, immutable_spec, reserved_keys, without_claim_names};
+use crate::policy::{
+    Actor, host_disk_gate, immutable_spec, reserved_keys, without_claim_names,
+    without_live_updatable,
+};
 use crate::validation::FieldError;
 use crate::vmi::{
     VirtualMachineInstance, VirtualMachineInstanceSpec, VirtualMachineInstanceStatus,
@@ -92,12 +95,18 @@ fn admit(a: &Admission<'_>) -> Vec<FieldError> {
     if let Some(old) = old {
         match a.actor {
             Actor::Server => {}
-            // virt-controller points a volume at the claim a migration copied it to;
-            // nothing else of the spec changes.
-            Actor::Component => errs.extend(immutable_spec(
-                without_claim_names(old.get("spec")).as_ref(),
-                without_claim_names(new.get("spec")).as_ref(),
-            )),
+            // virt-controller points a volume at the claim a migration copied it to, and
+            // carries a VM's live updates (placement, CPU sockets); nothing else of the
+            // spec changes.
+            Actor::Component => {
+                let live = |spec: Option<&Value>| {
+                    without_live_updatable(without_claim_names(spec).as_ref())
+                };
+                errs.extend(immutable_spec(
+                    live(old.get("spec")).as_ref(),
+                    live(new.get("spec")).as_ref(),
+                ))
+            }
             Actor::User | Actor::Handler { .. } => {
                 errs.extend(immutable_spec(old.get("spec"), new.get("spec")))
             }
