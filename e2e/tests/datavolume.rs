@@ -467,15 +467,25 @@ fn virtctl_image_upload_fills_a_data_volume_a_vm_boots_and_bad_tokens_are_refuse
     let proxy = format!("https://127.0.0.1:{}", forward.port);
 
     // CDIConfig names the proxy's Service; users outside the cluster pass their way in.
-    let url = c
-        .kubectl(&[
-            "get",
-            "cdiconfig",
-            "config",
-            "-o",
-            "jsonpath={.status.uploadProxyURL}",
-        ])
-        .unwrap();
+    // Polled: right after an upgrade that adds the kind, kube-apiserver's discovery of the
+    // group can still be the old version's for a while, and virt-operator writes the status
+    // after the rollout.
+    let mut url = String::new();
+    c.eventually(
+        "CDIConfig config with the proxy's URL",
+        Duration::from_secs(120),
+        || {
+            url = c.kubectl(&[
+                "get",
+                "cdiconfig",
+                "config",
+                "-o",
+                "jsonpath={.status.uploadProxyURL}",
+            ])?;
+            Ok(!url.is_empty())
+        },
+    )
+    .unwrap();
     assert_eq!(url, "https://cdi-uploadproxy.kubevirt.svc");
 
     // Upstream virtctl, unchanged: creates the DataVolume, waits for UploadReady, asks for

@@ -747,6 +747,7 @@ mod tests {
                     current_memory: None,
                     vcpu: Vcpu {
                         placement: None,
+                        current: None,
                         count: 1,
                     },
                     os: Os::default(),
