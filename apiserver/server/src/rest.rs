@@ -1080,7 +1080,24 @@ impl Registry {
         opts: &WriteOptions,
     ) -> ApiResult<Written> {
         let ApplyHow { force, status_only } = how;
-        let (applied, warnings) = self.decode_body(def, applied, opts.field_validation)?;
+        let key = self.key(def, ns, name);
+        // An apply to /status names the status only, and its kind may require a spec: decode
+        // it with the live object's spec, as kube-apiserver decodes an apply configuration
+        // merged onto the live object, then drop that spec again (it is not the manager's).
+        // Found when virt-operator's status apply of CDIConfig was refused "spec: Required".
+        let borrowed_spec = status_only && applied.get("spec").is_none();
+        let mut applied = applied;
+        if borrowed_spec
+            && applied.is_object()
+            && let Some(cur) = self.storage.get(&key).await.map_err(storage_error)?
+            && let Some(spec) = cur.value.get("spec")
+        {
+            applied["spec"] = spec.clone();
+        }
+        let (mut applied, warnings) = self.decode_body(def, applied, opts.field_validation)?;
+        if borrowed_spec && let Some(o) = applied.as_object_mut() {
+            o.remove("spec");
+        }
         if meta_str(&applied, "name").is_none_or(str::is_empty) {
             return Err(ApiError::invalid(
                 def.kind,
@@ -1099,7 +1116,6 @@ impl Registry {
                 "the name of the object ({n}) does not match the name on the URL ({name})"
             )));
         }
-        let key = self.key(def, ns, name);
         if !status_only
             && self
                 .storage

@@ -1158,6 +1158,31 @@ async fn server_side_apply_conflicts_and_force() {
         .map(|m| m["manager"].as_str().unwrap())
         .collect();
     assert!(managers.contains(&"bob"), "{managers:?}");
+    // An apply to /status names only the status (as a controller writes it), though a VM
+    // requires a spec: the live spec stays, untouched and not owned by the status manager.
+    let (code, obj) = json_of(
+        c.patch(format!("{url}/ssa/status?fieldManager=carol"))
+            .header("Content-Type", "application/apply-patch+yaml")
+            .body(
+                json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                       "metadata": {"name": "ssa"}, "status": {"printableStatus": "Stopped"}})
+                .to_string(),
+            )
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code, 200, "{obj}");
+    assert_eq!(obj["status"]["printableStatus"], "Stopped");
+    assert_eq!(obj["spec"]["runStrategy"], "Always");
+    let carol = obj["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["manager"] == "carol")
+        .unwrap();
+    assert!(carol["fieldsV1"].get("f:spec").is_none(), "{carol}");
     // Impersonation asked of virt-apiserver directly is refused, not ignored.
     let (code, s) = json_of(
         c.get(&url)
