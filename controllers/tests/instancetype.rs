@@ -127,6 +127,24 @@ impl Env {
         Api::namespaced(self.client.clone(), NS)
     }
 
+    /// The instance-type and preference copies: the namespace's ControllerRevisions but the
+    /// VMs' start revisions (`revision-start-vm-…`, what RestartRequired compares with).
+    async fn copies(&self) -> Vec<ControllerRevision> {
+        self.revisions()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|r| {
+                !r.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("revision-start-vm-"))
+            })
+            .collect()
+    }
+
     async fn vmi_after(&self, name: &str, not_uid: Option<String>) -> VirtualMachineInstance {
         self.api
             .vmi_where(name, "a new VMI", |v| {
@@ -222,9 +240,9 @@ async fn vms_run_from_the_copies_they_captured() {
         "{it_rev}"
     );
     assert_eq!(it_ref.name.as_deref(), Some("tiny"));
-    let revisions = env.revisions().list(&ListParams::default()).await.unwrap();
-    assert_eq!(revisions.items.len(), 2, "one per reference");
-    for r in &revisions.items {
+    let revisions = env.copies().await;
+    assert_eq!(revisions.len(), 2, "one per reference");
+    for r in &revisions {
         let owner = &r.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!(
             (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
@@ -257,9 +275,9 @@ async fn vms_run_from_the_copies_they_captured() {
             .unwrap(),
         it_rev
     );
-    let revisions = env.revisions().list(&ListParams::default()).await.unwrap();
-    assert_eq!(revisions.items.len(), 2, "shared, not copied again");
-    for r in &revisions.items {
+    let revisions = env.copies().await;
+    assert_eq!(revisions.len(), 2, "shared, not copied again");
+    for r in &revisions {
         let mut owners: Vec<&str> = r
             .metadata
             .owner_references
@@ -336,16 +354,7 @@ async fn vms_run_from_the_copies_they_captured() {
         .unwrap();
     let third = env.vmi_after("a", again.uid()).await;
     assert_eq!(topology(&third), (Some(1), Some(2), Some(1)));
-    assert_eq!(
-        env.revisions()
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .len(),
-        2,
-        "no revision added by restarts"
-    );
+    assert_eq!(env.copies().await.len(), 2, "no revision added by restarts");
 
     // A template setting what the instance type owns gets no VMI: a Warning and the
     // VM's Failure condition name the field.
@@ -401,15 +410,7 @@ async fn the_expand_policy_writes_the_instance_type_into_the_vm() {
     let spec = vm.spec.template.spec.unwrap();
     assert_eq!(spec.domain.memory.unwrap().guest.unwrap().0, "64Mi");
     assert_eq!(spec.domain.cpu.unwrap().sockets, Some(1));
-    assert!(
-        env.revisions()
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty(),
-        "no copy kept"
-    );
+    assert!(env.copies().await.is_empty(), "no copy kept");
     // …and it runs as a plain VM.
     let vmi = env.vmi_after("e", None).await;
     assert_eq!(vmi.spec.domain.memory.unwrap().guest.unwrap().0, "64Mi");

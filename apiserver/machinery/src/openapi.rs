@@ -1649,7 +1649,8 @@ mod tests {
                 V3_INSTANCETYPE,
                 V3_KUBEVIRT,
                 V3_POOL,
-                V3_SUBRESOURCES
+                V3_SUBRESOURCES,
+                "apis/upload.cdi.kubevirt.io/v1beta1"
             ]
         );
         let (_, hash) = &docs.v3[V3_KUBEVIRT];
