@@ -170,6 +170,20 @@ fn vm_create_get_delete_through_kube_apiserver() {
             .as_str()
             .is_some_and(|u| !u.is_empty())
     );
+    // virt-controller writes the printable status; right after a deploy its new leader may
+    // take the lease over first (seconds), so the row is read once the status is there.
+    c.eventually("the VM's printable status", Duration::from_secs(60), || {
+        Ok(c.kubectl(&[
+            "-n",
+            &ns.name,
+            "get",
+            "vm",
+            "crud",
+            "-o",
+            "jsonpath={.status.printableStatus}",
+        ])? == "Stopped")
+    })
+    .expect("printableStatus Stopped");
     // Table output comes from our server: the catalogue's columns, and the row a user reads.
     let catalogue = &kubevirt_api::catalogue::VIRTUAL_MACHINE;
     for (wide, args) in [
