@@ -426,10 +426,18 @@ fn forward_upload_proxy(c: &e2e::Cluster) -> ProxyForward {
         .spawn()
         .expect("kubectl port-forward");
     let stdout = child.stdout.take().unwrap();
+    let mut reader = std::io::BufReader::new(stdout);
     let mut line = String::new();
-    std::io::BufReader::new(stdout)
-        .read_line(&mut line)
-        .unwrap();
+    reader.read_line(&mut line).unwrap();
+    // kubectl writes a line per connection ("Handling connection for …"): keep reading, or
+    // its next write hits a closed pipe and kills it (Go exits on SIGPIPE from stdout), and
+    // virtctl's upload then finds the port refused.
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while reader.read_line(&mut sink).is_ok_and(|n| n > 0) {
+            sink.clear();
+        }
+    });
     // "Forwarding from 127.0.0.1:PORT -> 8444"
     let port = line
         .split_whitespace()
