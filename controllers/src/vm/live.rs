@@ -143,8 +143,10 @@ pub fn restart_required(
     if strategy == VmRolloutStrategy::LiveUpdate {
         // Ignore the live-updatable fields by copying them over.
         if let (Some(o), Some(c)) = (old.template.spec.as_mut(), current.template.spec.as_ref()) {
-            if let (Some(ocpu), Some(ccpu)) = (o.domain.cpu.as_mut(), c.domain.cpu.as_ref()) {
-                ocpu.sockets = ccpu.sockets;
+            // A VM started without a `cpu` block (one socket) that now names its sockets
+            // changed only them: the started spec gets a block with the same sockets.
+            if let Some(ccpu) = c.domain.cpu.as_ref() {
+                o.domain.cpu.get_or_insert_with(Default::default).sockets = ccpu.sockets;
             }
             o.node_selector = c.node_selector.clone();
             o.affinity = c.affinity.clone();

@@ -49,6 +49,21 @@ fn an_unchanged_template_or_one_changed_only_in_metadata_needs_no_restart() {
 }
 
 #[test]
+fn sockets_named_in_a_template_that_had_no_cpu_block_are_live() {
+    // The common VM: no `cpu` at start (one socket), then `cpu.sockets: 2` (found by the e2e).
+    let mut t = base();
+    t["domain"].as_object_mut().unwrap().remove("cpu");
+    let a = vm_spec(t.clone());
+    t["domain"]["cpu"] = json!({"sockets": 2});
+    let b = vm_spec(t.clone());
+    assert_eq!(restart_required(&a, &b, LiveUpdate), None);
+    // Anything more in the new block is no live change.
+    t["domain"]["cpu"] = json!({"sockets": 2, "cores": 2});
+    assert!(restart_required(&a, &vm_spec(t), LiveUpdate).is_some());
+    assert!(restart_required(&a, &b, Stage).is_some());
+}
+
+#[test]
 fn under_stage_every_template_change_needs_a_restart_naming_the_fields() {
     let a = vm_spec(base());
     let mut t = base();
