@@ -602,6 +602,10 @@ fn virtctl_image_upload_fills_a_data_volume_a_vm_boots_and_bad_tokens_are_refuse
         .build()
         .unwrap();
     for (token, code, words) in cases {
+        // A forward per refused request: the proxy answers before reading the body and
+        // closes, and kubectl's port-forward ends with such a reset stream.
+        let forward = forward_upload_proxy(c);
+        let proxy = format!("https://127.0.0.1:{}", forward.port);
         let mut req = client
             .post(format!("{proxy}/v1beta1/upload"))
             .body(std::fs::read(&qcow2).unwrap());
