@@ -11,6 +11,7 @@ use crate::events::Recorder;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use kubevirt_api::migration::VirtualMachineInstanceMigrationPhase as MigrationPhase;
 use kubevirt_api::vmi::VirtualMachineInstancePhase;
 
 use crate::backoff::BackoffTable;
@@ -88,19 +89,45 @@ pub struct Context {
     pub metrics: Metrics,
     /// Last VMI phase seen per VMI uid, to observe each phase transition once.
     pub vmi_phases: PhaseTracker,
+    /// The same for migrations.
+    pub migration_phases: PhaseTracker<MigrationPhase>,
 }
 
-/// The phase each VMI had when last reconciled. Like KubeVirt's informer update
-/// handler, a transition is only counted when it is seen happen: the first sighting
-/// (e.g. every VMI after a restart) is recorded, not counted.
-#[derive(Debug, Default)]
-pub struct PhaseTracker(Mutex<HashMap<String, VirtualMachineInstancePhase>>);
+/// A lifecycle phase whose transitions are observed ([`PhaseTracker`]).
+pub trait TrackedPhase: Copy + PartialEq {
+    /// Nothing follows it.
+    fn is_final(self) -> bool;
+}
 
-impl PhaseTracker {
+impl TrackedPhase for VirtualMachineInstancePhase {
+    fn is_final(self) -> bool {
+        VirtualMachineInstancePhase::is_final(self)
+    }
+}
+
+impl TrackedPhase for MigrationPhase {
+    fn is_final(self) -> bool {
+        MigrationPhase::is_final(self)
+    }
+}
+
+/// The phase each VMI (or migration) had when last reconciled. Like KubeVirt's informer
+/// update handler, a transition is only counted when it is seen happen: the first sighting
+/// (e.g. every VMI after a restart) is recorded, not counted.
+#[derive(Debug)]
+pub struct PhaseTracker<P = VirtualMachineInstancePhase>(Mutex<HashMap<String, P>>);
+
+impl<P> Default for PhaseTracker<P> {
+    fn default() -> Self {
+        Self(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<P: TrackedPhase> PhaseTracker<P> {
     /// Records `phase` for `uid`; true when it differs from a phase seen before.
     /// Final phases are not kept: nothing follows them, and a finished VMI that is
     /// never deleted must not hold an entry forever.
-    pub fn changed(&self, uid: &str, phase: VirtualMachineInstancePhase) -> bool {
+    pub fn changed(&self, uid: &str, phase: P) -> bool {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if phase.is_final() {
             return map.remove(uid).is_some_and(|old| old != phase);
@@ -161,6 +188,7 @@ impl Context {
             backoff,
             metrics: Metrics::default(),
             vmi_phases: PhaseTracker::default(),
+            migration_phases: PhaseTracker::default(),
         }
     }
 

@@ -60,10 +60,15 @@ fn phase_histogram() -> Histogram {
 /// KubeVirt's type), registered under these names and help texts; the inventory ones are
 /// [`cluster::ALL`]. `controllers/tests/kubevirt_metrics.rs` checks both against
 /// KubeVirt's metric list.
-pub const KUBEVIRT_METRICS: [(&str, &str, &str); 4] = [
+pub const KUBEVIRT_METRICS: [(&str, &str, &str); 5] = [
     (
         "kubevirt_vmi_phase_transition_time_from_creation_seconds",
         "Histogram of VM phase transitions duration from creation time in seconds.",
+        "Histogram",
+    ),
+    (
+        "kubevirt_vmi_migration_phase_transition_time_from_creation_seconds",
+        "Histogram of VM migration phase transitions duration from creation time in seconds.",
         "Histogram",
     ),
     (
@@ -94,6 +99,7 @@ pub struct Metrics {
     pod_actions: Family<ActionLabels, Counter>,
     vmi_status_writes: Counter,
     phase_transitions: Family<PhaseLabels, Histogram, fn() -> Histogram>,
+    migration_phase_transitions: Family<PhaseLabels, Histogram, fn() -> Histogram>,
     /// Failures and fresh lists of the watches of our API.
     pub watches: virt_watch::WatchMetrics,
     /// Running VMIs on an outdated virt-launcher (KubeVirt's metric).
@@ -213,6 +219,14 @@ impl Sources {
             }
             out.extend(cluster::vmi_families(&store.state(), &cx));
         }
+        if let Some(store) = &migrations
+            && store
+                .wait_until_ready()
+                .now_or_never()
+                .is_some_and(|r| r.is_ok())
+        {
+            out.extend(cluster::migration_families(&store.state()));
+        }
         if let Some(store) = vms
             && store
                 .wait_until_ready()
@@ -311,8 +325,23 @@ impl Default for Metrics {
         );
         // The registry ends every help text with a period itself: KubeVirt's have theirs.
         let help = |m: (&'static str, &'static str, &str)| m.1.strip_suffix('.').unwrap_or(m.1);
-        let [phases, outdated, leading_status, ready_status] = KUBEVIRT_METRICS;
+        let [
+            phases,
+            migration_phases,
+            outdated,
+            leading_status,
+            ready_status,
+        ] = KUBEVIRT_METRICS;
         registry.register(phases.0, help(phases), phase_transitions.clone());
+        let migration_phase_transitions =
+            Family::<PhaseLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                phase_histogram,
+            );
+        registry.register(
+            migration_phases.0,
+            help(migration_phases),
+            migration_phase_transitions.clone(),
+        );
         let outdated_vmis = Gauge::default();
         registry.register(outdated.0, help(outdated), outdated_vmis.clone());
         let leading = Gauge::default();
@@ -330,6 +359,7 @@ impl Default for Metrics {
             pod_actions,
             vmi_status_writes,
             phase_transitions,
+            migration_phase_transitions,
             watches,
             outdated_vmis,
             leading,
@@ -383,6 +413,15 @@ impl Metrics {
     /// Observes a VMI entering `phase` `seconds` after its creation.
     pub fn vmi_phase_transition(&self, phase: &str, seconds: f64) {
         self.phase_transitions
+            .get_or_create(&PhaseLabels {
+                phase: phase.to_string(),
+            })
+            .observe(seconds);
+    }
+
+    /// Observes a migration entering `phase` `seconds` after its creation.
+    pub fn migration_phase_transition(&self, phase: &str, seconds: f64) {
+        self.migration_phase_transitions
             .get_or_create(&PhaseLabels {
                 phase: phase.to_string(),
             })

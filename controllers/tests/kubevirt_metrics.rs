@@ -39,7 +39,7 @@ struct Ours {
 fn ours() -> Vec<Ours> {
     let mut out = Vec::new();
     for (name, help, kind) in KUBEVIRT_METRICS {
-        let labels = if name == "kubevirt_vmi_phase_transition_time_from_creation_seconds" {
+        let labels = if name.ends_with("phase_transition_time_from_creation_seconds") {
             vec!["phase"]
         } else {
             Vec::new()
@@ -64,6 +64,14 @@ fn ours() -> Vec<Ours> {
             labels: d.labels.to_vec(),
         });
     }
+    let (name, help) = virt_apiserver::metrics::VM_CREATED_METRIC;
+    out.push(Ours {
+        component: "virt-apiserver",
+        name,
+        help,
+        kind: "Counter",
+        labels: vec!["namespace"],
+    });
     for (name, help) in virt_apiserver::metrics::CONNECTION_METRICS {
         out.push(Ours {
             component: "virt-apiserver",

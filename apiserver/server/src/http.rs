@@ -23,7 +23,7 @@ use crate::convert::{self, IncludeObject};
 use crate::discovery::Doc;
 use crate::error::{ApiError, ApiResult};
 use crate::kinds::ResourceDef;
-use crate::metrics::{RequestLabels, VerbLabels};
+use crate::metrics::{NamespaceLabels, RequestLabels, VerbLabels};
 use crate::request::{self, Output, Query, RequestInfo};
 use crate::rest::{
     DeleteOptions, DeleteOutcome, FieldValidation, ListOptions, Patch, WriteOptions,
@@ -581,6 +581,19 @@ fn record(st: &AppState, info: RequestInfo, start: Instant, response: &Response)
         .duration
         .get_or_create(&labels)
         .observe(start.elapsed().as_secs_f64());
+    if response.status() == http::StatusCode::CREATED
+        && info.verb == "create"
+        && info.group == kubevirt_api::GROUP
+        && info.resource == "virtualmachines"
+        && info.subresource.is_empty()
+    {
+        st.metrics
+            .vms_created
+            .get_or_create(&NamespaceLabels {
+                namespace: info.namespace.clone(),
+            })
+            .inc();
+    }
     st.metrics
         .requests
         .get_or_create(&RequestLabels {

@@ -131,9 +131,24 @@ pub const CONNECTION_METRICS: [(&str, &str); 3] = [
     ),
 ];
 
+/// KubeVirt's count of VirtualMachines created (virt-api's admitter counts each admitted
+/// create), by namespace; KubeVirt's recording rule `kubevirt_number_of_vms_created` sums it.
+pub const VM_CREATED_METRIC: (&str, &str) = (
+    "kubevirt_vm_created_by_pod_total",
+    "The total number of VMs created by namespace and virt-api pod, since install.",
+);
+
+/// The namespace of a counted object.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabels {
+    pub namespace: String,
+}
+
 /// All metrics of the server.
 #[derive(Debug)]
 pub struct Metrics {
+    /// VirtualMachines created, by namespace ([`VM_CREATED_METRIC`]).
+    pub vms_created: Family<NamespaceLabels, Counter>,
     registry: Registry,
     /// Requests by verb, resource, subresource, code.
     pub requests: Family<RequestLabels, Counter>,
@@ -209,7 +224,16 @@ impl Default for Metrics {
             let help = help.strip_suffix('.').unwrap_or(help);
             registry.register(*name, help, family.clone());
         }
+        let vms_created = Family::<NamespaceLabels, Counter>::default();
+        let (name, help) = VM_CREATED_METRIC;
+        registry.register(
+            // The registry appends `_total` to a counter's name.
+            name.strip_suffix("_total").unwrap_or(name),
+            help.strip_suffix('.').unwrap_or(help),
+            vms_created.clone(),
+        );
         Self {
+            vms_created,
             registry,
             requests,
             duration,

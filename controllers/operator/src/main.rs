@@ -166,23 +166,31 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         });
     }
     virt_controllers::signal::cancel_on_termination(shutdown.clone());
-    if args.leader_elect {
+    // KubeVirt's ready_status: 1 while this replica takes part in the election;
+    // leading_status: 1 while it leads.
+    let metrics_ctx = ctx.clone();
+    metrics_ctx.metrics.ready.set(1);
+    let lead = |ctx: Arc<Ctx>, stop: CancellationToken| async move {
+        ctx.metrics.leading.set(1);
+        tokio::join!(
+            reconcile::run(ctx.clone(), stop.clone()),
+            signer::run(ctx.clone(), stop)
+        );
+        ctx.metrics.leading.set(0);
+    };
+    let result = if args.leader_elect {
         Elector::new(
             client,
             LeaseConfig::new(&args.lease_namespace, "virt-operator", &identity),
         )
-        .run(shutdown, move |leading| async move {
-            tokio::join!(
-                reconcile::run(ctx.clone(), leading.clone()),
-                signer::run(ctx, leading)
-            );
-        })
-        .await?;
+        .run(shutdown, move |leading| lead(ctx.clone(), leading))
+        .await
     } else {
-        tokio::join!(
-            reconcile::run(ctx.clone(), shutdown.clone()),
-            signer::run(ctx, shutdown)
-        );
-    }
+        lead(ctx, shutdown).await;
+        Ok(())
+    };
+    metrics_ctx.metrics.ready.set(0);
+    metrics_ctx.metrics.leading.set(0);
+    result?;
     Ok(())
 }

@@ -732,6 +732,16 @@ fn placement(c: Option<&kubevirt_api::kubevirt::ComponentConfig>) -> Placement {
 }
 
 /// Renders everything for `kv`: (all objects but the APIServices, the APIServices).
+/// `developerConfiguration.useEmulation`: VMs may run on QEMU's TCG without `/dev/kvm`.
+fn emulation_allowed(kv: &KubeVirt) -> bool {
+    kv.spec
+        .configuration
+        .as_ref()
+        .and_then(|c| c.developer_configuration.as_ref())
+        .and_then(|d| d.use_emulation)
+        .unwrap_or(false)
+}
+
 fn render_all(
     kv: &KubeVirt,
     target: &Target,
@@ -772,7 +782,7 @@ fn render_all(
             .image_pull_policy
             .clone()
             .unwrap_or_else(|| "IfNotPresent".into()),
-        allow_emulation: dev.and_then(|d| d.use_emulation).unwrap_or(false),
+        allow_emulation: emulation_allowed(kv),
         feature_gates: render::apiserver_feature_gates(
             dev.and_then(|d| d.feature_gates.as_deref())
                 .unwrap_or_default(),
@@ -1637,6 +1647,9 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
             etcd::Topology::Single
         },
     };
+    ctx.metrics
+        .emulation_enabled
+        .set(i64::from(emulation_allowed(kv)));
     let (mut docs, mut apiservices) = render_all(
         kv,
         &target,

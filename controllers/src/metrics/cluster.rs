@@ -30,7 +30,7 @@ use kubevirt_api::instancetype::vm::{
 };
 use kubevirt_api::vm::{Matcher, PrintableStatus};
 use kubevirt_api::vmi::DomainSpec;
-use kubevirt_api::{VirtualMachine, VirtualMachineInstance};
+use kubevirt_api::{VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration};
 
 /// A metric's type, as KubeVirt declares it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,7 +86,23 @@ descs! {
     VM_RESOURCE_LIMITS = Gauge("kubevirt_vm_resource_limits", "Resources limits by Virtual Machine. Reports memory and CPU limits.", ["name", "namespace", "resource", "unit"]);
     VM_INFO = Gauge("kubevirt_vm_info", "Information about Virtual Machines.", ["name", "namespace", "os", "workload", "flavor", "machine_type", "instance_type", "preference", "status", "status_group"]);
     VM_CREATE_DATE = Gauge("kubevirt_vm_create_date_timestamp_seconds", "Virtual Machine creation timestamp.", ["name", "namespace"]);
+    MIGRATIONS_PENDING = Gauge("kubevirt_vmi_migrations_in_pending_phase", "Number of current pending migrations.", []);
+    MIGRATIONS_SCHEDULING = Gauge("kubevirt_vmi_migrations_in_scheduling_phase", "Number of current scheduling migrations.", []);
+    MIGRATIONS_UNSET = Gauge("kubevirt_vmi_migrations_in_unset_phase", "Number of current unset migrations. These are pending items the virt-controller hasn’t processed yet from the queue.", []);
+    MIGRATIONS_RUNNING = Gauge("kubevirt_vmi_migrations_in_running_phase", "Number of current running migrations.", []);
+    MIGRATION_SUCCEEDED = Gauge("kubevirt_vmi_migration_succeeded", "Indicates if the VMI migration succeeded.", ["vmi", "vmim", "namespace"]);
+    MIGRATION_FAILED = Gauge("kubevirt_vmi_migration_failed", "Indicates if the VMI migration failed.", ["vmi", "vmim", "namespace"]);
 }
+
+/// The migration families, in [`ALL`]'s order.
+const MIGRATION_FAMILIES: [&Desc; 6] = [
+    &MIGRATIONS_PENDING,
+    &MIGRATIONS_SCHEDULING,
+    &MIGRATIONS_UNSET,
+    &MIGRATIONS_RUNNING,
+    &MIGRATION_SUCCEEDED,
+    &MIGRATION_FAILED,
+];
 
 /// The five status-transition families, in KubeVirt's order.
 const TIMESTAMPS: [&Desc; 5] = [
@@ -591,7 +607,7 @@ fn last_transition(vm: &VirtualMachine) -> f64 {
 
 /// The `kubevirt_vm_*` families of these VMs.
 pub fn vm_families(vms: &[Arc<VirtualMachine>]) -> Vec<Family> {
-    let mut out = Families::new(&ALL[5..]);
+    let mut out = Families::new(&ALL[5..14]);
     let default_domain = DomainSpec::default();
     for vm in vms {
         let ns = vm.metadata.namespace.clone().unwrap_or_default();
@@ -656,6 +672,61 @@ pub fn vm_families(vms: &[Arc<VirtualMachine>]) -> Vec<Family> {
         if let Some(t) = &vm.metadata.creation_timestamp {
             out.push(&VM_CREATE_DATE, vec![name, ns], seconds(t));
         }
+    }
+    out.finish()
+}
+
+/// KubeVirt's migration inventory (`reportMigrationStats`): how many migrations are in each
+/// phase before the switch-over (the four counts always, zeros included; the phases between
+/// Scheduled and Running count as running), and one series per finished migration, its
+/// outcome.
+pub fn migration_families(migrations: &[Arc<VirtualMachineInstanceMigration>]) -> Vec<Family> {
+    use kubevirt_api::migration::VirtualMachineInstanceMigrationPhase as Phase;
+    let mut out = Families::new(&MIGRATION_FAMILIES);
+    let (mut pending, mut scheduling, mut unset, mut running) = (0.0, 0.0, 0.0, 0.0);
+    for m in migrations {
+        let phase = m.status.as_ref().map(|s| s.phase).unwrap_or_default();
+        let finished = |desc| {
+            (
+                desc,
+                vec![
+                    m.spec.vmi_name.clone(),
+                    m.metadata.name.clone().unwrap_or_default(),
+                    m.metadata.namespace.clone().unwrap_or_default(),
+                ],
+            )
+        };
+        let series = match phase {
+            Phase::Pending => {
+                pending += 1.0;
+                None
+            }
+            Phase::Scheduling => {
+                scheduling += 1.0;
+                None
+            }
+            Phase::Unset => {
+                unset += 1.0;
+                None
+            }
+            Phase::Scheduled | Phase::PreparingTarget | Phase::TargetReady | Phase::Running => {
+                running += 1.0;
+                None
+            }
+            Phase::Succeeded => Some(finished(&MIGRATION_SUCCEEDED)),
+            Phase::Failed => Some(finished(&MIGRATION_FAILED)),
+        };
+        if let Some((desc, labels)) = series {
+            out.push(desc, labels, 1.0);
+        }
+    }
+    for (desc, n) in [
+        (&MIGRATIONS_PENDING, pending),
+        (&MIGRATIONS_SCHEDULING, scheduling),
+        (&MIGRATIONS_UNSET, unset),
+        (&MIGRATIONS_RUNNING, running),
+    ] {
+        out.push(desc, Vec::new(), n);
     }
     out.finish()
 }

@@ -309,7 +309,65 @@ fn defaults_instance_types_and_status_groups() {
 fn every_family_is_kubevirts_and_once() {
     let names: HashSet<_> = ALL.iter().map(|d| d.name).collect();
     assert_eq!(names.len(), ALL.len());
-    assert_eq!(ALL.len(), 14);
+    assert_eq!(ALL.len(), 20);
     assert!(ALL[..5].iter().all(|d| d.name.starts_with("kubevirt_vmi_")));
-    assert!(ALL[5..].iter().all(|d| d.name.starts_with("kubevirt_vm_")));
+    assert!(
+        ALL[5..14]
+            .iter()
+            .all(|d| d.name.starts_with("kubevirt_vm_"))
+    );
+    assert!(
+        ALL[14..]
+            .iter()
+            .all(|d| d.name.starts_with("kubevirt_vmi_migration"))
+    );
+}
+
+fn vmim(name: &str, phase: &str) -> Arc<VirtualMachineInstanceMigration> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstanceMigration",
+            "metadata": {"name": name, "namespace": "ns", "uid": name},
+            "spec": {"vmiName": "vm1"},
+            "status": {"phase": phase},
+        }))
+        .unwrap(),
+    )
+}
+
+#[test]
+fn migrations_are_counted_per_phase_and_finished_ones_named() {
+    let fams = migration_families(&[
+        vmim("a", ""),
+        vmim("b", "Pending"),
+        vmim("c", "Scheduling"),
+        vmim("d", "PreparingTarget"),
+        vmim("e", "Running"),
+        vmim("f", "Succeeded"),
+        vmim("g", "Failed"),
+    ]);
+    for (name, n) in [
+        ("kubevirt_vmi_migrations_in_unset_phase", 1.0),
+        ("kubevirt_vmi_migrations_in_pending_phase", 1.0),
+        ("kubevirt_vmi_migrations_in_scheduling_phase", 1.0),
+        ("kubevirt_vmi_migrations_in_running_phase", 2.0),
+    ] {
+        assert_eq!(one(&fams, name).1, n, "{name}");
+    }
+    let (labels, v) = one(&fams, "kubevirt_vmi_migration_succeeded");
+    assert_eq!(v, 1.0);
+    assert_eq!(labels["vmi"], "vm1");
+    assert_eq!(labels["vmim"], "f");
+    assert_eq!(labels["namespace"], "ns");
+    assert_eq!(one(&fams, "kubevirt_vmi_migration_failed").0["vmim"], "g");
+}
+
+#[test]
+fn no_migrations_still_report_zero_counts() {
+    let fams = migration_families(&[]);
+    assert_eq!(
+        one(&fams, "kubevirt_vmi_migrations_in_running_phase").1,
+        0.0
+    );
+    assert!(series(&fams, "kubevirt_vmi_migration_succeeded").is_empty());
 }

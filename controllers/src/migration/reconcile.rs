@@ -205,11 +205,17 @@ pub async fn reconcile(
     let Some(mut vmim) = vmims.get_opt(&name).await.map_err(read("migration"))? else {
         if let Some(uid) = vmim.uid() {
             state.set_progress(&uid, None);
+            ctx.migration_phases.forget(&uid);
         }
         return Ok(Action::await_change());
     };
     let uid = vmim.uid().ok_or(MigrationError::NotPersisted)?;
     let phase = vmim.status.as_ref().map(|s| s.phase).unwrap_or_default();
+    if ctx.migration_phases.changed(&uid, phase)
+        && let Some(secs) = super::decide::seconds_since_creation(&vmim, phase)
+    {
+        ctx.metrics.migration_phase_transition(phase.as_str(), secs);
+    }
     let starting = matches!(phase, Phase::Unset | Phase::Pending)
         && vmim.metadata.deletion_timestamp.is_none();
     // Capacity is checked and taken under one lock: two Pending migrations reconciled

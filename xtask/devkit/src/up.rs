@@ -23,6 +23,10 @@ pub struct Args {
     /// Nodes of the local cluster (1, or 2 for live migration; `cargo xtask cluster up`).
     #[arg(long, default_value_t = 1)]
     pub nodes: u32,
+    /// Also run Prometheus on the cluster, scraping kubevirt-rs as a cluster's Prometheus
+    /// does (http://127.0.0.1:9090; docs/local-cluster.md).
+    #[arg(long)]
+    pub prometheus: bool,
 }
 
 /// The demo VM: runs the test guest (busybox initramfs, kernelBoot from the test-guest image)
@@ -201,6 +205,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bin: report.kubectl,
         kubeconfig: kubeconfig.clone(),
     };
+    if args.prometheus {
+        cluster::prometheus_up()?;
+    }
     if !args.no_demo {
         let yaml = serde_saphyr::to_string(&demo_vm()?).context("rendering the demo VM")?;
         // Server-side apply: creates it once, later runs leave a current object alone.

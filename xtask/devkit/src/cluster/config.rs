@@ -179,11 +179,16 @@ makeIPTablesUtilChains: false
 serializeImagePulls: false
 # Our images cannot be pulled again (there is no registry): never garbage-collect them.
 imageGCHighThresholdPercent: 100
+# The node's disk is the host's, shared with cargo's target/ and whatever else the host
+# runs: a percentage threshold (2 % of a 250 GB disk is 5 GB) evicted virt-apiserver,
+# etcd and every virt-handler in CI while gigabytes were still free. As kind does, disk
+# never evicts here; a really full disk fails loudly on its own.
 evictionHard:
   memory.available: 100Mi
-  nodefs.available: 2%
-  imagefs.available: 2%
-  nodefs.inodesFree: 2%
+  nodefs.available: "0%"
+  imagefs.available: "0%"
+  nodefs.inodesFree: "0%"
+  imagefs.inodesFree: "0%"
 "#,
         pki = pki.display(),
         sock = k.containerd_socket.display(),

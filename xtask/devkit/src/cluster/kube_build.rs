@@ -174,6 +174,18 @@ pub fn has_binaries(dir: &Path) -> bool {
 /// statically and stripped, at low priority; `what` names it in the error. Written beside
 /// `out` and renamed, so an interrupted build never looks cached.
 pub fn go_build(module: &Path, package: &str, out: &Path, what: &str) -> anyhow::Result<()> {
+    go_build_tagged(module, package, &[], out, what)
+}
+
+/// [`go_build`] with Go build tags (e.g. Prometheus' `remove_all_sd`, which leaves out the
+/// cloud service discoveries a local cluster never uses).
+pub fn go_build_tagged(
+    module: &Path,
+    package: &str,
+    tags: &[&str],
+    out: &Path,
+    what: &str,
+) -> anyhow::Result<()> {
     let go =
         go_binary().with_context(|| format!("Go is not installed (needed to build {what})"))?;
     std::fs::create_dir_all(out.parent().context("no parent")?)?;
@@ -181,7 +193,9 @@ pub fn go_build(module: &Path, package: &str, out: &Path, what: &str) -> anyhow:
     let output = std::process::Command::new("nice")
         .args(["-n", "10"])
         .arg(go)
-        .args(["build", "-trimpath", "-ldflags=-s -w", "-o"])
+        .args(["build", "-trimpath", "-ldflags=-s -w"])
+        .arg(format!("-tags={}", tags.join(",")))
+        .arg("-o")
         .arg(&partial)
         .arg(package)
         .current_dir(module)

@@ -23,6 +23,7 @@ mod kwok;
 mod net;
 mod node2;
 mod pki;
+mod prometheus;
 mod storage;
 
 pub use images::{ImageFile, ImageSpec, PAUSE_IMAGE};
@@ -71,6 +72,11 @@ enum Cmd {
         /// docs/local-cluster.md). A running second node is kept either way.
         #[arg(long, default_value_t = 1)]
         nodes: u32,
+        /// Also run Prometheus (built from its Go module), scraping kubevirt-rs through
+        /// virt-operator's ServiceMonitor and evaluating its PrometheusRule; on
+        /// http://127.0.0.1:9090. Run it again after a deploy to pick those up.
+        #[arg(long)]
+        prometheus: bool,
     },
     /// Stop the cluster and remove everything it created on this machine.
     Down,
@@ -87,9 +93,16 @@ enum Cmd {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let layout = Layout::discover()?;
     match args.command {
-        Cmd::Up { kubeconfig, nodes } => {
+        Cmd::Up {
+            kubeconfig,
+            nodes,
+            prometheus,
+        } => {
             let lock = layout.lock()?;
             up(&layout, kubeconfig, nodes)?;
+            if prometheus {
+                prometheus_up_locked(&layout)?;
+            }
             drop(lock);
             // kubectl for this cluster and our plugin, on one PATH entry: a fresh machine has
             // no kubectl at all.
@@ -211,6 +224,19 @@ pub fn ensure_up_nodes(kubeconfig: Option<PathBuf>, nodes: u32) -> anyhow::Resul
     let layout = Layout::discover()?;
     let _lock = layout.lock()?;
     up(&layout, kubeconfig, nodes)
+}
+
+/// Starts (or reconfigures) Prometheus on the running cluster: `cluster up --prometheus`.
+pub fn prometheus_up() -> anyhow::Result<()> {
+    let layout = Layout::discover()?;
+    let _lock = layout.lock()?;
+    prometheus_up_locked(&layout)
+}
+
+fn prometheus_up_locked(layout: &Layout) -> anyhow::Result<()> {
+    let progress = Progress::new();
+    let bin = kube_build::bin_dir(layout, &kube_build::pinned_version(layout)?);
+    prometheus::up(layout, &progress, &bin)
 }
 
 /// Paths of everything we own.
@@ -859,6 +885,7 @@ fn start_all(
 
 /// Names of our daemons in stop order.
 const STOP_ORDER: &[&str] = &[
+    prometheus::DAEMON_NAME,
     storage::DAEMON_NAME,
     "kube-proxy",
     node2::KUBELET,

@@ -18,7 +18,15 @@ use std::path::PathBuf;
 /// `live_migration` too: in the lane it took 11.3 of the lane's 22 min (a full run at
 /// 5dcb0e4), making the lane the longest part; beside, it overlaps.
 /// `datavolume` too: imports and a VM in a namespace of its own, mostly waiting on pods.
-pub const BESIDE: &[&str] = &["access", "datavolume", "guest", "live_migration", "network"];
+/// `metrics` too: two VMs in a namespace of its own, and a minute's wait for an alert.
+pub const BESIDE: &[&str] = &[
+    "access",
+    "datavolume",
+    "guest",
+    "live_migration",
+    "metrics",
+    "network",
+];
 /// Runs alone first: it deploys kubevirt-rs (building the images) before two binaries
 /// would deploy at once.
 pub const FIRST: &str = "kubevirt";
