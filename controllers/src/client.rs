@@ -1,4 +1,5 @@
-//! The Kubernetes client every controller binary (virt-controller, virt-operator) starts with.
+//! The Kubernetes client every controller binary (virt-controller, virt-operator) starts with,
+//! its requests counted in KubeVirt's REST client metrics ([`kube_client_metrics`]).
 
 use std::path::Path;
 
@@ -12,6 +13,8 @@ pub enum ClientError {
     },
     #[error("loading kubeconfig: {0}")]
     Load(#[from] kube::config::KubeconfigError),
+    #[error("no kube-apiserver configuration: {0}")]
+    Infer(#[from] kube::config::InferConfigError),
     #[error("building client: {0}")]
     Build(#[from] kube::Error),
 }
@@ -26,8 +29,8 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, ClientErr
                     source,
                 })?;
             let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-            Ok(kube::Client::try_from(cfg)?)
+            Ok(kube_client_metrics::client(cfg)?)
         }
-        None => Ok(kube::Client::try_default().await?),
+        None => Ok(kube_client_metrics::client(kube::Config::infer().await?)?),
     }
 }

@@ -283,6 +283,7 @@ impl Default for Metrics {
     fn default() -> Self {
         // No registry-wide prefix: the KubeVirt metric keeps its own name.
         let mut registry = Registry::default();
+        kube_client_metrics::global().register(&mut registry);
         let reconciles = Family::<ResultLabels, Counter>::default();
         let vmi_actions = Family::<ActionLabels, Counter>::default();
         let status_writes = Counter::default();

@@ -64,6 +64,19 @@ fn ours() -> Vec<Ours> {
             labels: d.labels.to_vec(),
         });
     }
+    for (name, help, kind) in kube_client_metrics::KUBEVIRT_METRICS {
+        out.push(Ours {
+            component: "virt-apiserver, virt-controller, virt-handler, virt-operator",
+            name,
+            help,
+            kind,
+            labels: if kind == "Counter" {
+                vec!["code", "method", "host", "resource", "verb"]
+            } else {
+                vec!["verb", "url"]
+            },
+        });
+    }
     let (name, help) = virt_apiserver::metrics::VM_CREATED_METRIC;
     out.push(Ours {
         component: "virt-apiserver",

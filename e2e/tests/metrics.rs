@@ -162,6 +162,29 @@ fn prometheus_scrapes_every_component_and_evaluates_kubevirts_rules() {
         Duration::from_secs(60),
         |r| r.iter().any(|(_, v)| *v >= 1.0),
     );
+    wait_query(
+        "one leading virt-operator, by KubeVirt's recording rule",
+        "kubevirt_virt_operator_leading",
+        Duration::from_secs(60),
+        |r| r.len() == 1 && r[0].1 == 1.0,
+    );
+    // Every component's requests to kube-apiserver, as KubeVirt's *RESTErrorsHigh alerts
+    // read them.
+    wait_query(
+        "REST client requests of every component",
+        "sum by (container) (kubevirt_rest_client_requests_total{namespace=\"kubevirt\"})",
+        Duration::from_secs(60),
+        |r| {
+            [
+                "virt-apiserver",
+                "virt-controller",
+                "virt-handler",
+                "virt-operator",
+            ]
+            .iter()
+            .all(|c| r.iter().any(|(m, v)| m["container"] == *c && *v > 0.0))
+        },
+    );
     // KubeVirt's rules, loaded from virt-operator's PrometheusRule, all evaluate.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

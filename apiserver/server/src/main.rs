@@ -130,7 +130,7 @@ async fn main() -> anyhow::Result<()> {
                 "no kube-apiserver configuration (use --standalone for local development)",
             )?,
         };
-        Some(kube::Client::try_from(config).context("kube client")?)
+        Some(kube_client_metrics::client(config).context("kube client")?)
     };
     let (request_header, client_ca, trust_inputs) = client_trust(&args, kube.as_ref()).await?;
     let handler_tls = handler::client_tls(&handler::HandlerTlsFiles {

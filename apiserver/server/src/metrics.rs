@@ -224,6 +224,7 @@ impl Default for Metrics {
             let help = help.strip_suffix('.').unwrap_or(help);
             registry.register(*name, help, family.clone());
         }
+        kube_client_metrics::global().register(&mut registry);
         let vms_created = Family::<NamespaceLabels, Counter>::default();
         let (name, help) = VM_CREATED_METRIC;
         registry.register(

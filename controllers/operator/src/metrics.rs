@@ -98,6 +98,7 @@ impl Default for Metrics {
         let watches = virt_watch::WatchMetrics::default();
         watches.register(&mut registry);
         let mut kubevirt = Registry::default();
+        kube_client_metrics::global().register(&mut kubevirt);
         // The registry ends every help text with a period itself: KubeVirt's have theirs.
         let help = |m: (&'static str, &'static str, &str)| m.1.strip_suffix('.').unwrap_or(m.1);
         let [leading_status, ready_status, emulation] = KUBEVIRT_METRICS;

@@ -160,7 +160,7 @@ async fn cluster_main(node_name: String, args: Args) -> anyhow::Result<()> {
         }
         None => kube::Config::infer().await?,
     };
-    let client = kube::Client::try_from(config)?;
+    let client = kube_client_metrics::client(config)?;
     let shutdown = shutdown_on_signal();
     let files = match &args.certificate_dir {
         Some(dir) => {

@@ -132,6 +132,7 @@ impl Default for Metrics {
         let mut top = Registry::default();
         let vmi_families = Arc::new(Mutex::new(Vec::new()));
         top.register_collector(Box::new(VmiFamilies(vmi_families.clone())));
+        kube_client_metrics::global().register(&mut top);
         let registry = top.sub_registry_with_prefix("kubevirt_handler");
         let vmis = Gauge::default();
         registry.register("vmis", "VMIs of this node being followed", vmis.clone());
