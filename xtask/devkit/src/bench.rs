@@ -13,6 +13,7 @@ mod crd;
 mod drain;
 mod etcd_drain;
 mod instancetype;
+mod scrape;
 mod memory;
 mod migrate;
 mod network;
@@ -72,6 +73,9 @@ pub enum Bench {
     /// Create → VMI Running of a VM sized by an instance type and preference against the
     /// same VM written out in full, alternating in one run (local cluster).
     Instancetype(instancetype::InstancetypeArgs),
+    /// One Prometheus scrape of virt-handler with N running VMs on its node (time, bytes),
+    /// and virt-handler's memory per VM (local cluster).
+    Scrape(scrape::ScrapeArgs),
     /// The pod network: TCP throughput and HTTP round trips node → guest for masquerade and
     /// bridge against a bare tap in the same run, and how soon the guest answers after its
     /// DHCP lease (network namespaces of its own, no cluster).
@@ -165,6 +169,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Bench::Drain(a) => drain::run(a),
         Bench::EtcdDrain(a) => etcd_drain::run(a),
         Bench::Instancetype(a) => instancetype::run(a),
+        Bench::Scrape(a) => scrape::run(a),
         Bench::Storage(a) => storage::run(a),
         Bench::Network(a) => network::run(a),
         Bench::PortForward(a) => portforward::run(a),

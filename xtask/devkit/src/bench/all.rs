@@ -65,6 +65,7 @@ pub fn plan(args: &AllArgs) -> Vec<Step> {
         step(section::DRAIN, true, &["--runs", &runs]),
         step(section::ETCD_DRAIN, true, &["--runs", &runs]),
         step(section::INSTANCETYPE, true, &["--runs", &runs]),
+        step(section::SCRAPE, true, &[]),
     ]
     .into_iter()
     .filter(|s| !args.skip.iter().any(|k| k == s.name))

@@ -95,6 +95,11 @@ pub const POOL: Slot = Slot {
     title: "kubectl scale of a VirtualMachinePool on fake nodes (cargo xtask bench pool)",
     command: "cargo xtask bench pool",
 };
+pub const SCRAPE: Slot = Slot {
+    key: "scrape",
+    title: "A Prometheus scrape of virt-handler with N running VMs (cargo xtask bench scrape)",
+    command: "cargo xtask bench scrape",
+};
 pub const ALL: Slot = Slot {
     key: "all",
     title: "The last full run (cargo xtask bench all)",
@@ -104,7 +109,7 @@ pub const ALL: Slot = Slot {
 /// Every generated section, in the document's order: what `bench all`'s plan and the
 /// checked-in document are tested against.
 #[cfg(test)]
-pub const SLOTS: [Slot; 16] = [
+pub const SLOTS: [Slot; 17] = [
     ALL,
     APISERVER,
     ABUSE,
@@ -121,6 +126,7 @@ pub const SLOTS: [Slot; 16] = [
     DRAIN,
     ETCD_DRAIN,
     INSTANCETYPE,
+    SCRAPE,
 ];
 
 /// What a reader needs to trust or reproduce a figure.
