@@ -46,6 +46,7 @@ pub async fn handle(
 
 use kubevirt_api::catalogue::{self, Subresource};
 use kubevirt_api::common::ConditionStatus;
+use kubevirt_api::handler_protocol::ForwardTarget;
 use kubevirt_api::options::{
     EvacuateCancelOptions, MigrateOptions, RestartOptions, StartOptions, StopOptions,
 };
@@ -200,8 +201,8 @@ fn stream_path(sub: &Subresource, rest: &[String]) -> ApiResult<String> {
         };
     }
     let (port, protocol) = match rest {
-        [port] => (port, "tcp"),
-        [port, protocol] => (port, protocol.as_str()),
+        [port] => (port, None),
+        [port, protocol] => (port, Some(protocol.as_str())),
         _ => {
             return Err(ApiError::bad_request(format!(
                 "{}: the path needs a port: {}/{{port}}[/{{protocol}}]",
@@ -209,17 +210,9 @@ fn stream_path(sub: &Subresource, rest: &[String]) -> ApiResult<String> {
             )));
         }
     };
-    let port: u16 = port
-        .parse()
-        .ok()
-        .filter(|p| *p > 0)
-        .ok_or_else(|| ApiError::bad_request(format!("invalid port {port:?}: 1-65535")))?;
-    match protocol {
-        "tcp" | "udp" => Ok(format!("{}/{port}/{protocol}", sub.name)),
-        other => Err(ApiError::bad_request(format!(
-            "invalid protocol {other:?}: tcp or udp"
-        ))),
-    }
+    ForwardTarget::parse(port, protocol)
+        .map(|t| t.path(sub.name))
+        .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 async fn body_bytes(body: axum::body::Body) -> ApiResult<axum::body::Bytes> {
@@ -411,7 +404,7 @@ impl Subresources<'_> {
         let slot = parts.extensions.remove::<crate::http::StreamSlot>();
         // Clients that offer no subprotocol (KubeVirt before #1485) are served too.
         Ok(upgrade
-            .protocols([crate::handler::PLAIN_SUBPROTOCOL])
+            .protocols([kubevirt_api::handler_protocol::PLAIN_SUBPROTOCOL])
             .max_message_size(crate::stream::MAX_CLIENT_MESSAGE)
             .max_frame_size(crate::stream::MAX_CLIENT_MESSAGE)
             .on_failed_upgrade(|e| tracing::debug!(error = %e, "Client upgrade failed"))
