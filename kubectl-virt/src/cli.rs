@@ -224,14 +224,17 @@ fn action_subcommand(c: ActionCommand) -> clap::Command {
         );
     }
     if c.dry_run {
-        cmd = cmd.arg(
-            Arg::new("dry_run")
-                .long("dry-run")
-                .action(ArgAction::SetTrue)
-                .help(DRY_RUN_HELP),
-        );
+        cmd = cmd.arg(dry_run_flag());
     }
     cmd
+}
+
+/// `--dry-run`, as every action command offers it.
+fn dry_run_flag() -> Arg {
+    Arg::new("dry_run")
+        .long("dry-run")
+        .action(ArgAction::SetTrue)
+        .help(DRY_RUN_HELP)
 }
 
 impl clap::FromArgMatches for VmiActionCommand {
@@ -342,12 +345,7 @@ fn vm_subcommand(c: VmCommand) -> clap::Command {
             None => arg,
         });
     }
-    cmd = cmd.arg(
-        Arg::new("dry_run")
-            .long("dry-run")
-            .action(ArgAction::SetTrue)
-            .help(DRY_RUN_HELP),
-    );
+    cmd = cmd.arg(dry_run_flag());
     if c.migrates {
         cmd = cmd.arg(
             Arg::new("wait")
