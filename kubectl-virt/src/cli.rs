@@ -3,7 +3,9 @@
 use clap::builder::EnumValueParser;
 use clap::error::ErrorKind;
 use clap::{Arg, ArgAction, ArgMatches, Parser, Subcommand};
-use kubevirt_api::catalogue::{self, ActionCommand, VmiActionDef};
+use kubevirt_api::catalogue::{
+    self, ActionCommand, FlagValue, FlagValues, VmActionDef, VmCommand, VmiActionDef,
+};
 
 use crate::connect::GlobalArgs;
 use crate::create::VolumeArg;
@@ -28,68 +30,18 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Start a virtual machine.
-    Start {
-        /// Name of the VM.
-        name: String,
-        /// Start the VM paused.
-        #[arg(long)]
-        paused: bool,
-        /// Ask the server to validate the request without changing anything.
-        #[arg(long)]
-        dry_run: bool,
-    },
-    /// Stop a virtual machine.
-    Stop {
-        /// Name of the VM.
-        name: String,
-        /// Seconds the guest gets to shut down (only with --force).
-        #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
-        grace_period: Option<i64>,
-        /// Stop immediately with the given --grace-period, overriding the VM's.
-        #[arg(long)]
-        force: bool,
-        /// Ask the server to validate the request without changing anything.
-        #[arg(long)]
-        dry_run: bool,
-    },
-    /// Restart a virtual machine.
-    Restart {
-        /// Name of the VM.
-        name: String,
-        /// Only 0 is supported, together with --force.
-        #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
-        grace_period: Option<i64>,
-        /// Restart immediately, without a graceful guest shutdown.
-        #[arg(long)]
-        force: bool,
-        /// Ask the server to validate the request without changing anything.
-        #[arg(long)]
-        dry_run: bool,
-    },
+    /// start, stop, restart, …: one command per VM action of the API catalogue that
+    /// creates no migration.
+    #[command(flatten)]
+    VmAction(VmCommands<false>),
     /// pause, unpause, soft-reboot, reset, …: one command per VMI action of the API
     /// catalogue that upstream virtctl has.
     #[command(flatten)]
     VmiAction(VmiActionCommand),
-    /// Live-migrate a VM's instance to another node.
-    Migrate {
-        /// Name of the VM.
-        name: String,
-        /// Extra node selector for the target, key=value[,key=value].
-        #[arg(
-            long = "added-node-selector",
-            visible_alias = "addedNodeSelector",
-            value_name = "K=V,…"
-        )]
-        added_node_selector: Vec<String>,
-        /// Ask the server to validate the request without changing anything.
-        #[arg(long)]
-        dry_run: bool,
-        /// Follow the migration: progress (phase, percent of memory transferred, rate)
-        /// until it ends; exit 1 when it fails.
-        #[arg(long)]
-        wait: bool,
-    },
+    /// migrate, …: the VM actions of the catalogue that create a migration, listed with the
+    /// other migration commands.
+    #[command(flatten)]
+    VmMigration(VmCommands<true>),
     /// Cancel the running migration of a VM.
     MigrateCancel {
         /// Name of the VM.
@@ -233,11 +185,17 @@ pub struct VmiActionCommand {
 
 const DRY_RUN_HELP: &str = "Ask the server to validate the request without changing anything";
 
+/// The entries of `defs` that have a command, with it, in the catalogue's order.
+fn with_commands<D, C>(
+    defs: &'static [&'static D],
+    command: fn(&D) -> Option<C>,
+) -> impl Iterator<Item = (&'static D, C)> {
+    defs.iter().filter_map(move |d| command(d).map(|c| (*d, c)))
+}
+
 /// The catalogued VMI actions that have a command, in the catalogue's order.
 pub fn action_commands() -> impl Iterator<Item = (&'static VmiActionDef, ActionCommand)> {
-    catalogue::VMI_ACTIONS
-        .into_iter()
-        .filter_map(|d| d.command.map(|c| (d, c)))
+    with_commands(&catalogue::VMI_ACTIONS, |d| d.command)
 }
 
 /// The command whose name is `name`.
@@ -266,14 +224,17 @@ fn action_subcommand(c: ActionCommand) -> clap::Command {
         );
     }
     if c.dry_run {
-        cmd = cmd.arg(
-            Arg::new("dry_run")
-                .long("dry-run")
-                .action(ArgAction::SetTrue)
-                .help(DRY_RUN_HELP),
-        );
+        cmd = cmd.arg(dry_run_flag());
     }
     cmd
+}
+
+/// `--dry-run`, as every action command offers it.
+fn dry_run_flag() -> Arg {
+    Arg::new("dry_run")
+        .long("dry-run")
+        .action(ArgAction::SetTrue)
+        .help(DRY_RUN_HELP)
 }
 
 impl clap::FromArgMatches for VmiActionCommand {
@@ -319,6 +280,153 @@ impl clap::Subcommand for VmiActionCommand {
 
     fn has_subcommand(name: &str) -> bool {
         action_command(name).is_some()
+    }
+}
+
+/// A VM action's command, built from its catalogue entry (`catalogue::VM_ACTIONS`):
+/// `stop NAME [--grace-period SECONDS] [--force] [--dry-run]`, with `--wait` when the action
+/// creates a migration. A catalogued action with a command gets its subcommand, flags, help
+/// and completion here without an edit.
+#[derive(Clone, Debug)]
+pub struct VmActionCommand {
+    pub def: &'static VmActionDef,
+    /// Its entry's command.
+    pub command: VmCommand,
+    /// The VM's name.
+    pub name: String,
+    /// The values of the command's flags, for [`VmCommand::build`].
+    pub flags: FlagValues,
+    pub dry_run: bool,
+    /// Follow the migration it creates.
+    pub wait: bool,
+}
+
+/// The commands of the VM actions whose [`VmCommand::migrates`] is `MIGRATES`: the root
+/// command lists those that create no migration first and the others with migrate-cancel.
+#[derive(Clone, Debug)]
+pub struct VmCommands<const MIGRATES: bool>(pub VmActionCommand);
+
+/// The catalogued VM actions that have a command, in the catalogue's order.
+pub fn vm_commands() -> impl Iterator<Item = (&'static VmActionDef, VmCommand)> {
+    with_commands(&catalogue::VM_ACTIONS, |d| d.command)
+}
+
+/// The VM action command whose name is `name`.
+pub fn vm_command(name: &str) -> Option<(&'static VmActionDef, VmCommand)> {
+    vm_commands().find(|(_, c)| c.name == name)
+}
+
+const WAIT_HELP: &str = "Follow the migration: progress (phase, percent of memory transferred, \
+                         rate) until it ends; exit 1 when it fails";
+
+fn vm_subcommand(c: VmCommand) -> clap::Command {
+    let mut cmd = clap::Command::new(c.name)
+        .about(c.about)
+        .long_about(None)
+        .arg(
+            Arg::new("name")
+                .value_name("NAME")
+                .required(true)
+                .help("Name of the VM"),
+        );
+    for f in c.flags {
+        let arg = Arg::new(f.long).long(f.long).help(f.help);
+        let arg = match f.value {
+            FlagValue::Switch => arg.action(ArgAction::SetTrue),
+            FlagValue::Integer { value_name } => arg
+                .value_name(value_name)
+                .allow_negative_numbers(true)
+                .value_parser(clap::value_parser!(i64))
+                .action(ArgAction::Set),
+            FlagValue::List { value_name } => arg.value_name(value_name).action(ArgAction::Append),
+        };
+        cmd = cmd.arg(match f.alias {
+            Some(a) => arg.visible_alias(a),
+            None => arg,
+        });
+    }
+    cmd = cmd.arg(dry_run_flag());
+    if c.migrates {
+        cmd = cmd.arg(
+            Arg::new("wait")
+                .long("wait")
+                .action(ArgAction::SetTrue)
+                .help(WAIT_HELP),
+        );
+    }
+    cmd
+}
+
+impl<const MIGRATES: bool> VmCommands<MIGRATES> {
+    fn commands() -> impl Iterator<Item = (&'static VmActionDef, VmCommand)> {
+        vm_commands().filter(|(_, c)| c.migrates == MIGRATES)
+    }
+}
+
+impl<const MIGRATES: bool> clap::FromArgMatches for VmCommands<MIGRATES> {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        let (sub, m) = m
+            .subcommand()
+            .ok_or_else(|| clap::Error::new(ErrorKind::MissingSubcommand))?;
+        let (def, command) = Self::commands()
+            .find(|(_, c)| c.name == sub)
+            .ok_or_else(|| {
+                clap::Error::raw(ErrorKind::InvalidSubcommand, format!("no action {sub:?}"))
+            })?;
+        let mut flags = FlagValues::default();
+        for f in command.flags {
+            match f.value {
+                FlagValue::Switch => {
+                    if m.get_flag(f.long) {
+                        flags.switches.push(f.long);
+                    }
+                }
+                FlagValue::Integer { .. } => {
+                    if let Some(v) = m.get_one::<i64>(f.long) {
+                        flags.integers.push((f.long, *v));
+                    }
+                }
+                FlagValue::List { .. } => {
+                    let v: Vec<String> = m
+                        .get_many::<String>(f.long)
+                        .into_iter()
+                        .flatten()
+                        .cloned()
+                        .collect();
+                    flags.lists.push((f.long, v));
+                }
+            }
+        }
+        Ok(Self(VmActionCommand {
+            def,
+            command,
+            name: m
+                .get_one::<String>("name")
+                .cloned()
+                .ok_or_else(|| clap::Error::raw(ErrorKind::MissingRequiredArgument, "NAME"))?,
+            flags,
+            dry_run: m.get_flag("dry_run"),
+            wait: command.migrates && m.get_flag("wait"),
+        }))
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl<const MIGRATES: bool> clap::Subcommand for VmCommands<MIGRATES> {
+    fn augment_subcommands(cmd: clap::Command) -> clap::Command {
+        Self::commands().fold(cmd, |cmd, (_, c)| cmd.subcommand(vm_subcommand(c)))
+    }
+
+    fn augment_subcommands_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_subcommands(cmd)
+    }
+
+    fn has_subcommand(name: &str) -> bool {
+        Self::commands().any(|(_, c)| c.name == name)
     }
 }
 
@@ -467,9 +575,14 @@ mod tests {
         ]);
         assert_eq!(c.global.namespace.as_deref(), Some("prod"));
         assert_eq!(c.global.context.as_deref(), Some("c"));
-        assert!(
-            matches!(c.command, Command::Start { ref name, paused: false, dry_run: false } if name == "vm1")
+        let Command::VmAction(VmCommands(a)) = c.command else {
+            panic!("not a VM action");
+        };
+        assert_eq!(
+            (a.def, a.name.as_str(), a.dry_run),
+            (&catalogue::START_ACTION, "vm1", false)
         );
+        assert_eq!(a.flags, FlagValues::default());
         let c = parse(&[
             "--namespace",
             "x",
@@ -480,14 +593,18 @@ mod tests {
             "0",
         ]);
         assert_eq!(c.global.namespace.as_deref(), Some("x"));
-        assert!(matches!(
-            c.command,
-            Command::Stop {
-                grace_period: Some(0),
-                force: true,
-                ..
+        let Command::VmAction(VmCommands(a)) = c.command else {
+            panic!("not a VM action");
+        };
+        assert_eq!(a.def, &catalogue::STOP_ACTION);
+        assert_eq!(
+            a.flags,
+            FlagValues {
+                switches: vec!["force"],
+                integers: vec![("grace-period", 0)],
+                lists: vec![],
             }
-        ));
+        );
         let c = parse(&["console", "vm1", "--as", "jane", "--as-group", "devs"]);
         assert_eq!(c.global.as_user.as_deref(), Some("jane"));
         assert_eq!(c.global.as_group, ["devs"]);
@@ -545,6 +662,56 @@ mod tests {
                 Some(c.about)
             );
             assert_eq!(def.command, Some(c));
+        }
+    }
+
+    #[test]
+    fn vm_action_commands_come_from_the_catalogue() {
+        let Command::VmMigration(VmCommands(c)) = parse(&[
+            "migrate",
+            "a",
+            "--addedNodeSelector",
+            "x=1",
+            "--added-node-selector",
+            "y=2,z=3",
+            "--wait",
+        ])
+        .command
+        else {
+            panic!("not a migration command");
+        };
+        assert_eq!(c.def, &catalogue::MIGRATE_ACTION);
+        assert!(c.wait && !c.dry_run);
+        assert_eq!(
+            c.flags.list("added-node-selector"),
+            ["x=1".to_string(), "y=2,z=3".into()]
+        );
+        // Negative grace periods reach the action's checks, which word the refusal.
+        let Command::VmAction(VmCommands(c)) =
+            parse(&["stop", "a", "--force", "--grace-period", "-1"]).command
+        else {
+            panic!("not a VM action");
+        };
+        assert_eq!(
+            crate::request::vm_action(&c).err().map(|e| e.to_string()),
+            Some("--grace-period must be 0 or more, got -1".into())
+        );
+        // --wait only where the action migrates.
+        assert!(Cli::try_parse_from(["kubectl-virt", "start", "a", "--wait"]).is_err());
+        let root = Cli::command();
+        for (def, c) in vm_commands() {
+            let sub = root
+                .find_subcommand(c.name)
+                .unwrap_or_else(|| panic!("no {} command", c.name));
+            assert_eq!(
+                sub.get_about().map(ToString::to_string).as_deref(),
+                Some(c.about)
+            );
+            for f in c.flags {
+                assert!(sub.get_arguments().any(|a| a.get_long() == Some(f.long)));
+            }
+            assert!(sub.get_arguments().any(|a| a.get_long() == Some("dry-run")));
+            assert_eq!(def.command.map(|c| c.name), Some(c.name));
         }
     }
 

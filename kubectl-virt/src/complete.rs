@@ -10,7 +10,7 @@ use clap::CommandFactory;
 use kube::Api;
 use kube::api::ListParams;
 
-use crate::cli::{Cli, action_command};
+use crate::cli::{Cli, action_command, vm_command};
 use crate::connect::GlobalArgs;
 
 /// The hidden argument cobra-style completion is requested with.
@@ -43,7 +43,9 @@ pub struct Plan {
 /// Commands whose first positional names a VM or a VMI.
 fn name_lookup(cmd: &str) -> Option<Lookup> {
     match cmd {
-        "start" | "stop" | "restart" | "migrate" | "migrate-cancel" => Some(Lookup::Vms),
+        "migrate-cancel" => Some(Lookup::Vms),
+        // The VM actions (start, stop, …).
+        c if vm_command(c).is_some() => Some(Lookup::Vms),
         "console" | "vnc" => Some(Lookup::Vmis),
         // The VMI actions that take a VMI's name (soft-reboot, reset, …).
         c => action_command(c)

@@ -30,7 +30,7 @@ use clap::CommandFactory;
 use crate::cli::{Cli, Command, CreateCommand};
 pub use crate::error::CliError;
 use crate::ops::ObjectKind;
-use crate::request::{Action, parse_node_selector, restart_action, stop_action};
+use crate::request::{Action, evacuate_cancel, vm_action};
 
 /// Executable name kubectl discovers plugins by.
 pub const BIN_NAME: &str = "kubectl-virt";
@@ -167,34 +167,19 @@ async fn run_with_session(
     command: Command,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let vm = ObjectKind::Vm;
     match command {
         Command::Adm(cli::AdmCommand::Backup { to }) => backup::backup(session, &to, out).await,
         Command::Adm(cli::AdmCommand::Restore { from }) => {
             backup::restore(session, &from, out).await
         }
-        Command::Start {
-            name,
-            paused,
-            dry_run,
-        } => ops::run_action(session, &Action::Start { paused, dry_run }, vm, &name, out).await,
-        Command::Stop {
-            name,
-            grace_period,
-            force,
-            dry_run,
-        } => {
-            let action = stop_action(grace_period, force, dry_run)?;
-            ops::run_action(session, &action, vm, &name, out).await
-        }
-        Command::Restart {
-            name,
-            grace_period,
-            force,
-            dry_run,
-        } => {
-            let action = restart_action(grace_period, force, dry_run)?;
-            ops::run_action(session, &action, vm, &name, out).await
+        Command::VmAction(cli::VmCommands(c)) | Command::VmMigration(cli::VmCommands(c)) => {
+            let action = vm_action(&c)?;
+            let started = std::time::Instant::now();
+            ops::run_action(session, &action, ObjectKind::Vm, &c.name, out).await?;
+            if c.wait && !c.dry_run {
+                migrate::wait(session, &c.name, started, out).await?;
+            }
+            Ok(())
         }
         Command::VmiAction(c) => {
             let action = Action::Vmi {
@@ -202,23 +187,6 @@ async fn run_with_session(
                 dry_run: c.dry_run,
             };
             ops::run_action(session, &action, c.kind, &c.name, out).await
-        }
-        Command::Migrate {
-            name,
-            added_node_selector,
-            dry_run,
-            wait,
-        } => {
-            let action = Action::Migrate {
-                added_node_selector: parse_node_selector(&added_node_selector)?,
-                dry_run,
-            };
-            let started = std::time::Instant::now();
-            ops::run_action(session, &action, vm, &name, out).await?;
-            if wait && !dry_run {
-                migrate::wait(session, &name, started, out).await?;
-            }
-            Ok(())
         }
         Command::MigrateCancel { name, dry_run } => {
             ops::migrate_cancel(session, &name, dry_run, out).await
@@ -234,7 +202,7 @@ async fn run_with_session(
             ops::EvacuateKind::Vm | ops::EvacuateKind::Vmi => {
                 let vmi = kind == ops::EvacuateKind::Vmi;
                 let object = if vmi { ObjectKind::Vmi } else { ObjectKind::Vm };
-                let action = Action::EvacuateCancel { vmi, dry_run };
+                let action = evacuate_cancel(vmi, dry_run);
                 ops::run_action(session, &action, object, &name, out).await
             }
         },

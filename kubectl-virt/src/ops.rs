@@ -80,7 +80,7 @@ pub async fn evacuate_cancel_node(
         return writeln!(out, "No VMI is being evacuated from node {node}")
             .map_err(|e| CliError::io("writing output", e));
     }
-    let action = Action::EvacuateCancel { vmi: true, dry_run };
+    let action = crate::request::evacuate_cancel(true, dry_run);
     for (ns, name) in leaving {
         let req = action.request(&ns, &name)?;
         put(session, &req).await?;

@@ -43,21 +43,8 @@ pub fn parse_target(s: &str) -> Result<Forwardee, CliError> {
 }
 
 /// A transport of a forwarded port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    Tcp,
-    Udp,
-}
-
-impl Protocol {
-    /// As in the subresource's path.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-        }
-    }
-}
+pub use kubevirt_api::handler_protocol::ForwardProtocol as Protocol;
+use kubevirt_api::handler_protocol::{ForwardTarget, parse_port};
 
 /// One forwarded port: `[PROTOCOL/][LOCAL:]REMOTE` (virtctl's syntax: `udp/5353:53`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,13 +60,14 @@ pub struct Ports {
 pub fn parse_ports(s: &str) -> Result<Ports, CliError> {
     let (protocol, rest) = match s.split_once('/') {
         None => (Protocol::Tcp, s),
-        Some(("tcp", rest)) => (Protocol::Tcp, rest),
-        Some(("udp", rest)) => (Protocol::Udp, rest),
-        Some((other, _)) => {
-            return Err(CliError::Usage(format!(
-                "{s:?}: unknown protocol {other:?}; use tcp/PORTS or udp/PORTS"
-            )));
-        }
+        Some((p, rest)) => match Protocol::parse(p) {
+            Some(protocol) => (protocol, rest),
+            None => {
+                return Err(CliError::Usage(format!(
+                    "{s:?}: unknown protocol {p:?}; use tcp/PORTS or udp/PORTS"
+                )));
+            }
+        },
     };
     let (local, remote) = parse_pair(s, rest)?;
     Ok(Ports {
@@ -101,11 +89,7 @@ fn parse_pair(whole: &str, s: &str) -> Result<(u16, u16), CliError> {
         Some((l, r)) => (l.parse::<u16>().map_err(|_| bad())?, r),
         None => (u16::MAX, s),
     };
-    let remote = remote
-        .parse::<u16>()
-        .ok()
-        .filter(|p| *p > 0)
-        .ok_or_else(bad)?;
+    let remote = parse_port(remote).ok_or_else(bad)?;
     Ok((if local == u16::MAX { remote } else { local }, remote))
 }
 
@@ -134,9 +118,9 @@ pub async fn open(
     protocol: Protocol,
 ) -> Result<ws::Stream, CliError> {
     let path = format!(
-        "{}/{port}/{}",
+        "{}/{}",
         f.sub.path(&session.namespace, &f.name),
-        protocol.as_str()
+        ForwardTarget { port, protocol }.params()
     );
     let target = target_of(session, f);
     ws::connect(session, &path, &target)

@@ -2,47 +2,23 @@
 //! subresource API expects. No I/O here, so every path and body is
 //! unit-tested against the KubeVirt contract.
 
-use std::collections::BTreeMap;
-
 use crate::error::{CliError, Target};
 
 pub const SUBRESOURCES_GROUP: &str = kubevirt_api::SUBRESOURCES_GROUP;
 pub const SUBRESOURCES_VERSION: &str = "v1";
 
-use kubevirt_api::catalogue::{self, Subresource, VmiActionDef};
-use kubevirt_api::options::{
-    EvacuateCancelOptions, MigrateOptions, PauseOptions, RestartOptions, StartOptions, StopOptions,
-    dry_run_all,
-};
+use kubevirt_api::catalogue::{self, Subresource, VmAction, VmiActionDef};
+use kubevirt_api::options::{PauseOptions, dry_run_all};
 
 /// A lifecycle action on a VM or VMI, after flag validation.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
-    Start {
-        paused: bool,
-        dry_run: bool,
-    },
-    Stop {
-        grace_period: Option<i64>,
-        dry_run: bool,
-    },
-    Restart {
-        grace_period_seconds: Option<i64>,
-        dry_run: bool,
-    },
-    Migrate {
-        added_node_selector: BTreeMap<String, String>,
-        dry_run: bool,
-    },
+    /// Any VM action of the catalogue, with its options (its body).
+    Vm(VmAction),
     /// Any VMI action of the catalogue; its body is `dryRun` alone (the options of every
     /// action that has a command).
     Vmi {
         def: &'static VmiActionDef,
-        dry_run: bool,
-    },
-    /// `evacuate/cancel` of a VMI (or of a VM's instance, `vmi: false`).
-    EvacuateCancel {
-        vmi: bool,
         dry_run: bool,
     },
 }
@@ -84,70 +60,29 @@ impl Action {
     /// The subresource this action calls.
     fn endpoint(&self) -> &'static Subresource {
         match self {
-            Self::Start { .. } => &catalogue::START,
-            Self::Stop { .. } => &catalogue::STOP,
-            Self::Restart { .. } => &catalogue::RESTART,
-            Self::Migrate { .. } => &catalogue::MIGRATE,
+            Self::Vm(a) => a.def().subresource,
             Self::Vmi { def, .. } => def.subresource,
-            Self::EvacuateCancel { vmi: true, .. } => &catalogue::EVACUATE_CANCEL_VMI,
-            Self::EvacuateCancel { vmi: false, .. } => &catalogue::EVACUATE_CANCEL_VM,
         }
     }
 
     fn verb_for_messages(&self) -> &'static str {
         match self {
-            Self::Start { .. } => "start",
-            Self::Stop { .. } => "stop",
-            Self::Restart { .. } => "restart",
-            Self::Migrate { .. } => "migrate",
+            Self::Vm(a) => a.def().verb,
             Self::Vmi { def, .. } => def.command.map_or(def.subresource.name, |c| c.verb),
-            Self::EvacuateCancel { .. } => "cancel its evacuation",
         }
     }
 
     pub fn is_dry_run(&self) -> bool {
         match self {
-            Self::Start { dry_run, .. }
-            | Self::Stop { dry_run, .. }
-            | Self::Restart { dry_run, .. }
-            | Self::Migrate { dry_run, .. }
-            | Self::Vmi { dry_run, .. }
-            | Self::EvacuateCancel { dry_run, .. } => *dry_run,
+            Self::Vm(a) => a.dry_run() == Ok(true),
+            Self::Vmi { dry_run, .. } => *dry_run,
         }
     }
 
     fn body(&self) -> Result<serde_json::Value, serde_json::Error> {
         match self {
-            Self::Start { paused, dry_run } => serde_json::to_value(StartOptions {
-                paused: *paused,
-                dry_run: dry_run_all(*dry_run),
-            }),
-            Self::Stop {
-                grace_period,
-                dry_run,
-            } => serde_json::to_value(StopOptions {
-                grace_period: *grace_period,
-                dry_run: dry_run_all(*dry_run),
-            }),
-            Self::Restart {
-                grace_period_seconds,
-                dry_run,
-            } => serde_json::to_value(RestartOptions {
-                grace_period_seconds: *grace_period_seconds,
-                dry_run: dry_run_all(*dry_run),
-            }),
-            Self::Migrate {
-                added_node_selector,
-                dry_run,
-            } => serde_json::to_value(MigrateOptions {
-                dry_run: dry_run_all(*dry_run),
-                added_node_selector: (!added_node_selector.is_empty())
-                    .then(|| added_node_selector.clone()),
-            }),
+            Self::Vm(a) => serde_json::to_value(a),
             Self::Vmi { dry_run, .. } => serde_json::to_value(PauseOptions {
-                dry_run: dry_run_all(*dry_run),
-            }),
-            Self::EvacuateCancel { dry_run, .. } => serde_json::to_value(EvacuateCancelOptions {
                 dry_run: dry_run_all(*dry_run),
             }),
         }
@@ -181,81 +116,24 @@ impl Action {
     }
 }
 
-/// Flags of `stop`, validated the way virtctl does: a grace period is only
-/// sent with `--force`, and `--force` needs one.
-pub fn stop_action(
-    grace_period: Option<i64>,
-    force: bool,
-    dry_run: bool,
-) -> Result<Action, CliError> {
-    match (force, grace_period) {
-        (true, None) => Err(CliError::Usage(
-            "--force needs --grace-period (e.g. --force --grace-period=0)".into(),
-        )),
-        (false, Some(_)) => Err(CliError::Usage(
-            "--grace-period only takes effect together with --force".into(),
-        )),
-        (_, Some(g)) if g < 0 => Err(CliError::Usage(format!(
-            "--grace-period must be 0 or more, got {g}"
-        ))),
-        (true, Some(g)) => Ok(Action::Stop {
-            grace_period: Some(g),
-            dry_run,
-        }),
-        (false, None) => Ok(Action::Stop {
-            grace_period: None,
-            dry_run,
-        }),
-    }
+/// The action of a VM action's command line (`--grace-period`, `--force`, …), checked as
+/// its catalogue entry checks them.
+pub fn vm_action(c: &crate::cli::VmActionCommand) -> Result<Action, CliError> {
+    (c.command.build)(&c.flags, c.dry_run)
+        .map(Action::Vm)
+        .map_err(CliError::Usage)
 }
 
-/// Flags of `restart`: KubeVirt only supports an immediate forced restart
-/// (`gracePeriodSeconds: 0`), so anything else is refused here rather than
-/// by a 400 from the server.
-pub fn restart_action(
-    grace_period: Option<i64>,
-    force: bool,
-    dry_run: bool,
-) -> Result<Action, CliError> {
-    match (force, grace_period) {
-        (true, None | Some(0)) => Ok(Action::Restart {
-            grace_period_seconds: Some(0),
-            dry_run,
-        }),
-        (true, Some(g)) => Err(CliError::Usage(format!(
-            "a forced restart only supports --grace-period=0, got {g}"
-        ))),
-        (false, Some(_)) => Err(CliError::Usage(
-            "--grace-period only takes effect together with --force".into(),
-        )),
-        (false, None) => Ok(Action::Restart {
-            grace_period_seconds: None,
-            dry_run,
-        }),
-    }
-}
-
-/// Parses `k=v,k2=v2` (as virtctl's `--addedNodeSelector`).
-pub fn parse_node_selector(raw: &[String]) -> Result<BTreeMap<String, String>, CliError> {
-    let mut out = BTreeMap::new();
-    for item in raw.iter().flat_map(|s| s.split(',')) {
-        let item = item.trim();
-        if item.is_empty() {
-            continue;
-        }
-        let Some((k, v)) = item.split_once('=') else {
-            return Err(CliError::Usage(format!(
-                "invalid node selector {item:?}: expected key=value"
-            )));
-        };
-        if k.trim().is_empty() {
-            return Err(CliError::Usage(format!(
-                "invalid node selector {item:?}: empty key"
-            )));
-        }
-        out.insert(k.trim().to_owned(), v.trim().to_owned());
-    }
-    Ok(out)
+/// `evacuate/cancel` of a VMI (`vmi`) or of a VM's instance.
+pub fn evacuate_cancel(vmi: bool, dry_run: bool) -> Action {
+    let o = kubevirt_api::options::EvacuateCancelOptions {
+        dry_run: dry_run_all(dry_run),
+    };
+    Action::Vm(if vmi {
+        VmAction::EvacuateCancelVmi(o)
+    } else {
+        VmAction::EvacuateCancelVm(o)
+    })
 }
 
 #[cfg(test)]
@@ -269,12 +147,53 @@ mod tests {
         a.request("ns1", "vm1").unwrap()
     }
 
+    /// The action a VM action's command builds from these flags.
+    fn build(
+        def: &catalogue::VmActionDef,
+        flags: catalogue::FlagValues,
+        dry_run: bool,
+    ) -> Result<Action, String> {
+        (def.command.expect("a command").build)(&flags, dry_run).map(Action::Vm)
+    }
+
+    fn grace_flags(grace_period: Option<i64>, force: bool) -> catalogue::FlagValues {
+        catalogue::FlagValues {
+            switches: if force { vec!["force"] } else { vec![] },
+            integers: grace_period
+                .map(|g| ("grace-period", g))
+                .into_iter()
+                .collect(),
+            lists: vec![],
+        }
+    }
+
+    fn stop_action(g: Option<i64>, force: bool, dry_run: bool) -> Result<Action, String> {
+        build(&catalogue::STOP_ACTION, grace_flags(g, force), dry_run)
+    }
+
+    fn restart_action(g: Option<i64>, force: bool, dry_run: bool) -> Result<Action, String> {
+        build(&catalogue::RESTART_ACTION, grace_flags(g, force), dry_run)
+    }
+
+    fn start_action(paused: bool, dry_run: bool) -> Action {
+        let flags = catalogue::FlagValues {
+            switches: if paused { vec!["paused"] } else { vec![] },
+            ..Default::default()
+        };
+        build(&catalogue::START_ACTION, flags, dry_run).unwrap()
+    }
+
+    fn migrate_action(selector: &[String], dry_run: bool) -> Result<Action, String> {
+        let flags = catalogue::FlagValues {
+            lists: vec![("added-node-selector", selector.to_vec())],
+            ..Default::default()
+        };
+        build(&catalogue::MIGRATE_ACTION, flags, dry_run)
+    }
+
     #[test]
     fn start_paths_and_bodies() {
-        let r = req(Action::Start {
-            paused: false,
-            dry_run: false,
-        });
+        let r = req(start_action(false, false));
         assert_eq!(
             r.path,
             "/apis/subresources.kubevirt.io/v1/namespaces/ns1/virtualmachines/vm1/start"
@@ -282,10 +201,7 @@ mod tests {
         assert_eq!(r.body, json!({}));
         assert_eq!(r.target.subresource, Some("start"));
         assert_eq!(r.target.verb, "update");
-        let r = req(Action::Start {
-            paused: true,
-            dry_run: true,
-        });
+        let r = req(start_action(true, true));
         assert_eq!(r.body, json!({"paused": true, "dryRun": ["All"]}));
     }
 
@@ -322,11 +238,7 @@ mod tests {
 
     #[test]
     fn migrate_body() {
-        let sel = parse_node_selector(&["zone=a, disk=ssd".into(), "x=1".into()]).unwrap();
-        let r = req(Action::Migrate {
-            added_node_selector: sel,
-            dry_run: true,
-        });
+        let r = req(migrate_action(&["zone=a, disk=ssd".into(), "x=1".into()], true).unwrap());
         assert_eq!(
             r.path,
             "/apis/subresources.kubevirt.io/v1/namespaces/ns1/virtualmachines/vm1/migrate"
@@ -335,13 +247,28 @@ mod tests {
             r.body,
             json!({"dryRun": ["All"], "addedNodeSelector": {"disk": "ssd", "x": "1", "zone": "a"}})
         );
-        let r = req(Action::Migrate {
-            added_node_selector: BTreeMap::new(),
-            dry_run: false,
-        });
+        let r = req(migrate_action(&[], false).unwrap());
         assert_eq!(r.body, json!({}));
-        assert!(parse_node_selector(&["novalue".into()]).is_err());
-        assert!(parse_node_selector(&["=v".into()]).is_err());
+        assert!(migrate_action(&["novalue".into()], false).is_err());
+        assert!(migrate_action(&["=v".into()], false).is_err());
+    }
+
+    #[test]
+    fn evacuate_cancel_paths_and_confirmations() {
+        let r = req(evacuate_cancel(true, true));
+        assert!(
+            r.path
+                .ends_with("/virtualmachineinstances/vm1/evacuate/cancel")
+        );
+        assert_eq!(r.body, json!({"dryRun": ["All"]}));
+        assert_eq!(r.target.action, "cancel its evacuation");
+        assert_eq!(r.target.kind, "VMI");
+        let r = req(evacuate_cancel(false, false));
+        assert!(r.path.ends_with("/virtualmachines/vm1/evacuate/cancel"));
+        assert_eq!(r.body, json!({}));
+        assert_eq!(r.target.kind, "VM");
+        assert!(!evacuate_cancel(false, false).is_dry_run());
+        assert!(evacuate_cancel(false, true).is_dry_run());
     }
 
     #[test]

@@ -21,8 +21,8 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use crate::connect::Session;
 use crate::error::{CliError, Target, error_chain, from_kube, from_status};
 
-/// Subprotocol of KubeVirt's console and VNC streams.
-pub const PLAIN_SUBPROTOCOL: &str = "plain.kubevirt.io";
+/// Subprotocol of KubeVirt's console, VNC and port-forward streams.
+pub use kubevirt_api::handler_protocol::PLAIN_SUBPROTOCOL;
 
 pub type Stream = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
 

@@ -4,9 +4,14 @@
 //! plugin's request paths are derived from these values, so adding a subresource is one
 //! entry here plus its handler. Pure data: no transport.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
-use crate::options::{FreezeUnfreezeTimeout, OptionsError, decode, decode_dry_run};
+use crate::options::{
+    EvacuateCancelOptions, FreezeUnfreezeTimeout, MigrateOptions, OptionsError, RestartOptions,
+    StartOptions, StopOptions, decode, decode_dry_run, dry_run_all, is_dry_run,
+};
 use crate::{GROUP, SUBRESOURCES_GROUP, VERSION};
 
 /// A printer column of `kubectl get` (a Table column after NAME).
@@ -608,6 +613,337 @@ pub fn vmi_action_named(name: &str) -> Option<&'static VmiActionDef> {
     VMI_ACTIONS.into_iter().find(|a| a.subresource.name == name)
 }
 
+/// An action virt-apiserver carries out itself, by editing objects (a VM's runStrategy or
+/// `status.stateChangeRequests`, a migration, a VMI's evacuation mark), with its typed
+/// options; the controllers act on the edits. virt-apiserver decodes it from the request
+/// ([`VmActionDef::decode`]) and applies it in one match; the plugin builds it from its
+/// command's flags ([`VmCommand::build`]) and sends it serialized, which is its options body.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum VmAction {
+    Start(StartOptions),
+    Stop(StopOptions),
+    Restart(RestartOptions),
+    Migrate(MigrateOptions),
+    /// evacuate/cancel of a VM's running instance.
+    EvacuateCancelVm(EvacuateCancelOptions),
+    /// evacuate/cancel of a VMI.
+    EvacuateCancelVmi(EvacuateCancelOptions),
+}
+
+impl VmAction {
+    /// Its catalogue entry.
+    pub fn def(&self) -> &'static VmActionDef {
+        match self {
+            Self::Start(_) => &START_ACTION,
+            Self::Stop(_) => &STOP_ACTION,
+            Self::Restart(_) => &RESTART_ACTION,
+            Self::Migrate(_) => &MIGRATE_ACTION,
+            Self::EvacuateCancelVm(_) => &EVACUATE_CANCEL_VM_ACTION,
+            Self::EvacuateCancelVmi(_) => &EVACUATE_CANCEL_VMI_ACTION,
+        }
+    }
+
+    /// Whether its options ask for a dry run; the message of a 400 when their `dryRun` is
+    /// not a valid one.
+    pub fn dry_run(&self) -> Result<bool, String> {
+        let d = match self {
+            Self::Start(o) => &o.dry_run,
+            Self::Stop(o) => &o.dry_run,
+            Self::Restart(o) => &o.dry_run,
+            Self::Migrate(o) => &o.dry_run,
+            Self::EvacuateCancelVm(o) | Self::EvacuateCancelVmi(o) => &o.dry_run,
+        };
+        is_dry_run(d.as_deref())
+    }
+}
+
+/// What a flag of a VM action's command takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlagValue {
+    /// Nothing: given or not.
+    Switch,
+    /// One integer, negative ones too (the server words their refusal).
+    Integer { value_name: &'static str },
+    /// Repeatable, each a string.
+    List { value_name: &'static str },
+}
+
+/// A flag of a VM action's command, as the plugin offers it (`--grace-period SECONDS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Flag {
+    /// The long name, without `--`.
+    pub long: &'static str,
+    /// Another spelling shown in help (upstream virtctl's camel case).
+    pub alias: Option<&'static str>,
+    /// One line of help (no final period).
+    pub help: &'static str,
+    pub value: FlagValue,
+}
+
+/// The values a command line gave to a command's [`Flag`]s, by their long names.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlagValues {
+    pub switches: Vec<&'static str>,
+    pub integers: Vec<(&'static str, i64)>,
+    pub lists: Vec<(&'static str, Vec<String>)>,
+}
+
+impl FlagValues {
+    pub fn switch(&self, long: &str) -> bool {
+        self.switches.contains(&long)
+    }
+
+    pub fn integer(&self, long: &str) -> Option<i64> {
+        self.integers
+            .iter()
+            .find(|(l, _)| *l == long)
+            .map(|(_, v)| *v)
+    }
+
+    pub fn list(&self, long: &str) -> &[String] {
+        self.lists
+            .iter()
+            .find(|(l, _)| *l == long)
+            .map_or(&[], |(_, v)| v.as_slice())
+    }
+}
+
+/// The `kubectl virt` command of a VM action, as upstream virtctl spells it: `NAME` (a VM's),
+/// its [`Flag`]s, then `--dry-run`, which every VM action takes.
+#[derive(Clone, Copy, Debug)]
+pub struct VmCommand {
+    /// Subcommand name.
+    pub name: &'static str,
+    /// One line of help (no final period, like the plugin's other commands).
+    pub about: &'static str,
+    /// Its flags before `--dry-run`, in the order help lists them.
+    pub flags: &'static [Flag],
+    /// It creates a migration: the plugin offers `--wait` to follow it and lists the command
+    /// with its other migration commands.
+    pub migrates: bool,
+    /// The action of the flags given and `--dry-run`; a usage error's message when they do
+    /// not make one, checked as virtctl checks them.
+    pub build: fn(&FlagValues, bool) -> Result<VmAction, String>,
+}
+
+/// The facts of one VM action: everything virt-apiserver and the plugin need, so that
+/// neither names an action outside virt-apiserver's one match that applies it.
+#[derive(Debug)]
+pub struct VmActionDef {
+    pub subresource: &'static Subresource,
+    /// Decodes a request body (empty: the defaults) into the action; the type decoded is the
+    /// one `subresource`'s options name.
+    pub decode: fn(&[u8]) -> Result<VmAction, OptionsError>,
+    /// The verb of the plugin's confirmation, `VM a was scheduled to <verb>`.
+    pub verb: &'static str,
+    /// The plugin's command; `None` when the plugin offers it otherwise (evacuate-cancel
+    /// also cancels a node's evacuations).
+    pub command: Option<VmCommand>,
+}
+
+/// Compared by their subresource, as [`VmiActionDef`]s are.
+impl PartialEq for VmActionDef {
+    fn eq(&self, other: &Self) -> bool {
+        self.subresource == other.subresource
+    }
+}
+
+impl Eq for VmActionDef {}
+
+const GRACE_PERIOD: &str = "grace-period";
+const FORCE: &str = "force";
+
+/// A flag without another spelling.
+const fn flag(long: &'static str, help: &'static str, value: FlagValue) -> Flag {
+    Flag {
+        long,
+        alias: None,
+        help,
+        value,
+    }
+}
+
+const SECONDS: FlagValue = FlagValue::Integer {
+    value_name: "SECONDS",
+};
+
+pub const START_ACTION: VmActionDef = VmActionDef {
+    subresource: &START,
+    decode: |b| Ok(VmAction::Start(decode(b)?)),
+    verb: "start",
+    command: Some(VmCommand {
+        name: "start",
+        about: "Start a virtual machine",
+        flags: &[flag("paused", "Start the VM paused", FlagValue::Switch)],
+        migrates: false,
+        build: |f, dry_run| {
+            Ok(VmAction::Start(StartOptions {
+                paused: f.switch("paused"),
+                dry_run: dry_run_all(dry_run),
+            }))
+        },
+    }),
+};
+pub const STOP_ACTION: VmActionDef = VmActionDef {
+    subresource: &STOP,
+    decode: |b| Ok(VmAction::Stop(decode(b)?)),
+    verb: "stop",
+    command: Some(VmCommand {
+        name: "stop",
+        about: "Stop a virtual machine",
+        flags: &[
+            flag(
+                GRACE_PERIOD,
+                "Seconds the guest gets to shut down (only with --force)",
+                SECONDS,
+            ),
+            flag(
+                FORCE,
+                "Stop immediately with the given --grace-period, overriding the VM's",
+                FlagValue::Switch,
+            ),
+        ],
+        migrates: false,
+        // virtctl's checks: a grace period is only sent with --force, which needs one.
+        build: |f, dry_run| {
+            let grace_period = match (f.switch(FORCE), f.integer(GRACE_PERIOD)) {
+                (true, None) => {
+                    return Err(
+                        "--force needs --grace-period (e.g. --force --grace-period=0)".into(),
+                    );
+                }
+                (false, Some(_)) => {
+                    return Err("--grace-period only takes effect together with --force".into());
+                }
+                (_, Some(g)) if g < 0 => {
+                    return Err(format!("--grace-period must be 0 or more, got {g}"));
+                }
+                (_, g) => g,
+            };
+            Ok(VmAction::Stop(StopOptions {
+                grace_period,
+                dry_run: dry_run_all(dry_run),
+            }))
+        },
+    }),
+};
+pub const RESTART_ACTION: VmActionDef = VmActionDef {
+    subresource: &RESTART,
+    decode: |b| Ok(VmAction::Restart(decode(b)?)),
+    verb: "restart",
+    command: Some(VmCommand {
+        name: "restart",
+        about: "Restart a virtual machine",
+        flags: &[
+            flag(
+                GRACE_PERIOD,
+                "Only 0 is supported, together with --force",
+                SECONDS,
+            ),
+            flag(
+                FORCE,
+                "Restart immediately, without a graceful guest shutdown",
+                FlagValue::Switch,
+            ),
+        ],
+        migrates: false,
+        // KubeVirt only supports an immediate forced restart (`gracePeriodSeconds: 0`), so
+        // anything else is refused by the plugin rather than by a 400 from the server.
+        build: |f, dry_run| {
+            let grace_period_seconds = match (f.switch(FORCE), f.integer(GRACE_PERIOD)) {
+                (true, None | Some(0)) => Some(0),
+                (true, Some(g)) => {
+                    return Err(format!(
+                        "a forced restart only supports --grace-period=0, got {g}"
+                    ));
+                }
+                (false, Some(_)) => {
+                    return Err("--grace-period only takes effect together with --force".into());
+                }
+                (false, None) => None,
+            };
+            Ok(VmAction::Restart(RestartOptions {
+                grace_period_seconds,
+                dry_run: dry_run_all(dry_run),
+            }))
+        },
+    }),
+};
+pub const MIGRATE_ACTION: VmActionDef = VmActionDef {
+    subresource: &MIGRATE,
+    decode: |b| Ok(VmAction::Migrate(decode(b)?)),
+    verb: "migrate",
+    command: Some(VmCommand {
+        name: "migrate",
+        about: "Live-migrate a VM's instance to another node",
+        flags: &[Flag {
+            long: "added-node-selector",
+            alias: Some("addedNodeSelector"),
+            help: "Extra node selector for the target, key=value[,key=value]",
+            value: FlagValue::List {
+                value_name: "K=V,…",
+            },
+        }],
+        migrates: true,
+        build: |f, dry_run| {
+            let sel = parse_node_selector(f.list("added-node-selector"))?;
+            Ok(VmAction::Migrate(MigrateOptions {
+                added_node_selector: (!sel.is_empty()).then_some(sel),
+                dry_run: dry_run_all(dry_run),
+            }))
+        },
+    }),
+};
+pub const EVACUATE_CANCEL_VM_ACTION: VmActionDef = VmActionDef {
+    subresource: &EVACUATE_CANCEL_VM,
+    decode: |b| Ok(VmAction::EvacuateCancelVm(decode(b)?)),
+    verb: "cancel its evacuation",
+    command: None,
+};
+pub const EVACUATE_CANCEL_VMI_ACTION: VmActionDef = VmActionDef {
+    subresource: &EVACUATE_CANCEL_VMI,
+    decode: |b| Ok(VmAction::EvacuateCancelVmi(decode(b)?)),
+    verb: "cancel its evacuation",
+    command: None,
+};
+
+/// Every VM action, in the order the plugin lists their commands.
+pub const VM_ACTIONS: [&VmActionDef; 6] = [
+    &START_ACTION,
+    &STOP_ACTION,
+    &RESTART_ACTION,
+    &MIGRATE_ACTION,
+    &EVACUATE_CANCEL_VM_ACTION,
+    &EVACUATE_CANCEL_VMI_ACTION,
+];
+
+/// The VM action this subresource is, if it is one.
+pub fn vm_action(sub: &Subresource) -> Option<&'static VmActionDef> {
+    VM_ACTIONS.into_iter().find(|a| a.subresource == sub)
+}
+
+/// Parses `k=v,k2=v2` (virtctl's `--addedNodeSelector`), repeatable.
+pub fn parse_node_selector(raw: &[String]) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for item in raw.iter().flat_map(|s| s.split(',')) {
+        let item = item.trim();
+        if item.is_empty() {
+            continue;
+        }
+        let Some((k, v)) = item.split_once('=') else {
+            return Err(format!(
+                "invalid node selector {item:?}: expected key=value"
+            ));
+        };
+        if k.trim().is_empty() {
+            return Err(format!("invalid node selector {item:?}: empty key"));
+        }
+        out.insert(k.trim().to_owned(), v.trim().to_owned());
+    }
+    Ok(out)
+}
+
 /// A question to a VMI's guest agent, answered by its launcher: serialized, the launcher
 /// protocol's request (`{"op":"guestOsInfo"}`), as [`VmiAction`]s are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -860,6 +1196,99 @@ mod tests {
             .filter_map(|a| a.command.map(|c| c.name))
             .collect();
         assert_eq!(commands, ["pause", "unpause", "soft-reboot", "reset"]);
+    }
+
+    #[test]
+    fn vm_actions_are_catalogued_action_subresources_each_once() {
+        for (i, a) in VM_ACTIONS.iter().enumerate() {
+            let sub = a.subresource;
+            assert!(SUBRESOURCES.contains(&sub), "{}", sub.resource());
+            assert_eq!((sub.http_method(), sub.rbac_verb()), ("PUT", "update"));
+            assert!(VM_ACTIONS[i + 1..].iter().all(|b| b.subresource != sub));
+            assert_eq!(vm_action(sub), Some(*a));
+            assert_eq!(vmi_action(sub), None);
+            // Defaults decode (an empty body) to the entry's own action, whose body is `{}`
+            // and a dry run `dryRun: ["All"]`.
+            let action = (a.decode)(b"").expect("defaults decode");
+            assert_eq!((action.def(), action.dry_run()), (*a, Ok(false)));
+            assert_eq!(
+                serde_json::to_value(&action).ok(),
+                Some(serde_json::json!({}))
+            );
+            let dry = (a.decode)(br#"{"dryRun":["All"]}"#).expect("decodes");
+            assert_eq!(dry.dry_run(), Ok(true));
+            assert_eq!(
+                serde_json::to_value(&dry).ok(),
+                Some(serde_json::json!({"dryRun": ["All"]}))
+            );
+            let bad = (a.decode)(br#"{"dryRun":["x"]}"#).expect("decodes");
+            assert!(bad.dry_run().is_err());
+            assert!((a.decode)(b"{").is_err());
+            // A command builds its entry's action, dry run or not.
+            if let Some(c) = a.command {
+                for dry_run in [false, true] {
+                    let built = (c.build)(&FlagValues::default(), dry_run).expect("builds");
+                    assert_eq!((built.def(), built.dry_run()), (*a, Ok(dry_run)));
+                }
+            }
+        }
+        // Every action subresource is a VM action or a VMI action.
+        for sub in SUBRESOURCES {
+            if matches!(sub.style, Style::Action { .. }) {
+                assert!(
+                    vm_action(sub).is_some() != vmi_action(sub).is_some(),
+                    "{}",
+                    sub.resource()
+                );
+            }
+        }
+        let commands: Vec<(&str, bool)> = VM_ACTIONS
+            .iter()
+            .filter_map(|a| a.command.map(|c| (c.name, c.migrates)))
+            .collect();
+        assert_eq!(
+            commands,
+            [
+                ("start", false),
+                ("stop", false),
+                ("restart", false),
+                ("migrate", true)
+            ]
+        );
+    }
+
+    #[test]
+    fn vm_commands_check_their_flags_as_virtctl() {
+        let flags = |force: bool, grace: Option<i64>| FlagValues {
+            switches: if force { vec![FORCE] } else { vec![] },
+            integers: grace.map(|g| (GRACE_PERIOD, g)).into_iter().collect(),
+            lists: vec![],
+        };
+        let build = |def: &VmActionDef, f: FlagValues| def.command.map(|c| (c.build)(&f, false));
+        let stop = |force, grace| build(&STOP_ACTION, flags(force, grace));
+        assert_eq!(
+            stop(true, Some(0)),
+            Some(Ok(VmAction::Stop(StopOptions {
+                grace_period: Some(0),
+                dry_run: None
+            })))
+        );
+        assert!(matches!(stop(true, None), Some(Err(e)) if e.contains("--force needs")));
+        assert!(matches!(stop(false, Some(3)), Some(Err(_))));
+        let restart = |force, grace| build(&RESTART_ACTION, flags(force, grace));
+        assert_eq!(
+            restart(true, None),
+            Some(Ok(VmAction::Restart(RestartOptions {
+                grace_period_seconds: Some(0),
+                dry_run: None
+            })))
+        );
+        assert!(matches!(restart(true, Some(30)), Some(Err(_))));
+        assert_eq!(
+            parse_node_selector(&["a=1, b=2".into(), "c=3".into()]).map(|m| m.len()),
+            Ok(3)
+        );
+        assert!(parse_node_selector(&["=v".into()]).is_err());
     }
 
     #[test]

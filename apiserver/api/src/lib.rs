@@ -15,6 +15,7 @@ pub mod defaults;
 pub mod duration;
 pub mod eviction;
 pub mod guestagent;
+pub mod handler_protocol;
 pub mod instancetype;
 pub mod kinds;
 pub mod kubevirt;

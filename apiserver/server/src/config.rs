@@ -180,7 +180,7 @@ fn parse_eviction_strategy(s: &str) -> Result<kubevirt_api::eviction::EvictionSt
 }
 
 const fn virt_handler_port() -> u16 {
-    crate::handler::DEFAULT_HANDLER_PORT
+    kubevirt_api::handler_protocol::HANDLER_PORT
 }
 
 impl Args {

@@ -23,14 +23,12 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
+use kubevirt_api::handler_protocol::{HANDLER_PORT, PLAIN_SUBPROTOCOL, vmi_path};
+
 use crate::wsclient::WsConnectError;
 
-/// Subprotocol of KubeVirt's console and VNC streams.
-pub const PLAIN_SUBPROTOCOL: &str = "plain.kubevirt.io";
 /// The Host of requests to a handler (its certificate is checked against its node's name).
 pub const HANDLER_SERVER_NAME: &str = "virt-handler";
-/// virt-handler's port (KubeVirt's `defaultConsoleServerPort`).
-pub const DEFAULT_HANDLER_PORT: u16 = 8186;
 /// TCP connect plus TLS handshake.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A whole action request; softreboot and pause answer in well under a second.
@@ -288,13 +286,7 @@ impl std::fmt::Debug for HandlerClient {
 impl Default for HandlerClient {
     /// Unconfigured: every use is a 503 saying what is missing.
     fn default() -> Self {
-        Self::new(
-            None,
-            BTreeMap::new(),
-            None,
-            "kubevirt".into(),
-            DEFAULT_HANDLER_PORT,
-        )
+        Self::new(None, BTreeMap::new(), None, "kubevirt".into(), HANDLER_PORT)
     }
 }
 
@@ -405,7 +397,7 @@ impl HandlerClient {
         self.exchange(
             node,
             http::Method::PUT,
-            &handler_path(ns, name, action, None),
+            &vmi_path(ns, name, action, None),
             body,
             MAX_ERROR_BODY,
         )
@@ -425,7 +417,7 @@ impl HandlerClient {
         self.exchange(
             node,
             http::Method::GET,
-            &handler_path(ns, name, sub, None),
+            &vmi_path(ns, name, sub, None),
             Bytes::new(),
             MAX_DOCUMENT,
         )
@@ -505,7 +497,7 @@ impl HandlerClient {
             SEC_WEBSOCKET_PROTOCOL,
             HeaderValue::from_static(PLAIN_SUBPROTOCOL),
         );
-        let path = handler_path(ns, name, sub, query);
+        let path = vmi_path(ns, name, sub, query);
         let handshake = crate::wsclient::connect(tls, HANDLER_SERVER_NAME, &path, headers);
         match tokio::time::timeout(REQUEST_TIMEOUT, handshake).await {
             Err(_) => Err(unreachable(format!(
@@ -522,15 +514,6 @@ impl HandlerClient {
 }
 
 /// The handler's path for a VMI subresource.
-fn handler_path(ns: &str, name: &str, sub: &str, query: Option<&str>) -> String {
-    let mut p = format!("/v1/namespaces/{ns}/virtualmachineinstances/{name}/{sub}");
-    if let Some(q) = query.filter(|q| !q.is_empty()) {
-        p.push('?');
-        p.push_str(q);
-    }
-    p
-}
-
 /// A handler's error answer: its Status passed through, anything else explained.
 fn status_error(node: &str, code: u16, body: &[u8]) -> HandlerError {
     match serde_json::from_slice::<Status>(body) {
@@ -696,17 +679,5 @@ mod tests {
                 what: "--handler-ca"
             })
         ));
-    }
-
-    #[test]
-    fn paths() {
-        assert_eq!(
-            handler_path("ns", "v", "vnc", Some("preserveSession=true")),
-            "/v1/namespaces/ns/virtualmachineinstances/v/vnc?preserveSession=true"
-        );
-        assert_eq!(
-            handler_path("ns", "v", "pause", Some("")),
-            "/v1/namespaces/ns/virtualmachineinstances/v/pause"
-        );
     }
 }

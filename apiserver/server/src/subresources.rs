@@ -44,18 +44,14 @@ pub async fn handle(
     .await
 }
 
+use kubevirt_api::catalogue::VmAction;
 use kubevirt_api::catalogue::{self, Subresource};
 use kubevirt_api::common::ConditionStatus;
-use kubevirt_api::options::{
-    EvacuateCancelOptions, MigrateOptions, RestartOptions, StartOptions, StopOptions,
-};
+use kubevirt_api::handler_protocol::ForwardTarget;
+use kubevirt_api::options::{MigrateOptions, RestartOptions, StartOptions, StopOptions};
 use kubevirt_api::vm::{RunStrategy, VirtualMachineSpec};
 use kubevirt_api::vmi::condition_types;
 use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
-
-fn dry(d: &Option<Vec<String>>) -> ApiResult<bool> {
-    kubevirt_api::options::is_dry_run(d.as_deref()).map_err(ApiError::bad_request)
-}
 
 fn vm_def() -> &'static ResourceDef {
     &kubevirt_api::kinds::vm::STRATEGY
@@ -109,10 +105,6 @@ fn accepted() -> Response {
     StatusCode::ACCEPTED.into_response()
 }
 
-fn parse_body<T: Default + serde::de::DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
-    kubevirt_api::options::decode(bytes).map_err(|e| ApiError::bad_request(e.to_string()))
-}
-
 /// Effective run strategy of a stored VM (runStrategy, else deprecated `running`), typed:
 /// every handler below matches all strategies, so a new one does not compile unhandled.
 fn run_strategy(vm: &Value) -> ApiResult<RunStrategy> {
@@ -148,10 +140,9 @@ fn push_request(vm: &mut Value, req: Value) {
 /// every subresource discovery, OpenAPI and RBAC advertise (the resource table) has one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
-    Start,
-    Stop,
-    Restart,
-    Migrate,
+    /// Every VM action of the catalogue (`catalogue::VM_ACTIONS`): decoded with its entry
+    /// and applied here ([`Subresources::apply_vm_action`]).
+    VmAction,
     /// Every VMI action of the catalogue (`catalogue::VMI_ACTIONS`): checked against its
     /// entry and forwarded to the VMI's virt-handler.
     VmiAction,
@@ -160,8 +151,6 @@ enum Route {
     /// Every guest-agent read of the catalogue (`catalogue::VMI_READS`): checked as KubeVirt's
     /// virt-api checks them and answered by the VMI's virt-handler.
     VmiRead,
-    /// evacuate/cancel of a VMI or of a VM's instance: removes the evacuation mark.
-    EvacuateCancel,
     /// A VM with its instance type and preference expanded (expand.rs).
     ExpandSpec,
 }
@@ -169,21 +158,16 @@ enum Route {
 fn route(sub: &Subresource) -> Option<Route> {
     use catalogue as c;
     [
-        (&c::START, Route::Start),
-        (&c::STOP, Route::Stop),
-        (&c::RESTART, Route::Restart),
-        (&c::MIGRATE, Route::Migrate),
         (&c::CONSOLE, Route::VmiStream),
         (&c::VNC, Route::VmiStream),
         (&c::PORTFORWARD_VMI, Route::VmiStream),
         (&c::PORTFORWARD_VM, Route::VmiStream),
-        (&c::EVACUATE_CANCEL_VMI, Route::EvacuateCancel),
-        (&c::EVACUATE_CANCEL_VM, Route::EvacuateCancel),
         (&c::EXPAND_SPEC, Route::ExpandSpec),
     ]
     .into_iter()
     .find(|(s, _)| *s == sub)
     .map(|(_, r)| r)
+    .or_else(|| catalogue::vm_action(sub).map(|_| Route::VmAction))
     .or_else(|| catalogue::vmi_action(sub).map(|_| Route::VmiAction))
     .or_else(|| catalogue::vmi_read(sub).map(|_| Route::VmiRead))
 }
@@ -200,8 +184,8 @@ fn stream_path(sub: &Subresource, rest: &[String]) -> ApiResult<String> {
         };
     }
     let (port, protocol) = match rest {
-        [port] => (port, "tcp"),
-        [port, protocol] => (port, protocol.as_str()),
+        [port] => (port, None),
+        [port, protocol] => (port, Some(protocol.as_str())),
         _ => {
             return Err(ApiError::bad_request(format!(
                 "{}: the path needs a port: {}/{{port}}[/{{protocol}}]",
@@ -209,17 +193,9 @@ fn stream_path(sub: &Subresource, rest: &[String]) -> ApiResult<String> {
             )));
         }
     };
-    let port: u16 = port
-        .parse()
-        .ok()
-        .filter(|p| *p > 0)
-        .ok_or_else(|| ApiError::bad_request(format!("invalid port {port:?}: 1-65535")))?;
-    match protocol {
-        "tcp" | "udp" => Ok(format!("{}/{port}/{protocol}", sub.name)),
-        other => Err(ApiError::bad_request(format!(
-            "invalid protocol {other:?}: tcp or udp"
-        ))),
-    }
+    ForwardTarget::parse(port, protocol)
+        .map(|t| t.path(sub.name))
+        .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 async fn body_bytes(body: axum::body::Body) -> ApiResult<axum::body::Bytes> {
@@ -282,27 +258,12 @@ impl Subresources<'_> {
                 let vm = entry.kind == &catalogue::VIRTUAL_MACHINE;
                 self.stream(st, &mut parts, ns, name, &sub, vm).await
             }
-            Route::Start => {
-                let opts = parse_body(&body_bytes(body).await?)?;
-                self.start(st, ns, name, opts).await
-            }
-            Route::Stop => {
-                let opts = parse_body(&body_bytes(body).await?)?;
-                self.stop(st, ns, name, opts).await
-            }
-            Route::Restart => {
-                let opts = parse_body(&body_bytes(body).await?)?;
-                self.restart(st, ns, name, opts).await
-            }
-            Route::Migrate => {
-                let opts = parse_body(&body_bytes(body).await?)?;
-                self.migrate(st, ns, name, opts).await
-            }
-            Route::EvacuateCancel => {
-                let opts: EvacuateCancelOptions = parse_body(&body_bytes(body).await?)?;
-                let of_vm = entry.kind == &catalogue::VIRTUAL_MACHINE;
-                self.evacuate_cancel(st, ns, name, of_vm, dry(&opts.dry_run)?)
-                    .await
+            Route::VmAction => {
+                // route() gives VmAction to catalogued VM actions only.
+                let def = catalogue::vm_action(entry).ok_or_else(ApiError::path_not_found)?;
+                let action = (def.decode)(&body_bytes(body).await?)
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?;
+                self.apply_vm_action(st, ns, name, action).await
             }
             Route::ExpandSpec => crate::expand::stored(&st.registry, ns, name).await,
             Route::VmiRead => {
@@ -411,7 +372,7 @@ impl Subresources<'_> {
         let slot = parts.extensions.remove::<crate::http::StreamSlot>();
         // Clients that offer no subprotocol (KubeVirt before #1485) are served too.
         Ok(upgrade
-            .protocols([crate::handler::PLAIN_SUBPROTOCOL])
+            .protocols([kubevirt_api::handler_protocol::PLAIN_SUBPROTOCOL])
             .max_message_size(crate::stream::MAX_CLIENT_MESSAGE)
             .max_frame_size(crate::stream::MAX_CLIENT_MESSAGE)
             .on_failed_upgrade(|e| tracing::debug!(error = %e, "Client upgrade failed"))
@@ -429,6 +390,29 @@ impl Subresources<'_> {
                         .await;
                 })
             }))
+    }
+
+    /// Applies a VM action: the one match over them.
+    async fn apply_vm_action(
+        &self,
+        st: &AppState,
+        ns: &str,
+        name: &str,
+        action: VmAction,
+    ) -> ApiResult<Response> {
+        let dry_run = action.dry_run().map_err(ApiError::bad_request)?;
+        match action {
+            VmAction::Start(o) => self.start(st, ns, name, o, dry_run).await,
+            VmAction::Stop(o) => self.stop(st, ns, name, o, dry_run).await,
+            VmAction::Restart(o) => self.restart(st, ns, name, o, dry_run).await,
+            VmAction::Migrate(o) => self.migrate(st, ns, name, o, dry_run).await,
+            VmAction::EvacuateCancelVm(_) => {
+                self.evacuate_cancel(st, ns, name, true, dry_run).await
+            }
+            VmAction::EvacuateCancelVmi(_) => {
+                self.evacuate_cancel(st, ns, name, false, dry_run).await
+            }
+        }
     }
 
     fn vmi_must_run(&self, vmi: &VirtualMachineInstance, name: &str) -> ApiResult<()> {
@@ -590,8 +574,8 @@ impl Subresources<'_> {
         ns: &str,
         name: &str,
         opts: StartOptions,
+        dry_run: bool,
     ) -> ApiResult<Response> {
-        let dry_run = dry(&opts.dry_run)?;
         let vm = st.registry.get(vm_def(), ns, name).await?;
         let vmi = self.current_vmi(st, ns, name).await?;
         let paused = opts.paused;
@@ -647,8 +631,8 @@ impl Subresources<'_> {
         ns: &str,
         name: &str,
         opts: StopOptions,
+        dry_run: bool,
     ) -> ApiResult<Response> {
-        let dry_run = dry(&opts.dry_run)?;
         let vm = st.registry.get(vm_def(), ns, name).await?;
         let vmi = self.current_vmi(st, ns, name).await?;
         if let Some(g) = opts.grace_period
@@ -704,8 +688,8 @@ impl Subresources<'_> {
         ns: &str,
         name: &str,
         opts: RestartOptions,
+        dry_run: bool,
     ) -> ApiResult<Response> {
-        let dry_run = dry(&opts.dry_run)?;
         if let Some(g) = opts.grace_period_seconds
             && g != 0
         {
@@ -759,8 +743,8 @@ impl Subresources<'_> {
         ns: &str,
         name: &str,
         opts: MigrateOptions,
+        dry_run: bool,
     ) -> ApiResult<Response> {
-        let dry_run = dry(&opts.dry_run)?;
         st.registry.get(vm_def(), ns, name).await?;
         let vmi = self.current_vmi(st, ns, name).await?;
         let status = vmi

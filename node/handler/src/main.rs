@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use kubevirt_api::handler_protocol::HANDLER_PORT;
 use tokio_util::sync::CancellationToken;
 use virt_handler::cluster::ClusterConfig;
 use virt_handler::cluster_migration::MigrationConfig;
@@ -41,7 +42,7 @@ struct Args {
     #[arg(long, env = "VIRT_HANDLER_QEMU_CAPABILITIES")]
     qemu_capabilities: Option<PathBuf>,
     /// Address of the mTLS server (console, vnc, pause, unpause, softreboot).
-    #[arg(long, env = "VIRT_HANDLER_LISTEN", default_value = "0.0.0.0:8186")]
+    #[arg(long, env = "VIRT_HANDLER_LISTEN", default_value_t = SocketAddr::from(([0, 0, 0, 0], HANDLER_PORT)))]
     listen: SocketAddr,
     /// Cluster mode: ask the cluster for this node's own certificate (a
     /// CertificateSigningRequest to `kubevirt.io/virt-handler`) and keep it and its key in

@@ -26,6 +26,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kubevirt_api::catalogue::{self, VmiActionDef};
+use kubevirt_api::handler_protocol::{
+    ForwardProtocol, ForwardTarget, PLAIN_SUBPROTOCOL, ROUTE_CONSOLE, ROUTE_PORTFORWARD,
+    ROUTE_SUBRESOURCE, ROUTE_VNC, route,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::net::unix::OwnedWriteHalf;
@@ -41,8 +45,6 @@ use crate::metrics::Metrics;
 use crate::tls::{TlsSource, peer_name};
 use crate::vmis::{Paths, Registry};
 
-/// KubeVirt's websocket subprotocol for console and VNC (echoed when offered).
-pub const PLAIN_PROTOCOL: &str = "plain.kubevirt.io";
 /// Close reason sent to a console or VNC session another writer took over from.
 pub const TAKEN_OVER: &str = "another session took over this console";
 const CHUNK: usize = 10240;
@@ -89,22 +91,10 @@ impl AppState {
 /// The routes.
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route(
-            "/v1/namespaces/{ns}/virtualmachineinstances/{name}/{action}",
-            put(action).get(read),
-        )
-        .route(
-            "/v1/namespaces/{ns}/virtualmachineinstances/{name}/console",
-            get(console),
-        )
-        .route(
-            "/v1/namespaces/{ns}/virtualmachineinstances/{name}/vnc",
-            get(vnc),
-        )
-        .route(
-            "/v1/namespaces/{ns}/virtualmachineinstances/{name}/portforward/{port}/{protocol}",
-            get(portforward),
-        )
+        .route(&route(ROUTE_SUBRESOURCE), put(action).get(read))
+        .route(&route(ROUTE_CONSOLE), get(console))
+        .route(&route(ROUTE_VNC), get(vnc))
+        .route(&route(ROUTE_PORTFORWARD), get(portforward))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state)
 }
@@ -393,7 +383,7 @@ async fn open_console(
     let ping = st.ping_every;
     let open = st.metrics.sessions("console");
     bounded(ws)
-        .protocols([PLAIN_PROTOCOL])
+        .protocols([PLAIN_SUBPROTOCOL])
         .on_upgrade(move |ws| async move {
             open.inc();
             tracing::info!(%ns, %name, session = id, read_only = q.read_only, "console session opened");
@@ -451,7 +441,7 @@ async fn open_vnc(
     let (ping, vnc_map) = (st.ping_every, st.vnc.clone());
     let open = st.metrics.sessions("vnc");
     bounded(ws)
-        .protocols([PLAIN_PROTOCOL])
+        .protocols([PLAIN_SUBPROTOCOL])
         .on_upgrade(move |ws| async move {
             open.inc();
             tracing::info!(%ns, %name, session = id, "VNC session opened");
@@ -547,20 +537,10 @@ async fn open_portforward(
     let Some(uid) = st.registry.uid(&ns, &name) else {
         return not_found(&ns, &name);
     };
-    let Some(port) = port.parse::<u16>().ok().filter(|p| *p > 0) else {
-        return status(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            format!("invalid port {port:?}: 1-65535"),
-        );
+    let ForwardTarget { port, protocol } = match ForwardTarget::parse(&port, Some(&protocol)) {
+        Ok(t) => t,
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
     };
-    if protocol != "tcp" && protocol != "udp" {
-        return status(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            format!("invalid protocol {protocol:?}: tcp or udp"),
-        );
-    }
     // Where the guest is comes from the VMI and the pod's IP as the API server has them,
     // never from the launcher.
     let address = match st.vmis.named(&ns, &name) {
@@ -570,7 +550,7 @@ async fn open_portforward(
     let dir = st.paths.launcher(&uid);
     let guest = match address {
         Err(e) => Err(e),
-        Ok(a) if protocol == "tcp" => crate::network::connect_guest(dir, a, port)
+        Ok(a) if protocol == ForwardProtocol::Tcp => crate::network::connect_guest(dir, a, port)
             .await
             .map(GuestSocket::Tcp),
         Ok(a) => crate::network::connect_guest_udp(dir, a, port)
@@ -596,7 +576,7 @@ async fn open_portforward(
     let launcher = LauncherClient::new(st.paths.launcher(&uid));
     let open = st.metrics.sessions("portforward");
     bounded(ws)
-        .protocols([PLAIN_PROTOCOL])
+        .protocols([PLAIN_SUBPROTOCOL])
         .on_upgrade(move |ws| async move {
             open.inc();
             tracing::info!(%ns, %name, port, %protocol, "port-forward opened");

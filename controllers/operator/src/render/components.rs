@@ -31,7 +31,7 @@ pub const RETIRED_HANDLER_CERTS: &str = "virt-handler-certs";
 pub const HANDLER_CA: &str = "virt-handler-ca";
 /// virt-apiserver's client certificate towards virt-handler (CN `virt-apiserver`).
 pub const HANDLER_CLIENT: &str = "virt-apiserver-handler-client";
-pub const HANDLER_PORT: i32 = 8186;
+pub const HANDLER_PORT: i32 = kubevirt_api::handler_protocol::HANDLER_PORT as i32;
 const CONTROLLER_METRICS_PORT: i32 = 8080;
 /// virt-handler's plain-HTTP `/metrics` and `/healthz` (the mTLS port would log every probe
 /// as a refused handshake).
