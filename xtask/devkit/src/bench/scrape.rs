@@ -77,7 +77,11 @@ struct Scrape {
     text: String,
 }
 
-fn scrape(rt: &tokio::runtime::Runtime, http: &reqwest::Client, url: &str) -> anyhow::Result<Scrape> {
+fn scrape(
+    rt: &tokio::runtime::Runtime,
+    http: &reqwest::Client,
+    url: &str,
+) -> anyhow::Result<Scrape> {
     rt.block_on(async {
         let t = Instant::now();
         let r = http.get(url).send().await?.error_for_status()?;
@@ -215,7 +219,10 @@ pub fn run(args: ScrapeArgs) -> anyhow::Result<()> {
     let provenance = Provenance::probe(args.command());
     let kube = Kube::new(crate::deploy::kubeconfig(args.kubeconfig.clone()));
     let node = kube
-        .run(&["get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"], None)
+        .run(
+            &["get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"],
+            None,
+        )
         .context("no cluster (cargo xtask up)")?
         .trim()
         .to_string();
@@ -261,10 +268,20 @@ pub fn run(args: ScrapeArgs) -> anyhow::Result<()> {
         let t = Instant::now();
         loop {
             let phases = kube.run(
-                &["get", "vmi", "-n", &ns, "-o", "jsonpath={.items[*].status.phase}"],
+                &[
+                    "get",
+                    "vmi",
+                    "-n",
+                    &ns,
+                    "-o",
+                    "jsonpath={.items[*].status.phase}",
+                ],
                 None,
             )?;
-            let running = phases.split_whitespace().filter(|p| *p == "Running").count();
+            let running = phases
+                .split_whitespace()
+                .filter(|p| *p == "Running")
+                .count();
             if running == args.vms {
                 break;
             }
@@ -294,7 +311,19 @@ pub fn run(args: ScrapeArgs) -> anyhow::Result<()> {
         kube.run(&["delete", "vm", "-n", &ns, gone, "--wait=false"], None)?;
         let t = Instant::now();
         while !kube
-            .run(&["get", "vmi", "-n", &ns, gone, "--ignore-not-found", "-o", "name"], None)?
+            .run(
+                &[
+                    "get",
+                    "vmi",
+                    "-n",
+                    &ns,
+                    gone,
+                    "--ignore-not-found",
+                    "-o",
+                    "name",
+                ],
+                None,
+            )?
             .trim()
             .is_empty()
         {
@@ -346,7 +375,10 @@ mod tests {
             v["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"],
             "node-a"
         );
-        assert_eq!(v["spec"]["template"]["spec"]["domain"]["memory"]["guest"], "128Mi");
+        assert_eq!(
+            v["spec"]["template"]["spec"]["domain"]["memory"]["guest"],
+            "128Mi"
+        );
     }
 
     #[test]
@@ -360,7 +392,11 @@ mod tests {
 
     #[test]
     fn the_table_judges_the_median_of_20_vms() {
-        let ms = |v: &[u64]| v.iter().map(|m| Duration::from_millis(*m)).collect::<Vec<_>>();
+        let ms = |v: &[u64]| {
+            v.iter()
+                .map(|m| Duration::from_millis(*m))
+                .collect::<Vec<_>>()
+        };
         let f = Figures {
             vms: 20,
             idle: ms(&[2, 3, 4]),
