@@ -56,6 +56,15 @@ fn phase_histogram() -> Histogram {
     Histogram::new(PHASE_TRANSITION_BUCKETS)
 }
 
+/// Seconds from `from` to `to`, what the phase-transition histograms observe. Clock skew
+/// between writers can make it negative; KubeVirt floors it at 0.
+pub fn seconds_between(
+    from: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    to: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> Option<f64> {
+    Some(to.0.duration_since(from.0).as_secs_f64().max(0.0))
+}
+
 /// KubeVirt's metrics of virt-controller that are counted as things happen (name, help,
 /// KubeVirt's type), registered under these names and help texts; the inventory ones are
 /// [`cluster::ALL`]. `controllers/tests/kubevirt_metrics.rs` checks both against

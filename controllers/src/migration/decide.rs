@@ -159,7 +159,6 @@ pub mod reasons {
 /// Seconds from the migration's creation to when it entered `phase` (its last entry in
 /// `phaseTransitionTimestamps`): what KubeVirt's migration phase histogram observes.
 pub fn seconds_since_creation(m: &VirtualMachineInstanceMigration, phase: Phase) -> Option<f64> {
-    let created = m.metadata.creation_timestamp.as_ref()?.0;
     let entered = m
         .status
         .as_ref()?
@@ -169,10 +168,8 @@ pub fn seconds_since_creation(m: &VirtualMachineInstanceMigration, phase: Phase)
         .rev()
         .find(|t| t.phase == phase)?
         .phase_transition_timestamp
-        .as_ref()?
-        .0;
-    // Clock skew between writers can make this negative; KubeVirt floors it at 0.
-    Some(entered.duration_since(created).as_secs_f64().max(0.0))
+        .as_ref()?;
+    crate::metrics::seconds_between(m.metadata.creation_timestamp.as_ref()?, entered)
 }
 
 fn rank(p: Phase) -> u8 {

@@ -689,7 +689,6 @@ pub fn node_label(
 /// Seconds from the VMI's creation to its entering `phase`, from its phase transition
 /// timestamps; KubeVirt's `kubevirt_vmi_phase_transition_time_from_creation_seconds`.
 pub fn seconds_since_creation(vmi: &VirtualMachineInstance, phase: Phase) -> Option<f64> {
-    let created = vmi.metadata.creation_timestamp.as_ref()?.0;
     let entered = vmi
         .status
         .as_ref()?
@@ -699,10 +698,8 @@ pub fn seconds_since_creation(vmi: &VirtualMachineInstance, phase: Phase) -> Opt
         .rev()
         .find(|t| t.phase == phase)?
         .phase_transition_timestamp
-        .as_ref()?
-        .0;
-    // Clock skew between writers can make this negative; KubeVirt floors it at 0.
-    Some(entered.duration_since(created).as_secs_f64().max(0.0))
+        .as_ref()?;
+    crate::metrics::seconds_between(vmi.metadata.creation_timestamp.as_ref()?, entered)
 }
 
 /// Says why a launcher pod is unschedulable when claims it mounts are unbound (`unbound`:

@@ -170,15 +170,77 @@ pub fn has_binaries(dir: &Path) -> bool {
     BINARIES.iter().all(|b| dir.join(b).exists())
 }
 
-/// Builds `package` of the Go module in `module` (its go.mod pins the version) into `out`,
-/// statically and stripped, at low priority; `what` names it in the error. Written beside
-/// `out` and renamed, so an interrupted build never looks cached.
-pub fn go_build(module: &Path, package: &str, out: &Path, what: &str) -> anyhow::Result<()> {
-    go_build_tagged(module, package, &[], out, what)
+/// A program built from a Go module of this repository that pins it (`e2e/<dir>/go.mod`),
+/// cached under `target/<cache>/<name>-<version>`.
+#[derive(Debug, Clone, Copy)]
+pub struct GoTool {
+    /// The pinning module's directory, relative to the workspace root.
+    pub dir: &'static str,
+    /// The required module whose version names the build.
+    pub module: &'static str,
+    /// The package built.
+    pub package: &'static str,
+    /// Go build tags.
+    pub tags: &'static [&'static str],
+    /// Its name in messages and in the binary's file name.
+    pub name: &'static str,
+    /// Directory under `target/`.
+    pub cache: &'static str,
 }
 
-/// [`go_build`] with Go build tags (e.g. Prometheus' `remove_all_sd`, which leaves out the
-/// cloud service discoveries a local cluster never uses).
+/// The version `go_mod` requires of `module` (either `require` form).
+pub fn required_version(go_mod: &str, module: &str) -> Option<String> {
+    let prefix = format!("{module} ");
+    go_mod.lines().find_map(|l| {
+        let l = l.trim().strip_prefix("require ").unwrap_or(l.trim());
+        l.strip_prefix(&prefix)
+            .map(|v| v.split_whitespace().next().unwrap_or_default().to_string())
+    })
+}
+
+impl GoTool {
+    /// The pinned version, from its go.mod.
+    pub fn version(&self, root: &Path) -> anyhow::Result<String> {
+        let path = root.join(self.dir).join("go.mod");
+        let go_mod = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        required_version(&go_mod, self.module)
+            .with_context(|| format!("{}/go.mod does not require {}", self.dir, self.module))
+    }
+
+    /// Builds the program unless it is cached; returns the binary. `hint` follows the
+    /// "building" line (e.g. how long the first build takes).
+    pub fn ensure(
+        &self,
+        layout: &Layout,
+        progress: &Progress,
+        hint: &str,
+    ) -> anyhow::Result<PathBuf> {
+        let version = self.version(&layout.root)?;
+        let out = layout
+            .target
+            .join(self.cache)
+            .join(format!("{}-{version}", self.name));
+        if out.is_file() {
+            return Ok(out);
+        }
+        progress.step(&format!("building {} {version}{hint}…", self.name));
+        go_build_tagged(
+            &layout.root.join(self.dir),
+            self.package,
+            self.tags,
+            &out,
+            &format!("{} {version}", self.name),
+        )?;
+        progress.step(&format!("built {} {version}", self.name));
+        Ok(out)
+    }
+}
+
+/// Builds `package` of the Go module in `module` (its go.mod pins the version) into `out`,
+/// statically and stripped, with Go build `tags` (e.g. Prometheus' `remove_all_sd`), at low
+/// priority; `what` names it in the error. Written beside `out` and renamed, so an
+/// interrupted build never looks cached.
 pub fn go_build_tagged(
     module: &Path,
     package: &str,

@@ -176,7 +176,7 @@ pub fn ensure_kwok() -> anyhow::Result<PathBuf> {
 
 /// The KWOK version `e2e/kwok/go.mod` pins.
 pub fn kwok_version() -> anyhow::Result<String> {
-    kwok::pinned_version(&Layout::discover()?.root.join("e2e/kwok"))
+    kwok::pinned_version(&Layout::discover()?.root)
 }
 
 /// Where the pinned Kubernetes binaries are (built by [`ensure_kubernetes_binaries`]).

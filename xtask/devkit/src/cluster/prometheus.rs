@@ -46,42 +46,16 @@ const SCRAPE_INTERVAL: &str = "5s";
 /// The daemon's name, for `down`'s stop order.
 pub const DAEMON_NAME: &str = DAEMON;
 
-/// The pinned Prometheus version, from `e2e/prometheus/go.mod`.
-fn pinned_version(module: &Path) -> anyhow::Result<String> {
-    let go_mod = fs::read_to_string(module.join("go.mod"))
-        .with_context(|| format!("reading {}/go.mod", module.display()))?;
-    go_mod
-        .lines()
-        .find_map(|l| {
-            let l = l.trim().strip_prefix("require ").unwrap_or(l.trim());
-            l.strip_prefix("github.com/prometheus/prometheus ")
-                .map(|v| v.trim().to_string())
-        })
-        .context("e2e/prometheus/go.mod does not require github.com/prometheus/prometheus")
-}
-
-fn ensure_binary(layout: &Layout, progress: &Progress) -> anyhow::Result<PathBuf> {
-    let module = layout.root.join("e2e/prometheus");
-    let version = pinned_version(&module)?;
-    let out = layout
-        .target
-        .join("prometheus")
-        .join(format!("prometheus-{version}"));
-    if out.exists() {
-        return Ok(out);
-    }
-    progress.step(&format!("building Prometheus {version} (a few minutes)…"));
-    // Only Kubernetes discovery: the cloud discoveries are most of Prometheus' build.
-    kube_build::go_build_tagged(
-        &module,
-        "github.com/prometheus/prometheus/cmd/prometheus",
-        &["remove_all_sd", "enable_kubernetes_sd"],
-        &out,
-        &format!("Prometheus {version}"),
-    )?;
-    progress.step(&format!("built Prometheus {version}"));
-    Ok(out)
-}
+/// Prometheus, built from the module `e2e/prometheus/go.mod` pins, with only Kubernetes
+/// discovery: the cloud discoveries are most of Prometheus' build.
+const TOOL: kube_build::GoTool = kube_build::GoTool {
+    dir: "e2e/prometheus",
+    module: "github.com/prometheus/prometheus",
+    package: "github.com/prometheus/prometheus/cmd/prometheus",
+    tags: &["remove_all_sd", "enable_kubernetes_sd"],
+    name: "prometheus",
+    cache: "prometheus",
+};
 
 /// The CRD files of the pinned prometheus-operator module (downloaded once by `go`).
 fn operator_crds() -> anyhow::Result<Vec<PathBuf>> {
@@ -244,7 +218,7 @@ fn items(list: &str) -> anyhow::Result<Vec<Value>> {
 /// Builds (once), configures from the cluster's ServiceMonitors and PrometheusRules and
 /// (re)starts Prometheus; idempotent.
 pub fn up(layout: &Layout, progress: &Progress, bin: &Path) -> anyhow::Result<()> {
-    let prometheus = ensure_binary(layout, progress)?;
+    let prometheus = TOOL.ensure(layout, progress, " (first time: a few minutes)")?;
     let kubectl = |args: &[&str]| super::kubectl(layout, bin, args);
     for crd in operator_crds()? {
         kubectl(&[
@@ -388,8 +362,8 @@ mod tests {
 
     #[test]
     fn the_pinned_version_comes_from_go_mod() {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../e2e/prometheus");
-        assert!(pinned_version(&root).unwrap().starts_with("v0."));
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        assert!(TOOL.version(&root).unwrap().starts_with("v0."));
     }
 
     #[test]

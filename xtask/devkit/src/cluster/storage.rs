@@ -16,7 +16,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
 use super::daemon::{self, Daemon};
 use super::images::{self, ImageFile, ImageSpec};
@@ -36,41 +36,15 @@ const SERVICE_ACCOUNT: &str = "local-path-provisioner";
 pub(crate) const HELPER_IMAGE: &str = "localhost/kubevirt-rs/local-path-helper:1";
 const DAEMON: &str = "local-path-provisioner";
 
-/// The pinned version, from `e2e/local-path/go.mod`.
-fn pinned_version(module: &Path) -> anyhow::Result<String> {
-    let go_mod = fs::read_to_string(module.join("go.mod"))
-        .with_context(|| format!("reading {}/go.mod", module.display()))?;
-    go_mod
-        .lines()
-        .find_map(|l| {
-            let l = l.trim().strip_prefix("require ").unwrap_or(l.trim());
-            l.strip_prefix("github.com/rancher/local-path-provisioner ")
-                .map(|v| v.trim().to_string())
-        })
-        .context("e2e/local-path/go.mod does not require github.com/rancher/local-path-provisioner")
-}
-
-/// Builds the provisioner unless it is cached; returns the binary.
-fn ensure_binary(layout: &Layout, progress: &Progress) -> anyhow::Result<PathBuf> {
-    let module = layout.root.join("e2e/local-path");
-    let version = pinned_version(&module)?;
-    let out = layout
-        .target
-        .join("local-path")
-        .join(format!("local-path-provisioner-{version}"));
-    if out.is_file() {
-        return Ok(out);
-    }
-    progress.step(&format!("building local-path-provisioner {version}…"));
-    kube_build::go_build(
-        &module,
-        "github.com/rancher/local-path-provisioner",
-        &out,
-        &format!("local-path-provisioner {version}"),
-    )?;
-    progress.step(&format!("built local-path-provisioner {version}"));
-    Ok(out)
-}
+/// The provisioner, built from the module `e2e/local-path/go.mod` pins.
+const TOOL: kube_build::GoTool = kube_build::GoTool {
+    dir: "e2e/local-path",
+    module: "github.com/rancher/local-path-provisioner",
+    package: "github.com/rancher/local-path-provisioner",
+    tags: &[],
+    name: "local-path-provisioner",
+    cache: "local-path",
+};
 
 /// The helper pods' image: a static busybox as /bin/sh, mkdir and rm.
 fn ensure_helper_image(layout: &Layout, progress: &Progress) -> anyhow::Result<()> {
@@ -203,7 +177,7 @@ pub fn up(
     bin: &Path,
     nodes: &[String],
 ) -> anyhow::Result<()> {
-    let provisioner = ensure_binary(layout, progress)?;
+    let provisioner = TOOL.ensure(layout, progress, "")?;
     ensure_helper_image(layout, progress)?;
     for n in nodes {
         fs::create_dir_all(local_dir(layout, n))?;
@@ -264,8 +238,8 @@ mod tests {
 
     #[test]
     fn the_pinned_version_comes_from_go_mod() {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../e2e/local-path");
-        assert!(pinned_version(&root).unwrap().starts_with("v0.0."));
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        assert!(TOOL.version(&root).unwrap().starts_with("v0.0."));
     }
 
     #[test]
