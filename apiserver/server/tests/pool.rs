@@ -194,7 +194,7 @@ async fn pools_and_replica_sets_are_served_with_scale() {
         assert_eq!(code, 200, "{patched}");
         assert_eq!(patched["spec"]["replicas"], 0);
         // `force` on /scale as on any PATCH: not a boolean → 400; on a non-apply patch → 422.
-        for (force, want) in [("5e-324", 400), ("true", 422)] {
+        for (force, want) in [("5e-324", 400), ("true", 422), ("", 422)] {
             let (code, status) = json_of(
                 c.patch(format!("{coll}/web/scale?force={force}"))
                     .header("Content-Type", "application/merge-patch+json")
