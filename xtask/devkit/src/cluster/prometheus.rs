@@ -294,6 +294,7 @@ pub fn up(layout: &Layout, progress: &Progress, bin: &Path) -> anyhow::Result<()
         .iter()
         .flat_map(|m| scrape_config(m, &api))
         .collect();
+    let jobs = scrape.len();
     for old in fs::read_dir(&rules)? {
         fs::remove_file(old?.path())?;
     }
@@ -336,10 +337,7 @@ pub fn up(layout: &Layout, progress: &Progress, bin: &Path) -> anyhow::Result<()
         "Prometheus {} (pid {pid}) on http://{LISTEN}: {} scrape jobs from {} ServiceMonitor(s), \
          rules from {} PrometheusRule(s)",
         if reused { "reloaded" } else { "started" },
-        monitors
-            .iter()
-            .map(|m| scrape_config(m, &api).len())
-            .sum::<usize>(),
+        jobs,
         monitors.len(),
         prometheus_rules.len(),
     ));
