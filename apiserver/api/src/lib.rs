@@ -16,6 +16,7 @@ pub mod duration;
 pub mod eviction;
 pub mod guestagent;
 pub mod handler_protocol;
+pub mod hotplug;
 pub mod instancetype;
 pub mod kinds;
 pub mod kubevirt;

@@ -263,6 +263,9 @@ pub struct VirtualMachineStatus {
     pub instancetype_ref: Option<InstancetypeStatusRef>,
     /// The preference the VM uses.
     pub preference_ref: Option<InstancetypeStatusRef>,
+    /// Volumes to add or remove (`addvolume`/`removevolume`), applied by virt-controller to
+    /// the VM's template and its running VMI, then dropped from here.
+    pub volume_requests: Option<Vec<crate::hotplug::VirtualMachineVolumeRequest>>,
 }
 
 /// A request to start or stop a VM's instance.

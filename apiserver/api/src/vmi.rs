@@ -1065,6 +1065,8 @@ pub struct VolumeStatus {
     pub size: Option<i64>,
     /// The claim behind a PVC or DataVolume volume, as virt-controller saw it.
     pub persistent_volume_claim_info: Option<PersistentVolumeClaimInfo>,
+    /// For a hotplugged volume: the pod that attaches it to the node.
+    pub hotplug_volume: Option<crate::hotplug::HotplugVolumeStatus>,
 }
 
 /// What is known of the claim behind a volume (KubeVirt's `PersistentVolumeClaimInfo`).
