@@ -551,6 +551,7 @@ async fn unseen_pod_creations_hold_the_vmi_instead_of_creating_a_second_launcher
         ctx,
         pods: LauncherPods::new(reader, Expectations::default()),
         stale: Default::default(),
+        attachments: reflector::store().0,
     });
     // The first list: no pods.
     for ev in [Event::Init, Event::InitDone] {

@@ -6,6 +6,7 @@
 
 pub mod claims;
 pub mod decide;
+pub mod hotplug;
 pub mod pods;
 pub mod reconcile;
 pub mod render;
@@ -37,6 +38,8 @@ pub struct Vmis {
     pub pods: LauncherPods,
     /// VMIs whose cached copy met a 409: read fresh next time.
     pub stale: crate::watch::Stale,
+    /// The attachment pods of hotplugged volumes ([`hotplug`]), as their watch shows them.
+    pub attachments: reflector::Store<pods::CachedPod>,
 }
 
 /// The VMIs every controller reads, one watch and one store ([`Shared`]), until `stop`.
@@ -73,10 +76,30 @@ pub async fn run(
     let (pod_reader, pod_writer) = reflector::store();
     // kubevirt_vmi_info names each VMI's Running launcher from this cache.
     ctx.metrics.sources.set_pods(pod_reader.clone());
+    // The attachment pods (few: one per hotplugged volume), kept whole but for what no
+    // decision reads.
+    let (attachment_reader, attachment_writer) = reflector::store();
+    let attachment_events = reflector::reflector(
+        attachment_writer,
+        watcher::watcher(
+            pods.clone(),
+            watcher::Config::default().labels(&format!(
+                "{}={}",
+                render::LAUNCHER_LABEL,
+                kubevirt_api::hotplug::ATTACHMENT_APP
+            )),
+        )
+        .default_backoff()
+        .modify(|p: &mut pods::CachedPod| {
+            p.metadata.managed_fields = None;
+        }),
+    )
+    .touched_objects();
     let state = Arc::new(Vmis {
         ctx: ctx.clone(),
         pods: LauncherPods::new(pod_reader, Expectations::default()),
         stale: Default::default(),
+        attachments: attachment_reader,
     });
     let observer = state.clone();
     let pod_events = reflector::reflector(
@@ -115,6 +138,12 @@ pub async fn run(
         // pod's label: its own pods and a migration's target (controlled by the migration,
         // but recorded in the VMI's activePods once it launched).
         .watches_stream(pod_events, |pod: pods::CachedPod| {
+            let ns = pod.namespace()?;
+            let name = pod.labels().get(render::VM_NAME_LABEL)?;
+            Some(ObjectRef::new(name).within(&ns))
+        })
+        // An attachment pod's changes (bound, running, deleted) reconcile its VMI.
+        .watches_stream(attachment_events, |pod: pods::CachedPod| {
             let ns = pod.namespace()?;
             let name = pod.labels().get(render::VM_NAME_LABEL)?;
             Some(ObjectRef::new(name).within(&ns))

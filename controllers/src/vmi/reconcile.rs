@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
@@ -376,6 +376,9 @@ pub async fn reconcile(
     if let Err(e) = delete_pods(&state, &uid, &pod_api, &plan, &mut events).await {
         failure.get_or_insert(e);
     }
+    if let Err(e) = sync_attachments(&state, &vmi, &uid, &pods, &pod_api, &mut events).await {
+        failure.get_or_insert(e);
+    }
 
     let mut status = decide::derive_status(
         &vmi,
@@ -565,6 +568,127 @@ async fn delete_pods(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Creates and deletes the attachment pods of the VMI's hotplugged volumes
+/// ([`super::hotplug`]).
+async fn sync_attachments(
+    state: &Vmis,
+    vmi: &VirtualMachineInstance,
+    uid: &str,
+    launchers: &[Pod],
+    pod_api: &Api<Pod>,
+    events: &mut Vec<(EventType, &'static str, String)>,
+) -> Result<(), ReconcileError> {
+    use kubevirt_api::hotplug::ATTACHMENT_VMI_UID_LABEL;
+    let ns = vmi.namespace().unwrap_or_default();
+    let mut attached: Vec<Pod> = state
+        .attachments
+        .state()
+        .iter()
+        .filter(|p| {
+            p.namespace().as_deref() == Some(ns.as_str())
+                && p.labels().get(ATTACHMENT_VMI_UID_LABEL).map(String::as_str) == Some(uid)
+        })
+        .map(|p| p.to_pod())
+        .collect();
+    if attached.is_empty() && super::hotplug::wanted(vmi).is_empty() {
+        return Ok(());
+    }
+    let launcher = super::hotplug::attach_to(vmi, launchers);
+    let mut plan = super::hotplug::plan(vmi, launcher, &attached);
+    if !plan.create.is_empty() {
+        // The watch may not show a pod made a moment ago: ask before making another.
+        attached = pod_api
+            .list(&ListParams::default().labels(&super::hotplug::selector(uid)))
+            .await
+            .map_err(|source| ReconcileError::Read {
+                what: "attachment pods",
+                source,
+            })?
+            .items;
+        plan = super::hotplug::plan(vmi, launcher, &attached);
+    }
+    for name in &plan.delete {
+        match pod_api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {
+                tracing::info!(pod = %name, "deleting attachment pod");
+                events.push((
+                    EventType::Normal,
+                    "SuccessfulDelete",
+                    format!("Deleted attachment pod {name}"),
+                ));
+            }
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => {
+                return Err(ReconcileError::DeletePod {
+                    pod: name.clone(),
+                    source: e,
+                });
+            }
+        }
+    }
+    let (Some(launcher), false) = (launcher, plan.create.is_empty()) else {
+        return Ok(());
+    };
+    let claims = Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+        state.ctx.client.clone(),
+        &ns,
+    );
+    for (volume, claim, read_only) in &plan.create {
+        let Some(pvc) = claims
+            .get_opt(claim)
+            .await
+            .map_err(|source| ReconcileError::Read {
+                what: "PersistentVolumeClaim",
+                source,
+            })?
+        else {
+            events.push((
+                EventType::Warning,
+                "FailedHotplug",
+                format!(
+                    "Hotplugged volume {volume}: PersistentVolumeClaim {ns}/{claim} does not exist"
+                ),
+            ));
+            continue;
+        };
+        let c = super::claims::Claim::from_pvc(&pvc);
+        let pod = super::hotplug::attachment_pod(
+            vmi,
+            launcher,
+            volume,
+            &c,
+            *read_only,
+            &state.ctx.config.launcher,
+        );
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PostParams::default()
+        };
+        match pod_api.create(&params, &pod).await {
+            Ok(p) => {
+                tracing::info!(pod = %p.name_any(), %volume, "created attachment pod");
+                events.push((
+                    EventType::Normal,
+                    "SuccessfulCreate",
+                    format!(
+                        "Created attachment pod {} for hotplugged volume {volume}",
+                        p.name_any()
+                    ),
+                ));
+            }
+            Err(e) => {
+                events.push((
+                    EventType::Warning,
+                    "FailedCreate",
+                    format!("Error creating the attachment pod of volume {volume}: {e}"),
+                ));
+                return Err(ReconcileError::CreatePod(e));
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn write_status(

@@ -633,6 +633,8 @@ pub fn launcher_pod(
         .volumes
         .iter()
         .flatten()
+        // Hotplugged ones come by their attachment pods (vmi::hotplug).
+        .filter(|v| !kubevirt_api::hotplug::is_hotpluggable(v))
         .filter_map(|v| Some((v.name.as_str(), v.persistent_volume_claim.as_ref()?)));
     for (n, (volume, pvc)) in claim_volumes.enumerate() {
         let presented = claims::presented(vmi, volume)
@@ -676,6 +678,14 @@ pub fn launcher_pod(
     // only after its relist (every second) has seen the previous init container exit, so
     // the copiers run beside the launcher, which waits for their `.done` files
     // ([`copier_script`]) while it starts.
+    // Where virt-handler mounts hotplugged volumes' images (vmi::hotplug): an emptyDir, so
+    // that the directory is writable under the read-only root and the mounts go with it.
+    mounts.push(mount(
+        "hotplug-disks",
+        kubevirt_api::hotplug::LAUNCHER_HOTPLUG_DIR,
+        false,
+    ));
+    volumes.push(empty("hotplug-disks"));
     let console_log = serial_console_log(vmi, cfg);
     if console_log {
         args.push("--console-log".into());

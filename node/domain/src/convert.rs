@@ -8,7 +8,7 @@ use kubevirt_api::VirtualMachineInstance;
 use kubevirt_api::quantity;
 use kubevirt_api::vmi::{self, DomainSpec};
 
-use crate::host::{Accel, HostFacts, NetworkMode};
+use crate::host::{Accel, HostFacts, NetworkMode, PreparedVolume};
 use crate::schema::*;
 
 /// Why a VMI cannot be turned into a domain.
@@ -378,12 +378,16 @@ fn disks(
         .map(|v| (v.name.as_str(), v))
         .collect();
     let mut per_prefix: BTreeMap<&'static str, usize> = BTreeMap::new();
-    let mut needs_scsi = false;
     for (i, disk) in vmi_spec.domain.devices.disks.iter().flatten().enumerate() {
-        if !volumes.contains_key(disk.name.as_str()) {
+        let Some(volume) = volumes.get(disk.name.as_str()) else {
             return Err(ConvertError::VolumeNotFound {
                 disk: disk.name.clone(),
             });
+        };
+        // A hotplugged volume is not the pod's: virt-handler plugs it into the running
+        // guest once its attachment pod has it on the node (hotplug_disk).
+        if kubevirt_api::hotplug::is_hotpluggable(volume) {
+            continue;
         }
         let prepared =
             host.volumes
@@ -391,89 +395,14 @@ fn disks(
                 .ok_or_else(|| ConvertError::VolumeNotPrepared {
                     volume: disk.name.clone(),
                 })?;
-        let (device, bus, readonly) = if let Some(c) = &disk.cdrom {
-            (DiskDevice::Cdrom, bus_of(c.bus, Bus::Sata), true)
-        } else if disk.lun.is_some() {
-            return Err(ConvertError::Unsupported {
-                field: format!("spec.domain.devices.disks[{i}].lun"),
-                value: disk.name.clone(),
-            });
-        } else {
-            let t = disk.disk.clone().unwrap_or_default();
-            (
-                DiskDevice::Disk,
-                bus_of(t.bus, Bus::Virtio),
-                t.readonly.unwrap_or(false),
-            )
-        };
-        // A claim mounted read-only (persistentVolumeClaim.readOnly) cannot take writes.
-        let readonly = readonly
-            || volumes[disk.name.as_str()]
-                .persistent_volume_claim
-                .as_ref()
-                .and_then(|p| p.read_only)
-                == Some(true);
-        let prefix = match bus {
-            Bus::Virtio => "vd",
-            Bus::Sata | Bus::Scsi | Bus::Usb => "sd",
-        };
-        needs_scsi |= bus == Bus::Scsi;
+        let (_, bus, _) = disk_kind(i, disk)?;
+        let prefix = dev_prefix(bus);
         let idx = per_prefix.entry(prefix).or_insert(0);
         let dev = device_name(prefix, *idx);
         *idx += 1;
-        let io = match disk.io.as_deref() {
-            None => None,
-            Some("native") => Some(IoMode::Native),
-            Some("threads") => Some(IoMode::Threads),
-            Some(other) => {
-                return Err(ConvertError::Unsupported {
-                    field: format!("spec.domain.devices.disks[{i}].io"),
-                    value: other.into(),
-                });
-            }
-        };
-        let path = path_str(&prepared.path);
-        let cache = cache_mode(disk.cache, prepared.direct_io).ok_or_else(|| {
-            ConvertError::DirectIoUnsupported {
-                field: format!("spec.domain.devices.disks[{i}].cache"),
-                path: path.clone(),
-            }
-        })?;
-        // Without the page cache, native AIO is QEMU's faster path for a block device
-        // (KubeVirt's choice too; for files it leaves threads, as sparse files can block).
-        let io = io.or(
-            (cache == CacheMode::None && prepared.kind == DiskType::Block)
-                .then_some(IoMode::Native),
-        );
-        d.devices.disk.push(Disk {
-            type_: prepared.kind,
-            device,
-            driver: DiskDriver {
-                name: "qemu".into(),
-                format: prepared.format,
-                cache: Some(cache),
-                io,
-                error_policy: disk.error_policy.clone(),
-            },
-            source: match prepared.kind {
-                DiskType::File => DiskSource {
-                    file: Some(path),
-                    dev: None,
-                },
-                DiskType::Block => DiskSource {
-                    file: None,
-                    dev: Some(path),
-                },
-            },
-            target: DiskTarget { dev, bus },
-            boot: disk.boot_order.map(|order| Boot { order }),
-            readonly: readonly.then(Empty::default),
-            shareable: disk.shareable.unwrap_or(false).then(Empty::default),
-            serial: disk.serial.clone(),
-            alias: Some(Alias {
-                name: format!("ua-{}", disk.name),
-            }),
-        });
+        d.devices
+            .disk
+            .push(disk_element(i, disk, volume, prepared, dev)?);
     }
     // libvirt adds a USB controller on x86 unless told otherwise; without USB disks it only
     // costs boot time and memory (KubeVirt disables it the same way).
@@ -490,15 +419,138 @@ fn disks(
             ports: None,
         });
     }
-    if needs_scsi {
-        d.devices.controller.push(Controller {
-            type_: "scsi".into(),
-            index: Some(0),
-            model: Some("virtio-scsi".into()),
-            ports: None,
+    // Always there, as in KubeVirt: `virtctl addvolume` plugs SCSI disks by default, and
+    // a controller cannot be added to a running q35 guest without a free PCIe port.
+    d.devices.controller.push(Controller {
+        type_: "scsi".into(),
+        index: Some(0),
+        model: Some("virtio-scsi".into()),
+        ports: None,
+    });
+    Ok(())
+}
+
+fn dev_prefix(bus: Bus) -> &'static str {
+    match bus {
+        Bus::Virtio => "vd",
+        Bus::Sata | Bus::Scsi | Bus::Usb => "sd",
+    }
+}
+
+/// The device kind, bus and read-only flag `disk` asks for.
+fn disk_kind(i: usize, disk: &vmi::Disk) -> Result<(DiskDevice, Bus, bool), ConvertError> {
+    if let Some(c) = &disk.cdrom {
+        Ok((DiskDevice::Cdrom, bus_of(c.bus, Bus::Sata), true))
+    } else if disk.lun.is_some() {
+        Err(ConvertError::Unsupported {
+            field: format!("spec.domain.devices.disks[{i}].lun"),
+            value: disk.name.clone(),
+        })
+    } else {
+        let t = disk.disk.clone().unwrap_or_default();
+        Ok((
+            DiskDevice::Disk,
+            bus_of(t.bus, Bus::Virtio),
+            t.readonly.unwrap_or(false),
+        ))
+    }
+}
+
+/// The `<disk>` of VMI disk `disk` (the `i`th) on `volume`, prepared as `prepared`, as
+/// guest device `dev`.
+fn disk_element(
+    i: usize,
+    disk: &vmi::Disk,
+    volume: &vmi::Volume,
+    prepared: &PreparedVolume,
+    dev: String,
+) -> Result<Disk, ConvertError> {
+    let (device, bus, readonly) = disk_kind(i, disk)?;
+    // A claim mounted read-only (persistentVolumeClaim.readOnly) cannot take writes.
+    let readonly = readonly
+        || volume
+            .persistent_volume_claim
+            .as_ref()
+            .and_then(|p| p.read_only)
+            == Some(true);
+    let io = match disk.io.as_deref() {
+        None => None,
+        Some("native") => Some(IoMode::Native),
+        Some("threads") => Some(IoMode::Threads),
+        Some(other) => {
+            return Err(ConvertError::Unsupported {
+                field: format!("spec.domain.devices.disks[{i}].io"),
+                value: other.into(),
+            });
+        }
+    };
+    let path = path_str(&prepared.path);
+    let cache = cache_mode(disk.cache, prepared.direct_io).ok_or_else(|| {
+        ConvertError::DirectIoUnsupported {
+            field: format!("spec.domain.devices.disks[{i}].cache"),
+            path: path.clone(),
+        }
+    })?;
+    // Without the page cache, native AIO is QEMU's faster path for a block device
+    // (KubeVirt's choice too; for files it leaves threads, as sparse files can block).
+    let io = io.or(
+        (cache == CacheMode::None && prepared.kind == DiskType::Block).then_some(IoMode::Native),
+    );
+    Ok(Disk {
+        type_: prepared.kind,
+        device,
+        driver: DiskDriver {
+            name: "qemu".into(),
+            format: prepared.format,
+            cache: Some(cache),
+            io,
+            error_policy: disk.error_policy.clone(),
+        },
+        source: match prepared.kind {
+            DiskType::File => DiskSource {
+                file: Some(path),
+                dev: None,
+            },
+            DiskType::Block => DiskSource {
+                file: None,
+                dev: Some(path),
+            },
+        },
+        target: DiskTarget { dev, bus },
+        boot: disk.boot_order.map(|order| Boot { order }),
+        readonly: readonly.then(Empty::default),
+        shareable: disk.shareable.unwrap_or(false).then(Empty::default),
+        serial: disk.serial.clone(),
+        alias: Some(Alias {
+            name: format!("ua-{}", disk.name),
+        }),
+    })
+}
+
+/// The `<disk>` that plugs hotplugged volume `volume` (its disk `disk`, its image prepared
+/// as `prepared`) into a running guest whose disks already use the device names `taken`:
+/// the first free name of its bus. Only disks and virtio/SCSI buses can be hotplugged.
+pub fn hotplug_disk(
+    disk: &vmi::Disk,
+    volume: &vmi::Volume,
+    prepared: &PreparedVolume,
+    taken: &[String],
+) -> Result<Disk, ConvertError> {
+    let (device, bus, _) = disk_kind(0, disk)?;
+    if device != DiskDevice::Disk || !matches!(bus, Bus::Scsi | Bus::Virtio) {
+        return Err(ConvertError::Unsupported {
+            field: format!("hotplugged disk {}", disk.name),
+            value: "only a disk on the scsi or virtio bus can be hotplugged".into(),
         });
     }
-    Ok(())
+    let prefix = dev_prefix(bus);
+    let dev = (0..)
+        .map(|i| device_name(prefix, i))
+        .find(|d| !taken.contains(d))
+        .unwrap_or_default();
+    let mut d = disk_element(0, disk, volume, prepared, dev)?;
+    d.boot = None;
+    Ok(d)
 }
 
 fn interfaces(spec: &DomainSpec, host: &HostFacts, d: &mut Domain) -> Result<(), ConvertError> {

@@ -10,6 +10,6 @@ pub mod protocol;
 pub mod schema;
 pub mod stats;
 
-pub use convert::{ConvertError, domain_for, domain_name};
+pub use convert::{ConvertError, domain_for, domain_name, hotplug_disk};
 pub use host::{Accel, HostFacts, KernelBootFiles, NetworkMode, PodTap, PreparedVolume};
 pub use schema::{Domain, XmlError};

@@ -12,10 +12,12 @@ use crate::host::Accel;
 /// the status (`guestAgent`, `accessCredentials`) and the `guestInfo` event.
 /// 4: `getStats` (the domain's statistics, for virt-handler's per-VMI metrics); an older
 /// launcher answers it with an error, and its VMI's metrics are left out.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 5: volume hotplug (`attachVolume`, `detachVolume`, the status's `hotplugged` disks); an
+/// older launcher answers both with an error and reports no hotplugged disk.
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// A request from virt-handler to a launcher.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum Request {
     /// Liveness and version check.
@@ -48,6 +50,21 @@ pub enum Request {
     SetVcpus {
         /// The vCPUs the guest has afterwards.
         vcpus: u32,
+    },
+    /// Plugs hotplugged volume `volume` (its image mounted by virt-handler at
+    /// `kubevirt_api::hotplug::launcher_image_path`) into the running guest as `disk`.
+    /// Answered with [`Response::Hotplugged`], also when the guest has it already.
+    AttachVolume {
+        /// The VMI's disk for it.
+        disk: Box<kubevirt_api::vmi::Disk>,
+        /// The VMI's volume.
+        volume: Box<kubevirt_api::vmi::Volume>,
+    },
+    /// Unplugs hotplugged volume `name` from the guest (libvirt waits for the guest to let
+    /// it go). Answered with [`Response::Hotplugged`], also when the guest does not have it.
+    DetachVolume {
+        /// The VMI volume.
+        name: String,
     },
     /// Stream [`Response::Migration`] (one per progress report, about every second,
     /// and one final) until the migration ends.
@@ -240,6 +257,11 @@ pub enum Response {
         /// The statistics.
         stats: Box<crate::stats::DomainStats>,
     },
+    /// The hotplugged disks the guest has, after an attach or detach.
+    Hotplugged {
+        /// By volume.
+        disks: Vec<crate::schema::HotpluggedDisk>,
+    },
     /// The request was carried out.
     Ok,
     /// The request failed.
@@ -397,6 +419,9 @@ pub struct LauncherStatus {
     /// State of the agent-propagated access credentials (absent when the VMI has none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_credentials: Option<CredentialsStatus>,
+    /// The hotplugged disks the guest has now (protocol 5).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hotplugged: Vec<crate::schema::HotpluggedDisk>,
 }
 
 /// A domain lifecycle event.

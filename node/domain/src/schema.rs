@@ -817,6 +817,13 @@ pub enum XmlError {
     Parse(#[from] quick_xml::DeError),
 }
 
+impl Disk {
+    /// The `<disk>` element alone, as libvirt's attach and detach calls take it.
+    pub fn to_xml(&self) -> Result<String, XmlError> {
+        Ok(quick_xml::se::to_string_with_root("disk", self)?)
+    }
+}
+
 impl Domain {
     /// The domain as libvirt XML, indented for humans and golden files.
     pub fn to_xml(&self) -> Result<String, XmlError> {
@@ -876,6 +883,80 @@ pub fn device_aliases(
             Some((dev, name.to_string()))
         })
         .collect())
+}
+
+/// A hotplugged disk of a running domain: its volume and guest device name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HotpluggedDisk {
+    /// The VMI volume.
+    pub name: String,
+    /// The guest device (`sda`).
+    pub target: String,
+}
+
+/// The disks of libvirt's live domain XML whose image is under `hotplug_dir` (where
+/// virt-handler mounts hotplugged volumes), by their `ua-<volume>` alias, and every guest
+/// device name in use (for the next hotplugged disk's).
+pub fn live_disks(
+    live_xml: &str,
+    hotplug_dir: &str,
+) -> Result<(Vec<HotpluggedDisk>, Vec<String>), XmlError> {
+    #[derive(Deserialize)]
+    struct Live {
+        #[serde(default)]
+        devices: LiveDevices,
+    }
+    #[derive(Default, Deserialize)]
+    struct LiveDevices {
+        #[serde(default)]
+        disk: Vec<LiveDisk>,
+    }
+    #[derive(Deserialize)]
+    struct LiveDisk {
+        source: Option<LiveSource>,
+        target: Option<LiveTarget>,
+        alias: Option<Alias>,
+    }
+    #[derive(Deserialize)]
+    struct LiveSource {
+        #[serde(rename = "@file")]
+        file: Option<String>,
+        #[serde(rename = "@dev")]
+        dev: Option<String>,
+    }
+    #[derive(Deserialize)]
+    struct LiveTarget {
+        #[serde(rename = "@dev")]
+        dev: Option<String>,
+    }
+    let live: Live = quick_xml::de::from_str(live_xml)?;
+    let prefix = format!("{}/", hotplug_dir.trim_end_matches('/'));
+    let taken = live
+        .devices
+        .disk
+        .iter()
+        .filter_map(|d| d.target.as_ref()?.dev.clone())
+        .collect();
+    let hot = live
+        .devices
+        .disk
+        .iter()
+        .filter(|d| {
+            d.source.as_ref().is_some_and(|s| {
+                s.file
+                    .as_deref()
+                    .or(s.dev.as_deref())
+                    .is_some_and(|p| p.starts_with(&prefix))
+            })
+        })
+        .filter_map(|d| {
+            Some(HotpluggedDisk {
+                name: d.alias.as_ref()?.name.strip_prefix("ua-")?.to_string(),
+                target: d.target.as_ref()?.dev.clone()?,
+            })
+        })
+        .collect();
+    Ok((hot, taken))
 }
 
 /// Whether libvirt's live domain XML shows a guest agent in the guest: its channel's port

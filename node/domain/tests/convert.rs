@@ -467,3 +467,58 @@ fn xml_special_characters_are_escaped() {
     let back = Domain::from_xml(&xml).unwrap();
     assert_eq!(back.os.cmdline.as_deref(), Some(args));
 }
+
+#[test]
+fn a_hotplugged_volume_waits_for_virt_handler_and_then_takes_the_first_free_device() {
+    let mut vmi = load("minimal.json");
+    let add: kubevirt_api::hotplug::VirtualMachineVolumeRequest =
+        serde_json::from_value(serde_json::json!({"addVolumeOptions": {
+            "name": "data",
+            "disk": {"disk": {"bus": "scsi"}, "serial": "data-serial"},
+            "volumeSource": {"persistentVolumeClaim": {"claimName": "data-pvc"}}
+        }}))
+        .unwrap();
+    vmi.spec = kubevirt_api::hotplug::apply(&vmi.spec, &add).unwrap();
+    // Not in the domain the launcher defines, and nothing to prepare for it.
+    let d = domain_for(&vmi, &HostFacts::x86_64(Accel::Tcg)).unwrap();
+    assert!(!d.to_xml().unwrap().contains("data-serial"));
+    let (volume, disk) = kubevirt_api::hotplug::hotplugged(&vmi.spec)[0];
+    let prepared = virt_domain::PreparedVolume {
+        path: "/var/run/kubevirt/hotplug-disks/data.img".into(),
+        format: virt_domain::schema::DiskFormat::Raw,
+        kind: virt_domain::schema::DiskType::File,
+        direct_io: true,
+    };
+    let el =
+        virt_domain::hotplug_disk(disk, volume, &prepared, &["sda".into(), "vda".into()]).unwrap();
+    assert_eq!(el.target.dev, "sdb");
+    let xml = el.to_xml().unwrap();
+    assert!(
+        xml.starts_with("<disk type=\"file\" device=\"disk\">"),
+        "{xml}"
+    );
+    assert!(xml.contains("<serial>data-serial</serial>"), "{xml}");
+    assert!(xml.contains("<alias name=\"ua-data\"/>"), "{xml}");
+    // As libvirt shows it once plugged in.
+    let live = format!(
+        "<domain><devices><disk type='file'><source file='/work/root.qcow2'/><target dev='vda'/><alias name='ua-root'/></disk>{}</devices></domain>",
+        xml.replace("<disk ", "<disk ")
+            .replace("</disk>", "<address type='drive'/></disk>")
+    );
+    let (hot, taken) =
+        virt_domain::schema::live_disks(&live, kubevirt_api::hotplug::LAUNCHER_HOTPLUG_DIR)
+            .unwrap();
+    assert_eq!(taken, ["vda", "sdb"]);
+    assert_eq!(
+        hot,
+        [virt_domain::schema::HotpluggedDisk {
+            name: "data".into(),
+            target: "sdb".into()
+        }]
+    );
+    // A CD-ROM or a SATA disk cannot be hotplugged.
+    let mut cdrom = disk.clone();
+    cdrom.disk = None;
+    cdrom.cdrom = Some(Default::default());
+    assert!(virt_domain::hotplug_disk(&cdrom, volume, &prepared, &[]).is_err());
+}

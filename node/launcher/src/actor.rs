@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
+use virt_domain::schema::HotpluggedDisk;
 
 use tokio::sync::{oneshot, watch};
 use virt::connect::Connect;
@@ -147,6 +148,7 @@ enum Cmd {
     Destroy(Reply<()>),
     Action(VmiAction, Reply<()>),
     SetVcpus(u32, Reply<()>),
+    Hotplug(HotplugOp, Reply<Vec<HotpluggedDisk>>),
     Stats(Reply<StatsSource>),
     Close(Reply<()>),
     /// Only wakes the loop (see [`MigrationWaker`]).
@@ -175,6 +177,22 @@ pub struct DomainHandle {
     migration: watch::Receiver<MigrationStatus>,
     versions: Versions,
     guest: Arc<GuestShared>,
+    hotplugged: Arc<std::sync::Mutex<Vec<HotpluggedDisk>>>,
+}
+
+/// A change of the guest's hotplugged disks (see [`DomainHandle::hotplug`]).
+#[derive(Clone, Debug)]
+pub enum HotplugOp {
+    /// Plug the volume (its image at `kubevirt_api::hotplug::launcher_image_path`) in as
+    /// the disk, unless the guest has it.
+    Attach {
+        /// The VMI's disk.
+        disk: Box<kubevirt_api::vmi::Disk>,
+        /// The VMI's volume.
+        volume: Box<kubevirt_api::vmi::Volume>,
+    },
+    /// Unplug the volume of this name, if the guest has it.
+    Detach(String),
 }
 
 impl std::fmt::Debug for Cmd {
@@ -217,7 +235,26 @@ impl DomainHandle {
             migration,
             versions,
             guest,
+            hotplugged: Arc::default(),
         })
+    }
+
+    /// Plugs a hotplugged volume into the running guest or unplugs it; answers the
+    /// hotplugged disks the guest has afterwards (also kept for [`Self::hotplugged`]).
+    pub async fn hotplug(&self, op: HotplugOp) -> Result<Vec<HotpluggedDisk>, LibvirtError> {
+        let disks = self.ask(|r| Cmd::Hotplug(op, r)).await?;
+        if let Ok(mut h) = self.hotplugged.lock() {
+            h.clone_from(&disks);
+        }
+        Ok(disks)
+    }
+
+    /// The hotplugged disks the guest had after the last [`Self::hotplug`].
+    pub fn hotplugged(&self) -> Vec<HotpluggedDisk> {
+        self.hotplugged
+            .lock()
+            .map(|h| h.clone())
+            .unwrap_or_default()
     }
 
     /// The guest agent's shared state (its poller, its answers, the freeze).
@@ -364,6 +401,28 @@ pub trait Backend: Send {
             message: "not supported by this backend".into(),
         })
     }
+    /// The running domain's live XML.
+    fn live_xml(&mut self) -> Result<String, LibvirtError> {
+        Err(LibvirtError::Call {
+            op: "domain XML",
+            message: "not supported by this backend".into(),
+        })
+    }
+    /// Plugs the device `xml` describes into the running domain (live only: the next
+    /// start renders the VMI anew).
+    fn attach_device(&mut self, _xml: &str) -> Result<(), LibvirtError> {
+        Err(LibvirtError::Call {
+            op: "attach device",
+            message: "not supported by this backend".into(),
+        })
+    }
+    /// Unplugs the device `xml` describes from the running domain.
+    fn detach_device(&mut self, _xml: &str) -> Result<(), LibvirtError> {
+        Err(LibvirtError::Call {
+            op: "detach device",
+            message: "not supported by this backend".into(),
+        })
+    }
     /// Migration target: takes the domain `name` once it runs here (true), after an
     /// incoming migration completed.
     fn adopt_incoming(&mut self, _name: &str) -> bool {
@@ -416,6 +475,90 @@ pub trait Backend: Send {
     }
     /// Destroys and undefines the domain and releases the daemon.
     fn cleanup(&mut self);
+}
+
+/// Carries out `op` on the running domain (on the libvirt thread: it opens the image to
+/// learn whether it takes `O_DIRECT`) and reads back the guest's hotplugged disks.
+fn hotplug(b: &mut dyn Backend, op: &HotplugOp) -> Result<Vec<HotpluggedDisk>, LibvirtError> {
+    use kubevirt_api::hotplug::{LAUNCHER_HOTPLUG_DIR, launcher_image_path};
+    let read = |b: &mut dyn Backend| -> Result<(Vec<HotpluggedDisk>, Vec<String>), LibvirtError> {
+        let xml = b.live_xml()?;
+        virt_domain::schema::live_disks(&xml, LAUNCHER_HOTPLUG_DIR).map_err(|e| {
+            LibvirtError::Call {
+                op: "domain XML",
+                message: e.to_string(),
+            }
+        })
+    };
+    let (hot, taken) = read(b)?;
+    let invalid = |e: &dyn std::fmt::Display| LibvirtError::Call {
+        op: "hotplug",
+        message: e.to_string(),
+    };
+    match op {
+        HotplugOp::Attach { disk, volume } => {
+            if hot.iter().any(|h| h.name == volume.name) {
+                return Ok(hot);
+            }
+            let path = std::path::PathBuf::from(launcher_image_path(&volume.name));
+            if !path.is_file() {
+                return Err(invalid(&format!(
+                    "{} is not mounted in the launcher pod",
+                    path.display()
+                )));
+            }
+            let prepared = virt_domain::PreparedVolume {
+                direct_io: crate::volumes::opens_direct(&path),
+                path,
+                format: virt_domain::schema::DiskFormat::Raw,
+                kind: virt_domain::schema::DiskType::File,
+            };
+            let element = virt_domain::hotplug_disk(disk, volume, &prepared, &taken)
+                .map_err(|e| invalid(&e))?;
+            let xml = element.to_xml().map_err(|e| invalid(&e))?;
+            tracing::info!(volume = %volume.name, target = %element.target.dev, "plugging in a hotplugged volume");
+            b.attach_device(&xml)?;
+        }
+        HotplugOp::Detach(name) => {
+            let Some(h) = hot.iter().find(|h| &h.name == name) else {
+                return Ok(hot);
+            };
+            // libvirt finds the disk by its target; the bus follows from the name.
+            use virt_domain::schema as x;
+            let element = x::Disk {
+                type_: x::DiskType::File,
+                device: x::DiskDevice::Disk,
+                driver: x::DiskDriver {
+                    name: "qemu".into(),
+                    format: x::DiskFormat::Raw,
+                    cache: None,
+                    io: None,
+                    error_policy: None,
+                },
+                source: x::DiskSource {
+                    file: Some(launcher_image_path(name)),
+                    dev: None,
+                },
+                target: x::DiskTarget {
+                    dev: h.target.clone(),
+                    bus: if h.target.starts_with("vd") {
+                        x::Bus::Virtio
+                    } else {
+                        x::Bus::Scsi
+                    },
+                },
+                boot: None,
+                readonly: None,
+                shareable: None,
+                serial: None,
+                alias: None,
+            };
+            let xml = element.to_xml().map_err(|e| invalid(&e))?;
+            tracing::info!(volume = %name, target = %h.target, "unplugging a hotplugged volume");
+            b.detach_device(&xml)?;
+        }
+    }
+    Ok(read(b)?.0)
 }
 
 fn thread_main(
@@ -526,6 +669,17 @@ fn thread_main(
             }
             Ok(Cmd::SetVcpus(n, r)) => {
                 let _ = r.send(b.set_vcpus(n));
+            }
+            Ok(Cmd::Hotplug(op, r)) => {
+                let res = if outgoing.is_some() {
+                    Err(LibvirtError::Call {
+                        op: "hotplug",
+                        message: "the guest is migrating; try again after the migration".into(),
+                    })
+                } else {
+                    hotplug(b.as_mut(), &op)
+                };
+                let _ = r.send(res);
             }
             Ok(Cmd::Action(a, r)) => {
                 let res = act(b.as_mut(), &a, outgoing.is_some());
@@ -870,6 +1024,26 @@ impl Backend for LibvirtBackend {
             "set vcpus",
             self.dom()?
                 .set_vcpus_flags(vcpus, virt::sys::VIR_DOMAIN_AFFECT_LIVE),
+        )
+    }
+
+    fn live_xml(&mut self) -> Result<String, LibvirtError> {
+        call("domain XML", self.dom()?.xml_desc(0))
+    }
+
+    fn attach_device(&mut self, xml: &str) -> Result<(), LibvirtError> {
+        call(
+            "attach device",
+            self.dom()?
+                .attach_device_flags(xml, virt::sys::VIR_DOMAIN_AFFECT_LIVE),
+        )
+    }
+
+    fn detach_device(&mut self, xml: &str) -> Result<(), LibvirtError> {
+        call(
+            "detach device",
+            self.dom()?
+                .detach_device_flags(xml, virt::sys::VIR_DOMAIN_AFFECT_LIVE),
         )
     }
 

@@ -157,6 +157,13 @@ async fn connection(
             }
             Request::Kill => done(h.destroy().await),
             Request::SetVcpus { vcpus } => done(h.set_vcpus(vcpus).await),
+            Request::AttachVolume { disk, volume } => hotplugged(
+                h.hotplug(crate::actor::HotplugOp::Attach { disk, volume })
+                    .await,
+            ),
+            Request::DetachVolume { name } => {
+                hotplugged(h.hotplug(crate::actor::HotplugOp::Detach(name)).await)
+            }
             Request::Shutdown => {
                 shutdown.cancel();
                 Response::Ok
@@ -191,6 +198,17 @@ async fn connection(
         send(&mut w, &resp).await?;
     }
     Ok(())
+}
+
+fn hotplugged(
+    r: Result<Vec<virt_domain::schema::HotpluggedDisk>, crate::actor::LibvirtError>,
+) -> Response {
+    match r {
+        Ok(disks) => Response::Hotplugged { disks },
+        Err(e) => Response::Error {
+            message: e.to_string(),
+        },
+    }
 }
 
 /// Streams domain events derived from state transitions until the domain ends.

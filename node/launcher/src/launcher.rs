@@ -230,6 +230,7 @@ impl Running {
         let guest = self.handle.guest().state();
         s.guest_agent = guest.status.filter(|_| o.agent_connected).map(Box::new);
         s.access_credentials = guest.credentials;
+        s.hotplugged = self.handle.hotplugged();
         s
     }
 
@@ -666,6 +667,7 @@ pub async fn run(
         guest_agent_connected: false,
         guest_agent: None,
         access_credentials: None,
+        hotplugged: Vec::new(),
     };
     let running = Running {
         handle: handle.clone(),

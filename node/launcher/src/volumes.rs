@@ -271,7 +271,14 @@ pub fn prepare(
             .transpose()?;
         out.kernel_boot = Some(KernelBootFiles { kernel, initrd });
     }
-    for v in vmi.spec.volumes.iter().flatten() {
+    // Hotplugged volumes are not the pod's: virt-handler mounts them later.
+    for v in vmi
+        .spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| !kubevirt_api::hotplug::is_hotpluggable(v))
+    {
         let prepared = prepare_volume(vmi, v, images, claims, work, keys)?;
         out.volumes.insert(v.name.clone(), prepared);
     }
