@@ -502,8 +502,7 @@ fn a_hotplugged_volume_waits_for_virt_handler_and_then_takes_the_first_free_devi
     // As libvirt shows it once plugged in.
     let live = format!(
         "<domain><devices><disk type='file'><source file='/work/root.qcow2'/><target dev='vda'/><alias name='ua-root'/></disk>{}</devices></domain>",
-        xml.replace("<disk ", "<disk ")
-            .replace("</disk>", "<address type='drive'/></disk>")
+        xml.replace("</disk>", "<address type='drive'/></disk>")
     );
     let (hot, taken) =
         virt_domain::schema::live_disks(&live, kubevirt_api::hotplug::LAUNCHER_HOTPLUG_DIR)

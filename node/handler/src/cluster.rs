@@ -151,6 +151,13 @@ pub async fn run(
         vmis.clone(),
         shutdown.child_token(),
     ));
+    tokio::spawn(crate::hotplug::run(
+        client.clone(),
+        cfg.node_name.clone(),
+        cfg.paths.clone(),
+        vmis.clone(),
+        shutdown.child_token(),
+    ));
     if matches!(cfg.paths, Paths::Pods { .. }) {
         tokio::spawn(crate::early::run(
             client.clone(),

@@ -116,6 +116,18 @@ fn pods_pids(proc: &Path, uids: &[String]) -> Vec<(String, Vec<u32>)> {
     out
 }
 
+/// The first process of pod `uid` below `proc` whose container has the directory `marker`
+/// (relative to its root, resolved in it): a container told from the pod's others (the
+/// pause container, sidecars) by a path only it has. Blocking (it reads `/proc`).
+pub fn container_pid(proc: &Path, uid: &str, marker: &str) -> Option<u32> {
+    let (_, pids) = pods_pids(proc, &[uid.to_string()]).pop()?;
+    pids.into_iter().find(|pid| {
+        Peer::of_pid(proc, *pid, Some(uid))
+            .and_then(|p| p.dir(marker))
+            .is_ok()
+    })
+}
+
 /// Where one launcher's sockets directory is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Location {
@@ -563,7 +575,8 @@ impl Peer {
         Self::of_pid(proc, pid, pod)
     }
 
-    fn of_pid(proc: &Path, pid: u32, pod: Option<&str>) -> Result<Self, LauncherFsError> {
+    /// Process `pid` below `proc`, checked to be in pod `pod` when given.
+    pub fn of_pid(proc: &Path, pid: u32, pod: Option<&str>) -> Result<Self, LauncherFsError> {
         let dir = rustix::fs::open(
             proc.join(pid.to_string()),
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -593,6 +606,28 @@ impl Peer {
     /// Its network namespace.
     pub fn net_ns(&self) -> Result<OwnedFd, LauncherFsError> {
         self.open("ns/net", OFlags::RDONLY)
+    }
+
+    /// Its mount namespace.
+    pub fn mnt_ns(&self) -> Result<OwnedFd, LauncherFsError> {
+        self.open("ns/mnt", OFlags::RDONLY)
+    }
+
+    /// The mount points it sees (`mountinfo`'s fifth field, as its root shows them).
+    pub fn mount_points(&self) -> Result<Vec<String>, LauncherFsError> {
+        let f = self.open("mountinfo", OFlags::RDONLY)?;
+        let text = std::io::read_to_string(std::fs::File::from(f)).map_err(|e| io(PEER, e))?;
+        Ok(text
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            // mountinfo escapes space, tab, newline and backslash as octal.
+            .map(|m| {
+                m.replace("\\040", " ")
+                    .replace("\\011", "\t")
+                    .replace("\\012", "\n")
+                    .replace("\\134", "\\")
+            })
+            .collect())
     }
 
     /// Its root directory, as its container sees it.

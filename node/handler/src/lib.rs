@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod cluster_migration;
 pub mod domainstats;
 pub mod early;
+pub mod hotplug;
 pub mod identity;
 pub mod launcher_fs;
 pub mod metrics;

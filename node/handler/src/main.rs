@@ -104,6 +104,15 @@ fn main() -> anyhow::Result<()> {
         // Colours only on a terminal: `kubectl logs` shows escape codes as text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // The hotplug mount helper: one mount or unmount, in this fresh single-threaded
+    // process (it enters mount namespaces), then exit.
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(virt_handler::hotplug::HELPER_SUBCOMMAND) {
+        let op: virt_handler::hotplug::HelperOp =
+            serde_json::from_str(argv.get(2).map(String::as_str).unwrap_or_default())
+                .context("the hotplug helper's argument")?;
+        return virt_handler::hotplug::helper_main(&op).map_err(Into::into);
+    }
     let args = Args::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

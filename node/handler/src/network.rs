@@ -97,6 +97,14 @@ impl KnownVmis {
         }
     }
 
+    /// Every known VMI.
+    pub fn all(&self) -> Vec<VirtualMachineInstance> {
+        self.0
+            .read()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     fn get(&self, uid: &str) -> Option<VirtualMachineInstance> {
         self.0.read().ok()?.get(uid).cloned()
     }
