@@ -168,7 +168,7 @@ impl Cluster {
             "--kubeconfig",
             &kubeconfig,
             "--feature-gates",
-            "HostDisk",
+            "HostDisk,HotplugVolumes",
         ])
     }
 

@@ -312,3 +312,207 @@ fn a_block_claim_is_the_guests_disk_itself() {
     });
     let _ = c.kubectl(&["delete", "pv", &pv, "--wait=false"]);
 }
+
+/// Upstream `virtctl` with the test's kubeconfig, in `ns`: its exit status and output.
+fn virtctl(ns: &Ns<'_>, args: &[&str]) -> (bool, String) {
+    let virtctl = e2e::upstream_virtctl().expect("upstream virtctl");
+    let out = std::process::Command::new(&virtctl)
+        .env("KUBECONFIG", &ns.c.kubeconfig)
+        .args(["-n", &ns.name])
+        .args(args)
+        .output()
+        .expect("virtctl");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The phase of hotplugged volume `volume` in the VMI's `status.volumeStatus`.
+fn volume_phase(ns: &Ns<'_>, vmi: &str, volume: &str) -> String {
+    ns.get(
+        "vmi",
+        vmi,
+        &format!(r#"{{.status.volumeStatus[?(@.name=="{volume}")].phase}}"#),
+    )
+}
+
+/// Types a command that prints which SCSI disk has serial `serial` (`found-sdX`), computed
+/// by the guest so that the typed line itself never matches.
+fn find_serial(console: &Console, serial: &str) {
+    console.line(&format!(
+        "for d in /sys/block/sd*; do grep -q {serial} $d/device/vpd_pg80 2>/dev/null && echo found$((1-1))-${{d##*/}}; done; echo scan-done$((1-1))"
+    ));
+}
+
+#[test]
+#[ignore = "needs a local cluster: cargo xtask cluster up"]
+fn claims_hotplugged_by_upstream_virtctl_reach_the_running_guest_and_leave_it() {
+    let c = common::cluster();
+    let ns = Ns::new(c, "hotplug");
+    for name in ["hp-data", "hp-second"] {
+        c.kubectl_stdin(
+            &["apply", "-f", "-"],
+            Some(&claim(&ns.name, name, None, "64Mi")),
+        )
+        .expect("claim");
+    }
+    ns.apply_vm("hp", "Always");
+    ns.wait_running("hp");
+    let console = Console::open(&ns, "hp");
+    common::wait_for_shell(&console, &ns, "hp");
+
+    // Upstream virtctl's defaults: a SCSI disk whose serial is the volume's name, on the
+    // VMI only (no --persist).
+    let (ok, out) = virtctl(&ns, &["addvolume", "hp", "--volume-name=hp-data"]);
+    assert!(ok, "virtctl addvolume: {out}");
+    ns.wait("hp", "hp-data Ready", common::BOOT, || {
+        volume_phase(&ns, "hp", "hp-data") == "Ready"
+    });
+    let target = ns.get(
+        "vmi",
+        "hp",
+        r#"{.status.volumeStatus[?(@.name=="hp-data")].target}"#,
+    );
+    assert!(target.starts_with("sd"), "target {target:?}");
+    let pod = ns.get(
+        "vmi",
+        "hp",
+        r#"{.status.volumeStatus[?(@.name=="hp-data")].hotplugVolume.attachPodName}"#,
+    );
+    assert!(pod.starts_with("hp-volume-"), "attachment pod {pod:?}");
+    console.clear();
+    find_serial(&console, "hp-data");
+    console.expect(
+        &ns,
+        "hp",
+        &format!("found0-{target}"),
+        Duration::from_secs(60),
+    );
+    // The guest writes to it, and keeps writing while a second volume comes.
+    console.line(&format!(
+        "echo hp-marker-$((6*7)) | dd of=/dev/{target} bs=512 seek=100 2>/dev/null && sync && echo wrote-$((40+2))"
+    ));
+    console.expect(&ns, "hp", "wrote-42", Duration::from_secs(60));
+    console.line(&format!(
+        "(i=0; while true; do echo tick-$i | dd of=/dev/{target} bs=512 seek=300 conv=fsync 2>/dev/null || echo write-failed-$((1+1)); i=$((i+1)); sleep 1; done) &"
+    ));
+
+    // The second one with --persist: through the VM, kept in its template.
+    let (ok, out) = virtctl(
+        &ns,
+        &[
+            "addvolume",
+            "hp",
+            "--volume-name=hp-second",
+            "--persist",
+            "--serial=second-disk",
+        ],
+    );
+    assert!(ok, "virtctl addvolume --persist: {out}");
+    ns.wait("hp", "hp-second Ready", common::BOOT, || {
+        volume_phase(&ns, "hp", "hp-second") == "Ready"
+    });
+    let template = ns.get("vm", "hp", "{.spec.template.spec.volumes[*].name}");
+    assert!(
+        template.contains("hp-second"),
+        "VM template volumes: {template}"
+    );
+    assert_eq!(
+        ns.get(
+            "vm",
+            "hp",
+            r#"{.status.conditions[?(@.type=="RestartRequired")].status}"#
+        ),
+        "",
+        "a hotplug is no restart"
+    );
+    console.clear();
+    find_serial(&console, "second-disk");
+    console.expect(&ns, "hp", "scan-done0", Duration::from_secs(60));
+    let screen = console.screen();
+    assert!(
+        screen.contains("found0-sd"),
+        "second disk in the guest: {screen}"
+    );
+    // The first one still answers and was never refused a write.
+    console.clear();
+    console.line(&format!(
+        "dd if=/dev/{target} bs=512 skip=100 count=1 2>/dev/null | head -c 13; echo; dd if=/dev/{target} bs=512 skip=300 count=1 2>/dev/null | head -c 8; echo"
+    ));
+    console.expect(&ns, "hp", "hp-marker-42", Duration::from_secs(60));
+    assert!(
+        !console.screen().contains("write-failed-2"),
+        "writes to the first volume failed: {}",
+        console.screen()
+    );
+
+    // Bad input says what is wrong and changes nothing.
+    let (ok, out) = virtctl(&ns, &["addvolume", "hp", "--volume-name=hp-data"]);
+    assert!(
+        !ok && out.contains("hp-data"),
+        "a second add of hp-data: {out}"
+    );
+    let (ok, out) = virtctl(&ns, &["addvolume", "hp", "--volume-name=no-such-claim"]);
+    assert!(
+        !ok && out.contains("no-such-claim"),
+        "a missing claim: {out}"
+    );
+    let (ok, out) = virtctl(&ns, &["removevolume", "hp", "--volume-name=nothing-here"]);
+    assert!(
+        !ok && out.contains("nothing-here"),
+        "removing what is not there: {out}"
+    );
+
+    // Unplugged: gone from the guest, from the status, and its attachment pod deleted.
+    let (ok, out) = virtctl(&ns, &["removevolume", "hp", "--volume-name=hp-data"]);
+    assert!(ok, "virtctl removevolume: {out}");
+    ns.wait("hp", "hp-data gone from volumeStatus", common::BOOT, || {
+        !ns.get("vmi", "hp", "{.status.volumeStatus[*].name}")
+            .split_whitespace()
+            .any(|n| n == "hp-data")
+    });
+    ns.wait(
+        "hp",
+        "attachment pod of hp-data deleted",
+        common::GONE,
+        || {
+            ns.try_get("pod", &pod, "{.metadata.name}")
+                .unwrap_or_default()
+                .is_empty()
+        },
+    );
+    console.clear();
+    find_serial(&console, "hp-data");
+    console.expect(&ns, "hp", "scan-done0", Duration::from_secs(60));
+    assert!(
+        !console.screen().contains("found0-"),
+        "hp-data still in the guest: {}",
+        console.screen()
+    );
+    drop(console);
+
+    // The persisted volume comes back after a restart, hotplugged again.
+    let uid = ns.vmi_uid("hp");
+    ns.virt(&["restart", "hp"]);
+    ns.wait("hp", "a new instance", common::BOOT, || {
+        let now = ns
+            .try_get("vmi", "hp", "{.metadata.uid}")
+            .unwrap_or_default();
+        !now.is_empty() && now != uid
+    });
+    ns.wait(
+        "hp",
+        "hp-second Ready after the restart",
+        common::BOOT * 2,
+        || volume_phase(&ns, "hp", "hp-second") == "Ready",
+    );
+    let console = Console::open(&ns, "hp");
+    common::wait_for_shell(&console, &ns, "hp");
+    find_serial(&console, "second-disk");
+    console.expect(&ns, "hp", "found0-sd", Duration::from_secs(60));
+}

@@ -321,6 +321,17 @@ pub fn live_migratable(vmi: &VirtualMachineInstance) -> Result<MigrationMethod, 
         .and_then(|s| s.volume_status.as_deref())
         .unwrap_or_default();
     for v in vmi.spec.volumes.iter().flatten() {
+        // The target would need the volume's attachment pod and mount before the guest
+        // arrives (issue 44, not built yet): said rather than failed half-way.
+        if crate::hotplug::is_hotpluggable(v) {
+            return Err(NotMigratable {
+                reason: not_migratable_reasons::DISKS,
+                message: format!(
+                    "cannot migrate VMI: hotplugged volume {} cannot be moved to another node                      yet; remove it (virtctl removevolume) to migrate",
+                    v.name
+                ),
+            });
+        }
         let claim = v
             .persistent_volume_claim
             .as_ref()

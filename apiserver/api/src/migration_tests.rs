@@ -132,6 +132,12 @@ fn live_migratable_table() {
             json!({}),
             Ok(MigrationMethod::LiveMigration),
         ),
+        (
+            "a hotplugged volume, even on a shared claim",
+            json!({"volumes": [{"name": "hp", "persistentVolumeClaim": {"claimName": "c", "hotpluggable": true}}]}),
+            json!({"volumeStatus": [{"name": "hp", "persistentVolumeClaimInfo": {"accessModes": ["ReadWriteMany"]}}]}),
+            Err(not_migratable_reasons::DISKS),
+        ),
     ];
     for (name, spec, status, want) in cases {
         let got = live_migratable(&vmi(spec, status)).map_err(|e| e.reason);
