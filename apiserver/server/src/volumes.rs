@@ -310,10 +310,10 @@ pub async fn vm(
         .mutate(vm_def(), ns, name, via, dry_run, |v| {
             let t = check(v)?;
             if queued {
-                let status: VirtualMachineStatus =
+                let status: Option<VirtualMachineStatus> =
                     serde_json::from_value(v.get("status").cloned().unwrap_or(Value::Null))
                         .map_err(|e| internal("VirtualMachine status", e))?;
-                let pending = status.volume_requests.unwrap_or_default();
+                let pending = status.and_then(|s| s.volume_requests).unwrap_or_default();
                 let next = hotplug::queue(&pending, &request)
                     .map_err(|e| request_conflict("virtualmachine", name, &e))?;
                 if !v.get("status").is_some_and(Value::is_object) {
