@@ -305,7 +305,10 @@ async fn declarative_hotplug_writes_a_vms_template() {
     assert!(vm["status"]["volumeRequests"].is_null(), "{vm}");
     let t = &vm["spec"]["template"]["spec"];
     assert_eq!(t["volumes"][1]["name"], "data", "{vm}");
-    assert_eq!(t["volumes"][1]["persistentVolumeClaim"]["hotpluggable"], true);
+    assert_eq!(
+        t["volumes"][1]["persistentVolumeClaim"]["hotpluggable"],
+        true
+    );
     assert_eq!(t["domain"]["devices"]["disks"][1]["name"], "data");
     let (code, s) = put(&c, &url("removevolume"), Some(&json!({"name": "data"}))).await;
     assert_eq!(code, 202, "{s}");
