@@ -62,6 +62,20 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Add a volume to a running VM: hotplugged into its VMI, or with --persist into the
+    /// VM's spec as well.
+    #[command(
+        name = "addvolume",
+        after_help = "Examples:\n  kubectl virt addvolume fedora-dv --volume-name=example-dv\n  kubectl virt addvolume fedora-dv --volume-name=example-pvc --persist --bus=virtio"
+    )]
+    AddVolume(crate::volume::AddVolumeArgs),
+    /// Remove a hotplugged volume from a running VM: from its VMI, or with --persist from
+    /// the VM's spec as well.
+    #[command(
+        name = "removevolume",
+        after_help = "Example:\n  kubectl virt removevolume fedora-dv --volume-name=example-dv"
+    )]
+    RemoveVolume(crate::volume::RemoveVolumeArgs),
     /// Connect to the serial console of a VMI (leave with Ctrl+]).
     Console {
         /// Name of the VMI.

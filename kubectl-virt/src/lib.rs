@@ -20,6 +20,7 @@ pub mod portforward;
 pub mod request;
 pub mod ssh;
 pub mod vnc;
+pub mod volume;
 pub mod ws;
 
 use std::io::Write;
@@ -206,6 +207,8 @@ async fn run_with_session(
                 ops::run_action(session, &action, object, &name, out).await
             }
         },
+        Command::AddVolume(a) => volume::add(session, &a, out).await,
+        Command::RemoveVolume(a) => volume::remove(session, &a, out).await,
         Command::Console { name, timeout } => {
             let timeout = Duration::from_secs(timeout.saturating_mul(60));
             console::run(session, &name, timeout).await.map(drop)

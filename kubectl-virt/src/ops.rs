@@ -94,6 +94,11 @@ pub async fn evacuate_cancel_node(
     Ok(())
 }
 
+/// `PUT`s a subresource request, errors naming its target.
+pub async fn put_request(session: &Session, r: &SubresourceRequest) -> Result<(), CliError> {
+    put(session, r).await
+}
+
 async fn put(session: &Session, r: &SubresourceRequest) -> Result<(), CliError> {
     let body = serde_json::to_vec(&r.body)
         .map_err(|e| CliError::Protocol(format!("encoding request body: {e}")))?;

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::hotplug::{AddVolumeOptions, RemoveVolumeOptions};
 use crate::options::{
     EvacuateCancelOptions, FreezeUnfreezeTimeout, MigrateOptions, OptionsError, RestartOptions,
     StartOptions, StopOptions, decode, decode_dry_run, dry_run_all, is_dry_run,
@@ -263,6 +264,30 @@ pub const UNFREEZE: Subresource = action(
     None,
     "Thaw the file systems of a VirtualMachineInstance's guest.",
 );
+pub const ADDVOLUME_VM: Subresource = action(
+    &VIRTUAL_MACHINE,
+    "addvolume",
+    Some("AddVolumeOptions"),
+    "Hotplug a volume into a VirtualMachine: added to its template (and so to its running instance), through status.volumeRequests under the HotplugVolumes feature gate.",
+);
+pub const REMOVEVOLUME_VM: Subresource = action(
+    &VIRTUAL_MACHINE,
+    "removevolume",
+    Some("RemoveVolumeOptions"),
+    "Remove a hotplugged volume from a VirtualMachine's template (and so from its running instance).",
+);
+pub const ADDVOLUME_VMI: Subresource = action(
+    &VIRTUAL_MACHINE_INSTANCE,
+    "addvolume",
+    Some("AddVolumeOptions"),
+    "Hotplug a volume into a running VirtualMachineInstance until it stops.",
+);
+pub const REMOVEVOLUME_VMI: Subresource = action(
+    &VIRTUAL_MACHINE_INSTANCE,
+    "removevolume",
+    Some("RemoveVolumeOptions"),
+    "Unplug a hotplugged volume from a running VirtualMachineInstance.",
+);
 const fn read(name: &'static str, answer: &'static str, description: &'static str) -> Subresource {
     Subresource {
         kind: &VIRTUAL_MACHINE_INSTANCE,
@@ -362,7 +387,7 @@ pub const EXPAND_SPEC: Subresource = Subresource {
 /// Every subresource served under `subresources.kubevirt.io/v1`. What is listed here is
 /// advertised in discovery and OpenAPI and granted by the user roles; virt-apiserver's tests
 /// fail when one has no handler.
-pub const SUBRESOURCES: [&Subresource; 20] = [
+pub const SUBRESOURCES: [&Subresource; 24] = [
     &START,
     &STOP,
     &RESTART,
@@ -383,6 +408,10 @@ pub const SUBRESOURCES: [&Subresource; 20] = [
     &USERLIST,
     &FILESYSTEMLIST,
     &EXPAND_SPEC,
+    &ADDVOLUME_VM,
+    &REMOVEVOLUME_VM,
+    &ADDVOLUME_VMI,
+    &REMOVEVOLUME_VMI,
 ];
 
 /// The subresources of one kind.
@@ -629,6 +658,14 @@ pub enum VmAction {
     EvacuateCancelVm(EvacuateCancelOptions),
     /// evacuate/cancel of a VMI.
     EvacuateCancelVmi(EvacuateCancelOptions),
+    /// addvolume of a VM: its template, directly or through `status.volumeRequests`.
+    AddVolumeVm(AddVolumeOptions),
+    /// removevolume of a VM.
+    RemoveVolumeVm(RemoveVolumeOptions),
+    /// addvolume of a VMI: its spec, until it stops.
+    AddVolumeVmi(AddVolumeOptions),
+    /// removevolume of a VMI.
+    RemoveVolumeVmi(RemoveVolumeOptions),
 }
 
 impl VmAction {
@@ -641,6 +678,10 @@ impl VmAction {
             Self::Migrate(_) => &MIGRATE_ACTION,
             Self::EvacuateCancelVm(_) => &EVACUATE_CANCEL_VM_ACTION,
             Self::EvacuateCancelVmi(_) => &EVACUATE_CANCEL_VMI_ACTION,
+            Self::AddVolumeVm(_) => &ADDVOLUME_VM_ACTION,
+            Self::RemoveVolumeVm(_) => &REMOVEVOLUME_VM_ACTION,
+            Self::AddVolumeVmi(_) => &ADDVOLUME_VMI_ACTION,
+            Self::RemoveVolumeVmi(_) => &REMOVEVOLUME_VMI_ACTION,
         }
     }
 
@@ -653,6 +694,8 @@ impl VmAction {
             Self::Restart(o) => &o.dry_run,
             Self::Migrate(o) => &o.dry_run,
             Self::EvacuateCancelVm(o) | Self::EvacuateCancelVmi(o) => &o.dry_run,
+            Self::AddVolumeVm(o) | Self::AddVolumeVmi(o) => &o.dry_run,
+            Self::RemoveVolumeVm(o) | Self::RemoveVolumeVmi(o) => &o.dry_run,
         };
         is_dry_run(d.as_deref())
     }
@@ -738,8 +781,12 @@ pub struct VmActionDef {
     /// The verb of the plugin's confirmation, `VM a was scheduled to <verb>`.
     pub verb: &'static str,
     /// The plugin's command; `None` when the plugin offers it otherwise (evacuate-cancel
-    /// also cancels a node's evacuations).
+    /// also cancels a node's evacuations, addvolume looks the volume's source up).
     pub command: Option<VmCommand>,
+    /// Feature gates of which one must be on (none: always served); otherwise a 400 with
+    /// `gate_refusal`, before the body is read, as KubeVirt's virt-api answers.
+    pub feature_gates: &'static [&'static str],
+    pub gate_refusal: &'static str,
 }
 
 /// Compared by their subresource, as [`VmiActionDef`]s are.
@@ -770,6 +817,8 @@ const SECONDS: FlagValue = FlagValue::Integer {
 
 pub const START_ACTION: VmActionDef = VmActionDef {
     subresource: &START,
+    feature_gates: &[],
+    gate_refusal: "",
     decode: |b| Ok(VmAction::Start(decode(b)?)),
     verb: "start",
     command: Some(VmCommand {
@@ -787,6 +836,8 @@ pub const START_ACTION: VmActionDef = VmActionDef {
 };
 pub const STOP_ACTION: VmActionDef = VmActionDef {
     subresource: &STOP,
+    feature_gates: &[],
+    gate_refusal: "",
     decode: |b| Ok(VmAction::Stop(decode(b)?)),
     verb: "stop",
     command: Some(VmCommand {
@@ -830,6 +881,8 @@ pub const STOP_ACTION: VmActionDef = VmActionDef {
 };
 pub const RESTART_ACTION: VmActionDef = VmActionDef {
     subresource: &RESTART,
+    feature_gates: &[],
+    gate_refusal: "",
     decode: |b| Ok(VmAction::Restart(decode(b)?)),
     verb: "restart",
     command: Some(VmCommand {
@@ -872,6 +925,8 @@ pub const RESTART_ACTION: VmActionDef = VmActionDef {
 };
 pub const MIGRATE_ACTION: VmActionDef = VmActionDef {
     subresource: &MIGRATE,
+    feature_gates: &[],
+    gate_refusal: "",
     decode: |b| Ok(VmAction::Migrate(decode(b)?)),
     verb: "migrate",
     command: Some(VmCommand {
@@ -897,25 +952,97 @@ pub const MIGRATE_ACTION: VmActionDef = VmActionDef {
 };
 pub const EVACUATE_CANCEL_VM_ACTION: VmActionDef = VmActionDef {
     subresource: &EVACUATE_CANCEL_VM,
+    feature_gates: &[],
+    gate_refusal: "",
     decode: |b| Ok(VmAction::EvacuateCancelVm(decode(b)?)),
     verb: "cancel its evacuation",
     command: None,
 };
 pub const EVACUATE_CANCEL_VMI_ACTION: VmActionDef = VmActionDef {
     subresource: &EVACUATE_CANCEL_VMI,
+    feature_gates: &[],
+    gate_refusal: "",
     decode: |b| Ok(VmAction::EvacuateCancelVmi(decode(b)?)),
     verb: "cancel its evacuation",
     command: None,
 };
 
+/// KubeVirt's 400 when neither hotplug gate is on.
+pub const HOTPLUG_DISABLED: &str =
+    "Enable DeclarativeHotplugVolumes or HotplugVolumes feature gate to use this API.";
+/// KubeVirt's 400 for a volume request without a body.
+pub const VOLUME_REQUEST_NO_BODY: &str =
+    "Request with no body, a new name is expected as the request body";
+
+/// An addvolume body in KubeVirt's normal form ([`AddVolumeOptions::normalized`]); the
+/// request's missing parts are 400s with KubeVirt's words.
+fn decode_add_volume(body: &[u8]) -> Result<AddVolumeOptions, OptionsError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(OptionsError::Invalid(VOLUME_REQUEST_NO_BODY.into()));
+    }
+    let o: AddVolumeOptions = decode(body)?;
+    o.normalized()
+        .map_err(|e| OptionsError::Invalid(e.to_string()))
+}
+
+fn decode_remove_volume(body: &[u8]) -> Result<RemoveVolumeOptions, OptionsError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(OptionsError::Invalid(VOLUME_REQUEST_NO_BODY.into()));
+    }
+    let o: RemoveVolumeOptions = decode(body)?;
+    if o.name.is_empty() {
+        return Err(OptionsError::Invalid(
+            crate::hotplug::RequestError::RemoveNoName.to_string(),
+        ));
+    }
+    Ok(o)
+}
+
+pub const ADDVOLUME_VM_ACTION: VmActionDef = VmActionDef {
+    subresource: &ADDVOLUME_VM,
+    feature_gates: &crate::hotplug::FEATURE_GATES,
+    gate_refusal: HOTPLUG_DISABLED,
+    decode: |b| Ok(VmAction::AddVolumeVm(decode_add_volume(b)?)),
+    verb: "add a volume",
+    command: None,
+};
+pub const REMOVEVOLUME_VM_ACTION: VmActionDef = VmActionDef {
+    subresource: &REMOVEVOLUME_VM,
+    feature_gates: &crate::hotplug::FEATURE_GATES,
+    gate_refusal: HOTPLUG_DISABLED,
+    decode: |b| Ok(VmAction::RemoveVolumeVm(decode_remove_volume(b)?)),
+    verb: "remove a volume",
+    command: None,
+};
+pub const ADDVOLUME_VMI_ACTION: VmActionDef = VmActionDef {
+    subresource: &ADDVOLUME_VMI,
+    feature_gates: &crate::hotplug::FEATURE_GATES,
+    gate_refusal: HOTPLUG_DISABLED,
+    decode: |b| Ok(VmAction::AddVolumeVmi(decode_add_volume(b)?)),
+    verb: "add a volume",
+    command: None,
+};
+pub const REMOVEVOLUME_VMI_ACTION: VmActionDef = VmActionDef {
+    subresource: &REMOVEVOLUME_VMI,
+    feature_gates: &crate::hotplug::FEATURE_GATES,
+    gate_refusal: HOTPLUG_DISABLED,
+    decode: |b| Ok(VmAction::RemoveVolumeVmi(decode_remove_volume(b)?)),
+    verb: "remove a volume",
+    command: None,
+};
+
 /// Every VM action, in the order the plugin lists their commands.
-pub const VM_ACTIONS: [&VmActionDef; 6] = [
+pub const VM_ACTIONS: [&VmActionDef; 10] = [
     &START_ACTION,
     &STOP_ACTION,
     &RESTART_ACTION,
     &MIGRATE_ACTION,
     &EVACUATE_CANCEL_VM_ACTION,
     &EVACUATE_CANCEL_VMI_ACTION,
+    &ADDVOLUME_VM_ACTION,
+    &REMOVEVOLUME_VM_ACTION,
+    &ADDVOLUME_VMI_ACTION,
+    &REMOVEVOLUME_VMI_ACTION,
 ];
 
 /// The VM action this subresource is, if it is one.
@@ -1142,7 +1269,7 @@ mod tests {
         assert_eq!((CONSOLE.http_method(), CONSOLE.rbac_verb()), ("GET", "get"));
         assert_eq!((PAUSE.http_method(), PAUSE.rbac_verb()), ("PUT", "update"));
         assert_eq!(subresource("virtualmachineinstances", "vnc"), Some(&VNC));
-        assert_eq!(subresources_of(&VIRTUAL_MACHINE).count(), 7);
+        assert_eq!(subresources_of(&VIRTUAL_MACHINE).count(), 9);
         assert_eq!(
             EXPAND_SPEC.path("ns1", "vm1"),
             "/apis/subresources.kubevirt.io/v1/namespaces/ns1/virtualmachines/vm1/expand-spec"
@@ -1207,6 +1334,12 @@ mod tests {
             assert!(VM_ACTIONS[i + 1..].iter().all(|b| b.subresource != sub));
             assert_eq!(vm_action(sub), Some(*a));
             assert_eq!(vmi_action(sub), None);
+            if !a.feature_gates.is_empty() {
+                // The volume actions: a body is required (KubeVirt's 400).
+                let e = (a.decode)(b"").err().map(|e| e.to_string());
+                assert_eq!(e.as_deref(), Some(VOLUME_REQUEST_NO_BODY));
+                continue;
+            }
             // Defaults decode (an empty body) to the entry's own action, whose body is `{}`
             // and a dry run `dryRun: ["All"]`.
             let action = (a.decode)(b"").expect("defaults decode");
@@ -1289,6 +1422,54 @@ mod tests {
             Ok(3)
         );
         assert!(parse_node_selector(&["=v".into()]).is_err());
+    }
+
+    #[test]
+    fn volume_actions_decode_kubevirts_bodies_and_refusals() {
+        let add = br#"{"name":"v","disk":{"disk":{"bus":"scsi"}},"volumeSource":{"persistentVolumeClaim":{"claimName":"c"}},"dryRun":["All"]}"#;
+        for def in [&ADDVOLUME_VM_ACTION, &ADDVOLUME_VMI_ACTION] {
+            let a = (def.decode)(add).expect("decodes");
+            assert_eq!((a.def(), a.dry_run()), (def, Ok(true)));
+            let (VmAction::AddVolumeVm(o) | VmAction::AddVolumeVmi(o)) = a else {
+                panic!("not an add: {a:?}");
+            };
+            let disk = o.disk.expect("disk");
+            assert_eq!(disk.name, "v");
+            let claim = o.volume_source.and_then(|s| s.persistent_volume_claim);
+            assert_eq!(claim.and_then(|c| c.hotpluggable), Some(true));
+            let message = |b: &str| (def.decode)(b.as_bytes()).err().map(|e| e.to_string());
+            assert_eq!(
+                message(r#"{"disk":{}}"#).as_deref(),
+                Some("AddVolumeOptions requires name to be set")
+            );
+            assert_eq!(
+                message(r#"{"name":"v"}"#).as_deref(),
+                Some("AddVolumeOptions requires disk to not be nil")
+            );
+            assert_eq!(
+                message(r#"{"name":"v","disk":{}}"#).as_deref(),
+                Some("AddVolumeOptions requires VolumeSource to not be nil")
+            );
+            assert_eq!(def.feature_gates, crate::hotplug::FEATURE_GATES);
+        }
+        for def in [&REMOVEVOLUME_VM_ACTION, &REMOVEVOLUME_VMI_ACTION] {
+            let a = (def.decode)(br#"{"name":"v"}"#).expect("decodes");
+            assert_eq!((a.def(), a.dry_run()), (def, Ok(false)));
+            assert_eq!(
+                serde_json::to_value(&a).ok(),
+                Some(serde_json::json!({"name": "v"}))
+            );
+            let e = (def.decode)(b"{}").err().map(|e| e.to_string());
+            assert_eq!(
+                e.as_deref(),
+                Some("RemoveVolumeOptions requires name to be set")
+            );
+        }
+        assert_eq!(vm_action(&ADDVOLUME_VMI), Some(&ADDVOLUME_VMI_ACTION));
+        assert_eq!(
+            ADDVOLUME_VMI.path("ns", "a"),
+            "/apis/subresources.kubevirt.io/v1/namespaces/ns/virtualmachineinstances/a/addvolume"
+        );
     }
 
     #[test]

@@ -35,6 +35,40 @@ pub fn launcher_image_path(volume: &str) -> String {
     format!("{LAUNCHER_HOTPLUG_DIR}/{volume}.img")
 }
 
+/// Annotation on a VMI naming (comma-separated) the volumes hotplugged into the VMI alone
+/// (its `addvolume`, virtctl without `--persist`): virt-controller keeps a VM's running VMI
+/// in line with the VM's template but leaves these alone, so that they stay until the VMI
+/// stops or their `removevolume`, as in KubeVirt.
+pub const EPHEMERAL_ANNOTATION: &str = "kubevirt.io/ephemeral-hotplug-volumes";
+
+/// The volume names of an [`EPHEMERAL_ANNOTATION`] value.
+pub fn ephemeral_names(value: Option<&str>) -> Vec<String> {
+    value
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The [`EPHEMERAL_ANNOTATION`] value after `request` applied to a VMI alone (`None`: no
+/// volume left, the annotation goes).
+pub fn ephemeral_after(
+    value: Option<&str>,
+    request: &VirtualMachineVolumeRequest,
+) -> Option<String> {
+    let mut names = ephemeral_names(value);
+    if let Some(a) = &request.add_volume_options {
+        if !names.contains(&a.name) {
+            names.push(a.name.clone());
+        }
+    } else if let Some(r) = &request.remove_volume_options {
+        names.retain(|n| *n != r.name);
+    }
+    (!names.is_empty()).then(|| names.join(","))
+}
+
 /// The source of a hotplugged volume: a claim or a DataVolume.
 #[skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -161,6 +195,17 @@ pub enum RequestError {
         "Unable to add volume [{0}]: a hotplugged disk is a disk or a lun and has no bootOrder"
     )]
     DiskKind(String),
+    /// The VM has a pending add of that volume.
+    #[error("add volume request for volume [{0}] already exists")]
+    AddPending(String),
+    /// The VM has a pending remove of that volume, which an add must wait for.
+    #[error(
+        "unable to add volume since a remove volume request for volume [{0}] already exists and is still being processed"
+    )]
+    RemovePendingBlocksAdd(String),
+    /// The VM has a pending remove of that volume.
+    #[error("a remove volume request for volume [{0}] already exists and is still being processed")]
+    RemovePending(String),
 }
 
 impl AddVolumeOptions {
@@ -324,6 +369,160 @@ pub fn apply(
     Ok(out)
 }
 
+/// A VM's pending requests (`status.volumeRequests`) with `request` queued, as KubeVirt's
+/// virt-api queues it: an add refused while an add or a remove of that volume is pending; a
+/// remove refused while a remove is pending, and it cancels a pending add of the volume.
+pub fn queue(
+    pending: &[VirtualMachineVolumeRequest],
+    request: &VirtualMachineVolumeRequest,
+) -> Result<Vec<VirtualMachineVolumeRequest>, RequestError> {
+    let adds = |r: &VirtualMachineVolumeRequest, name: &str| {
+        r.add_volume_options
+            .as_ref()
+            .is_some_and(|a| a.name == name)
+    };
+    let removes = |r: &VirtualMachineVolumeRequest, name: &str| {
+        r.remove_volume_options
+            .as_ref()
+            .is_some_and(|a| a.name == name)
+    };
+    let mut out = Vec::with_capacity(pending.len() + 1);
+    if let Some(add) = &request.add_volume_options {
+        for r in pending {
+            if adds(r, &add.name) {
+                return Err(RequestError::AddPending(add.name.clone()));
+            }
+            if removes(r, &add.name) {
+                return Err(RequestError::RemovePendingBlocksAdd(add.name.clone()));
+            }
+        }
+        out.extend(pending.iter().cloned());
+    } else if let Some(remove) = &request.remove_volume_options {
+        for r in pending {
+            if removes(r, &remove.name) {
+                return Err(RequestError::RemovePending(remove.name.clone()));
+            }
+            if !adds(r, &remove.name) {
+                out.push(r.clone());
+            }
+        }
+    } else {
+        return Err(RequestError::Empty);
+    }
+    out.push(request.clone());
+    Ok(out)
+}
+
+/// `spec` without its hotplugged volumes and their disks (an emptied list is dropped): what
+/// of a VM's template must not change for its running VMI to stay as it started, since
+/// hotplugged volumes reach the VMI live.
+pub fn without_hotplugged(spec: &VirtualMachineInstanceSpec) -> VirtualMachineInstanceSpec {
+    let names: Vec<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| is_hotpluggable(v))
+        .map(|v| v.name.as_str())
+        .collect();
+    let mut out = spec.clone();
+    if let Some(v) = out.volumes.as_mut() {
+        v.retain(|v| !names.contains(&v.name.as_str()));
+    }
+    if let Some(d) = out.domain.devices.disks.as_mut() {
+        d.retain(|d| !names.contains(&d.name.as_str()));
+    }
+    if out.volumes.as_ref().is_some_and(Vec::is_empty) {
+        out.volumes = None;
+    }
+    if out.domain.devices.disks.as_ref().is_some_and(Vec::is_empty) {
+        out.domain.devices.disks = None;
+    }
+    out
+}
+
+/// [`without_hotplugged`] on a spec as JSON (the input policy compares specs as stored);
+/// an empty `volumes` or `disks` list is dropped as well.
+pub fn strip_hotplugged_json(spec: &mut serde_json::Value) {
+    use serde_json::Value;
+    let hot = |v: &Value| {
+        [
+            "/persistentVolumeClaim/hotpluggable",
+            "/dataVolume/hotpluggable",
+        ]
+        .iter()
+        .any(|p| v.pointer(p) == Some(&Value::Bool(true)))
+    };
+    let names: Vec<Value> = spec
+        .get("volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|v| hot(v))
+        .filter_map(|v| v.get("name").cloned())
+        .collect();
+    // Emptied lists go, and so do empty ones: `volumes: []` and none are the same spec.
+    let keep = |v: &Value| !v.get("name").is_some_and(|n| names.contains(n));
+    if let Some(o) = spec.as_object_mut() {
+        if let Some(Value::Array(a)) = o.get_mut("volumes") {
+            a.retain(keep);
+            if a.is_empty() {
+                o.remove("volumes");
+            }
+        }
+    }
+    if let Some(devices) = spec
+        .pointer_mut("/domain/devices")
+        .and_then(Value::as_object_mut)
+    {
+        if let Some(Value::Array(a)) = devices.get_mut("disks") {
+            a.retain(keep);
+            if a.is_empty() {
+                devices.remove("disks");
+            }
+        }
+    }
+}
+
+/// A running VMI's spec with its hotplugged volumes brought in line with its VM's template,
+/// as KubeVirt's VM controller does: a hotplugged volume (with its disk) of the template
+/// that the VMI lacks is added, a hotplugged volume of the VMI that the template no longer
+/// has is removed with its disk, unless it was hotplugged into the VMI alone (`ephemeral`,
+/// [`EPHEMERAL_ANNOTATION`]); no other volume is touched.
+pub fn sync_hotplugged(
+    vmi: &VirtualMachineInstanceSpec,
+    template: &VirtualMachineInstanceSpec,
+    ephemeral: &[String],
+) -> VirtualMachineInstanceSpec {
+    let mut out = vmi.clone();
+    let in_template = |name: &str| hotplugged(template).iter().any(|(v, _)| v.name == name);
+    let gone: Vec<String> = vmi
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| is_hotpluggable(v) && !in_template(&v.name) && !ephemeral.contains(&v.name))
+        .map(|v| v.name.clone())
+        .collect();
+    if let Some(v) = out.volumes.as_mut() {
+        v.retain(|v| !gone.contains(&v.name));
+    }
+    if let Some(d) = out.domain.devices.disks.as_mut() {
+        d.retain(|d| !gone.contains(&d.name));
+    }
+    for (volume, disk) in hotplugged(template) {
+        if out.volumes.iter().flatten().any(|v| v.name == volume.name) {
+            continue;
+        }
+        out.volumes
+            .get_or_insert_with(Vec::new)
+            .push(volume.clone());
+        let disks = out.domain.devices.disks.get_or_insert_with(Vec::new);
+        if !disks.iter().any(|d| d.name == disk.name) {
+            disks.push(disk.clone());
+        }
+    }
+    out
+}
+
 /// The hotplugged volumes of a spec with their disks: what virt-controller attaches to the
 /// VMI's node and virt-handler plugs into the guest.
 pub fn hotplugged(spec: &VirtualMachineInstanceSpec) -> Vec<(&Volume, &Disk)> {
@@ -436,5 +635,75 @@ mod tests {
             verify(s.volumes.as_deref().unwrap_or_default(), &sata),
             Err(RequestError::Bus("s".into(), "sata".into()))
         );
+    }
+
+    #[test]
+    fn requests_queue_as_kubevirts_virt_api_queues_them() {
+        let q = queue(&[], &add("a", "a-pvc")).unwrap();
+        assert_eq!(q, vec![add("a", "a-pvc")]);
+        assert_eq!(
+            queue(&q, &add("a", "other")),
+            Err(RequestError::AddPending("a".into()))
+        );
+        let q2 = queue(&q, &add("b", "b-pvc")).unwrap();
+        // A remove cancels the pending add of its volume and is queued.
+        let q3 = queue(&q2, &remove("a")).unwrap();
+        assert_eq!(q3, vec![add("b", "b-pvc"), remove("a")]);
+        assert_eq!(
+            queue(&q3, &remove("a")),
+            Err(RequestError::RemovePending("a".into()))
+        );
+        assert_eq!(
+            queue(&q3, &add("a", "a-pvc")),
+            Err(RequestError::RemovePendingBlocksAdd("a".into()))
+        );
+        assert_eq!(
+            queue(&q3, &VirtualMachineVolumeRequest::default()),
+            Err(RequestError::Empty)
+        );
+    }
+
+    #[test]
+    fn hotplugged_volumes_are_left_out_and_synced_alone() {
+        let hot = apply(&base(), &add("data", "data-pvc")).unwrap();
+        assert_eq!(without_hotplugged(&hot), without_hotplugged(&base()));
+        assert_eq!(without_hotplugged(&base()), base());
+        let mut json = serde_json::to_value(&hot).unwrap();
+        strip_hotplugged_json(&mut json);
+        assert_eq!(json, serde_json::to_value(base()).unwrap());
+        let only_hot = spec(serde_json::json!({
+            "domain": {"devices": {"disks": [{"name": "d", "disk": {"bus": "scsi"}}]}},
+            "volumes": [{"name": "d", "dataVolume": {"name": "dv", "hotpluggable": true}}]
+        }));
+        let mut json = serde_json::to_value(&only_hot).unwrap();
+        strip_hotplugged_json(&mut json);
+        assert_eq!(json, serde_json::json!({"domain": {"devices": {}}}));
+        assert_eq!(without_hotplugged(&only_hot).volumes, None);
+
+        // Template gained a hotplugged volume: the VMI gets it; lost it: the VMI drops it;
+        // the VMI's own volumes stay.
+        assert_eq!(sync_hotplugged(&base(), &hot, &[]), hot);
+        assert_eq!(sync_hotplugged(&hot, &base(), &[]), base());
+        assert_eq!(sync_hotplugged(&hot, &hot, &[]), hot);
+        // Hotplugged into the VMI alone: kept.
+        assert_eq!(sync_hotplugged(&hot, &base(), &["data".into()]), hot);
+        let mut other_root = base();
+        other_root.volumes = None;
+        assert_eq!(sync_hotplugged(&base(), &other_root, &[]), base());
+    }
+
+    #[test]
+    fn the_ephemeral_annotation_follows_a_vmis_own_requests() {
+        let a = ephemeral_after(None, &add("a", "a-pvc"));
+        assert_eq!(a.as_deref(), Some("a"));
+        let ab = ephemeral_after(a.as_deref(), &add("b", "b-pvc"));
+        assert_eq!(ab.as_deref(), Some("a,b"));
+        assert_eq!(ephemeral_after(ab.as_deref(), &add("b", "b-pvc")), ab);
+        assert_eq!(
+            ephemeral_after(ab.as_deref(), &remove("a")).as_deref(),
+            Some("b")
+        );
+        assert_eq!(ephemeral_after(Some("b"), &remove("b")), None);
+        assert_eq!(ephemeral_names(Some(" a, ,b")), ["a", "b"]);
     }
 }

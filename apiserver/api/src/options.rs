@@ -133,7 +133,7 @@ pub struct EvacuateCancelOptions {
 }
 
 /// The OpenAPI kinds of the options bodies (the catalogue's `Style::Action { options }`).
-pub const KINDS: [&str; 8] = [
+pub const KINDS: [&str; 10] = [
     "StartOptions",
     "StopOptions",
     "RestartOptions",
@@ -142,6 +142,8 @@ pub const KINDS: [&str; 8] = [
     "UnpauseOptions",
     "EvacuateCancelOptions",
     "FreezeUnfreezeTimeout",
+    "AddVolumeOptions",
+    "RemoveVolumeOptions",
 ];
 
 /// The schema of the options kind `kind` (one of [`KINDS`]) as `settings` generate it: what
@@ -167,6 +169,8 @@ pub fn root_schema(
         }
         "EvacuateCancelOptions" => g.into_root_schema_for::<EvacuateCancelOptions>(),
         "FreezeUnfreezeTimeout" => g.into_root_schema_for::<FreezeUnfreezeTimeout>(),
+        "AddVolumeOptions" => g.into_root_schema_for::<crate::hotplug::AddVolumeOptions>(),
+        "RemoveVolumeOptions" => g.into_root_schema_for::<crate::hotplug::RemoveVolumeOptions>(),
         _ => return None,
     })
 }

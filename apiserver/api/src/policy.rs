@@ -31,6 +31,10 @@ use crate::validation::FieldError;
 
 /// Name of the feature gate that allows `hostDisk` volumes (KubeVirt's name).
 pub const HOST_DISK_GATE: &str = "HostDisk";
+/// The gate of the volume hotplug subresources, with requests queued on a VM's status.
+pub const HOTPLUG_VOLUMES_GATE: &str = crate::hotplug::FEATURE_GATES[0];
+/// The gate of the volume hotplug subresources, a VM's requests written to its template.
+pub const DECLARATIVE_HOTPLUG_VOLUMES_GATE: &str = crate::hotplug::FEATURE_GATES[1];
 
 /// Where the gates come from, for error messages.
 const GATES_FIELD: &str = "spec.configuration.developerConfiguration.featureGates";
@@ -181,6 +185,12 @@ fn node_restriction(old: Option<&Value>, new: &Value, node: &str) -> Vec<FieldEr
 pub struct FeatureGates {
     /// `HostDisk`: hostDisk volumes are allowed.
     pub host_disk: bool,
+    /// `HotplugVolumes`: the addvolume/removevolume subresources, a VM's requests queued in
+    /// its `status.volumeRequests`.
+    pub hotplug_volumes: bool,
+    /// `DeclarativeHotplugVolumes`: the same subresources, a VM's requests applied to its
+    /// template at once.
+    pub declarative_hotplug_volumes: bool,
 }
 
 impl FeatureGates {
@@ -190,14 +200,33 @@ impl FeatureGates {
         let mut gates = Self::default();
         let mut other = Vec::new();
         for n in names.iter().map(AsRef::as_ref).filter(|n| !n.is_empty()) {
-            if n == HOST_DISK_GATE {
-                gates.host_disk = true;
-            } else {
-                other.push(n.to_string());
+            match n {
+                HOST_DISK_GATE => gates.host_disk = true,
+                HOTPLUG_VOLUMES_GATE => gates.hotplug_volumes = true,
+                DECLARATIVE_HOTPLUG_VOLUMES_GATE => gates.declarative_hotplug_volumes = true,
+                _ => other.push(n.to_string()),
             }
         }
         (gates, other)
     }
+
+    /// Whether the enforced gate of this KubeVirt name is on (false for a gate this server
+    /// does not know).
+    pub fn enabled(&self, name: &str) -> bool {
+        match name {
+            HOST_DISK_GATE => self.host_disk,
+            HOTPLUG_VOLUMES_GATE => self.hotplug_volumes,
+            DECLARATIVE_HOTPLUG_VOLUMES_GATE => self.declarative_hotplug_volumes,
+            _ => false,
+        }
+    }
+
+    /// The gates this server enforces, by their KubeVirt names.
+    pub const ENFORCED: [&'static str; 3] = [
+        HOST_DISK_GATE,
+        HOTPLUG_VOLUMES_GATE,
+        DECLARATIVE_HOTPLUG_VOLUMES_GATE,
+    ];
 }
 
 /// Every policy error of writing `new` over `old` (None on create) as `actor`: the rules
@@ -413,8 +442,16 @@ mod tests {
         json!([{"name": "h", "hostDisk": {"path": "/dev/sda", "type": "Disk"}}])
     }
 
-    const OFF: FeatureGates = FeatureGates { host_disk: false };
-    const ON: FeatureGates = FeatureGates { host_disk: true };
+    const OFF: FeatureGates = FeatureGates {
+        host_disk: false,
+        hotplug_volumes: false,
+        declarative_hotplug_volumes: false,
+    };
+    const ON: FeatureGates = FeatureGates {
+        host_disk: true,
+        hotplug_volumes: false,
+        declarative_hotplug_volumes: false,
+    };
 
     #[test]
     fn gates_parse_by_kubevirt_name() {
@@ -422,6 +459,10 @@ mod tests {
         assert!(g.host_disk);
         assert_eq!(other, vec!["LiveMigration".to_string()]);
         assert!(!FeatureGates::from_names::<&str>(&[]).0.host_disk);
+        let (g, other) = FeatureGates::from_names(&["HotplugVolumes", "DeclarativeHotplugVolumes"]);
+        assert!(other.is_empty());
+        assert!(g.hotplug_volumes && g.declarative_hotplug_volumes && !g.host_disk);
+        assert!(g.enabled("HotplugVolumes") && !g.enabled("HostDisk") && !g.enabled("Nope"));
     }
 
     #[test]
@@ -487,6 +528,25 @@ mod tests {
         assert_eq!(
             admit(VMI, Some(&before), &read_only, &Actor::Component, &ON),
             vec![FieldError::forbidden("spec.volumes", "field is immutable")]
+        );
+        // A component (virt-controller) may hotplug volumes with their disks into a
+        // running VMI and unplug them, nothing else of the volumes.
+        let mut hot = old.clone();
+        hot["spec"]["volumes"] = json!([{"name": "h",
+            "persistentVolumeClaim": {"claimName": "c", "hotpluggable": true}}]);
+        hot["spec"]["domain"]["devices"]["disks"] = json!([{"name": "h", "disk": {"bus": "scsi"}}]);
+        assert!(admit(VMI, Some(&old), &hot, &Actor::Component, &ON).is_empty());
+        assert!(admit(VMI, Some(&hot), &old, &Actor::Component, &ON).is_empty());
+        assert_eq!(
+            admit(VMI, Some(&old), &hot, &Actor::User, &ON).len(),
+            2,
+            "volumes and domain"
+        );
+        let mut cold = hot.clone();
+        cold["spec"]["volumes"][0]["persistentVolumeClaim"]["hotpluggable"] = json!(false);
+        assert_eq!(
+            admit(VMI, Some(&old), &cold, &Actor::Component, &ON).len(),
+            2
         );
         // Removing a field is a change too; metadata and status are not the spec.
         let mut no_volumes = old.clone();

@@ -152,7 +152,9 @@ pub struct Args {
     pub handler_port: u16,
     /// KubeVirt feature gates in force, comma separated (virt-operator passes the
     /// KubeVirt resource's `spec.configuration.developerConfiguration.featureGates`).
-    /// Only `HostDisk` changes anything here: without it hostDisk volumes are refused.
+    /// Only `HostDisk` (without it hostDisk volumes are refused) and `HotplugVolumes` /
+    /// `DeclarativeHotplugVolumes` (the addvolume/removevolume subresources) change anything
+    /// here.
     #[arg(long, env = "VIRT_APISERVER_FEATURE_GATES", value_delimiter = ',')]
     pub feature_gates: Vec<String>,
     /// evictionStrategy of VMIs that set none (virt-operator passes the KubeVirt resource's

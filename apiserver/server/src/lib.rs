@@ -37,6 +37,7 @@ pub mod stream;
 pub mod subresources;
 pub mod upload_token;
 pub mod uploadproxy;
+pub mod volumes;
 pub mod watch;
 pub mod webhook;
 pub mod wsclient;

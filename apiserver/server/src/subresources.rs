@@ -19,6 +19,7 @@ use crate::request::{Query, RequestInfo};
 use crate::rest::{Via, WriteOptions};
 use crate::state::AppState;
 use crate::stream::Keepalive;
+use crate::volumes;
 
 /// Field manager of writes made by action subresources.
 const MANAGER: &str = "kubevirt-subresources";
@@ -261,6 +262,12 @@ impl Subresources<'_> {
             Route::VmAction => {
                 // route() gives VmAction to catalogued VM actions only.
                 let def = catalogue::vm_action(entry).ok_or_else(ApiError::path_not_found)?;
+                let gates = &st.registry.policy().gates;
+                if !def.feature_gates.is_empty()
+                    && !def.feature_gates.iter().any(|g| gates.enabled(g))
+                {
+                    return Err(ApiError::bad_request(def.gate_refusal));
+                }
                 let action = (def.decode)(&body_bytes(body).await?)
                     .map_err(|e| ApiError::bad_request(e.to_string()))?;
                 self.apply_vm_action(st, ns, name, action).await
@@ -411,6 +418,14 @@ impl Subresources<'_> {
             }
             VmAction::EvacuateCancelVmi(_) => {
                 self.evacuate_cancel(st, ns, name, false, dry_run).await
+            }
+            VmAction::AddVolumeVm(o) => volumes::vm(st, ns, name, volumes::add(o), dry_run).await,
+            VmAction::RemoveVolumeVm(o) => {
+                volumes::vm(st, ns, name, volumes::remove(o), dry_run).await
+            }
+            VmAction::AddVolumeVmi(o) => volumes::vmi(st, ns, name, volumes::add(o), dry_run).await,
+            VmAction::RemoveVolumeVmi(o) => {
+                volumes::vmi(st, ns, name, volumes::remove(o), dry_run).await
             }
         }
     }

@@ -211,8 +211,9 @@ pub fn datavolumes_flag(p: &Params) -> Option<String> {
     (!p.datavolumes).then(|| "--datavolumes=false".to_string())
 }
 
-/// The KubeVirt feature gates virt-apiserver enforces: `HostDisk` (hostDisk volumes).
-pub const APISERVER_GATES: &[&str] = &[kubevirt_api::policy::HOST_DISK_GATE];
+/// The KubeVirt feature gates virt-apiserver enforces: `HostDisk` (hostDisk volumes),
+/// `HotplugVolumes` and `DeclarativeHotplugVolumes` (the addvolume/removevolume subresources).
+pub const APISERVER_GATES: &[&str] = &kubevirt_api::policy::FeatureGates::ENFORCED;
 
 /// The gates of a KubeVirt resource's `developerConfiguration.featureGates` that go to
 /// virt-apiserver: only those it enforces, so that any other gate does not roll its pods.
@@ -849,10 +850,13 @@ pub fn static_manifest(p: &Params) -> Result<String> {
             rules: Some(vec![
                 rule("", strings(&["namespaces"]), &["get", "list", "watch"]),
                 // Answering a launcher pod's eviction (webhook.rs) reads that pod: which VMI,
-                // which node, whether it is a migration target.
-                rule("", strings(&["pods"]), &["get"]),
+                // which node, whether it is a migration target; a VMI's addvolume lists the
+                // pods of its namespace for one that holds a ReadWriteOnce claim elsewhere
+                // (volumes.rs).
+                rule("", strings(&["pods"]), &["get", "list"]),
                 // A VM that infers its instance type and preference from a volume reads the
-                // claim's labels (KubeVirt's mutating webhook does the same).
+                // claim's labels (KubeVirt's mutating webhook does the same); addvolume
+                // checks that the added claim exists.
                 rule("", strings(&["persistentvolumeclaims"]), &["get"]),
                 // The expand-spec endpoints read the copies a VM captured.
                 rule("apps", strings(&["controllerrevisions"]), &["get"]),

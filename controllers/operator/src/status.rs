@@ -822,11 +822,12 @@ mod tests {
                 "HostDisk",
                 "LiveMigration",
                 "HotplugVolumes",
+                "ExpandDisks",
                 "Snapshot"
             ]))
             .as_deref(),
             Some(
-                "spec.configuration.developerConfiguration.featureGates: HotplugVolumes, Snapshot \
+                "spec.configuration.developerConfiguration.featureGates: ExpandDisks, Snapshot \
                  are not implemented by kubevirt-rs; they have no effect (always on: LiveMigration)"
             )
         );

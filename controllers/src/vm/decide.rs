@@ -702,7 +702,7 @@ pub fn derive_status(
         // The instance type and preference captured for the VM are kept as they are.
         instancetype_ref: vm.status.as_ref().and_then(|s| s.instancetype_ref.clone()),
         preference_ref: vm.status.as_ref().and_then(|s| s.preference_ref.clone()),
-        // Consumed by the VM controller's hotplug step, which writes them itself.
+        // Queued by virt-apiserver, dropped by the reconcile that applies them.
         volume_requests: vm.status.as_ref().and_then(|s| s.volume_requests.clone()),
     }
 }

@@ -123,8 +123,14 @@ fn relevant(spec: &VirtualMachineSpec) -> Value {
             m
         })
     };
+    // Hotplugged volumes reach the running VMI live (hotplug.rs): no restart for them.
+    let template = spec
+        .template
+        .spec
+        .as_ref()
+        .map(kubevirt_api::hotplug::without_hotplugged);
     json!({
-        "template": {"spec": spec.template.spec},
+        "template": {"spec": template},
         "instancetype": matcher(&spec.instancetype),
         "preference": matcher(&spec.preference),
     })

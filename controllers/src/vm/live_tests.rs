@@ -49,6 +49,25 @@ fn an_unchanged_template_or_one_changed_only_in_metadata_needs_no_restart() {
 }
 
 #[test]
+fn hotplugged_volumes_need_no_restart_other_volumes_do() {
+    let a = vm_spec(base());
+    let mut t = base();
+    t["volumes"].as_array_mut().unwrap().push(
+        json!({"name": "h", "persistentVolumeClaim": {"claimName": "c", "hotpluggable": true}}),
+    );
+    t["domain"]["devices"]["disks"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "h", "disk": {"bus": "scsi"}}));
+    for s in [Stage, LiveUpdate] {
+        assert_eq!(restart_required(&a, &vm_spec(t.clone()), s), None);
+        assert_eq!(restart_required(&vm_spec(t.clone()), &a, s), None);
+    }
+    t["volumes"][1]["persistentVolumeClaim"]["hotpluggable"] = json!(false);
+    assert!(restart_required(&a, &vm_spec(t), Stage).is_some());
+}
+
+#[test]
 fn sockets_named_in_a_template_that_had_no_cpu_block_are_live() {
     // The common VM: no `cpu` at start (one socket), then `cpu.sockets: 2` (found by the e2e).
     let mut t = base();

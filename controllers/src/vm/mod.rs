@@ -2,6 +2,7 @@
 //! stateChangeRequests ask for, and reports it in the VM status.
 
 pub mod decide;
+pub mod hotplug;
 pub mod instancetype;
 pub mod live;
 pub mod reconcile;

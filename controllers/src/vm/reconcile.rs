@@ -77,6 +77,9 @@ pub enum ReconcileError {
     /// Carrying a live update to the VMI failed.
     #[error("updating the VMI live: {0}")]
     LiveUpdate(#[source] kube::Error),
+    /// Applying volume requests to the template, or hotplugged volumes to the VMI, failed.
+    #[error("hotplugging volumes: {0}")]
+    Hotplug(#[source] kube::Error),
     /// Creating a DataVolume of the VM's templates failed.
     #[error("creating DataVolume {name}: {source}")]
     DataVolume {
@@ -103,12 +106,13 @@ impl ReconcileError {
             Self::DataVolume { .. } => "FailedDataVolumeCreate",
             Self::Revision { .. } => "FailedRevision",
             Self::LiveUpdate(_) => "FailedLiveUpdate",
+            Self::Hotplug(_) => "FailedHotplug",
         }
     }
 
     /// An optimistic-concurrency conflict: someone else wrote in between; retry at once.
     fn is_conflict(&self) -> bool {
-        matches!(self, Self::Status(kube::Error::Api(s)) | Self::LiveUpdate(kube::Error::Api(s)) if s.is_conflict())
+        matches!(self, Self::Status(kube::Error::Api(s)) | Self::LiveUpdate(kube::Error::Api(s)) | Self::Hotplug(kube::Error::Api(s)) if s.is_conflict())
     }
 }
 
@@ -170,6 +174,12 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
                 Err(e.into())
             }
         };
+    }
+    // Volume requests queued by virt-apiserver go into the template first; the writes bring
+    // the VM back, read fresh.
+    if super::hotplug::apply_requests(ctx, &vms, &vm).await? {
+        state.stale.mark(&key);
+        return Ok(Action::requeue(Duration::from_millis(200)));
     }
     let mut vm = (*vm).clone();
     let mut vmi = state
@@ -453,6 +463,7 @@ pub async fn reconcile(vm: Arc<VirtualMachine>, state: Arc<Vms>) -> Result<Actio
             live::RestartRequired::Clear
         }
         (VmiAction::Nothing, Some(v)) => {
+            super::hotplug::sync_vmi(ctx, &vms, &vmis, &vm, v, fresh).await?;
             let (restart, wait) = live_update(ctx, &vms, &vmis, &vm, v, fresh).await?;
             live_wait = wait;
             restart

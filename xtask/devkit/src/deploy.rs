@@ -38,7 +38,9 @@ pub struct Args {
     #[arg(long, default_value_t = 180)]
     pub timeout_seconds: u64,
     /// KubeVirt feature gates to enable, as in the KubeVirt resource's
-    /// `configuration.developerConfiguration.featureGates` (e.g. `HostDisk`); none by default.
+    /// `configuration.developerConfiguration.featureGates` (e.g. `HostDisk`,
+    /// `HotplugVolumes`: virt-operator passes those virt-apiserver enforces on to it); none by
+    /// default.
     #[arg(long, value_delimiter = ',')]
     pub feature_gates: Vec<String>,
 }

@@ -96,11 +96,15 @@ fn admit(a: &Admission<'_>) -> Vec<FieldError> {
         match a.actor {
             Actor::Server => {}
             // virt-controller points a volume at the claim a migration copied it to, and
-            // carries a VM's live updates (placement, CPU sockets); nothing else of the
-            // spec changes.
+            // carries a VM's live updates (placement, CPU sockets) and hotplugged volumes;
+            // nothing else of the spec changes.
             Actor::Component => {
                 let live = |spec: Option<&Value>| {
-                    without_live_updatable(without_claim_names(spec).as_ref())
+                    let mut spec = without_live_updatable(without_claim_names(spec).as_ref());
+                    if let Some(s) = spec.as_mut() {
+                        crate::hotplug::strip_hotplugged_json(s);
+                    }
+                    spec
                 };
                 errs.extend(immutable_spec(
                     live(old.get("spec")).as_ref(),
