@@ -156,9 +156,9 @@ pub fn add_options(a: &AddVolumeArgs, source: Source) -> Result<AddVolumeOptions
 /// The action of an add: the VMI's subresource, the VM's with `--persist`.
 pub fn add_action(o: AddVolumeOptions, persist: bool) -> VmAction {
     if persist {
-        VmAction::AddVolumeVm(o)
+        VmAction::AddVolumeVm(Box::new(o))
     } else {
-        VmAction::AddVolumeVmi(o)
+        VmAction::AddVolumeVmi(Box::new(o))
     }
 }
 

@@ -658,12 +658,13 @@ pub enum VmAction {
     EvacuateCancelVm(EvacuateCancelOptions),
     /// evacuate/cancel of a VMI.
     EvacuateCancelVmi(EvacuateCancelOptions),
-    /// addvolume of a VM: its template, directly or through `status.volumeRequests`.
-    AddVolumeVm(AddVolumeOptions),
+    /// addvolume of a VM: its template, directly or through `status.volumeRequests`
+    /// (boxed: a disk is large beside the other actions' options).
+    AddVolumeVm(Box<AddVolumeOptions>),
     /// removevolume of a VM.
     RemoveVolumeVm(RemoveVolumeOptions),
     /// addvolume of a VMI: its spec, until it stops.
-    AddVolumeVmi(AddVolumeOptions),
+    AddVolumeVmi(Box<AddVolumeOptions>),
     /// removevolume of a VMI.
     RemoveVolumeVmi(RemoveVolumeOptions),
 }
@@ -1002,7 +1003,7 @@ pub const ADDVOLUME_VM_ACTION: VmActionDef = VmActionDef {
     subresource: &ADDVOLUME_VM,
     feature_gates: &crate::hotplug::FEATURE_GATES,
     gate_refusal: HOTPLUG_DISABLED,
-    decode: |b| Ok(VmAction::AddVolumeVm(decode_add_volume(b)?)),
+    decode: |b| Ok(VmAction::AddVolumeVm(Box::new(decode_add_volume(b)?))),
     verb: "add a volume",
     command: None,
 };
@@ -1018,7 +1019,7 @@ pub const ADDVOLUME_VMI_ACTION: VmActionDef = VmActionDef {
     subresource: &ADDVOLUME_VMI,
     feature_gates: &crate::hotplug::FEATURE_GATES,
     gate_refusal: HOTPLUG_DISABLED,
-    decode: |b| Ok(VmAction::AddVolumeVmi(decode_add_volume(b)?)),
+    decode: |b| Ok(VmAction::AddVolumeVmi(Box::new(decode_add_volume(b)?))),
     verb: "add a volume",
     command: None,
 };

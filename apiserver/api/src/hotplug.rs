@@ -462,25 +462,22 @@ pub fn strip_hotplugged_json(spec: &mut serde_json::Value) {
         .collect();
     // Emptied lists go, and so do empty ones: `volumes: []` and none are the same spec.
     let keep = |v: &Value| !v.get("name").is_some_and(|n| names.contains(n));
-    if let Some(o) = spec.as_object_mut() {
-        if let Some(Value::Array(a)) = o.get_mut("volumes") {
+    let prune = |parent: Option<&mut serde_json::Map<String, Value>>, key: &str| {
+        if let Some(o) = parent
+            && let Some(Value::Array(a)) = o.get_mut(key)
+        {
             a.retain(keep);
             if a.is_empty() {
-                o.remove("volumes");
+                o.remove(key);
             }
         }
-    }
-    if let Some(devices) = spec
-        .pointer_mut("/domain/devices")
-        .and_then(Value::as_object_mut)
-    {
-        if let Some(Value::Array(a)) = devices.get_mut("disks") {
-            a.retain(keep);
-            if a.is_empty() {
-                devices.remove("disks");
-            }
-        }
-    }
+    };
+    prune(spec.as_object_mut(), "volumes");
+    prune(
+        spec.pointer_mut("/domain/devices")
+            .and_then(Value::as_object_mut),
+        "disks",
+    );
 }
 
 /// A running VMI's spec with its hotplugged volumes brought in line with its VM's template,

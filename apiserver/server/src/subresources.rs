@@ -419,11 +419,13 @@ impl Subresources<'_> {
             VmAction::EvacuateCancelVmi(_) => {
                 self.evacuate_cancel(st, ns, name, false, dry_run).await
             }
-            VmAction::AddVolumeVm(o) => volumes::vm(st, ns, name, volumes::add(o), dry_run).await,
+            VmAction::AddVolumeVm(o) => volumes::vm(st, ns, name, volumes::add(*o), dry_run).await,
             VmAction::RemoveVolumeVm(o) => {
                 volumes::vm(st, ns, name, volumes::remove(o), dry_run).await
             }
-            VmAction::AddVolumeVmi(o) => volumes::vmi(st, ns, name, volumes::add(o), dry_run).await,
+            VmAction::AddVolumeVmi(o) => {
+                volumes::vmi(st, ns, name, volumes::add(*o), dry_run).await
+            }
             VmAction::RemoveVolumeVmi(o) => {
                 volumes::vmi(st, ns, name, volumes::remove(o), dry_run).await
             }
