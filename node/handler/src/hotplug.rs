@@ -159,12 +159,18 @@ pub fn helper_main(op: &HelperOp) -> Result<(), HotplugError> {
                 Mode::empty(),
             )
             .map_err(sys("opening the attachment container's root"))?;
+            // openat2 refuses a mode without O_CREAT.
             let open = |flags: OFlags| {
+                let mode = if flags.contains(OFlags::CREATE) {
+                    Mode::from_raw_mode(0o660)
+                } else {
+                    Mode::empty()
+                };
                 rustix::fs::openat2(
                     &root,
                     source_path.as_str(),
                     flags | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::from_raw_mode(0o660),
+                    mode,
                     beneath,
                 )
             };
@@ -210,12 +216,14 @@ pub fn helper_main(op: &HelperOp) -> Result<(), HotplugError> {
                 Some(LinkNameSpaceType::Mount),
             )
             .map_err(sys("entering the launcher pod's mount namespace"))?;
+            // Symlinks resolved as the launcher sees them (its /var/run is one), never out
+            // of its root; the mount point itself must not be one.
             let point = rustix::fs::openat2(
                 &dst_root,
                 target_path.as_str(),
                 OFlags::CREATE | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::from_raw_mode(0o600),
-                beneath,
+                ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
             )
             .map_err(sys(format!("making the mount point {target_path}")))?;
             move_mount(
@@ -278,6 +286,15 @@ async fn run_helper(op: &HelperOp) -> Result<(), HotplugError> {
     Err(HotplugError::Helper(
         err.lines().last().unwrap_or("failed").trim().to_string(),
     ))
+}
+
+/// Whether `path` is among the mount points `points` (mountinfo shows them resolved: a
+/// path under `/var/run` appears under `/run`, the symlink's target in the launcher image).
+fn mounted_at(points: &BTreeSet<String>, path: &str) -> bool {
+    points.contains(path)
+        || path
+            .strip_prefix("/var/run/")
+            .is_some_and(|rest| points.contains(&format!("/run/{rest}")))
 }
 
 /// The image's mount point in the launcher container, relative to its root.
@@ -548,7 +565,7 @@ async fn sync(
                 .filter(|s| s.hotplug_volume.is_some())
                 .map(|s| &s.name),
         )
-        .filter(|n| safe_name(n) && points.contains(&launcher_image_path(n)))
+        .filter(|n| safe_name(n) && mounted_at(&points, &launcher_image_path(n)))
         .cloned()
         .collect();
     let attached_names: BTreeSet<String> = attached.iter().map(|a| a.name.clone()).collect();
@@ -783,6 +800,16 @@ mod tests {
         );
         assert_eq!(failed[0].reason.as_deref(), Some("HotplugFailed"));
         assert_eq!(failed[0].message.as_deref(), Some("boom"));
+    }
+
+    #[test]
+    fn a_mount_under_var_run_is_seen_under_run() {
+        let points = set(&["/", "/run/kubevirt/hotplug-disks/a.img"]);
+        assert!(mounted_at(&points, "/var/run/kubevirt/hotplug-disks/a.img"));
+        assert!(!mounted_at(
+            &points,
+            "/var/run/kubevirt/hotplug-disks/b.img"
+        ));
     }
 
     #[test]

@@ -111,7 +111,12 @@ fn main() -> anyhow::Result<()> {
         let op: virt_handler::hotplug::HelperOp =
             serde_json::from_str(argv.get(2).map(String::as_str).unwrap_or_default())
                 .context("the hotplug helper's argument")?;
-        return virt_handler::hotplug::helper_main(&op).map_err(Into::into);
+        if let Err(e) = virt_handler::hotplug::helper_main(&op) {
+            // One line: virt-handler reports the helper's last line in the volume's status.
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+        return Ok(());
     }
     let args = Args::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
