@@ -423,8 +423,11 @@ impl DevEnv {
             dir,
             opts,
         };
+        // 60 s: with eight test binaries at once on two CPUs and a busy disk, an etcd took
+        // more than 20 s to listen in a full run (backup, at 2a7f795); a healthy one listens
+        // in well under a second, so this only delays reporting a broken one.
         for m in &env.etcd {
-            wait_tcp(m.client_port, Duration::from_secs(20), "etcd")?;
+            wait_tcp(m.client_port, Duration::from_secs(60), "etcd")?;
         }
         if env.etcd.len() > 1 {
             // A cluster serves once it has elected a leader.
