@@ -451,6 +451,39 @@ fn claims_hotplugged_by_upstream_virtctl_reach_the_running_guest_and_leave_it() 
         console.screen()
     );
 
+    // The attachment pod of the first volume dies (kubevirt/kubevirt#9263 lost the disk so):
+    // the guest keeps its disk and its writes, and a new pod takes the old one's place.
+    ns.k(&["delete", "pod", &pod, "--wait=true", "--timeout=60s"])
+        .expect("delete the attachment pod");
+    ns.wait(
+        "hp",
+        "a new attachment pod for hp-data",
+        common::BOOT,
+        || {
+            let now = ns.get(
+                "vmi",
+                "hp",
+                r#"{.status.volumeStatus[?(@.name=="hp-data")].hotplugVolume.attachPodName}"#,
+            );
+            !now.is_empty() && now != pod && volume_phase(&ns, "hp", "hp-data") == "Ready"
+        },
+    );
+    let pod = ns.get(
+        "vmi",
+        "hp",
+        r#"{.status.volumeStatus[?(@.name=="hp-data")].hotplugVolume.attachPodName}"#,
+    );
+    console.clear();
+    console.line(&format!(
+        "echo again-$((6*7)) | dd of=/dev/{target} bs=512 seek=101 conv=fsync 2>/dev/null && dd if=/dev/{target} bs=512 skip=100 count=1 2>/dev/null | head -c 13; echo; dd if=/dev/{target} bs=512 skip=101 count=1 2>/dev/null | head -c 8; echo"
+    ));
+    console.expect(&ns, "hp", "again-42", Duration::from_secs(60));
+    assert!(
+        console.screen().contains("hp-marker-42") && !console.screen().contains("write-failed-2"),
+        "the first volume after its attachment pod was replaced: {}",
+        console.screen()
+    );
+
     // Bad input says what is wrong and changes nothing.
     let (ok, out) = virtctl(&ns, &["addvolume", "hp", "--volume-name=hp-data"]);
     assert!(
