@@ -12,6 +12,7 @@ mod apiserver;
 mod crd;
 mod drain;
 mod etcd_drain;
+mod hotplug;
 mod instancetype;
 mod memory;
 mod migrate;
@@ -76,6 +77,8 @@ pub enum Bench {
     /// One Prometheus scrape of virt-handler with N running VMs on its node (time, bytes),
     /// and virt-handler's memory per VM (local cluster).
     Scrape(scrape::ScrapeArgs),
+    /// Volume hotplug: `addvolume` → the volume Ready, `removevolume` → gone (local cluster).
+    Hotplug(hotplug::HotplugArgs),
     /// The pod network: TCP throughput and HTTP round trips node → guest for masquerade and
     /// bridge against a bare tap in the same run, and how soon the guest answers after its
     /// DHCP lease (network namespaces of its own, no cluster).
@@ -170,6 +173,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Bench::EtcdDrain(a) => etcd_drain::run(a),
         Bench::Instancetype(a) => instancetype::run(a),
         Bench::Scrape(a) => scrape::run(a),
+        Bench::Hotplug(a) => hotplug::run(a),
         Bench::Storage(a) => storage::run(a),
         Bench::Network(a) => network::run(a),
         Bench::PortForward(a) => portforward::run(a),

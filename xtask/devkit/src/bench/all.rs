@@ -66,6 +66,7 @@ pub fn plan(args: &AllArgs) -> Vec<Step> {
         step(section::ETCD_DRAIN, true, &["--runs", &runs]),
         step(section::INSTANCETYPE, true, &["--runs", &runs]),
         step(section::SCRAPE, true, &[]),
+        step(section::HOTPLUG, true, &["--runs", &runs]),
     ]
     .into_iter()
     .filter(|s| !args.skip.iter().any(|k| k == s.name))

@@ -100,6 +100,11 @@ pub const SCRAPE: Slot = Slot {
     title: "A Prometheus scrape of virt-handler with N running VMs (cargo xtask bench scrape)",
     command: "cargo xtask bench scrape",
 };
+pub const HOTPLUG: Slot = Slot {
+    key: "hotplug",
+    title: "Volume hotplug: addvolume to Ready, removevolume to gone (cargo xtask bench hotplug)",
+    command: "cargo xtask bench hotplug",
+};
 pub const ALL: Slot = Slot {
     key: "all",
     title: "The last full run (cargo xtask bench all)",
@@ -109,7 +114,7 @@ pub const ALL: Slot = Slot {
 /// Every generated section, in the document's order: what `bench all`'s plan and the
 /// checked-in document are tested against.
 #[cfg(test)]
-pub const SLOTS: [Slot; 17] = [
+pub const SLOTS: [Slot; 18] = [
     ALL,
     APISERVER,
     ABUSE,
@@ -127,6 +132,7 @@ pub const SLOTS: [Slot; 17] = [
     ETCD_DRAIN,
     INSTANCETYPE,
     SCRAPE,
+    HOTPLUG,
 ];
 
 /// What a reader needs to trust or reproduce a figure.
