@@ -538,6 +538,25 @@ async fn sync(
             .and_then(|s| s.parse().ok());
         pods.insert(volume.clone(), (p.name_any(), pod_uid, size));
     }
+    let pod_names: BTreeMap<String, (String, String)> = pods
+        .iter()
+        .map(|(v, (n, u, _))| (v.clone(), (n.clone(), u.clone())))
+        .collect();
+    let attached_names: BTreeSet<String> = attached.iter().map(|a| a.name.clone()).collect();
+    let prev = st.volume_status.clone().unwrap_or_default();
+    // The steady state (every wanted volume in the guest, nothing else, the status says
+    // so) costs one launcher call: no walk of /proc, no mountinfo.
+    let settled = steps(
+        &wanted,
+        &pod_names.keys().cloned().collect(),
+        &attached_names,
+        &attached_names,
+    );
+    if settled.values().all(|s| *s == Step::Done)
+        && volume_status(&prev, &settled, &pod_names, &attached, &BTreeMap::new()) == prev
+    {
+        return Ok(());
+    }
     let launcher_pid = {
         let (proc, pod) = (proc.to_path_buf(), launcher_pod.clone());
         tokio::task::spawn_blocking(move || {
@@ -568,7 +587,6 @@ async fn sync(
         .filter(|n| safe_name(n) && mounted_at(&points, &launcher_image_path(n)))
         .cloned()
         .collect();
-    let attached_names: BTreeSet<String> = attached.iter().map(|a| a.name.clone()).collect();
     let plan = steps(
         &wanted,
         &pods.keys().cloned().collect(),
@@ -646,17 +664,7 @@ async fn sync(
         }
     }
     // A volume unplugged from the guest and unmounted has no entry any more.
-    let prev = st.volume_status.clone().unwrap_or_default();
-    let next = volume_status(
-        &prev,
-        &done,
-        &pods
-            .iter()
-            .map(|(v, (n, u, _))| (v.clone(), (n.clone(), u.clone())))
-            .collect(),
-        &now_attached,
-        &errors,
-    );
+    let next = volume_status(&prev, &done, &pod_names, &now_attached, &errors);
     if next == prev {
         return Ok(());
     }
