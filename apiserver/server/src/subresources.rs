@@ -54,11 +54,11 @@ use kubevirt_api::vm::{RunStrategy, VirtualMachineSpec};
 use kubevirt_api::vmi::condition_types;
 use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
 
-fn vm_def() -> &'static ResourceDef {
+pub(crate) fn vm_def() -> &'static ResourceDef {
     &kubevirt_api::kinds::vm::STRATEGY
 }
 
-fn vmi_def() -> &'static ResourceDef {
+pub(crate) fn vmi_def() -> &'static ResourceDef {
     &kubevirt_api::kinds::vmi::STRATEGY
 }
 
@@ -67,7 +67,7 @@ fn vmim_def() -> &'static ResourceDef {
 }
 
 /// KubeVirt words state conflicts with the singular resource name.
-fn state_conflict(resource: &'static str, name: &str, why: &str) -> ApiError {
+pub(crate) fn state_conflict(resource: &'static str, name: &str, why: &str) -> ApiError {
     ApiError::conflict(
         Gr {
             resource,

@@ -23,34 +23,16 @@ use kubevirt_api::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase}
 use kubevirt_api::{VirtualMachineInstanceSpec, VirtualMachineSpec};
 use serde_json::Value;
 
-use crate::error::{ApiError, ApiResult, Gr};
+use crate::error::{ApiError, ApiResult};
 use crate::rest::Via;
 use crate::state::AppState;
+use crate::subresources::{state_conflict as conflict, vm_def, vmi_def};
 
 /// Field manager of the writes.
 const MANAGER: &str = "kubevirt-subresources";
 
 /// KubeVirt's 409 when the VMI does not run.
 pub const VMI_NOT_RUNNING: &str = "VMI is not running";
-
-fn vm_def() -> &'static crate::kinds::ResourceDef {
-    &kubevirt_api::kinds::vm::STRATEGY
-}
-
-fn vmi_def() -> &'static crate::kinds::ResourceDef {
-    &kubevirt_api::kinds::vmi::STRATEGY
-}
-
-fn conflict(resource: &'static str, name: &str, why: &str) -> ApiError {
-    ApiError::conflict(
-        Gr {
-            resource,
-            group: crate::rest::GROUP,
-        },
-        name,
-        why,
-    )
-}
 
 fn request_conflict(resource: &'static str, name: &str, e: &RequestError) -> ApiError {
     conflict(resource, name, &e.to_string())
