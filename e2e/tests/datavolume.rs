@@ -602,8 +602,8 @@ fn virtctl_image_upload_fills_a_data_volume_a_vm_boots_and_bad_tokens_are_refuse
         .build()
         .unwrap();
     for (token, code, words) in cases {
-        // A forward per refused request: the proxy answers before reading the body and
-        // closes, and kubectl's port-forward ends with such a reset stream.
+        // A forward per refused request: kubectl's port-forward may end a stream whose
+        // server answered with `Connection: close`.
         let forward = forward_upload_proxy(c);
         let proxy = format!("https://127.0.0.1:{}", forward.port);
         let mut req = client

@@ -117,9 +117,23 @@ fn controller_rolled_out(c: &Cluster, live: bool) -> bool {
         return false;
     };
     let n: Vec<&str> = counts.split_whitespace().collect();
+    // The deployment's counts leave out pods already terminating, and such a pod may still
+    // hold the leader lease and render VMIs with the old strategy for a while: wait until
+    // every pod, terminating or not, runs the new arguments.
+    let Ok(pods) = c.component_pods(
+        "virt-controller",
+        false,
+        r#"{range .items[*]}{.spec.containers[0].args}{"\n"}{end}"#,
+    ) else {
+        return false;
+    };
     args.contains("--vm-rollout-strategy=LiveUpdate") == live
         && n.len() == 4
         && n.iter().all(|x| *x == n[0])
+        && pods
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .all(|l| l.contains("--vm-rollout-strategy=LiveUpdate") == live)
 }
 
 /// Puts the cluster back on KubeVirt's default rollout strategy and the workload update

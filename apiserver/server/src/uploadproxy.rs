@@ -210,13 +210,42 @@ pub fn router(state: Arc<ProxyState>) -> Router {
 }
 
 async fn upload(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
-    match forward(&st, req).await {
+    let (parts, body) = req.into_parts();
+    let mut body = Some(body);
+    match forward(&st, parts, &mut body).await {
         Ok(r) => r,
         Err(refusal) => {
             tracing::info!(status = %refusal.status, message = %refusal.message, "upload refused");
+            if let Some(body) = body {
+                drain(body).await;
+            }
             refusal.into_response()
         }
     }
+}
+
+/// How much of a refused upload's body is read and dropped before the answer.
+const DRAIN_LIMIT: usize = 64 << 20;
+/// How long a refused upload's body is read before the answer.
+const DRAIN_WAIT: Duration = Duration::from_secs(5);
+
+/// Reads a refused request's body, bounded, before the refusal is sent. A client writes its
+/// whole body before it reads an answer; closing on unread bytes resets the connection and
+/// the client reports a broken pipe instead of the refusal's message (Go's net/http drains
+/// for the same reason). A body beyond the bounds still gets the reset.
+async fn drain(body: Body) {
+    use futures::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut read = 0usize;
+    let _ = tokio::time::timeout(DRAIN_WAIT, async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            read += chunk.len();
+            if read > DRAIN_LIMIT {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 fn now() -> i64 {
@@ -225,10 +254,16 @@ fn now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-async fn forward(st: &ProxyState, req: Request) -> Result<Response, Refusal> {
-    let token = bearer(req.headers().get(header::AUTHORIZATION))?;
+/// Forwards the upload, taking `body` only once the upload server is known; a refusal before
+/// that leaves it for [`drain`].
+async fn forward(
+    st: &ProxyState,
+    parts: http::request::Parts,
+    body: &mut Option<Body>,
+) -> Result<Response, Refusal> {
+    let token = bearer(parts.headers.get(header::AUTHORIZATION))?;
     let claims = verify(&st.key, token, now())?;
-    if req.method() == Method::HEAD {
+    if parts.method == Method::HEAD {
         return Ok(StatusCode::OK.into_response());
     }
     let Some(kube) = &st.kube else {
@@ -238,7 +273,7 @@ async fn forward(st: &ProxyState, req: Request) -> Result<Response, Refusal> {
         ));
     };
     let addr = wait_for_server(kube, &claims).await?;
-    let (parts, body) = req.into_parts();
+    let body = body.take().unwrap_or_default();
     let path = parts.uri.path().to_string();
     let uri: http::Uri = format!("http://{addr}{path}").parse().map_err(|e| {
         Refusal::new(

@@ -190,7 +190,9 @@ async fn upload_tokens_and_the_proxy_stream_an_image_into_the_claims_server() {
     let (code, text) = send("/v1beta1/upload", None, b"x".to_vec()).await;
     assert_eq!(code, 400, "{text}");
     let foreign = TokenKey::new(b"someone else's key").sign("default", "disk", now());
-    let (code, text) = send("/v1beta1/upload", Some(&foreign), b"x".to_vec()).await;
+    // A whole image behind a refused token: the proxy reads it before answering, so the
+    // client gets the 401 rather than a reset connection mid-write.
+    let (code, text) = send("/v1beta1/upload", Some(&foreign), vec![0; 8 << 20]).await;
     assert_eq!(code, 401, "{text}");
     let expired = key.sign("default", "disk", now() - 600);
     let (code, text) = send("/v1beta1/upload-async", Some(&expired), b"x".to_vec()).await;
