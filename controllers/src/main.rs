@@ -335,6 +335,21 @@ async fn run_controllers(
     ctx.metrics
         .sources
         .set_vmis(vmis.reader(), vmis.ready(), ctx.config.eviction_strategy);
+    // Only kubevirt_vm_disk_allocated_size_bytes reads every claim (the DataVolume
+    // controller watches its own claims only), as KubeVirt's PVC informer feeds it.
+    let claims =
+        virt_controllers::watch::Shared::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::spawn(
+            ctx.watched(),
+            "claims",
+            &ctx.metrics.watches,
+            stop.clone(),
+        );
+    ctx.metrics
+        .sources
+        .set_claims(claims.reader(), claims.ready());
+    ctx.metrics
+        .sources
+        .set_launcher(ctx.config.launcher.clone());
     let leading = {
         let (ctx, vmis, stop) = (ctx.clone(), vmis.clone(), stop.clone());
         // KubeVirt's leading_status: 1 once the leader's caches are filled. When the

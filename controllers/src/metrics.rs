@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt as _;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt as _;
 use kube::runtime::reflector::Store;
 use kubevirt_api::eviction::EvictionStrategy;
@@ -140,6 +141,9 @@ struct SourceStores {
     vms: Option<Store<VirtualMachine>>,
     pods: Option<Store<crate::vmi::pods::CachedPod>>,
     migrations: Option<Store<VirtualMachineInstanceMigration>>,
+    claims: Option<(Store<PersistentVolumeClaim>, Arc<crate::watch::Readiness>)>,
+    /// What the launcher pods are rendered with: their memory overhead.
+    launcher: Option<Arc<crate::vmi::render::LauncherConfig>>,
 }
 
 impl std::fmt::Debug for Sources {
@@ -188,6 +192,20 @@ impl Sources {
         self.lock().migrations = Some(store);
     }
 
+    /// The cluster's claims (`kubevirt_vm_disk_allocated_size_bytes`), usable once `ready`.
+    pub fn set_claims(
+        &self,
+        store: Store<PersistentVolumeClaim>,
+        ready: Arc<crate::watch::Readiness>,
+    ) {
+        self.lock().claims = Some((store, ready));
+    }
+
+    /// The launcher configuration (`kubevirt_vmi_launcher_memory_overhead_bytes`).
+    pub fn set_launcher(&self, cfg: crate::vmi::render::LauncherConfig) {
+        self.lock().launcher = Some(Arc::new(cfg));
+    }
+
     /// Leadership ended: no more inventory metrics from this replica.
     pub fn clear(&self) {
         *self.lock() = SourceStores::default();
@@ -196,13 +214,15 @@ impl Sources {
     /// The families of this moment; none of a cache that has not had its first list
     /// (it would show a partial inventory).
     pub fn families(&self) -> Vec<cluster::Family> {
-        let (vmis, vms, pods, migrations) = {
+        let (vmis, vms, pods, migrations, claims, launcher) = {
             let s = self.lock();
             (
                 s.vmis.clone(),
                 s.vms.clone(),
                 s.pods.clone(),
                 s.migrations.clone(),
+                s.claims.clone(),
+                s.launcher.clone(),
             )
         };
         let mut out = Vec::new();
@@ -226,7 +246,19 @@ impl Sources {
                     cx.migrations.insert(uid, m.name_any());
                 }
             }
-            out.extend(cluster::vmi_families(&store.state(), &cx));
+            let vmis = store.state();
+            if let Some(cfg) = &launcher {
+                for vmi in &vmis {
+                    if let (Some(uid), Ok(mib)) = (
+                        vmi.metadata.uid.as_ref(),
+                        crate::vmi::render::memory_overhead_mib(vmi, cfg),
+                    ) {
+                        cx.launcher_overhead
+                            .insert(uid.clone(), (mib * 1024 * 1024) as f64);
+                    }
+                }
+            }
+            out.extend(cluster::vmi_families(&vmis, &cx));
         }
         if let Some(store) = &migrations
             && store
@@ -242,7 +274,12 @@ impl Sources {
                 .now_or_never()
                 .is_some_and(|r| r.is_ok())
         {
-            out.extend(cluster::vm_families(&store.state()));
+            // Without a filled claim cache, no disk series rather than a partial set.
+            let claims = claims
+                .filter(|(_, ready)| ready.is_ready())
+                .map(|(c, _)| c.state())
+                .unwrap_or_default();
+            out.extend(cluster::vm_families(&store.state(), &claims));
         }
         out
     }

@@ -239,6 +239,10 @@ fn watched_vm(name: &str, ns: &str) -> String {
     spec["evictionStrategy"] = json!("LiveMigrate");
     spec["domain"]["devices"]["disks"] = json!([{"name": "scratch", "disk": {"bus": "virtio"}}]);
     spec["volumes"] = json!([{"name": "scratch", "emptyDisk": {"capacity": "16Mi"}}]);
+    // What the VMI would get by default, written out: KubeVirt's `kubevirt_vm_vnic_info`
+    // reads the VM's own spec, which defaulting does not touch.
+    spec["domain"]["devices"]["interfaces"] = json!([{"name": "default", "masquerade": {}}]);
+    spec["networks"] = json!([{"name": "default", "pod": {}}]);
     vm.to_string()
 }
 
@@ -291,6 +295,10 @@ fn a_vm_seen_through_promql_from_start_to_deletion() {
         format!("sum(kubevirt_vmi_vcpu_seconds_total{{{sel}}})"),
         format!("kubevirt_vmi_cpu_usage_seconds_total{{{sel}}}"),
         format!("kubevirt_vmi_info{{{sel},phase=\"running\"}}"),
+        // The control plane's vNIC and launcher overhead series (virt-controller's).
+        format!("kubevirt_vmi_vnic_info{{{sel},network=\"pod networking\"}}"),
+        format!("kubevirt_vm_vnic_info{{{sel},network=\"pod networking\"}}"),
+        format!("kubevirt_vmi_launcher_memory_overhead_bytes{{{sel}}}"),
     ] {
         wait_query(&q, &q, Duration::from_secs(90), |r| {
             r.len() == 1 && r[0].1 > 0.0

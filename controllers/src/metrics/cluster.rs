@@ -20,6 +20,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kubevirt_api::common::ConditionStatus;
@@ -29,7 +30,7 @@ use kubevirt_api::instancetype::vm::{
     PREFERENCE_ANNOTATION,
 };
 use kubevirt_api::vm::{Matcher, PrintableStatus};
-use kubevirt_api::vmi::DomainSpec;
+use kubevirt_api::vmi::{DomainSpec, Interface, Network, VirtualMachineInstanceSpec, Volume};
 use kubevirt_api::{VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration};
 
 /// A metric's type, as KubeVirt declares it.
@@ -77,6 +78,8 @@ descs! {
     VMI_ADDRESSES = Gauge("kubevirt_vmi_status_addresses", "The addresses of a VirtualMachineInstance. This metric provides the address of an available network interface associated with the VMI in the 'address' label, and about the type of address, such as internal IP, in the 'type' label.", ["node", "namespace", "name", "vnic_name", "interface_name", "address", "type"]);
     VMI_MIGRATION_START = Gauge("kubevirt_vmi_migration_start_time_seconds", "The time at which the migration started.", ["node", "namespace", "name", "migration_name"]);
     VMI_MIGRATION_END = Gauge("kubevirt_vmi_migration_end_time_seconds", "The time at which the migration ended.", ["node", "namespace", "name", "migration_name", "status"]);
+    VMI_VNIC_INFO = Gauge("kubevirt_vmi_vnic_info", "Details of VirtualMachineInstance (VMI) vNIC interfaces, such as vNIC name, binding type, network name, and binding name for each vNIC of a running instance.", ["name", "namespace", "vnic_name", "binding_type", "network", "binding_name", "model"]);
+    VMI_LAUNCHER_MEMORY_OVERHEAD = Gauge("kubevirt_vmi_launcher_memory_overhead_bytes", "Estimation of the memory amount required for virt-launcher's infrastructure components (e.g. libvirt, QEMU).", ["namespace", "name"]);
     VM_STARTING = Counter("kubevirt_vm_starting_status_last_transition_timestamp_seconds", "Virtual Machine last transition timestamp to starting status.", ["name", "namespace"]);
     VM_RUNNING = Counter("kubevirt_vm_running_status_last_transition_timestamp_seconds", "Virtual Machine last transition timestamp to running status.", ["name", "namespace"]);
     VM_MIGRATING = Counter("kubevirt_vm_migrating_status_last_transition_timestamp_seconds", "Virtual Machine last transition timestamp to migrating status.", ["name", "namespace"]);
@@ -86,6 +89,8 @@ descs! {
     VM_RESOURCE_LIMITS = Gauge("kubevirt_vm_resource_limits", "Resources limits by Virtual Machine. Reports memory and CPU limits.", ["name", "namespace", "resource", "unit"]);
     VM_INFO = Gauge("kubevirt_vm_info", "Information about Virtual Machines.", ["name", "namespace", "os", "workload", "flavor", "machine_type", "instance_type", "preference", "status", "status_group"]);
     VM_CREATE_DATE = Gauge("kubevirt_vm_create_date_timestamp_seconds", "Virtual Machine creation timestamp.", ["name", "namespace"]);
+    VM_DISK_ALLOCATED_SIZE = Gauge("kubevirt_vm_disk_allocated_size_bytes", "Allocated disk size of a Virtual Machine in bytes, based on its PersistentVolumeClaim. Includes persistentvolumeclaim (PVC name), volume_mode (disk presentation mode: Filesystem or Block), and device (disk name).", ["name", "namespace", "persistentvolumeclaim", "volume_mode", "device"]);
+    VM_VNIC_INFO = Gauge("kubevirt_vm_vnic_info", "Details of Virtual Machine (VM) vNIC interfaces, such as vNIC name, binding type, network name, and binding name for each vNIC defined in the VM's configuration.", ["name", "namespace", "vnic_name", "binding_type", "network", "binding_name", "model"]);
     MIGRATIONS_PENDING = Gauge("kubevirt_vmi_migrations_in_pending_phase", "Number of current pending migrations.", []);
     MIGRATIONS_SCHEDULING = Gauge("kubevirt_vmi_migrations_in_scheduling_phase", "Number of current scheduling migrations.", []);
     MIGRATIONS_UNSET = Gauge("kubevirt_vmi_migrations_in_unset_phase", "Number of current unset migrations. These are pending items the virt-controller hasn’t processed yet from the queue.", []);
@@ -93,6 +98,32 @@ descs! {
     MIGRATION_SUCCEEDED = Gauge("kubevirt_vmi_migration_succeeded", "Indicates if the VMI migration succeeded.", ["vmi", "vmim", "namespace"]);
     MIGRATION_FAILED = Gauge("kubevirt_vmi_migration_failed", "Indicates if the VMI migration failed.", ["vmi", "vmim", "namespace"]);
 }
+
+/// The VMI families, in [`ALL`]'s order.
+const VMI_FAMILIES: [&Desc; 7] = [
+    &VMI_INFO,
+    &VMI_NON_EVICTABLE,
+    &VMI_ADDRESSES,
+    &VMI_MIGRATION_START,
+    &VMI_MIGRATION_END,
+    &VMI_VNIC_INFO,
+    &VMI_LAUNCHER_MEMORY_OVERHEAD,
+];
+
+/// The VM families, in [`ALL`]'s order.
+const VM_FAMILIES: [&Desc; 11] = [
+    &VM_STARTING,
+    &VM_RUNNING,
+    &VM_MIGRATING,
+    &VM_NON_RUNNING,
+    &VM_ERROR,
+    &VM_RESOURCE_REQUESTS,
+    &VM_RESOURCE_LIMITS,
+    &VM_INFO,
+    &VM_CREATE_DATE,
+    &VM_DISK_ALLOCATED_SIZE,
+    &VM_VNIC_INFO,
+];
 
 /// The migration families, in [`ALL`]'s order.
 const MIGRATION_FAMILIES: [&Desc; 6] = [
@@ -331,11 +362,69 @@ pub struct VmiContext {
     pub launcher_pods: HashMap<String, Vec<(String, String)>>,
     /// Migration uid → name.
     pub migrations: HashMap<String, String>,
+    /// VMI uid → the memory its launcher pod asks beyond the guest's, in bytes (what the
+    /// VMI controller renders; none for a VMI it cannot render).
+    pub launcher_overhead: HashMap<String, f64>,
+}
+
+/// KubeVirt's `getBinding`: the binding's type and name, empty for one it does not name
+/// (passt, a core binding of v1.6's API, is among those).
+fn binding(iface: &Interface) -> (&str, &str) {
+    if iface.masquerade.is_some() {
+        ("core", "masquerade")
+    } else if iface.bridge.is_some() {
+        ("core", "bridge")
+    } else if iface.sriov.is_some() {
+        ("core", "sriov")
+    } else if let Some(b) = &iface.binding {
+        ("plugin", b.name.as_str())
+    } else {
+        ("", "")
+    }
+}
+
+/// KubeVirt's vNIC series (`kubevirt_vm_vnic_info`, `kubevirt_vmi_vnic_info`) of one spec:
+/// the label values after name and namespace of each interface whose network is the pod
+/// network or a Multus network; an interface without such a network has none.
+fn vnics(interfaces: &[Interface], networks: &[Network]) -> Vec<[String; 5]> {
+    interfaces
+        .iter()
+        .filter_map(|iface| {
+            let net = networks.iter().find(|n| n.name == iface.name)?;
+            let network = match (&net.pod, &net.multus) {
+                (Some(_), _) => "pod networking".to_string(),
+                (None, Some(m)) => m.network_name.clone(),
+                (None, None) => return None,
+            };
+            let (binding_type, binding_name) = binding(iface);
+            Some([
+                iface.name.clone(),
+                binding_type.to_string(),
+                network,
+                binding_name.to_string(),
+                iface.model.clone().unwrap_or_else(|| "<none>".to_string()),
+            ])
+        })
+        .collect()
+}
+
+fn vnic_series(spec: Option<&VirtualMachineInstanceSpec>) -> Vec<[String; 5]> {
+    let Some(spec) = spec else {
+        return Vec::new();
+    };
+    vnics(
+        spec.domain
+            .devices
+            .interfaces
+            .as_deref()
+            .unwrap_or_default(),
+        spec.networks.as_deref().unwrap_or_default(),
+    )
 }
 
 /// The `kubevirt_vmi_*` families of these VMIs.
 pub fn vmi_families(vmis: &[Arc<VirtualMachineInstance>], cx: &VmiContext) -> Vec<Family> {
-    let mut out = Families::new(&ALL[..5]);
+    let mut out = Families::new(&VMI_FAMILIES);
     let default = cx.eviction_default.unwrap_or(EvictionStrategy::None);
     for vmi in vmis {
         let status = vmi.status.clone().unwrap_or_default();
@@ -392,6 +481,18 @@ pub fn vmi_families(vmis: &[Arc<VirtualMachineInstance>], cx: &VmiContext) -> Ve
             vec![node.clone(), ns.clone(), name.clone()],
             if evictable { 0.0 } else { 1.0 },
         );
+        for vnic in vnic_series(Some(&vmi.spec)) {
+            let mut labels = vec![name.clone(), ns.clone()];
+            labels.extend(vnic);
+            out.push(&VMI_VNIC_INFO, labels, 1.0);
+        }
+        if let Some(bytes) = cx.launcher_overhead.get(uid) {
+            out.push(
+                &VMI_LAUNCHER_MEMORY_OVERHEAD,
+                vec![ns.clone(), name.clone()],
+                *bytes,
+            );
+        }
         for iface in status.interfaces.iter().flatten() {
             let vnic = iface.name.clone().unwrap_or_default();
             let ifname = iface.interface_name.clone().unwrap_or_default();
@@ -605,9 +706,93 @@ fn last_transition(vm: &VirtualMachine) -> f64 {
         .fold(-1.0, f64::max)
 }
 
-/// The `kubevirt_vm_*` families of these VMs.
-pub fn vm_families(vms: &[Arc<VirtualMachine>]) -> Vec<Family> {
-    let mut out = Families::new(&ALL[5..14]);
+/// KubeVirt's `getPVCAndDiskName`: the claim behind a volume (a DataVolume's claim has its
+/// name), and whether it is a DataVolume's.
+fn claim_of(v: &Volume) -> Option<(&str, bool)> {
+    if let Some(c) = &v.persistent_volume_claim {
+        Some((c.claim_name.as_str(), false))
+    } else {
+        v.data_volume.as_ref().map(|d| (d.name.as_str(), true))
+    }
+}
+
+/// The storage request of the VM's `dataVolumeTemplates` entry `name` (KubeVirt's
+/// `getSizeFromDataVolumeTemplates`: `pvc`, else `storage`).
+fn template_size(vm: &VirtualMachine, name: &str) -> Option<Quantity> {
+    let t = vm
+        .spec
+        .data_volume_templates
+        .iter()
+        .flatten()
+        .find(|t| t.metadata.name.as_deref() == Some(name))?;
+    let requests = match (&t.spec.pvc, &t.spec.storage) {
+        (Some(pvc), _) => pvc.resources.as_ref()?.requests.as_ref()?,
+        (None, Some(storage)) => storage.resources.as_ref()?.requests.as_ref()?,
+        (None, None) => return None,
+    };
+    requests.get("storage").cloned()
+}
+
+/// KubeVirt's `CollectDiskAllocatedSize` of one VM: per volume on a claim that exists,
+/// (claim, volume mode, volume name, bytes): a DataVolume's from its template when the VM
+/// has one, else the claim's request.
+fn disk_sizes(
+    vm: &VirtualMachine,
+    claims: &HashMap<(&str, &str), &PersistentVolumeClaim>,
+) -> Vec<(String, String, String, f64)> {
+    let ns = vm.metadata.namespace.as_deref().unwrap_or_default();
+    let volumes = vm
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_deref())
+        .unwrap_or_default();
+    volumes
+        .iter()
+        .filter_map(|v| {
+            let (claim, is_dv) = claim_of(v)?;
+            let pvc = claims.get(&(ns, claim))?;
+            let spec = pvc.spec.as_ref();
+            let size = is_dv
+                .then(|| template_size(vm, claim))
+                .flatten()
+                .or_else(|| {
+                    spec.and_then(|s| s.resources.as_ref())
+                        .and_then(|r| r.requests.as_ref())
+                        .and_then(|r| r.get("storage"))
+                        .cloned()
+                });
+            let mode = spec.and_then(|s| s.volume_mode.clone()).unwrap_or_default();
+            Some((
+                claim.to_string(),
+                mode,
+                v.name.clone(),
+                whole(size.as_ref()),
+            ))
+        })
+        .collect()
+}
+
+/// The `kubevirt_vm_*` families of these VMs; `claims` are the cluster's
+/// PersistentVolumeClaims (for `kubevirt_vm_disk_allocated_size_bytes`).
+pub fn vm_families(
+    vms: &[Arc<VirtualMachine>],
+    claims: &[Arc<PersistentVolumeClaim>],
+) -> Vec<Family> {
+    let claims: HashMap<(&str, &str), &PersistentVolumeClaim> = claims
+        .iter()
+        .filter_map(|c| {
+            Some((
+                (
+                    c.metadata.namespace.as_deref()?,
+                    c.metadata.name.as_deref()?,
+                ),
+                c.as_ref(),
+            ))
+        })
+        .collect();
+    let mut out = Families::new(&VM_FAMILIES);
     let default_domain = DomainSpec::default();
     for vm in vms {
         let ns = vm.metadata.namespace.clone().unwrap_or_default();
@@ -670,7 +855,19 @@ pub fn vm_families(vms: &[Arc<VirtualMachine>]) -> Vec<Family> {
             1.0,
         );
         if let Some(t) = &vm.metadata.creation_timestamp {
-            out.push(&VM_CREATE_DATE, vec![name, ns], seconds(t));
+            out.push(&VM_CREATE_DATE, vec![name.clone(), ns.clone()], seconds(t));
+        }
+        for (claim, mode, device, bytes) in disk_sizes(vm, &claims) {
+            out.push(
+                &VM_DISK_ALLOCATED_SIZE,
+                vec![name.clone(), ns.clone(), claim, mode, device],
+                bytes,
+            );
+        }
+        for vnic in vnic_series(template.spec.as_ref()) {
+            let mut labels = vec![name.clone(), ns.clone()];
+            labels.extend(vnic);
+            out.push(&VM_VNIC_INFO, labels, 1.0);
         }
     }
     out.finish()

@@ -85,6 +85,7 @@ fn a_running_vmi_with_guest_info_and_a_bundle_instance_type() {
             ],
         )]),
         migrations: HashMap::from([("m-uid".to_string(), "mig1".to_string())]),
+        ..VmiContext::default()
     };
     let fams = vmi_families(&[v], &cx);
     let (info, value) = one(&fams, "kubevirt_vmi_info");
@@ -195,7 +196,7 @@ fn a_vm_with_requests_and_limits() {
             {"type": "Other", "status": "True", "lastTransitionTime": "2026-01-01T00:09:00Z"},
         ]},
     }));
-    let fams = vm_families(&[v]);
+    let fams = vm_families(&[v], &[]);
     let requests: Vec<_> = series(&fams, "kubevirt_vm_resource_requests")
         .into_iter()
         .map(|(l, v)| {
@@ -269,7 +270,7 @@ fn defaults_instance_types_and_status_groups() {
     let typed = vm(json!({"metadata": {"name": "vm2"}, "spec": {
         "instancetype": {"name": "u1.medium", "kind": "VirtualMachineClusterInstancetype"},
         "preference": {"name": "fedora", "kind": "VirtualMachinePreference"}}}));
-    let fams = vm_families(&[bare, typed]);
+    let fams = vm_families(&[bare, typed], &[]);
     let defaults: Vec<_> = series(&fams, "kubevirt_vm_resource_requests")
         .into_iter()
         .map(|(l, v)| (l["name"].clone(), l["unit"].clone(), l["source"].clone(), v))
@@ -309,17 +310,156 @@ fn defaults_instance_types_and_status_groups() {
 fn every_family_is_kubevirts_and_once() {
     let names: HashSet<_> = ALL.iter().map(|d| d.name).collect();
     assert_eq!(names.len(), ALL.len());
-    assert_eq!(ALL.len(), 20);
-    assert!(ALL[..5].iter().all(|d| d.name.starts_with("kubevirt_vmi_")));
+    assert_eq!(ALL.len(), 24);
+    let order: Vec<&str> = VMI_FAMILIES
+        .iter()
+        .chain(&VM_FAMILIES)
+        .chain(&MIGRATION_FAMILIES)
+        .map(|d| d.name)
+        .collect();
+    assert_eq!(order, ALL.iter().map(|d| d.name).collect::<Vec<_>>());
     assert!(
-        ALL[5..14]
+        VMI_FAMILIES
+            .iter()
+            .all(|d| d.name.starts_with("kubevirt_vmi_"))
+    );
+    assert!(
+        VM_FAMILIES
             .iter()
             .all(|d| d.name.starts_with("kubevirt_vm_"))
     );
     assert!(
-        ALL[14..]
+        MIGRATION_FAMILIES
             .iter()
             .all(|d| d.name.starts_with("kubevirt_vmi_migration"))
+    );
+}
+
+/// Interfaces as KubeVirt's collectors report them: the pod network's and a Multus
+/// network's, each binding named; an interface without a network of either kind has none.
+#[test]
+fn vnics_of_a_vm_and_its_vmi() {
+    let spec = json!({"domain": {"devices": {"interfaces": [
+            {"name": "default", "masquerade": {}},
+            {"name": "data", "bridge": {}, "model": "e1000"},
+            {"name": "plug", "binding": {"name": "passt"}},
+            {"name": "orphan", "bridge": {}}]}},
+        "networks": [{"name": "default", "pod": {}},
+            {"name": "data", "multus": {"networkName": "ns/vlan10"}},
+            {"name": "plug", "pod": {}}]});
+    let v = vm(json!({"spec": {"template": {"spec": spec}}}));
+    let fams = vm_families(&[v], &[]);
+    let mut got: Vec<Vec<String>> = series(&fams, "kubevirt_vm_vnic_info")
+        .into_iter()
+        .map(|(l, value)| {
+            assert_eq!(value, 1.0);
+            [
+                "name",
+                "namespace",
+                "vnic_name",
+                "binding_type",
+                "network",
+                "binding_name",
+                "model",
+            ]
+            .iter()
+            .map(|k| l[k].clone())
+            .collect()
+        })
+        .collect();
+    got.sort();
+    let want: Vec<Vec<String>> = [
+        ["vm1", "ns", "data", "core", "ns/vlan10", "bridge", "e1000"],
+        [
+            "vm1",
+            "ns",
+            "default",
+            "core",
+            "pod networking",
+            "masquerade",
+            "<none>",
+        ],
+        [
+            "vm1",
+            "ns",
+            "plug",
+            "plugin",
+            "pod networking",
+            "passt",
+            "<none>",
+        ],
+    ]
+    .iter()
+    .map(|r| r.iter().map(|s| s.to_string()).collect())
+    .collect();
+    assert_eq!(got, want);
+
+    let i = vmi(json!({"spec": spec, "status": {"phase": "Running", "nodeName": "n1"}}));
+    let cx = VmiContext {
+        launcher_overhead: [("u1".to_string(), 188.0 * 1048576.0)].into(),
+        ..Default::default()
+    };
+    let fams = vmi_families(&[i], &cx);
+    assert_eq!(series(&fams, "kubevirt_vmi_vnic_info").len(), 3);
+    let (l, v) = one(&fams, "kubevirt_vmi_launcher_memory_overhead_bytes");
+    assert_eq!((l["namespace"].as_str(), l["name"].as_str()), ("ns", "vm1"));
+    assert_eq!(v, 188.0 * 1048576.0);
+}
+
+/// KubeVirt's disk sizes: a claim's request with its volume mode, a DataVolume's size
+/// from the VM's template; a volume whose claim is not in the cache has none.
+#[test]
+fn disk_sizes_come_from_claims_and_data_volume_templates() {
+    let v = vm(json!({"spec": {
+        "dataVolumeTemplates": [{"metadata": {"name": "boot"},
+            "spec": {"storage": {"resources": {"requests": {"storage": "10Gi"}}}}}],
+        "template": {"spec": {"volumes": [
+            {"name": "rootdisk", "dataVolume": {"name": "boot"}},
+            {"name": "data", "persistentVolumeClaim": {"claimName": "data-claim"}},
+            {"name": "gone", "persistentVolumeClaim": {"claimName": "missing"}},
+            {"name": "cloudinit", "cloudInitNoCloud": {"userData": "#cloud-config"}}]}}}}));
+    let claim = |name: &str, size: &str, mode: &str| -> Arc<PersistentVolumeClaim> {
+        Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ns"},
+                "spec": {"volumeMode": mode,
+                    "resources": {"requests": {"storage": size}}}}))
+            .unwrap(),
+        )
+    };
+    let claims = [
+        claim("boot", "11Gi", "Filesystem"),
+        claim("data-claim", "2Gi", "Block"),
+    ];
+    let fams = vm_families(&[v], &claims);
+    let mut got: Vec<(String, String, String, f64)> =
+        series(&fams, "kubevirt_vm_disk_allocated_size_bytes")
+            .into_iter()
+            .map(|(l, v)| {
+                (
+                    l["persistentvolumeclaim"].clone(),
+                    l["volume_mode"].clone(),
+                    l["device"].clone(),
+                    v,
+                )
+            })
+            .collect();
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        got,
+        vec![
+            (
+                "boot".into(),
+                "Filesystem".into(),
+                "rootdisk".into(),
+                10.0 * 1073741824.0
+            ),
+            (
+                "data-claim".into(),
+                "Block".into(),
+                "data".into(),
+                2.0 * 1073741824.0
+            ),
+        ]
     );
 }
 

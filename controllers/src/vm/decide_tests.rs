@@ -753,7 +753,8 @@ fn decisions_do_not_read_the_template() {
             "spec": {"domain": {"devices": {"disks": [{"name": "root"}]}, "memory": {"guest": "64Mi"},
                 "cpu": {"cores": 2}, "machine": {"type": "q35"},
                 "resources": {"requests": {"memory": "64Mi"}}},
-                "volumes": [{"name": "root", "containerDisk": {"image": "x"}}],
+                "volumes": [{"name": "root", "containerDisk": {"image": "x"}},
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "c", "readOnly": true}}],
                 "networks": [{"name": "default", "pod": {}}]},
         }))
         .unwrap();
@@ -763,7 +764,10 @@ fn decisions_do_not_read_the_template() {
             serde_json::from_value(serde_json::json!({
                 "metadata": {"annotations": {"vm.kubevirt.io/os": "fedora"}},
                 "spec": {"domain": {"memory": {"guest": "64Mi"}, "cpu": {"cores": 2},
-                    "machine": {"type": "q35"}, "resources": {"requests": {"memory": "64Mi"}}}},
+                    "machine": {"type": "q35"}, "resources": {"requests": {"memory": "64Mi"}}},
+                    "volumes": [{"name": "data",
+                        "persistentVolumeClaim": {"claimName": "c", "readOnly": true}}],
+                    "networks": [{"name": "default", "pod": {}}]},
             }))
             .unwrap();
         assert_eq!(slim.spec.template, kept);

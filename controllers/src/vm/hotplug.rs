@@ -32,7 +32,7 @@ pub async fn apply_requests(
     if queued(cached).is_empty() {
         return Ok(false);
     }
-    // The cached VM has no template (`slim_vm`).
+    // The cached VM keeps only a slimmed template (`slim_vm`).
     let name = cached.name_any();
     let Some(mut vm) = vms
         .get_opt(&name)

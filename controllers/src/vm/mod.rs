@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{Controller, WatchStreamExt, controller, watcher};
 use kubevirt_api::cdi::DataVolume;
-use kubevirt_api::vmi::DomainSpec;
+use kubevirt_api::vmi::{Devices, DomainSpec, Volume};
 use kubevirt_api::{VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceSpec};
 use tokio_util::sync::CancellationToken;
 
@@ -47,8 +47,10 @@ pub struct Vms {
 /// reconcile re-reads both before it acts), so the cached template is never rendered.
 /// Kept are only the few small parts KubeVirt's inventory metrics read at each scrape
 /// ([`crate::metrics::cluster::vm_families`]): the template's annotations (`vm.kubevirt.io/
-/// os|workload|flavor`) and its domain's machine, cpu, memory and resources. Dropped:
-/// devices, volumes, networks, scheduling, probes, the template's labels and the rest.
+/// os|workload|flavor`), its domain's machine, cpu, memory, resources and interfaces, its
+/// networks, and its volumes on claims and DataVolumes (their names only). Dropped: disks,
+/// the other volumes (cloud-init user data among them), scheduling, probes, the template's
+/// labels and the rest.
 pub fn slim_vm(vm: &mut VirtualMachine) {
     let template = std::mem::take(&mut vm.spec.template);
     let annotations = template.metadata.and_then(|m| m.annotations);
@@ -56,15 +58,35 @@ pub fn slim_vm(vm: &mut VirtualMachine) {
         annotations: Some(a),
         ..ObjectMeta::default()
     });
-    vm.spec.template.spec = template.spec.map(|s| VirtualMachineInstanceSpec {
-        domain: DomainSpec {
-            machine: s.domain.machine,
-            cpu: s.domain.cpu,
-            memory: s.domain.memory,
-            resources: s.domain.resources,
-            ..DomainSpec::default()
-        },
-        ..VirtualMachineInstanceSpec::default()
+    vm.spec.template.spec = template.spec.map(|s| {
+        let volumes: Vec<Volume> = s
+            .volumes
+            .into_iter()
+            .flatten()
+            .filter(|v| v.persistent_volume_claim.is_some() || v.data_volume.is_some())
+            .map(|v| Volume {
+                name: v.name,
+                persistent_volume_claim: v.persistent_volume_claim,
+                data_volume: v.data_volume,
+                ..Volume::default()
+            })
+            .collect();
+        VirtualMachineInstanceSpec {
+            domain: DomainSpec {
+                machine: s.domain.machine,
+                cpu: s.domain.cpu,
+                memory: s.domain.memory,
+                resources: s.domain.resources,
+                devices: Devices {
+                    interfaces: s.domain.devices.interfaces,
+                    ..Devices::default()
+                },
+                ..DomainSpec::default()
+            },
+            networks: s.networks,
+            volumes: (!volumes.is_empty()).then_some(volumes),
+            ..VirtualMachineInstanceSpec::default()
+        }
     });
 }
 

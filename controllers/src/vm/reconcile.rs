@@ -641,7 +641,7 @@ async fn live_update(
     {
         return keep;
     }
-    // The cached VM has no template (`slim_vm`).
+    // The cached VM keeps only a slimmed template (`slim_vm`).
     let vm = if fresh {
         cached.clone()
     } else {
