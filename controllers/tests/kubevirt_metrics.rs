@@ -85,7 +85,10 @@ fn ours() -> Vec<Ours> {
         kind: "Counter",
         labels: vec!["namespace"],
     });
-    for (name, help) in virt_apiserver::metrics::CONNECTION_METRICS {
+    for (name, help) in virt_apiserver::metrics::CONNECTION_METRICS
+        .into_iter()
+        .chain([virt_apiserver::metrics::LAST_CONNECTION_METRIC])
+    {
         out.push(Ours {
             component: "virt-apiserver",
             name,

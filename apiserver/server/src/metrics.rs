@@ -6,6 +6,8 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
@@ -131,6 +133,13 @@ pub const CONNECTION_METRICS: [(&str, &str); 3] = [
     ),
 ];
 
+/// KubeVirt's time of the last console, VNC or port-forward stream to a VMI, set when the
+/// stream ends (virt-api sets it in a `defer` of each stream handler).
+pub const LAST_CONNECTION_METRIC: (&str, &str) = (
+    "kubevirt_vmi_last_api_connection_timestamp_seconds",
+    "Virtual Machine Instance last API connection timestamp. Including VNC, console, portforward, SSH and usbredir connections.",
+);
+
 /// KubeVirt's count of VirtualMachines created (virt-api's admitter counts each admitted
 /// create), by namespace; KubeVirt's recording rule `kubevirt_number_of_vms_created` sums it.
 pub const VM_CREATED_METRIC: (&str, &str) = (
@@ -165,6 +174,8 @@ pub struct Metrics {
     pub cache_reads: Family<CacheLabels, Counter>,
     /// Open consoles, VNC sessions and port-forward tunnels, in [`Connection`] order.
     connections: [Family<ConnectionLabels, Gauge>; 3],
+    /// When the last stream to each VMI ended ([`LAST_CONNECTION_METRIC`]).
+    last_connection: Family<ConnectionLabels, Gauge<f64, AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -224,6 +235,13 @@ impl Default for Metrics {
             let help = help.strip_suffix('.').unwrap_or(help);
             registry.register(*name, help, family.clone());
         }
+        let last_connection = Family::<ConnectionLabels, Gauge<f64, AtomicU64>>::default();
+        let (name, help) = LAST_CONNECTION_METRIC;
+        registry.register(
+            name,
+            help.strip_suffix('.').unwrap_or(help),
+            last_connection.clone(),
+        );
         kube_client_metrics::global().register(&mut registry);
         let vms_created = Family::<NamespaceLabels, Counter>::default();
         let (name, help) = VM_CREATED_METRIC;
@@ -243,6 +261,7 @@ impl Default for Metrics {
             dropped,
             cache_reads,
             connections,
+            last_connection,
         }
     }
 }
@@ -266,26 +285,41 @@ impl Metrics {
 
 /// One open console, VNC session or port-forward tunnel in KubeVirt's gauge of its kind,
 /// until dropped (as virt-api's recorder is decremented when its stream ends).
+/// When it ends, the VMI's last-connection time is set.
 #[derive(Debug)]
-pub struct ActiveConnection(Gauge);
+pub struct ActiveConnection {
+    open: Gauge,
+    last: Family<ConnectionLabels, Gauge<f64, AtomicU64>>,
+    labels: ConnectionLabels,
+}
 
 impl ActiveConnection {
     /// Counts one more open `kind` stream to `namespace`/`vmi`.
     pub fn start(metrics: &Metrics, kind: Connection, namespace: &str, vmi: &str) -> Self {
-        let gauge = metrics.connections[kind as usize]
-            .get_or_create(&ConnectionLabels {
-                namespace: namespace.to_string(),
-                vmi: vmi.to_string(),
-            })
+        let labels = ConnectionLabels {
+            namespace: namespace.to_string(),
+            vmi: vmi.to_string(),
+        };
+        let open = metrics.connections[kind as usize]
+            .get_or_create(&labels)
             .clone();
-        gauge.inc();
-        Self(gauge)
+        open.inc();
+        Self {
+            open,
+            last: metrics.last_connection.clone(),
+            labels,
+        }
     }
 }
 
 impl Drop for ActiveConnection {
     fn drop(&mut self) {
-        self.0.dec();
+        self.open.dec();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        // Created here, not at the start: KubeVirt's series appears once a stream ended.
+        self.last.get_or_create(&self.labels).set(now);
     }
 }
 
@@ -323,6 +357,15 @@ mod tests {
         drop(second);
         let text = m.encode();
         assert!(text.contains(&format!("{line} 0")), "{text}");
+        let (last, help) = LAST_CONNECTION_METRIC;
+        assert!(text.contains(&format!("# HELP {last} {help}\n")), "{text}");
+        let at: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{last}{{namespace=\"ns\",vmi=\"vm1\"}} ")))
+            .expect("the last connection's time")
+            .parse()
+            .unwrap();
+        assert!(at > 1.7e9, "{text}");
         assert!(text.contains("# TYPE kubevirt_console_active_connections gauge"));
         assert!(text.contains("# TYPE kubevirt_vnc_active_connections gauge"));
         for (name, help) in CONNECTION_METRICS {
