@@ -6,8 +6,8 @@
 //! actions and a migration's cancel. Here only this thread waits: the caller gives up after
 //! its timeout (a scrape is never held), requests whose caller gave up are skipped, and
 //! while the thread is stuck new ones are refused at once rather than queued without end.
-//! **Why its own connection:** one libvirt connection serialises nothing across threads,
-//! but a connection broken under a stuck call is this thread's alone to reopen.
+//! **Why its own connection:** the libvirt thread's connection is that thread's to close at
+//! its cleanup, and one that broke here is dropped and reopened without touching it.
 //! `VIR_CONNECT_GET_ALL_DOMAINS_STATS_NOWAIT` keeps a domain busy in a job (a migration)
 //! from making the call wait for that job: it answers what needs no job.
 
