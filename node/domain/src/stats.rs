@@ -1,10 +1,10 @@
 //! A running domain's statistics, as libvirt's `virConnectGetAllDomainStats` reports them
-//! (the source KubeVirt's per-VMI metrics are read from), typed, plus the parser of
-//! `virsh domstats --raw`, the launcher's way to that call (the `virt` crate leaves the
-//! records of `virConnectGetAllDomainStats` unbound, and this workspace forbids unsafe
-//! code). Units are libvirt's: nanoseconds, KiB for memory, bytes and counts for I/O.
-//! A field libvirt did not report is `None`, so a metric of it is left out rather than
-//! exported as 0.
+//! (the source KubeVirt's per-VMI metrics are read from), typed. The launcher reads that
+//! call's typed parameters in-process (the `virt-domstats` crate) and hands them here as
+//! name/value pairs ([`stats_from_fields`]); [`parse_domstats`] reads the same fields from
+//! `virsh domstats --raw`'s text, which prints each parameter as `name=value`. Units are
+//! libvirt's: nanoseconds, KiB for memory, bytes and counts for I/O. A field libvirt did not
+//! report is `None`, so a metric of it is left out rather than exported as 0.
 //!
 //! Two parts come from elsewhere than `virsh domstats`, as KubeVirt's do: the guest's file
 //! systems (the guest agent's `guest-get-fsinfo`, as the launcher last read it) and, on the
@@ -255,10 +255,7 @@ pub enum StatsError {
 }
 
 /// Parses the output of `virsh domstats --raw <domain>` (one domain: a `Domain: '<name>'`
-/// line, then `  <field>=<value>` lines). Fields it does not know are skipped, and a value
-/// that is not a number leaves its field unset: libvirt adds fields between versions.
-/// `aliases` maps a device's name in the statistics (a tap, a disk target) to the VMI's
-/// name for it ([`crate::schema::device_aliases`]).
+/// line, then `  <field>=<value>` lines) as [`stats_from_fields`] reads its fields.
 pub fn parse_domstats(
     text: &str,
     aliases: &BTreeMap<String, String>,
@@ -267,124 +264,181 @@ pub fn parse_domstats(
     if !lines.next().is_some_and(|l| l.starts_with("Domain:")) {
         return Err(StatsError::NoDomain);
     }
-    let mut s = DomainStats::default();
-    // Indexed families, kept by index until the end (libvirt lists them in order, but
-    // the index is what ties a device's fields together).
-    let mut vcpus: BTreeMap<u32, VcpuStats> = BTreeMap::new();
-    let mut nets: BTreeMap<u32, NetStats> = BTreeMap::new();
-    let mut blocks: BTreeMap<u32, BlockStats> = BTreeMap::new();
-    for line in lines {
-        // A second domain: only one was asked for.
-        if line.starts_with("Domain:") {
-            break;
-        }
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
+    // A second domain: only one was asked for.
+    let fields = lines
+        .take_while(|l| !l.starts_with("Domain:"))
+        .filter_map(|l| l.split_once('='));
+    Ok(stats_from_fields(fields, aliases))
+}
+
+/// One domain's statistics from libvirt's typed parameters, each as its name and its value
+/// in text (`cpu.time`, `2719482000`: what `virsh domstats --raw` prints as `key=value`).
+/// Fields it does not know are skipped, and a value that is not a number leaves its field
+/// unset: libvirt adds fields between versions. `aliases` maps a device's name in the
+/// statistics (a tap, a disk target) to the VMI's name for it
+/// ([`crate::schema::device_aliases`]).
+pub fn stats_from_fields<K: AsRef<str>, V: AsRef<str>>(
+    fields: impl IntoIterator<Item = (K, V)>,
+    aliases: &BTreeMap<String, String>,
+) -> DomainStats {
+    let mut families = Families::default();
+    for (key, value) in fields {
+        families.field(key.as_ref(), value.as_ref());
+    }
+    families.finish(aliases)
+}
+
+/// The statistics being read: the indexed families are kept by index until the end
+/// (libvirt lists them in order, but the index is what ties a device's fields together).
+#[derive(Default)]
+struct Families {
+    stats: DomainStats,
+    vcpus: BTreeMap<u32, VcpuStats>,
+    nets: BTreeMap<u32, NetStats>,
+    blocks: BTreeMap<u32, BlockStats>,
+}
+
+impl Families {
+    fn field(&mut self, key: &str, value: &str) {
         let num = value.parse::<u64>().ok();
         let mut parts = key.splitn(3, '.');
-        let (group, second, rest) = (parts.next(), parts.next(), parts.next());
-        match (group, second, rest) {
-            (Some("cpu"), Some(f), None) => match f {
-                "time" => s.cpu.time_ns = num,
-                "user" => s.cpu.user_ns = num,
-                "system" => s.cpu.system_ns = num,
-                _ => {}
-            },
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some("cpu"), Some(f), None) => {
+                if let Some(slot) = cpu_slot(&mut self.stats.cpu, f) {
+                    *slot = num;
+                }
+            }
             (Some("balloon"), Some(f), None) => {
-                let m = &mut s.memory;
-                let slot = match f {
-                    "current" => &mut m.current_kib,
-                    "maximum" => &mut m.maximum_kib,
-                    "swap_in" => &mut m.swap_in_kib,
-                    "swap_out" => &mut m.swap_out_kib,
-                    "major_fault" => &mut m.major_fault,
-                    "minor_fault" => &mut m.minor_fault,
-                    "unused" => &mut m.unused_kib,
-                    "available" => &mut m.available_kib,
-                    "usable" => &mut m.usable_kib,
-                    "disk_caches" => &mut m.disk_caches_kib,
-                    "rss" => &mut m.rss_kib,
-                    _ => continue,
-                };
-                *slot = num;
+                if let Some(slot) = balloon_slot(&mut self.stats.memory, f) {
+                    *slot = num;
+                }
             }
             (Some("vcpu"), Some(idx), Some(f)) => {
-                let Ok(id) = idx.parse::<u32>() else { continue };
-                let v = vcpus.entry(id).or_insert_with(|| VcpuStats {
+                let Ok(id) = idx.parse::<u32>() else { return };
+                let v = self.vcpus.entry(id).or_insert_with(|| VcpuStats {
                     id,
                     ..VcpuStats::default()
                 });
-                match f {
-                    "state" => v.state = value.parse().ok(),
-                    "time" => v.time_ns = num,
-                    "wait" => v.wait_ns = num,
-                    "delay" => v.delay_ns = num,
-                    _ => {}
-                }
+                vcpu_field(v, f, value);
             }
             (Some("net"), Some(idx), Some(f)) => {
-                let Ok(i) = idx.parse::<u32>() else { continue };
-                let n = nets.entry(i).or_default();
-                let slot = match f {
-                    "name" => {
-                        n.name = value.to_string();
-                        continue;
-                    }
-                    "rx.bytes" => &mut n.rx_bytes,
-                    "rx.pkts" => &mut n.rx_packets,
-                    "rx.errs" => &mut n.rx_errors,
-                    "rx.drop" => &mut n.rx_dropped,
-                    "tx.bytes" => &mut n.tx_bytes,
-                    "tx.pkts" => &mut n.tx_packets,
-                    "tx.errs" => &mut n.tx_errors,
-                    "tx.drop" => &mut n.tx_dropped,
-                    _ => continue,
-                };
-                *slot = num;
+                let Ok(i) = idx.parse::<u32>() else { return };
+                let n = self.nets.entry(i).or_default();
+                if f == "name" {
+                    n.name = value.to_string();
+                } else if let Some(slot) = net_slot(n, f) {
+                    *slot = num;
+                }
             }
             (Some("block"), Some(idx), Some(f)) => {
-                let Ok(i) = idx.parse::<u32>() else { continue };
-                let b = blocks.entry(i).or_default();
-                let slot = match f {
-                    "name" => {
-                        b.name = value.to_string();
-                        continue;
-                    }
-                    "rd.reqs" => &mut b.rd_reqs,
-                    "rd.bytes" => &mut b.rd_bytes,
-                    "rd.times" => &mut b.rd_times_ns,
-                    "wr.reqs" => &mut b.wr_reqs,
-                    "wr.bytes" => &mut b.wr_bytes,
-                    "wr.times" => &mut b.wr_times_ns,
-                    "fl.reqs" => &mut b.fl_reqs,
-                    "fl.times" => &mut b.fl_times_ns,
-                    _ => continue,
-                };
-                *slot = num;
+                let Ok(i) = idx.parse::<u32>() else { return };
+                let b = self.blocks.entry(i).or_default();
+                if f == "name" {
+                    b.name = value.to_string();
+                } else if let Some(slot) = block_slot(b, f) {
+                    *slot = num;
+                }
             }
             _ => {}
         }
     }
-    s.vcpus = vcpus.into_values().collect();
-    // A device without a name cannot be labelled; libvirt always names them.
-    s.nets = nets
-        .into_values()
-        .filter(|n| !n.name.is_empty())
-        .map(|mut n| {
-            n.alias = aliases.get(&n.name).cloned();
-            n
-        })
-        .collect();
-    s.blocks = blocks
-        .into_values()
-        .filter(|b| !b.name.is_empty())
-        .map(|mut b| {
-            b.alias = aliases.get(&b.name).cloned();
-            b
-        })
-        .collect();
-    Ok(s)
+
+    fn finish(self, aliases: &BTreeMap<String, String>) -> DomainStats {
+        let alias = |name: &str| aliases.get(name).cloned();
+        // A device without a name cannot be labelled; libvirt always names them.
+        DomainStats {
+            vcpus: self.vcpus.into_values().collect(),
+            nets: self
+                .nets
+                .into_values()
+                .filter(|n| !n.name.is_empty())
+                .map(|n| NetStats {
+                    alias: alias(&n.name),
+                    ..n
+                })
+                .collect(),
+            blocks: self
+                .blocks
+                .into_values()
+                .filter(|b| !b.name.is_empty())
+                .map(|b| BlockStats {
+                    alias: alias(&b.name),
+                    ..b
+                })
+                .collect(),
+            ..self.stats
+        }
+    }
+}
+
+/// `cpu.<f>`.
+fn cpu_slot<'a>(c: &'a mut CpuStats, f: &str) -> Option<&'a mut Option<u64>> {
+    Some(match f {
+        "time" => &mut c.time_ns,
+        "user" => &mut c.user_ns,
+        "system" => &mut c.system_ns,
+        _ => return None,
+    })
+}
+
+/// `balloon.<f>`.
+fn balloon_slot<'a>(m: &'a mut MemoryStats, f: &str) -> Option<&'a mut Option<u64>> {
+    Some(match f {
+        "current" => &mut m.current_kib,
+        "maximum" => &mut m.maximum_kib,
+        "swap_in" => &mut m.swap_in_kib,
+        "swap_out" => &mut m.swap_out_kib,
+        "major_fault" => &mut m.major_fault,
+        "minor_fault" => &mut m.minor_fault,
+        "unused" => &mut m.unused_kib,
+        "available" => &mut m.available_kib,
+        "usable" => &mut m.usable_kib,
+        "disk_caches" => &mut m.disk_caches_kib,
+        "rss" => &mut m.rss_kib,
+        _ => return None,
+    })
+}
+
+/// `vcpu.<n>.<f>` (`state` is an enum, signed).
+fn vcpu_field(v: &mut VcpuStats, f: &str, value: &str) {
+    let num = || value.parse::<u64>().ok();
+    match f {
+        "state" => v.state = value.parse().ok(),
+        "time" => v.time_ns = num(),
+        "wait" => v.wait_ns = num(),
+        "delay" => v.delay_ns = num(),
+        _ => {}
+    }
+}
+
+/// `net.<n>.<f>`, the counters.
+fn net_slot<'a>(n: &'a mut NetStats, f: &str) -> Option<&'a mut Option<u64>> {
+    Some(match f {
+        "rx.bytes" => &mut n.rx_bytes,
+        "rx.pkts" => &mut n.rx_packets,
+        "rx.errs" => &mut n.rx_errors,
+        "rx.drop" => &mut n.rx_dropped,
+        "tx.bytes" => &mut n.tx_bytes,
+        "tx.pkts" => &mut n.tx_packets,
+        "tx.errs" => &mut n.tx_errors,
+        "tx.drop" => &mut n.tx_dropped,
+        _ => return None,
+    })
+}
+
+/// `block.<n>.<f>`, the counters.
+fn block_slot<'a>(b: &'a mut BlockStats, f: &str) -> Option<&'a mut Option<u64>> {
+    Some(match f {
+        "rd.reqs" => &mut b.rd_reqs,
+        "rd.bytes" => &mut b.rd_bytes,
+        "rd.times" => &mut b.rd_times_ns,
+        "wr.reqs" => &mut b.wr_reqs,
+        "wr.bytes" => &mut b.wr_bytes,
+        "wr.times" => &mut b.wr_times_ns,
+        "fl.reqs" => &mut b.fl_reqs,
+        "fl.times" => &mut b.fl_times_ns,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -516,6 +570,35 @@ mod tests {
         assert_eq!(
             parse_domstats("error: failed\n", &BTreeMap::new()),
             Err(StatsError::NoDomain)
+        );
+    }
+
+    /// The launcher's path: libvirt's typed parameters as pairs read as virsh's text does.
+    #[test]
+    fn fields_read_as_pairs_equal_virshs_text() {
+        let aliases = BTreeMap::from([("tap0".to_string(), "default".to_string())]);
+        let pairs: Vec<(String, String)> = SAMPLE
+            .lines()
+            .filter_map(|l| l.trim().split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let from_text = parse_domstats(SAMPLE, &aliases).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(stats_from_fields(pairs, &aliases), from_text);
+        assert_eq!(from_text.nets[0].alias.as_deref(), Some("default"));
+        let s = stats_from_fields(
+            [
+                ("vcpu.0.time", "9"),
+                ("vcpu.0.state", "1"),
+                ("block.0.name", "vdb"),
+                ("block.0.rd.bytes", "512"),
+                ("state.state", "1"),
+            ],
+            &BTreeMap::new(),
+        );
+        assert_eq!((s.vcpus[0].time_ns, s.vcpus[0].state), (Some(9), Some(1)));
+        assert_eq!(
+            (s.blocks[0].name.as_str(), s.blocks[0].rd_bytes),
+            ("vdb", Some(512))
         );
     }
 

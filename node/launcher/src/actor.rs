@@ -2,7 +2,9 @@
 //! connection and the domain; async code talks to it through [`DomainHandle`], which
 //! sends commands with a oneshot reply. The thread also polls the domain state and
 //! publishes it on a `watch` channel (a poll every 100 ms is cheap and does not need
-//! libvirt's event loop thread).
+//! libvirt's event loop thread). The domain's statistics are only located here
+//! ([`StatsSource`]); they are read on a thread and connection of their own
+//! ([`crate::stats`]), so a QEMU that does not answer cannot stall this thread.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,10 +23,11 @@ use virt::enumutil::Enum;
 use virt_domain::protocol::{
     DomainState, MigrationMode, MigrationProgress, MigrationStatus, VmiAction,
 };
-use virt_domain::stats::{DomainStats, MigrationJobStats, parse_domstats};
+use virt_domain::stats::{DomainStats, MigrationJobStats};
 
 use crate::agent::{GuestShared, LibvirtAgent};
 use crate::daemon::{DaemonError, PrivateDaemon};
+use crate::stats::StatsReader;
 
 /// Errors from the libvirt thread.
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +55,10 @@ pub enum LibvirtError {
     Gone,
 }
 
-fn call<T>(op: &'static str, r: Result<T, virt::error::Error>) -> Result<T, LibvirtError> {
+pub(crate) fn call<T>(
+    op: &'static str,
+    r: Result<T, virt::error::Error>,
+) -> Result<T, LibvirtError> {
     r.map_err(|e| LibvirtError::Call {
         op,
         message: e.message().to_string(),
@@ -178,6 +184,8 @@ pub struct DomainHandle {
     versions: Versions,
     guest: Arc<GuestShared>,
     hotplugged: Arc<std::sync::Mutex<Vec<HotpluggedDisk>>>,
+    /// Reads the statistics off the libvirt thread ([`crate::stats`]).
+    stats: StatsReader,
 }
 
 /// A change of the guest's hotplugged disks (see [`DomainHandle::hotplug`]).
@@ -215,6 +223,7 @@ impl DomainHandle {
     pub async fn spawn_with(
         make: impl FnOnce(Arc<GuestShared>) -> Result<Box<dyn Backend>, LibvirtError> + Send + 'static,
     ) -> Result<Self, LibvirtError> {
+        let stats = StatsReader::spawn()?;
         let (tx, rx) = mpsc::channel();
         let (state_tx, state) = watch::channel(Observed::default());
         let (mig_tx, migration) = watch::channel(MigrationStatus::Idle);
@@ -236,6 +245,7 @@ impl DomainHandle {
             versions,
             guest,
             hotplugged: Arc::default(),
+            stats,
         })
     }
 
@@ -315,11 +325,14 @@ impl DomainHandle {
     pub async fn pause(&self) -> Result<(), LibvirtError> {
         self.act(VmiAction::Pause).await
     }
-    /// The running domain's statistics (`virsh domstats`, see [`StatsSource`]), or an
-    /// error when no domain runs here; given up after `timeout`, so a hung QEMU or daemon
-    /// cannot hold a scrape.
+    /// The running domain's statistics (libvirt's `virDomainListGetStats`, read on the
+    /// statistics thread: [`crate::stats`]), or an error when no domain runs here; given up
+    /// after `timeout`, so a hung QEMU or daemon cannot hold a scrape.
     pub async fn stats(&self, timeout: Duration) -> Result<DomainStats, LibvirtError> {
-        let read = async { self.stats_source().await?.read().await };
+        let read = async {
+            let src = self.stats_source().await?;
+            self.stats.read(&src).await
+        };
         tokio::time::timeout(timeout, read)
             .await
             .map_err(|_| LibvirtError::Call {
@@ -466,7 +479,7 @@ pub trait Backend: Send {
         false
     }
     /// Where the running domain's statistics are read from (the reading itself happens
-    /// off this thread).
+    /// on the statistics thread, [`crate::stats`]).
     fn stats_source(&mut self) -> Result<StatsSource, LibvirtError> {
         Err(LibvirtError::Call {
             op: "domain stats",
@@ -790,47 +803,6 @@ pub struct StatsSource {
     pub aliases: BTreeMap<String, String>,
     /// The outgoing migration job's latest figures, while one runs.
     pub migration: Option<MigrationJobStats>,
-}
-
-impl StatsSource {
-    /// Runs `virsh domstats --raw` (libvirt's own client of virConnectGetAllDomainStats,
-    /// the call KubeVirt reads; the `virt` crate leaves its records unbound and this
-    /// workspace forbids unsafe code) and parses its output. The child is killed when
-    /// this future is dropped (the caller's timeout).
-    pub async fn read(&self) -> Result<DomainStats, LibvirtError> {
-        let out = tokio::process::Command::new("virsh")
-            .args(["-c", &self.uri, "domstats", "--raw"])
-            // Only what KubeVirt's metrics read: no perf events, no IOThreads.
-            .args([
-                "--cpu-total",
-                "--balloon",
-                "--vcpu",
-                "--interface",
-                "--block",
-            ])
-            .arg(&self.domain)
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .output()
-            .await
-            .map_err(|e| LibvirtError::Call {
-                op: "domain stats",
-                message: format!("running virsh: {e}"),
-            })?;
-        if !out.status.success() {
-            return Err(virsh_failure(
-                "domain stats",
-                &String::from_utf8_lossy(&out.stderr),
-            ));
-        }
-        let mut stats = parse_domstats(&String::from_utf8_lossy(&out.stdout), &self.aliases)
-            .map_err(|e| LibvirtError::Call {
-                op: "domain stats",
-                message: e.to_string(),
-            })?;
-        stats.migration = self.migration.clone();
-        Ok(stats)
-    }
 }
 
 /// Our progress figures from libvirt's job statistics.

@@ -16,6 +16,7 @@ pub mod network;
 pub mod probe;
 pub mod reaper;
 pub mod relay;
+pub mod stats;
 pub mod volumes;
 
 pub use launcher::{Config, LauncherError, Outcome, run};
