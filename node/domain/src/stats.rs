@@ -40,6 +40,14 @@ pub struct DomainStats {
     /// The outgoing migration's job, while one runs here (the source).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<MigrationJobStats>,
+    /// `dirtyrate.megabytes_per_second` of the last finished measurement
+    /// (`dirtyrate.calc_status` 2; libvirt's MiB per second).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dirty_rate_mib_per_second: Option<u64>,
+    /// How many (vCPU, host CPU) pairs the vCPUs may run on (`virDomainGetVcpuPinInfo`: the
+    /// set bits of every vCPU's map), KubeVirt's `kubevirt_vmi_node_cpu_affinity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_affinity: Option<u64>,
 }
 
 /// One guest file system (`guest-get-fsinfo`), with KubeVirt's names for its fields.
@@ -296,6 +304,8 @@ struct Families {
     vcpus: BTreeMap<u32, VcpuStats>,
     nets: BTreeMap<u32, NetStats>,
     blocks: BTreeMap<u32, BlockStats>,
+    /// `dirtyrate.calc_status` (2: measured) and `dirtyrate.megabytes_per_second`.
+    dirty_rate: (Option<u64>, Option<u64>),
 }
 
 impl Families {
@@ -339,6 +349,8 @@ impl Families {
                     *slot = num;
                 }
             }
+            (Some("dirtyrate"), Some("calc_status"), None) => self.dirty_rate.0 = num,
+            (Some("dirtyrate"), Some("megabytes_per_second"), None) => self.dirty_rate.1 = num,
             _ => {}
         }
     }
@@ -366,6 +378,12 @@ impl Families {
                     ..b
                 })
                 .collect(),
+            // libvirt's VIR_DOMAIN_DIRTYRATE_MEASURED: a rate still measuring (or never
+            // measured) reads 0, which is no rate.
+            dirty_rate_mib_per_second: match self.dirty_rate {
+                (Some(2), rate) => rate,
+                _ => None,
+            },
             ..self.stats
         }
     }
@@ -610,6 +628,27 @@ mod tests {
         );
         assert_eq!(MigrationJobStats::dirty_rate_bytes(Some(1500), None), None);
         assert_eq!(MigrationJobStats::dirty_rate_bytes(None, Some(4096)), None);
+    }
+
+    #[test]
+    fn the_dirty_rate_counts_once_measured() {
+        let none = BTreeMap::new();
+        let read = |status: &str| {
+            stats_from_fields(
+                [
+                    ("dirtyrate.calc_status", status),
+                    ("dirtyrate.calc_start_time", "348414"),
+                    ("dirtyrate.calc_period", "1"),
+                    ("dirtyrate.megabytes_per_second", "12"),
+                ],
+                &none,
+            )
+            .dirty_rate_mib_per_second
+        };
+        assert_eq!(read("2"), Some(12));
+        // Measuring: libvirt reports the rate as 0 until the period ends.
+        assert_eq!(read("1"), None);
+        assert_eq!(read("0"), None);
     }
 
     #[test]

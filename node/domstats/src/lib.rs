@@ -79,6 +79,64 @@ pub fn domain_stats(
         .collect())
 }
 
+/// Starts libvirt's measurement of the guest's memory dirty rate over `seconds` (QEMU's
+/// page sampling, `virDomainStartDirtyRateCalc`); the result appears in the `dirtyrate.*`
+/// statistics ([`domain_stats`] with `VIR_DOMAIN_STATS_DIRTYRATE`) once it is done.
+pub fn start_dirty_rate_calc(domain: &Domain, seconds: i32) -> Result<(), StatsError> {
+    // SAFETY: the pointer is used only during the call below, while `domain` (borrowed for
+    // this whole function) holds its reference.
+    let dom = unsafe { domain.as_ptr() };
+    // SAFETY: a live domain; the call takes plain integers and keeps no pointer.
+    let rc = unsafe {
+        sys::virDomainStartDirtyRateCalc(dom, seconds, sys::VIR_DOMAIN_DIRTYRATE_MODE_PAGE_SAMPLING)
+    };
+    if rc < 0 {
+        return Err(StatsError::Libvirt(virt::error::Error::last_error()));
+    }
+    Ok(())
+}
+
+/// Which of the host's `host_cpus` CPUs each of the domain's `vcpus` vCPUs may run on
+/// (`virDomainGetVcpuPinInfo`): one row per vCPU, one flag per host CPU.
+pub fn vcpu_pin_info(
+    domain: &Domain,
+    vcpus: usize,
+    host_cpus: usize,
+) -> Result<Vec<Vec<bool>>, StatsError> {
+    let maplen = host_cpus.div_ceil(8).max(1);
+    let mut maps = vec![0u8; vcpus * maplen];
+    let (Ok(n), Ok(len)) = (i32::try_from(vcpus), i32::try_from(maplen)) else {
+        return Ok(Vec::new());
+    };
+    // SAFETY: the pointer is used only during the call below, while `domain` (borrowed for
+    // this whole function) holds its reference.
+    let dom = unsafe { domain.as_ptr() };
+    // SAFETY: `maps` holds `vcpus` maps of `maplen` bytes, the sizes passed; libvirt writes
+    // at most that many and keeps no pointer.
+    let filled = unsafe {
+        sys::virDomainGetVcpuPinInfo(
+            dom,
+            n,
+            maps.as_mut_ptr(),
+            len,
+            sys::VIR_DOMAIN_AFFECT_CURRENT,
+        )
+    };
+    if filled < 0 {
+        return Err(StatsError::Libvirt(virt::error::Error::last_error()));
+    }
+    let filled = usize::try_from(filled).unwrap_or(0).min(vcpus);
+    Ok(maps
+        .chunks(maplen)
+        .take(filled)
+        .map(|map| {
+            (0..host_cpus)
+                .map(|cpu| map[cpu / 8] & (1 << (cpu % 8)) != 0)
+                .collect()
+        })
+        .collect())
+}
+
 /// libvirt's record list, freed on drop.
 struct Records {
     /// NULL-terminated array of `len` records, owned by us (from virDomainListGetStats).
@@ -243,6 +301,19 @@ mod tests {
         dom.destroy().expect("destroy");
         let e = domain_stats(&dom, sys::VIR_DOMAIN_STATS_STATE, 0).expect_err("gone");
         assert!(matches!(e, StatsError::NoRecord), "{e:?}");
+    }
+
+    #[test]
+    fn the_test_domains_vcpus_may_run_anywhere() {
+        let (conn, dom) = test_domain();
+        let host = conn.node_info().expect("node info").cpus as usize;
+        let vcpus = dom.info().expect("info").nr_virt_cpu as usize;
+        let maps = vcpu_pin_info(&dom, vcpus, host).expect("pin info");
+        assert_eq!(maps.len(), vcpus);
+        assert!(
+            maps.iter().all(|m| m.len() == host && m.iter().any(|b| *b)),
+            "{maps:?}"
+        );
     }
 
     #[test]

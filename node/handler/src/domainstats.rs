@@ -121,6 +121,8 @@ descs! {
     STORAGE_FLUSH_TIMES = counter("kubevirt_vmi_storage_flush_times_seconds_total", "Total time spent on cache flushing.", ["drive"]);
     FILESYSTEM_CAPACITY = gauge("kubevirt_vmi_filesystem_capacity_bytes", "Total VM filesystem capacity in bytes.", ["disk_name", "mount_point", "file_system_type"]);
     FILESYSTEM_USED = gauge("kubevirt_vmi_filesystem_used_bytes", "Used VM filesystem capacity in bytes.", ["disk_name", "mount_point", "file_system_type"]);
+    DIRTY_RATE = gauge("kubevirt_vmi_dirty_rate_bytes_per_second", "Guest dirty-rate in bytes per second.", []);
+    NODE_CPU_AFFINITY = gauge("kubevirt_vmi_node_cpu_affinity", "Number of VMI CPU affinities to node physical cores.", []);
     MIGRATION_DATA_TOTAL = counter("kubevirt_vmi_migration_data_total_bytes", "The total Guest OS data to be migrated to the new VM.", []).migration();
     MIGRATION_DATA_REMAINING = gauge("kubevirt_vmi_migration_data_remaining_bytes", "The remaining guest OS data to be migrated to the new VM.", []).migration();
     MIGRATION_DATA_PROCESSED = gauge("kubevirt_vmi_migration_data_processed_bytes", "The total Guest OS data processed and migrated to the new VM.", []).migration();
@@ -289,6 +291,13 @@ fn vmi_samples(id: &VmiIdentity, s: &DomainStats) -> Vec<(&'static Desc, Sample)
         push(&FILESYSTEM_CAPACITY, &l, count(Some(f.total_bytes)));
         push(&FILESYSTEM_USED, &l, count(Some(f.used_bytes)));
     }
+    // libvirt's MiB per second, as KubeVirt converts it.
+    push(
+        &DIRTY_RATE,
+        &[],
+        s.dirty_rate_mib_per_second.map(|m| m as f64 * 1048576.0),
+    );
+    push(&NODE_CPU_AFFINITY, &[], count(s.cpu_affinity));
     if let Some(j) = &s.migration {
         push(&MIGRATION_DATA_TOTAL, &[], count(j.data_total_bytes));
         push(
@@ -388,6 +397,8 @@ mod tests {
                 total_bytes: 2_000_000_000,
             }],
             migration: None,
+            dirty_rate_mib_per_second: Some(3),
+            cpu_affinity: Some(2),
         }
     }
 
@@ -406,6 +417,14 @@ mod tests {
     fn units_are_seconds_and_bytes_and_labels_are_kubevirts() {
         let fams = families(&[(id("a"), stats())]);
         let vmi = [("node", "vm"), ("namespace", "default"), ("name", "a")];
+        assert_eq!(
+            value(&fams, "kubevirt_vmi_dirty_rate_bytes_per_second", &vmi),
+            Some(3.0 * 1048576.0)
+        );
+        assert_eq!(
+            value(&fams, "kubevirt_vmi_node_cpu_affinity", &vmi),
+            Some(2.0)
+        );
         assert_eq!(
             value(&fams, "kubevirt_vmi_cpu_usage_seconds_total", &vmi),
             Some(2.5)

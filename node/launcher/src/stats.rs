@@ -22,12 +22,16 @@ use virt_domain::stats::{DomainStats, stats_from_fields};
 use crate::actor::{LibvirtError, StatsSource};
 
 /// The families KubeVirt's metrics read (what `virsh domstats --cpu-total --balloon
-/// --vcpu --interface --block` asks for): no perf events, no IOThreads.
+/// --vcpu --interface --block --dirtyrate` asks for): no perf events, no IOThreads.
 const FAMILIES: u32 = sys::VIR_DOMAIN_STATS_CPU_TOTAL
     | sys::VIR_DOMAIN_STATS_BALLOON
     | sys::VIR_DOMAIN_STATS_VCPU
     | sys::VIR_DOMAIN_STATS_INTERFACE
-    | sys::VIR_DOMAIN_STATS_BLOCK;
+    | sys::VIR_DOMAIN_STATS_BLOCK
+    | sys::VIR_DOMAIN_STATS_DIRTYRATE;
+
+/// Seconds one dirty-rate measurement samples the guest's memory (KubeVirt's: 1 s).
+const DIRTY_RATE_PERIOD: i32 = 1;
 
 /// Requests that may wait behind the one being read. Scrapes come one at a time per
 /// launcher; more waiting means the thread is stuck.
@@ -35,8 +39,12 @@ const QUEUE: usize = 4;
 
 const OP: &str = "domain stats";
 
-/// The statistics thread's libvirt parameters by name, each value as virsh prints it.
-type Fields = Vec<(String, String)>;
+/// What one read on the statistics thread gives: libvirt's parameters by name, each value
+/// as virsh prints it, and the vCPUs' CPU affinity count.
+struct Fields {
+    fields: Vec<(String, String)>,
+    cpu_affinity: Option<u64>,
+}
 
 /// Sends reads to the statistics thread; the thread ends when the last clone is dropped.
 #[derive(Clone, Debug)]
@@ -80,9 +88,10 @@ impl StatsReader {
             },
             mpsc::TrySendError::Disconnected(_) => LibvirtError::Gone,
         })?;
-        let fields = answer.await.map_err(|_| LibvirtError::Gone)??;
-        let mut stats = stats_from_fields(fields, &src.aliases);
+        let read = answer.await.map_err(|_| LibvirtError::Gone)??;
+        let mut stats = stats_from_fields(read.fields, &src.aliases);
         stats.migration = src.migration.clone();
+        stats.cpu_affinity = read.cpu_affinity;
         Ok(stats)
     }
 }
@@ -109,6 +118,11 @@ struct Session {
     uri: String,
     conn: Connect,
     domain: Option<(String, Domain)>,
+    /// The host's CPUs (the length of a vCPU's affinity map).
+    host_cpus: Option<usize>,
+    /// A dirty-rate measurement was refused (an old QEMU): not asked again on this
+    /// connection.
+    no_dirty_rate: bool,
 }
 
 fn read(session: &mut Option<Session>, uri: &str, name: &str) -> Result<Fields, LibvirtError> {
@@ -124,6 +138,8 @@ fn read(session: &mut Option<Session>, uri: &str, name: &str) -> Result<Fields, 
             uri: uri.to_string(),
             conn: crate::actor::call("connect (statistics)", Connect::open(Some(uri)))?,
             domain: None,
+            host_cpus: None,
+            no_dirty_rate: false,
         });
     }
     let Some(s) = session.as_mut() else {
@@ -138,15 +154,53 @@ fn read(session: &mut Option<Session>, uri: &str, name: &str) -> Result<Fields, 
         FAMILIES,
         sys::VIR_CONNECT_GET_ALL_DOMAINS_STATS_NOWAIT,
     );
+    let fields: Vec<(String, String)> = match fields {
+        Ok(f) => f.into_iter().map(|(k, v)| (k, v.to_string())).collect(),
+        Err(e) => {
+            s.domain = Some((name.to_string(), domain));
+            return Err(LibvirtError::Call {
+                op: OP,
+                message: e.to_string(),
+            });
+        }
+    };
+    next_dirty_rate(s, &domain, &fields);
+    let cpu_affinity = cpu_affinity(s, &domain, &fields);
     s.domain = Some((name.to_string(), domain));
-    let fields = fields.map_err(|e| LibvirtError::Call {
-        op: OP,
-        message: e.to_string(),
-    })?;
-    Ok(fields
-        .into_iter()
-        .map(|(k, v)| (k, v.to_string()))
-        .collect())
+    Ok(Fields {
+        fields,
+        cpu_affinity,
+    })
+}
+
+/// Starts the next dirty-rate measurement unless one is running, so the next read has a
+/// rate at most a period old; a read never waits for one (KubeVirt's launcher samples for
+/// a second inside the scrape).
+fn next_dirty_rate(s: &mut Session, domain: &Domain, fields: &[(String, String)]) {
+    let measuring = fields
+        .iter()
+        .any(|(k, v)| k == "dirtyrate.calc_status" && v == "1");
+    if measuring || s.no_dirty_rate {
+        return;
+    }
+    if let Err(e) = virt_domstats::start_dirty_rate_calc(domain, DIRTY_RATE_PERIOD) {
+        tracing::debug!(error = %e, "no dirty-rate measurement on this connection");
+        s.no_dirty_rate = true;
+    }
+}
+
+/// The set bits of the vCPUs' affinity maps, as KubeVirt counts them; `None` when libvirt
+/// does not say.
+fn cpu_affinity(s: &mut Session, domain: &Domain, fields: &[(String, String)]) -> Option<u64> {
+    let vcpus: usize = fields
+        .iter()
+        .find(|(k, _)| k == "vcpu.current")
+        .and_then(|(_, v)| v.parse().ok())?;
+    if s.host_cpus.is_none() {
+        s.host_cpus = s.conn.node_info().ok().map(|n| n.cpus as usize);
+    }
+    let maps = virt_domstats::vcpu_pin_info(domain, vcpus, s.host_cpus?).ok()?;
+    Some(maps.iter().flatten().filter(|b| **b).count() as u64)
 }
 
 #[cfg(test)]

@@ -800,6 +800,22 @@ fn assert_stats_of_every_family(l: &Launcher) {
         assert!(nic[counter].as_u64() > Some(0), "{counter}: {nic}");
     }
     assert_eq!(nic["rxErrors"].as_u64(), Some(0), "{nic}");
+    // Unpinned: the vCPU may run on the host's CPUs.
+    assert!(s["cpuAffinity"].as_u64() > Some(0), "CPU affinity: {s}");
+    // The first read started a dirty-rate measurement (1 s of page sampling); a read
+    // after it has the rate.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        std::thread::sleep(Duration::from_millis(1500));
+        let r = cmd(&l.cmd_socket(), r#"{"op":"getStats"}"#);
+        if r["stats"]["dirtyRateMibPerSecond"].as_u64().is_some() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no dirty rate measured: {r}"
+        );
+    }
 }
 
 #[test]
