@@ -299,11 +299,15 @@ fn a_vm_seen_through_promql_from_start_to_deletion() {
         format!("kubevirt_vmi_vnic_info{{{sel},network=\"pod networking\"}}"),
         format!("kubevirt_vm_vnic_info{{{sel},network=\"pod networking\"}}"),
         format!("kubevirt_vmi_launcher_memory_overhead_bytes{{{sel}}}"),
+        format!("kubevirt_vmi_node_cpu_affinity{{{sel}}}"),
     ] {
         wait_query(&q, &q, Duration::from_secs(90), |r| {
             r.len() == 1 && r[0].1 > 0.0
         });
     }
+    // The guest's dirty rate: measured between scrapes (an idle guest's may be 0).
+    let q = format!("kubevirt_vmi_dirty_rate_bytes_per_second{{{sel}}}");
+    wait_query(&q, &q, Duration::from_secs(90), |r| r.len() == 1);
 
     // The network receive counter rises by at least what was sent to the guest.
     let ip = ns.get("vmi", vm, "{.status.interfaces[0].ipAddress}");
