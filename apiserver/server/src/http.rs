@@ -779,6 +779,9 @@ async fn route(
         }
         let accept =
             request::parse_accept(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
+        // A create's options are checked as for any create (dryRun, fieldValidation,
+        // fieldManager: 400/422 for a bad one); nothing is stored, so none changes more.
+        write_options(query, agent, false, actor, requester)?;
         let body = read_object_body(st, def, req).await?;
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -78,6 +78,26 @@ pub fn desired_replicas(scale: &Value) -> Result<i32, Vec<FieldError>> {
     }
 }
 
+/// A written Scale must be one: `autoscaling/v1` `Scale` where it says (kube-apiserver's
+/// decoder refuses another type with a 400), a JSON object.
+fn check_type(scale: &Value) -> ApiResult<()> {
+    if !scale.is_object() {
+        return Err(ApiError::bad_request("a Scale must be a JSON object"));
+    }
+    for (field, want) in [("apiVersion", "autoscaling/v1"), ("kind", KIND)] {
+        match scale.get(field) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(v)) if v == want || v.is_empty() => {}
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "{field} {other} in the body: a /scale write takes an autoscaling/v1 Scale"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// How a `/scale` write changes the Scale.
 #[derive(Debug)]
 pub enum Change {
@@ -137,6 +157,23 @@ pub async fn write(
                     s
                 }
             };
+            check_type(&scale)?;
+            // kube-apiserver validates a replaced Scale's metadata like any object's.
+            let named = scale
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty());
+            if matches!(change, Change::Replace(_)) && !named {
+                return Err(ApiError::invalid(
+                    KIND,
+                    GROUP,
+                    name,
+                    &[FieldError::required(
+                        "metadata.name",
+                        "name or generateName is required",
+                    )],
+                ));
+            }
             if let Some(n) = scale.pointer("/metadata/name").and_then(Value::as_str)
                 && !n.is_empty()
                 && n != name

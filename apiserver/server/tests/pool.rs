@@ -151,6 +151,28 @@ async fn pools_and_replica_sets_are_served_with_scale() {
         )
         .await;
         assert_eq!(code, 409);
+        // Not a Scale (found by `cargo xtask fuzz`): 400; a Scale without a name: 422.
+        for (body, want) in [
+            (
+                json!({"apiVersion": "apps/v1", "kind": null, "spec": null}),
+                400,
+            ),
+            (
+                json!({"apiVersion": "autoscaling/v1", "kind": "Deployment"}),
+                400,
+            ),
+            (json!({"spec": {"replicas": 1}}), 422),
+        ] {
+            let (code, status) = json_of(
+                c.put(format!("{coll}/web/scale?dryRun=All"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await;
+            assert_eq!(code, want, "{body}: {status}");
+        }
 
         // A merge patch of /scale, as `kubectl scale --replicas=1` sends it.
         let (code, patched) = json_of(

@@ -139,6 +139,14 @@ async fn upload_tokens_and_the_proxy_stream_an_image_into_the_claims_server() {
     );
     let r = c.get(&tokens).send().await.unwrap();
     assert_eq!(r.status(), 405, "nothing to list");
+    // A create's options are checked as any create's (found by `cargo xtask fuzz`).
+    let r = c
+        .post(format!("{tokens}?fieldValidation=AAA"))
+        .json(&token_request("disk"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "a bad fieldValidation");
     // Not an upload target, missing, or no claim named: 422 saying what to do.
     for (pvc, words) in [
         ("plain", "is not an upload target"),
