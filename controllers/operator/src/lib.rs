@@ -11,6 +11,7 @@ pub mod instancetypes;
 pub mod kubevirt;
 pub mod metrics;
 pub mod monitoring;
+pub mod params;
 pub mod policy;
 pub mod reconcile;
 pub mod render;
