@@ -6,6 +6,7 @@
 pub mod cdi;
 pub mod etcd_evacuation;
 pub mod etcd_members;
+pub mod etcd_membership;
 pub mod install;
 pub mod instancetypes;
 pub mod kubevirt;
