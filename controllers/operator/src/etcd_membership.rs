@@ -10,9 +10,10 @@ use kube::api::{Api, ListParams, Patch};
 use kube::runtime::events::EventType;
 use kube::{Client, ResourceExt};
 
+use crate::certs_step::Certs;
 use crate::kubevirt::KubeVirt;
 use crate::params::EtcdLayout;
-use crate::reconcile::{Certs, Ctx, Error, pp};
+use crate::reconcile::{Ctx, Error, pp};
 use crate::render::NAMESPACE;
 use crate::render::etcd::{self, EtcdStorage};
 use crate::{etcd_evacuation, etcd_members, rotation, status};

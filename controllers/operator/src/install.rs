@@ -72,7 +72,7 @@ const ALL: &[&str] = &[
 fn cluster_rules() -> Vec<PolicyRule> {
     // Uninstalling counts and, by uninstallStrategy, deletes the workloads (in their groups).
     let workloads = render::rules_by_group(
-        crate::reconcile::WORKLOADS,
+        crate::kubevirt::WORKLOADS,
         "",
         &["get", "list", "delete", "deletecollection"],
     );

@@ -4,6 +4,8 @@
 //! operator, `gen-manifests` and `cargo xtask deploy` all render from it.
 
 pub mod cdi;
+pub mod cdi_step;
+pub mod certs_step;
 pub mod etcd_evacuation;
 pub mod etcd_members;
 pub mod etcd_membership;

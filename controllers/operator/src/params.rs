@@ -10,8 +10,9 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use kubevirt_api::eviction::EvictionStrategy;
 use sha2::{Digest, Sha256};
 
+use crate::certs_step::Certs;
 use crate::kubevirt::KubeVirt;
-use crate::reconcile::{Certs, Error};
+use crate::reconcile::Error;
 use crate::render::components;
 use crate::render::etcd::{self, EtcdParams, EtcdStorage};
 use crate::render::{self, ClusterAuth, EtcdMode, Params, Placement};

@@ -20,11 +20,14 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use kubevirt_api::catalogue;
 use tokio_util::sync::CancellationToken;
 
+use crate::cdi_step::{cdi_config, cdi_state, remove_cdi_apiservices, upload_token_key};
+use crate::certs_step::{certificates, rotation_note};
 use crate::etcd_membership::{Found, etcd_membership, etcd_storage, member_service_ips};
-use crate::kubevirt::{BLOCK_UNINSTALL, FINALIZER, KubeVirt, REMOVE_WORKLOADS};
+use crate::kubevirt::{
+    BLOCK_UNINSTALL, FINALIZER, KubeVirt, REMOVE_WORKLOADS, WORKLOADS, workload_resource,
+};
 use crate::metrics::Metrics;
 use crate::params::{
     default_etcd_members, emulation_allowed, etcd_layout, etcd_members, eviction_strategy,
@@ -35,7 +38,7 @@ use crate::policy::CertPolicy;
 use crate::render::components::{self, HandlerTls};
 use crate::render::etcd::{self, EtcdParams, EtcdStorage, EtcdTls};
 use crate::render::{self, ClusterAuth, EtcdMode, NAMESPACE, Params, Tls};
-use crate::rotation::{self, CaStep, Decision, Domain};
+use crate::rotation::{self, Domain};
 use crate::status::{self, Defaults, Observed};
 use crate::{cdi, etcd_evacuation, etcd_members, instancetypes, monitoring};
 
@@ -243,85 +246,6 @@ async fn api_layer_available(client: &Client) -> bool {
     true
 }
 
-/// Whether a real CDI is installed, and what that means for the APIServices of CDI's groups
-/// (crate::cdi), read once per reconcile.
-#[derive(Debug)]
-struct CdiState {
-    /// CDI's DataVolume CRD exists.
-    installed: bool,
-    /// Each APIService of CDI's groups that virt-apiserver serves: its step, and the uid of
-    /// the one there now.
-    steps: BTreeMap<String, (cdi::ApiServiceStep, Option<String>)>,
-}
-
-impl CdiState {
-    /// Whether the APIService `name` is applied (every one outside CDI's groups is).
-    fn applies(&self, name: &str) -> bool {
-        self.steps
-            .get(name)
-            .is_none_or(|(s, _)| *s == cdi::ApiServiceStep::Apply)
-    }
-
-    /// The names of the APIServices virt-apiserver serves on this cluster: those applied.
-    fn served(&self) -> Vec<String> {
-        render::api_services()
-            .into_iter()
-            .map(|(g, v)| render::api_service_name(g, v))
-            .filter(|n| self.applies(n))
-            .collect()
-    }
-
-    /// What the DataVolume controller and the status follow.
-    fn plan(&self) -> cdi::Plan {
-        cdi::decide(self.installed, None)
-    }
-}
-
-async fn cdi_state(client: &Client) -> Result<CdiState, kube::Error> {
-    let installed = crate::kubevirt::crd_exists(client, cdi::DATAVOLUME_CRD).await?;
-    let apis: Api<APIService> = Api::all(client.clone());
-    let mut steps = BTreeMap::new();
-    for (group, version) in render::api_services() {
-        if !cdi::is_cdi_group(group) {
-            continue;
-        }
-        let name = render::api_service_name(group, version);
-        let existing = apis.get_opt(&name).await?;
-        let step = cdi::decide(installed, existing.as_ref()).apiservice;
-        steps.insert(name, (step, existing.and_then(|a| a.metadata.uid)));
-    }
-    Ok(CdiState { installed, steps })
-}
-
-/// Deletes the installation's own APIServices of CDI's groups once CDI is installed
-/// ([`cdi::ApiServiceStep::DeleteOurs`]; exactly the object judged ours, by uid):
-/// kube-apiserver then makes its local one for CDI's CRD.
-async fn remove_cdi_apiservices(client: &Client, coexist: &CdiState) -> Result<(), Error> {
-    let apis: Api<APIService> = Api::all(client.clone());
-    for (name, (step, uid)) in &coexist.steps {
-        if *step != cdi::ApiServiceStep::DeleteOurs {
-            continue;
-        }
-        let dp = DeleteParams {
-            preconditions: Some(kube::api::Preconditions {
-                uid: uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::background()
-        };
-        match apis.delete(name, &dp).await {
-            Ok(_) => tracing::info!(
-                apiservice = %name,
-                crd = cdi::DATAVOLUME_CRD,
-                "CDI is installed: deleted our APIService, kube-apiserver serves CDI's DataVolumes"
-            ),
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
 /// Makes every cluster-scoped object (APIServices, ClusterRoles, ClusterRoleBindings) and
 /// every object outside the install namespace (the RoleBinding in kube-system) a dependent
 /// of the KubeVirt CRD, a cluster-scoped object of manifests/virt-operator.yaml: they
@@ -482,215 +406,6 @@ async fn cluster_auth(client: &Client) -> Result<ClusterAuth, Error> {
         requestheader_ca,
         allowed_names: names.join(","),
     })
-}
-
-/// Certificates of the installation after this reconcile's rotation step
-/// ([`crate::rotation`]): the leaf material to render, and what changed.
-pub(crate) struct Certs {
-    pub(crate) serving: Tls,
-    pub(crate) handler: HandlerTls,
-    pub(crate) etcd: EtcdTls,
-    /// The etcd domain as stored after rotation: its CA signs virt-operator's own client
-    /// certificate for membership changes.
-    pub(crate) etcd_state: rotation::DomainState,
-    /// caBundle of the APIServices: the serving trust bundle (every serving CA still valid, so
-    /// a CA rotation never leaves kube-apiserver unable to verify a replica).
-    pub(crate) bundle: String,
-    /// Per domain that changed: what was decided, and whether leaves existed before (a first
-    /// install is no rotation).
-    pub(crate) changes: Vec<(Domain, Decision, bool)>,
-    /// When the next certificate or CA step is due (`None` with an invalid strategy).
-    pub(crate) next_due: Option<time::OffsetDateTime>,
-}
-
-/// Creates CDIConfig `config` if it is missing (its spec is the administrator's) and writes
-/// its status: the upload proxy's URL and the CA its certificate chains to.
-async fn cdi_config(client: &Client, ca: &str) -> Result<(), Error> {
-    let k = &kubevirt_api::kinds::cdi_config::KIND;
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &workload_resource(k));
-    let name = kubevirt_api::cdi::config::NAME;
-    if api.get_opt(name).await?.is_none() {
-        let obj = serde_json::json!({"apiVersion": k.api_version(), "kind": k.kind,
-            "metadata": {"name": name}, "spec": {}});
-        let obj: DynamicObject =
-            serde_json::from_value(obj).map_err(|e| Error::Other(e.to_string()))?;
-        match api.create(&kube::api::PostParams::default(), &obj).await {
-            Ok(_) => tracing::info!("created CDIConfig config"),
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let status = serde_json::json!({"apiVersion": k.api_version(), "kind": k.kind,
-        "metadata": {"name": name},
-        "status": {"uploadProxyURL": render::upload_proxy_url(), "uploadProxyCA": ca}});
-    api.patch_status(name, &pp(), &Patch::Apply(&status))
-        .await?;
-    Ok(())
-}
-
-/// Makes the Secret of the upload-token key once: random bytes every virt-apiserver
-/// replica signs and verifies upload tokens with. Never rewritten (a new key would void the
-/// tokens in flight); deleting the Secret makes a new key at the next reconcile.
-async fn upload_token_key(client: &Client) -> Result<(), Error> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
-    if secrets
-        .get_opt(render::UPLOAD_TOKEN_SECRET)
-        .await?
-        .is_some()
-    {
-        return Ok(());
-    }
-    let key = kubevirt_api::cdi::upload::random_key_bytes()
-        .map_err(|_| Error::Other("no random bytes for the upload token key".into()))?;
-    let secret = Secret {
-        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-            name: Some(render::UPLOAD_TOKEN_SECRET.into()),
-            namespace: Some(NAMESPACE.into()),
-            labels: Some(render::part_of_labels(render::UPLOAD_TOKEN_SECRET)),
-            ..Default::default()
-        },
-        data: Some(std::collections::BTreeMap::from([(
-            render::UPLOAD_TOKEN_KEY.to_string(),
-            k8s_openapi::ByteString(key.to_vec()),
-        )])),
-        ..Secret::default()
-    };
-    match secrets
-        .create(&kube::api::PostParams::default(), &secret)
-        .await
-    {
-        Ok(_) => {
-            tracing::info!(
-                secret = render::UPLOAD_TOKEN_SECRET,
-                "made the upload token key"
-            );
-            Ok(())
-        }
-        // Another operator replica made it first.
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Reads each trust domain's CA Secret and leaf Secrets, decides and carries out its rotation
-/// step, and writes the CA Secrets (before any leaf signed by or bundle naming a new CA is
-/// written). `policy` is `None` with an invalid strategy: nothing existing is rotated.
-async fn certificates(
-    client: &Client,
-    etcd_hosts: &etcd::EtcdHosts,
-    policy: Option<&CertPolicy>,
-    now: time::OffsetDateTime,
-) -> Result<Certs, Error> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
-    let frozen = policy.is_none();
-    let policy = policy.copied().unwrap_or_default();
-    let previous_ca_bundle = Api::<APIService>::all(client.clone())
-        .get_opt(&format!("v1.{}", render::GROUP))
-        .await?
-        .and_then(|a| a.spec?.ca_bundle)
-        .and_then(|b| String::from_utf8(b.0).ok());
-    let mut states = BTreeMap::new();
-    let mut changes = Vec::new();
-    let mut next_due: Option<time::OffsetDateTime> = None;
-    for domain in Domain::ALL {
-        let specs = rotation::leaf_specs(domain, etcd_hosts);
-        let ca_stored = secrets.get_opt(domain.ca_secret()).await?;
-        let mut leaves = Vec::new();
-        for spec in &specs {
-            leaves.push(secrets.get_opt(spec.secret).await?);
-        }
-        let extra_trust = match domain {
-            Domain::Apiserver => previous_ca_bundle.iter().cloned().collect(),
-            Domain::Handler | Domain::Etcd => Vec::new(),
-        };
-        let r = rotation::rotate(
-            domain,
-            &specs,
-            ca_stored.as_ref(),
-            &leaves,
-            extra_trust,
-            &policy,
-            now,
-            frozen,
-        )?;
-        let desired = rotation::ca_secret(domain, &r.state.ca);
-        if rotation::ca_secret_differs(ca_stored.as_ref(), &desired) {
-            let s = serde_json::to_value(&desired).map_err(|e| Error::Other(e.to_string()))?;
-            secrets
-                .patch(domain.ca_secret(), &pp(), &Patch::Apply(&s))
-                .await?;
-        }
-        if !frozen && let Some(t) = rotation::next_due(&r.state, &policy) {
-            next_due = Some(next_due.map_or(t, |n| n.min(t)));
-        }
-        if r.decision.changes() {
-            changes.push((domain, r.decision, r.had_leaves));
-        }
-        states.insert(domain, r.state);
-    }
-    let missing = |d: Domain| Error::Other(format!("{}: certificates missing", d.describe()));
-    let state = |d: Domain| states.get(&d).ok_or_else(|| missing(d));
-    let serving = rotation::serving_tls(state(Domain::Apiserver)?)
-        .ok_or_else(|| missing(Domain::Apiserver))?;
-    let bundle = serving.ca.clone();
-    let mut handler =
-        rotation::handler_tls(state(Domain::Handler)?).ok_or_else(|| missing(Domain::Handler))?;
-    // What signer.rs signs handler certificates with: the handlers renew theirs by it.
-    handler.lifetime = Some(policy.leaf());
-    let etcd_state = state(Domain::Etcd)?.clone();
-    let etcd = rotation::etcd_tls(&etcd_state, etcd_hosts).ok_or_else(|| missing(Domain::Etcd))?;
-    Ok(Certs {
-        serving,
-        handler,
-        etcd,
-        etcd_state,
-        bundle,
-        changes,
-        next_due,
-    })
-}
-
-/// The `CertificateRotated` Event text of one domain's change and what the rotations metric
-/// counts (`ca`, `leaf`, or nothing while a new CA is only published); `None`: a first
-/// install, nothing rotated.
-fn rotation_note(
-    domain: Domain,
-    d: &Decision,
-    had_leaves: bool,
-    delay: time::Duration,
-) -> Option<(String, Option<&'static str>)> {
-    let name = domain.describe();
-    let delay = crate::policy::go_duration(delay);
-    let reissued = d.reissue.iter().any(|r| *r);
-    match d.step {
-        CaStep::StartRotation => Some((
-            format!(
-                "{name} CA is due: a new CA is published in the trust bundle; certificates \
-                 switch to it in {delay}"
-            ),
-            None,
-        )),
-        CaStep::CreatePending => Some((
-            format!(
-                "{name} CA stored with its key (the certificates in use have none): a new CA \
-                 is published in the trust bundle; certificates switch to it in {delay}"
-            ),
-            None,
-        )),
-        CaStep::Activate => Some((
-            format!("{name} CA rotated: certificates re-issued from the new CA"),
-            Some("ca"),
-        )),
-        CaStep::CreateActive if had_leaves => Some((
-            format!("{name} CA created anew (no usable one was stored): certificates re-issued"),
-            Some("ca"),
-        )),
-        CaStep::Keep if had_leaves && reissued => Some((
-            format!("{name} certificates were due: re-issued from the same CA"),
-            Some("leaf"),
-        )),
-        CaStep::Keep | CaStep::CreateActive => None,
-    }
 }
 
 fn apiservice_available(a: &APIService) -> bool {
@@ -1259,21 +974,6 @@ fn installed_objects() -> Result<Vec<serde_json::Value>, Error> {
     let mut docs = parse_docs(&yaml)?;
     docs.retain(|d| d["kind"] != "Namespace");
     Ok(docs)
-}
-
-/// The kinds an uninstall counts and, by uninstallStrategy, deletes (the operator's
-/// ClusterRole grants exactly these). A migration is no workload of its own (it moves a
-/// VMI); any left go with the store. Pools and replica sets first: deleted after their VMs
-/// or VMIs, they would make them again.
-pub(crate) const WORKLOADS: [&catalogue::Kind; 4] = [
-    &kubevirt_api::kinds::pool::KIND,
-    &kubevirt_api::kinds::replicaset::KIND,
-    &catalogue::VIRTUAL_MACHINE,
-    &catalogue::VIRTUAL_MACHINE_INSTANCE,
-];
-
-fn workload_resource(k: &catalogue::Kind) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(k.group, k.version, k.kind), k.plural)
 }
 
 async fn count_workloads(client: &Client) -> Result<usize, Error> {
