@@ -21,6 +21,7 @@ pub mod render;
 pub mod rotation;
 pub mod signer;
 pub mod status;
+pub mod steps;
 
 /// The workspace root (this crate lives two levels below it); for tests and `gen-manifests`
 /// run from a checkout.

@@ -3,15 +3,12 @@
 //! no pod restarts for a new leaf), status and Events; the finalizer uninstalls everything
 //! but the API layer, which [`bootstrap`] keeps up while no KubeVirt resource exists.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod, Secret, Service};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
@@ -22,27 +19,21 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::cdi_step::{cdi_config, cdi_state, remove_cdi_apiservices, upload_token_key};
-use crate::certs_step::{certificates, rotation_note};
-use crate::etcd_membership::{Found, etcd_membership, etcd_storage, member_service_ips};
+use crate::cdi_step::cdi_state;
 use crate::kubevirt::{
     BLOCK_UNINSTALL, FINALIZER, KubeVirt, REMOVE_WORKLOADS, WORKLOADS, workload_resource,
 };
 use crate::metrics::Metrics;
-use crate::params::{
-    default_etcd_members, emulation_allowed, etcd_layout, etcd_members, eviction_strategy,
-    instancetype_flags, live_update_flags, parse_docs, render_all, requeue_after, sha256_hex,
-    workload_update,
-};
+use crate::params::{parse_docs, requeue_after};
 use crate::policy::CertPolicy;
 use crate::render::components::{self, HandlerTls};
-use crate::render::etcd::{self, EtcdParams, EtcdStorage, EtcdTls};
+use crate::render::etcd::{self, EtcdParams, EtcdTls};
 use crate::render::{self, ClusterAuth, EtcdMode, NAMESPACE, Params, Tls};
 use crate::rotation::{self, Domain};
 use crate::status::{self, Defaults, Observed};
-use crate::{cdi, etcd_evacuation, etcd_members, instancetypes, monitoring};
+use crate::{etcd_evacuation, instancetypes, monitoring, steps};
 
-const MANAGER: &str = "virt-operator";
+pub(crate) const MANAGER: &str = "virt-operator";
 
 /// Why a reconcile failed (it is retried).
 #[derive(Debug, thiserror::Error)]
@@ -167,7 +158,7 @@ pub async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
 
 /// Which objects a reconcile applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Scope {
+pub(crate) enum Scope {
     /// Everything a KubeVirt resource asks for.
     All,
     /// Only the API layer ([`is_api_layer`]): what serves `kubevirt.io/v1` (KubeVirt
@@ -257,7 +248,7 @@ async fn api_layer_available(client: &Client) -> bool {
 /// namespace while an APIService is unavailable (its discovery fails), and the APIServices'
 /// server runs in that namespace — owned by the namespace they would wait for each other.
 /// The CRD goes at once (after its KubeVirt objects), and with it the APIServices.
-fn owned_by_crd(docs: &mut [serde_json::Value], crd_uid: &str) {
+pub(crate) fn owned_by_crd(docs: &mut [serde_json::Value], crd_uid: &str) {
     for d in docs {
         if d["metadata"]["namespace"].as_str() == Some(NAMESPACE) {
             continue;
@@ -270,7 +261,7 @@ fn owned_by_crd(docs: &mut [serde_json::Value], crd_uid: &str) {
 }
 
 /// Name of the KubeVirt CRD.
-const KUBEVIRT_CRD: &str = kubevirt_api::kubevirt::CRD_NAME;
+pub(crate) const KUBEVIRT_CRD: &str = kubevirt_api::kubevirt::CRD_NAME;
 
 /// Longest a reconcile may take. One normally takes a second or two; a request that never
 /// answers would otherwise hold the KubeVirt resource's reconcile for the client's read
@@ -283,7 +274,7 @@ tokio::task_local! {
 }
 
 /// Records what the running reconcile does next.
-fn step(what: &'static str) {
+pub(crate) fn step(what: &'static str) {
     let _ = STEP.try_with(|s| {
         *s.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = what;
     });
@@ -378,7 +369,7 @@ fn dynamic_api(
     Ok((api, name))
 }
 
-async fn apply_all(client: &Client, docs: &[serde_json::Value]) -> Result<(), Error> {
+pub(crate) async fn apply_all(client: &Client, docs: &[serde_json::Value]) -> Result<(), Error> {
     for d in docs {
         let (api, name) = dynamic_api(client, d)?;
         api.patch(&name, &pp(), &Patch::Apply(d)).await?;
@@ -416,447 +407,55 @@ fn apiservice_available(a: &APIService) -> bool {
 /// operator's defaults, not a stored object: no finalizer, Events or status.
 async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error> {
     let client = &ctx.client;
-    let kvs: Api<KubeVirt> = Api::namespaced(client.clone(), NAMESPACE);
-    let name = kv.name_any();
-    if scope == Scope::All && !kv.finalizers().iter().any(|f| f == FINALIZER) {
-        let mut fins = kv.finalizers().to_vec();
-        fins.push(FINALIZER.into());
-        kvs.patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": fins}})),
-        )
-        .await?;
-    }
-    step("adding the finalizer");
-    let target = status::target(&kv.spec, &ctx.defaults);
-    if kv
-        .status
-        .as_ref()
-        .and_then(|s| s.target_kube_virt_version.as_deref())
-        != Some(&target.version)
-    {
-        ctx.event(
-            kv,
-            EventType::Normal,
-            "Deploying",
-            format!(
-                "Deploying version {} from {}",
-                target.version, target.registry
-            ),
-        )
-        .await;
-    }
-
-    step("applying etcd's Service");
-    // etcd's Service first: its cluster IP goes into etcd's serving certificate.
-    let svc = serde_json::to_value(etcd::service()).map_err(|e| Error::Other(e.to_string()))?;
-    let svc = Api::<Service>::namespaced(client.clone(), NAMESPACE)
-        .patch(etcd::ETCD, &pp(), &Patch::Apply(&svc))
-        .await?;
-    let host = svc
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .filter(|ip| !ip.is_empty() && ip != "None")
-        .ok_or_else(|| Error::Other("etcd Service has no cluster IP yet".into()))?;
+    let target = steps::start(kv, ctx, scope).await?;
+    let host = steps::etcd_service(client).await?;
     step("reading the cluster's authentication ConfigMap");
     let auth = cluster_auth(client).await?;
-    // Once per spec change: the status records the generation it was computed from.
-    let spec_changed =
-        kv.status.as_ref().and_then(|s| s.observed_generation) != kv.meta().generation;
-    let unsupported = status::unsupported_note(&kv.spec);
-    if spec_changed && let Some(note) = &unsupported {
-        ctx.event(
-            kv,
-            EventType::Warning,
-            status::UNSUPPORTED_FIELDS,
-            note.clone(),
-        )
-        .await;
-    }
+    let unsupported = steps::unsupported_fields(kv, ctx).await;
     let policy = CertPolicy::from_spec(kv.spec.certificate_rotate_strategy.as_ref());
-    // A missing CRD (manifests/virt-operator.yaml being deleted) fails the reconcile: nothing
-    // is applied that the garbage collector would delete again at once.
-    step("reading the KubeVirt CRD and etcd's StatefulSet");
-    let crd_uid = Api::<CustomResourceDefinition>::all(client.clone())
-        .get(KUBEVIRT_CRD)
-        .await?
-        .metadata
-        .uid
-        .unwrap_or_default();
-    // A real CDI owns cdi.kubevirt.io where its DataVolume CRD exists (crate::cdi).
-    step("checking whether CDI is installed");
-    let coexist = cdi_state(client).await?;
-    let cdi_plan = coexist.plan();
-    let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), NAMESPACE);
-    let existing = sts_api.get_opt(etcd::ETCD).await?;
-    let storage = etcd_storage(client, ctx, existing.as_ref(), &crd_uid).await?;
-    step("reading the nodes and etcd's pods");
-    let nodes = Api::<Node>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
-    let etcd_pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
-        .list(&ListParams::default().labels(&etcd::pod_selector()))
-        .await?
-        .items;
-    let leaving = etcd_evacuation::leaving(&etcd_pods, &nodes, k8s_openapi::jiff::Timestamp::now());
-    let current_members = existing
-        .as_ref()
-        .filter(|s| etcd::is_cluster(s))
-        .and_then(|s| s.spec.as_ref())
-        .and_then(|s| s.replicas)
-        .and_then(|r| usize::try_from(r).ok())
-        .unwrap_or(1);
-    // The bootstrap (no KubeVirt resource) never changes the membership: it keeps what the
-    // last resource asked for.
-    let requested = match scope {
-        Scope::All => etcd_members(kv).map(|n| {
-            n.or_else(|| {
-                Some(default_etcd_members(
-                    nodes
-                        .iter()
-                        .filter(|n| etcd_evacuation::schedulable(n))
-                        .count(),
-                    current_members,
-                    matches!(storage, EtcdStorage::Claim { .. }),
-                ))
-            })
-        }),
-        Scope::ApiLayer => Ok(None),
-    };
-    let layout = etcd_layout(
-        requested.clone().ok().flatten(),
-        &storage,
-        existing.as_ref(),
-        !leaving.is_empty(),
-    );
-    // Each invalid part of the configuration: the field at fault, and what is done instead.
-    let invalid: Vec<(String, &str)> = [
-        policy
-            .as_ref()
-            .err()
-            .map(|e| (e.to_string(), "the certificates are kept as they are")),
-        requested
-            .err()
-            .or(layout.refused.clone())
-            .map(|e| (e, "etcd keeps the members it has")),
-        eviction_strategy(kv)
-            .err()
-            .map(|e| (e, "VMIs without their own evictionStrategy use None")),
-        instancetype_flags(kv)
-            .err()
-            .map(|e| (e, "VMs keep their instance types by reference")),
-        live_update_flags(kv)
-            .err()
-            .map(|e| (e, "running VMs get template changes at their next restart")),
-        workload_update(kv).err().map(|e| {
-            (
-                e,
-                "VMIs are not moved onto a new virt-launcher automatically",
-            )
-        }),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    let invalid_config = (!invalid.is_empty()).then(|| {
-        invalid
-            .iter()
-            .map(|(e, _)| e.as_str())
-            .collect::<Vec<_>>()
-            .join("; ")
-    });
-    if let Some(why) = &invalid_config {
-        let already = kv
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| {
-                c.iter().any(|c| {
-                    c.type_ == "Degraded"
-                        && c.reason.as_deref() == Some(status::INVALID_CONFIGURATION)
-                        && c.message.as_deref() == Some(why.as_str())
-                })
-            });
-        if !already {
-            ctx.event(
-                kv,
-                EventType::Warning,
-                status::INVALID_CONFIGURATION,
-                invalid
-                    .iter()
-                    .map(|(e, then)| format!("{e}; {then}"))
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            )
-            .await;
-        }
-    }
+    let crd_uid = steps::kubevirt_crd_uid(client).await?;
+    let coexist = steps::cdi_state(client).await?;
+    let etcd = steps::observe_etcd(kv, ctx, scope, &crd_uid).await?;
+    let invalid_config = steps::invalid_configuration(kv, ctx, &policy, &etcd).await;
     let now = time::OffsetDateTime::now_utc();
-    let member_ips = if layout.cluster {
-        step("applying the etcd members' Services");
-        member_service_ips(client).await?
-    } else {
-        Vec::new()
-    };
+    let member_ips = steps::member_ips(client, &etcd.layout).await?;
     let etcd_hosts = etcd::EtcdHosts {
         service: host.clone(),
         members: member_ips.clone(),
     };
-    step("reading and renewing certificates");
-    let certs = certificates(client, &etcd_hosts, policy.as_ref().ok(), now).await?;
-    upload_token_key(client).await?;
-    let delay = policy
-        .as_ref()
-        .map(CertPolicy::propagation_delay)
-        .unwrap_or(crate::policy::PROPAGATION_DELAY);
-    for (domain, decision, had_leaves) in &certs.changes {
-        let Some((note, what)) = rotation_note(*domain, decision, *had_leaves, delay) else {
-            continue;
-        };
-        tracing::info!(domain = domain.label(), "{note}");
-        if let Some(what) = what {
-            ctx.metrics.rotated(domain.label(), what);
-        }
-        ctx.event(kv, EventType::Normal, "CertificateRotated", note)
-            .await;
-    }
-    let membership = if layout.cluster {
-        step("changing etcd's membership");
-        let found = Found {
-            pods: &etcd_pods,
-            nodes: &nodes,
-            leaving: &leaving,
-        };
-        etcd_membership(
-            kv,
-            ctx,
-            &layout,
-            existing.as_ref(),
-            &member_ips,
-            &certs,
-            &found,
-            now,
-        )
-        .await
-    } else {
-        etcd_members::Plan {
-            replicas: 1,
-            step: None,
-            pending: (!leaving.is_empty()).then(|| match &storage {
-                EtcdStorage::HostPath { node, path } => format!(
-                    "etcd keeps its data in the host directory {path} of node {node} (the \
-                     cluster had no default StorageClass when it was installed): it cannot \
-                     move, and draining {node} waits for it; move it by reinstalling with a \
-                     StorageClass (docs/deploy.md)"
-                ),
-                _ => "etcd has no volume of its own that could move".to_string(),
-            }),
-        }
-    };
-    // What the webhook tells a drain that waits on a member (none once it has moved).
-    // A failure here must not hold the rest of the reconcile (the StatefulSet's replicas
-    // for a member just added): it is only the message.
-    step("annotating etcd's pods");
-    if let Err(e) =
-        etcd_evacuation::annotate(client, &etcd_pods, &leaving, membership.pending.as_deref()).await
-    {
-        tracing::warn!(error = %e, "writing what happens to etcd's pods");
-    }
-    if layout.cluster {
-        let claims = Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
-            client.clone(),
-            NAMESPACE,
-        )
-        .list(&ListParams::default())
-        .await?
-        .items;
-        let mut stranded = etcd_evacuation::waiting_on_a_gone_claim(&etcd_pods, &claims);
-        stranded.extend(etcd_evacuation::overdue(
-            &etcd_pods,
-            k8s_openapi::jiff::Timestamp::now(),
-            etcd_evacuation::REPLACED_GRACE,
-        ));
-        if let Err(e) = etcd_evacuation::delete_pods(client, &stranded).await {
-            tracing::warn!(error = %e, "deleting etcd pods that wait on a deleted claim");
-        }
-    }
-    let update_revision = existing
-        .as_ref()
-        .and_then(|s| s.status.as_ref())
-        .and_then(|s| s.update_revision.as_deref());
-    let stuck = etcd_evacuation::stuck_on_an_old_template(&etcd_pods, update_revision);
-    if !stuck.is_empty() {
-        tracing::info!(pods = ?stuck, "etcd pods of an older template cannot run: starting them from the current one");
-        if let Err(e) = etcd_evacuation::delete_pods(client, &stuck).await {
-            tracing::warn!(error = %e, "deleting etcd pods stuck on an older template");
-        }
-    }
-    let etcd_params = EtcdParams {
-        host: host.clone(),
-        storage,
-        // etcd re-reads its certificate and key on every handshake but its trusted CA file
-        // only at start: a new trust bundle (a CA rotation) restarts it, a new leaf does not.
-        annotations: BTreeMap::from([(
-            "kubevirt-rs.io/etcd-ca-sha256".to_string(),
-            sha256_hex(certs.etcd.ca.as_bytes()),
-        )]),
-        topology: if layout.cluster {
-            etcd::Topology::Cluster(etcd::ClusterTopology {
-                member_ips,
-                replicas: membership.replicas,
-            })
-        } else {
-            etcd::Topology::Single
-        },
-    };
-    ctx.metrics
-        .emulation_enabled
-        .set(i64::from(emulation_allowed(kv)));
-    let (mut docs, mut apiservices) = render_all(
+    let certs = steps::certificates(kv, ctx, &etcd_hosts, &policy, now).await?;
+    let membership = steps::membership(kv, ctx, &etcd, &member_ips, &certs, now).await;
+    steps::tend_etcd_pods(client, &etcd, membership.pending.as_deref()).await?;
+    let etcd_params = steps::etcd_params(
+        &host,
+        etcd.storage,
+        &certs,
+        &etcd.layout,
+        member_ips,
+        membership.replicas,
+    );
+    let (docs, apiservices) = steps::render(
         kv,
+        ctx,
+        scope,
         &target,
         &certs,
         &auth,
         etcd_params,
-        cdi_plan.datavolume_controller,
+        &coexist,
+        &crd_uid,
     )?;
-    // Never written over kube-apiserver's local APIService of CDI's CRD.
-    apiservices.retain(|a| {
-        a["kind"] != "APIService"
-            || coexist.applies(a["metadata"]["name"].as_str().unwrap_or_default())
-    });
-    if scope == Scope::ApiLayer {
-        docs.retain(is_api_layer);
-    }
-    owned_by_crd(&mut docs, &crd_uid);
-    owned_by_crd(&mut apiservices, &crd_uid);
-    step("applying the installation's objects");
-    apply_all(client, &docs).await?;
-
-    step("reading virt-apiserver's Deployment");
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
-    let apiserver = deployments.get_opt(render::NAME).await?;
-    let serving = apiserver
-        .as_ref()
-        .and_then(|d| d.status.as_ref())
-        .and_then(|s| s.available_replicas)
-        .unwrap_or(0)
-        > 0;
-    // The APIServices only once a replica serves: discovery never points at nothing.
-    if serving {
-        step("applying the APIServices");
-        apply_all(client, &apiservices).await?;
-    }
-    step("leaving CDI's group to CDI");
-    remove_cdi_apiservices(client, &coexist).await?;
+    let (apiserver, serving) = steps::apply(client, &docs, &apiservices, &coexist).await?;
     if scope == Scope::ApiLayer {
         return Ok(Action::requeue(BOOTSTRAP_IDLE));
     }
-    // A failure is logged and retried with the next reconcile: monitoring never holds the
-    // installation, and a cluster without the prometheus-operator is no failure at all.
-    step("keeping the ServiceMonitor and PrometheusRule");
-    match monitoring::sync(client, Some(kv), &crd_uid, MANAGER).await {
-        Ok(s) => {
-            if (s.apis.service_monitors || s.apis.prometheus_rules) && s.monitor.is_none() {
-                tracing::debug!(
-                    "prometheus-operator CRDs exist but no Prometheus ServiceAccount was found \
-                     (spec.monitorNamespace/monitorAccount): no ServiceMonitor nor PrometheusRule"
-                );
-            }
-            if s.deleted > 0 {
-                tracing::info!(
-                    deleted = s.deleted,
-                    "removed monitoring objects no longer called for"
-                );
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "keeping the ServiceMonitor and PrometheusRule"),
-    }
-    step("reading the rollout's state");
-    let apis: Api<APIService> = Api::all(client.clone());
-    let mut apiservices_pending = Vec::new();
-    for name in coexist.served() {
-        let a = apis.get_opt(&name).await?;
-        apiservices_pending.extend(status::apiservice_pending(&name, a.as_ref()));
-    }
-    // KubeVirt's common-instancetypes bundle, once its API answers (a failure is logged
-    // and retried with the next reconcile: it never holds the rest of the installation).
+    steps::monitoring(client, kv, &crd_uid).await;
+    let apiservices_pending = steps::apiservices_pending(client, &coexist).await?;
     if serving && apiservices_pending.is_empty() {
-        step("deploying the common-instancetypes bundle");
-        let enabled = kv
-            .spec
-            .configuration
-            .as_ref()
-            .is_none_or(|c| c.common_instancetypes_enabled());
-        match instancetypes::sync(client, enabled, MANAGER).await {
-            Ok((0, 0)) => {}
-            Ok((written, deleted)) => tracing::info!(
-                written,
-                deleted,
-                enabled,
-                "common-instancetypes bundle reconciled"
-            ),
-            Err(e) => tracing::warn!(error = %e, "deploying the common-instancetypes bundle"),
-        }
-        // CDI's CDIConfig `config`: where virtctl image-upload finds the upload proxy. Not
-        // while a real CDI owns the group (its CDIConfig is CDI's).
-        if coexist.plan().datavolume_controller {
-            step("writing CDIConfig config");
-            if let Err(e) = cdi_config(client, &certs.bundle).await {
-                tracing::warn!(error = %e, "writing CDIConfig config");
-            }
-        }
+        steps::once_the_api_answers(client, kv, &coexist, &certs).await;
     }
-    let etcd_pending =
-        status::statefulset_pending(etcd::ETCD, sts_api.get_opt(etcd::ETCD).await?.as_ref());
-    let controller = deployments.get_opt(components::CONTROLLER).await?;
-    let controller_pending =
-        status::deployment_pending(components::CONTROLLER, controller.as_ref());
-    let handler_pending = status::daemonset_pending(
-        components::HANDLER,
-        Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
-            .get_opt(components::HANDLER)
-            .await?
-            .as_ref(),
-    );
-    let apiserver_pending = status::deployment_pending(render::NAME, apiserver.as_ref());
-    let handler_done = handler_pending.is_none();
-    if handler_done {
-        // Every handler now has its own certificate: the key an earlier version shared
-        // between all nodes goes (its certificate no longer passes any name check).
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
-        if secrets
-            .get_opt(components::RETIRED_HANDLER_CERTS)
-            .await?
-            .is_some()
-        {
-            secrets
-                .delete(components::RETIRED_HANDLER_CERTS, &Default::default())
-                .await?;
-            tracing::info!(
-                secret = components::RETIRED_HANDLER_CERTS,
-                "deleted the handler key shared by every node"
-            );
-        }
-    }
-    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
-        .list(&ListParams::default())
-        .await?;
-    let rollout_pending: Vec<String> = [
-        membership.pending,
-        etcd_pending,
-        apiserver_pending,
-        controller_pending,
-        handler_pending,
-        status::terminating_pending(&pods.items),
-        status::surplus_pending(render::NAME, apiserver.as_ref(), &pods.items),
-        status::surplus_pending(components::CONTROLLER, controller.as_ref(), &pods.items),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+    let (rollout_pending, pods) =
+        steps::rollout(client, membership.pending, apiserver.as_ref()).await?;
     if !rollout_pending.is_empty() || !apiservices_pending.is_empty() {
         tracing::debug!(?rollout_pending, ?apiservices_pending, "rollout not done");
     }
@@ -864,53 +463,12 @@ async fn install(kv: &KubeVirt, ctx: &Ctx, scope: Scope) -> Result<Action, Error
         rollout_pending,
         apiservices_pending,
         apiserver_serving: serving,
-        failure: status::pod_failure(&pods.items),
+        failure: status::pod_failure(&pods),
         invalid_config,
         unsupported,
-        cdi: cdi_plan.note.clone(),
+        cdi: coexist.plan().note,
     };
-    let new_status = status::status(
-        kv.status.as_ref(),
-        &target,
-        &observed,
-        kv.meta().generation,
-        Time(k8s_openapi::jiff::Timestamp::now()),
-    );
-    let was_deployed_version = kv
-        .status
-        .as_ref()
-        .and_then(|s| s.observed_kube_virt_version.clone());
-    if new_status.observed_kube_virt_version != was_deployed_version
-        && new_status.phase.as_deref() == Some(status::DEPLOYED)
-    {
-        ctx.event(
-            kv,
-            EventType::Normal,
-            "Deployed",
-            format!("Version {} is deployed and Available", target.version),
-        )
-        .await;
-    }
-    let had_cdi = kv
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == cdi::CONDITION));
-    if let Some(note) = cdi_plan.note.as_ref().filter(|_| !had_cdi) {
-        ctx.event(kv, EventType::Normal, cdi::CONDITION, note.clone())
-            .await;
-    }
-    step("writing the KubeVirt status");
-    if kv.status.as_ref() != Some(&new_status) {
-        let mut patch = serde_json::json!({"status": new_status});
-        // virt-controller's field: the value read at the start of this reconcile may be stale
-        // by now, and a merge patch without it leaves it alone.
-        if let Some(s) = patch["status"].as_object_mut() {
-            s.remove("outdatedVirtualMachineInstanceWorkloads");
-        }
-        kvs.patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
-            .await?;
-    }
+    let new_status = steps::write_status(kv, ctx, &target, &observed).await?;
     Ok(if new_status.phase.as_deref() == Some(status::DEPLOYED) {
         // Certificates are checked again within the minute, and when one is due.
         Action::requeue(requeue_after(certs.next_due, now))
