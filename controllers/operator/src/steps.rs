@@ -1,15 +1,17 @@
-//! The steps of [`crate::reconcile`]'s install, in the order it runs them: install itself is
-//! only that list. Each step names itself ([`step`]) for the message of a reconcile that misses
+//! The steps of [`crate::reconcile`]'s install, in the order it runs them (install itself is
+//! only that list), and what its uninstall deletes. Each step names itself ([`step`]) for the message of a reconcile that misses
 //! its deadline.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{Node, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
 use kube::runtime::events::EventType;
 use kube::{Client, Resource, ResourceExt};
 use kubevirt_api::kubevirt::KubeVirtStatus;
@@ -17,15 +19,14 @@ use kubevirt_api::kubevirt::KubeVirtStatus;
 use crate::cdi_step::{self, CdiState};
 use crate::certs_step::{self, Certs};
 use crate::etcd_membership::{self, Found};
-use crate::kubevirt::{FINALIZER, KubeVirt};
-use crate::params::{self, EtcdLayout};
+use crate::kubevirt::{FINALIZER, KubeVirt, WORKLOADS, workload_resource};
+use crate::params::{self, EtcdLayout, parse_docs};
 use crate::policy::{CertPolicy, PolicyError};
-use crate::reconcile::{
-    Ctx, Error, KUBEVIRT_CRD, MANAGER, Scope, apply_all, is_api_layer, owned_by_crd, pp, step,
-};
-use crate::render::components;
-use crate::render::etcd::{self, EtcdParams, EtcdStorage};
-use crate::render::{self, ClusterAuth, NAMESPACE};
+use crate::reconcile::{Ctx, Error, MANAGER, Scope, is_api_layer, pp, step};
+use crate::render::components::{self, HandlerTls};
+use crate::render::etcd::{self, EtcdParams, EtcdStorage, EtcdTls};
+use crate::render::{self, ClusterAuth, EtcdMode, NAMESPACE, Params, Tls};
+use crate::rotation::{self, Domain};
 use crate::status::{self, Observed, Target};
 use crate::{cdi, etcd_evacuation, etcd_members, instancetypes, monitoring};
 
@@ -700,4 +701,234 @@ pub(crate) async fn write_status(
             .await?;
     }
     Ok(new_status)
+}
+
+/// The cluster's client CAs and front proxy's names, which virt-apiserver authenticates
+/// kube-apiserver's requests by.
+pub(crate) async fn cluster_auth(client: &Client) -> Result<ClusterAuth, Error> {
+    step("reading the cluster's authentication ConfigMap");
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
+        .get("extension-apiserver-authentication")
+        .await?;
+    let data = cm.data.unwrap_or_default();
+    let requestheader_ca = data.get("requestheader-client-ca-file").cloned().ok_or_else(|| {
+        Error::Other("kube-apiserver runs without --requestheader-client-ca-file: aggregated API servers cannot authenticate its requests".into())
+    })?;
+    let client_ca = data.get("client-ca-file").cloned().ok_or_else(|| {
+        Error::Other("extension-apiserver-authentication has no client-ca-file".into())
+    })?;
+    let names: Vec<String> = data
+        .get("requestheader-allowed-names")
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default();
+    Ok(ClusterAuth {
+        client_ca,
+        requestheader_ca,
+        allowed_names: names.join(","),
+    })
+}
+
+/// Makes every cluster-scoped object (APIServices, ClusterRoles, ClusterRoleBindings) and
+/// every object outside the install namespace (the RoleBinding in kube-system) a dependent
+/// of the KubeVirt CRD, a cluster-scoped object of manifests/virt-operator.yaml: they
+/// cannot be owned by the namespaced KubeVirt resource, and the API layer outlives that
+/// resource, so without an owner `kubectl delete -f manifests/virt-operator.yaml` would
+/// leave them behind. Kubernetes' garbage collector deletes them once the CRD is gone.
+///
+/// Why the CRD and not the namespace: the namespace controller does not finish deleting a
+/// namespace while an APIService is unavailable (its discovery fails), and the APIServices'
+/// server runs in that namespace — owned by the namespace they would wait for each other.
+/// The CRD goes at once (after its KubeVirt objects), and with it the APIServices.
+pub(crate) fn owned_by_crd(docs: &mut [serde_json::Value], crd_uid: &str) {
+    for d in docs {
+        if d["metadata"]["namespace"].as_str() == Some(NAMESPACE) {
+            continue;
+        }
+        d["metadata"]["ownerReferences"] = serde_json::json!([{
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "name": KUBEVIRT_CRD, "uid": crd_uid,
+        }]);
+    }
+}
+
+/// Name of the KubeVirt CRD.
+pub(crate) const KUBEVIRT_CRD: &str = kubevirt_api::kubevirt::CRD_NAME;
+
+/// `Api<DynamicObject>` for one rendered object.
+pub(crate) fn dynamic_api(
+    client: &Client,
+    obj: &serde_json::Value,
+) -> Result<(Api<DynamicObject>, String), Error> {
+    let api_version = obj["apiVersion"].as_str().unwrap_or_default();
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    let plural = match kind {
+        "Namespace" => "namespaces",
+        "ServiceAccount" => "serviceaccounts",
+        "ClusterRole" => "clusterroles",
+        "ClusterRoleBinding" => "clusterrolebindings",
+        "Role" => "roles",
+        "RoleBinding" => "rolebindings",
+        "Deployment" => "deployments",
+        "DaemonSet" => "daemonsets",
+        "StatefulSet" => "statefulsets",
+        "Service" => "services",
+        "Secret" => "secrets",
+        "ConfigMap" => "configmaps",
+        "APIService" => "apiservices",
+        "PodDisruptionBudget" => "poddisruptionbudgets",
+        "ValidatingWebhookConfiguration" => "validatingwebhookconfigurations",
+        other => return Err(Error::Other(format!("no resource known for kind {other}"))),
+    };
+    let (group, version) = match api_version.split_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", api_version),
+    };
+    let ar =
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let api = match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    Ok((api, name))
+}
+
+pub(crate) async fn apply_all(client: &Client, docs: &[serde_json::Value]) -> Result<(), Error> {
+    for d in docs {
+        let (api, name) = dynamic_api(client, d)?;
+        api.patch(&name, &pp(), &Patch::Apply(d)).await?;
+    }
+    Ok(())
+}
+
+/// Every object an installation consists of (Secrets, ConfigMap, APIServices included), as
+/// (apiVersion-kind API, name); rendering with any parameters gives the same names.
+pub(crate) fn installed_objects() -> Result<Vec<serde_json::Value>, Error> {
+    // A cluster: its objects (member Services, ConfigMap, PDB) are a superset of one
+    // member's.
+    let p = Params {
+        etcd: EtcdMode::StatefulSet(EtcdParams {
+            topology: etcd::Topology::Cluster(etcd::ClusterTopology {
+                member_ips: vec![String::new(); etcd::MAX_MEMBERS],
+                replicas: 1,
+            }),
+            ..EtcdParams::default()
+        }),
+        ..Params::default()
+    };
+    let tls = Tls {
+        ca: String::new(),
+        cert: String::new(),
+        key: String::new(),
+    };
+    let auth = ClusterAuth {
+        client_ca: String::new(),
+        requestheader_ca: String::new(),
+        allowed_names: String::new(),
+    };
+    let mut yaml = render::static_manifest(&p)?;
+    yaml.push_str(&render::cluster_manifest(&tls, &auth)?);
+    let handler = HandlerTls {
+        ca: String::new(),
+        client_cert: String::new(),
+        client_key: String::new(),
+        lifetime: None,
+    };
+    components::handler_secrets(&mut yaml, &handler)?;
+    let etcd_tls = EtcdTls {
+        host: String::new(),
+        ca: String::new(),
+        server_cert: String::new(),
+        server_key: String::new(),
+        client_cert: String::new(),
+        client_key: String::new(),
+        peer: Some((String::new(), String::new())),
+    };
+    for s in etcd_tls.secrets() {
+        render::push_doc(&mut yaml, &s)?;
+    }
+    for domain in Domain::ALL {
+        render::push_doc(
+            &mut yaml,
+            &rotation::ca_secret(domain, &rotation::CaStore::default()),
+        )?;
+    }
+    let mut docs = parse_docs(&yaml)?;
+    docs.retain(|d| d["kind"] != "Namespace");
+    Ok(docs)
+}
+
+pub(crate) async fn count_workloads(client: &Client) -> Result<usize, Error> {
+    let mut n = 0;
+    for k in WORKLOADS {
+        let ar = workload_resource(k);
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+        n += api.list(&ListParams::default()).await?.items.len();
+    }
+    Ok(n)
+}
+
+pub(crate) async fn remove_workloads(client: &Client) -> Result<(), Error> {
+    for k in WORKLOADS {
+        let ar = workload_resource(k);
+        let all: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+        for o in all.list(&ListParams::default()).await?.items {
+            let ns = o.namespace().unwrap_or_default();
+            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
+            let _ = api.delete(&o.name_any(), &DeleteParams::default()).await;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn objects_outside_the_namespace_are_owned_by_the_crd() {
+        let mut docs = installed_objects().unwrap();
+        owned_by_crd(&mut docs, "crd-uid");
+        for d in &docs {
+            let owners = &d["metadata"]["ownerReferences"];
+            if d["metadata"]["namespace"] == NAMESPACE {
+                assert!(owners.is_null(), "{d}");
+            } else {
+                assert_eq!(owners[0]["kind"], "CustomResourceDefinition", "{d}");
+                assert_eq!(owners[0]["name"], KUBEVIRT_CRD);
+                assert_eq!(owners[0]["uid"], "crd-uid");
+            }
+        }
+        assert!(docs.iter().any(|d| d["kind"] == "APIService"
+            && d["metadata"]["ownerReferences"][0]["name"] == KUBEVIRT_CRD));
+    }
+
+    #[test]
+    fn uninstall_knows_every_object_and_its_resource() {
+        let docs = installed_objects().unwrap();
+        let kinds: std::collections::BTreeSet<&str> =
+            docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+        for k in [
+            "APIService",
+            "StatefulSet",
+            "Deployment",
+            "DaemonSet",
+            "Secret",
+            "ClusterRole",
+            "RoleBinding",
+            "PodDisruptionBudget",
+        ] {
+            assert!(kinds.contains(k), "{k} missing: {kinds:?}");
+        }
+        assert!(!kinds.contains("Namespace"));
+        // Every kind maps to a resource (no client call is made by dynamic_api).
+        for d in &docs {
+            let plural_known = !matches!(d["kind"].as_str(), Some("Unknown"));
+            assert!(plural_known);
+        }
+    }
 }
