@@ -9,7 +9,7 @@
 //! The VM and VMI controllers keep reading and creating DataVolumes through
 //! `cdi.kubevirt.io/v1beta1`: CDI's objects, same schema.
 //!
-//! [`decide`] is the whole decision, pure; reconcile.rs reads the CRD and the APIService and
+//! [`decide`] is the whole decision, pure; cdi_step.rs reads the CRD and the APIService and
 //! carries it out on every reconcile, so CDI installed (or removed) later is picked up within
 //! a reconcile period.
 

@@ -72,7 +72,7 @@ const ALL: &[&str] = &[
 fn cluster_rules() -> Vec<PolicyRule> {
     // Uninstalling counts and, by uninstallStrategy, deletes the workloads (in their groups).
     let workloads = render::rules_by_group(
-        crate::reconcile::WORKLOADS,
+        crate::kubevirt::WORKLOADS,
         "",
         &["get", "list", "delete", "deletecollection"],
     );
@@ -111,7 +111,7 @@ fn cluster_rules() -> Vec<PolicyRule> {
         // An etcd member moves off a node being drained: which nodes are cordoned, as it
         // happens (etcd_evacuation).
         rule(&[""], &["nodes"], &["get", "list", "watch"]),
-        // The KubeVirt CRD's uid: it owns the cluster-scoped objects (reconcile::owned_by_crd).
+        // The KubeVirt CRD's uid: it owns the cluster-scoped objects (steps::owned_by_crd).
         // The prometheus-operator's CRDs: whether a ServiceMonitor and PrometheusRule can be
         // made (monitoring.rs). CDI's DataVolume CRD: whether CDI owns cdi.kubevirt.io
         // (cdi.rs).

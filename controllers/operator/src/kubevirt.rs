@@ -120,6 +120,25 @@ pub async fn crd_exists(client: &kube::Client, name: &str) -> Result<bool, kube:
         .map(|c| c.is_some())
 }
 
+/// The kinds an uninstall counts and, by uninstallStrategy, deletes (the operator's
+/// ClusterRole grants exactly these). A migration is no workload of its own (it moves a
+/// VMI); any left go with the store. Pools and replica sets first: deleted after their VMs
+/// or VMIs, they would make them again.
+pub(crate) const WORKLOADS: [&kubevirt_api::catalogue::Kind; 4] = [
+    &kubevirt_api::kinds::pool::KIND,
+    &kubevirt_api::kinds::replicaset::KIND,
+    &kubevirt_api::catalogue::VIRTUAL_MACHINE,
+    &kubevirt_api::catalogue::VIRTUAL_MACHINE_INSTANCE,
+];
+
+/// The API resource of one of [`WORKLOADS`]' kinds (or any catalogue kind).
+pub(crate) fn workload_resource(k: &kubevirt_api::catalogue::Kind) -> kube::api::ApiResource {
+    kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk(k.group, k.version, k.kind),
+        k.plural,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
