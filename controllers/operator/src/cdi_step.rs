@@ -9,7 +9,7 @@ use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch};
 
-use crate::reconcile::{Error, pp};
+use crate::ctx::{Error, pp};
 use crate::render::{self, NAMESPACE};
 use crate::{cdi, kubevirt};
 

@@ -10,8 +10,8 @@ use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube::Client;
 use kube::api::{Api, Patch};
 
+use crate::ctx::{Error, pp};
 use crate::policy::CertPolicy;
-use crate::reconcile::{Error, pp};
 use crate::render::components::HandlerTls;
 use crate::render::etcd::{self, EtcdTls};
 use crate::render::{self, NAMESPACE, Tls};

@@ -11,9 +11,9 @@ use kube::runtime::events::EventType;
 use kube::{Client, ResourceExt};
 
 use crate::certs_step::Certs;
+use crate::ctx::{Ctx, Error, pp};
 use crate::kubevirt::KubeVirt;
 use crate::params::EtcdLayout;
-use crate::reconcile::{Ctx, Error, pp};
 use crate::render::NAMESPACE;
 use crate::render::etcd::{self, EtcdStorage};
 use crate::{etcd_evacuation, etcd_members, rotation, status};

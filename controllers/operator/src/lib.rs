@@ -6,6 +6,7 @@
 pub mod cdi;
 pub mod cdi_step;
 pub mod certs_step;
+pub mod ctx;
 pub mod etcd_evacuation;
 pub mod etcd_members;
 pub mod etcd_membership;

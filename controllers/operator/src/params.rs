@@ -11,8 +11,8 @@ use kubevirt_api::eviction::EvictionStrategy;
 use sha2::{Digest, Sha256};
 
 use crate::certs_step::Certs;
+use crate::ctx::Error;
 use crate::kubevirt::KubeVirt;
-use crate::reconcile::Error;
 use crate::render::components;
 use crate::render::etcd::{self, EtcdParams, EtcdStorage};
 use crate::render::{self, ClusterAuth, EtcdMode, Params, Placement};

@@ -8,97 +8,26 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::EventType;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::cdi_step::cdi_state;
+pub use crate::ctx::{Ctx, Error};
+use crate::ctx::{MANAGER, STEP, Scope, is_api_layer};
 use crate::kubevirt::{BLOCK_UNINSTALL, FINALIZER, KubeVirt, REMOVE_WORKLOADS};
-use crate::metrics::Metrics;
 use crate::params::requeue_after;
 use crate::policy::CertPolicy;
 use crate::render::etcd;
 use crate::render::{self, NAMESPACE};
-use crate::rotation;
-use crate::status::{self, Defaults, Observed};
+use crate::status::{self, Observed};
 use crate::steps::{count_workloads, dynamic_api, installed_objects, remove_workloads};
 use crate::{etcd_evacuation, instancetypes, monitoring, steps};
-
-pub(crate) const MANAGER: &str = "virt-operator";
-
-/// Why a reconcile failed (it is retried).
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error(transparent)]
-    Render(#[from] render::RenderError),
-    #[error(transparent)]
-    Rotation(#[from] rotation::RotationError),
-    #[error("{0}")]
-    Other(String),
-}
-
-/// Shared state of the reconciler.
-pub struct Ctx {
-    pub client: Client,
-    pub recorder: Option<Recorder>,
-    pub defaults: Defaults,
-    pub metrics: Arc<Metrics>,
-    /// PVC size of etcd where a default StorageClass exists.
-    pub etcd_volume_size: String,
-    /// Where etcd's host directories go on a cluster without a default StorageClass.
-    pub etcd_host_dir: String,
-}
-
-impl std::fmt::Debug for Ctx {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ctx")
-            .field("defaults", &self.defaults)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Ctx {
-    pub(crate) async fn event(&self, kv: &KubeVirt, type_: EventType, reason: &str, note: String) {
-        let Some(r) = &self.recorder else {
-            return;
-        };
-        // The API layer's bootstrap reconciles the operator's defaults, not a stored object:
-        // there is nothing to attach an Event to.
-        if kv.metadata.uid.is_none() {
-            return;
-        }
-        step("publishing an Event");
-        let reference: ObjectReference = kv.object_ref(&());
-        // kube-runtime's recorder folds every Event with the same type, reason and action
-        // into the series of the first one, which keeps that first note: the steps of an
-        // etcd membership change (one reason, several messages) would show only the first.
-        // The note's hash in the action keeps distinct messages apart; a repeated message
-        // still counts up one series.
-        let action = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            note.hash(&mut h);
-            format!("{reason}-{:08x}", h.finish() as u32)
-        };
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action,
-            secondary: None,
-        };
-        if let Err(e) = r.publish(&ev, &reference).await {
-            tracing::debug!(error = %e, reason, "could not publish event");
-        }
-    }
-}
 
 /// Runs the controller until `stop`, and [`bootstrap`] next to it.
 pub async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
@@ -150,29 +79,6 @@ pub async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
     if let Err(e) = boot.await {
         tracing::warn!(error = %e, "API layer bootstrap task failed");
     }
-}
-
-/// Which objects a reconcile applies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Scope {
-    /// Everything a KubeVirt resource asks for.
-    All,
-    /// Only the API layer ([`is_api_layer`]): what serves `kubevirt.io/v1` (KubeVirt
-    /// included) before any KubeVirt resource exists and after it is deleted.
-    ApiLayer,
-}
-
-/// Whether a rendered object belongs to the API layer: etcd, virt-apiserver (with its RBAC,
-/// PDB and Service), the APIServices, and the certificates and CA ConfigMap they use (all
-/// Secrets: virt-apiserver mounts the handler client certificate too, and keeping the CAs
-/// lets a re-install reuse them). Everything else (virt-controller, virt-handler, the user
-/// roles) comes and goes with the KubeVirt resource.
-pub fn is_api_layer(doc: &serde_json::Value) -> bool {
-    let kind = doc["kind"].as_str().unwrap_or_default();
-    let name = doc["metadata"]["name"].as_str().unwrap_or_default();
-    matches!(kind, "Secret" | "ConfigMap" | "APIService")
-        || name.starts_with(render::NAME)
-        || name.starts_with(etcd::ETCD)
 }
 
 /// How often [`bootstrap`] looks: soon while the API layer comes up, then about as often
@@ -238,18 +144,6 @@ async fn api_layer_available(client: &Client) -> bool {
 /// timeout (almost five minutes), with nothing in the log and no retry.
 const RECONCILE_DEADLINE: Duration = Duration::from_secs(60);
 
-tokio::task_local! {
-    /// What the running reconcile is doing, for the message when it misses its deadline.
-    static STEP: Arc<std::sync::Mutex<&'static str>>;
-}
-
-/// Records what the running reconcile does next.
-pub(crate) fn step(what: &'static str) {
-    let _ = STEP.try_with(|s| {
-        *s.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = what;
-    });
-}
-
 /// Runs one reconcile within [`RECONCILE_DEADLINE`]; missing it is an error naming the step
 /// it was in, so the reconcile is retried instead of waiting on a request that hangs.
 async fn bounded(
@@ -291,10 +185,6 @@ async fn reconcile(kv: Arc<KubeVirt>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         ctx.metrics.reconcile("success");
     }
     r
-}
-
-pub(crate) fn pp() -> PatchParams {
-    PatchParams::apply(MANAGER).force()
 }
 
 fn apiservice_available(a: &APIService) -> bool {
@@ -466,6 +356,7 @@ async fn uninstall(kv: &KubeVirt, ctx: &Ctx) -> Result<Action, Error> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use crate::ctx::step;
 
     #[tokio::test]
     async fn a_reconcile_that_hangs_fails_naming_its_step() {

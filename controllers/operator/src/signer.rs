@@ -30,9 +30,9 @@ use tokio_util::sync::CancellationToken;
 use virt_certs::Ca;
 use virt_certs::node_identity::{self, SIGNER_NAME, USAGES};
 
+use crate::ctx::Ctx;
 use crate::kubevirt::KubeVirt;
 use crate::policy::CertPolicy;
-use crate::reconcile::Ctx;
 use crate::render::{NAMESPACE, components};
 use crate::rotation::{self, Domain};
 

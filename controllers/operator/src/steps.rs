@@ -18,11 +18,11 @@ use kubevirt_api::kubevirt::KubeVirtStatus;
 
 use crate::cdi_step::{self, CdiState};
 use crate::certs_step::{self, Certs};
+use crate::ctx::{Ctx, Error, MANAGER, Scope, is_api_layer, pp, step};
 use crate::etcd_membership::{self, Found};
 use crate::kubevirt::{FINALIZER, KubeVirt, WORKLOADS, workload_resource};
 use crate::params::{self, EtcdLayout, parse_docs};
 use crate::policy::{CertPolicy, PolicyError};
-use crate::reconcile::{Ctx, Error, MANAGER, Scope, is_api_layer, pp, step};
 use crate::render::components::{self, HandlerTls};
 use crate::render::etcd::{self, EtcdParams, EtcdStorage, EtcdTls};
 use crate::render::{self, ClusterAuth, EtcdMode, NAMESPACE, Params, Tls};
