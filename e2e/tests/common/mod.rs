@@ -403,6 +403,15 @@ pub fn plugin_path() -> String {
     )
 }
 
+/// tmux on a server of this test process's own (`-L`): test binaries run side by side, and
+/// on one shared server a binary's last session ending lets the server exit just as another
+/// binary asks it for a new session ("server exited unexpectedly").
+fn tmux() -> Command {
+    let mut c = Command::new("tmux");
+    c.args(["-L", &format!("e2e-{}", std::process::id())]);
+    c
+}
+
 /// `kubectl virt console` in a detached tmux session: keys in, screen out.
 pub struct Console {
     pub session: String,
@@ -414,9 +423,7 @@ impl Console {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let session = format!("e2e-console-{}-{vmi}-{n}", std::process::id());
-        let _ = Command::new("tmux")
-            .args(["kill-session", "-t", &session])
-            .output();
+        let _ = tmux().args(["kill-session", "-t", &session]).output();
         let cmd = format!(
             "exec env PATH='{}' KUBECONFIG='{}' '{}' virt console '{vmi}' -n '{}'",
             plugin_path(),
@@ -424,25 +431,38 @@ impl Console {
             ns.c.kubectl_path().display(),
             ns.name,
         );
-        let out = Command::new("tmux")
-            .args(["new-session", "-d", "-x", "160", "-y", "50", "-s", &session])
-            .arg(cmd)
-            .output()
-            .expect("tmux (apt-get install tmux)");
+        // This process's server may still be exiting after its last session ended: asked
+        // again, a new one starts.
+        let mut tries = 0;
+        let out = loop {
+            let out = tmux()
+                .args(["new-session", "-d", "-x", "160", "-y", "50", "-s", &session])
+                .arg(&cmd)
+                .output()
+                .expect("tmux (apt-get install tmux)");
+            tries += 1;
+            if out.status.success()
+                || tries == 5
+                || !String::from_utf8_lossy(&out.stderr).contains("server exited")
+            {
+                break out;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
         assert!(
             out.status.success(),
             "tmux: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         // Keep the pane after the plugin exits, to see that it did.
-        let _ = Command::new("tmux")
+        let _ = tmux()
             .args(["set-option", "-t", &session, "remain-on-exit", "on"])
             .output();
         Console { session }
     }
 
     pub fn screen(&self) -> String {
-        let out = Command::new("tmux")
+        let out = tmux()
             .args([
                 "capture-pane",
                 "-p",
@@ -459,12 +479,12 @@ impl Console {
 
     /// Types text (literally) and Enter.
     pub fn line(&self, text: &str) {
-        let ok = Command::new("tmux")
+        let ok = tmux()
             .args(["send-keys", "-t", &self.session, "-l", text])
             .status()
             .expect("tmux send-keys")
             .success()
-            && Command::new("tmux")
+            && tmux()
                 .args(["send-keys", "-t", &self.session, "Enter"])
                 .status()
                 .expect("tmux send-keys")
@@ -474,11 +494,11 @@ impl Console {
 
     /// Empties the pane and its history: what [`Console::expect`] sees next is new.
     pub fn clear(&self) {
-        let ok = Command::new("tmux")
+        let ok = tmux()
             .args(["send-keys", "-R", "-t", &self.session])
             .status()
             .is_ok_and(|s| s.success())
-            && Command::new("tmux")
+            && tmux()
                 .args(["clear-history", "-t", &self.session])
                 .status()
                 .is_ok_and(|s| s.success());
@@ -487,7 +507,7 @@ impl Console {
 
     pub fn key(&self, key: &str) {
         assert!(
-            Command::new("tmux")
+            tmux()
                 .args(["send-keys", "-t", &self.session, key])
                 .status()
                 .expect("tmux send-keys")
@@ -496,7 +516,7 @@ impl Console {
     }
 
     pub fn exited(&self) -> bool {
-        Command::new("tmux")
+        tmux()
             .args(["list-panes", "-t", &self.session, "-F", "#{pane_dead}"])
             .output()
             .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "1")
@@ -516,9 +536,7 @@ impl Console {
 
 impl Drop for Console {
     fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["kill-session", "-t", &self.session])
-            .output();
+        let _ = tmux().args(["kill-session", "-t", &self.session]).output();
     }
 }
 

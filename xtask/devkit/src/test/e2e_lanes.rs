@@ -35,13 +35,14 @@ pub const BESIDE: &[&str] = &[
 /// would deploy at once.
 pub const FIRST: &str = "kubevirt";
 /// May run while `access` runs: they touch their own namespaces only. (The migrations that
-/// restart virt-handler or drain nodes are `migration`'s, run alone; `plugin`'s cluster-wide
-/// `adm restore` is `restore`'s, run alone.)
+/// restart virt-handler or drain nodes are `migration`'s, run alone.) Not `plugin`: its
+/// 10 MB console transfer is CPU-bound under TCG and took 12.5 min in the lane beside the
+/// others against 3.2 alone (full runs at a9da117+ and 2a7f795), lengthening the lane more
+/// than it saved after it.
 pub const WITH_ACCESS: &[&str] = &[
     "aggregation",
     "apiserver_authz",
     "cluster",
-    "plugin",
     "security",
     "storage",
     "vm_lifecycle",
@@ -152,13 +153,16 @@ mod tests {
                 "pool"
             ])
         );
-        assert_eq!(
-            p.lane,
-            names(&["aggregation", "plugin", "security", "vm_lifecycle"])
-        );
+        assert_eq!(p.lane, names(&["aggregation", "security", "vm_lifecycle"]));
         assert_eq!(
             p.after,
-            names(&["new_binary", "watch_recovery", "operator", "migration"])
+            names(&[
+                "new_binary",
+                "plugin",
+                "watch_recovery",
+                "operator",
+                "migration"
+            ])
         );
     }
 
