@@ -227,6 +227,18 @@ fn record(section: &Section, no_docs: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// [`record`] of the usual section: its description, a blank line, its table.
+fn record_table(
+    slot: section::Slot,
+    provenance: section::Provenance,
+    description: &str,
+    table: &str,
+    no_docs: bool,
+) -> anyhow::Result<()> {
+    let section = Section::new(slot, provenance, format!("{description}\n\n{table}"));
+    record(&section, no_docs)
+}
+
 /// Replaces (or appends) the generated section `key` in docs/benchmarks.md.
 fn write_generated(key: &str, rendered: &str) -> anyhow::Result<PathBuf> {
     let path = docs_path();

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use super::section::{self, Provenance, Runs, Section};
+use super::section::{self, Provenance, Runs};
 use crate::deploy::Kubectl as Kube;
 
 /// KubeVirt's default parallelOutboundMigrationsPerNode, which virt-controller enforces.
@@ -238,12 +238,13 @@ pub fn run(args: DrainArgs) -> anyhow::Result<()> {
     }
     let table = table(&figures);
     print!("{table}");
-    let section = Section::new(
+    super::record_table(
         section::DRAIN,
         provenance,
-        format!("{DESCRIPTION}\n\n{table}"),
-    );
-    super::record(&section, args.no_docs)
+        DESCRIPTION,
+        &table,
+        args.no_docs,
+    )
 }
 
 /// What the table measures; the same for every run.

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use super::section::{self, Provenance, Runs, Section};
+use super::section::{self, Provenance, Runs};
 use crate::deploy::Kubectl as Kube;
 
 /// Arguments of `cargo xtask bench etcd-drain`.
@@ -315,12 +315,13 @@ pub fn run(args: EtcdDrainArgs) -> anyhow::Result<()> {
     result?;
     let table = table(&samples);
     print!("{table}");
-    let section = Section::new(
+    super::record_table(
         section::ETCD_DRAIN,
         provenance,
-        format!("{DESCRIPTION}\n\n{table}"),
-    );
-    super::record(&section, args.no_docs)
+        DESCRIPTION,
+        &table,
+        args.no_docs,
+    )
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::json;
 
-use super::section::{self, Provenance, Runs, Section};
+use super::section::{self, Provenance, Runs};
 use crate::deploy::Kubectl as Kube;
 
 /// Arguments of `cargo xtask bench hotplug`.
@@ -184,12 +184,13 @@ pub fn run(args: HotplugArgs) -> anyhow::Result<()> {
     let figures = result?;
     let table = table(&figures);
     print!("{table}");
-    let section = Section::new(
+    super::record_table(
         section::HOTPLUG,
         provenance,
-        format!("{DESCRIPTION}\n\n{table}"),
-    );
-    super::record(&section, args.no_docs)
+        DESCRIPTION,
+        &table,
+        args.no_docs,
+    )
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
-use super::section::{self, Provenance, Runs, Section};
+use super::section::{self, Provenance, Runs};
 
 pub(super) mod steps;
 
@@ -608,12 +608,13 @@ pub fn run(args: MigrateArgs) -> anyhow::Result<()> {
          (the endpoint moves from the source pod to the target pod). Median and min–max over \
          the runs."
     );
-    let section = Section::new(
+    super::record_table(
         section::MIGRATE,
         provenance,
-        format!("{description}\n\n{table}"),
-    );
-    super::record(&section, args.no_docs)
+        &description,
+        &table,
+        args.no_docs,
+    )
 }
 
 #[cfg(test)]

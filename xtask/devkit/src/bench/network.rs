@@ -30,7 +30,7 @@ use virt_netsetup::{Cidr, Dns, Lease, Mac, PlanInput, plan};
 use virt_testguest::{BANNER, BareVm, Guest};
 
 use super::report::percentile;
-use super::section::{self, Provenance, Runs, Section};
+use super::section::{self, Provenance, Runs};
 
 const NODE_IP: &str = "10.98.0.1";
 const POD_IP: &str = "10.98.0.2";
@@ -574,12 +574,7 @@ pub fn run(args: NetworkArgs) -> anyhow::Result<()> {
             )
         }
     );
-    let section = Section::new(
-        section::NETWORK,
-        provenance,
-        format!("{description}\n\n{t}"),
-    );
-    super::record(&section, args.no_docs)
+    super::record_table(section::NETWORK, provenance, &description, &t, args.no_docs)
 }
 
 #[cfg(test)]

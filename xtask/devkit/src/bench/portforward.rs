@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use super::section::{self, Provenance, Runs, Section};
+use super::section::{self, Provenance, Runs};
 use crate::deploy::Kubectl as Kube;
 
 const VM: &str = "pf";
@@ -176,12 +176,13 @@ pub fn run(args: PortForwardArgs) -> anyhow::Result<()> {
          direct throughput. kubectl-virt is a release build, as installed.",
         virt_testguest::ZEROS_BYTES / (1024 * 1024),
     );
-    let section = Section::new(
+    super::record_table(
         section::PORT_FORWARD,
         provenance,
-        format!("{description}\n\n{table}"),
-    );
-    super::record(&section, args.no_docs)
+        &description,
+        &table,
+        args.no_docs,
+    )
 }
 
 fn table(direct: &PathFigures, forward: &PathFigures, runs: usize, requests: usize) -> String {

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use super::migrate::steps::{Watches, collect};
 use super::migrate::{migrate_and_wait, wait_for};
-use super::section::{self, Provenance, Runs, Section};
+use super::section::{self, Provenance, Runs};
 use super::start::steps::{Timeline, single_table};
 use crate::deploy::Kubectl as Kube;
 
@@ -704,12 +704,13 @@ pub fn run(args: StorageArgs) -> anyhow::Result<()> {
          min–max over the runs.",
         args.seconds
     );
-    let section = Section::new(
+    super::record_table(
         section::STORAGE,
         provenance,
-        format!("{description}\n\n{table}"),
-    );
-    super::record(&section, args.no_docs)
+        &description,
+        &table,
+        args.no_docs,
+    )
 }
 
 #[cfg(test)]
